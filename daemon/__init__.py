@@ -1,0 +1,1 @@
+"""muster.daemon: the imperative shell (process, leader election, Kubernetes adapter)."""

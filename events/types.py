@@ -1,0 +1,343 @@
+"""The event types of muster: one tagged union of frozen msgspec Structs.
+
+Invariants:
+- Every event has `type` (its tag), `at` (event time, integer seconds: epoch
+  seconds in the daemon, virtual seconds in `muster sim`) and `v` (schema
+  version of that type).
+- Schemas evolve additively: new fields go last and have defaults. A breaking
+  change bumps `v` and adds a pure upcaster in `codec.py`.
+- Quantities are integers in base units: whole GPUs, milli-CPU, bytes.
+- Decision events (admissions, preemptions, inadmissible, rejections) carry the
+  leader `epoch` and the scheduling `cycle` that produced them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NewType
+
+import msgspec
+
+JobId = NewType("JobId", str)
+QueueName = NewType("QueueName", str)
+NodeName = NewType("NodeName", str)
+CohortName = NewType("CohortName", str)
+
+Resources = dict[str, int]
+"""Resource name (`gpu`, `cpu`, `memory`, ...) to an integer amount in base units."""
+
+PreemptionReason = Literal[
+    "WithinQueue",
+    "ReclaimWithinCohort",
+    "BorrowWithinCohort",
+    "FairSharing",
+    "NodeFailure",
+    "IdleReclaim",
+]
+WithinQueuePolicy = Literal["Never", "LowerPriority", "LowerOrNewerEqualPriority"]
+ReclaimPolicy = Literal["Never", "LowerPriority", "Any"]
+BorrowPolicy = Literal["Never", "LowerPriority"]
+
+
+class Topology(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Where a podset's pods may go: inside one domain of `required`, or preferably of `preferred`."""
+
+    required: str | None = None
+    preferred: str | None = None
+
+
+class PodSet(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """`count` identical pods, each requesting `requests`."""
+
+    name: str
+    count: int
+    requests: Resources
+    topology: Topology | None = None
+
+
+class BorrowWithinCohort(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    policy: BorrowPolicy = "Never"
+    max_priority_threshold: int | None = None
+
+
+class PreemptionPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    within_queue: WithinQueuePolicy = "Never"
+    reclaim_within_cohort: ReclaimPolicy = "Never"
+    borrow_within_cohort: BorrowWithinCohort = BorrowWithinCohort()
+
+
+class IdleReclaimPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    threshold: float = 0.05
+    after: int = 1800
+    only_borrowing: bool = True
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Base of every event. `at` is the event time in integer seconds."""
+
+    at: int
+    v: int = 1
+
+
+# ---------------------------------------------------------------- configuration
+
+
+class SchedulerConfigured(Event, frozen=True, kw_only=True, tag="SchedulerConfigured"):
+    """Cluster-wide scheduler settings: topology levels (outermost first), fair sharing, idle reclaim."""
+
+    levels: list[str] = []
+    fair_sharing: bool = False
+    idle_reclaim: IdleReclaimPolicy | None = None
+
+
+class PriorityClassConfigured(Event, frozen=True, kw_only=True, tag="PriorityClassConfigured"):
+    name: str
+    value: int
+    preemptible: bool = True
+
+
+class CohortConfigured(Event, frozen=True, kw_only=True, tag="CohortConfigured"):
+    name: CohortName
+    parent: CohortName | None = None
+
+
+class QueueConfigured(Event, frozen=True, kw_only=True, tag="QueueConfigured"):
+    """A queue's whole configuration; a later event for the same name replaces it."""
+
+    name: QueueName
+    cohort: CohortName | None = None
+    nominal: Resources = {}
+    borrowing_limit: Resources | None = None
+    lending_limit: Resources | None = None
+    weight: float = 1.0
+    preemption: PreemptionPolicy = PreemptionPolicy()
+
+
+# ---------------------------------------------------------------- nodes
+
+
+class NodeAdded(Event, frozen=True, kw_only=True, tag="NodeAdded"):
+    """A node joined. `reserved` is capacity held by pods muster does not schedule."""
+
+    node: NodeName
+    labels: dict[str, str] = {}
+    capacity: Resources = {}
+    ready: bool = True
+    unschedulable: bool = False
+    reserved: Resources = {}
+
+
+class NodeUpdated(Event, frozen=True, kw_only=True, tag="NodeUpdated"):
+    """A node's whole description changed; a node that stops being ready evicts its jobs."""
+
+    node: NodeName
+    labels: dict[str, str] = {}
+    capacity: Resources = {}
+    ready: bool = True
+    unschedulable: bool = False
+    reserved: Resources = {}
+
+
+class NodeRemoved(Event, frozen=True, kw_only=True, tag="NodeRemoved"):
+    node: NodeName
+
+
+class NodeCordoned(Event, frozen=True, kw_only=True, tag="NodeCordoned"):
+    """`cordoned=False` lifts the cordon."""
+
+    node: NodeName
+    cordoned: bool = True
+
+
+# ---------------------------------------------------------------- jobs: inputs
+
+
+class JobSubmitted(Event, frozen=True, kw_only=True, tag="JobSubmitted"):
+    """A gang: every pod of every podset runs together or not at all.
+
+    v2 replaced v1's flat `gpus`/`pods` with `podsets` (see codec.upcast_job_submitted_v1).
+    `pods` maps the gang pod name `PODSET-INDEX` to the Kubernetes pod `namespace/name`
+    when the gang came from a cluster.
+    """
+
+    job: JobId
+    queue: QueueName
+    priority_class: str | None = None
+    podsets: list[PodSet] = []
+    runtime: int | None = None
+    checkpoint_every: int | None = None
+    pods: dict[str, str] = {}
+    source: str = ""
+    v: int = 2
+
+
+class JobCancelled(Event, frozen=True, kw_only=True, tag="JobCancelled"):
+    job: JobId
+
+
+class JobStarted(Event, frozen=True, kw_only=True, tag="JobStarted"):
+    """Every pod of the gang is running."""
+
+    job: JobId
+
+
+class JobFinished(Event, frozen=True, kw_only=True, tag="JobFinished"):
+    job: JobId
+
+
+class JobFailed(Event, frozen=True, kw_only=True, tag="JobFailed"):
+    job: JobId
+    reason: str = ""
+
+
+class GpuUtilizationSampled(Event, frozen=True, kw_only=True, tag="GpuUtilizationSampled"):
+    """Measured GPU utilization of a job, 0..1 (mean over its GPUs)."""
+
+    job: JobId
+    gpu: float
+
+
+# ---------------------------------------------------------------- leadership
+
+
+class LeaderElected(Event, frozen=True, kw_only=True, tag="LeaderElected"):
+    """A daemon became leader; decisions of lower epochs are ignored from here on."""
+
+    epoch: int
+    holder: str
+
+
+# ---------------------------------------------------------------- decisions
+
+
+class JobAdmitted(Event, frozen=True, kw_only=True, tag="JobAdmitted"):
+    """The whole gang is placed: `placement` maps every pod `PODSET-INDEX` to a node."""
+
+    job: JobId
+    queue: QueueName
+    placement: dict[str, NodeName]
+    borrowed: Resources = {}
+    cycle: int = 0
+    epoch: int = 0
+    policy_version: str = ""
+    explanation: str = ""
+
+
+class JobPreempted(Event, frozen=True, kw_only=True, tag="JobPreempted"):
+    """`job` is the victim; it is requeued with its work since the last checkpoint lost."""
+
+    job: JobId
+    preemptor: JobId | None
+    reason: PreemptionReason
+    lost_gpu_seconds: int = 0
+    cycle: int = 0
+    epoch: int = 0
+
+
+class JobInadmissible(Event, frozen=True, kw_only=True, tag="JobInadmissible"):
+    """Why a pending job still waits; written when the reason changes."""
+
+    job: JobId
+    reason: str
+    cycle: int = 0
+    epoch: int = 0
+
+
+class JobRejected(Event, frozen=True, kw_only=True, tag="JobRejected"):
+    """The job's spec is invalid; it will never run."""
+
+    job: JobId
+    reason: str
+    cycle: int = 0
+    epoch: int = 0
+
+
+AnyEvent = (
+    SchedulerConfigured
+    | PriorityClassConfigured
+    | CohortConfigured
+    | QueueConfigured
+    | NodeAdded
+    | NodeUpdated
+    | NodeRemoved
+    | NodeCordoned
+    | JobSubmitted
+    | JobCancelled
+    | JobStarted
+    | JobFinished
+    | JobFailed
+    | GpuUtilizationSampled
+    | LeaderElected
+    | JobAdmitted
+    | JobPreempted
+    | JobInadmissible
+    | JobRejected
+)
+
+EVENT_TYPES: tuple[type[Event], ...] = (
+    SchedulerConfigured,
+    PriorityClassConfigured,
+    CohortConfigured,
+    QueueConfigured,
+    NodeAdded,
+    NodeUpdated,
+    NodeRemoved,
+    NodeCordoned,
+    JobSubmitted,
+    JobCancelled,
+    JobStarted,
+    JobFinished,
+    JobFailed,
+    GpuUtilizationSampled,
+    LeaderElected,
+    JobAdmitted,
+    JobPreempted,
+    JobInadmissible,
+    JobRejected,
+)
+
+DECISION_TYPES: tuple[type[Event], ...] = (JobAdmitted, JobPreempted, JobInadmissible, JobRejected)
+
+__all__ = [
+    "DECISION_TYPES",
+    "EVENT_TYPES",
+    "AnyEvent",
+    "BorrowWithinCohort",
+    "CohortConfigured",
+    "CohortName",
+    "Event",
+    "GpuUtilizationSampled",
+    "IdleReclaimPolicy",
+    "JobAdmitted",
+    "JobCancelled",
+    "JobFailed",
+    "JobFinished",
+    "JobId",
+    "JobInadmissible",
+    "JobPreempted",
+    "JobRejected",
+    "JobStarted",
+    "JobSubmitted",
+    "LeaderElected",
+    "NodeAdded",
+    "NodeCordoned",
+    "NodeName",
+    "NodeRemoved",
+    "NodeUpdated",
+    "PodSet",
+    "PreemptionPolicy",
+    "PreemptionReason",
+    "PriorityClassConfigured",
+    "QueueConfigured",
+    "QueueName",
+    "Resources",
+    "SchedulerConfigured",
+    "Topology",
+    "event_tag",
+]
+
+
+def event_tag(cls: type[Event]) -> str:
+    """The `type` tag of an event class."""
+    tag = cls.__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag

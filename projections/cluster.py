@@ -1,0 +1,574 @@
+"""The cluster state the scheduler reads, and `evolve`, the fold that builds it.
+
+`evolve(state, event) -> state` applies one event and holds no policy: it
+records what the event says. Rules (who may run, who is preempted, which spec
+is invalid) live in `scheduler.decide`. For speed the state is mutated in place
+and returned; callers that need the old state keep a snapshot
+(`snapshot.encode_state`).
+
+Invariants:
+- Deterministic: the same events in the same order give equal states.
+- Robust: an event that does not fit the state (an unknown job or node, a
+  decision of a deposed leader's epoch, a duplicate submission) leaves the state
+  as it was and is counted in `state.skipped`.
+- Usage per node and per queue is the sum of the requests of admitted jobs.
+
+The `dirty_*` sets and `structure` counter are bookkeeping for the scheduler's
+derived indexes (`scheduler.index`). They live in the instance dict, so they
+take no part in equality or encoding.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from muster.events.types import (
+    AnyEvent,
+    CohortConfigured,
+    Event,
+    GpuUtilizationSampled,
+    IdleReclaimPolicy,
+    JobAdmitted,
+    JobCancelled,
+    JobFailed,
+    JobFinished,
+    JobInadmissible,
+    JobPreempted,
+    JobRejected,
+    JobStarted,
+    JobSubmitted,
+    LeaderElected,
+    NodeAdded,
+    NodeCordoned,
+    NodeRemoved,
+    NodeUpdated,
+    PodSet,
+    PreemptionPolicy,
+    PriorityClassConfigured,
+    QueueConfigured,
+    SchedulerConfigured,
+)
+
+JobStatus = Literal["pending", "admitted", "finished", "failed", "cancelled", "rejected"]
+TERMINAL: frozenset[str] = frozenset({"finished", "failed", "cancelled", "rejected"})
+
+DEFAULT_IDLE_THRESHOLD = 0.05
+
+
+class NodeState(msgspec.Struct, kw_only=True):
+    name: str
+    labels: dict[str, str]
+    capacity: dict[str, int]
+    reserved: dict[str, int] = {}
+    ready: bool = True
+    unschedulable: bool = False
+    cordoned: bool = False
+    used: dict[str, int] = {}
+    jobs: dict[str, int] = {}
+    """Job id -> number of its pods on this node."""
+
+    @property
+    def schedulable(self) -> bool:
+        return self.ready and not self.unschedulable and not self.cordoned
+
+    def free(self) -> dict[str, int]:
+        """Capacity left for new pods (zero where unschedulable)."""
+        if not self.schedulable:
+            return {k: 0 for k in self.capacity}
+        used, reserved = self.used, self.reserved
+        return {k: v - used.get(k, 0) - reserved.get(k, 0) for k, v in self.capacity.items()}
+
+
+class QueueState(msgspec.Struct, kw_only=True):
+    name: str
+    cohort: str | None = None
+    nominal: dict[str, int] = {}
+    borrowing_limit: dict[str, int] | None = None
+    lending_limit: dict[str, int] | None = None
+    weight: float = 1.0
+    preemption: PreemptionPolicy = PreemptionPolicy()
+    usage: dict[str, int] = {}
+
+
+class PriorityClassState(msgspec.Struct, kw_only=True):
+    name: str
+    value: int
+    preemptible: bool = True
+
+
+class JobState(msgspec.Struct, kw_only=True):
+    id: str
+    queue: str
+    priority_class: str | None
+    podsets: list[PodSet]
+    runtime: int | None
+    checkpoint_every: int | None
+    seq: int
+    """Submission order: a job keeps its place in its queue across preemptions."""
+    submitted_at: int
+    pods: dict[str, str] = {}
+    requests: dict[str, int] = {}
+    """Total requests of the whole gang."""
+    status: JobStatus = "pending"
+    placement: dict[str, str] = {}
+    borrowed: dict[str, int] = {}
+    admitted_at: int | None = None
+    first_admitted_at: int | None = None
+    finished_at: int | None = None
+    started_at: int | None = None
+    work_done: int = 0
+    """Seconds of work saved (at checkpoints) that survive preemption."""
+    preemptions: int = 0
+    reason: str = ""
+    """Last reason the job was inadmissible or rejected."""
+    utilization: float | None = None
+    idle_since: int | None = None
+
+    @property
+    def gpus(self) -> int:
+        return self.requests.get("gpu", 0)
+
+    def progress(self, now: int) -> int:
+        """Seconds of work done by `now`, counting the current run."""
+        if self.status == "admitted" and self.admitted_at is not None:
+            return self.work_done + max(0, now - self.admitted_at)
+        return self.work_done
+
+    def saved_progress(self, now: int) -> int:
+        """Work that would survive a preemption at `now` (last checkpoint)."""
+        done = self.progress(now)
+        if self.runtime is not None:
+            done = min(done, self.runtime)
+        if not self.checkpoint_every:
+            return 0
+        return (done // self.checkpoint_every) * self.checkpoint_every
+
+    def lost_gpu_seconds(self, now: int) -> int:
+        """GPU-seconds of work a preemption at `now` would destroy."""
+        if self.status != "admitted":
+            return 0
+        done = self.progress(now)
+        if self.runtime is not None:
+            done = min(done, self.runtime)
+        return (done - self.saved_progress(now)) * self.gpus
+
+    def remaining(self) -> int | None:
+        if self.runtime is None:
+            return None
+        return max(0, self.runtime - self.work_done)
+
+
+class ClusterState(msgspec.Struct, kw_only=True, dict=True):
+    levels: list[str] = []
+    fair_sharing: bool = False
+    idle_reclaim: IdleReclaimPolicy | None = None
+    priority_classes: dict[str, PriorityClassState] = {}
+    cohorts: dict[str, str | None] = {}
+    """Cohort name -> parent cohort (or None)."""
+    queues: dict[str, QueueState] = {}
+    nodes: dict[str, NodeState] = {}
+    jobs: dict[str, JobState] = {}
+    epoch: int = 0
+    leader: str = ""
+    cycle: int = 0
+    """Last scheduling cycle that wrote a decision."""
+    now: int = 0
+    """Time of the latest event applied."""
+    submitted: int = 0
+    applied: int = 0
+    skipped: int = 0
+    fenced: int = 0
+    """Decisions ignored because a newer leader epoch was already on the log."""
+
+    def __post_init__(self) -> None:
+        self.reset_bookkeeping()
+
+    def reset_bookkeeping(self) -> None:
+        self.dirty_nodes: set[str] = set(self.nodes)
+        self.dirty_queues: set[str] = set(self.queues)
+        self.dirty_jobs: set[str] = {j.id for j in self.jobs.values() if j.status not in TERMINAL}
+        self.structure = 0
+        """Bumped when nodes, queues, cohorts, classes or levels change shape."""
+        self.released = 0
+        """Bumped whenever resources are given back (finish, preemption, node up...)."""
+
+    def priority_of(self, job: JobState) -> int:
+        """The job's priority value; no class (or an unknown one) is the lowest class."""
+        if job.priority_class is not None:
+            pc = self.priority_classes.get(job.priority_class)
+            if pc is not None:
+                return pc.value
+        return self.lowest_priority()
+
+    def preemptible(self, job: JobState) -> bool:
+        if job.priority_class is None:
+            return True
+        pc = self.priority_classes.get(job.priority_class)
+        return pc is None or pc.preemptible
+
+    def lowest_priority(self) -> int:
+        if not self.priority_classes:
+            return 0
+        return min(pc.value for pc in self.priority_classes.values())
+
+    def cohort_root(self, queue: str) -> str:
+        """The root of a queue's cohort tree (`queue:NAME` for a queue without a cohort)."""
+        q = self.queues.get(queue)
+        if q is None or q.cohort is None:
+            return f"queue:{queue}"
+        name = q.cohort
+        seen = {name}
+        while True:
+            parent = self.cohorts.get(name)
+            if parent is None or parent in seen:
+                return f"cohort:{name}"
+            seen.add(parent)
+            name = parent
+
+
+def new_state() -> ClusterState:
+    return ClusterState()
+
+
+# ---------------------------------------------------------------- evolve
+
+
+def _skip(state: ClusterState) -> ClusterState:
+    state.skipped += 1
+    return state
+
+
+def _podset_requests(podsets: list[PodSet]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for ps in podsets:
+        for k, v in ps.requests.items():
+            out[k] = out.get(k, 0) + v * ps.count
+    return out
+
+
+def _pod_requests(job: JobState) -> dict[str, dict[str, int]]:
+    return {ps.name: ps.requests for ps in job.podsets}
+
+
+def _release(state: ClusterState, job: JobState) -> None:
+    """Give back the job's node and queue usage."""
+    per_podset = _pod_requests(job)
+    nodes = state.nodes
+    for pod, node_name in job.placement.items():
+        node = nodes.get(node_name)
+        if node is None:
+            continue
+        req = per_podset.get(pod.rsplit("-", 1)[0], {})
+        used = node.used
+        for k, v in req.items():
+            used[k] = used.get(k, 0) - v
+        n = node.jobs.get(job.id, 0) - 1
+        if n > 0:
+            node.jobs[job.id] = n
+        else:
+            node.jobs.pop(job.id, None)
+        state.dirty_nodes.add(node_name)
+    queue = state.queues.get(job.queue)
+    if queue is not None:
+        usage = queue.usage
+        for k, v in job.requests.items():
+            usage[k] = usage.get(k, 0) - v
+        state.dirty_queues.add(job.queue)
+    job.placement = {}
+    job.borrowed = {}
+    job.utilization = None
+    job.idle_since = None
+    state.released += 1
+    state.dirty_jobs.add(job.id)
+
+
+def _fenced(state: ClusterState, epoch: int) -> bool:
+    if epoch < state.epoch:
+        state.fenced += 1
+        return True
+    return False
+
+
+def _on_submitted(state: ClusterState, ev: JobSubmitted) -> ClusterState:
+    if ev.job in state.jobs:
+        return _skip(state)
+    state.submitted += 1
+    state.jobs[ev.job] = JobState(
+        id=ev.job,
+        queue=ev.queue,
+        priority_class=ev.priority_class,
+        podsets=ev.podsets,
+        runtime=ev.runtime,
+        checkpoint_every=ev.checkpoint_every,
+        seq=state.submitted,
+        submitted_at=ev.at,
+        pods=ev.pods,
+        requests=_podset_requests(ev.podsets),
+    )
+    state.dirty_jobs.add(ev.job)
+    return state
+
+
+def _on_admitted(state: ClusterState, ev: JobAdmitted) -> ClusterState:
+    if _fenced(state, ev.epoch):
+        return state
+    job = state.jobs.get(ev.job)
+    if job is None or job.status != "pending":
+        return _skip(state)
+    per_podset = _pod_requests(job)
+    expected = {f"{ps.name}-{i}" for ps in job.podsets for i in range(ps.count)}
+    if set(ev.placement) != expected or any(n not in state.nodes for n in ev.placement.values()):
+        return _skip(state)
+    nodes = state.nodes
+    for pod, node_name in ev.placement.items():
+        node = nodes[node_name]
+        used = node.used
+        for k, v in per_podset[pod.rsplit("-", 1)[0]].items():
+            used[k] = used.get(k, 0) + v
+        node.jobs[job.id] = node.jobs.get(job.id, 0) + 1
+        state.dirty_nodes.add(node_name)
+    queue = state.queues.get(job.queue)
+    if queue is not None:
+        usage = queue.usage
+        for k, v in job.requests.items():
+            usage[k] = usage.get(k, 0) + v
+        state.dirty_queues.add(job.queue)
+    job.status = "admitted"
+    job.placement = dict(ev.placement)
+    job.borrowed = dict(ev.borrowed)
+    job.admitted_at = ev.at
+    if job.first_admitted_at is None:
+        job.first_admitted_at = ev.at
+    job.reason = ""
+    job.utilization = None
+    job.idle_since = None
+    state.cycle = max(state.cycle, ev.cycle)
+    state.dirty_jobs.add(job.id)
+    return state
+
+
+def _on_preempted(state: ClusterState, ev: JobPreempted) -> ClusterState:
+    if _fenced(state, ev.epoch):
+        return state
+    job = state.jobs.get(ev.job)
+    if job is None or job.status != "admitted":
+        return _skip(state)
+    saved = job.saved_progress(ev.at)
+    _release(state, job)
+    job.work_done = saved
+    job.status = "pending"
+    job.admitted_at = None
+    job.started_at = None
+    job.preemptions += 1
+    job.reason = ""
+    state.cycle = max(state.cycle, ev.cycle)
+    return state
+
+
+def _end(state: ClusterState, job_id: str, at: int, status: JobStatus, reason: str = "") -> ClusterState:
+    job = state.jobs.get(job_id)
+    if job is None or job.status in TERMINAL:
+        return _skip(state)
+    if job.status == "admitted":
+        if job.admitted_at is not None:
+            job.work_done = job.progress(at) if job.runtime is None else min(job.runtime, job.progress(at))
+        _release(state, job)
+    job.status = status
+    job.finished_at = at
+    job.admitted_at = None
+    if reason:
+        job.reason = reason
+    state.dirty_jobs.add(job_id)
+    return state
+
+
+def _node_from(ev: NodeAdded | NodeUpdated, old: NodeState | None) -> NodeState:
+    return NodeState(
+        name=ev.node,
+        labels=dict(ev.labels),
+        capacity=dict(ev.capacity),
+        reserved=dict(ev.reserved),
+        ready=ev.ready,
+        unschedulable=ev.unschedulable,
+        cordoned=old.cordoned if old is not None else False,
+        used=old.used if old is not None else {},
+        jobs=old.jobs if old is not None else {},
+    )
+
+
+def _on_node(state: ClusterState, ev: NodeAdded | NodeUpdated) -> ClusterState:
+    old = state.nodes.get(ev.node)
+    node = _node_from(ev, old)
+    state.nodes[ev.node] = node
+    state.dirty_nodes.add(ev.node)
+    if old is None or old.labels != node.labels:
+        state.structure += 1
+    if old is None or (node.schedulable and not old.schedulable) or node.capacity != old.capacity:
+        state.released += 1
+    return state
+
+
+def _on_node_removed(state: ClusterState, ev: NodeRemoved) -> ClusterState:
+    if ev.node not in state.nodes:
+        return _skip(state)
+    del state.nodes[ev.node]
+    state.dirty_nodes.add(ev.node)
+    state.structure += 1
+    return state
+
+
+def _on_cordoned(state: ClusterState, ev: NodeCordoned) -> ClusterState:
+    node = state.nodes.get(ev.node)
+    if node is None:
+        return _skip(state)
+    if node.cordoned and not ev.cordoned:
+        state.released += 1
+    node.cordoned = ev.cordoned
+    state.dirty_nodes.add(ev.node)
+    return state
+
+
+def _on_queue(state: ClusterState, ev: QueueConfigured) -> ClusterState:
+    old = state.queues.get(ev.name)
+    state.queues[ev.name] = QueueState(
+        name=ev.name,
+        cohort=ev.cohort,
+        nominal=dict(ev.nominal),
+        borrowing_limit=dict(ev.borrowing_limit) if ev.borrowing_limit is not None else None,
+        lending_limit=dict(ev.lending_limit) if ev.lending_limit is not None else None,
+        weight=ev.weight,
+        preemption=ev.preemption,
+        usage=old.usage if old is not None else {},
+    )
+    state.dirty_queues.add(ev.name)
+    state.structure += 1
+    state.released += 1
+    return state
+
+
+def _on_cohort(state: ClusterState, ev: CohortConfigured) -> ClusterState:
+    state.cohorts[ev.name] = ev.parent
+    state.structure += 1
+    state.released += 1
+    return state
+
+
+def _on_priority_class(state: ClusterState, ev: PriorityClassConfigured) -> ClusterState:
+    state.priority_classes[ev.name] = PriorityClassState(name=ev.name, value=ev.value, preemptible=ev.preemptible)
+    state.structure += 1
+    state.released += 1
+    return state
+
+
+def _on_scheduler(state: ClusterState, ev: SchedulerConfigured) -> ClusterState:
+    state.levels = list(ev.levels)
+    state.fair_sharing = ev.fair_sharing
+    state.idle_reclaim = ev.idle_reclaim
+    state.structure += 1
+    state.released += 1
+    return state
+
+
+def _on_utilization(state: ClusterState, ev: GpuUtilizationSampled) -> ClusterState:
+    job = state.jobs.get(ev.job)
+    if job is None or job.status != "admitted":
+        return _skip(state)
+    threshold = state.idle_reclaim.threshold if state.idle_reclaim is not None else DEFAULT_IDLE_THRESHOLD
+    job.utilization = ev.gpu
+    if ev.gpu <= threshold:
+        if job.idle_since is None:
+            job.idle_since = ev.at
+    else:
+        job.idle_since = None
+    return state
+
+
+def _on_started(state: ClusterState, ev: JobStarted) -> ClusterState:
+    job = state.jobs.get(ev.job)
+    if job is None or job.status != "admitted":
+        return _skip(state)
+    job.started_at = ev.at
+    return state
+
+
+def _on_inadmissible(state: ClusterState, ev: JobInadmissible) -> ClusterState:
+    if _fenced(state, ev.epoch):
+        return state
+    job = state.jobs.get(ev.job)
+    if job is None or job.status != "pending":
+        return _skip(state)
+    job.reason = ev.reason
+    state.cycle = max(state.cycle, ev.cycle)
+    return state
+
+
+def _on_rejected(state: ClusterState, ev: JobRejected) -> ClusterState:
+    if _fenced(state, ev.epoch):
+        return state
+    state.cycle = max(state.cycle, ev.cycle)
+    return _end(state, ev.job, ev.at, "rejected", ev.reason)
+
+
+def _on_leader(state: ClusterState, ev: LeaderElected) -> ClusterState:
+    if ev.epoch <= state.epoch:
+        return _skip(state)
+    state.epoch = ev.epoch
+    state.leader = ev.holder
+    return state
+
+
+def _on_finished(state: ClusterState, ev: JobFinished) -> ClusterState:
+    return _end(state, ev.job, ev.at, "finished")
+
+
+def _on_failed(state: ClusterState, ev: JobFailed) -> ClusterState:
+    return _end(state, ev.job, ev.at, "failed", ev.reason)
+
+
+def _on_cancelled(state: ClusterState, ev: JobCancelled) -> ClusterState:
+    return _end(state, ev.job, ev.at, "cancelled")
+
+
+_HANDLERS = {
+    JobSubmitted: _on_submitted,
+    JobAdmitted: _on_admitted,
+    JobPreempted: _on_preempted,
+    JobFinished: _on_finished,
+    JobFailed: _on_failed,
+    JobCancelled: _on_cancelled,
+    JobStarted: _on_started,
+    JobInadmissible: _on_inadmissible,
+    JobRejected: _on_rejected,
+    GpuUtilizationSampled: _on_utilization,
+    NodeAdded: _on_node,
+    NodeUpdated: _on_node,
+    NodeRemoved: _on_node_removed,
+    NodeCordoned: _on_cordoned,
+    QueueConfigured: _on_queue,
+    CohortConfigured: _on_cohort,
+    PriorityClassConfigured: _on_priority_class,
+    SchedulerConfigured: _on_scheduler,
+    LeaderElected: _on_leader,
+}
+
+
+def evolve(state: ClusterState, event: AnyEvent | Event) -> ClusterState:
+    """Apply one event to the state (in place) and return it."""
+    handler = _HANDLERS.get(type(event))
+    state.applied += 1
+    if handler is None:
+        return _skip(state)
+    if event.at > state.now:
+        state.now = event.at
+    result: ClusterState = handler(state, event)
+    return result
+
+
+def fold(events: list[AnyEvent] | list[Event], state: ClusterState | None = None) -> ClusterState:
+    """Fold a sequence of events into a (new, unless given) state."""
+    s = state if state is not None else ClusterState()
+    for ev in events:
+        evolve(s, ev)
+    return s

@@ -1,0 +1,1 @@
+"""muster.replay: audit tooling over the log, and the virtual-time simulator."""
