@@ -1,0 +1,568 @@
+"""The chargeback ledger: a pure fold of the event log into GPU, CPU and memory accounting.
+
+`evolve_billing(state, seq, event)` applies one stored event. The state has two
+halves:
+
+- `Tracker`, the working memory the fold needs to go on (jobs that are pending
+  or hold resources, nodes, the leader epoch, the last applied sequence). It is
+  small, msgspec-encodable, and the subscriber stores it as a snapshot in the
+  same transaction as the ledger rows.
+- `Ledger`, additive accumulators: per (job, hour, GPU model) usage rows, per
+  (hour, GPU model) cluster capacity, job and queue descriptions, and the
+  sequences of events that were skipped. A shell may `drain()` it after a batch
+  and add the rows to a database (`value = value + delta`); a test may keep it
+  whole. Either way the sums are the same.
+
+What is counted (GPU quantities are whole GPUs times seconds):
+- allocated: GPUs held from `JobAdmitted` to `JobFinished`, `JobFailed`,
+  `JobCancelled` or `JobPreempted`, split per hour and per GPU model of the
+  nodes the gang was placed on (node label `gpu_label`, "" when absent);
+- sampled/used: from a `GpuUtilizationSampled` on, utilization is piecewise
+  constant until the next sample or the end of the run; `sampled` is the
+  allocation covered by samples and `used` is allocation x utilization, kept in
+  milli-GPU-seconds with utilization rounded to 0.1 %; idle = sampled - used;
+- borrowed: `JobAdmitted.borrowed["gpu"]` GPUs x time held;
+- lost: `JobPreempted.lost_gpu_seconds`, booked in the hour of the preemption;
+- CPU milli-core-seconds and memory MiB-seconds from the gang's requests
+  (memory rounded up to whole MiB per pod);
+- capacity: GPUs (capacity minus reserved) of ready nodes over time.
+
+Invariants:
+- Deterministic and integer: the same events give equal ledgers; no floats are
+  stored. Every quantity is additive over time (g * (b - a) + g * (c - b) =
+  g * (c - a)), so where a run is cut into pieces does not change any sum.
+- Exactly once at the fold: an event whose sequence is not above
+  `tracker.seq` changes nothing.
+- Mirrors the cluster fold's acceptance rules (epoch fencing, placement must
+  name every pod on a known node, one run at a time) so that billing counts the
+  runs the scheduler believes in; an event that does not fit is counted in
+  `tracker.ignored` and changes nothing else.
+- A running job accrues at each of its own events and at every hour boundary of
+  event time; capacity accrues at every event. The hour holding the latest
+  event is therefore provisional until an event of a later hour arrives.
+- Terminal jobs leave the tracker (their rows stay in the ledger), so memory is
+  bounded by jobs pending or running.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import msgspec
+
+from muster.events.types import (
+    Event,
+    GpuUtilizationSampled,
+    JobAdmitted,
+    JobCancelled,
+    JobFailed,
+    JobFinished,
+    JobPreempted,
+    JobRejected,
+    JobStarted,
+    JobSubmitted,
+    LeaderElected,
+    NodeAdded,
+    NodeRemoved,
+    NodeUpdated,
+    QueueConfigured,
+)
+
+HOUR = 3600
+MIB = 1 << 20
+DEFAULT_GPU_LABEL = "nvidia.com/gpu.product"
+
+UsageKey = tuple[str, int, str]
+"""(job, hour start in seconds, GPU model)."""
+CapacityKey = tuple[int, str]
+"""(hour start in seconds, GPU model)."""
+
+
+class Usage(msgspec.Struct, kw_only=True):
+    """One ledger row: what one job held in one hour on one GPU model."""
+
+    queue: str
+    priority_class: str = ""
+    alloc_gpu_s: int = 0
+    sampled_gpu_s: int = 0
+    used_mgpu_s: int = 0
+    """Milli-GPU-seconds: allocated x utilization x 1000."""
+    borrowed_gpu_s: int = 0
+    lost_gpu_s: int = 0
+    cpu_mcore_s: int = 0
+    mem_mib_s: int = 0
+
+    @property
+    def idle_mgpu_s(self) -> int:
+        return self.sampled_gpu_s * 1000 - self.used_mgpu_s
+
+    def add(self, other: Usage) -> None:
+        self.alloc_gpu_s += other.alloc_gpu_s
+        self.sampled_gpu_s += other.sampled_gpu_s
+        self.used_mgpu_s += other.used_mgpu_s
+        self.borrowed_gpu_s += other.borrowed_gpu_s
+        self.lost_gpu_s += other.lost_gpu_s
+        self.cpu_mcore_s += other.cpu_mcore_s
+        self.mem_mib_s += other.mem_mib_s
+
+
+USAGE_METRICS: tuple[str, ...] = (
+    "alloc_gpu_s",
+    "sampled_gpu_s",
+    "used_mgpu_s",
+    "borrowed_gpu_s",
+    "lost_gpu_s",
+    "cpu_mcore_s",
+    "mem_mib_s",
+)
+
+
+class JobRecord(msgspec.Struct, kw_only=True):
+    """A job's description in the ledger (its dimension row)."""
+
+    job: str
+    queue: str
+    priority_class: str = ""
+    gpus: int = 0
+    submitted_at: int = 0
+    first_admitted_at: int | None = None
+    ended_at: int | None = None
+    status: str = "pending"
+    preemptions: int = 0
+
+
+class QueueRecord(msgspec.Struct, kw_only=True):
+    """A queue as last configured: its nominal GPUs weigh idle-capacity sharing."""
+
+    queue: str
+    cohort: str = ""
+    nominal_gpu: int = 0
+
+
+class Slice(msgspec.Struct, array_like=True):
+    """The part of a run on one GPU model (tracker-internal, hence array_like)."""
+
+    model: str
+    gpus: int
+    borrowed: int
+    cpu_milli: int
+    mem_mib: int
+
+
+class Run(msgspec.Struct, kw_only=True):
+    """An allocation in progress, accrued up to `since`."""
+
+    since: int
+    slices: list[Slice]
+    util_pm: int = -1
+    """Last sampled utilization in per mille; -1 before the run's first sample."""
+
+
+class PodSetReq(msgspec.Struct, array_like=True):
+    name: str
+    count: int
+    requests: dict[str, int]
+
+
+class ActiveJob(msgspec.Struct, kw_only=True):
+    record: JobRecord
+    podsets: list[PodSetReq]
+    run: Run | None = None
+
+
+class NodeInfo(msgspec.Struct, array_like=True):
+    model: str
+    gpus: int
+    """Allocatable GPUs counted as capacity (0 while not ready)."""
+
+
+class Tracker(msgspec.Struct, kw_only=True):
+    """The fold's working memory; encodable, so a shell can snapshot it."""
+
+    gpu_label: str = DEFAULT_GPU_LABEL
+    seq: int = 0
+    """Last stream sequence applied (or skipped)."""
+    clock: int | None = None
+    """Latest event time seen."""
+    epoch: int = 0
+    nodes: dict[str, NodeInfo] = {}
+    jobs: dict[str, ActiveJob] = {}
+    capacity: dict[str, int] = {}
+    """GPU model -> GPUs of ready nodes now."""
+    cap_since: int | None = None
+    applied: int = 0
+    ignored: int = 0
+    """Well-formed events that did not fit the state (unknown job, fenced decision...)."""
+    skipped: int = 0
+    """Malformed events (the shell could not decode them)."""
+
+
+class Ledger(msgspec.Struct, kw_only=True):
+    """Additive accumulators since the last `drain()` (or since the start)."""
+
+    usage: dict[UsageKey, Usage] = {}
+    capacity: dict[CapacityKey, int] = {}
+    jobs: dict[str, JobRecord] = {}
+    queues: dict[str, QueueRecord] = {}
+    skipped: list[tuple[int, str]] = []
+    """(sequence, reason) of malformed events."""
+
+    def empty(self) -> bool:
+        return not (self.usage or self.capacity or self.jobs or self.queues or self.skipped)
+
+
+class BillingState(msgspec.Struct, kw_only=True):
+    tracker: Tracker = msgspec.field(default_factory=Tracker)
+    ledger: Ledger = msgspec.field(default_factory=Ledger)
+
+
+def new_billing_state(gpu_label: str = DEFAULT_GPU_LABEL) -> BillingState:
+    return BillingState(tracker=Tracker(gpu_label=gpu_label))
+
+
+def drain(state: BillingState) -> Ledger:
+    """Take the accumulated rows out of the state (to add them to a database)."""
+    out = state.ledger
+    state.ledger = Ledger()
+    return out
+
+
+_tracker_encoder = msgspec.msgpack.Encoder()
+_tracker_decoder = msgspec.msgpack.Decoder(Tracker)
+
+
+def encode_tracker(tracker: Tracker) -> bytes:
+    return _tracker_encoder.encode(tracker)
+
+
+def decode_tracker(raw: bytes) -> Tracker:
+    return _tracker_decoder.decode(raw)
+
+
+# ---------------------------------------------------------------- accrual
+
+
+def _row(ledger: Ledger, job: ActiveJob, hour: int, model: str) -> Usage:
+    key = (job.record.job, hour, model)
+    row = ledger.usage.get(key)
+    if row is None:
+        row = ledger.usage[key] = Usage(queue=job.record.queue, priority_class=job.record.priority_class)
+    return row
+
+
+def _accrue(ledger: Ledger, job: ActiveJob, run: Run, until: int) -> None:
+    """Book the run's holding from `run.since` to `until`, cut at hour boundaries."""
+    t = run.since
+    if until <= t:
+        return
+    util = run.util_pm
+    while t < until:
+        hour = t - t % HOUR
+        end = min(until, hour + HOUR)
+        dt = end - t
+        for s in run.slices:
+            row = _row(ledger, job, hour, s.model)
+            gs = s.gpus * dt
+            row.alloc_gpu_s += gs
+            if util >= 0:
+                row.sampled_gpu_s += gs
+                row.used_mgpu_s += gs * util
+            row.borrowed_gpu_s += s.borrowed * dt
+            row.cpu_mcore_s += s.cpu_milli * dt
+            row.mem_mib_s += s.mem_mib * dt
+        t = end
+    run.since = until
+
+
+def _accrue_capacity(tracker: Tracker, ledger: Ledger, until: int) -> None:
+    """Book the ready nodes' GPUs from `tracker.cap_since` to `until`."""
+    t = tracker.cap_since
+    if t is not None and until <= t:
+        return
+    tracker.cap_since = until
+    if t is None:
+        return
+    cap = ledger.capacity
+    while t < until:
+        hour = t - t % HOUR
+        end = min(until, hour + HOUR)
+        dt = end - t
+        for model, gpus in tracker.capacity.items():
+            if gpus > 0:
+                key = (hour, model)
+                cap[key] = cap.get(key, 0) + gpus * dt
+        t = end
+
+
+def _advance_clock(state: BillingState, at: int) -> None:
+    """Move event time forward: at an hour boundary, book every running job up to it."""
+    tracker = state.tracker
+    clock = tracker.clock
+    if clock is not None and at <= clock:
+        return
+    tracker.clock = at
+    if clock is not None and at - at % HOUR > clock - clock % HOUR:
+        boundary = at - at % HOUR
+        for job in tracker.jobs.values():
+            if job.run is not None:
+                _accrue(state.ledger, job, job.run, boundary)
+    _accrue_capacity(tracker, state.ledger, at)
+
+
+# ---------------------------------------------------------------- handlers
+
+
+def _ignore(state: BillingState) -> None:
+    state.tracker.ignored += 1
+
+
+def _dirty(state: BillingState, job: ActiveJob) -> None:
+    state.ledger.jobs[job.record.job] = job.record
+
+
+def _on_submitted(state: BillingState, ev: JobSubmitted) -> None:
+    if ev.job in state.tracker.jobs:
+        return _ignore(state)
+    podsets = [PodSetReq(ps.name, ps.count, dict(ps.requests)) for ps in ev.podsets]
+    record = JobRecord(
+        job=ev.job,
+        queue=ev.queue,
+        priority_class=ev.priority_class or "",
+        gpus=sum(p.count * p.requests.get("gpu", 0) for p in podsets),
+        submitted_at=ev.at,
+    )
+    job = ActiveJob(record=record, podsets=podsets)
+    state.tracker.jobs[ev.job] = job
+    _dirty(state, job)
+
+
+def _slices(tracker: Tracker, job: ActiveJob, placement: dict[str, str], borrowed_gpus: int) -> list[Slice] | None:
+    """Per GPU model: GPUs, CPU and memory of the pods placed there; None if the placement does not fit."""
+    per_pod = {p.name: p.requests for p in job.podsets}
+    expected = {f"{p.name}-{i}" for p in job.podsets for i in range(p.count)}
+    if placement.keys() != expected:
+        return None
+    by_model: dict[str, list[int]] = {}
+    for pod, node_name in placement.items():
+        node = tracker.nodes.get(node_name)
+        if node is None:
+            return None
+        req = per_pod[pod.rpartition("-")[0]]
+        acc = by_model.setdefault(node.model, [0, 0, 0])
+        acc[0] += req.get("gpu", 0)
+        acc[1] += req.get("cpu", 0)
+        acc[2] += -(-req.get("memory", 0) // MIB)
+    slices = []
+    left = max(0, borrowed_gpus)
+    # Borrowed GPUs are booked on models in name order: which physical GPU is
+    # "the borrowed one" is not defined, only how many are.
+    for model in sorted(by_model):
+        gpus, cpu, mem = by_model[model]
+        b = min(left, gpus)
+        left -= b
+        slices.append(Slice(model, gpus, b, cpu, mem))
+    return slices
+
+
+def _on_admitted(state: BillingState, ev: JobAdmitted) -> None:
+    tracker = state.tracker
+    if ev.epoch < tracker.epoch:
+        return _ignore(state)
+    job = tracker.jobs.get(ev.job)
+    if job is None or job.run is not None:
+        return _ignore(state)
+    slices = _slices(tracker, job, ev.placement, ev.borrowed.get("gpu", 0))
+    if slices is None:
+        return _ignore(state)
+    job.run = Run(since=ev.at, slices=slices)
+    record = job.record
+    record.status = "admitted"
+    if record.first_admitted_at is None:
+        record.first_admitted_at = ev.at
+    _dirty(state, job)
+
+
+def _primary_model(run: Run) -> str:
+    best = min(run.slices, key=lambda s: (-s.gpus, s.model), default=None)
+    return best.model if best is not None else ""
+
+
+def _close(state: BillingState, job: ActiveJob, at: int) -> Run | None:
+    run = job.run
+    if run is not None:
+        _accrue(state.ledger, job, run, max(at, run.since))
+        job.run = None
+    return run
+
+
+def _on_preempted(state: BillingState, ev: JobPreempted) -> None:
+    tracker = state.tracker
+    if ev.epoch < tracker.epoch:
+        return _ignore(state)
+    job = tracker.jobs.get(ev.job)
+    if job is None or job.run is None:
+        return _ignore(state)
+    run = _close(state, job, ev.at)
+    assert run is not None
+    if ev.lost_gpu_seconds > 0:
+        at = max(ev.at, run.since)
+        _row(state.ledger, job, at - at % HOUR, _primary_model(run)).lost_gpu_s += ev.lost_gpu_seconds
+    job.record.status = "pending"
+    job.record.preemptions += 1
+    _dirty(state, job)
+
+
+def _end(state: BillingState, job_id: str, at: int, status: str) -> None:
+    job = state.tracker.jobs.get(job_id)
+    if job is None:
+        return _ignore(state)
+    _close(state, job, at)
+    job.record.status = status
+    job.record.ended_at = at
+    _dirty(state, job)
+    del state.tracker.jobs[job_id]
+
+
+def _on_finished(state: BillingState, ev: JobFinished) -> None:
+    _end(state, ev.job, ev.at, "finished")
+
+
+def _on_failed(state: BillingState, ev: JobFailed) -> None:
+    _end(state, ev.job, ev.at, "failed")
+
+
+def _on_cancelled(state: BillingState, ev: JobCancelled) -> None:
+    _end(state, ev.job, ev.at, "cancelled")
+
+
+def _on_rejected(state: BillingState, ev: JobRejected) -> None:
+    if ev.epoch < state.tracker.epoch:
+        return _ignore(state)
+    job = state.tracker.jobs.get(ev.job)
+    if job is None or job.run is not None:
+        # the cluster fold rejects only pending jobs; a running one keeps running
+        return _ignore(state)
+    _end(state, ev.job, ev.at, "rejected")
+
+
+def _on_started(state: BillingState, ev: JobStarted) -> None:
+    # Allocation is counted from admission: the GPUs are held while pods start.
+    job = state.tracker.jobs.get(ev.job)
+    if job is None or job.run is None:
+        _ignore(state)
+
+
+def _on_utilization(state: BillingState, ev: GpuUtilizationSampled) -> None:
+    job = state.tracker.jobs.get(ev.job)
+    if job is None or job.run is None or not math.isfinite(ev.gpu):
+        return _ignore(state)
+    run = job.run
+    _accrue(state.ledger, job, run, max(ev.at, run.since))
+    run.util_pm = round(min(1.0, max(0.0, ev.gpu)) * 1000)
+
+
+def _on_node(state: BillingState, ev: NodeAdded | NodeUpdated) -> None:
+    tracker = state.tracker
+    old = tracker.nodes.get(ev.node)
+    gpus = max(0, ev.capacity.get("gpu", 0) - ev.reserved.get("gpu", 0)) if ev.ready else 0
+    node = NodeInfo(ev.labels.get(tracker.gpu_label, ""), gpus)
+    _set_capacity(tracker, old, node)
+    tracker.nodes[ev.node] = node
+
+
+def _on_node_removed(state: BillingState, ev: NodeRemoved) -> None:
+    tracker = state.tracker
+    old = tracker.nodes.pop(ev.node, None)
+    if old is None:
+        return _ignore(state)
+    _set_capacity(tracker, old, None)
+
+
+def _set_capacity(tracker: Tracker, old: NodeInfo | None, new: NodeInfo | None) -> None:
+    cap = tracker.capacity
+    if old is not None:
+        cap[old.model] = cap.get(old.model, 0) - old.gpus
+    if new is not None:
+        cap[new.model] = cap.get(new.model, 0) + new.gpus
+
+
+def _on_queue(state: BillingState, ev: QueueConfigured) -> None:
+    state.ledger.queues[ev.name] = QueueRecord(
+        queue=ev.name, cohort=ev.cohort or "", nominal_gpu=max(0, ev.nominal.get("gpu", 0))
+    )
+
+
+def _on_leader(state: BillingState, ev: LeaderElected) -> None:
+    if ev.epoch <= state.tracker.epoch:
+        return _ignore(state)
+    state.tracker.epoch = ev.epoch
+
+
+_HANDLERS = {
+    JobSubmitted: _on_submitted,
+    JobAdmitted: _on_admitted,
+    JobPreempted: _on_preempted,
+    JobFinished: _on_finished,
+    JobFailed: _on_failed,
+    JobCancelled: _on_cancelled,
+    JobRejected: _on_rejected,
+    JobStarted: _on_started,
+    GpuUtilizationSampled: _on_utilization,
+    NodeAdded: _on_node,
+    NodeUpdated: _on_node,
+    NodeRemoved: _on_node_removed,
+    QueueConfigured: _on_queue,
+    LeaderElected: _on_leader,
+}
+
+
+def evolve_billing(state: BillingState, seq: int, event: Event) -> BillingState:
+    """Apply the event stored at `seq` (in place) and return the state; a replayed sequence changes nothing."""
+    tracker = state.tracker
+    if seq <= tracker.seq:
+        return state
+    tracker.seq = seq
+    tracker.applied += 1
+    # The clock moves on every event, so capacity and hourly roll-over follow
+    # event time even when an event is not about billing at all.
+    _advance_clock(state, event.at)
+    handler = _HANDLERS.get(type(event))
+    if handler is not None:
+        handler(state, event)
+    return state
+
+
+def skip_bad(state: BillingState, seq: int, reason: str) -> BillingState:
+    """Record that the event at `seq` could not be decoded; it moves the cursor and nothing else."""
+    tracker = state.tracker
+    if seq <= tracker.seq:
+        return state
+    tracker.seq = seq
+    tracker.skipped += 1
+    state.ledger.skipped.append((seq, reason))
+    return state
+
+
+def fold_billing(events: Iterable[tuple[int, Event]], state: BillingState | None = None) -> BillingState:
+    """Fold (sequence, event) pairs into a (new, unless given) state."""
+    s = state if state is not None else new_billing_state()
+    for seq, ev in events:
+        evolve_billing(s, seq, ev)
+    return s
+
+
+def merge_into(total: Ledger, delta: Ledger) -> None:
+    """Add a drained delta to a running total (the in-memory twin of the database upsert)."""
+    for key, row in delta.usage.items():
+        have = total.usage.get(key)
+        if have is None:
+            total.usage[key] = msgspec.structs.replace(row)
+        else:
+            have.add(row)
+    for ckey, gpu_s in delta.capacity.items():
+        total.capacity[ckey] = total.capacity.get(ckey, 0) + gpu_s
+    for name, rec in delta.jobs.items():
+        total.jobs[name] = msgspec.structs.replace(rec)
+    total.queues.update(delta.queues)
+    total.skipped.extend(delta.skipped)

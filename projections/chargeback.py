@@ -1,0 +1,557 @@
+"""Pricing the billing ledger: rate cards, grouped reports and idle-capacity sharing.
+
+Pure: the shell reads the rate card file and the ledger rows; this module turns
+them into report rows. Nothing here reads a clock or a file.
+
+A rate card is a list of versions, each effective from a date (or epoch
+second). A ledger row is priced by the version in force at the start of its
+hour; every report row lists the versions it used. Usage before the first
+version is left unpriced and counted in `Report.unpriced_gpu_hours`.
+
+Cost of one ledger row, under version V, for a job of priority class P:
+
+    ( alloc_gpu_h x gpu_rate(model)
+    + borrowed_gpu_h x gpu_rate(model) x (borrowed_premium - 1)
+    + cpu_core_h x cpu_rate + memory_gib_h x memory_rate ) x (1 - discount(P))
+
+Idle capacity (GPU-seconds of ready nodes nobody held) is priced at the plain
+GPU rate of its model and reported apart; `share_idle` spreads it over queues
+in proportion to their nominal GPUs (`nominal`), to their allocated GPU-hours
+(`usage`), or not at all (`none`).
+
+Invariants:
+- Exact arithmetic: quantities are integers, prices Decimals, each report row's
+  cost is computed as an exact fraction and rounded once (half-even) to
+  `MONEY_PLACES`; shares are split by largest remainder, so they add up to
+  the amount shared.
+- A report's totals are the sums of its rows as shown: a CSV of the rows adds up
+  to the JSON totals exactly.
+- Deterministic order: rows sorted by key.
+"""
+
+from __future__ import annotations
+
+import bisect
+import datetime as dt
+import itertools
+from collections.abc import Iterable, Mapping
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+from typing import Any, Literal
+
+import msgspec
+
+from muster.projections.billing import HOUR, CapacityKey, QueueRecord, Usage, UsageKey
+
+GroupBy = Literal["queue", "job", "team"]
+ShareIdle = Literal["nominal", "usage", "none"]
+
+HOURS_PLACES = 6
+MONEY_PLACES = 4
+_HOURS_Q: Decimal = Decimal(1).scaleb(-HOURS_PLACES)
+_MONEY_UNIT: int = 10**MONEY_PLACES
+_RATIO_Q = Decimal("0.0001")
+
+
+class RateCardError(ValueError):
+    """The rate card is not valid; the message says where."""
+
+
+class RateVersion(msgspec.Struct, frozen=True, kw_only=True):
+    version: str
+    effective_from: int
+    """Epoch seconds (or virtual seconds) from which this version applies."""
+    gpu_hour: dict[str, Decimal] = {}
+    """GPU model (node label value) -> price per GPU-hour."""
+    default_gpu_hour: Decimal = Decimal(0)
+    cpu_core_hour: Decimal = Decimal(0)
+    memory_gib_hour: Decimal = Decimal(0)
+    borrowed_premium: Decimal = Decimal(1)
+    """Multiplier on the GPU price of GPU-hours run on borrowed quota."""
+    priority_discounts: dict[str, Decimal] = {}
+    """Priority class -> fraction taken off the charge (0.6 = 60 % off)."""
+
+    def gpu_rate(self, model: str) -> Decimal:
+        return self.gpu_hour.get(model, self.default_gpu_hour)
+
+
+class RateCard(msgspec.Struct, frozen=True, kw_only=True):
+    versions: list[RateVersion]
+    """Sorted by `effective_from`."""
+    currency: str = ""
+    teams: dict[str, str] = {}
+    """Queue -> team; a queue not named here is its own team."""
+
+    def team_of(self, queue: str) -> str:
+        return self.teams.get(queue, queue)
+
+    def version_at(self, t: int) -> RateVersion | None:
+        starts = [v.effective_from for v in self.versions]
+        i = bisect.bisect_right(starts, t) - 1
+        return self.versions[i] if i >= 0 else None
+
+
+def parse_time(value: object) -> int:
+    """Epoch seconds from an int, an ISO date or datetime (UTC unless it says otherwise), or a YAML date."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a time")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lstrip("-").isdigit():
+            return int(text)
+        try:
+            value = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(f"{value!r} is not a time (epoch seconds, 2025-01-31 or 2025-01-31T12:00:00Z)") from None
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        return int(value.timestamp())
+    if isinstance(value, dt.date):
+        return int(dt.datetime(value.year, value.month, value.day, tzinfo=dt.UTC).timestamp())
+    raise ValueError(f"{value!r} is not a time")
+
+
+def _money(where: str, value: object) -> Decimal:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise RateCardError(f"{where}: {value!r} is not a number")
+    try:
+        d = Decimal(str(value))
+    except InvalidOperation:
+        raise RateCardError(f"{where}: {value!r} is not a number") from None
+    if not d.is_finite() or d < 0:
+        raise RateCardError(f"{where}: {value!r} must be a non-negative number")
+    return d
+
+
+def _mapping(where: str, value: object) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise RateCardError(f"{where}: expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def parse_rate_card(data: object) -> RateCard:
+    """A RateCard from the parsed YAML document; raises RateCardError naming the bad field.
+
+    ```yaml
+    currency: USD
+    teams: {research-a: research, research-b: research}
+    versions:
+      - version: "2025-01"
+        effective_from: 2025-01-01
+        gpu_hour: {default: 2.50, NVIDIA-H100-80GB-HBM3: 4.00}
+        cpu_core_hour: 0.04
+        memory_gib_hour: 0.005
+        borrowed_premium: 1.25
+        priority_discounts: {scavenger: 0.6}
+    ```
+    """
+    doc = _mapping("rate card", data)
+    raw_versions = doc.get("versions")
+    if not isinstance(raw_versions, list) or not raw_versions:
+        raise RateCardError("rate card: `versions` must be a non-empty list")
+    versions: list[RateVersion] = []
+    for i, raw in enumerate(raw_versions):
+        where = f"versions[{i}]"
+        v = _mapping(where, raw)
+        name = v.get("version")
+        if not isinstance(name, (str, int)) or isinstance(name, bool) or str(name) == "":
+            raise RateCardError(f"{where}: `version` (a name) is required")
+        where = f"version {name}"
+        if "effective_from" not in v:
+            raise RateCardError(f"{where}: `effective_from` is required")
+        try:
+            start = parse_time(v["effective_from"])
+        except ValueError as exc:
+            raise RateCardError(f"{where}: effective_from: {exc}") from None
+        gpu = {
+            str(k): _money(f"{where}: gpu_hour.{k}", p)
+            for k, p in _mapping(f"{where}: gpu_hour", v.get("gpu_hour")).items()
+        }
+        default = gpu.pop("default", Decimal(0))
+        discounts = {
+            str(k): _money(f"{where}: priority_discounts.{k}", d)
+            for k, d in _mapping(f"{where}: priority_discounts", v.get("priority_discounts")).items()
+        }
+        for k, d in discounts.items():
+            if d > 1:
+                raise RateCardError(f"{where}: priority_discounts.{k} is a fraction (0..1), got {d}")
+        premium = _money(f"{where}: borrowed_premium", v.get("borrowed_premium", 1))
+        versions.append(
+            RateVersion(
+                version=str(name),
+                effective_from=start,
+                gpu_hour=gpu,
+                default_gpu_hour=default,
+                cpu_core_hour=_money(f"{where}: cpu_core_hour", v.get("cpu_core_hour", 0)),
+                memory_gib_hour=_money(f"{where}: memory_gib_hour", v.get("memory_gib_hour", 0)),
+                borrowed_premium=premium,
+                priority_discounts=discounts,
+            )
+        )
+    versions.sort(key=lambda x: x.effective_from)
+    for a, b in itertools.pairwise(versions):
+        if a.effective_from == b.effective_from:
+            raise RateCardError(f"versions {a.version} and {b.version} take effect at the same time")
+    names = [v.version for v in versions]
+    if len(set(names)) != len(names):
+        raise RateCardError("rate card: version names must be unique")
+    teams = {str(q): str(t) for q, t in _mapping("teams", doc.get("teams")).items()}
+    currency = doc.get("currency", "")
+    return RateCard(versions=versions, currency=str(currency), teams=teams)
+
+
+# ---------------------------------------------------------------- report
+
+
+class ReportRow(msgspec.Struct, kw_only=True):
+    key: str
+    queue: str = ""
+    team: str = ""
+    allocated_gpu_hours: Decimal = Decimal(0)
+    used_gpu_hours: Decimal = Decimal(0)
+    idle_gpu_hours: Decimal = Decimal(0)
+    """Allocated but unused, where utilization was sampled."""
+    sampled_gpu_hours: Decimal = Decimal(0)
+    borrowed_gpu_hours: Decimal = Decimal(0)
+    lost_gpu_hours: Decimal = Decimal(0)
+    cpu_core_hours: Decimal = Decimal(0)
+    memory_gib_hours: Decimal = Decimal(0)
+    efficiency: Decimal | None = None
+    """used / allocated over the time utilization was sampled; None with no samples."""
+    cost: Decimal = Decimal(0)
+    idle_share_gpu_hours: Decimal = Decimal(0)
+    idle_share_cost: Decimal = Decimal(0)
+    total_cost: Decimal = Decimal(0)
+    rate_versions: list[str] = []
+
+
+ROW_NUMBERS: tuple[str, ...] = (
+    "allocated_gpu_hours",
+    "used_gpu_hours",
+    "idle_gpu_hours",
+    "sampled_gpu_hours",
+    "borrowed_gpu_hours",
+    "lost_gpu_hours",
+    "cpu_core_hours",
+    "memory_gib_hours",
+    "cost",
+    "idle_share_gpu_hours",
+    "idle_share_cost",
+    "total_cost",
+)
+"""The additive columns: a report's totals are their sums."""
+
+
+class IdleCapacity(msgspec.Struct, kw_only=True):
+    capacity_gpu_hours: Decimal
+    allocated_gpu_hours: Decimal
+    unallocated_gpu_hours: Decimal
+    cost: Decimal
+    shared: ShareIdle
+
+
+class Report(msgspec.Struct, kw_only=True):
+    by: GroupBy
+    start: int
+    end: int
+    currency: str
+    share_idle: ShareIdle
+    rows: list[ReportRow]
+    totals: ReportRow
+    idle_capacity: IdleCapacity
+    unpriced_gpu_hours: Decimal = Decimal(0)
+    rate_versions: list[str] = []
+
+
+def hours(seconds: int, per: int = 1) -> Decimal:
+    """`seconds` (in units of 1/per) as hours, rounded to HOURS_PLACES."""
+    value: Decimal = (Decimal(seconds) / (HOUR * per)).quantize(_HOURS_Q)
+    return value
+
+
+def _money_units(amount: Fraction) -> int:
+    """An exact amount in units of 10**-MONEY_PLACES, rounded half-even."""
+    return round(amount * _MONEY_UNIT)
+
+
+def _from_units(units: int) -> Decimal:
+    return Decimal(units).scaleb(-MONEY_PLACES)
+
+
+def split(total: int, weights: Iterable[tuple[str, int]]) -> dict[str, int]:
+    """Split an integer among keys in proportion to integer weights, by largest remainder (ties by key)."""
+    items = sorted((k, w) for k, w in weights if w > 0)
+    wsum = sum(w for _, w in items)
+    if wsum == 0 or total == 0:
+        return {}
+    out = {k: total * w // wsum for k, w in items}
+    left = total - sum(out.values())
+    by_remainder = sorted(items, key=lambda kw: (-(total * kw[1] % wsum), kw[0]))
+    for k, _ in by_remainder[:left]:
+        out[k] += 1
+    return out
+
+
+def in_window(hour: int, start: int, end: int) -> bool:
+    """Whether the hour starting at `hour` overlaps [start, end): windows are widened to whole hours."""
+    return hour + HOUR > start and hour < end
+
+
+class _Acc:
+    """Integer sums of one report group, and its exact cost."""
+
+    __slots__ = ("cost", "queue", "team", "usage", "versions")
+
+    def __init__(self, queue: str, team: str) -> None:
+        self.queue = queue
+        self.team = team
+        self.usage = Usage(queue=queue)
+        self.cost = Fraction(0)
+        self.versions: set[str] = set()
+
+
+def build_report(
+    usage: Iterable[tuple[UsageKey, Usage]],
+    capacity: Iterable[tuple[CapacityKey, int]],
+    queues: Mapping[str, QueueRecord],
+    *,
+    start: int,
+    end: int,
+    by: GroupBy = "queue",
+    rates: RateCard | None = None,
+    share_idle: ShareIdle = "none",
+) -> Report:
+    """Group, price and total the ledger rows whose hour overlaps [start, end)."""
+    card = rates if rates is not None else RateCard(versions=[])
+    version_cache: dict[int, RateVersion | None] = {}
+
+    def version(hour: int) -> RateVersion | None:
+        if hour not in version_cache:
+            version_cache[hour] = card.version_at(hour)
+        return version_cache[hour]
+
+    groups: dict[str, _Acc] = {}
+    # integer sums per (group, hour, model, class) first, priced once each
+    priced: dict[tuple[str, int, str, str], Usage] = {}
+    alloc_by_hour_model: dict[CapacityKey, int] = {}
+    queue_alloc: dict[str, int] = {}
+    job_queue_alloc: dict[str, dict[str, int]] = {}
+    for (job, hour, model), row in usage:
+        if not in_window(hour, start, end):
+            continue
+        team = card.team_of(row.queue)
+        key = row.queue if by == "queue" else job if by == "job" else team
+        acc = groups.get(key)
+        if acc is None:
+            acc = groups[key] = _Acc(row.queue if by != "team" else "", team)
+        acc.usage.add(row)
+        pkey = (key, hour, model, row.priority_class)
+        p = priced.get(pkey)
+        if p is None:
+            p = priced[pkey] = Usage(queue=row.queue)
+        p.add(row)
+        hm = (hour, model)
+        alloc_by_hour_model[hm] = alloc_by_hour_model.get(hm, 0) + row.alloc_gpu_s
+        queue_alloc[row.queue] = queue_alloc.get(row.queue, 0) + row.alloc_gpu_s
+        if by == "job":
+            per_job = job_queue_alloc.setdefault(row.queue, {})
+            per_job[job] = per_job.get(job, 0) + row.alloc_gpu_s
+
+    unpriced_s = 0
+    for (key, hour, model, pclass), u in priced.items():
+        v = version(hour)
+        if v is None:
+            unpriced_s += u.alloc_gpu_s
+            continue
+        acc = groups[key]
+        acc.versions.add(v.version)
+        acc.cost += _price(v, model, pclass, u)
+
+    # idle capacity: ready GPUs nobody held, priced at the plain GPU rate
+    cap_s = alloc_s = unalloc_s = 0
+    idle_cost = Fraction(0)
+    idle_versions: set[str] = set()
+    for (hour, model), gpu_s in capacity:
+        if not in_window(hour, start, end):
+            continue
+        cap_s += gpu_s
+        held = alloc_by_hour_model.get((hour, model), 0)
+        alloc_s += min(held, gpu_s)
+        free = max(0, gpu_s - held)
+        unalloc_s += free
+        v = version(hour)
+        if v is not None and free:
+            idle_versions.add(v.version)
+            idle_cost += Fraction(free) * Fraction(v.gpu_rate(model)) / HOUR
+    idle_units = _money_units(idle_cost)
+
+    share_units, share_s = _shares(
+        share_idle, by, groups, queues, card, queue_alloc, job_queue_alloc, idle_units, unalloc_s
+    )
+    for key in share_units.keys() | share_s.keys():
+        if key not in groups:
+            queue = key[1:-1] if by == "job" else key if by == "queue" else ""
+            groups[key] = _Acc(queue, card.team_of(queue) if queue else key)
+
+    rows: list[ReportRow] = []
+    for key in sorted(groups):
+        acc = groups[key]
+        cost_units = _money_units(acc.cost)
+        s_units = share_units.get(key, 0)
+        versions = set(acc.versions)
+        if s_units:
+            versions |= idle_versions
+        rows.append(_row(key, acc, cost_units, s_units, share_s.get(key, 0), sorted(versions)))
+
+    totals = ReportRow(key="total")
+    for name in ROW_NUMBERS:
+        setattr(totals, name, sum((getattr(r, name) for r in rows), Decimal(0)))
+    totals.efficiency = _ratio(totals.used_gpu_hours, totals.sampled_gpu_hours)
+    totals.rate_versions = sorted({v for r in rows for v in r.rate_versions} | idle_versions)
+    return Report(
+        by=by,
+        start=start,
+        end=end,
+        currency=card.currency,
+        share_idle=share_idle,
+        rows=rows,
+        totals=totals,
+        idle_capacity=IdleCapacity(
+            capacity_gpu_hours=hours(cap_s),
+            allocated_gpu_hours=hours(alloc_s),
+            unallocated_gpu_hours=hours(unalloc_s),
+            cost=_from_units(idle_units),
+            shared=share_idle,
+        ),
+        unpriced_gpu_hours=hours(unpriced_s),
+        rate_versions=totals.rate_versions,
+    )
+
+
+def _price(v: RateVersion, model: str, pclass: str, u: Usage) -> Fraction:
+    gpu_rate = Fraction(v.gpu_rate(model))
+    amount: Fraction = (
+        u.alloc_gpu_s * gpu_rate
+        + u.borrowed_gpu_s * gpu_rate * (Fraction(v.borrowed_premium) - 1)
+        + Fraction(u.cpu_mcore_s, 1000) * Fraction(v.cpu_core_hour)
+        + Fraction(u.mem_mib_s, 1024) * Fraction(v.memory_gib_hour)
+    ) / HOUR
+    discount = v.priority_discounts.get(pclass)
+    if discount is not None:
+        amount *= 1 - Fraction(discount)
+    return amount
+
+
+def _shares(
+    mode: ShareIdle,
+    by: GroupBy,
+    groups: Mapping[str, _Acc],
+    queues: Mapping[str, QueueRecord],
+    card: RateCard,
+    queue_alloc: Mapping[str, int],
+    job_queue_alloc: Mapping[str, Mapping[str, int]],
+    idle_units: int,
+    idle_s: int,
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Each group's share of the idle cost (money units) and of idle GPU-seconds."""
+    if mode == "none":
+        return {}, {}
+    if mode == "usage":
+        weights = [(k, a.usage.alloc_gpu_s) for k, a in groups.items()]
+        return split(idle_units, weights), split(idle_s, weights)
+    nominal = [(q, r.nominal_gpu) for q, r in queues.items()]
+    if by == "queue":
+        return split(idle_units, nominal), split(idle_s, nominal)
+    if by == "team":
+        team_w: dict[str, int] = {}
+        for q, w in nominal:
+            team_w[card.team_of(q)] = team_w.get(card.team_of(q), 0) + w
+        items = list(team_w.items())
+        return split(idle_units, items), split(idle_s, items)
+    # by job: each queue's share goes to its jobs in proportion to their allocation;
+    # a queue with nominal quota but no jobs in the window keeps its share on a `[queue]` row
+    money: dict[str, int] = {}
+    secs: dict[str, int] = {}
+    for q, units in split(idle_units, nominal).items():
+        jobs = job_queue_alloc.get(q, {})
+        money.update(split(units, jobs.items()) if queue_alloc.get(q) else {f"[{q}]": units})
+    for q, s in split(idle_s, nominal).items():
+        jobs = job_queue_alloc.get(q, {})
+        secs.update(split(s, jobs.items()) if queue_alloc.get(q) else {f"[{q}]": s})
+    return money, secs
+
+
+def _ratio(num: Decimal, den: Decimal) -> Decimal | None:
+    if den == 0:
+        return None
+    return (num / den).quantize(_RATIO_Q)
+
+
+def _row(key: str, acc: _Acc, cost_units: int, share_units: int, share_s: int, versions: list[str]) -> ReportRow:
+    u = acc.usage
+    used = hours(u.used_mgpu_s, 1000)
+    sampled = hours(u.sampled_gpu_s)
+    return ReportRow(
+        key=key,
+        queue=acc.queue,
+        team=acc.team,
+        allocated_gpu_hours=hours(u.alloc_gpu_s),
+        used_gpu_hours=used,
+        idle_gpu_hours=hours(u.idle_mgpu_s, 1000),
+        sampled_gpu_hours=sampled,
+        borrowed_gpu_hours=hours(u.borrowed_gpu_s),
+        lost_gpu_hours=hours(u.lost_gpu_s),
+        cpu_core_hours=hours(u.cpu_mcore_s, 1000),
+        memory_gib_hours=hours(u.mem_mib_s, 1024),
+        efficiency=_ratio(Decimal(u.used_mgpu_s), Decimal(u.sampled_gpu_s * 1000)),
+        cost=_from_units(cost_units),
+        idle_share_gpu_hours=hours(share_s),
+        idle_share_cost=_from_units(share_units),
+        total_cost=_from_units(cost_units + share_units),
+        rate_versions=versions,
+    )
+
+
+# ---------------------------------------------------------------- time series (plots)
+
+
+class HourPoint(msgspec.Struct, kw_only=True):
+    hour: int
+    allocated_by_queue: dict[str, int]
+    """Queue -> allocated GPU-seconds in the hour."""
+    used_mgpu_s: int = 0
+    sampled_gpu_s: int = 0
+    capacity_gpu_s: int = 0
+
+
+def hourly_series(
+    usage: Iterable[tuple[UsageKey, Usage]],
+    capacity: Iterable[tuple[CapacityKey, int]],
+    *,
+    start: int,
+    end: int,
+) -> list[HourPoint]:
+    """Per hour of the window: allocated GPU-seconds per queue, used, sampled and capacity (hours in order)."""
+    points: dict[int, HourPoint] = {}
+
+    def point(hour: int) -> HourPoint:
+        p = points.get(hour)
+        if p is None:
+            p = points[hour] = HourPoint(hour=hour, allocated_by_queue={})
+        return p
+
+    for (_job, hour, _model), row in usage:
+        if in_window(hour, start, end):
+            p = point(hour)
+            p.allocated_by_queue[row.queue] = p.allocated_by_queue.get(row.queue, 0) + row.alloc_gpu_s
+            p.used_mgpu_s += row.used_mgpu_s
+            p.sampled_gpu_s += row.sampled_gpu_s
+    for (hour, _model), gpu_s in capacity:
+        if in_window(hour, start, end):
+            point(hour).capacity_gpu_s += gpu_s
+    return [points[h] for h in sorted(points)]
