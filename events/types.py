@@ -54,7 +54,7 @@ class PodSet(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     topology: Topology | None = None
 
 
-class BorrowWithinCohort(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class BorrowWithinCohort(msgspec.Struct, frozen=True, kw_only=True):
     policy: BorrowPolicy = "Never"
     max_priority_threshold: int | None = None
 

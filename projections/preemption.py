@@ -1,0 +1,272 @@
+"""Who may be preempted for a pending job, and the minimal set that makes it fit.
+
+Follows Kueue's `preemption.go` and spec/scenario.md (Preemption):
+- candidates come from the preemptor's own queue (`within_queue`) and from
+  borrowing queues of its cohort tree (`reclaim_within_cohort`,
+  `borrow_within_cohort` with its priority threshold); a non-preemptible job
+  is never a candidate;
+- candidates are ordered: other queues first, lower priority, least work lost
+  (GPU-seconds since the last checkpoint), most recently admitted;
+- victims are removed in that order until the preemptor fits, then each victim
+  whose room is not needed is kept (tried in reverse), so the set is minimal;
+- with fair sharing, a queue is preempted from only while the preemptor's
+  share with the job stays at or under that queue's share without the victim
+  (or, failing that, below its current share).
+
+Everything is tentative on the cycle's view and undone before returning.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+from muster.events.types import PreemptionReason
+from muster.projections.cluster import JobState
+
+if TYPE_CHECKING:
+    from muster.projections.scheduler import Cycle
+
+
+class Victim(NamedTuple):
+    job: JobState
+    reason: PreemptionReason
+
+
+class Result(NamedTuple):
+    victims: list[Victim]
+    quota_possible: bool
+    """Whether removing candidates could make the quota fit (placement aside)."""
+    candidate_gpus: int
+    """GPUs held by every candidate: an upper bound on what preemption can free."""
+
+
+_NONE = Result([], False, 0)
+
+
+def _candidates(cycle: Cycle, job: JobState, prio: int) -> list[JobState]:
+    state, idx = cycle.state, cycle.idx
+    queue = state.queues[job.queue]
+    policy = queue.preemption
+    out: list[JobState] = []
+    within = policy.within_queue
+    if within != "Never":
+        for jid in idx.running.get(job.queue, ()):
+            c = state.jobs[jid]
+            if jid in cycle.removed or not state.preemptible(c) or not _overlaps(c, job):
+                continue
+            cp = state.priority_of(c)
+            if cp < prio or (within == "LowerOrNewerEqualPriority" and cp == prio and c.seq > job.seq):
+                out.append(c)
+    reclaim = policy.reclaim_within_cohort
+    borrow = policy.borrow_within_cohort
+    if queue.cohort is not None and (reclaim != "Never" or borrow.policy == "LowerPriority"):
+        root = idx.roots.get(job.queue)
+        threshold = borrow.max_priority_threshold
+        for other in sorted(idx.running):
+            if other == job.queue or idx.roots.get(other) != root:
+                continue
+            if not idx.quota.is_borrowing(other, job.requests):
+                continue
+            for jid in idx.running[other]:
+                c = state.jobs[jid]
+                if jid in cycle.removed or not state.preemptible(c) or not _overlaps(c, job):
+                    continue
+                cp = state.priority_of(c)
+                if (
+                    reclaim == "Any"
+                    or (reclaim == "LowerPriority" and cp < prio)
+                    or (borrow.policy == "LowerPriority" and cp < prio and (threshold is None or cp <= threshold))
+                ):
+                    out.append(c)
+    now = cycle.now
+    out.sort(
+        key=lambda c: (
+            c.queue == job.queue,
+            state.priority_of(c),
+            c.lost_gpu_seconds(now),
+            -(c.admitted_at or 0),
+            -c.seq,
+        )
+    )
+    return out
+
+
+def _overlaps(candidate: JobState, job: JobState) -> bool:
+    """A candidate helps only if it holds something the preemptor asks for."""
+    return any(v > 0 and candidate.requests.get(r, 0) > 0 for r, v in job.requests.items())
+
+
+def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
+    """The victims to evict so that `job` fits, or none."""
+    state, quota = cycle.state, cycle.idx.quota
+    prio = state.priority_of(job)
+    candidates = _candidates(cycle, job, prio)
+    if not candidates:
+        return _NONE
+    gpus = sum(c.gpus for c in candidates)
+    probe = _Probe(cycle, job)
+    same = [c for c in candidates if c.queue == job.queue]
+    policy = state.queues[job.queue].preemption
+    if len(same) == len(candidates):
+        victims = probe.minimal(candidates, allow_borrow, None)
+    elif state.fair_sharing:
+        victims = probe.fair(candidates, allow_borrow)
+    elif policy.borrow_within_cohort.policy == "LowerPriority":
+        threshold = policy.borrow_within_cohort.max_priority_threshold
+        if not quota.within_nominal(job.queue, job.requests):
+            candidates = [
+                c
+                for c in candidates
+                if c.queue == job.queue
+                or (state.priority_of(c) < prio and (threshold is None or state.priority_of(c) <= threshold))
+            ]
+        victims = probe.minimal(candidates, allow_borrow, threshold)
+    else:
+        victims = None
+        if quota.within_nominal(job.queue, job.requests):
+            victims = probe.minimal(candidates, False, None)
+        if not victims:
+            victims = probe.minimal(same, allow_borrow, None)
+    if not victims:
+        return Result([], probe.quota_possible, gpus)
+    return Result(_with_reasons(cycle, job, victims), True, gpus)
+
+
+def _with_reasons(cycle: Cycle, job: JobState, victims: list[JobState]) -> list[Victim]:
+    state, quota = cycle.state, cycle.idx.quota
+    for v in victims:
+        cycle.remove(v)
+    within_nominal = quota.within_nominal(job.queue, job.requests)
+    for v in reversed(victims):
+        cycle.restore(v)
+    out: list[Victim] = []
+    for v in victims:
+        reason: PreemptionReason
+        if v.queue == job.queue:
+            reason = "WithinQueue"
+        elif state.fair_sharing:
+            reason = "FairSharing"
+        elif within_nominal:
+            reason = "ReclaimWithinCohort"
+        else:
+            reason = "BorrowWithinCohort"
+        out.append(Victim(v, reason))
+    return out
+
+
+class _Probe:
+    """Tries victim sets on the cycle's view, leaving it unchanged."""
+
+    def __init__(self, cycle: Cycle, job: JobState) -> None:
+        self.cycle = cycle
+        self.job = job
+        self.quota_possible = False
+
+    def _fits(self, allow_borrow: bool) -> bool:
+        cycle, job = self.cycle, self.job
+        if not cycle.idx.quota.fits(job.queue, job.requests, allow_borrow):
+            return False
+        self.quota_possible = True
+        return bool(cycle.fits(job, allow_borrow))
+
+    def _fill_back(self, targets: list[JobState], allow_borrow: bool) -> list[JobState]:
+        """Keep every victim whose room is not needed, trying the last-but-one first."""
+        kept = list(targets)
+        for i in range(len(targets) - 2, -1, -1):
+            t = targets[i]
+            self.cycle.restore(t)
+            if self._fits(allow_borrow):
+                kept.remove(t)
+            else:
+                self.cycle.remove(t)
+        return kept
+
+    def _undo(self, removed: list[JobState]) -> None:
+        for t in reversed(removed):
+            if t.id in self.cycle.removed:
+                self.cycle.restore(t)
+
+    def minimal(self, candidates: list[JobState], allow_borrow: bool, threshold: int | None) -> list[JobState] | None:
+        cycle, job = self.cycle, self.job
+        quota = cycle.idx.quota
+        state = cycle.state
+        targets: list[JobState] = []
+        fits = False
+        for c in candidates:
+            if c.queue != job.queue:
+                if not quota.is_borrowing(c.queue, job.requests):
+                    continue
+                if threshold is not None and state.priority_of(c) > threshold:
+                    allow_borrow = False
+            cycle.remove(c)
+            targets.append(c)
+            if self._fits(allow_borrow):
+                fits = True
+                break
+        if not fits:
+            self._undo(targets)
+            return None
+        kept = self._fill_back(targets, allow_borrow)
+        self._undo(targets)
+        return kept
+
+    def fair(self, candidates: list[JobState], allow_borrow: bool) -> list[JobState] | None:
+        cycle, job = self.cycle, self.job
+        quota = cycle.idx.quota
+        by_queue: dict[str, list[JobState]] = {}
+        for c in candidates:
+            by_queue.setdefault(c.queue, []).append(c)
+        targets: list[JobState] = []
+        retry: dict[str, list[JobState]] = {}
+
+        def pick(pool: dict[str, list[JobState]]) -> str | None:
+            live = [q for q, cs in pool.items() if cs]
+            if not live:
+                return None
+            return max(live, key=lambda q: (q == job.queue, quota.share(q), q))
+
+        fits = False
+        # strategy 1: preemptor's share with the job <= target's share without the victim
+        pool = {q: list(cs) for q, cs in by_queue.items()}
+        while not fits:
+            q = pick(pool)
+            if q is None:
+                break
+            if q == job.queue:
+                c = pool[q].pop(0)
+                cycle.remove(c)
+                targets.append(c)
+                fits = self._fits(allow_borrow)
+                continue
+            mine = quota.share(job.queue, job.requests)
+            while pool[q]:
+                c = pool[q].pop(0)
+                if not quota.is_borrowing(q, job.requests):
+                    continue
+                theirs_after = quota.share(q, {r: -v for r, v in c.requests.items()})
+                if mine <= theirs_after:
+                    cycle.remove(c)
+                    targets.append(c)
+                    fits = self._fits(allow_borrow)
+                    break
+                retry.setdefault(q, []).append(c)
+        # strategy 2: preemptor's share with the job < target's current share
+        while not fits:
+            q = pick(retry)
+            if q is None:
+                break
+            mine = quota.share(job.queue, job.requests)
+            theirs = quota.share(q)
+            c = retry[q].pop(0)
+            if mine < theirs and quota.is_borrowing(q, job.requests):
+                cycle.remove(c)
+                targets.append(c)
+                fits = self._fits(allow_borrow)
+            else:
+                retry[q] = []
+        if not fits:
+            self._undo(targets)
+            return None
+        kept = self._fill_back(targets, allow_borrow)
+        self._undo(targets)
+        return kept

@@ -1,0 +1,58 @@
+"""Which job specs are invalid, and why, in words a person understands.
+
+An invalid job is answered with `JobRejected` and never runs; a valid job that
+cannot run now stays pending with a `JobInadmissible` reason instead.
+"""
+
+from __future__ import annotations
+
+from muster.projections.cluster import ClusterState, JobState
+
+MAX_PODS_PER_JOB = 10_000
+MAX_PODSETS = 8
+HOST = "host"
+
+
+def invalid_reason(state: ClusterState, job: JobState) -> str | None:
+    """Why the job's spec is invalid, or None when it is valid."""
+    if not job.id:
+        return "the job has no id"
+    if job.queue not in state.queues:
+        known = ", ".join(sorted(state.queues)[:10]) or "none"
+        return f"queue {job.queue!r} does not exist (known: {known})"
+    if job.priority_class is not None and job.priority_class not in state.priority_classes:
+        known = ", ".join(sorted(state.priority_classes)) or "none"
+        return f"priority class {job.priority_class!r} does not exist (known: {known})"
+    if not job.podsets:
+        return "the job has no pods"
+    if len(job.podsets) > MAX_PODSETS:
+        return f"the job has {len(job.podsets)} podsets; at most {MAX_PODSETS} are allowed"
+    names: set[str] = set()
+    pods = 0
+    levels = [*state.levels, HOST]
+    for ps in job.podsets:
+        if not ps.name:
+            return "a podset has an empty name"
+        if ps.name in names:
+            return f"podset {ps.name!r} appears twice"
+        names.add(ps.name)
+        if ps.count < 1:
+            return f"podset {ps.name!r}: count {ps.count} must be at least 1"
+        pods += ps.count
+        for r, v in sorted(ps.requests.items()):
+            if v < 0:
+                return f"podset {ps.name!r}: request {r}={v} is negative"
+        topo = ps.topology
+        if topo is not None:
+            if topo.required is not None and topo.preferred is not None:
+                return f"podset {ps.name!r}: topology sets both required and preferred"
+            level = topo.required or topo.preferred
+            if level is not None and level not in levels:
+                return f"podset {ps.name!r}: topology level {level!r} does not exist (levels: {', '.join(levels)})"
+    if pods > MAX_PODS_PER_JOB:
+        return f"the job has {pods} pods; at most {MAX_PODS_PER_JOB} are allowed per job"
+    if job.runtime is not None and job.runtime < 0:
+        return f"runtime {job.runtime} is negative"
+    if job.checkpoint_every is not None and job.checkpoint_every <= 0:
+        return f"checkpoint_every {job.checkpoint_every} must be positive"
+    return None

@@ -1,0 +1,577 @@
+"""Reading a `muster sim` scenario file (spec/scenario.md) into events.
+
+The YAML is read as a node tree so that every error names the file, the line
+and what is wrong (`ScenarioError`, exit status 2 in the CLI). Unknown fields
+are errors. The scenario becomes a list of configuration events (applied at
+time 0) and a timeline of timed inputs; invalid *jobs* are not errors here:
+they become `JobRejected` events from the scheduler core, exactly as in the
+daemon.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from muster.events.types import (
+    BorrowWithinCohort,
+    CohortConfigured,
+    Event,
+    IdleReclaimPolicy,
+    NodeAdded,
+    PodSet,
+    PreemptionPolicy,
+    PriorityClassConfigured,
+    QueueConfigured,
+    SchedulerConfigured,
+    Topology,
+)
+from muster.projections.resources import parse_quantity, parse_resources
+
+
+class ScenarioError(Exception):
+    """An invalid scenario: file, line and what is wrong."""
+
+    def __init__(self, path: str, line: int | None, message: str) -> None:
+        where = f"{path}:{line}" if line is not None else path
+        super().__init__(f"{where}: {message}")
+        self.path = path
+        self.line = line
+        self.message = message
+
+
+@dataclass
+class Input:
+    """One timed input of the timeline, in file order."""
+
+    at: int
+    order: int
+    kind: str
+    data: dict[str, Any]
+    line: int | None = None
+
+
+@dataclass
+class Scenario:
+    path: str
+    config: list[Event]
+    inputs: list[Input]
+    until: int | None
+    levels: list[str]
+    queues: dict[str, QueueConfigured] = field(default_factory=dict)
+    nodes: dict[str, NodeAdded] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ node helpers
+
+
+class _Reader:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def fail(self, node: yaml.Node | None, message: str) -> ScenarioError:
+        line = node.start_mark.line + 1 if node is not None else None
+        return ScenarioError(self.path, line, message)
+
+    def mapping(
+        self, node: yaml.Node, what: str, allowed: set[str], required: frozenset[str] | set[str] = frozenset()
+    ) -> dict[str, yaml.Node]:
+        if not isinstance(node, yaml.MappingNode):
+            raise self.fail(node, f"{what} must be a mapping")
+        out: dict[str, yaml.Node] = {}
+        for k, v in node.value:
+            if not isinstance(k, yaml.ScalarNode):
+                raise self.fail(k, f"{what}: keys must be plain names")
+            key = str(k.value)
+            if key not in allowed:
+                raise self.fail(k, f"{what}: unknown field {key!r} (allowed: {', '.join(sorted(allowed))})")
+            if key in out:
+                raise self.fail(k, f"{what}: field {key!r} appears twice")
+            out[key] = v
+        for key in sorted(required):
+            if key not in out:
+                raise self.fail(node, f"{what}: missing field {key!r}")
+        return out
+
+    def seq(self, node: yaml.Node, what: str) -> list[yaml.Node]:
+        if not isinstance(node, yaml.SequenceNode):
+            raise self.fail(node, f"{what} must be a list")
+        return list(node.value)
+
+    def scalar(self, node: yaml.Node, what: str) -> Any:
+        if not isinstance(node, yaml.ScalarNode):
+            raise self.fail(node, f"{what} must be a single value")
+        return yaml.safe_load(yaml.serialize(node)) if node.tag != "tag:yaml.org,2002:str" else node.value
+
+    def string(self, node: yaml.Node, what: str) -> str:
+        v = self.scalar(node, what)
+        if v is None or isinstance(v, (list, dict)):
+            raise self.fail(node, f"{what} must be a string")
+        return str(v)
+
+    def integer(self, node: yaml.Node, what: str, minimum: int | None = 0) -> int:
+        v = self.scalar(node, what)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+            raise self.fail(node, f"{what} must be a whole number, not {v!r}")
+        if minimum is not None and v < minimum:
+            raise self.fail(node, f"{what} must be at least {minimum}, not {v}")
+        return int(v)
+
+    def number(self, node: yaml.Node, what: str, lo: float | None = None, hi: float | None = None) -> float:
+        v = self.scalar(node, what)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise self.fail(node, f"{what} must be a number, not {v!r}")
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise self.fail(node, f"{what} must be between {lo} and {hi}, not {v}")
+        return float(v)
+
+    def boolean(self, node: yaml.Node, what: str) -> bool:
+        v = self.scalar(node, what)
+        if not isinstance(v, bool):
+            raise self.fail(node, f"{what} must be true or false, not {v!r}")
+        return v
+
+    def resources(self, node: yaml.Node, what: str) -> dict[str, int]:
+        if not isinstance(node, yaml.MappingNode):
+            raise self.fail(node, f"{what} must be a mapping of resource to quantity")
+        raw: dict[str, Any] = {}
+        for k, v in node.value:
+            raw[str(k.value)] = self.scalar(v, f"{what}.{k.value}")
+            try:
+                parse_resources({str(k.value): raw[str(k.value)]})
+            except ValueError as exc:
+                raise self.fail(v, f"{what}: {exc}") from None
+        parsed: dict[str, int] = parse_resources(raw)
+        return parsed
+
+    def choice(self, node: yaml.Node, what: str, options: tuple[str, ...]) -> str:
+        v = self.string(node, what)
+        if v not in options:
+            raise self.fail(node, f"{what} must be one of {', '.join(options)}, not {v!r}")
+        return v
+
+
+# ------------------------------------------------------------------ top level
+
+_TOP = {
+    "topology",
+    "nodes",
+    "priority_classes",
+    "cohorts",
+    "fair_sharing",
+    "queues",
+    "idle_reclaim",
+    "timeline",
+    "timeline_csv",
+    "until",
+}
+
+
+def load(path: str | Path) -> Scenario:
+    """Read and check a scenario file; raise ScenarioError naming file and line on anything wrong."""
+    p = Path(path)
+    name = str(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError(name, None, f"cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ScenarioError(name, None, "not UTF-8 text") from None
+    return loads(text, name, base=p.parent)
+
+
+def loads(text: str, name: str = "<scenario>", base: Path | None = None) -> Scenario:
+    r = _Reader(name)
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        raise ScenarioError(name, line, f"malformed YAML: {exc.problem or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ScenarioError(name, None, f"malformed YAML: {exc}") from None
+    if root is None:
+        raise ScenarioError(name, None, "the scenario is empty")
+    top = r.mapping(root, "scenario", _TOP)
+    levels: list[str] = []
+    if "topology" in top:
+        t = r.mapping(top["topology"], "topology", {"levels"})
+        if "levels" in t:
+            for n in r.seq(t["levels"], "topology.levels"):
+                lv = r.string(n, "topology level")
+                if lv in levels or lv == "host":
+                    raise r.fail(n, f"topology level {lv!r} is repeated or reserved")
+                levels.append(lv)
+    fair = r.boolean(top["fair_sharing"], "fair_sharing") if "fair_sharing" in top else False
+    idle: IdleReclaimPolicy | None = None
+    if "idle_reclaim" in top:
+        m = r.mapping(top["idle_reclaim"], "idle_reclaim", {"threshold", "after", "only_borrowing"})
+        idle = IdleReclaimPolicy(
+            threshold=r.number(m["threshold"], "idle_reclaim.threshold", 0, 1) if "threshold" in m else 0.05,
+            after=r.integer(m["after"], "idle_reclaim.after") if "after" in m else 1800,
+            only_borrowing=r.boolean(m["only_borrowing"], "idle_reclaim.only_borrowing")
+            if "only_borrowing" in m
+            else True,
+        )
+    config: list[Event] = [SchedulerConfigured(at=0, levels=levels, fair_sharing=fair, idle_reclaim=idle)]
+    classes = _priority_classes(r, top.get("priority_classes"))
+    config.extend(classes)
+    cohorts = _cohorts(r, top.get("cohorts"))
+    config.extend(cohorts)
+    cohort_names = {c.name for c in cohorts}
+    queues = _queues(r, top.get("queues"), cohort_names)
+    config.extend(queues.values())
+    nodes = _nodes(r, top.get("nodes"), levels)
+    config.extend(nodes.values())
+    inputs: list[Input] = []
+    if "timeline" in top:
+        inputs.extend(_timeline(r, top["timeline"], queues, cohort_names))
+    if "timeline_csv" in top:
+        csv_name = r.string(top["timeline_csv"], "timeline_csv")
+        csv_path = (base or Path(".")) / csv_name
+        inputs.extend(_timeline_csv(csv_path, start=len(inputs)))
+    # at equal times, timeline entries come before CSV rows (stable sort keeps file order)
+    inputs.sort(key=lambda i: (i.at, i.order))
+    until = r.integer(top["until"], "until") if "until" in top else None
+    return Scenario(name, config, inputs, until, levels, queues, nodes)
+
+
+def _priority_classes(r: _Reader, node: yaml.Node | None) -> list[PriorityClassConfigured]:
+    out: list[PriorityClassConfigured] = []
+    if node is None:
+        return out
+    seen: set[str] = set()
+    for n in r.seq(node, "priority_classes"):
+        m = r.mapping(n, "priority class", {"name", "value", "preemptible"}, {"name", "value"})
+        name = r.string(m["name"], "priority class name")
+        if name in seen:
+            raise r.fail(n, f"priority class {name!r} is defined twice")
+        seen.add(name)
+        out.append(
+            PriorityClassConfigured(
+                at=0,
+                name=name,
+                value=r.integer(m["value"], f"priority class {name}: value", minimum=None),
+                preemptible=r.boolean(m["preemptible"], "preemptible") if "preemptible" in m else True,
+            )
+        )
+    return out
+
+
+def _cohorts(r: _Reader, node: yaml.Node | None) -> list[CohortConfigured]:
+    if node is None:
+        return []
+    out: list[CohortConfigured] = []
+    lines: dict[str, yaml.Node] = {}
+    for n in r.seq(node, "cohorts"):
+        m = r.mapping(n, "cohort", {"name", "parent"}, {"name"})
+        name = r.string(m["name"], "cohort name")
+        if name in lines:
+            raise r.fail(n, f"cohort {name!r} is defined twice")
+        lines[name] = n
+        parent = r.string(m["parent"], "cohort parent") if "parent" in m else None
+        out.append(CohortConfigured(at=0, name=name, parent=parent))
+    parents = {c.name: c.parent for c in out}
+    for c in out:
+        if c.parent is not None and c.parent not in parents:
+            raise r.fail(lines[c.name], f"cohort {c.name!r}: parent cohort {c.parent!r} is not defined")
+    for c in out:
+        seen = [c.name]
+        cur = c.parent
+        while cur is not None:
+            if cur in seen:
+                cycle = " -> ".join([*seen, cur])
+                raise r.fail(lines[c.name], f"cohorts form a cycle: {cycle}")
+            seen.append(cur)
+            cur = parents.get(cur)
+    return out
+
+
+_WITHIN = ("Never", "LowerPriority", "LowerOrNewerEqualPriority")
+_RECLAIM = ("Never", "LowerPriority", "Any")
+_BORROW = ("Never", "LowerPriority")
+QUEUE_FIELDS = {"name", "cohort", "nominal", "borrowing_limit", "lending_limit", "weight", "preemption"}
+
+
+def queue_from(r: _Reader, n: yaml.Node, cohorts: set[str], base: QueueConfigured | None = None) -> QueueConfigured:
+    """A queue definition (or, with `base`, an update of some of its fields)."""
+    required = {"name"} if base is not None else {"name", "nominal"}
+    m = r.mapping(n, "queue", QUEUE_FIELDS, required)
+    name = r.string(m["name"], "queue name")
+    kw: dict[str, Any] = {}
+    if "cohort" in m:
+        cohort = r.string(m["cohort"], "cohort")
+        if cohort not in cohorts:
+            raise r.fail(m["cohort"], f"queue {name!r}: cohort {cohort!r} is not defined")
+        kw["cohort"] = cohort
+    for f in ("nominal", "borrowing_limit", "lending_limit"):
+        if f in m:
+            kw[f] = r.resources(m[f], f"queue {name}: {f}")
+    if "weight" in m:
+        kw["weight"] = r.number(m["weight"], f"queue {name}: weight", 0, None)
+    if "preemption" in m:
+        p = r.mapping(m["preemption"], "preemption", {"within_queue", "reclaim_within_cohort", "borrow_within_cohort"})
+        old = base.preemption if base is not None else PreemptionPolicy()
+        bwc = old.borrow_within_cohort
+        if "borrow_within_cohort" in p:
+            b = r.mapping(p["borrow_within_cohort"], "borrow_within_cohort", {"policy", "max_priority_threshold"})
+            bwc = BorrowWithinCohort(
+                policy=r.choice(b["policy"], "borrow_within_cohort.policy", _BORROW) if "policy" in b else "Never",
+                max_priority_threshold=r.integer(b["max_priority_threshold"], "max_priority_threshold", None)
+                if "max_priority_threshold" in b
+                else None,
+            )
+        kw["preemption"] = PreemptionPolicy(
+            within_queue=r.choice(p["within_queue"], "within_queue", _WITHIN)
+            if "within_queue" in p
+            else old.within_queue,
+            reclaim_within_cohort=r.choice(p["reclaim_within_cohort"], "reclaim_within_cohort", _RECLAIM)
+            if "reclaim_within_cohort" in p
+            else old.reclaim_within_cohort,
+            borrow_within_cohort=bwc,
+        )
+    if base is not None:
+        import msgspec
+
+        return msgspec.structs.replace(base, **kw)
+    return QueueConfigured(at=0, name=name, **kw)
+
+
+def _queues(r: _Reader, node: yaml.Node | None, cohorts: set[str]) -> dict[str, QueueConfigured]:
+    out: dict[str, QueueConfigured] = {}
+    if node is None:
+        return out
+    for n in r.seq(node, "queues"):
+        q = queue_from(r, n, cohorts)
+        if q.name in out:
+            raise r.fail(n, f"queue {q.name!r} is defined twice")
+        out[q.name] = q
+    return out
+
+
+def _nodes(r: _Reader, node: yaml.Node | None, levels: list[str]) -> dict[str, NodeAdded]:
+    out: dict[str, NodeAdded] = {}
+    if node is None:
+        return out
+
+    def add(n: yaml.Node, name: str, labels: dict[str, str], capacity: dict[str, int]) -> None:
+        if name in out:
+            raise r.fail(n, f"node {name!r} is defined twice")
+        out[name] = NodeAdded(at=0, node=name, labels=labels, capacity=capacity)
+
+    for n in r.seq(node, "nodes"):
+        if isinstance(n, yaml.MappingNode) and any(k.value == "generate" for k, _ in n.value):
+            outer = r.mapping(n, "nodes entry", {"generate"})
+            g = r.mapping(outer["generate"], "generate", {"count", "name", "labels", "capacity"}, {"count", "name"})
+            count = r.integer(g["count"], "generate.count", minimum=1)
+            pattern = r.string(g["name"], "generate.name")
+            capacity = r.resources(g["capacity"], "generate.capacity") if "capacity" in g else {}
+            axes: list[tuple[str, list[str]]] = []
+            if "labels" in g:
+                lm = r.mapping(g["labels"], "generate.labels", set(_keys(g["labels"])))
+                for key, vn in lm.items():
+                    if isinstance(vn, yaml.SequenceNode):
+                        axes.append((key, [r.string(x, f"label {key}") for x in vn.value]))
+                    else:
+                        axes.append((key, [r.string(vn, f"label {key}")]))
+            for combo in itertools.product(*[vals for _, vals in axes]):
+                labels = {k: v for (k, _), v in zip(axes, combo, strict=True)}
+                for i in range(count):
+                    try:
+                        nm = pattern.format(i=i, **labels)
+                    except (KeyError, IndexError, ValueError) as exc:
+                        raise r.fail(g["name"], f"generate.name {pattern!r}: cannot fill {exc}") from None
+                    add(n, nm, dict(labels), dict(capacity))
+        else:
+            m = r.mapping(n, "node", {"name", "labels", "capacity"}, {"name"})
+            name = r.string(m["name"], "node name")
+            node_labels: dict[str, str] = {}
+            if "labels" in m:
+                lm = r.mapping(m["labels"], f"node {name}: labels", set(_keys(m["labels"])))
+                node_labels = {k: r.string(v, f"label {k}") for k, v in lm.items()}
+            capacity = r.resources(m["capacity"], f"node {name}: capacity") if "capacity" in m else {}
+            add(n, name, node_labels, capacity)
+    return out
+
+
+def _keys(node: yaml.Node) -> list[str]:
+    if isinstance(node, yaml.MappingNode):
+        return [str(k.value) for k, _ in node.value]
+    return []
+
+
+_EVENT_KINDS = {"submit", "node_down", "node_up", "cordon", "uncordon", "cancel", "utilization", "queue_update"}
+
+
+def _timeline(r: _Reader, node: yaml.Node, queues: dict[str, QueueConfigured], cohorts: set[str]) -> list[Input]:
+    out: list[Input] = []
+    for order, n in enumerate(r.seq(node, "timeline")):
+        m = r.mapping(n, "timeline entry", {"at"} | _EVENT_KINDS, {"at"})
+        at = r.integer(m["at"], "at")
+        kinds = [k for k in m if k != "at"]
+        if len(kinds) != 1:
+            raise r.fail(n, f"timeline entry must have exactly one of {', '.join(sorted(_EVENT_KINDS))}")
+        kind = kinds[0]
+        v = m[kind]
+        line = n.start_mark.line + 1
+        if kind == "submit":
+            data = _submit(r, v)
+        elif kind in ("node_down", "node_up", "cordon", "uncordon", "cancel"):
+            data = {"name": r.string(v, kind)}
+        elif kind == "utilization":
+            u = r.mapping(v, "utilization", {"job", "gpu"}, {"job", "gpu"})
+            data = {"job": r.string(u["job"], "utilization.job"), "gpu": r.number(u["gpu"], "utilization.gpu", 0, 1)}
+        else:
+            um = r.mapping(v, "queue_update", QUEUE_FIELDS, {"name"})
+            qname = r.string(um["name"], "queue_update.name")
+            if qname not in queues:
+                raise r.fail(v, f"queue_update: queue {qname!r} is not defined")
+            parsed = queue_from(r, v, cohorts, base=queues[qname])
+            data = {"name": qname, "fields": sorted(f for f in um if f != "name"), "queue": parsed}
+        out.append(Input(at, order, kind, data, line))
+    return out
+
+
+_PODSET_FIELDS = {"name", "count", "requests", "topology"}
+_SUBMIT_FIELDS = {"job", "queue", "priority_class", "podsets", "runtime", "checkpoint_every"}
+
+
+def _submit(r: _Reader, node: yaml.Node) -> dict[str, Any]:
+    """A job as written; shape errors are scenario errors, spec errors become JobRejected."""
+    m = r.mapping(node, "submit", _SUBMIT_FIELDS, {"job", "queue"})
+    podsets: list[PodSet] = []
+    for pn in r.seq(m["podsets"], "podsets") if "podsets" in m else []:
+        p = r.mapping(pn, "podset", _PODSET_FIELDS, {"count"})
+        topo = None
+        if "topology" in p:
+            t = r.mapping(p["topology"], "topology", {"required", "preferred"})
+            topo = Topology(
+                required=r.string(t["required"], "topology.required") if "required" in t else None,
+                preferred=r.string(t["preferred"], "topology.preferred") if "preferred" in t else None,
+            )
+        podsets.append(
+            PodSet(
+                name=r.string(p["name"], "podset name") if "name" in p else "worker",
+                count=r.integer(p["count"], "podset count", minimum=None),
+                requests=_requests(r, p["requests"]) if "requests" in p else {},
+                topology=topo,
+            )
+        )
+    return {
+        "job": r.string(m["job"], "job"),
+        "queue": r.string(m["queue"], "queue"),
+        "priority_class": r.string(m["priority_class"], "priority_class") if "priority_class" in m else None,
+        "podsets": podsets,
+        "runtime": r.integer(m["runtime"], "runtime", minimum=None) if "runtime" in m else None,
+        "checkpoint_every": r.integer(m["checkpoint_every"], "checkpoint_every", minimum=None)
+        if "checkpoint_every" in m
+        else None,
+    }
+
+
+def _requests(r: _Reader, node: yaml.Node) -> dict[str, int]:
+    """Per-pod requests; a negative amount is kept (negative) so the core rejects the job."""
+    if not isinstance(node, yaml.MappingNode):
+        raise r.fail(node, "requests must be a mapping of resource to quantity")
+    out: dict[str, int] = {}
+    for k, v in node.value:
+        key = "gpu" if k.value == "nvidia.com/gpu" else str(k.value)
+        raw = r.scalar(v, f"requests.{key}")
+        negative = isinstance(raw, (int, float)) and not isinstance(raw, bool) and raw < 0
+        try:
+            amount = parse_quantity(key, -raw if negative else raw)
+        except ValueError as exc:
+            raise r.fail(v, f"requests: {exc}") from None
+        out[key] = -amount if negative else amount
+    return out
+
+
+_CSV_REQUIRED = ("job", "submit", "queue", "gpus", "gpus_per_pod", "runtime")
+_CSV_OPTIONAL = ("priority_class", "checkpoint_every", "topology")
+
+
+def _timeline_csv(path: Path, start: int) -> list[Input]:
+    name = str(path)
+    try:
+        f = path.open(newline="", encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError(name, None, f"cannot read timeline_csv: {exc.strerror or exc}") from None
+    out: list[Input] = []
+    with f:
+        reader = csv.reader(f)
+        try:
+            header = next(reader)
+        except StopIteration:
+            raise ScenarioError(name, 1, "empty CSV: expected a header row") from None
+        header = [h.strip() for h in header]
+        unknown = [h for h in header if h not in _CSV_REQUIRED + _CSV_OPTIONAL]
+        if unknown:
+            raise ScenarioError(name, 1, f"unknown column {unknown[0]!r}")
+        missing = [h for h in _CSV_REQUIRED if h not in header]
+        if missing:
+            raise ScenarioError(name, 1, f"missing column {missing[0]!r}")
+        col = {h: i for i, h in enumerate(header)}
+        for lineno, row in enumerate(reader, start=2):
+            if not row or all(not c.strip() for c in row):
+                continue
+            if len(row) != len(header):
+                raise ScenarioError(name, lineno, f"expected {len(header)} columns, found {len(row)}")
+
+            def get(c: str, row: list[str] = row) -> str:
+                return row[col[c]].strip() if c in col else ""
+
+            def integer(c: str, lineno: int = lineno) -> int:
+                text = get(c)
+                try:
+                    v = float(text)
+                except ValueError:
+                    raise ScenarioError(name, lineno, f"column {c}: {text!r} is not a number") from None
+                if not v.is_integer():
+                    raise ScenarioError(name, lineno, f"column {c}: {text!r} is not a whole number")
+                return int(v)
+
+            job = get("job")
+            at = integer("submit")
+            if at < 0:
+                raise ScenarioError(name, lineno, f"column submit: {at} is negative")
+            gpus = integer("gpus")
+            per_pod = integer("gpus_per_pod")
+            runtime = integer("runtime")
+            topo = None
+            if get("topology"):
+                kind, _, level = get("topology").partition(":")
+                if kind not in ("required", "preferred") or not level:
+                    raise ScenarioError(
+                        name, lineno, f"column topology: {get('topology')!r} is not required:LEVEL or preferred:LEVEL"
+                    )
+                topo = Topology(required=level) if kind == "required" else Topology(preferred=level)
+            data: dict[str, Any] = {
+                "job": job,
+                "queue": get("queue"),
+                "priority_class": get("priority_class") or None,
+                "runtime": runtime,
+                "checkpoint_every": integer("checkpoint_every") if get("checkpoint_every") else None,
+            }
+            invalid = None
+            if per_pod <= 0:
+                invalid = f"gpus_per_pod {per_pod} must be positive"
+            elif gpus < 0:
+                invalid = f"gpus {gpus} is negative"
+            elif gpus >= per_pod and gpus % per_pod:
+                invalid = f"gpus {gpus} is not a multiple of gpus_per_pod {per_pod}"
+            if invalid is not None:
+                data["podsets"] = [PodSet(name="worker", count=0, requests={"gpu": gpus})]
+                data["invalid"] = invalid
+            elif gpus < per_pod:
+                data["podsets"] = [PodSet(name="worker", count=1, requests={"gpu": gpus}, topology=topo)]
+            else:
+                data["podsets"] = [
+                    PodSet(name="worker", count=gpus // per_pod, requests={"gpu": per_pod}, topology=topo)
+                ]
+            out.append(Input(at, start + lineno, "submit", data, lineno))
+    return out

@@ -1,0 +1,236 @@
+"""Virtual-time runs of the real scheduler core (`muster sim`, what-if, benchmarks).
+
+The simulator plays the world: it appends the scenario's inputs at their
+times, finishes jobs when their work is done, and between those runs
+scheduling cycles (`decide`, the same code the daemon runs) until a cycle
+admits and preempts nothing. Every event goes through `evolve` in log order,
+so the returned log replays to the same state and decisions.
+
+Order at one instant: jobs due to finish, then the inputs in file order, then
+cycles. Deterministic: no clock, no randomness, sorted iteration.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from muster.events.types import (
+    Event,
+    GpuUtilizationSampled,
+    JobAdmitted,
+    JobCancelled,
+    JobFinished,
+    JobPreempted,
+    JobRejected,
+    JobSubmitted,
+    NodeCordoned,
+    NodeUpdated,
+    QueueConfigured,
+)
+from muster.projections.cluster import ClusterState, evolve
+from muster.projections.scheduler import decide, next_wakeup
+from muster.replay.scenario import Input, Scenario
+
+MAX_CYCLES_PER_INSTANT = 100_000
+
+
+class SimulationError(RuntimeError):
+    """The core did not settle at one instant (a preemption loop): a bug, reported, never hidden."""
+
+
+@dataclass
+class JobStats:
+    submitted: int
+    admitted: int | None = None
+    finished: int | None = None
+    preemptions: int = 0
+    status: str = "pending"
+
+
+@dataclass
+class QueueStats:
+    gpu_seconds: int = 0
+    borrowed_gpu_seconds: int = 0
+
+
+@dataclass
+class Accounting:
+    """GPU-seconds held and borrowed per queue, and cluster capacity, integrated over virtual time."""
+
+    jobs: dict[str, JobStats] = field(default_factory=dict)
+    queues: dict[str, QueueStats] = field(default_factory=dict)
+    running: dict[str, tuple[str, int, int]] = field(default_factory=dict)
+    """job -> (queue, gpus, borrowed gpus)."""
+    capacity_gpu_seconds: int = 0
+    used_gpu_seconds: int = 0
+    last: int = 0
+
+    def advance(self, state: ClusterState, now: int) -> None:
+        dt = now - self.last
+        if dt <= 0:
+            return
+        capacity = sum(n.capacity.get("gpu", 0) for n in state.nodes.values() if n.ready)
+        self.capacity_gpu_seconds += capacity * dt
+        for queue, gpus, borrowed in self.running.values():
+            qs = self.queues.setdefault(queue, QueueStats())
+            qs.gpu_seconds += gpus * dt
+            qs.borrowed_gpu_seconds += borrowed * dt
+            self.used_gpu_seconds += gpus * dt
+        self.last = now
+
+    def record(self, state: ClusterState, ev: Event) -> None:
+        if isinstance(ev, JobSubmitted):
+            self.jobs.setdefault(ev.job, JobStats(submitted=ev.at))
+        elif isinstance(ev, JobAdmitted):
+            js = self.jobs.get(ev.job)
+            job = state.jobs.get(ev.job)
+            if js is not None and job is not None and job.status == "admitted":
+                if js.admitted is None:
+                    js.admitted = ev.at
+                js.status = "running"
+                self.running[ev.job] = (job.queue, job.gpus, ev.borrowed.get("gpu", 0))
+        elif isinstance(ev, JobPreempted):
+            js = self.jobs.get(ev.job)
+            if js is not None and self.running.pop(ev.job, None) is not None:
+                js.preemptions += 1
+                js.status = "pending"
+        elif isinstance(ev, (JobFinished, JobCancelled, JobRejected)):
+            js = self.jobs.get(ev.job)
+            self.running.pop(ev.job, None)
+            if js is not None and js.status not in ("finished", "cancelled", "rejected"):
+                js.status = {JobFinished: "finished", JobCancelled: "cancelled", JobRejected: "rejected"}[type(ev)]
+                if isinstance(ev, JobFinished):
+                    js.finished = ev.at
+
+
+@dataclass
+class SimResult:
+    events: list[Event]
+    state: ClusterState
+    accounting: Accounting
+    end: int
+    cycles: int
+
+
+def simulate(
+    scenario: Scenario,
+    *,
+    on_event: Callable[[Event], None] | None = None,
+    keep_events: bool = True,
+) -> SimResult:
+    """Run the scenario to its end (`until`, or until nothing more can happen)."""
+    state = ClusterState()
+    log: list[Event] = []
+    acct = Accounting()
+    finishes: list[tuple[int, int, str, int]] = []
+    queues: dict[str, QueueConfigured] = dict(scenario.queues)
+    cycles = 0
+
+    def append(ev: Event) -> None:
+        evolve(state, ev)
+        acct.record(state, ev)
+        if keep_events:
+            log.append(ev)
+        if on_event is not None:
+            on_event(ev)
+        if isinstance(ev, JobAdmitted):
+            job = state.jobs.get(ev.job)
+            if job is not None and job.status == "admitted" and job.runtime is not None:
+                remaining = job.remaining() or 0
+                heapq.heappush(finishes, (ev.at + remaining, job.seq, job.id, ev.at))
+
+    for ev in scenario.config:
+        append(ev)
+
+    def apply(inp: Input, now: int) -> None:
+        d = inp.data
+        kind = inp.kind
+        if kind == "submit":
+            append(
+                JobSubmitted(
+                    at=now,
+                    job=d["job"],
+                    queue=d["queue"],
+                    priority_class=d["priority_class"],
+                    podsets=d["podsets"],
+                    runtime=d["runtime"],
+                    checkpoint_every=d["checkpoint_every"],
+                )
+            )
+            if d.get("invalid"):
+                append(JobRejected(at=now, job=d["job"], reason=d["invalid"], cycle=0, epoch=state.epoch))
+        elif kind in ("node_down", "node_up"):
+            node = state.nodes[d["name"]]
+            append(
+                NodeUpdated(
+                    at=now,
+                    node=node.name,
+                    labels=node.labels,
+                    capacity=node.capacity,
+                    reserved=node.reserved,
+                    ready=kind == "node_up",
+                    unschedulable=node.unschedulable,
+                )
+            )
+        elif kind in ("cordon", "uncordon"):
+            append(NodeCordoned(at=now, node=d["name"], cordoned=kind == "cordon"))
+        elif kind == "cancel":
+            append(JobCancelled(at=now, job=d["name"]))
+        elif kind == "utilization":
+            append(GpuUtilizationSampled(at=now, job=d["job"], gpu=d["gpu"]))
+        elif kind == "queue_update":
+            current = queues[d["name"]]
+            update = d["queue"]
+            merged = msgspec.structs.replace(current, at=now, **{f: getattr(update, f) for f in d["fields"]})
+            queues[d["name"]] = merged
+            append(merged)
+
+    inputs = scenario.inputs
+    i = 0
+    now = 0
+    until = scenario.until
+    while True:
+        candidates = []
+        if i < len(inputs):
+            candidates.append(inputs[i].at)
+        if finishes:
+            candidates.append(finishes[0][0])
+        wake = next_wakeup(state, now)
+        if wake is not None:
+            candidates.append(wake)
+        if cycles == 0:
+            candidates.append(0)
+        if not candidates:
+            break
+        t = max(min(candidates), now)
+        if until is not None and t > until:
+            break
+        acct.advance(state, t)
+        now = t
+        while finishes and finishes[0][0] <= now:
+            _, _, job_id, admitted_at = heapq.heappop(finishes)
+            job = state.jobs.get(job_id)
+            if job is not None and job.status == "admitted" and job.admitted_at == admitted_at:
+                append(JobFinished(at=now, job=job_id))
+        while i < len(inputs) and inputs[i].at <= now:
+            apply(inputs[i], now)
+            i += 1
+        for _ in range(MAX_CYCLES_PER_INSTANT):
+            decisions = decide(state, now)
+            cycles += 1
+            changed = False
+            for ev in decisions:
+                append(ev)
+                if isinstance(ev, (JobAdmitted, JobPreempted)):
+                    changed = True
+            if not changed:
+                break
+        else:
+            raise SimulationError(f"scheduling did not settle at t={now} after {MAX_CYCLES_PER_INSTANT} cycles")
+    end = until if until is not None else now
+    acct.advance(state, end)
+    return SimResult(log, state, acct, end, cycles)
