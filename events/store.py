@@ -1,0 +1,633 @@
+"""The event store: muster's log on one NATS JetStream stream.
+
+Role: append events (de-duplicated, optionally fenced by the expected last
+sequence), read a range, and follow the log. Appends go through nats-py; reads
+go through `wire`, a lean protocol reader, because nats-py's per-message cost
+caps a replay far below the 100,000 events/s a restart needs.
+
+Invariants:
+- One stream (file storage, deny_delete, deny_purge) holds subjects
+  `<prefix>.<kind>.<id>`; `kind` comes from the event type, `id` is the job,
+  node, queue... name made safe for a subject token (`subject_token`).
+- Every append carries a deterministic `Nats-Msg-Id` (sha256 of the encoded
+  event unless the caller passes ids), so a retried append is stored once and
+  returns the sequences of the first attempt.
+- A fenced append (`expected_last_seq`) stores each message only if the stream
+  ends where the previous one did; otherwise `ConcurrencyConflict`. A retry of
+  a fenced batch that was already stored returns its original sequences.
+- Readers never raise on bad bytes: each is reported once as a `BadEvent` with
+  its sequence to `on_bad`, counted in `bad_events`, and skipped (it stays on
+  the stream). `follow` yields every good event once, in order, across server
+  restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import re
+from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import Any, NamedTuple
+
+import anyio
+import nats
+import structlog
+from nats.aio.client import Client as NatsClient
+from nats.js.api import DiscardPolicy, StorageType, StreamConfig
+from nats.js.errors import APIError, NotFoundError
+
+from muster.events.codec import MAX_EVENT_BYTES, DecodeError, decode, encode
+from muster.events.types import (
+    AnyEvent,
+    CohortConfigured,
+    Event,
+    GpuUtilizationSampled,
+    JobAdmitted,
+    JobCancelled,
+    JobFailed,
+    JobFinished,
+    JobInadmissible,
+    JobPreempted,
+    JobRejected,
+    JobStarted,
+    JobSubmitted,
+    LeaderElected,
+    NodeAdded,
+    NodeCordoned,
+    NodeRemoved,
+    NodeUpdated,
+    PriorityClassConfigured,
+    QueueConfigured,
+    SchedulerConfigured,
+)
+from muster.events.wire import JetStreamApiError, Raw, WireConnection, WireError, WireOptions, consume
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "DEFAULT_STREAM",
+    "AppendError",
+    "BadEvent",
+    "ConcurrencyConflict",
+    "EventStore",
+    "EventTooLarge",
+    "StoreError",
+    "StoredEvent",
+    "default_url",
+    "subject_for",
+    "subject_token",
+]
+
+log = structlog.get_logger("muster.events.store")
+
+DEFAULT_STREAM = "MUSTER"
+DEFAULT_PREFIX = "muster"
+DEFAULT_URL = "nats://127.0.0.1:4222"
+_WRONG_LAST_SEQUENCE = 10071
+_STREAM_NAME_IN_USE = 10058
+_HEADER_ROOM = 512
+"""Bytes kept free for our headers when checking a message against the server's max_payload."""
+
+
+def default_url() -> str:
+    """The NATS server to use: `$NATS_URL`, else the local default."""
+    return os.environ.get("NATS_URL") or DEFAULT_URL
+
+
+# ---------------------------------------------------------------- results and errors
+
+
+class StoredEvent(NamedTuple):
+    """An event with its stream sequence."""
+
+    seq: int
+    event: AnyEvent
+
+
+class BadEvent(NamedTuple):
+    """Bytes on the stream that are not a valid event; reported and skipped."""
+
+    seq: int
+    raw: bytes
+    error: str
+    subject: str = ""
+
+
+class StoreError(Exception):
+    """The event store cannot do what was asked (missing stream, server unreachable...)."""
+
+
+class ConcurrencyConflict(StoreError):
+    """A fenced append found the stream ended elsewhere than expected.
+
+    `stored` holds the sequences of the batch's messages stored before the
+    conflict (a fenced batch is checked message by message).
+    """
+
+    def __init__(self, expected: int, actual: int, stored: Sequence[int] = ()) -> None:
+        super().__init__(f"expected the stream to end at {expected}, it ends at {actual}")
+        self.expected = expected
+        self.actual = actual
+        self.stored = list(stored)
+
+
+class EventTooLarge(StoreError, ValueError):
+    """An event whose encoded form exceeds the size cap; nothing of its batch was stored."""
+
+    def __init__(self, index: int, event_type: str, size: int, limit: int) -> None:
+        super().__init__(f"event #{index} ({event_type}) encodes to {size} bytes, over the {limit}-byte cap")
+        self.index = index
+        self.size = size
+        self.limit = limit
+
+
+class AppendError(StoreError):
+    """Some messages of a batch could not be confirmed stored after retries; retrying the batch is safe."""
+
+
+# ---------------------------------------------------------------- subjects
+
+_SAFE = re.compile(r"[A-Za-z0-9_\-/:=@+]+")
+_MAX_TOKEN = 128
+
+
+def subject_token(value: str) -> str:
+    """`value` as one subject token: deterministic, injective, ASCII, no `.`, `*`, `>` or whitespace.
+
+    Safe characters pass through; every other UTF-8 byte becomes `%XX`. An empty
+    value is `%`; a token longer than 128 characters is cut and suffixed with
+    `~` and a hash of the whole value.
+    """
+    if not value:
+        return "%"
+    if _SAFE.fullmatch(value) and len(value) <= _MAX_TOKEN:
+        return value
+    parts: list[str] = []
+    for ch in value:
+        if _SAFE.fullmatch(ch):
+            parts.append(ch)
+        else:
+            parts.extend(f"%{b:02X}" for b in ch.encode("utf-8"))
+    token = "".join(parts)
+    if len(token) > _MAX_TOKEN:
+        token = token[:100] + "~" + hashlib.sha256(value.encode("utf-8")).hexdigest()[:24]
+    return token
+
+
+def _route(event: Event) -> tuple[str, str]:
+    """(kind, id) of an event's subject."""
+    match event:
+        case (
+            JobSubmitted()
+            | JobCancelled()
+            | JobStarted()
+            | JobFinished()
+            | JobFailed()
+            | JobAdmitted()
+            | JobPreempted()
+            | JobInadmissible()
+            | JobRejected()
+            | GpuUtilizationSampled()
+        ):
+            return "job", event.job
+        case NodeAdded() | NodeUpdated() | NodeRemoved() | NodeCordoned():
+            return "node", event.node
+        case QueueConfigured():
+            return "queue", event.name
+        case CohortConfigured():
+            return "cohort", event.name
+        case PriorityClassConfigured():
+            return "priorityclass", event.name
+        case SchedulerConfigured():
+            return "scheduler", "config"
+        case LeaderElected():
+            return "leader", event.holder
+    return "other", type(event).__name__
+
+
+def subject_for(event: Event, prefix: str = DEFAULT_PREFIX) -> str:
+    """`<prefix>.<kind>.<id>` for an event."""
+    kind, ident = _route(event)
+    return f"{prefix}.{kind}.{subject_token(ident)}"
+
+
+def _default_msg_id(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _log_bad(bad: BadEvent) -> None:
+    log.warning(
+        "bad event skipped",
+        seq=bad.seq,
+        subject=bad.subject,
+        error=bad.error,
+        raw=bad.raw[:200].decode(errors="replace"),
+    )
+
+
+def _wire_options(nc: NatsClient, servers: Sequence[str], api_prefix: str) -> WireOptions:
+    opts: dict[str, Any] = nc.options
+    return WireOptions(
+        servers=list(servers),
+        user=opts.get("user"),
+        password=opts.get("password"),
+        token=opts.get("token"),
+        tls=opts.get("tls"),
+        tls_hostname=opts.get("tls_hostname"),
+        connect_timeout=float(opts.get("connect_timeout") or 5.0),
+        api_prefix=api_prefix,
+    )
+
+
+# ---------------------------------------------------------------- the store
+
+
+class EventStore:
+    """Append, read and follow muster's events on a JetStream stream. Create with `await EventStore.connect(...)`."""
+
+    def __init__(
+        self,
+        nc: NatsClient,
+        *,
+        stream: str,
+        prefix: str,
+        wire: WireOptions,
+        owns_connection: bool,
+        on_bad: Callable[[BadEvent], None] | None,
+        api_prefix: str,
+        request_timeout: float,
+    ) -> None:
+        self.nc = nc
+        self.js = nc.jetstream(prefix=api_prefix, timeout=request_timeout)
+        self.stream = stream
+        self.prefix = prefix
+        self.request_timeout = request_timeout
+        self.bad_events = 0
+        self._wire = wire
+        self._owns_connection = owns_connection
+        self.on_bad: Callable[[BadEvent], None] = on_bad if on_bad is not None else _log_bad
+        """Called once per bad message met by a reader (default: a structlog warning)."""
+
+    # ------------------------------------------------------------ lifecycle
+
+    @classmethod
+    async def connect(
+        cls,
+        url_or_nc: str | Sequence[str] | NatsClient | None = None,
+        *,
+        stream: str = DEFAULT_STREAM,
+        prefix: str = DEFAULT_PREFIX,
+        replicas: int = 1,
+        create: bool = True,
+        duplicate_window: float = 120.0,
+        on_bad: Callable[[BadEvent], None] | None = None,
+        api_prefix: str = "$JS.API",
+        request_timeout: float = 5.0,
+        **nats_options: Any,
+    ) -> EventStore:
+        """Connect (or use the given nats-py client) and make sure the stream exists.
+
+        `url_or_nc`: a URL, comma-separated URLs, a list of URLs, a connected
+        nats-py client (left open by `close()`), or None for `default_url()`.
+        `nats_options` go to `nats.connect`; the store reconnects forever by default.
+        """
+        if isinstance(url_or_nc, NatsClient):
+            nc = url_or_nc
+            owns = False
+            servers = [u.geturl() for u in nc.servers] or [default_url()]
+        else:
+            raw = url_or_nc if url_or_nc is not None else default_url()
+            servers = [u.strip() for u in raw.split(",")] if isinstance(raw, str) else list(raw)
+            options: dict[str, Any] = {
+                "name": "muster",
+                "max_reconnect_attempts": -1,
+                "reconnect_time_wait": 0.25,
+                "connect_timeout": 5,
+                "error_cb": _nats_error,
+                "disconnected_cb": _nats_disconnected,
+                "reconnected_cb": _nats_reconnected,
+            }
+            options.update(nats_options)
+            nc = await nats.connect(servers=servers, **options)
+            owns = True
+        store = cls(
+            nc,
+            stream=stream,
+            prefix=prefix,
+            wire=_wire_options(nc, servers, api_prefix),
+            owns_connection=owns,
+            on_bad=on_bad,
+            api_prefix=api_prefix,
+            request_timeout=request_timeout,
+        )
+        try:
+            await store.ensure_stream(replicas=replicas, duplicate_window=duplicate_window, create=create)
+        except BaseException:
+            await store.close()
+            raise
+        return store
+
+    async def ensure_stream(self, *, replicas: int = 1, duplicate_window: float = 120.0, create: bool = True) -> None:
+        """Create the stream if missing; an existing stream is used as configured by whoever made it."""
+        config = StreamConfig(
+            name=self.stream,
+            subjects=[f"{self.prefix}.>"],
+            storage=StorageType.FILE,
+            num_replicas=replicas,
+            deny_delete=True,
+            deny_purge=True,
+            discard=DiscardPolicy.OLD,
+            duplicate_window=duplicate_window,
+        )
+        if not create:
+            try:
+                await self.js.stream_info(self.stream)
+            except NotFoundError:
+                raise StoreError(f"stream {self.stream} does not exist (and create=False)") from None
+            return
+        try:
+            await self.js.add_stream(config)
+        except APIError as exc:
+            if exc.err_code != _STREAM_NAME_IN_USE:
+                raise StoreError(f"cannot create stream {self.stream}: {exc.description}") from exc
+            info = await self.js.stream_info(self.stream)
+            subjects = info.config.subjects or []
+            if f"{self.prefix}.>" not in subjects:
+                raise StoreError(f"stream {self.stream} exists with subjects {subjects}, not {self.prefix}.>") from exc
+            log.info("using existing stream with a different configuration", stream=self.stream)
+
+    async def delete_stream(self) -> None:
+        """Delete the whole stream (tests and teardown only; muster never deletes its log)."""
+        with contextlib.suppress(NotFoundError):
+            await self.js.delete_stream(self.stream)
+
+    async def close(self) -> None:
+        """Close the connection if the store opened it."""
+        if self._owns_connection and not self.nc.is_closed:
+            with anyio.move_on_after(5, shield=True):
+                await self.nc.close()
+
+    async def __aenter__(self) -> EventStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------ append
+
+    async def append(
+        self,
+        events: Sequence[Event],
+        *,
+        expected_last_seq: int | None = None,
+        msg_ids: Sequence[str] | None = None,
+    ) -> list[int]:
+        """Store `events` in order and return their stream sequences.
+
+        Each message carries `Nats-Msg-Id` (`msg_ids[i]`, else the sha256 of its
+        bytes), so retrying a batch stores nothing twice and returns the first
+        sequences. With `expected_last_seq` the batch is fenced: raises
+        `ConcurrencyConflict` if the stream does not end where expected.
+        """
+        if not events:
+            return []
+        if msg_ids is not None and len(msg_ids) != len(events):
+            raise ValueError(f"{len(msg_ids)} msg_ids for {len(events)} events")
+        limit = min(MAX_EVENT_BYTES, max(0, self.nc.max_payload - _HEADER_ROOM) or MAX_EVENT_BYTES)
+        items: list[tuple[str, bytes, str]] = []
+        prefix = self.prefix
+        for i, event in enumerate(events):
+            data = encode(event)
+            if len(data) > limit:
+                raise EventTooLarge(i, type(event).__name__, len(data), limit)
+            mid = msg_ids[i] if msg_ids is not None else _default_msg_id(data)
+            items.append((subject_for(event, prefix), data, mid))
+        if expected_last_seq is not None:
+            return await self._append_fenced(items, expected_last_seq)
+        return await self._append_pipelined(items)
+
+    async def _append_pipelined(self, items: list[tuple[str, bytes, str]]) -> list[int]:
+        js = self.js
+        futures: list[asyncio.Future[Any]] = []
+        for subject, data, mid in items:
+            futures.append(await js.publish_async(subject, data, headers={"Nats-Msg-Id": mid}, stream=self.stream))
+        with anyio.move_on_after(self.request_timeout + 0.001 * len(items)):
+            await asyncio.wait(futures)
+        seqs: list[int] = []
+        for (subject, data, mid), future in zip(items, futures, strict=True):
+            if future.done() and not future.cancelled() and future.exception() is None:
+                seqs.append(future.result().seq)
+                continue
+            if not future.done():
+                future.cancel()
+            # unconfirmed: the same msg id makes a second publish harmless
+            seqs.append(await self._publish_one(subject, data, {"Nats-Msg-Id": mid}))
+        return seqs
+
+    async def _publish_one(self, subject: str, data: bytes, headers: dict[str, str], attempts: int = 3) -> int:
+        last: Exception | None = None
+        for attempt in range(attempts):
+            try:
+                ack = await self.js.publish(subject, data, headers=dict(headers), stream=self.stream)
+                return int(ack.seq)
+            except APIError as exc:
+                if exc.err_code == _WRONG_LAST_SEQUENCE or (exc.code is not None and exc.code < 500):
+                    raise
+                last = exc
+            except (TimeoutError, nats.errors.Error) as exc:
+                last = exc
+            await anyio.sleep(0.1 * (attempt + 1))
+        raise AppendError(f"publish to {subject} not confirmed after {attempts} attempts: {last}")
+
+    async def _append_fenced(self, items: list[tuple[str, bytes, str]], expected: int) -> list[int]:
+        seqs: list[int] = []
+        i = 0
+        while i < len(items):
+            subject, data, mid = items[i]
+            headers = {"Nats-Msg-Id": mid, "Nats-Expected-Last-Sequence": str(expected)}
+            try:
+                seq = await self._publish_one(subject, data, headers)
+            except APIError as exc:
+                if exc.err_code != _WRONG_LAST_SEQUENCE:
+                    raise
+                actual = _actual_last_seq(exc.description)
+                if actual is None:
+                    actual = await self.last_seq()
+                # The server checks the expected sequence before de-duplication, so a
+                # retried batch lands here: messages after `expected` that carry our
+                # next msg ids are our own earlier attempt, not a competing writer.
+                ours = await self._own_messages(expected, actual, [m for _, _, m in items[i:]])
+                seqs.extend(ours)
+                i += len(ours)
+                if i == len(items):
+                    return seqs
+                if not ours or expected + len(ours) != actual:
+                    raise ConcurrencyConflict(expected + len(ours), actual, seqs) from None
+                expected = actual
+                continue
+            seqs.append(seq)
+            expected = seq
+            i += 1
+        return seqs
+
+    async def _own_messages(self, expected: int, actual: int, ids: list[str]) -> list[int]:
+        """Sequences after `expected` whose msg ids are `ids` in order (our own stored prefix)."""
+        ours: list[int] = []
+        for seq in range(expected + 1, min(actual, expected + len(ids)) + 1):
+            try:
+                msg = await self.js.get_msg(self.stream, seq)
+            except NotFoundError:
+                break
+            if (msg.headers or {}).get("Nats-Msg-Id") != ids[len(ours)]:
+                break
+            ours.append(seq)
+        return ours
+
+    # ------------------------------------------------------------ read
+
+    async def last_seq(self) -> int:
+        """Sequence of the last message on the stream (0 when empty)."""
+        info = await self.js.stream_info(self.stream)
+        return int(info.state.last_seq)
+
+    def _report(self, raw: Raw, error: str) -> None:
+        self.bad_events += 1
+        bad = BadEvent(raw.seq, raw.data, error, raw.subject)
+        try:
+            self.on_bad(bad)
+        except Exception:  # a faulty reporter must not stop the reader either
+            log.exception("on_bad callback failed", seq=raw.seq)
+
+    async def _raw_batches(self, from_seq: int, *, follow: bool, retries: int = 5) -> AsyncGenerator[list[Raw], None]:
+        """Raw stored messages from `from_seq`, resuming after connection loss.
+
+        Without `follow`, ends at the end of the stream and gives up after
+        `retries` failed resumptions in a row; with it, waits for new messages
+        and retries forever.
+        """
+        next_seq = max(1, from_seq)
+        failures = 0
+        while True:
+            conn: WireConnection | None = None
+            try:
+                conn = await WireConnection.open(self._wire)
+                async with contextlib.aclosing(
+                    consume(
+                        conn,
+                        self.stream,
+                        next_seq,
+                        stop_when_caught_up=not follow,
+                        api_prefix=self._wire.api_prefix,
+                    )
+                ) as batches:
+                    async for batch in batches:
+                        failures = 0
+                        next_seq = batch[-1].seq + 1
+                        yield batch
+                return
+            except (WireError, JetStreamApiError) as exc:
+                if isinstance(exc, JetStreamApiError) and exc.code == 404 and not follow:
+                    raise StoreError(f"stream {self.stream}: {exc.description}") from exc
+                failures += 1
+                if not follow and failures > retries:
+                    raise StoreError(f"reading {self.stream} from {next_seq} failed: {exc}") from exc
+                log.info("event stream reader reconnecting", stream=self.stream, next_seq=next_seq, error=str(exc))
+                await anyio.sleep(min(2.0, 0.05 * 2**failures))
+            finally:
+                if conn is not None:
+                    await conn.close()
+
+    async def iter_batches(
+        self, from_seq: int = 1, to_seq: int | None = None, *, until: int | None = None
+    ) -> AsyncGenerator[list[StoredEvent], None]:
+        """Decoded events `from_seq..to_seq` (default: the end at call time) in batches.
+
+        With `until`, stops before the first event whose `at` is later than `until`.
+        """
+        if to_seq is None:
+            to_seq = await self.last_seq()
+        if from_seq > to_seq:
+            return
+        async with contextlib.aclosing(self._raw_batches(from_seq, follow=False)) as raws:
+            async for raw_batch in raws:
+                out: list[StoredEvent] = []
+                stop = False
+                for raw in raw_batch:
+                    seq = raw.seq
+                    if seq > to_seq:
+                        stop = True
+                        break
+                    try:
+                        event = decode(raw.data)
+                    except DecodeError as exc:
+                        self._report(raw, exc.message)
+                    else:
+                        if until is not None and event.at > until:
+                            stop = True
+                            break
+                        out.append(StoredEvent(seq, event))
+                    if seq == to_seq:
+                        stop = True
+                        break
+                if out:
+                    yield out
+                if stop:
+                    return
+
+    async def iter_range(
+        self, from_seq: int = 1, to_seq: int | None = None, *, until: int | None = None
+    ) -> AsyncGenerator[StoredEvent, None]:
+        """Like `read`, one event at a time, without holding the range in memory."""
+        async with contextlib.aclosing(self.iter_batches(from_seq, to_seq, until=until)) as batches:
+            async for batch in batches:
+                for stored in batch:
+                    yield stored
+
+    async def read(
+        self, from_seq: int = 1, to_seq: int | None = None, *, until: int | None = None
+    ) -> list[StoredEvent]:
+        """Decoded events `from_seq..to_seq` (inclusive; default to the end), bad ones reported and skipped."""
+        out: list[StoredEvent] = []
+        async with contextlib.aclosing(self.iter_batches(from_seq, to_seq, until=until)) as batches:
+            async for batch in batches:
+                out.extend(batch)
+        return out
+
+    async def follow(self, from_seq: int = 1) -> AsyncGenerator[StoredEvent, None]:
+        """Every event from `from_seq` on, then new ones as they are appended, forever.
+
+        Survives server restarts and connection loss: it resumes after the
+        last sequence it saw, so nothing is skipped or yielded twice. Close it
+        with `contextlib.aclosing` when done.
+        """
+        last = from_seq - 1
+        async with contextlib.aclosing(self._raw_batches(from_seq, follow=True)) as raws:
+            async for raw_batch in raws:
+                for raw in raw_batch:
+                    if raw.seq <= last:
+                        continue
+                    last = raw.seq
+                    try:
+                        event = decode(raw.data)
+                    except DecodeError as exc:
+                        self._report(raw, exc.message)
+                        continue
+                    yield StoredEvent(raw.seq, event)
+
+
+def _actual_last_seq(description: str | None) -> int | None:
+    match = re.search(r"wrong last sequence: (\d+)", description or "")
+    return int(match.group(1)) if match else None
+
+
+async def _nats_error(exc: Exception) -> None:
+    log.debug("nats client error", error=f"{type(exc).__name__}: {exc}")
+
+
+async def _nats_disconnected() -> None:
+    log.info("nats disconnected")
+
+
+async def _nats_reconnected() -> None:
+    log.info("nats reconnected")

@@ -1,0 +1,262 @@
+"""The JetStream event store contract: append, de-duplication, fencing, reads, bad bytes.
+
+The contract tests take `any_store`, which runs them against the session's
+embedded nats-server and, where Docker answers, against NATS in a container.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from muster.events import codec
+from muster.events.codec import MAX_EVENT_BYTES
+from muster.events.store import (
+    BadEvent,
+    ConcurrencyConflict,
+    EventStore,
+    EventTooLarge,
+    StoredEvent,
+    default_url,
+)
+from muster.events.types import (
+    Event,
+    GpuUtilizationSampled,
+    JobFailed,
+    JobFinished,
+    JobSubmitted,
+    NodeAdded,
+    PodSet,
+    QueueConfigured,
+)
+
+V1_JOB_SUBMITTED = b'{"type":"JobSubmitted","at":5,"job":"j1","queue":"q","pods":4,"gpus":8}'
+
+
+def submissions(n: int, start: int = 0) -> list[Event]:
+    """`n` distinct job submissions at times start, start+1, ..."""
+    return [
+        JobSubmitted(
+            at=start + i,
+            job=f"job-{start + i}",
+            queue="team-a",
+            podsets=[PodSet(name="worker", count=2, requests={"gpu": 4})],
+            runtime=3600,
+        )
+        for i in range(n)
+    ]
+
+
+@pytest.fixture(params=["embedded", pytest.param("docker", marks=pytest.mark.docker)])
+async def any_store(
+    request: pytest.FixtureRequest,
+    store_factory: Callable[..., contextlib.AbstractAsyncContextManager[EventStore]],
+) -> AsyncIterator[EventStore]:
+    """A store on a fresh stream, on the embedded server or (opt-in) on NATS in Docker."""
+    fixture = "docker_nats_url" if request.param == "docker" else "nats_url"
+    url: str = request.getfixturevalue(fixture)
+    async with store_factory(url) as es:
+        yield es
+
+
+# ---------------------------------------------------------------- append and read
+
+
+async def test_append_then_read_round_trip(any_store: EventStore) -> None:
+    """Appended events come back from read() equal, in order, with consecutive stream sequences."""
+    events = [
+        QueueConfigured(at=0, name="team-a", nominal={"gpu": 16}),
+        NodeAdded(at=0, node="n0", capacity={"gpu": 8}),
+        *submissions(3, start=1),
+    ]
+    seqs = await any_store.append(events)
+    assert seqs == [1, 2, 3, 4, 5]
+    assert await any_store.last_seq() == 5
+    stored = await any_store.read()
+    assert stored == [StoredEvent(s, e) for s, e in zip(seqs, events, strict=True)]
+
+
+async def test_read_a_range_by_sequence(any_store: EventStore) -> None:
+    """read(from_seq, to_seq) returns exactly the events with sequences in that inclusive range."""
+    events = submissions(10)
+    await any_store.append(events)
+    assert [s.seq for s in await any_store.read(4, 7)] == [4, 5, 6, 7]
+    assert [s.event for s in await any_store.read(9)] == events[8:]
+    assert await any_store.read(11) == []
+
+
+async def test_read_until_stops_at_event_time(any_store: EventStore) -> None:
+    """read(until=t) returns the events up to the first one later than t."""
+    events = submissions(10, start=100)
+    await any_store.append(events)
+    stored = await any_store.read(until=104)
+    assert [s.event.at for s in stored] == [100, 101, 102, 103, 104]
+    assert await any_store.read(until=99) == []
+
+
+async def test_iter_range_streams_large_ranges_in_order(any_store: EventStore) -> None:
+    """iter_range() yields thousands of events in sequence order without gaps (across many deliveries)."""
+    events = [GpuUtilizationSampled(at=i, job=f"job-{i % 50}", gpu=(i % 100) / 100) for i in range(6000)]
+    await any_store.append(events)
+    seqs = [stored.seq async for stored in any_store.iter_range(1)]
+    assert seqs == list(range(1, 6001))
+
+
+async def test_events_land_on_kind_and_id_subjects(any_store: EventStore) -> None:
+    """Each event is stored on `<prefix>.<kind>.<id>` with the id made safe for a subject token."""
+    events: list[Event] = [
+        JobFinished(at=1, job="ns/train.v2"),
+        NodeAdded(at=1, node="gpu-node-1"),
+        QueueConfigured(at=1, name="équipe a"),
+    ]
+    seqs = await any_store.append(events)
+    subjects = [(await any_store.js.get_msg(any_store.stream, seq)).subject for seq in seqs]
+    p = any_store.prefix
+    assert subjects == [f"{p}.job.ns/train%2Ev2", f"{p}.node.gpu-node-1", f"{p}.queue.%C3%A9quipe%20a"]
+
+
+# ---------------------------------------------------------------- de-duplication and fencing
+
+
+async def test_duplicate_append_is_stored_once(any_store: EventStore) -> None:
+    """Appending the same batch twice stores it once and returns the first sequences both times."""
+    events = submissions(3)
+    first = await any_store.append(events)
+    again = await any_store.append(events)
+    assert again == first
+    assert await any_store.last_seq() == 3
+    assert len(await any_store.read()) == 3
+
+
+async def test_caller_msg_ids_decide_what_is_a_duplicate(any_store: EventStore) -> None:
+    """With caller-given msg ids, a different event under an already used id is not stored again."""
+    first = await any_store.append(submissions(1), msg_ids=["epoch1/cycle7/job-0"])
+    again = await any_store.append(submissions(1, start=50), msg_ids=["epoch1/cycle7/job-0"])
+    assert again == first
+    assert [s.event.at for s in await any_store.read()] == [0]
+
+
+async def test_fenced_append_chains_expected_sequences(any_store: EventStore) -> None:
+    """A fenced batch on the expected end of the stream is stored in order."""
+    assert await any_store.append(submissions(3), expected_last_seq=0) == [1, 2, 3]
+    assert await any_store.append(submissions(2, start=3), expected_last_seq=3) == [4, 5]
+
+
+async def test_expected_sequence_conflict_raises_typed_error(any_store: EventStore) -> None:
+    """A fenced append behind the stream's end raises ConcurrencyConflict(expected, actual) and stores nothing."""
+    await any_store.append(submissions(2))
+    with pytest.raises(ConcurrencyConflict) as info:
+        await any_store.append(submissions(3, start=10), expected_last_seq=1)
+    assert (info.value.expected, info.value.actual, info.value.stored) == (1, 2, [])
+    assert await any_store.last_seq() == 2
+
+
+async def test_retried_fenced_batch_is_stored_once(any_store: EventStore) -> None:
+    """Retrying a fenced batch that was already stored returns its sequences instead of a conflict."""
+    events = submissions(3)
+    first = await any_store.append(events, expected_last_seq=0)
+    assert await any_store.append(events, expected_last_seq=0) == first
+    assert await any_store.last_seq() == 3
+
+
+async def test_fenced_retry_after_another_writer_conflicts(any_store: EventStore) -> None:
+    """A fenced batch whose expected end was taken by another writer's events conflicts."""
+    await any_store.append(submissions(1))
+    await any_store.append(submissions(1, start=1), msg_ids=["other-writer"])
+    with pytest.raises(ConcurrencyConflict) as info:
+        await any_store.append(submissions(1, start=2), expected_last_seq=1)
+    assert (info.value.expected, info.value.actual) == (1, 2)
+
+
+async def test_oversized_event_is_refused_with_nothing_stored(any_store: EventStore) -> None:
+    """A batch holding an event over the size cap raises EventTooLarge and stores none of the batch."""
+    huge = JobFailed(at=1, job="j", reason="x" * (MAX_EVENT_BYTES + 1))
+    with pytest.raises(EventTooLarge) as info:
+        await any_store.append([*submissions(1), huge])
+    assert info.value.index == 1
+    assert await any_store.last_seq() == 0
+
+
+# ---------------------------------------------------------------- bad bytes
+
+
+async def test_bad_bytes_are_reported_with_their_sequence_and_skipped(any_store: EventStore) -> None:
+    """Garbage, truncated JSON, an unknown type and a future version are each reported with their seq, never raised."""
+    reported: list[BadEvent] = []
+    any_store.on_bad = reported.append
+    good = submissions(2)
+    await any_store.append(good[:1])
+    junk = [
+        b"\x00\xffnot json at all",
+        b'{"type":"JobFinished","at":3,"job":"j',
+        b'{"type":"JobTeleported","at":3,"job":"j"}',
+        b'{"type":"JobFinished","at":3,"job":"j","v":99}',
+    ]
+    junk_seqs = [(await any_store.js.publish(f"{any_store.prefix}.x.y", raw)).seq for raw in junk]
+    await any_store.append(good[1:])
+
+    stored = await any_store.read()
+
+    assert [s.event for s in stored] == good
+    assert [s.seq for s in stored] == [1, 6]
+    assert [(b.seq, b.raw) for b in reported] == list(zip(junk_seqs, junk, strict=True))
+    assert all(b.subject == f"{any_store.prefix}.x.y" and b.error for b in reported)
+    assert "newer" in reported[3].error
+    assert any_store.bad_events == 4
+
+
+async def test_on_bad_callback_is_given_at_connect(
+    nats_url: str, store_factory: Callable[..., contextlib.AbstractAsyncContextManager[EventStore]]
+) -> None:
+    """The on_bad callback passed to connect() receives bad events; a failing callback does not stop the read."""
+    seen: list[int] = []
+
+    def on_bad(bad: BadEvent) -> None:
+        seen.append(bad.seq)
+        raise RuntimeError("reporter is broken")
+
+    async with store_factory(nats_url, on_bad=on_bad) as es:
+        await es.js.publish(f"{es.prefix}.job.j", b"{}")
+        await es.append(submissions(1))
+        assert [s.seq for s in await es.read()] == [2]
+    assert seen == [1]
+
+
+async def test_stored_v1_job_submitted_is_upcast(any_store: EventStore) -> None:
+    """v1 JobSubmitted bytes already on the stream are read back as a v2 job with podsets."""
+    ack = await any_store.js.publish(f"{any_store.prefix}.job.j1", V1_JOB_SUBMITTED)
+    [stored] = await any_store.read()
+    assert stored == StoredEvent(
+        ack.seq,
+        JobSubmitted(at=5, job="j1", queue="q", podsets=[PodSet(name="worker", count=4, requests={"gpu": 8})], v=2),
+    )
+    assert stored.event == codec.decode(V1_JOB_SUBMITTED)
+
+
+# ---------------------------------------------------------------- follow
+
+
+async def test_follow_yields_existing_then_new_events(any_store: EventStore) -> None:
+    """follow() yields the stored events and then events appended while it waits, skipping bad bytes."""
+    await any_store.append(submissions(2))
+    seen: list[int] = []
+    async with contextlib.aclosing(any_store.follow(2)) as events:
+        async for stored in events:
+            seen.append(stored.seq)
+            if stored.seq == 2:
+                await any_store.js.publish(f"{any_store.prefix}.x.y", b"garbage")
+                await any_store.append(submissions(2, start=2))
+            if len(seen) == 3:
+                break
+    assert seen == [2, 4, 5]
+    assert any_store.bad_events == 1
+
+
+def test_default_url_honours_nats_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    """default_url() is $NATS_URL when set and the local default otherwise."""
+    monkeypatch.setenv("NATS_URL", "nats://elsewhere:4333")
+    assert default_url() == "nats://elsewhere:4333"
+    monkeypatch.delenv("NATS_URL")
+    assert default_url() == "nats://127.0.0.1:4222"
