@@ -10,7 +10,8 @@ never shares a process with the test suite.
     python deploy/helm_sdk.py batch < request.json > answer.json
 
 `batch` reads {"chart": PATH, "namespace": NS, "lint": [{"values": {...}, "strict": bool}],
-"render": {CASE: {"release": NAME, "values": {...}}}} and answers {"versions": {...},
+"render": {CASE: {"release": NAME, "values": {...}}}} (an item may name its own "chart") and
+answers {"versions": {...},
 "lint": [REPORT...], "render": {CASE: {"manifests": {TEMPLATE: YAML}} | {"error": MESSAGE}}}.
 
 Exit status: 0 on success, 1 when lint finds errors or a template fails, 2 when the SDK is missing.
@@ -75,12 +76,16 @@ def _batch(helm: Any) -> int:
     chart, namespace = request["chart"], request.get("namespace", "default")
     answer: dict[str, Any] = {
         "versions": {"helm_sdk": helm.helm_sdk_version(), "helm_c": helm.helm_c_version()},
-        "lint": [lint(helm, chart, item.get("values", {}), item.get("strict", False)) for item in request.get("lint", [])],
+        "lint": [
+            lint(helm, item.get("chart", chart), item.get("values", {}), item.get("strict", False))
+            for item in request.get("lint", [])
+        ],
         "render": {},
     }
     for case, spec in request.get("render", {}).items():
         try:
-            manifests = render(helm, chart, spec.get("release", "muster"), namespace, spec.get("values", {}))
+            release = spec.get("release", "muster")
+            manifests = render(helm, spec.get("chart", chart), release, namespace, spec.get("values", {}))
             answer["render"][case] = {"manifests": manifests}
         except helm.HelmError as exc:
             answer["render"][case] = {"error": str(exc)}

@@ -1,0 +1,494 @@
+"""The Helm chart in deploy/helm/muster, linted and rendered by real Helm, then checked manifest by manifest.
+
+One batch renders every case (values overrides below) in one child process; the tests read it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import msgspec
+import pytest
+import yaml
+from helmkit import CHART, NAMESPACE, ChartRun, Rendered, make_stub_chart, run_chart
+
+from muster.events.types import (
+    CohortConfigured,
+    PriorityClassConfigured,
+    QueueConfigured,
+    SchedulerConfigured,
+)
+
+SECURED = {
+    "nats": {
+        "auth": {"type": "userPassword", "existingSecret": "muster-daemon-nats"},
+        "tls": {"enabled": True, "existingSecret": "muster-nats-tls"},
+    },
+    "billing": {"enabled": True, "natsAuthSecret": "muster-billing-nats"},
+    "queuesApply": {"natsAuthSecret": "muster-admin-nats"},
+}
+EVERYTHING_ON = {
+    **SECURED,
+    "leaderElection": {"backend": "lease"},
+    "serviceMonitor": {"enabled": True},
+}
+CASES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "billing": {"billing": {"enabled": True}},
+    "service-monitor": {"serviceMonitor": {"enabled": True}},
+    "lease": {"leaderElection": {"backend": "lease"}},
+    "secured": SECURED,
+    "token": {
+        "nats": {
+            "auth": {"type": "token", "existingSecret": "t"},
+            "tls": {"enabled": True, "existingSecret": "ca-only", "certKey": ""},
+        }
+    },
+    "no-queues-apply": {"queuesApply": {"enabled": False}},
+    "one-replica": {"replicaCount": 1},
+}
+BAD_CASES: dict[str, tuple[dict[str, Any], str]] = {
+    "token-without-secret": ({"nats": {"auth": {"type": "token"}}}, "nats.auth.existingSecret is required"),
+    "tls-without-secret": ({"nats": {"tls": {"enabled": True}}}, "nats.tls.existingSecret is required"),
+    "unknown-election": ({"leaderElection": {"backend": "etcd"}}, "leaderElection/backend"),
+    "bad-preemption-policy": (
+        {"queues": {"queues": [{"name": "x", "preemption": {"within_queue": "Sometimes"}}]}},
+        "within_queue",
+    ),
+    "no-nats": ({"nats": {"url": ""}}, "set nats.url"),
+    "pdb-blocks-drains": ({"podDisruptionBudget": {"minAvailable": 2}}, "must be below replicaCount"),
+    "typo": ({"replicas": 3}, "replicas"),
+}
+STUB_CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "stub-external": ("muster", {}),
+    "stub-install": ("muster", {"nats": {"install": True}}),
+    "stub-install-named": ("nats-prod", {"nats": {"install": True, "url": "nats://elsewhere:4222"}}),
+}
+
+BUILTIN_API_VERSIONS = {
+    "ServiceAccount": "v1",
+    "ConfigMap": "v1",
+    "Service": "v1",
+    "Deployment": "apps/v1",
+    "StatefulSet": "apps/v1",
+    "Job": "batch/v1",
+    "PodDisruptionBudget": "policy/v1",
+    "ClusterRole": "rbac.authorization.k8s.io/v1",
+    "ClusterRoleBinding": "rbac.authorization.k8s.io/v1",
+    "Role": "rbac.authorization.k8s.io/v1",
+    "RoleBinding": "rbac.authorization.k8s.io/v1",
+}
+CUSTOM_API_VERSIONS = {"ServiceMonitor": "monitoring.coreos.com/v1"}
+
+LEAST_PRIVILEGE = {
+    ("", "pods", "get"),
+    ("", "pods", "list"),
+    ("", "pods", "watch"),
+    ("", "pods/binding", "create"),
+    ("", "pods/eviction", "create"),
+    ("", "nodes", "get"),
+    ("", "nodes", "list"),
+    ("", "nodes", "watch"),
+    ("", "events", "create"),
+    ("", "events", "patch"),
+    ("events.k8s.io", "events", "create"),
+    ("events.k8s.io", "events", "patch"),
+    ("batch", "jobs", "get"),
+    ("batch", "jobs", "list"),
+    ("batch", "jobs", "watch"),
+    ("jobset.x-k8s.io", "jobsets", "get"),
+    ("jobset.x-k8s.io", "jobsets", "list"),
+    ("jobset.x-k8s.io", "jobsets", "watch"),
+    ("kubeflow.org", "pytorchjobs", "get"),
+    ("kubeflow.org", "pytorchjobs", "list"),
+    ("kubeflow.org", "pytorchjobs", "watch"),
+}
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> ChartRun:
+    """Every case above, linted and rendered in one batch."""
+    stub_chart = make_stub_chart(tmp_path_factory.mktemp("chart"))
+    render: dict[str, dict[str, Any]] = {case: {"values": values} for case, values in CASES.items()}
+    render |= {case: {"values": values} for case, (values, _) in BAD_CASES.items()}
+    render |= {
+        case: {"chart": str(stub_chart), "release": release, "values": values}
+        for case, (release, values) in STUB_CASES.items()
+    }
+    request = {
+        "chart": str(CHART),
+        "lint": [
+            {"values": {}},
+            {"chart": str(stub_chart), "values": {}, "strict": True},
+            {"chart": str(stub_chart), "values": EVERYTHING_ON, "strict": True},
+            {"chart": str(stub_chart), "values": {"nats": {"install": True}}, "strict": True},
+        ],
+        "render": render,
+    }
+    return run_chart(request, tmp_path_factory.mktemp("helm"))
+
+
+def rules_of(rendered: Rendered, kind: str) -> set[tuple[str, str, str]]:
+    out = set()
+    for role in rendered.of_kind(kind):
+        for rule in role["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        out.add((group, resource, verb))
+    return out
+
+
+def config_of(rendered: Rendered, key: str) -> dict[str, Any]:
+    data = rendered.one("ConfigMap")["data"]
+    parsed: dict[str, Any] = yaml.safe_load(data[key])
+    return parsed
+
+
+def container(workload: dict[str, Any]) -> dict[str, Any]:
+    containers = workload["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    result: dict[str, Any] = containers[0]
+    return result
+
+
+def volumes(workload: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {v["name"]: v for v in workload["spec"]["template"]["spec"].get("volumes", [])}
+
+
+# ---------------------------------------------------------------- lint and schemas
+
+
+def test_chart_lints_without_errors(run: ChartRun) -> None:
+    """helm lint passes on the chart as committed (the only warning: the nats dependency is not downloaded)."""
+    report = run.lint[0]
+    assert report["errors"] == [], run.backend
+    warnings = [m["error"] for m in report["messages"] if m["severity"] >= 2]
+    assert all("missing these dependencies: nats" in w for w in warnings), warnings
+
+
+def test_chart_lints_strict_with_dependency_and_every_option(run: ChartRun) -> None:
+    """helm lint --strict passes with the dependency present: defaults, every option on, and nats.install."""
+    for report in run.lint[1:]:
+        assert report["errors"] == [], report["messages"]
+
+
+def test_every_case_renders(run: ChartRun) -> None:
+    """Every valid combination of values renders, and every document has a kind, an apiVersion and a name."""
+    expected = set(CASES) | set(STUB_CASES)
+    assert not {c: e for c, e in run.errors.items() if c in expected}
+    assert expected <= set(run.rendered)
+    for case, rendered in run.rendered.items():
+        for doc in rendered.docs:
+            assert doc.get("apiVersion") and doc.get("kind") and doc["metadata"].get("name"), (case, doc)
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CASES))
+def test_invalid_values_fail_with_a_reason(run: ChartRun, case: str) -> None:
+    """Values that cannot work stop the render with a message naming what to fix."""
+    _, reason = BAD_CASES[case]
+    assert case in run.errors, f"{case} rendered although it should fail"
+    assert reason in run.errors[case]
+
+
+def test_kinds_and_api_versions(run: ChartRun) -> None:
+    """The default install is exactly the daemon's objects, each at a served, non-deprecated apiVersion."""
+    rendered = run.rendered["default"]
+    kinds = sorted(d["kind"] for d in rendered.docs)
+    assert kinds == sorted(
+        [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ConfigMap",
+            "Deployment",
+            "Job",
+            "PodDisruptionBudget",
+            "Service",
+            "ServiceAccount",
+            "ServiceAccount",
+        ]
+    )
+    for case, r in run.rendered.items():
+        for doc in r.docs:
+            want = BUILTIN_API_VERSIONS.get(doc["kind"]) or CUSTOM_API_VERSIONS.get(doc["kind"])
+            assert doc["apiVersion"] == want, (case, doc["kind"], doc["apiVersion"])
+            if doc["kind"] != "StatefulSet":  # the stub subchart's
+                assert DNS_LABEL.match(doc["metadata"]["name"]) and len(doc["metadata"]["name"]) <= 63
+                namespaced = doc["kind"] not in {"ClusterRole", "ClusterRoleBinding"}
+                assert (doc["metadata"].get("namespace") == NAMESPACE) == namespaced, (case, doc["kind"])
+
+
+def test_manifests_validate_against_kubernetes_schemas(run: ChartRun) -> None:
+    """Every built-in object validates (strict: no unknown fields) against Kubernetes 1.29 and the newest schemas."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate not installed")
+    versions = ["1.29.0", kubernetes_validate.latest_version()]
+    checked: set[str] = set()
+    for case, rendered in run.rendered.items():
+        for doc in rendered.docs:
+            key = json.dumps(doc, sort_keys=True)
+            if doc["kind"] in CUSTOM_API_VERSIONS or key in checked:
+                continue  # CRDs are checked in their own tests; many cases share documents
+            checked.add(key)
+            for version in versions:
+                try:
+                    kubernetes_validate.validate(doc, version, strict=True)
+                except kubernetes_validate.ValidationError as exc:
+                    pytest.fail(f"{case}: {doc['kind']} {doc['metadata']['name']} on {version}: {exc.message}")
+    assert len(checked) > 20
+
+
+# ---------------------------------------------------------------- RBAC
+
+
+def test_rbac_is_exactly_the_least_privilege_set(run: ChartRun) -> None:
+    """The ClusterRole grants exactly what a gang scheduler needs: no wildcard, no secrets, no pod writes, no leases."""
+    rendered = run.rendered["default"]
+    granted = rules_of(rendered, "ClusterRole")
+    assert granted == LEAST_PRIVILEGE
+    assert not rendered.of_kind("Role") and not rendered.of_kind("RoleBinding")
+    for group, resource, verb in granted:
+        assert "*" not in (group, resource, verb)
+        assert resource not in {"secrets", "configmaps", "leases", "pods/exec", "pods/status", "nodes/status"}
+        if resource in {"pods", "nodes"}:
+            assert verb in {"get", "list", "watch"}, (resource, verb)
+    binding = rendered.one("ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == rendered.one("ClusterRole")["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "muster", "namespace": NAMESPACE},
+    ]
+
+
+def test_lease_election_adds_one_namespaced_lease_role(run: ChartRun) -> None:
+    """Lease election adds a namespaced Role for one named Lease (create, get, update), nothing cluster-wide."""
+    rendered = run.rendered["lease"]
+    assert rules_of(rendered, "ClusterRole") == LEAST_PRIVILEGE
+    role = rendered.one("Role")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    named = [r for r in role["rules"] if r.get("resourceNames")]
+    assert [(r["resources"], r["verbs"], r["resourceNames"]) for r in named] == [
+        (["leases"], ["get", "update"], ["muster-leader"])
+    ]
+    assert rules_of(rendered, "Role") == {
+        ("coordination.k8s.io", "leases", "create"),
+        ("coordination.k8s.io", "leases", "get"),
+        ("coordination.k8s.io", "leases", "update"),
+    }
+    assert rendered.one("RoleBinding")["subjects"][0]["name"] == "muster"
+    config = config_of(rendered, "config.yaml")["leader_election"]
+    assert config == {
+        "backend": "lease",
+        "lease_name": "muster-leader",
+        "lease_namespace": NAMESPACE,
+        "ttl_seconds": 10,
+    }
+    assert config_of(run.rendered["default"], "config.yaml")["leader_election"]["backend"] == "nats-kv"
+
+
+def test_pods_without_kubernetes_access_get_no_token(run: ChartRun) -> None:
+    """Billing and the queues-apply Job run under an account bound to nothing, without an API token."""
+    rendered = run.rendered["billing"]
+    client_sa = rendered.one("ServiceAccount", "muster-client")
+    assert client_sa["automountServiceAccountToken"] is False
+    bound = {
+        s["name"]
+        for kind in ("ClusterRoleBinding", "RoleBinding")
+        for b in rendered.of_kind(kind)
+        for s in b["subjects"]
+    }
+    assert bound == {"muster"}
+    for workload in (rendered.one("Deployment", "muster-billing"), rendered.one("Job")):
+        spec = workload["spec"]["template"]["spec"]
+        assert spec["serviceAccountName"] == "muster-client"
+        assert spec["automountServiceAccountToken"] is False
+
+
+# ---------------------------------------------------------------- the daemon
+
+
+def test_daemon_runs_two_hardened_replicas_with_probes(run: ChartRun) -> None:
+    """The daemon runs as 2 replicas with /healthz and /readyz probes, non-root, read-only, without capabilities."""
+    deployment = run.rendered["default"].one("Deployment", "muster")
+    assert deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]["spec"]
+    assert "schedulerName" not in pod  # the scheduler is not scheduled by itself
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    c = container(deployment)
+    assert c["args"] == ["daemon", "--config", "/etc/muster/config.yaml"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"health": 8080, "metrics": 9090}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    sc = c["securityContext"]
+    assert sc["runAsNonRoot"] is True
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert mounts["/etc/muster/config.yaml"]["subPath"] == "config.yaml"
+    assert volumes(deployment)[mounts["/etc/muster/config.yaml"]["name"]]["configMap"]["name"] == "muster"
+    assert "/tmp" in mounts  # the only writable path, with the root filesystem read-only
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]}
+    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+
+
+def test_service_and_pdb_select_the_daemon_pods(run: ChartRun) -> None:
+    """The Service (metrics 9090, health 8080) and the PDB (one replica kept) select exactly the daemon pods."""
+    rendered = run.rendered["default"]
+    pod_labels = rendered.one("Deployment", "muster")["spec"]["template"]["metadata"]["labels"]
+    service = rendered.one("Service")
+    assert {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == {
+        "metrics": (9090, "metrics"),
+        "health": (8080, "health"),
+    }
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["selector"]["app.kubernetes.io/component"] == "daemon"
+    pdb = rendered.one("PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+    assert not run.rendered["one-replica"].of_kind("PodDisruptionBudget")
+
+
+def test_config_map_holds_the_daemon_config(run: ChartRun) -> None:
+    """config.yaml names NATS, leader election, Kubernetes, ports and the queues file, as deploy/README.md documents."""
+    config = config_of(run.rendered["default"], "config.yaml")
+    assert config["nats"] == {
+        "url": "nats://nats:4222",
+        "stream": "MUSTER",
+        "subject_prefix": "muster",
+        "inbox_prefix": "_INBOX.muster-daemon",
+        "max_event_bytes": 1048576,
+    }
+    assert config["leader_election"] == {"backend": "nats-kv", "kv_bucket": "muster-leader", "ttl_seconds": 10}
+    assert config["kubernetes"] == {"scheduler_name": "muster", "namespaces": []}
+    assert config["http"] == {"health_port": 8080, "metrics_port": 9090}
+    assert config["queues_file"] == "/etc/muster/queues.yaml"
+
+
+def test_queues_file_uses_the_scenario_and_event_field_names(run: ChartRun) -> None:
+    """queues.yaml carries the scenario.md fields, and each entry converts into its configuration event."""
+    queues = config_of(run.rendered["default"], "queues.yaml")
+    assert set(queues) <= {"topology", "fair_sharing", "idle_reclaim", "priority_classes", "cohorts", "queues"}
+    for entry in queues["queues"]:
+        event = msgspec.convert({**entry, "at": 0}, QueueConfigured)
+        assert set(entry) <= set(QueueConfigured.__struct_fields__)
+        assert event.preemption.within_queue in {"Never", "LowerPriority", "LowerOrNewerEqualPriority"}
+    for entry in queues["priority_classes"]:
+        assert set(entry) <= set(msgspec.convert({**entry, "at": 0}, PriorityClassConfigured).__struct_fields__)
+    for entry in queues["cohorts"]:
+        msgspec.convert({**entry, "at": 0}, CohortConfigured)
+    msgspec.convert(
+        {"levels": queues["topology"]["levels"], "fair_sharing": queues["fair_sharing"], "at": 0}, SchedulerConfigured
+    )
+    team_b = next(q for q in queues["queues"] if q["name"] == "team-b")
+    assert team_b["borrowing_limit"] == {"gpu": 8} and team_b["lending_limit"] == {"gpu": 4}
+
+
+def test_queues_apply_hook_runs_after_install_and_upgrade(run: ChartRun) -> None:
+    """A post-install/post-upgrade Job runs `muster queues apply` as the admin identity; it can be turned off."""
+    rendered = run.rendered["default"]
+    job = rendered.one("Job")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    c = container(job)
+    assert c["args"] == ["queues", "apply", "--config", "/etc/muster/admin.yaml", "/etc/muster/queues.yaml"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert config_of(rendered, "admin.yaml")["nats"]["inbox_prefix"] == "_INBOX.muster-admin"
+    off = run.rendered["no-queues-apply"]
+    assert not off.of_kind("Job") and "admin.yaml" not in off.one("ConfigMap")["data"]
+
+
+# ---------------------------------------------------------------- NATS connection
+
+
+def test_credentials_come_from_secrets_never_from_the_config(run: ChartRun) -> None:
+    """With user/password and TLS, each pod mounts its own identity's Secret and its config names only file paths."""
+    rendered = run.rendered["secured"]
+    expected_secret = {"muster": "muster-daemon-nats", "muster-billing": "muster-billing-nats"}
+    workloads = [*rendered.of_kind("Deployment"), rendered.one("Job")]
+    for workload in workloads:
+        name = workload["metadata"]["name"]
+        vols = volumes(workload)
+        auth_secret = vols["nats-auth"]["secret"]
+        assert auth_secret["secretName"] == expected_secret.get(name, "muster-admin-nats")
+        assert {i["path"] for i in auth_secret["items"]} == {"username", "password"}
+        assert vols["nats-tls"]["secret"]["secretName"] == "muster-nats-tls"
+        assert {i["path"] for i in vols["nats-tls"]["secret"]["items"]} == {"ca.crt", "tls.crt", "tls.key"}
+        mounts = {m["name"]: m for m in container(workload)["volumeMounts"]}
+        assert mounts["nats-auth"]["mountPath"] == "/etc/muster/nats-auth" and mounts["nats-auth"]["readOnly"]
+    for key in ("config.yaml", "billing.yaml", "admin.yaml"):
+        nats = config_of(rendered, key)["nats"]
+        assert nats["auth"] == {
+            "username_file": "/etc/muster/nats-auth/username",
+            "password_file": "/etc/muster/nats-auth/password",
+        }
+        assert nats["tls"] == {
+            "ca_file": "/etc/muster/nats-tls/ca.crt",
+            "cert_file": "/etc/muster/nats-tls/tls.crt",
+            "key_file": "/etc/muster/nats-tls/tls.key",
+        }
+    assert not rendered.of_kind("Secret")
+    token = run.rendered["token"]
+    nats = config_of(token, "config.yaml")["nats"]
+    assert nats["auth"] == {"token_file": "/etc/muster/nats-auth/token"}
+    assert nats["tls"] == {"ca_file": "/etc/muster/nats-tls/ca.crt"}  # server-only TLS: no client cert
+    assert "nats-auth" not in volumes(run.rendered["default"].one("Deployment"))
+
+
+def test_nats_install_adds_the_nats_chart_and_points_muster_at_it(run: ChartRun) -> None:
+    """nats.install=true renders the nats subchart with JetStream and 3 servers, and muster connects to its Service."""
+    external = run.rendered["stub-external"]
+    assert not external.of_kind("StatefulSet")
+    assert config_of(external, "config.yaml")["nats"]["url"] == "nats://nats:4222"
+    installed = run.rendered["stub-install"]
+    statefulset = installed.one("StatefulSet")
+    assert statefulset["metadata"]["labels"]["jetstream"] == "true"
+    assert statefulset["spec"]["replicas"] == 3
+    url = f"nats://muster-nats.{NAMESPACE}.svc:4222"
+    assert config_of(installed, "config.yaml")["nats"]["url"] == url
+    assert config_of(installed, "admin.yaml")["nats"]["url"] == url
+    named = run.rendered["stub-install-named"]  # a release named like the chart, as the nats chart names it
+    assert config_of(named, "config.yaml")["nats"]["url"] == f"nats://nats-prod.{NAMESPACE}.svc:4222"
+
+
+# ---------------------------------------------------------------- optional parts
+
+
+def test_billing_deployment_is_optional(run: ChartRun) -> None:
+    """billing.enabled adds one `muster billing run` pod with its own config and identity, and changes nothing else."""
+    assert {d["metadata"]["name"] for d in run.rendered["default"].of_kind("Deployment")} == {"muster"}
+    assert "billing.yaml" not in run.rendered["default"].one("ConfigMap")["data"]
+    rendered = run.rendered["billing"]
+    billing = rendered.one("Deployment", "muster-billing")
+    assert billing["spec"]["replicas"] == 1
+    assert billing["spec"]["strategy"] == {"type": "Recreate"}
+    c = container(billing)
+    assert c["args"] == ["billing", "run", "--config", "/etc/muster/billing.yaml"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert {m["mountPath"] for m in c["volumeMounts"]} >= {"/etc/muster/billing.yaml", "/var/lib/muster"}
+    config = config_of(rendered, "billing.yaml")
+    assert config["billing"]["consumer"] == "muster-billing"
+    assert config["nats"]["inbox_prefix"] == "_INBOX.muster-billing"
+    assert billing["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "billing"
+    service_selector = rendered.one("Service")["spec"]["selector"]
+    assert not service_selector.items() <= billing["spec"]["template"]["metadata"]["labels"].items()
+    others = [d for d in rendered.docs if d["kind"] not in {"Deployment", "ConfigMap"}]
+    default_others = [d for d in run.rendered["default"].docs if d["kind"] not in {"Deployment", "ConfigMap"}]
+    assert others == default_others
+
+
+def test_service_monitor_is_optional_and_scrapes_the_metrics_port(run: ChartRun) -> None:
+    """serviceMonitor.enabled adds a ServiceMonitor for the Service's metrics port at /metrics, and only then."""
+    assert not run.rendered["default"].of_kind("ServiceMonitor")
+    rendered = run.rendered["service-monitor"]
+    monitor = rendered.one("ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["selector"]["matchLabels"] == rendered.one("Service")["spec"]["selector"]
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    endpoint = monitor["spec"]["endpoints"][0]
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+    assert {p["name"] for p in rendered.one("Service")["spec"]["ports"]} >= {endpoint["port"]}
