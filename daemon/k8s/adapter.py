@@ -1,0 +1,227 @@
+"""The Kubernetes adapter: cluster changes in as muster events, decisions out as bindings and evictions.
+
+    adapter = KubernetesAdapter(api_client)
+    async with anyio.create_task_group() as tg:
+        await tg.start(adapter.run, sink)      # returns once the initial lists are in the sink
+        result = await adapter.apply(decision) # JobAdmitted -> bindings, JobPreempted -> evictions
+
+Two watchers (nodes, pods) and the owner lookups feed one queue; one task
+translates it in order and hands each batch of events to `sink`. `apply`
+pushes the facts it discovers (a JobFailed for a pod that vanished) through
+the same sink.
+
+Invariants:
+- `sink` is called by one task at a time, in the order things happened.
+- `run` reports started only after the initial lists of nodes and pods were
+  translated and pushed, so a caller that starts deciding then sees the
+  whole cluster.
+- Kubernetes errors never escape `run` (they are retried with backoff, see
+  `watching`); an exception from `sink` does, and ends `run`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import TypeAlias
+
+import anyio
+import structlog
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectSendStream
+from kubernetes_asyncio.client import ApiClient
+
+from muster.daemon.k8s.applying import Applier, ApplyResult
+from muster.daemon.k8s.client import KubeClient
+from muster.daemon.k8s.errors import KubeError
+from muster.daemon.k8s.gangs import Owner
+from muster.daemon.k8s.objects import DEFAULT_TOLERATED_TAINTS
+from muster.daemon.k8s.owners import fetch_size
+from muster.daemon.k8s.translating import Translator
+from muster.daemon.k8s.watching import Backoff, Synced, WatchEvent, watch_objects
+from muster.events.types import Event
+from muster.projections.cluster import ClusterState
+
+__all__ = ["KubernetesAdapter", "Sink"]
+
+log = structlog.get_logger("muster.k8s")
+
+Sink = Callable[[list[Event]], Awaitable[None]]
+RESOURCES = ("nodes", "pods")
+
+
+@dataclass(frozen=True)
+class _OwnerSize:
+    owner: Owner
+    size: int | None
+
+
+def _int(text: str) -> int:
+    # resourceVersions are opaque strings; etcd-backed servers give integers, which is all this needs.
+    try:
+        return int(text)
+    except ValueError:
+        return 0
+
+
+def _version(obj: dict[str, object], current: int) -> int:
+    meta = obj.get("metadata")
+    rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+    return max(current, _int(str(rv))) if rv else current
+
+
+_Item: TypeAlias = WatchEvent | Synced | _OwnerSize
+
+
+class KubernetesAdapter:
+    def __init__(
+        self,
+        api_client: ApiClient,
+        *,
+        scheduler_name: str = "muster",
+        state: Callable[[], ClusterState] | None = None,
+        tolerated_taints: frozenset[str] = DEFAULT_TOLERATED_TAINTS,
+        clock: Callable[[], float] = time.time,
+        backoff: Backoff | None = None,
+        watch_seconds: int = 300,
+        apply_deadline_seconds: float = 60.0,
+        pod_wait_seconds: float = 10.0,
+        batch_limit: int = 2000,
+    ) -> None:
+        """`state`, when given, is the fold of the log; the first batch then writes only what the log lacks."""
+        self.client = KubeClient(api_client)
+        self.translator = Translator(scheduler_name=scheduler_name, tolerated_taints=tolerated_taints, state=state)
+        self.scheduler_name = scheduler_name
+        self._clock = clock
+        self._backoff = backoff or Backoff()
+        self._watch_seconds = watch_seconds
+        self._batch_limit = batch_limit
+        self._lock = anyio.Lock()
+        self._changed = anyio.Event()
+        self._sink: Sink | None = None
+        self._versions: dict[str, int] = {}
+        self.applier = Applier(
+            self.client,
+            self.translator.gangs,
+            changed=self._wait_changed,
+            backoff=Backoff(initial=self._backoff.initial, maximum=min(5.0, self._backoff.maximum)),
+            deadline_seconds=apply_deadline_seconds,
+            pod_wait_seconds=pod_wait_seconds,
+            clock=clock,
+        )
+
+    # ------------------------------------------------------------ public
+
+    async def run(self, sink: Sink, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Watch the cluster and push translated events to `sink` until cancelled."""
+        send, receive = anyio.create_memory_object_stream[_Item](max_buffer_size=self._batch_limit)
+        async with anyio.create_task_group() as tg, receive, send:
+            for resource in RESOURCES:
+                tg.start_soon(self._pump, resource, send.clone())
+            synced: set[str] = set()
+            started = False
+            while True:
+                batch = [await receive.receive()]
+                while len(batch) < self._batch_limit:
+                    try:
+                        batch.append(receive.receive_nowait())
+                    except anyio.WouldBlock:
+                        break
+                async with self._lock:
+                    at = int(self._clock())
+                    for item in batch:
+                        if isinstance(item, WatchEvent):
+                            self._versions[item.resource] = _version(item.obj, self._versions.get(item.resource, 0))
+                            if item.resource == "nodes":
+                                self.translator.on_node(item)
+                            else:
+                                self.translator.on_pod(item, at)
+                        elif isinstance(item, Synced):
+                            synced.add(item.resource)
+                            self._versions[item.resource] = max(
+                                self._versions.get(item.resource, 0), _int(item.resource_version)
+                            )
+                        else:
+                            self.translator.on_owner_size(item.owner, item.size, at)
+                    if not started and not synced.issuperset(RESOURCES):
+                        continue
+                    events = self.translator.flush(at)
+                    for problem in self.translator.problems:
+                        log.warning("bad object skipped in part", problem=problem)
+                    self.translator.problems.clear()
+                    for owner in self.translator.gangs.owners_to_fetch():
+                        tg.start_soon(self._resolve, owner, send.clone())
+                    if events:
+                        await sink(events)
+                    self._notify()
+                if not started:
+                    started = True
+                    self._sink = sink
+                    log.info("cluster synced", nodes=len(self.translator.node_names()))
+                    task_status.started()
+
+    async def apply(self, event: Event) -> ApplyResult:
+        """Apply one decision (see `applying`); facts found on the way go to the sink of `run`."""
+        result = await self.applier.apply(event)
+        if result.events and self._sink is not None:
+            async with self._lock:
+                await self._sink(list(result.events))
+        log.info(
+            "applied",
+            type=type(event).__name__,
+            job=getattr(event, "job", None),
+            outcome=result.outcome,
+            detail=result.detail,
+        )
+        return result
+
+    def resource_version(self, resource: str) -> int:
+        """The newest resourceVersion of `resource` ("nodes", "pods") translated and pushed so far (0: none)."""
+        return self._versions.get(resource, 0)
+
+    async def caught_up(self, resource: str, resource_version: int) -> None:
+        """Wait until the changes of `resource` up to `resource_version` are translated and pushed."""
+        while self.resource_version(resource) < resource_version:
+            await self._wait_changed()
+
+    # ------------------------------------------------------------ internals
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def _wait_changed(self) -> None:
+        await self._changed.wait()
+
+    async def _pump(self, resource: str, send: MemoryObjectSendStream[_Item]) -> None:
+        async with (
+            send,
+            aclosing(
+                watch_objects(self.client, resource, backoff=self._backoff, server_seconds=self._watch_seconds)
+            ) as stream,
+        ):
+            async for item in stream:
+                await send.send(item)
+
+    async def _resolve(self, owner: Owner, send: MemoryObjectSendStream[_Item]) -> None:
+        """Fetch the owner's gang size, retrying what is worth retrying."""
+        async with send:
+            attempt = 0
+            while True:
+                try:
+                    size = await fetch_size(self.client, owner)
+                    break
+                except KubeError as exc:
+                    if not exc.retryable:
+                        log.error("cannot size gang; its pods stay pending", owner=owner.source, error=exc.message)
+                        size = None
+                        break
+                    delay = self._backoff.delay(attempt, exc.delay if exc.status == 429 else None)
+                    attempt += 1
+                    log.warning("owner lookup failed, retrying", owner=owner.source, error=exc.message)
+                    await anyio.sleep(delay)
+            if size is None:
+                log.info("gang owner is gone; ignoring its pods", owner=owner.source)
+            await send.send(_OwnerSize(owner, size))

@@ -1,0 +1,226 @@
+"""Applying decisions to Kubernetes, idempotently: bindings for admissions, evictions for preemptions.
+
+`Applier.apply(event) -> ApplyResult` never raises for Kubernetes trouble.
+
+- `JobAdmitted`: bind every pod of the gang to its decided node (pods/binding).
+  A pod already on the decided node counts as done (no request, or a 409
+  naming that node); a pod on another node is a conflict; a pod that is gone
+  ends the job with JobFailed. Bindings are sent only once every pod of the
+  gang exists, so a partial gang is never bound by this code.
+- `JobPreempted`: evict every pod of the victim through the Eviction API with
+  the pod's own terminationGracePeriodSeconds. 404 means already gone (fine),
+  429 (a PodDisruptionBudget) and 5xx/timeouts are retried with backoff.
+- `JobRejected`: nothing to change in the cluster; the gang is forgotten so
+  its pods' later deletion reports nothing.
+- Anything else: nothing to do (`skipped`).
+
+Applying the same event twice has no second effect: bindings answer 409 with
+the same node, evictions answer 404 or mark an already-marked pod.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import anyio
+import structlog
+
+from muster.daemon.k8s.client import KubeClient
+from muster.daemon.k8s.errors import Conflict, KubeError, NotFound
+from muster.daemon.k8s.gangs import PodInfo
+from muster.daemon.k8s.watching import Backoff
+from muster.events.types import Event, JobAdmitted, JobId, JobPreempted, JobRejected
+
+__all__ = ["Applier", "ApplyResult", "GangView", "Outcome"]
+
+log = structlog.get_logger("muster.k8s.apply")
+
+Outcome = Literal["applied", "noop", "skipped", "conflict", "failed", "error"]
+_ASSIGNED = re.compile(r'already assigned to node "?([^"\s]+)"?')
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """What applying one decision did.
+
+    `ok` is True for applied/noop/skipped. `events` are facts found on the way
+    (a JobFailed for a gang whose pod vanished); `KubernetesAdapter.apply` has
+    already pushed them to its sink.
+    """
+
+    ok: bool
+    outcome: Outcome
+    detail: str = ""
+    events: tuple[Event, ...] = ()
+    pods: dict[str, str] = field(default_factory=dict)
+    """Per pod `namespace/name`: what happened to it (bound, already-bound, evicted, gone, conflict: ...)."""
+
+
+class GangView(Protocol):
+    """The adapter's knowledge of gangs (`gangs.Gangs` implements it)."""
+
+    def pods_of(self, job: JobId) -> dict[str, PodInfo] | None: ...
+
+    def complete(self, job: JobId) -> bool: ...
+
+    def ended(self, job: JobId) -> bool: ...
+
+    def evicting(self, job: JobId) -> list[PodInfo]: ...
+
+    def fail(self, job: JobId, reason: str, at: int) -> list[Event]: ...
+
+    def forget(self, job: JobId) -> None: ...
+
+
+async def _pause() -> None:
+    await anyio.sleep(0.05)
+
+
+class Applier:
+    def __init__(
+        self,
+        client: KubeClient,
+        gangs: GangView,
+        *,
+        changed: Callable[[], Awaitable[None]] = _pause,
+        backoff: Backoff | None = None,
+        deadline_seconds: float = 60.0,
+        pod_wait_seconds: float = 10.0,
+        concurrency: int = 16,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.client = client
+        self.gangs = gangs
+        self._changed = changed
+        self.backoff = backoff or Backoff(initial=0.1, maximum=5.0)
+        self.deadline_seconds = deadline_seconds
+        self.pod_wait_seconds = pod_wait_seconds
+        self._limit = anyio.CapacityLimiter(concurrency)
+        self._clock = clock
+
+    async def apply(self, event: Event) -> ApplyResult:
+        if isinstance(event, JobAdmitted):
+            return await self._admit(event)
+        if isinstance(event, JobPreempted):
+            return await self._evict(event)
+        if isinstance(event, JobRejected):
+            self.gangs.forget(event.job)
+            return ApplyResult(True, "skipped", "rejected: nothing to change in the cluster")
+        return ApplyResult(True, "skipped", f"{type(event).__name__} changes nothing in the cluster")
+
+    # ------------------------------------------------------------ admission
+
+    async def _admit(self, event: JobAdmitted) -> ApplyResult:
+        job = event.job
+        if self.gangs.ended(job):
+            return ApplyResult(True, "skipped", "the job already ended")
+        # Replacement pods of a preempted gang may still be on their way.
+        with anyio.move_on_after(self.pod_wait_seconds):
+            while not self.gangs.complete(job) and self.gangs.pods_of(job) is not None:
+                await self._changed()
+        pods = self.gangs.pods_of(job)
+        if pods is None:
+            return ApplyResult(True, "skipped", "no pods of this job in the cluster")
+        missing = sorted(set(event.placement) - set(pods))
+        gone = [name for name in sorted(event.placement) if name in pods and not pods[name].active]
+        if missing or gone:
+            reason = f"pods gone before binding: {', '.join(missing + gone)}"
+            events = self.gangs.fail(job, reason, int(self._clock()))
+            return ApplyResult(False, "failed", reason, tuple(events))
+
+        results: dict[str, str] = {}
+        deadline = anyio.current_time() + self.deadline_seconds
+
+        async def bind(name: str, pod: PodInfo, node: str) -> None:
+            async with self._limit:
+                results[pod.key] = await self._bind_one(pod, node, deadline)
+
+        async with anyio.create_task_group() as tg:
+            for name, node in sorted(event.placement.items()):
+                tg.start_soon(bind, name, pods[name], node)
+
+        outcomes = set(results.values())
+        if any(r == "gone" for r in outcomes):
+            gone_keys = sorted(k for k, r in results.items() if r == "gone")
+            reason = f"pods deleted before binding: {', '.join(gone_keys)}"
+            events = self.gangs.fail(job, reason, int(self._clock()))
+            return ApplyResult(False, "failed", reason, tuple(events), results)
+        conflicts = sorted(f"{k} ({r})" for k, r in results.items() if r.startswith("conflict"))
+        if conflicts:
+            return ApplyResult(False, "conflict", "bound elsewhere: " + ", ".join(conflicts), (), results)
+        errors = sorted(f"{k} ({r})" for k, r in results.items() if r.startswith("error"))
+        if errors:
+            return ApplyResult(False, "error", "binding failed: " + ", ".join(errors), (), results)
+        if all(r == "already-bound" for r in outcomes):
+            return ApplyResult(True, "noop", "every pod was already on its node", (), results)
+        return ApplyResult(True, "applied", f"bound {len(results)} pods", (), results)
+
+    async def _bind_one(self, pod: PodInfo, node: str, deadline: float) -> str:
+        if pod.node:
+            return "already-bound" if pod.node == node else f"conflict: on {pod.node}"
+        attempt = 0
+        while True:
+            try:
+                await self.client.bind(pod.namespace, pod.name, node)
+                return "bound"
+            except Conflict as exc:
+                m = _ASSIGNED.search(exc.message)
+                if m is not None:
+                    return "already-bound" if m.group(1) == node else f"conflict: on {m.group(1)}"
+                return f"conflict: {exc.message}"
+            except NotFound:
+                return "gone"
+            except KubeError as exc:
+                if not exc.retryable:
+                    return f"error: {exc.message}"
+                delay = self.backoff.delay(attempt, exc.delay if exc.status == 429 else None)
+                attempt += 1
+                if anyio.current_time() + delay > deadline:
+                    return f"error: {exc.message}"
+                log.info("binding failed, retrying", pod=pod.key, node=node, error=exc.message, delay=round(delay, 3))
+                await anyio.sleep(delay)
+
+    # ------------------------------------------------------------ preemption
+
+    async def _evict(self, event: JobPreempted) -> ApplyResult:
+        victims = self.gangs.evicting(event.job)
+        if not victims:
+            return ApplyResult(True, "noop", "no pods of this job in the cluster")
+        results: dict[str, str] = {}
+        deadline = anyio.current_time() + self.deadline_seconds
+
+        async def evict(pod: PodInfo) -> None:
+            async with self._limit:
+                results[pod.key] = await self._evict_one(pod, deadline)
+
+        async with anyio.create_task_group() as tg:
+            for pod in victims:
+                tg.start_soon(evict, pod)
+        errors = sorted(f"{k} ({r})" for k, r in results.items() if r.startswith("error"))
+        if errors:
+            return ApplyResult(False, "error", "eviction failed: " + ", ".join(errors), (), results)
+        if all(r == "gone" for r in results.values()):
+            return ApplyResult(True, "noop", "every pod was already gone", (), results)
+        return ApplyResult(True, "applied", f"evicted {len(results)} pods", (), results)
+
+    async def _evict_one(self, pod: PodInfo, deadline: float) -> str:
+        attempt = 0
+        while True:
+            try:
+                await self.client.evict(pod.namespace, pod.name, grace_seconds=pod.grace_seconds)
+                return "evicted"
+            except NotFound:
+                return "gone"
+            except KubeError as exc:
+                if not exc.retryable:
+                    return f"error: {exc.message}"
+                delay = self.backoff.delay(attempt, exc.delay if exc.status == 429 else None)
+                attempt += 1
+                if anyio.current_time() + delay > deadline:
+                    return f"error: {exc.message}"
+                log.info("eviction refused, retrying", pod=pod.key, status=exc.status, delay=round(delay, 3))
+                await anyio.sleep(delay)

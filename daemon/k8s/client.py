@@ -1,0 +1,177 @@
+"""The few Kubernetes API calls muster makes, as raw JSON, with errors already classified.
+
+Every call goes through kubernetes-asyncio with `_preload_content=False`:
+the binding and eviction subresources answer with a `Status` object the
+generated models cannot decode, and raw dicts are several times cheaper than
+models for the list+watch traffic of a large cluster. The price is that the
+library no longer raises on error statuses, so `_call` checks them and maps
+every failure into `errors.KubeError` subclasses. Nothing else in the adapter
+sees a library exception.
+
+Invariants:
+- Every response is released (or closed, for an abandoned watch stream).
+- A watch stream yields whole JSON events, however the bytes were chunked.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio.client import ApiClient, BatchV1Api, CoreV1Api, CustomObjectsApi
+
+from muster.daemon.k8s.errors import KubeError, from_exception, from_status
+
+__all__ = ["KubeClient"]
+
+Obj = dict[str, Any]
+
+
+class KubeClient:
+    """Raw-JSON access to nodes, pods, owners, bindings and evictions."""
+
+    def __init__(self, api_client: ApiClient, *, request_seconds: float = 30.0) -> None:
+        self.api_client = api_client
+        self.core = CoreV1Api(api_client)
+        self.batch = BatchV1Api(api_client)
+        self.custom = CustomObjectsApi(api_client)
+        self.request_seconds = request_seconds
+
+    async def _call(self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> tuple[int, Any]:
+        """Call `fn` and return (status, decoded JSON body); raise a KubeError on any failure."""
+        kwargs.setdefault("_request_timeout", self.request_seconds)
+        try:
+            resp = await fn(*args, _preload_content=False, **kwargs)
+        except Exception as exc:
+            raise from_exception(exc) from exc
+        try:
+            try:
+                body = await resp.read()
+            except Exception as exc:
+                raise from_exception(exc) from exc
+            if not 200 <= resp.status <= 299:
+                raise from_status(resp.status, body, retry_after=resp.headers.get("Retry-After"))
+            try:
+                data = json.loads(body) if body else {}
+            except ValueError as exc:
+                raise from_status(502, f"undecodable answer: {body[:200]!r}") from exc
+            return resp.status, data
+        finally:
+            resp.release()
+
+    # ------------------------------------------------------------ list + watch
+
+    def _lister(self, resource: str) -> Callable[..., Awaitable[Any]]:
+        if resource == "nodes":
+            return self.core.list_node
+        if resource == "pods":
+            return self.core.list_pod_for_all_namespaces
+        raise ValueError(f"unsupported resource {resource!r}")
+
+    async def list(self, resource: str) -> tuple[list[Obj], str]:
+        """All objects of `resource` ("nodes" or "pods") and the list's resourceVersion."""
+        _, data = await self._call(self._lister(resource))
+        items = data.get("items") or []
+        rv = str((data.get("metadata") or {}).get("resourceVersion") or "")
+        return [i for i in items if isinstance(i, dict)], rv
+
+    async def watch(self, resource: str, resource_version: str, *, server_seconds: int) -> AsyncIterator[Obj]:
+        """Raw watch events after `resource_version` until the server ends the stream.
+
+        Raises KubeError for an error status, and for an ERROR event in the stream
+        (a 410 there becomes `ResourceGone`).
+        """
+        try:
+            resp = await self._lister(resource)(
+                watch=True,
+                resource_version=resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=server_seconds,
+                _preload_content=False,
+                # No total timeout: the stream lives for `server_seconds`; a silent
+                # connection is caught by the read timeout instead.
+                _request_timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=self.request_seconds, sock_read=server_seconds + 30
+                ),
+            )
+        except Exception as exc:
+            raise from_exception(exc) from exc
+        try:
+            if resp.status != 200:
+                body = await resp.read()
+                raise from_status(resp.status, body, retry_after=resp.headers.get("Retry-After"))
+            buffer = b""
+            try:
+                async for chunk in resp.content.iter_any():
+                    buffer += chunk
+                    while b"\n" in buffer:
+                        line, buffer = buffer.split(b"\n", 1)
+                        if line.strip():
+                            yield _decode_event(line)
+            except KubeError:
+                raise
+            except Exception as exc:
+                raise from_exception(exc) from exc
+            if buffer.strip():
+                yield _decode_event(buffer)
+        finally:
+            resp.close()
+
+    # ------------------------------------------------------------ owners
+
+    async def get_job(self, namespace: str, name: str) -> Obj:
+        _, data = await self._call(self.batch.read_namespaced_job, name, namespace)
+        return dict(data)
+
+    async def get_custom(self, group: str, version: str, namespace: str, plural: str, name: str) -> Obj:
+        _, data = await self._call(self.custom.get_namespaced_custom_object, group, version, namespace, plural, name)
+        return dict(data)
+
+    # ------------------------------------------------------------ effects
+
+    async def bind(self, namespace: str, name: str, node: str) -> None:
+        """Bind the pod to `node` (201). A 409 raises `Conflict` whose message names the pod's node."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": namespace},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        await self._call(self.core.create_namespaced_pod_binding, name, namespace, body)
+
+    async def evict(self, namespace: str, name: str, *, grace_seconds: int | None) -> None:
+        """Ask the Eviction API to delete the pod (PodDisruptionBudgets may answer 429)."""
+        body: Obj = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        if grace_seconds is not None:
+            body["deleteOptions"] = {"gracePeriodSeconds": grace_seconds}
+        await self._call(self.core.create_namespaced_pod_eviction, name, namespace, body)
+
+    async def get_pod(self, namespace: str, name: str) -> Obj:
+        _, data = await self._call(self.core.read_namespaced_pod, name, namespace)
+        return dict(data)
+
+    async def patch_pod_status(self, namespace: str, name: str, patch: Obj) -> Obj:
+        _, data = await self._call(self.core.patch_namespaced_pod_status, name, namespace, patch)
+        return dict(data)
+
+    async def delete_pod(self, namespace: str, name: str, *, grace_seconds: int | None = None) -> None:
+        kwargs: dict[str, Any] = {}
+        if grace_seconds is not None:
+            kwargs["grace_period_seconds"] = grace_seconds
+        await self._call(self.core.delete_namespaced_pod, name, namespace, **kwargs)
+
+
+def _decode_event(line: bytes) -> Obj:
+    try:
+        event = json.loads(line)
+    except ValueError as exc:
+        raise from_status(502, f"undecodable watch event: {line[:200]!r}") from exc
+    if not isinstance(event, dict):
+        raise from_status(502, f"watch event is not an object: {line[:200]!r}")
+    if event.get("type") == "ERROR":
+        status = event.get("object") or {}
+        code = status.get("code") if isinstance(status, dict) else None
+        raise from_status(int(code) if isinstance(code, int) else 500, status)
+    return event

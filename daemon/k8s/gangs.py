@@ -1,0 +1,526 @@
+"""Gang recognition: pods with `schedulerName: muster` grouped into jobs, and their lifecycle.
+
+Pure bookkeeping, no I/O: the adapter feeds pod changes in and gets events out.
+
+A pod belongs to one gang, decided at first sight, by (first match wins):
+1. the labels `muster.dev/gang` (+ `muster.dev/gang-size`): an explicit pod group;
+2. the label `jobset.sigs.k8s.io/jobset-name`: a JobSet (podset per replicated job);
+3. the label `training.kubeflow.org/job-name`: a Kubeflow job such as a
+   PyTorchJob (podset per replica type, master and worker);
+4. a controller ownerReference of kind Job: a batch Job;
+5. otherwise the pod alone is a gang of one.
+
+The size of a gang is the label `muster.dev/gang-size` when present, else its
+owner's (Job parallelism, JobSet replicas x parallelism, sum of the PyTorchJob
+replicas), which the adapter fetches and hands back with `set_size`.
+
+Invariants:
+- A gang is submitted once, when all its pods exist (`size` pods that are
+  neither terminated nor being deleted), with a deterministic job id.
+- Podsets are groups of identical requests within one role; gang pod names
+  `PODSET-INDEX` are numbered in pod index order (completion index, replica
+  index, then name), so the same pods always give the same JobSubmitted.
+- Each admitted run reports JobStarted once; a gang ends once (JobFinished
+  when every pod succeeded, JobFailed when a pod failed or was deleted by
+  someone else). Pods muster evicted for a preemption are expected to go and
+  report nothing; the gang waits for its replacements under the same job id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from muster.daemon.k8s.objects import pod_requests
+from muster.events.types import (
+    Event,
+    JobFailed,
+    JobFinished,
+    JobId,
+    JobStarted,
+    JobSubmitted,
+    PodSet,
+    QueueName,
+    Topology,
+)
+
+__all__ = [
+    "Gang",
+    "Gangs",
+    "KnownJob",
+    "Owner",
+    "PodInfo",
+    "pod_info",
+]
+
+Obj = dict[str, Any]
+Resources = dict[str, int]
+
+GANG_LABEL = "muster.dev/gang"
+GANG_SIZE_LABEL = "muster.dev/gang-size"
+QUEUE_LABEL = "muster.dev/queue"
+PODSET_LABEL = "muster.dev/podset"
+CHECKPOINT_ANNOTATION = "muster.dev/checkpoint-every"
+RUNTIME_ANNOTATION = "muster.dev/runtime"
+TOPOLOGY_REQUIRED_ANNOTATION = "muster.dev/topology-required"
+TOPOLOGY_PREFERRED_ANNOTATION = "muster.dev/topology-preferred"
+
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"
+JOBSET_RJOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
+JOBSET_JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
+KUBEFLOW_JOB_LABEL = "training.kubeflow.org/job-name"
+KUBEFLOW_TYPE_LABEL = "training.kubeflow.org/replica-type"
+KUBEFLOW_INDEX_LABEL = "training.kubeflow.org/replica-index"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+
+TERMINATED = ("Succeeded", "Failed")
+OWNER_KINDS_TO_FETCH = ("Job", "JobSet", "PyTorchJob")
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who a gang belongs to; `uid` tells apart two owners that had the same name."""
+
+    kind: str
+    namespace: str
+    name: str
+    uid: str = ""
+
+    @property
+    def source(self) -> str:
+        return f"{self.kind}/{self.namespace}/{self.name}"
+
+    def job_id(self, salt: str = "") -> JobId:
+        """`namespace/kind/name`, plus a short uid (or `salt`) suffix so a recreated owner is a new job."""
+        base = f"{self.namespace}/{self.kind.lower()}/{self.name}"
+        suffix = (self.uid or salt)[:8]
+        return JobId(f"{base}-{suffix}" if suffix else base)
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """The facts of one pod that gang tracking needs."""
+
+    key: str
+    namespace: str
+    name: str
+    uid: str
+    scheduler: str
+    node: str
+    phase: str
+    deleting: bool
+    requests: Resources
+    owner: Owner
+    hint: str
+    order: tuple[int, int, int]
+    size_label: int | None
+    queue: str
+    priority_class: str | None
+    runtime: int | None
+    checkpoint_every: int | None
+    topology: Topology | None
+    grace_seconds: int | None
+    reason: str
+    problems: tuple[str, ...] = ()
+
+    @property
+    def active(self) -> bool:
+        """Neither terminated nor on its way out."""
+        return not self.deleting and self.phase not in TERMINATED
+
+    def sort_key(self) -> tuple[str, tuple[int, int, int], str]:
+        return (self.hint, self.order, self.name)
+
+
+_DNS = re.compile(r"[^a-z0-9]+")
+_DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _name(text: str, default: str) -> str:
+    cleaned = _DNS.sub("-", text.lower()).strip("-")
+    return cleaned or default
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def _seconds(value: Any, what: str, problems: list[str]) -> int | None:
+    if value is None:
+        return None
+    m = _DURATION.match(str(value))
+    if not m:
+        problems.append(f"{what}: {value!r} is not a duration (examples: 3600, 90m, 2h)")
+        return None
+    return int(m.group(1)) * _UNITS[m.group(2)]
+
+
+def _controller(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    refs = meta.get("ownerReferences") or []
+    if not isinstance(refs, list):
+        return None
+    for ref in refs:
+        if isinstance(ref, Mapping) and ref.get("controller"):
+            return ref
+    return None
+
+
+def pod_info(pod: Obj) -> PodInfo:
+    """Read a pod (any scheduler); never raises on malformed input, reports it in `problems`."""
+    problems: list[str] = []
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    labels: Mapping[str, Any] = meta.get("labels") or {}
+    annotations: Mapping[str, Any] = meta.get("annotations") or {}
+    ns = str(meta.get("namespace") or "default")
+    name = str(meta.get("name") or "")
+    uid = str(meta.get("uid") or "")
+    ref = _controller(meta)
+
+    hint = str(labels.get(PODSET_LABEL) or "")
+    if labels.get(GANG_LABEL):
+        owner = Owner("Gang", ns, str(labels[GANG_LABEL]))
+    elif labels.get(JOBSET_NAME_LABEL):
+        owner = Owner("JobSet", ns, str(labels[JOBSET_NAME_LABEL]), str(labels.get(JOBSET_UID_LABEL) or ""))
+        hint = hint or str(labels.get(JOBSET_RJOB_LABEL) or "")
+    elif labels.get(KUBEFLOW_JOB_LABEL):
+        kind = str(ref.get("kind")) if ref is not None and ref.get("kind") else "PyTorchJob"
+        owner = Owner(kind, ns, str(labels[KUBEFLOW_JOB_LABEL]), str(ref.get("uid") or "") if ref else "")
+        hint = hint or str(labels.get(KUBEFLOW_TYPE_LABEL) or "")
+    elif ref is not None and ref.get("kind") == "Job":
+        owner = Owner("Job", ns, str(ref.get("name") or ""), str(ref.get("uid") or ""))
+    else:
+        owner = Owner("Pod", ns, name, uid)
+
+    size_label: int | None = None
+    if GANG_SIZE_LABEL in labels:
+        size_label = _int(labels[GANG_SIZE_LABEL])
+        if size_label is None or size_label < 1:
+            problems.append(f"{GANG_SIZE_LABEL}: {labels[GANG_SIZE_LABEL]!r} is not a positive integer")
+            size_label = None
+    if owner.kind == "Gang" and size_label is None and not problems:
+        problems.append(f"label {GANG_LABEL} needs {GANG_SIZE_LABEL}")
+
+    order = (
+        _int(labels.get(JOBSET_JOB_INDEX_LABEL)) or 0,
+        _int(annotations.get(COMPLETION_INDEX) or labels.get(COMPLETION_INDEX)) or 0,
+        _int(labels.get(KUBEFLOW_INDEX_LABEL)) or 0,
+    )
+    required = annotations.get(TOPOLOGY_REQUIRED_ANNOTATION)
+    preferred = annotations.get(TOPOLOGY_PREFERRED_ANNOTATION)
+    topology = Topology(required=str(required), preferred=None) if required else None
+    if preferred:
+        topology = Topology(required=str(required) if required else None, preferred=str(preferred))
+    reason = str(status.get("reason") or status.get("message") or "")
+    statuses = status.get("containerStatuses")
+    for cs in statuses if isinstance(statuses, list) else ():
+        term = (cs.get("state") or {}).get("terminated") if isinstance(cs, Mapping) else None
+        if isinstance(term, Mapping) and term.get("exitCode") not in (None, 0):
+            reason = reason or f"container {cs.get('name')} exited with {term.get('exitCode')} ({term.get('reason')})"
+    return PodInfo(
+        key=f"{ns}/{name}",
+        namespace=ns,
+        name=name,
+        uid=uid,
+        scheduler=str(spec.get("schedulerName") or "default-scheduler"),
+        node=str(spec.get("nodeName") or ""),
+        phase=str(status.get("phase") or "Pending"),
+        deleting=bool(meta.get("deletionTimestamp")),
+        requests=pod_requests(pod, problems),
+        owner=owner,
+        hint=_name(hint, "pod"),
+        order=order,
+        size_label=size_label,
+        queue=str(labels.get(QUEUE_LABEL) or ""),
+        priority_class=str(spec["priorityClassName"]) if spec.get("priorityClassName") else None,
+        runtime=_seconds(annotations.get(RUNTIME_ANNOTATION), RUNTIME_ANNOTATION, problems),
+        checkpoint_every=_seconds(annotations.get(CHECKPOINT_ANNOTATION), CHECKPOINT_ANNOTATION, problems),
+        topology=topology,
+        grace_seconds=_int(spec.get("terminationGracePeriodSeconds")),
+        reason=reason,
+        problems=tuple(problems),
+    )
+
+
+class KnownJob(Protocol):
+    """What the log already says about a job (a `projections.cluster.JobState` fits)."""
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def started_at(self) -> int | None: ...
+
+
+@dataclass
+class Gang:
+    owner: Owner
+    size: int | None = None
+    pods: dict[str, PodInfo] = field(default_factory=dict)
+    """Pods seen and not deleted, by `namespace/name`."""
+    job_id: JobId | None = None
+    podsets: list[PodSet] = field(default_factory=list)
+    mapping: dict[str, str] = field(default_factory=dict)
+    """Gang pod name `PODSET-INDEX` -> pod key, for the current run."""
+    started: bool = False
+    done: bool = False
+    requeued: bool = False
+    """Preempted: waiting for replacement pods to map onto the same podsets."""
+    evicting: set[str] = field(default_factory=set)
+    """Uids of pods muster evicted; their end is expected."""
+    size_wanted: bool = False
+
+
+def _podsets(pods: list[PodInfo]) -> tuple[list[PodSet], dict[str, str]]:
+    """Group `pods` (sorted) into podsets of identical requests per role; map gang pod names to pod keys."""
+    groups: dict[tuple[str, tuple[tuple[str, int], ...], Topology | None], list[PodInfo]] = {}
+    for p in pods:
+        groups.setdefault((p.hint, tuple(sorted(p.requests.items())), p.topology), []).append(p)
+    used: dict[str, int] = {}
+    podsets: list[PodSet] = []
+    mapping: dict[str, str] = {}
+    for (hint, reqs, topology), members in groups.items():
+        n = used.get(hint, 0)
+        used[hint] = n + 1
+        name = hint if n == 0 else f"{hint}-{n}"
+        podsets.append(PodSet(name=name, count=len(members), requests=dict(reqs), topology=topology))
+        for i, p in enumerate(members):
+            mapping[f"{name}-{i}"] = p.key
+    return podsets, mapping
+
+
+def _first(values: Iterable[Any]) -> Any:
+    for v in values:
+        if v is not None:
+            return v
+    return None
+
+
+class Gangs:
+    """All gangs of muster pods; every method returns the events the change produced."""
+
+    def __init__(self, *, known: Callable[[JobId], KnownJob | None] | None = None) -> None:
+        self._gangs: dict[Owner, Gang] = {}
+        self._by_pod: dict[str, Owner] = {}
+        self._by_job: dict[JobId, Owner] = {}
+        self._known = known
+        self._ended: set[JobId] = set()
+        self.problems: list[str] = []
+        """Reports of malformed pods, drained by the adapter's logger."""
+
+    # ------------------------------------------------------------ inputs
+
+    def pod_changed(self, info: PodInfo, at: int) -> list[Event]:
+        owner = self._by_pod.get(info.key)
+        if owner is None:
+            owner = info.owner
+            self._by_pod[info.key] = owner
+            if info.problems:
+                self.problems.append(f"pod {info.key}: " + "; ".join(info.problems))
+        gang = self._gangs.get(owner)
+        if gang is None:
+            gang = self._gangs[owner] = Gang(owner=owner)
+            if info.size_label is not None:
+                gang.size = info.size_label
+            elif owner.kind == "Pod":
+                gang.size = 1
+            elif owner.kind in OWNER_KINDS_TO_FETCH:
+                gang.size_wanted = True
+        gang.pods[info.key] = info
+        return self._evaluate(gang, at)
+
+    def pod_deleted(self, key: str, at: int) -> list[Event]:
+        owner = self._by_pod.pop(key, None)
+        gang = self._gangs.get(owner) if owner is not None else None
+        if gang is None:
+            return []
+        info = gang.pods.pop(key, None)
+        events: list[Event] = []
+        if (
+            info is not None
+            and gang.job_id is not None
+            and not gang.done
+            and not gang.requeued
+            and info.uid not in gang.evicting
+            and key in gang.mapping.values()
+            and info.phase not in TERMINATED
+        ):
+            where = f"while running on {info.node}" if info.node else "before it was bound"
+            events += self._end(gang, JobFailed(at=at, job=gang.job_id, reason=f"pod {key} was deleted {where}"))
+        else:
+            events += self._evaluate(gang, at)
+        self._collect(gang)
+        return events
+
+    def set_size(self, owner: Owner, size: int | None, at: int) -> list[Event]:
+        """The owner's gang size, or None when the owner is gone (its pods will be garbage-collected)."""
+        gang = self._gangs.get(owner)
+        if gang is None or gang.size is not None:
+            return []
+        if size is None or size < 1:
+            gang.done = True
+            return []
+        gang.size = size
+        return self._evaluate(gang, at)
+
+    def owners_to_fetch(self) -> list[Owner]:
+        """Owners whose size is needed and not asked for yet (each is returned once)."""
+        out = []
+        for gang in self._gangs.values():
+            if gang.size_wanted:
+                gang.size_wanted = False
+                out.append(gang.owner)
+        return out
+
+    # ------------------------------------------------------------ effects
+
+    def pods_of(self, job: JobId) -> dict[str, PodInfo] | None:
+        """The current pod of every gang pod name of `job`, or None when the job is unknown here.
+
+        During a requeue the mapping holds only the pods that exist.
+        """
+        owner = self._by_job.get(job)
+        gang = self._gangs.get(owner) if owner is not None else None
+        if gang is None:
+            return None
+        return {name: gang.pods[key] for name, key in gang.mapping.items() if key in gang.pods}
+
+    def ended(self, job: JobId) -> bool:
+        """Whether this adapter saw the job end (or was told it ended)."""
+        return job in self._ended
+
+    def complete(self, job: JobId) -> bool:
+        """Whether every gang pod name of `job` has a live pod (bindings can be applied)."""
+        owner = self._by_job.get(job)
+        gang = self._gangs.get(owner) if owner is not None else None
+        if gang is None or gang.requeued:
+            return False
+        return all(key in gang.pods and gang.pods[key].active for key in gang.mapping.values())
+
+    def evicting(self, job: JobId) -> list[PodInfo]:
+        """Mark the job preempted: its current pods are expected to go. Returns them."""
+        owner = self._by_job.get(job)
+        gang = self._gangs.get(owner) if owner is not None else None
+        if gang is None:
+            return []
+        victims = sorted(gang.pods.values(), key=PodInfo.sort_key)
+        gang.evicting |= {p.uid for p in victims}
+        gang.started = False
+        gang.requeued = True
+        return victims
+
+    def fail(self, job: JobId, reason: str, at: int) -> list[Event]:
+        """End the job with JobFailed unless it already ended."""
+        owner = self._by_job.get(job)
+        gang = self._gangs.get(owner) if owner is not None else None
+        if gang is None:
+            if job in self._ended:
+                return []
+            self._ended.add(job)
+            return [JobFailed(at=at, job=job, reason=reason)]
+        return self._end(gang, JobFailed(at=at, job=job, reason=reason))
+
+    def forget(self, job: JobId) -> None:
+        """The log ended the job (rejected, cancelled): report nothing more about it."""
+        owner = self._by_job.get(job)
+        gang = self._gangs.get(owner) if owner is not None else None
+        self._ended.add(job)
+        if gang is not None:
+            gang.done = True
+            self._collect(gang)
+
+    # ------------------------------------------------------------ internals
+
+    def _end(self, gang: Gang, event: Event) -> list[Event]:
+        if gang.done:
+            return []
+        gang.done = True
+        if gang.job_id is not None:
+            self._ended.add(gang.job_id)
+        return [event]
+
+    def _collect(self, gang: Gang) -> None:
+        """Drop a finished gang once its last pod is gone (its job id stays known)."""
+        if gang.done and not gang.pods:
+            self._gangs.pop(gang.owner, None)
+
+    def _evaluate(self, gang: Gang, at: int) -> list[Event]:
+        if gang.done or gang.size is None:
+            return []
+        events: list[Event] = []
+        if gang.job_id is None:
+            active = sorted((p for p in gang.pods.values() if p.active), key=PodInfo.sort_key)
+            if len(active) < gang.size:
+                return []
+            chosen = active[: gang.size]
+            gang.podsets, gang.mapping = _podsets(chosen)
+            salt = ""
+            if gang.owner.kind == "Gang":
+                # A pod group has no owner uid; its pods' uids tell a re-created group apart.
+                salt = hashlib.sha256("".join(sorted(p.uid for p in chosen)).encode()).hexdigest()
+            gang.job_id = gang.owner.job_id(salt)
+            self._by_job[gang.job_id] = gang.owner
+            known = self._known(gang.job_id) if self._known is not None else None
+            if known is None:
+                events.append(self._submission(gang, chosen, at))
+            else:
+                gang.started = known.started_at is not None
+                if known.status in ("finished", "failed", "cancelled", "rejected"):
+                    gang.done = True
+                    self._ended.add(gang.job_id)
+                    return events
+        elif gang.requeued:
+            fresh = sorted(
+                (p for p in gang.pods.values() if p.active and p.uid not in gang.evicting), key=PodInfo.sort_key
+            )
+            if len(fresh) < gang.size:
+                return events
+            podsets, mapping = _podsets(fresh[: gang.size])
+            if [(ps.name, ps.count, ps.requests) for ps in podsets] != [
+                (ps.name, ps.count, ps.requests) for ps in gang.podsets
+            ]:
+                return events  # replacements do not fit the submitted shape; keep waiting
+            gang.mapping = mapping
+            gang.requeued = False
+        assert gang.job_id is not None
+        mapped = [gang.pods.get(key) for key in gang.mapping.values()]
+        for p in mapped:
+            if p is not None and p.phase == "Failed" and p.uid not in gang.evicting:
+                why = f": {p.reason}" if p.reason else ""
+                return events + self._end(gang, JobFailed(at=at, job=gang.job_id, reason=f"pod {p.key} failed{why}"))
+        present = [p for p in mapped if p is not None]
+        if len(present) < len(mapped):
+            return events
+        if all(p.phase == "Succeeded" for p in present):
+            if not gang.started:
+                events.append(JobStarted(at=at, job=gang.job_id))
+                gang.started = True
+            return events + self._end(gang, JobFinished(at=at, job=gang.job_id))
+        if not gang.started and all(p.node and p.phase in ("Running", "Succeeded") for p in present):
+            gang.started = True
+            events.append(JobStarted(at=at, job=gang.job_id))
+        return events
+
+    def _submission(self, gang: Gang, chosen: list[PodInfo], at: int) -> JobSubmitted:
+        assert gang.job_id is not None
+        first = chosen[0]
+        return JobSubmitted(
+            at=at,
+            job=gang.job_id,
+            queue=QueueName(_first(p.queue or None for p in chosen) or ""),
+            priority_class=_first(p.priority_class for p in chosen),
+            podsets=gang.podsets,
+            runtime=_first(p.runtime for p in chosen),
+            checkpoint_every=_first(p.checkpoint_every for p in chosen),
+            pods={name: key for name, key in gang.mapping.items()},
+            source=first.owner.source,
+        )

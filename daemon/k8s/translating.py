@@ -1,0 +1,211 @@
+"""From Node and Pod changes to muster events (pure; the adapter does the I/O).
+
+Feed it watch events (`on_node`, `on_pod`) and owner sizes (`on_owner_size`),
+then `flush(at)` returns the events for everything that changed since the
+last flush: node events first (sorted by node name), then job events in the
+order they happened.
+
+Invariants:
+- A node event is written only when muster's view of the node changed
+  (labels, allocatable, readiness, taints, cordon, reserved capacity), not for
+  every status heartbeat.
+- `reserved` on a node is the sum of the requests of the pods bound there by
+  other schedulers (kube-scheduler, DaemonSets) that have not terminated.
+- With a view of the log (`state`), the first flush writes only what differs
+  from it: unchanged nodes are not re-added, nodes that vanished while no
+  adapter ran are removed, known jobs are not resubmitted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from muster.daemon.k8s.gangs import Gangs, Owner, PodInfo, pod_info
+from muster.daemon.k8s.objects import DEFAULT_TOLERATED_TAINTS, NodeView, node_view
+from muster.daemon.k8s.watching import WatchEvent, object_key
+from muster.events.types import (
+    Event,
+    JobId,
+    NodeAdded,
+    NodeCordoned,
+    NodeName,
+    NodeRemoved,
+    NodeUpdated,
+)
+from muster.projections.cluster import ClusterState
+
+__all__ = ["Translator"]
+
+Resources = dict[str, int]
+
+
+@dataclass(frozen=True)
+class _Emitted:
+    labels: dict[str, str]
+    capacity: Resources
+    ready: bool
+    unschedulable: bool
+    reserved: Resources
+    cordoned: bool
+
+    def same_description(self, other: _Emitted) -> bool:
+        return (self.labels, self.capacity, self.ready, self.unschedulable, self.reserved) == (
+            other.labels,
+            other.capacity,
+            other.ready,
+            other.unschedulable,
+            other.reserved,
+        )
+
+
+class Translator:
+    def __init__(
+        self,
+        *,
+        scheduler_name: str = "muster",
+        tolerated_taints: frozenset[str] = DEFAULT_TOLERATED_TAINTS,
+        state: Callable[[], ClusterState] | None = None,
+    ) -> None:
+        self.scheduler_name = scheduler_name
+        self.tolerated_taints = tolerated_taints
+        self._state = state
+        self._nodes: dict[str, NodeView] = {}
+        self._emitted: dict[str, _Emitted] = {}
+        self._reserving: dict[str, tuple[str, Resources]] = {}
+        """Pod key -> (node, requests) for running pods of other schedulers."""
+        self._reserved: dict[str, Resources] = {}
+        self._dirty: set[str] = set()
+        self._jobs: list[Event] = []
+        self._primed = False
+        self.gangs = Gangs(known=self._known_job if state is not None else None)
+        self.problems: list[str] = []
+
+    # ------------------------------------------------------------ inputs
+
+    def on_node(self, event: WatchEvent) -> None:
+        name = object_key(event.obj)
+        if event.type == "DELETED":
+            self._nodes.pop(name, None)
+        else:
+            problems: list[str] = []
+            self._nodes[name] = node_view(event.obj, self.tolerated_taints, problems)
+            if problems:
+                self.problems.append(f"node {name}: " + "; ".join(problems))
+        self._dirty.add(name)
+
+    def on_pod(self, event: WatchEvent, at: int) -> None:
+        key = object_key(event.obj)
+        if event.type == "DELETED":
+            self._unreserve(key)
+            self._jobs += self.gangs.pod_deleted(key, at)
+            return
+        info = pod_info(event.obj)
+        if info.scheduler == self.scheduler_name:
+            self._jobs += self.gangs.pod_changed(info, at)
+        elif info.node and info.phase not in ("Succeeded", "Failed"):
+            self._reserve(info)
+        else:
+            self._unreserve(key)
+
+    def on_owner_size(self, owner: Owner, size: int | None, at: int) -> None:
+        self._jobs += self.gangs.set_size(owner, size, at)
+
+    def add_job_events(self, events: list[Event]) -> None:
+        """Job events found while applying (a pod gone before its binding), written with the next flush."""
+        self._jobs += events
+
+    def flush(self, at: int) -> list[Event]:
+        if not self._primed:
+            self._primed = True
+            self._prime_from_log()
+        out: list[Event] = []
+        for name in sorted(self._dirty):
+            out += self._node_events(name, at)
+        self._dirty.clear()
+        out += self._jobs
+        self._jobs = []
+        self.problems += self.gangs.problems
+        self.gangs.problems = []
+        return out
+
+    # ------------------------------------------------------------ views
+
+    def node_names(self) -> list[str]:
+        return sorted(self._nodes)
+
+    # ------------------------------------------------------------ internals
+
+    def _known_job(self, job: JobId) -> Any:
+        assert self._state is not None
+        return self._state().jobs.get(job)
+
+    def _reserve(self, info: PodInfo) -> None:
+        old = self._reserving.get(info.key)
+        new = (info.node, info.requests)
+        if old == new:
+            return
+        self._unreserve(info.key)
+        self._reserving[info.key] = new
+        acc = self._reserved.setdefault(info.node, {})
+        for k, v in info.requests.items():
+            acc[k] = acc.get(k, 0) + v
+        self._dirty.add(info.node)
+
+    def _unreserve(self, key: str) -> None:
+        old = self._reserving.pop(key, None)
+        if old is None:
+            return
+        node, requests = old
+        acc = self._reserved.get(node, {})
+        for k, v in requests.items():
+            acc[k] = acc.get(k, 0) - v
+            if acc[k] <= 0:
+                del acc[k]
+        self._dirty.add(node)
+
+    def _prime_from_log(self) -> None:
+        if self._state is None:
+            return
+        for name, node in self._state().nodes.items():
+            self._emitted[name] = _Emitted(
+                labels=dict(node.labels),
+                capacity=dict(node.capacity),
+                ready=node.ready,
+                unschedulable=node.unschedulable,
+                reserved={k: v for k, v in sorted(node.reserved.items()) if v > 0},
+                cordoned=node.cordoned,
+            )
+            self._dirty.add(name)
+
+    def _node_events(self, name: str, at: int) -> list[Event]:
+        view = self._nodes.get(name)
+        prev = self._emitted.get(name)
+        node = NodeName(name)
+        if view is None:
+            if prev is None:
+                return []
+            del self._emitted[name]
+            return [NodeRemoved(at=at, node=node)]
+        reserved = {k: v for k, v in sorted(self._reserved.get(name, {}).items()) if v > 0}
+        now = _Emitted(view.labels, view.capacity, view.ready, view.unschedulable, reserved, view.cordoned)
+        self._emitted[name] = now
+        fields = {
+            "labels": now.labels,
+            "capacity": now.capacity,
+            "ready": now.ready,
+            "unschedulable": now.unschedulable,
+            "reserved": now.reserved,
+        }
+        events: list[Event] = []
+        if prev is None:
+            events.append(NodeAdded(at=at, node=node, **fields))
+            if now.cordoned:
+                events.append(NodeCordoned(at=at, node=node, cordoned=True))
+            return events
+        if not now.same_description(prev):
+            events.append(NodeUpdated(at=at, node=node, **fields))
+        if now.cordoned != prev.cordoned:
+            events.append(NodeCordoned(at=at, node=node, cordoned=now.cordoned))
+        return events

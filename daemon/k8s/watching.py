@@ -1,0 +1,175 @@
+"""List, then watch from the list's resourceVersion; relist on 410; reconnect with backoff.
+
+`watch_objects(client, "pods")` is one async generator per concern (kopf
+`_cogs/clients/watching.py`). It yields `WatchEvent`s, and `Synced` after every
+(re)list once the differences it found were yielded.
+
+Invariants:
+- The consumer sees each change of an object once: the generator remembers
+  the last resourceVersion it yielded per object and drops anything it has
+  already yielded (a watch that replays, a relist after 410 that finds the
+  object unchanged).
+- After a relist, objects that vanished meanwhile are yielded as DELETED and
+  objects replaced under the same name (new uid) as DELETED then ADDED.
+- It never raises a Kubernetes or transport error: those are retried with
+  exponential backoff (reset after progress). Only cancellation ends it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import anyio
+import structlog
+
+from muster.daemon.k8s.client import KubeClient
+from muster.daemon.k8s.errors import KubeError, ResourceGone
+
+__all__ = ["Backoff", "Synced", "WatchEvent", "object_key", "watch_objects"]
+
+log = structlog.get_logger("muster.k8s.watch")
+
+Obj = dict[str, Any]
+EventType = Literal["ADDED", "MODIFIED", "DELETED"]
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    resource: str
+    type: EventType
+    obj: Obj
+
+
+@dataclass(frozen=True)
+class Synced:
+    """Everything the latest (re)list of `resource` found has been yielded."""
+
+    resource: str
+    resource_version: str = ""
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential delays with jitter: initial, initial*factor, ... up to maximum."""
+
+    initial: float = 0.2
+    maximum: float = 30.0
+    factor: float = 2.0
+    jitter: float = 0.2
+
+    def delay(self, attempt: int, hint: float | None = None) -> float:
+        base = min(self.maximum, self.initial * self.factor ** max(0, attempt))
+        if hint is not None:
+            base = min(self.maximum, max(base, hint))
+        # Jitter spreads the reconnects of many replicas after an API server restart.
+        return base * (1 + self.jitter * random.random())
+
+
+def object_key(obj: Obj) -> str:
+    meta = obj.get("metadata") or {}
+    ns = meta.get("namespace")
+    name = str(meta.get("name") or "")
+    return f"{ns}/{name}" if ns else name
+
+
+def _rv(obj: Obj) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+def _uid(obj: Obj) -> str:
+    return str((obj.get("metadata") or {}).get("uid") or "")
+
+
+async def watch_objects(
+    client: KubeClient,
+    resource: str,
+    *,
+    backoff: Backoff | None = None,
+    server_seconds: int = 300,
+) -> AsyncIterator[WatchEvent | Synced]:
+    """Yield the changes of every object of `resource`, forever (see module docstring)."""
+    backoff = backoff or Backoff()
+    known: dict[str, Obj] = {}
+    resource_version = ""
+    failures = 0
+    while True:
+        try:
+            if not resource_version:
+                items, resource_version = await client.list(resource)
+                for event in _diff(resource, known, items):
+                    yield event
+                yield Synced(resource, resource_version)
+                failures = 0
+            async with aclosing(client.watch(resource, resource_version, server_seconds=server_seconds)) as stream:
+                async for raw in stream:
+                    kind = raw.get("type")
+                    obj = raw.get("object")
+                    if not isinstance(obj, dict):
+                        continue
+                    rv = _rv(obj)
+                    if kind == "BOOKMARK":
+                        if rv:
+                            resource_version = rv
+                        continue
+                    if kind not in ("ADDED", "MODIFIED", "DELETED"):
+                        log.warning("unknown watch event type", resource=resource, type=kind)
+                        continue
+                    if rv:
+                        resource_version = rv
+                    failures = 0
+                    change = _remember(resource, known, kind, obj)
+                    if change is not None:
+                        yield change
+            # The server closed the stream (its timeout): continue from where we are.
+        except ResourceGone:
+            log.info("watch expired, relisting", resource=resource, resource_version=resource_version)
+            resource_version = ""
+        except KubeError as exc:
+            delay = backoff.delay(failures, exc.delay if exc.status in (429,) else None)
+            failures += 1
+            log.warning(
+                "watch failed, retrying",
+                resource=resource,
+                error=str(exc),
+                status=exc.status,
+                retryable=exc.retryable,
+                delay=round(delay, 3),
+            )
+            await anyio.sleep(delay)
+
+
+def _remember(resource: str, known: dict[str, Obj], kind: str, obj: Obj) -> WatchEvent | None:
+    key = object_key(obj)
+    old = known.get(key)
+    if kind == "DELETED":
+        if old is None:
+            return None
+        del known[key]
+        return WatchEvent(resource, "DELETED", obj)
+    if old is not None and _rv(old) == _rv(obj) and _uid(old) == _uid(obj):
+        return None  # already yielded (a replay)
+    known[key] = obj
+    return WatchEvent(resource, "MODIFIED" if old is not None else "ADDED", obj)
+
+
+def _diff(resource: str, known: dict[str, Obj], items: list[Obj]) -> list[WatchEvent]:
+    """The events that turn `known` into `items`; updates `known`."""
+    fresh = {object_key(o): o for o in items}
+    out: list[WatchEvent] = []
+    for key, seen in list(known.items()):
+        listed = fresh.get(key)
+        if listed is None or _uid(listed) != _uid(seen):
+            out.append(WatchEvent(resource, "DELETED", seen))
+            del known[key]
+    for key, new in fresh.items():
+        old = known.get(key)
+        if old is None:
+            out.append(WatchEvent(resource, "ADDED", new))
+        elif _rv(old) != _rv(new):
+            out.append(WatchEvent(resource, "MODIFIED", new))
+        known[key] = new
+    return out
