@@ -1,0 +1,287 @@
+"""The billing subscriber: a durable JetStream consumer that folds the log into the chargeback ledger.
+
+Role: the imperative shell around `projections.billing`. It pulls batches
+from its own durable consumer (explicit acks), decodes and folds them, writes
+the batch's rows together with the cursor in one database transaction, and
+only then acks.
+
+Invariants (design invariant 5, exactly-once effects):
+- Write before ack. A crash after the fetch loses nothing (the messages are
+  delivered again); a crash after the write and before the acks makes the
+  stream deliver messages the ledger already holds: any sequence at or below
+  the stored cursor is acked and ignored.
+- Events are applied in stream order. On start the consumer is put back at
+  the stored cursor + 1 unless it already stands exactly there with nothing
+  awaiting an ack; a gap in what a fetch returns (a delivery lost in a
+  reconnect) stops the batch at the gap and repositions the consumer the same
+  way. Only a sequence the stream no longer holds is stepped over.
+- Bad input never stops billing (invariant 7): a message that does not decode
+  is logged with its sequence, counted, recorded in the `billing_skipped`
+  table with the batch, and acked; it stays on the stream.
+- Crash points are injectable through `CrashHooks` (tests use it to kill the
+  subscriber between fetch, write and ack).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from muster.daemon.billing_store import LedgerDB
+from muster.events.codec import DecodeError, decode
+from muster.projections.billing import (
+    DEFAULT_GPU_LABEL,
+    BillingState,
+    Ledger,
+    Tracker,
+    drain,
+    evolve_billing,
+    new_billing_state,
+    skip_bad,
+)
+
+log = structlog.get_logger("muster.billing")
+
+DEFAULT_DURABLE = "muster-billing"
+DEFAULT_STREAM = "MUSTER"
+
+
+class CrashHooks(Protocol):
+    """Points in a batch where a test may stop the subscriber as a crash would."""
+
+    def after_fetch(self, seqs: Sequence[int]) -> None: ...
+
+    def after_write(self, seq: int) -> None: ...
+
+    def after_ack(self, seq: int) -> None: ...
+
+
+class NoCrash:
+    """The production hooks: nothing happens."""
+
+    def after_fetch(self, seqs: Sequence[int]) -> None:
+        pass
+
+    def after_write(self, seq: int) -> None:
+        pass
+
+    def after_ack(self, seq: int) -> None:
+        pass
+
+
+class BillingMetrics:
+    """Prometheus metrics of one subscriber, in their own registry."""
+
+    KINDS = ("allocated", "used", "idle", "borrowed", "lost")
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.gpu_hours = Counter(
+            "muster_billing_gpu_hours", "GPU-hours booked into the ledger", ["queue", "kind"], registry=r
+        )
+        self.lag = Gauge("muster_billing_lag_events", "Stream messages not yet in the ledger", registry=r)
+        self.applied_seq = Gauge("muster_billing_applied_sequence", "Last stream sequence in the ledger", registry=r)
+        self.event_time = Gauge(
+            "muster_billing_last_event_time_seconds", "Event time of the latest event in the ledger", registry=r
+        )
+        self.events = Counter("muster_billing_events", "Stream messages folded into the ledger", registry=r)
+        self.skipped = Counter("muster_billing_skipped_events", "Malformed messages skipped", registry=r)
+        self.redelivered = Counter(
+            "muster_billing_redelivered_events", "Messages already in the ledger, acked and ignored", registry=r
+        )
+
+    def observe(self, delta: Ledger) -> None:
+        per_queue: dict[str, list[int]] = {}
+        for u in delta.usage.values():
+            acc = per_queue.setdefault(u.queue, [0, 0, 0, 0, 0])
+            acc[0] += u.alloc_gpu_s * 1000
+            acc[1] += u.used_mgpu_s
+            acc[2] += u.idle_mgpu_s
+            acc[3] += u.borrowed_gpu_s * 1000
+            acc[4] += u.lost_gpu_s * 1000
+        for queue, values in per_queue.items():
+            for kind, milli_s in zip(self.KINDS, values, strict=True):
+                if milli_s > 0:
+                    self.gpu_hours.labels(queue=queue, kind=kind).inc(milli_s / 3_600_000)
+
+
+@dataclass
+class SubscriberOptions:
+    stream: str = DEFAULT_STREAM
+    durable: str = DEFAULT_DURABLE
+    batch: int = 1000
+    fetch_timeout: float = 1.0
+    ack_wait: float = 30.0
+    """Seconds before the server delivers an unacked message again."""
+    gpu_label: str = DEFAULT_GPU_LABEL
+    hooks: CrashHooks = field(default_factory=NoCrash)
+
+
+class BillingSubscriber:
+    """Folds one stream into one ledger. `await start()`, then `step()` or `run()`; `close()` at the end."""
+
+    def __init__(self, js: Any, ledger: LedgerDB, options: SubscriberOptions, metrics: BillingMetrics) -> None:
+        self.js = js
+        self.ledger = ledger
+        self.options = options
+        self.metrics = metrics
+        self.state: BillingState = new_billing_state(options.gpu_label)
+        self.ready = False
+        self._psub: Any = None
+
+    @property
+    def tracker(self) -> Tracker:
+        return self.state.tracker
+
+    async def start(self) -> None:
+        """Load the cursor and tracker from the ledger and put the consumer right after the cursor."""
+        seq, tracker = self.ledger.load()
+        self.state = BillingState(tracker=tracker) if tracker is not None else new_billing_state(self.options.gpu_label)
+        await self._position()
+        self.metrics.applied_seq.set(seq)
+        self.ready = True
+        log.info("billing.started", stream=self.options.stream, durable=self.options.durable, seq=seq)
+
+    async def _position(self) -> None:
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+        from nats.js.errors import NotFoundError
+
+        o = self.options
+        seq = self.tracker.seq
+        if self._psub is not None:
+            await self._psub.unsubscribe()
+            self._psub = None
+        try:
+            info = await self.js.consumer_info(o.stream, o.durable)
+        except NotFoundError:
+            info = None
+        reuse = (
+            info is not None
+            and info.config.ack_policy == AckPolicy.EXPLICIT
+            and not info.config.filter_subject
+            and (info.num_ack_pending or 0) == 0
+            and info.delivered is not None
+            and info.delivered.stream_seq == seq
+        )
+        if not reuse:
+            if info is not None:
+                log.info(
+                    "billing.consumer_reset",
+                    durable=o.durable,
+                    delivered=info.delivered.stream_seq if info.delivered else None,
+                    ack_pending=info.num_ack_pending,
+                    cursor=seq,
+                )
+                await self.js.delete_consumer(o.stream, o.durable)
+            config = ConsumerConfig(
+                durable_name=o.durable,
+                ack_policy=AckPolicy.EXPLICIT,
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE if seq > 0 else DeliverPolicy.ALL,
+                opt_start_seq=seq + 1 if seq > 0 else None,
+                ack_wait=o.ack_wait,
+                max_ack_pending=max(4 * o.batch, 1000),
+                max_deliver=-1,
+                description="muster billing ledger",
+            )
+            await self.js.add_consumer(o.stream, config=config)
+        self._psub = await self.js.pull_subscribe_bind(durable=o.durable, stream=o.stream)
+
+    async def _missing(self, seq: int) -> bool:
+        """Whether the stream no longer holds `seq` (deleted or expired), so a gap there is real."""
+        from nats.js.errors import NotFoundError
+
+        try:
+            await self.js.get_msg(self.options.stream, seq)
+        except NotFoundError:
+            return True
+        return False
+
+    def _apply(self, seq: int, raw: bytes) -> None:
+        try:
+            event = decode(raw)
+        except DecodeError as exc:
+            self._skip(seq, exc.message)
+            return
+        try:
+            evolve_billing(self.state, seq, event)
+        except Exception as exc:  # the fold is total; if it is not, one event must not stop billing
+            log.exception("billing.fold_error", seq=seq)
+            self.tracker.seq = seq
+            self.state.ledger.skipped.append((seq, f"fold error: {type(exc).__name__}: {exc}"))
+            self.tracker.skipped += 1
+            self.metrics.skipped.inc()
+
+    def _skip(self, seq: int, reason: str) -> None:
+        log.warning("billing.skipped_event", seq=seq, error=reason)
+        skip_bad(self.state, seq, reason)
+        self.metrics.skipped.inc()
+
+    async def step(self) -> int:
+        """Fetch one batch, fold it, write it with the cursor, ack it. Returns how many messages came."""
+        import nats.errors
+
+        hooks = self.options.hooks
+        try:
+            msgs = await self._psub.fetch(self.options.batch, timeout=self.options.fetch_timeout)
+        except nats.errors.TimeoutError:
+            self.metrics.lag.set(0)
+            return 0
+        seqs = [m.metadata.sequence.stream for m in msgs]
+        hooks.after_fetch(seqs)
+        tracker = self.tracker
+        start_seq = tracker.seq
+        usable = len(msgs)
+        for i, (msg, seq) in enumerate(zip(msgs, seqs, strict=True)):
+            if seq <= tracker.seq:
+                self.metrics.redelivered.inc()
+                continue
+            if seq > tracker.seq + 1 and tracker.seq > 0 and not await self._missing(tracker.seq + 1):
+                # Out of order (a delivery lost on the way): fold nothing past the gap.
+                log.warning("billing.delivery_gap", expected=tracker.seq + 1, got=seq)
+                usable = i
+                break
+            self._apply(seq, msg.data)
+        delta = drain(self.state)
+        if tracker.seq > start_seq:
+            self.ledger.commit(delta, tracker)
+            self.metrics.observe(delta)
+            self.metrics.events.inc(tracker.seq - start_seq)
+            self.metrics.applied_seq.set(tracker.seq)
+            if tracker.clock is not None:
+                self.metrics.event_time.set(tracker.clock)
+        hooks.after_write(tracker.seq)
+        for msg, seq in zip(msgs[:usable], seqs[:usable], strict=True):
+            await msg.ack()
+            hooks.after_ack(seq)
+        if usable < len(msgs):
+            await self._position()
+        else:
+            self.metrics.lag.set(msgs[-1].metadata.num_pending or 0)
+        return len(msgs)
+
+    async def run(self, *, once: bool = False, stop: anyio.Event | None = None) -> None:
+        """Fold until `stop` is set (checked between batches); with `once`, until the ledger holds
+        everything the stream held at the start."""
+        target = None
+        if once:
+            info = await self.js.stream_info(self.options.stream)
+            target = info.state.last_seq
+        while stop is None or not stop.is_set():
+            got = await self.step()
+            if target is not None and (self.tracker.seq >= target or got == 0):
+                if self.tracker.seq < target:
+                    log.warning("billing.drain_incomplete", applied=self.tracker.seq, stream_last=target)
+                return
+
+    async def close(self) -> None:
+        self.ready = False
+        if self._psub is not None:
+            with anyio.move_on_after(2, shield=True):
+                await self._psub.unsubscribe()
+            self._psub = None

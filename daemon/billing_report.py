@@ -1,0 +1,244 @@
+"""`muster billing report`: the ledger priced and grouped, as a table, CSV, JSON and a PNG.
+
+Role: read one consistent snapshot of the ledger window, price it with the rate
+card (`projections.chargeback`), and render it. Rendering only formats what
+`build_report` computed: the CSV rows and the JSON rows carry the same decimal
+values, and the JSON totals are their sums, so a spreadsheet's column sums
+match the JSON exactly. The CSV has no totals line (summing it would count the
+totals twice).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import IO, Any
+
+import msgspec
+import yaml
+
+from muster.daemon.billing_store import LedgerDB
+from muster.projections.billing import HOUR
+from muster.projections.chargeback import (
+    ROW_NUMBERS,
+    RateCard,
+    Report,
+    ReportRow,
+    build_report,
+    hourly_series,
+    parse_rate_card,
+)
+
+CSV_COLUMNS: tuple[str, ...] = ("key", "queue", "team", *ROW_NUMBERS, "efficiency", "rate_versions")
+
+
+def load_rate_card(path: str | Path) -> RateCard:
+    """Read and validate a rate card YAML file (RateCardError / OSError on failure)."""
+    with open(path, encoding="utf-8") as f:
+        return parse_rate_card(yaml.safe_load(f))
+
+
+def render_csv(report: Report, out: IO[str]) -> None:
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(CSV_COLUMNS)
+    for r in report.rows:
+        w.writerow(_csv_values(r))
+
+
+def _csv_values(r: ReportRow) -> list[str]:
+    values = [r.key, r.queue, r.team]
+    values += [str(getattr(r, name)) for name in ROW_NUMBERS]
+    values.append("" if r.efficiency is None else str(r.efficiency))
+    values.append(";".join(r.rate_versions))
+    return values
+
+
+_json = msgspec.json.Encoder(decimal_format="number")
+
+
+def render_json(report: Report, out: IO[str]) -> None:
+    out.write(_json.encode(report).decode())
+    out.write("\n")
+
+
+def _when(t: int) -> str:
+    if t >= 10**8:  # epoch seconds; smaller values are the virtual seconds of `muster sim`
+        return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M")
+    return f"t={t}"
+
+
+def render_table(report: Report, out: IO[str], *, skipped: int = 0) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    cur = report.currency
+    title = f"GPU chargeback by {report.by}, {_when(report.start)} to {_when(report.end)}"
+    table = Table(title=title, title_justify="left")
+    for name, justify in (
+        (report.by, "left"),
+        ("GPU-h alloc", "right"),
+        ("used", "right"),
+        ("idle", "right"),
+        ("borrowed", "right"),
+        ("lost", "right"),
+        ("eff.", "right"),
+        (f"cost {cur}".strip(), "right"),
+        ("idle share", "right"),
+        (f"total {cur}".strip(), "right"),
+        ("rates", "left"),
+    ):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+
+    def cells(r: ReportRow) -> list[str]:
+        return [
+            r.key,
+            _h(r.allocated_gpu_hours),
+            _h(r.used_gpu_hours),
+            _h(r.idle_gpu_hours),
+            _h(r.borrowed_gpu_hours),
+            _h(r.lost_gpu_hours),
+            "-" if r.efficiency is None else f"{r.efficiency * 100:.0f}%",
+            _m(r.cost),
+            _m(r.idle_share_cost),
+            _m(r.total_cost),
+            ",".join(r.rate_versions),
+        ]
+
+    for r in report.rows:
+        table.add_row(*cells(r))
+    table.add_section()
+    table.add_row(*cells(report.totals), style="bold")
+    console = Console(file=out, width=160)
+    console.print(table)
+    idle = report.idle_capacity
+    console.print(
+        f"Cluster capacity {_h(idle.capacity_gpu_hours)} GPU-h, held {_h(idle.allocated_gpu_hours)}, "
+        f"nobody held {_h(idle.unallocated_gpu_hours)} (cost {_m(idle.cost)} {cur}; shared: {idle.shared})."
+    )
+    notes = []
+    if report.unpriced_gpu_hours:
+        notes.append(f"{_h(report.unpriced_gpu_hours)} GPU-h before the first rate card version are unpriced")
+    if not report.rate_versions and not report.unpriced_gpu_hours and report.totals.allocated_gpu_hours:
+        notes.append("no rate card given (--rates): costs are zero")
+    if skipped:
+        notes.append(f"{skipped} malformed event(s) were skipped (see `billing_skipped`)")
+    for note in notes:
+        console.print(f"Note: {note}.")
+
+
+def _h(d: Decimal) -> str:
+    return f"{d:,.2f}"
+
+
+def _m(d: Decimal) -> str:
+    return f"{d:,.2f}"
+
+
+def render_plot(
+    series: Sequence[Any],
+    path: str | Path,
+    *,
+    title: str,
+) -> None:
+    """Stacked allocated GPU-hours per queue over time, and allocated vs used vs capacity."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hours_x = [p.hour for p in series]
+    epoch = bool(hours_x) and hours_x[0] >= 10**8
+    xs: list[Any] = [datetime.fromtimestamp(h, UTC) for h in hours_x] if epoch else [h / HOUR for h in hours_x]
+    queues = sorted({q for p in series for q in p.allocated_by_queue})
+    stacks = [[p.allocated_by_queue.get(q, 0) / HOUR for p in series] for q in queues]
+    allocated = [sum(p.allocated_by_queue.values()) / HOUR for p in series]
+    used = [p.used_mgpu_s / (HOUR * 1000) for p in series]
+    sampled = [p.sampled_gpu_s / HOUR for p in series]
+    capacity = [p.capacity_gpu_s / HOUR for p in series]
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 8), sharex=True, constrained_layout=True)
+    if stacks:
+        top.stackplot(xs, stacks, labels=queues, step="post", alpha=0.85)
+    top.step(xs, capacity, where="post", color="black", linewidth=1.2, label="capacity")
+    top.set_ylabel("GPU-hours per hour")
+    top.set_title(f"{title}: allocated GPU-hours by queue")
+    top.legend(loc="upper left", fontsize="small", ncol=min(4, len(queues) + 1))
+    top.grid(alpha=0.3)
+
+    bottom.step(xs, capacity, where="post", color="black", linewidth=1.0, label="capacity")
+    bottom.step(xs, allocated, where="post", color="tab:blue", linewidth=1.8, label="allocated")
+    bottom.step(xs, sampled, where="post", color="tab:blue", linestyle=":", linewidth=1.0, label="allocated (sampled)")
+    bottom.step(xs, used, where="post", color="tab:green", linewidth=1.8, label="used")
+    total_alloc = sum(allocated)
+    total_cap = sum(capacity)
+    total_used = sum(used)
+    total_sampled = sum(sampled)
+    parts = []
+    if total_cap:
+        parts.append(f"allocation {100 * total_alloc / total_cap:.0f}% of capacity")
+    if total_sampled:
+        parts.append(f"utilization {100 * total_used / total_sampled:.0f}% of sampled allocation")
+    bottom.set_title("allocated vs used" + (f" ({', '.join(parts)})" if parts else ""))
+    bottom.set_ylabel("GPU-hours per hour")
+    bottom.set_xlabel("time (UTC)" if epoch else "hours")
+    bottom.legend(loc="upper left", fontsize="small")
+    bottom.grid(alpha=0.3)
+    if epoch:
+        fig.autofmt_xdate()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report_command(args: Any) -> int:
+    """Run `muster billing report` with parsed arguments."""
+    from muster.daemon.billing_store import LedgerError
+    from muster.projections.chargeback import RateCardError, parse_time
+
+    try:
+        rates = load_rate_card(args.rates) if args.rates else None
+    except (OSError, yaml.YAMLError, RateCardError) as exc:
+        print(f"muster billing report: rate card {args.rates}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        ledger = LedgerDB.open(args.db, create=False)
+    except LedgerError as exc:
+        print(f"muster billing report: {exc}", file=sys.stderr)
+        return 2
+    with ledger:
+        try:
+            start = parse_time(args.start) if args.start is not None else None
+            end = parse_time(args.end) if args.end is not None else None
+        except ValueError as exc:
+            print(f"muster billing report: {exc}", file=sys.stderr)
+            return 2
+        if start is None or end is None:
+            span = ledger.span()
+            lo, hi = span if span is not None else (0, 0)
+            start = lo if start is None else start
+            end = hi if end is None else end
+        if end <= start:
+            print(f"muster billing report: --to ({end}) must be after --from ({start})", file=sys.stderr)
+            return 2
+        usage, capacity, queues = ledger.read_window(start, end)
+        skipped = len(ledger.skipped())
+    report = build_report(
+        usage, capacity, queues, start=start, end=end, by=args.by, rates=rates, share_idle=args.share_idle
+    )
+    out = io.StringIO()
+    if args.format == "csv":
+        render_csv(report, out)
+    elif args.format == "json":
+        render_json(report, out)
+    else:
+        render_table(report, out, skipped=skipped)
+    sys.stdout.write(out.getvalue())
+    if args.plot:
+        series = hourly_series(usage, capacity, start=start, end=end)
+        render_plot(series, args.plot, title=f"{_when(start)} to {_when(end)}")
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0

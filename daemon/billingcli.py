@@ -1,0 +1,234 @@
+"""`muster billing run|report`: the chargeback subscriber and its reports.
+
+`run` folds the stream into the ledger until SIGTERM/SIGINT (finishing the
+batch in hand) or, with `--once`, until it has caught up. `report` prices and
+prints the ledger. Top-level imports stay light: the heavy modules load in the
+subcommand that needs them.
+
+`run --config FILE` reads the YAML the Helm chart mounts (`nats.url`,
+`nats.stream`, `nats.inbox_prefix`, `nats.auth.*_file`, `nats.tls.*`,
+`billing.consumer`, `billing.data_dir`, `http.metrics_port`,
+`http.health_port`); flags given on the command line win.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from typing import Any
+
+DEFAULT_DB = "sqlite:///muster-billing.db"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="billing_command", metavar="SUBCOMMAND")
+    sub.required = True
+
+    run = sub.add_parser("run", help="fold the event stream into the ledger (a durable JetStream consumer)")
+    run.add_argument("--config", help="YAML config (as mounted by the Helm chart)")
+    run.add_argument("--nats", help="NATS URL(s), comma-separated (default: $NATS_URL or nats://127.0.0.1:4222)")
+    run.add_argument("--stream", help="JetStream stream of the log (default MUSTER)")
+    run.add_argument("--db", help=f"ledger URL: sqlite:///FILE or postgresql://... (default {DEFAULT_DB})")
+    run.add_argument("--durable", help="durable consumer name (default muster-billing)")
+    run.add_argument("--once", action="store_true", help="catch up with the stream, then exit")
+    run.add_argument("--batch", type=int, default=1000, help="messages per fetch and per transaction")
+    run.add_argument("--gpu-label", help="node label naming the GPU model (default nvidia.com/gpu.product)")
+    run.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    run.add_argument("--health-port", type=int, help="serve /healthz and /readyz on this port")
+    run.set_defaults(_billing="run")
+
+    rep = sub.add_parser("report", help="allocated, used, idle, borrowed and lost GPU-hours with costs")
+    rep.add_argument("--db", default=DEFAULT_DB, help=f"ledger URL (default {DEFAULT_DB})")
+    rep.add_argument("--from", dest="start", help="start: ISO date/time (UTC) or epoch seconds (default: ledger start)")
+    rep.add_argument("--to", dest="end", help="end (exclusive): ISO date/time or epoch seconds (default: ledger end)")
+    rep.add_argument("--by", choices=("queue", "job", "team"), default="queue")
+    rep.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    rep.add_argument("--rates", help="rate card YAML (without it, costs are zero)")
+    rep.add_argument("--share-idle", choices=("nominal", "usage", "none"), default="none")
+    rep.add_argument("--plot", metavar="FILE.png", help="also draw GPU-hours per queue and allocated vs used")
+    rep.set_defaults(_billing="report")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args._billing == "report":
+        from muster.daemon.billing_report import report_command
+
+        code: int = report_command(args)
+        return code
+    return _run_subscriber(args)
+
+
+# ---------------------------------------------------------------- run
+
+
+def _load_config(path: str | None) -> dict[str, Any]:
+    if not path:
+        return {}
+    import yaml
+
+    with open(path, encoding="utf-8") as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping")
+    return data
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read().strip()
+
+
+def nats_options(cfg: dict[str, Any]) -> dict[str, Any]:
+    """nats.connect keywords from the config's `nats` section (auth and TLS files, inbox prefix)."""
+    nats_cfg = cfg.get("nats") or {}
+    opts: dict[str, Any] = {}
+    if nats_cfg.get("inbox_prefix"):
+        opts["inbox_prefix"] = str(nats_cfg["inbox_prefix"])
+    auth = nats_cfg.get("auth") or {}
+    if "username_file" in auth:
+        opts["user"] = _read(auth["username_file"])
+        opts["password"] = _read(auth["password_file"])
+    if "token_file" in auth:
+        opts["token"] = _read(auth["token_file"])
+    if "creds_file" in auth:
+        opts["user_credentials"] = auth["creds_file"]
+    if "nkey_seed_file" in auth:
+        opts["nkeys_seed"] = auth["nkey_seed_file"]
+    tls = nats_cfg.get("tls") or {}
+    if tls:
+        import ssl
+
+        ctx = ssl.create_default_context(cafile=tls.get("ca_file"))
+        if tls.get("cert_file"):
+            ctx.load_cert_chain(tls["cert_file"], tls.get("key_file"))
+        opts["tls"] = ctx
+        if tls.get("server_name"):
+            opts["tls_hostname"] = tls["server_name"]
+    return opts
+
+
+def _run_subscriber(args: argparse.Namespace) -> int:
+    import anyio
+
+    from muster.daemon.billing_store import LedgerError
+
+    try:
+        cfg = _load_config(args.config)
+    except (OSError, ValueError) as exc:
+        print(f"muster billing run: config: {exc}", file=sys.stderr)
+        return 2
+    try:
+        code: int = anyio.run(_serve, args, cfg)
+    except LedgerError as exc:
+        print(f"muster billing run: {exc}", file=sys.stderr)
+        return 2
+    return code
+
+
+async def _serve(args: argparse.Namespace, cfg: dict[str, Any]) -> int:
+    import threading
+
+    import anyio
+    import nats
+    import structlog
+
+    from muster.daemon.billing import BillingMetrics, BillingSubscriber, SubscriberOptions
+    from muster.daemon.billing_store import LedgerDB
+
+    log = structlog.get_logger("muster.billing")
+    nats_cfg = cfg.get("nats") or {}
+    billing_cfg = cfg.get("billing") or {}
+    http_cfg = cfg.get("http") or {}
+    url = args.nats or nats_cfg.get("url") or os.environ.get("NATS_URL") or "nats://127.0.0.1:4222"
+    db_url = args.db
+    if db_url is None and billing_cfg.get("data_dir"):
+        db_url = f"sqlite:///{os.path.join(billing_cfg['data_dir'], 'billing.db')}"
+    options = SubscriberOptions(
+        stream=args.stream or nats_cfg.get("stream") or "MUSTER",
+        durable=args.durable or billing_cfg.get("consumer") or "muster-billing",
+        batch=max(1, args.batch),
+    )
+    if args.gpu_label:
+        options.gpu_label = args.gpu_label
+    metrics_port = args.metrics_port if args.metrics_port is not None else http_cfg.get("metrics_port")
+    health_port = args.health_port if args.health_port is not None else http_cfg.get("health_port")
+
+    ledger = LedgerDB.open(db_url or DEFAULT_DB)
+    try:
+        nc = await nats.connect(
+            servers=[u.strip() for u in url.split(",")],
+            name="muster-billing",
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            **nats_options(cfg),
+        )
+    except Exception as exc:
+        ledger.close()
+        print(f"muster billing run: cannot connect to NATS at {url}: {exc}", file=sys.stderr)
+        return 1
+    metrics = BillingMetrics()
+    sub = BillingSubscriber(nc.jetstream(), ledger, options, metrics)
+    stop = anyio.Event()
+    try:
+        async with anyio.create_task_group() as tg:
+            if threading.current_thread() is threading.main_thread():
+                tg.start_soon(_stop_on_signal, stop, signal.SIGTERM, signal.SIGINT)
+            ports = {p for p in (metrics_port, health_port) if p}
+            for port in sorted(ports):
+                await tg.start(_http, sub, int(port), port == metrics_port, port == health_port)
+            await sub.start()
+            await sub.run(once=args.once, stop=stop)
+            log.info("billing.stopped", seq=sub.tracker.seq)
+            tg.cancel_scope.cancel()
+    finally:
+        with anyio.move_on_after(5, shield=True):
+            await sub.close()
+            await nc.close()
+        ledger.close()
+    return 0
+
+
+async def _stop_on_signal(stop: Any, *signals: signal.Signals) -> None:
+    import anyio
+    import structlog
+
+    with anyio.open_signal_receiver(*signals) as received:
+        async for signum in received:
+            structlog.get_logger("muster.billing").info("billing.stopping", signal=signum)
+            stop.set()
+            return
+
+
+async def _http(sub: Any, port: int, metrics: bool, health: bool, *, task_status: Any) -> None:
+    """Serve /metrics and/or /healthz, /readyz on `port` until cancelled."""
+    import anyio
+    from aiohttp import web
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    async def metrics_handler(_: web.Request) -> web.Response:
+        body = generate_latest(sub.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        return web.Response(text="ready\n" if sub.ready else "starting\n", status=200 if sub.ready else 503)
+
+    app = web.Application()
+    if metrics:
+        app.router.add_get("/metrics", metrics_handler)
+    if health:
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/readyz", readyz)
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "0.0.0.0", port).start()
+        task_status.started()
+        await anyio.sleep_forever()
+    finally:
+        with anyio.move_on_after(2, shield=True):
+            await runner.cleanup()
