@@ -125,6 +125,8 @@ class JobState(msgspec.Struct, kw_only=True):
     """Last reason the job was inadmissible or rejected."""
     utilization: float | None = None
     idle_since: int | None = None
+    nominated: bool = False
+    """Its victims were evicted for it: the next cycle tries it before anyone else."""
 
     @property
     def gpus(self) -> int:
@@ -344,6 +346,7 @@ def _on_admitted(state: ClusterState, ev: JobAdmitted) -> ClusterState:
     job.reason = ""
     job.utilization = None
     job.idle_since = None
+    job.nominated = False
     state.cycle = max(state.cycle, ev.cycle)
     state.dirty_jobs.add(job.id)
     return state
@@ -363,6 +366,12 @@ def _on_preempted(state: ClusterState, ev: JobPreempted) -> ClusterState:
     job.started_at = None
     job.preemptions += 1
     job.reason = ""
+    if ev.preemptor is not None:
+        preemptor = state.jobs.get(ev.preemptor)
+        if preemptor is not None and preemptor.status == "pending":
+            preemptor.nominated = True
+            # its next failure, if any, is written down even if the words are the same
+            preemptor.reason = ""
     state.cycle = max(state.cycle, ev.cycle)
     return state
 
@@ -500,6 +509,7 @@ def _on_inadmissible(state: ClusterState, ev: JobInadmissible) -> ClusterState:
     if job is None or job.status != "pending":
         return _skip(state)
     job.reason = ev.reason
+    job.nominated = False
     state.cycle = max(state.cycle, ev.cycle)
     return state
 

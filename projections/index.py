@@ -24,6 +24,9 @@ from muster.projections.validation import invalid_reason
 
 _ATTR = "_scheduler_index"
 
+PARKING = True
+"""Switch for the parking memo; off, every pending job is tried every cycle (tests prove both agree)."""
+
 
 class Parked:
     __slots__ = ("kind", "released", "root", "stamp", "threshold", "tree_gen")
@@ -162,10 +165,12 @@ class SchedulerIndex:
             q = state.queues.get(name)
             if q is None:
                 continue
-            self.quota.set_usage(q)
-            root = self.roots.get(name, name)
-            self.tree_gen[root] = self.tree_gen.get(root, 0) + 1
-            self.wake_tree(state, root)
+            # more usage without a new borrower cannot help a waiting job (fewer
+            # free GPUs, less quota, and new victims only give back what they took)
+            if self.quota.set_usage(q) or state.fair_sharing:
+                root = self.roots.get(name, name)
+                self.tree_gen[root] = self.tree_gen.get(root, 0) + 1
+                self.wake_tree(state, root)
         state.dirty_queues.clear()
         for job_id in sorted(state.dirty_jobs):
             job = state.jobs.get(job_id)
@@ -188,7 +193,9 @@ def index_of(state: ClusterState) -> SchedulerIndex:
         state.__dict__[_ATTR] = idx
     else:
         idx.sync(state)
-    # validate new jobs; valid ones join their queue's list
+    if not PARKING:
+        for job_id in sorted(idx.parked):
+            idx.unpark(job_id, state=state)
     return idx
 
 

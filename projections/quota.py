@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from muster.projections.cluster import ClusterState, QueueState
+from muster.projections.resources import fmt
 
 UNLIMITED = 1 << 62
 
@@ -131,23 +132,44 @@ class QuotaTree:
         return local + parent_avail
 
     def blocking(self, queue: str, req: Mapping[str, int], allow_borrow: bool = True) -> str | None:
-        """Why `req` does not fit the queue's quota now (None when it fits)."""
+        """Why `req` does not fit the queue's quota now (None when it fits).
+
+        The words depend only on the request and the configured limits, never
+        on current usage, so a waiting job's reason changes when the situation
+        changes in kind, not with every admission elsewhere.
+        """
+        if self.fits(queue, req, allow_borrow):
+            return None
         node = self.queues[queue]
         nominal = node.nominal
-        for r in sorted(req):
-            v = req[r]
-            if v <= 0 or r not in nominal:
+        limits = node.borrowing_limit or {}
+        asked = {r: req[r] for r in sorted(req) if req[r] > 0 and r in nominal}
+        for r, v in asked.items():
+            if not allow_borrow or node.parent is None:
+                most, what = nominal[r], f"{nominal[r]} nominal"
+            elif r in limits:
+                most, what = nominal[r] + limits[r], f"{nominal[r]} nominal + {limits[r]} borrowing limit"
+            else:
                 continue
-            usage = node.usage.get(r, 0)
-            if not allow_borrow and usage + v > nominal[r]:
+            if v > most:
                 return (
-                    f"queue {queue} may not borrow for this job: {r} {usage} used + {v} requested "
-                    f"> {nominal[r]} nominal"
+                    f"queue {queue}: {r} {v} requested is more than it may ever use ({what}); "
+                    "it waits for a quota change"
                 )
-            avail = self.available(node, r)
-            if v > avail:
-                return self._explain(node, r, v, avail)
-        return None
+        config = f"nominal {fmt({r: nominal[r] for r in asked})}"
+        if any(r in limits for r in asked):
+            config += f", borrowing limit {fmt({r: limits[r] for r in asked if r in limits})}"
+        if not allow_borrow:
+            return (
+                f"queue {queue} has no room for {fmt(asked)} within its nominal quota ({config}); "
+                "a non-preemptible job never borrows"
+            )
+        if node.parent is None:
+            return (
+                f"queue {queue} has no room for {fmt(asked)} within its quota ({config}); "
+                "it has no cohort to borrow from"
+            )
+        return f"queue {queue} and its cohort have no room for {fmt(asked)} now ({config})"
 
     def fits(self, queue: str, req: Mapping[str, int], allow_borrow: bool = True) -> bool:
         node = self.queues[queue]
@@ -160,22 +182,6 @@ class QuotaTree:
             if v > self.available(node, r):
                 return False
         return True
-
-    def _explain(self, node: QNode, r: str, v: int, avail: int) -> str:
-        usage = node.usage.get(r, 0)
-        nominal = node.nominal.get(r, 0)
-        if node.parent is None:
-            return (
-                f"queue {node.name} quota: {r} {usage} used + {v} requested > {nominal} nominal "
-                "(no cohort to borrow from)"
-            )
-        limits = node.borrowing_limit
-        if limits is not None and r in limits and usage + v > nominal + limits[r]:
-            return (
-                f"queue {node.name} borrowing limit: {r} {usage} used + {v} requested "
-                f"> {nominal} nominal + {limits[r]} borrowing limit"
-            )
-        return f"queue {node.name}: {r} {v} requested > {max(avail, 0)} available in the queue and its cohort"
 
     def within_nominal(self, queue: str, req: Mapping[str, int]) -> bool:
         """Whether the queue stays within its nominal quota with `req` admitted."""
@@ -263,15 +269,22 @@ class QuotaTree:
             delta = nxt
             node = parent
 
-    def set_usage(self, queue: QueueState) -> None:
-        """Bring a queue's usage in line with the state (outside transactions)."""
+    def set_usage(self, queue: QueueState) -> bool:
+        """Bring a queue's usage in line with the state (outside transactions).
+
+        Returns whether the change could let a waiting job in: some usage went
+        down, or the queue started borrowing (its jobs become reclaimable).
+        """
         node = self.queues.get(queue.name)
         if node is None:
-            return
+            return False
         diff = {r: queue.usage.get(r, 0) - node.usage.get(r, 0) for r in set(queue.usage) | set(node.usage)}
         diff = {r: v for r, v in diff.items() if v}
-        if diff:
-            self.add(queue.name, diff, 1, record=False)
+        if not diff:
+            return False
+        was_borrowing = self.is_borrowing(queue.name)
+        self.add(queue.name, diff, 1, record=False)
+        return any(v < 0 for v in diff.values()) or (self.is_borrowing(queue.name) and not was_borrowing)
 
     def mark(self) -> int:
         return len(self.undo)

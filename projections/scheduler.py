@@ -47,11 +47,15 @@ class Cycle:
         self.epoch = state.epoch
         self.topo = Transaction(idx.topology)
         self.quota_mark = idx.quota.mark()
+        self.tried: set[str] = set()
         self.removed: set[str] = set()
         """Jobs evicted (tentatively) in this cycle."""
         self.placed: dict[str, dict[str, str]] = {}
         """Jobs admitted or reserved (tentatively) in this cycle, with their placement."""
-        self.touched_roots: set[str] = set()
+        self.tentative = False
+        """Whether the view differs from the state (something was taken or given back)."""
+        self.parked_on_tentative: list[str] = []
+        """Jobs parked after a tentative change: their verdict may not hold for the state."""
         self.events: list[Event] = []
 
     # ------------------------------------------------------------ tentative changes
@@ -63,7 +67,7 @@ class Cycle:
             self.topo.give(node, per_podset[pod.rsplit("-", 1)[0]])
         self.idx.quota.add(job.queue, job.requests, -1)
         self.removed.add(job.id)
-        self.touched_roots.add(self.idx.roots.get(job.queue, job.queue))
+        self.tentative = True
 
     def restore(self, job: JobState) -> None:
         """Undo `remove` (used while minimising a victim set)."""
@@ -113,19 +117,18 @@ class Cycle:
         """Account a job's quota usage (its nodes were taken by `place`)."""
         self.idx.quota.add(job.queue, job.requests, 1)
         self.placed[job.id] = dict(placement)
-        self.touched_roots.add(self.idx.roots.get(job.queue, job.queue))
+        self.tentative = True
 
     def finish(self) -> None:
-        """Undo every tentative change and let parked jobs of touched trees be tried again."""
-        took_capacity = bool(self.topo.log)
+        """Undo every tentative change; jobs judged on the changed view are tried again next time.
+
+        Jobs parked before any change were judged on the state itself, so their
+        verdict stands whether or not the caller folds this cycle's events.
+        """
         self.topo.rollback()
         self.idx.quota.rollback(self.quota_mark)
-        idx = self.idx
-        for root in sorted(self.touched_roots):
-            idx.tree_gen[root] = idx.tree_gen.get(root, 0) + 1
-            idx.wake_tree(self.state, root)
-        if took_capacity:
-            idx.wake_capacity(self.state)
+        for job_id in self.parked_on_tentative:
+            self.idx.unpark(job_id, state=self.state)
 
     # ------------------------------------------------------------ events
 
@@ -198,6 +201,8 @@ def _try(cycle: Cycle, job: JobState) -> str:
         )
     kind = "quota" if quota_reason is not None and not result.quota_possible else "capacity"
     idx.park(state, job, kind, job.gpus - result.candidate_gpus)
+    if cycle.tentative:
+        cycle.parked_on_tentative.append(job.id)
     return "parked"
 
 
@@ -248,6 +253,14 @@ def _evict_lost_nodes(cycle: Cycle) -> None:
 
 def _admit(cycle: Cycle) -> None:
     state, idx = cycle.state, cycle.idx
+    # preemptors whose victims were evicted go first, so the room they made is theirs
+    nominated = sorted(
+        (state.jobs[key[2]] for lst in idx.active.values() for key in lst if state.jobs[key[2]].nominated),
+        key=lambda j: j.seq,
+    )
+    for job in nominated:
+        cycle.tried.add(job.id)
+        _try(cycle, job)
     heap: list[tuple[tuple[int, int, int, int], str, int]] = []
     for queue in sorted(idx.active):
         lst = idx.active[queue]
@@ -265,7 +278,8 @@ def _admit(cycle: Cycle) -> None:
         if fresh != key and heap and fresh > heap[0][0]:
             heapq.heappush(heap, (fresh, queue, pos))
             continue
-        if job.id not in cycle.placed and job.status == "pending":
+        if job.id not in cycle.tried:
+            cycle.tried.add(job.id)
             _try(cycle, job)
         if pos + 1 < len(lst):
             nxt = state.jobs[lst[pos + 1][2]]

@@ -1,0 +1,338 @@
+"""Scale benchmark of the scheduler core through `muster sim` (not a test).
+
+Generates scenario files and runs them with the simulator in this process
+(the same code path as `muster sim`, minus printing), then prints decisions/s
+and wall time:
+
+  (a) Kueue's perf shape: 5 cohorts x 6 queues, 15,000 jobs        target < 15 s
+  (b) 1,000 queues in 10 cohorts, 50,000 jobs                       target < 60 s
+  (c) 10,000 nodes of 8 GPUs in blocks and racks, 20,000 gangs of
+      1-64 pods, half with a required topology                      target >= 1,000 admissions/s
+  scaling: (c)-shaped runs at 1,000 vs 10,000 nodes (cost per decision)
+  philly: the Microsoft Philly trace (if ../shared/traces/philly is present)
+
+Usage: python bench/bench_sim.py [--only a,b,c,scale,philly] [--jobs-scale 0.1] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from muster.events.types import Event, JobAdmitted, JobInadmissible, JobPreempted, JobRejected
+from muster.replay.scenario import load
+from muster.replay.simulator import simulate
+
+ROOT = Path(__file__).resolve().parent.parent
+PHILLY = ROOT.parent / "shared" / "traces" / "philly"
+
+PRIORITIES = """priority_classes:
+  - {name: inference, value: 1000, preemptible: false}
+  - {name: training, value: 100}
+  - {name: scavenger, value: 0}
+"""
+
+
+def _queues_yaml(names: list[tuple[str, str]], nominal: int, policy: str) -> str:
+    lines = ["queues:"]
+    for name, cohort in names:
+        lines.append(f"  - name: {name}")
+        lines.append(f"    cohort: {cohort}")
+        lines.append(f"    nominal: {{gpu: {nominal}}}")
+        lines.append(f"    preemption: {policy}")
+    return "\n".join(lines) + "\n"
+
+
+def _write_csv(path: Path, rows: list[dict[str, object]]) -> None:
+    cols = ["job", "submit", "queue", "gpus", "gpus_per_pod", "runtime", "priority_class", "checkpoint_every", "topology"]
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        for r in rows:
+            w.writerow({c: r.get(c, "") for c in cols})
+
+
+def _scenario(
+    d: Path,
+    name: str,
+    *,
+    nodes_yaml: str,
+    levels: list[str],
+    cohorts: list[str],
+    queues: list[tuple[str, str]],
+    nominal: int,
+    rows: list[dict[str, object]],
+    policy: str = "{within_queue: LowerPriority, reclaim_within_cohort: Any}",
+) -> Path:
+    csv_path = d / f"{name}.csv"
+    _write_csv(csv_path, rows)
+    text = (
+        f"topology:\n  levels: [{', '.join(levels)}]\n"
+        + nodes_yaml
+        + PRIORITIES
+        + "cohorts:\n"
+        + "".join(f"  - {{name: {c}}}\n" for c in cohorts)
+        + _queues_yaml(queues, nominal, policy)
+        + f"timeline_csv: {csv_path.name}\n"
+    )
+    path = d / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+def _nodes(blocks: int, racks: int, per_rack: int) -> str:
+    bl = ", ".join(f"b{i}" for i in range(blocks))
+    rl = ", ".join(f"r{i}" for i in range(racks))
+    return (
+        "nodes:\n  - generate:\n"
+        f"      count: {per_rack}\n"
+        '      name: "{block}-{rack}-n{i}"\n'
+        f"      labels: {{block: [{bl}], rack: [{rl}]}}\n"
+        "      capacity: {gpu: 8}\n"
+    )
+
+
+def _jobs(
+    rng: random.Random,
+    n: int,
+    queues: list[str],
+    *,
+    gpus_total: int,
+    load: float,
+    sizes: list[tuple[int, float]],
+    runtime: tuple[int, int],
+    topology_share: float = 0.0,
+    topo_levels: tuple[str, ...] = ("block",),
+) -> list[dict[str, object]]:
+    """Poisson-ish arrivals sized so the offered load is `load` times the cluster."""
+    mean_gpus = sum(s * w for s, w in sizes) / sum(w for _, w in sizes)
+    mean_rt = (runtime[0] + runtime[1]) / 2
+    rate = load * gpus_total / (mean_gpus * mean_rt)  # jobs per second
+    t = 0.0
+    rows = []
+    weights = [w for _, w in sizes]
+    for i in range(n):
+        t += rng.expovariate(rate)
+        gpus = rng.choices([s for s, _ in sizes], weights)[0]
+        row: dict[str, object] = {
+            "job": f"j{i}",
+            "submit": int(t),
+            "queue": rng.choice(queues),
+            "gpus": gpus,
+            "gpus_per_pod": 8,
+            "runtime": rng.randint(*runtime),
+            "priority_class": rng.choice(["training", "training", "scavenger"]),
+        }
+        if rng.random() < 0.5:
+            row["checkpoint_every"] = 600
+        if gpus >= 8 and rng.random() < topology_share:
+            level = rng.choice(topo_levels)
+            row["topology"] = f"required:{level}"
+        rows.append(row)
+    return rows
+
+
+def run(path: Path) -> dict[str, float]:
+    counts = {"admitted": 0, "preempted": 0, "inadmissible": 0, "rejected": 0, "events": 0}
+
+    def count(ev: Event) -> None:
+        counts["events"] += 1
+        if isinstance(ev, JobAdmitted):
+            counts["admitted"] += 1
+        elif isinstance(ev, JobPreempted):
+            counts["preempted"] += 1
+        elif isinstance(ev, JobInadmissible):
+            counts["inadmissible"] += 1
+        elif isinstance(ev, JobRejected):
+            counts["rejected"] += 1
+
+    t0 = time.perf_counter()
+    scenario = load(path)
+    t1 = time.perf_counter()
+    result = simulate(scenario, on_event=count, keep_events=False)
+    t2 = time.perf_counter()
+    decisions = counts["admitted"] + counts["preempted"] + counts["inadmissible"] + counts["rejected"]
+    acct = result.accounting
+    util = acct.used_gpu_seconds / acct.capacity_gpu_seconds if acct.capacity_gpu_seconds else 0.0
+    return {
+        **counts,
+        "decisions": decisions,
+        "cycles": result.cycles,
+        "load_s": t1 - t0,
+        "sim_s": t2 - t1,
+        "wall_s": t2 - t0,
+        "decisions_per_s": decisions / (t2 - t1) if t2 > t1 else 0.0,
+        "admissions_per_s": counts["admitted"] / (t2 - t1) if t2 > t1 else 0.0,
+        "utilization": util,
+        "nodes": len(result.state.nodes),
+        "jobs": len(result.state.jobs),
+    }
+
+
+def case_a(d: Path, scale: float) -> Path:
+    rng = random.Random(1)
+    cohorts = [f"c{i}" for i in range(5)]
+    queues = [(f"c{i}-q{j}", f"c{i}") for i in range(5) for j in range(6)]
+    nodes = _nodes(3, 5, 4)  # 60 nodes, 480 GPUs; 30 queues x 16 nominal
+    rows = _jobs(
+        rng,
+        int(15_000 * scale),
+        [q for q, _ in queues],
+        gpus_total=480,
+        load=1.1,
+        sizes=[(1, 0.6), (8, 0.3), (32, 0.1)],
+        runtime=(60, 900),
+    )
+    return _scenario(
+        d, "a", nodes_yaml=nodes, levels=["block", "rack"], cohorts=cohorts, queues=queues, nominal=16, rows=rows
+    )
+
+
+def case_b(d: Path, scale: float) -> Path:
+    rng = random.Random(2)
+    cohorts = [f"c{i}" for i in range(10)]
+    queues = [(f"c{i}-q{j}", f"c{i}") for i in range(10) for j in range(100)]
+    nodes = _nodes(10, 10, 10)  # 1,000 nodes, 8,000 GPUs; 1,000 queues x 8 nominal
+    rows = _jobs(
+        rng,
+        int(50_000 * scale),
+        [q for q, _ in queues],
+        gpus_total=8000,
+        load=1.1,
+        sizes=[(1, 0.6), (8, 0.3), (32, 0.1)],
+        runtime=(60, 900),
+    )
+    return _scenario(
+        d, "b", nodes_yaml=nodes, levels=["block", "rack"], cohorts=cohorts, queues=queues, nominal=8, rows=rows
+    )
+
+
+def case_c(d: Path, scale: float, nodes_total: int = 10_000, name: str = "c") -> Path:
+    rng = random.Random(3)
+    blocks = max(1, nodes_total // 1000)
+    nodes = _nodes(blocks, 25, 40)  # 1,000 nodes per block, 40 per rack
+    queues = [(f"team-{i}", "org") for i in range(8)]
+    gpus = blocks * 1000 * 8
+    sizes = [(8 * p, w) for p, w in ((1, 0.3), (2, 0.15), (4, 0.15), (8, 0.15), (16, 0.1), (32, 0.1), (64, 0.05))]
+    rows = _jobs(
+        rng,
+        int(20_000 * scale),
+        [q for q, _ in queues],
+        gpus_total=gpus,
+        load=1.0,
+        sizes=sizes,
+        runtime=(300, 3600),
+        topology_share=0.5,
+        topo_levels=("block", "rack"),
+    )
+    # a 64-pod gang cannot fit one 40-node rack: such gangs ask for a block
+    for r in rows:
+        if r.get("topology") == "required:rack" and int(str(r["gpus"])) > 40 * 8:
+            r["topology"] = "required:block"
+    return _scenario(
+        d,
+        name,
+        nodes_yaml=nodes,
+        levels=["block", "rack"],
+        cohorts=["org"],
+        queues=queues,
+        nominal=gpus // 8,
+        rows=rows,
+    )
+
+
+def case_philly(d: Path, scale: float) -> Path | None:
+    src = PHILLY / "philly.csv"
+    if not src.exists():
+        return None
+    with src.open() as f:
+        raw = list(csv.DictReader(f))
+    raw.sort(key=lambda r: r["timestamp"])
+    raw = raw[: int(len(raw) * scale)] if scale < 1 else raw
+    import datetime as dt
+
+    t0 = dt.datetime.fromisoformat(raw[0]["timestamp"])
+    vcs = sorted({r["cluster"] for r in raw})
+    rows = []
+    for i, r in enumerate(raw):
+        gpus = int(r["num_gpus"])
+        per_pod = 8 if gpus >= 8 else max(gpus, 1)
+        if gpus >= 8 and gpus % 8:
+            per_pod = gpus  # odd sizes: one pod
+        rows.append(
+            {
+                "job": f"p{i}",
+                "submit": int((dt.datetime.fromisoformat(r["timestamp"]) - t0).total_seconds()),
+                "queue": f"vc-{r['cluster']}",
+                "gpus": gpus,
+                "gpus_per_pod": per_pod,
+                "runtime": int(float(r["duration"])),
+            }
+        )
+    # a shrunken cluster for contention: 64 nodes of 8 GPUs in 2 blocks
+    nominal = 512 // len(vcs)
+    return _scenario(
+        d,
+        "philly",
+        nodes_yaml=_nodes(2, 4, 8),
+        levels=["block", "rack"],
+        cohorts=["org"],
+        queues=[(f"vc-{v}", "org") for v in vcs],
+        nominal=nominal,
+        rows=rows,
+    )
+
+
+def fmt_row(name: str, r: dict[str, float], target: str) -> str:
+    return (
+        f"{name:<14} jobs={int(r['jobs']):>6} nodes={int(r['nodes']):>6} admitted={int(r['admitted']):>6} "
+        f"preempted={int(r['preempted']):>5} decisions={int(r['decisions']):>7} cycles={int(r['cycles']):>7} "
+        f"sim={r['sim_s']:7.2f}s wall={r['wall_s']:7.2f}s decisions/s={r['decisions_per_s']:9.0f} "
+        f"admissions/s={r['admissions_per_s']:8.0f} util={r['utilization'] * 100:5.1f}%  {target}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default="a,b,c,scale,philly")
+    ap.add_argument("--jobs-scale", type=float, default=1.0, help="fraction of the job counts (for a quick look)")
+    ap.add_argument("--keep", help="write the generated scenarios here instead of a temp dir")
+    args = ap.parse_args(argv)
+    only = set(args.only.split(","))
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(args.keep) if args.keep else Path(tmp)
+        d.mkdir(parents=True, exist_ok=True)
+        if "a" in only:
+            print(fmt_row("(a) kueue", run(case_a(d, args.jobs_scale)), "target wall < 15 s"), flush=True)
+        if "b" in only:
+            print(fmt_row("(b) 1k queues", run(case_b(d, args.jobs_scale)), "target wall < 60 s"), flush=True)
+        if "c" in only:
+            print(fmt_row("(c) 10k nodes", run(case_c(d, args.jobs_scale)), "target >= 1,000 admissions/s"), flush=True)
+        if "scale" in only:
+            small = run(case_c(d, args.jobs_scale * 0.25, 1000, "scale-1k"))
+            large = run(case_c(d, args.jobs_scale * 0.25, 10_000, "scale-10k"))
+            print(fmt_row("scale 1k", small, ""), flush=True)
+            print(fmt_row("scale 10k", large, ""), flush=True)
+            per_small = small["sim_s"] / max(1, small["decisions"]) * 1e6
+            per_large = large["sim_s"] / max(1, large["decisions"]) * 1e6
+            print(
+                f"cost per decision: {per_small:.0f} us at 1k nodes, {per_large:.0f} us at 10k nodes "
+                f"(x{per_large / per_small:.2f} for x10 nodes)",
+                flush=True,
+            )
+        if "philly" in only:
+            p = case_philly(d, args.jobs_scale)
+            if p is None:
+                print("philly: trace not found, skipped", flush=True)
+            else:
+                print(fmt_row("philly", run(p), "64 nodes, 15 VC queues"), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
