@@ -151,15 +151,17 @@ def render_plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    hours_x = [p.hour for p in series]
+    # step(where="post") draws each value until the next x: repeat the last hour once so it gets its width
+    points = [*series, series[-1]] if series else []
+    hours_x = [p.hour for p in series] + ([series[-1].hour + HOUR] if series else [])
     epoch = bool(hours_x) and hours_x[0] >= 10**8
     xs: list[Any] = [datetime.fromtimestamp(h, UTC) for h in hours_x] if epoch else [h / HOUR for h in hours_x]
     queues = sorted({q for p in series for q in p.allocated_by_queue})
-    stacks = [[p.allocated_by_queue.get(q, 0) / HOUR for p in series] for q in queues]
-    allocated = [sum(p.allocated_by_queue.values()) / HOUR for p in series]
-    used = [p.used_mgpu_s / (HOUR * 1000) for p in series]
-    sampled = [p.sampled_gpu_s / HOUR for p in series]
-    capacity = [p.capacity_gpu_s / HOUR for p in series]
+    stacks = [[p.allocated_by_queue.get(q, 0) / HOUR for p in points] for q in queues]
+    allocated = [sum(p.allocated_by_queue.values()) / HOUR for p in points]
+    used = [p.used_mgpu_s / (HOUR * 1000) for p in points]
+    sampled = [p.sampled_gpu_s / HOUR for p in points]
+    capacity = [p.capacity_gpu_s / HOUR for p in points]
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 8), sharex=True, constrained_layout=True)
     if stacks:
@@ -174,10 +176,10 @@ def render_plot(
     bottom.step(xs, allocated, where="post", color="tab:blue", linewidth=1.8, label="allocated")
     bottom.step(xs, sampled, where="post", color="tab:blue", linestyle=":", linewidth=1.0, label="allocated (sampled)")
     bottom.step(xs, used, where="post", color="tab:green", linewidth=1.8, label="used")
-    total_alloc = sum(allocated)
-    total_cap = sum(capacity)
-    total_used = sum(used)
-    total_sampled = sum(sampled)
+    total_alloc = sum(allocated[:-1])
+    total_cap = sum(capacity[:-1])
+    total_used = sum(used[:-1])
+    total_sampled = sum(sampled[:-1])
     parts = []
     if total_cap:
         parts.append(f"allocation {100 * total_alloc / total_cap:.0f}% of capacity")

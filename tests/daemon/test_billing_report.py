@@ -1,0 +1,189 @@
+"""`muster billing report`: formats that agree with each other, time arguments, the plot, clear errors."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from muster.cli import main
+from muster.daemon.billing_store import LedgerDB
+from muster.events.types import (
+    Event,
+    GpuUtilizationSampled,
+    JobAdmitted,
+    JobFinished,
+    JobPreempted,
+    JobSubmitted,
+    NodeAdded,
+    PodSet,
+    QueueConfigured,
+)
+from muster.projections.billing import HOUR, fold_billing
+from muster.projections.chargeback import ROW_NUMBERS
+
+T0 = 1_735_689_600  # 2025-01-01T00:00:00Z
+LABEL = "nvidia.com/gpu.product"
+
+
+def small_log() -> list[Event]:
+    """Three queues, two GPU models, twelve jobs of varied size, utilization and fate over a day."""
+    events: list[Event] = [
+        QueueConfigured(at=T0, name="vision", nominal={"gpu": 8}),
+        QueueConfigured(at=T0, name="speech", nominal={"gpu": 4}),
+        QueueConfigured(at=T0, name="research", nominal={"gpu": 4}),
+        NodeAdded(at=T0, node="a", labels={LABEL: "A100"}, capacity={"gpu": 8}),
+        NodeAdded(at=T0, node="h", labels={LABEL: "H100"}, capacity={"gpu": 8}),
+    ]
+    queues = ["vision", "speech", "research"]
+    for i in range(12):
+        job, queue, node = f"job-{i:02}", queues[i % 3], "ah"[i % 2]
+        start = T0 + i * 5400 + 137 * i
+        gpus = 1 + i % 4
+        events += [
+            JobSubmitted(
+                at=start,
+                job=job,
+                queue=queue,
+                priority_class="scavenger" if i % 5 == 0 else None,
+                podsets=[PodSet(name="w", count=1, requests={"gpu": gpus, "cpu": 4000, "memory": 16 << 30})],
+            ),
+            JobAdmitted(at=start, job=job, queue=queue, placement={"w-0": node}, borrowed={"gpu": i % 2}),
+            GpuUtilizationSampled(at=start + 300, job=job, gpu=0.1 * (i % 10)),
+        ]
+        end = start + 3000 + 997 * i
+        if i % 4 == 3:
+            events.append(
+                JobPreempted(at=end, job=job, preemptor=None, reason="FairSharing", lost_gpu_seconds=gpus * 700)
+            )
+        else:
+            events.append(JobFinished(at=end, job=job))
+    events.sort(key=lambda e: e.at)
+    return events
+
+
+@pytest.fixture
+def ledger_url(tmp_path: Path) -> str:
+    """A SQLite ledger holding the small log, written the way the subscriber writes it."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    state = fold_billing(enumerate(small_log(), start=1))
+    with LedgerDB.open(url) as db:
+        db.load()
+        db.commit(state.ledger, state.tracker)
+    return url
+
+
+@pytest.fixture
+def rates(tmp_path: Path) -> str:
+    """A two-version rate card with a team mapping."""
+    path = tmp_path / "rates.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "currency": "EUR",
+                "teams": {"vision": "perception", "speech": "perception"},
+                "versions": [
+                    {
+                        "version": "2025-01",
+                        "effective_from": "2025-01-01",
+                        "gpu_hour": {"default": 1.5, "A100": 2.1, "H100": 3.7},
+                        "cpu_core_hour": 0.031,
+                        "memory_gib_hour": 0.0043,
+                        "borrowed_premium": 1.25,
+                        "priority_discounts": {"scavenger": 0.6},
+                    },
+                    {
+                        "version": "2025-01-b",
+                        "effective_from": "2025-01-01T09:00:00Z",
+                        "gpu_hour": {"default": 1.5, "A100": 1.9, "H100": 3.3},
+                        "cpu_core_hour": 0.029,
+                        "borrowed_premium": 1.3,
+                    },
+                ],
+            }
+        )
+    )
+    return str(path)
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    code = main(["billing", "report", *args])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
+@pytest.mark.parametrize("by", ["queue", "job", "team"])
+@pytest.mark.parametrize("share", ["nominal", "usage"])
+def test_csv_columns_sum_to_the_json_totals(
+    capsys: pytest.CaptureFixture[str], ledger_url: str, rates: str, by: str, share: str
+) -> None:
+    """Every additive CSV column adds up exactly to the JSON total, and the rows are the same rows."""
+    common = ("--db", ledger_url, "--rates", rates, "--by", by, "--share-idle", share)
+    rows = list(csv.DictReader(io.StringIO(_run(capsys, *common, "--format", "csv"))))
+    doc = json.loads(_run(capsys, *common, "--format", "json"), parse_float=Decimal)
+    assert [r["key"] for r in rows] == [r["key"] for r in doc["rows"]]
+    assert len(rows) == {"queue": 3, "job": 12, "team": 2}[by]
+    for name in ROW_NUMBERS:
+        assert sum((Decimal(r[name]) for r in rows), Decimal(0)) == Decimal(doc["totals"][name]), name
+    assert Decimal(doc["totals"]["cost"]) > 0
+    assert Decimal(doc["totals"]["idle_share_cost"]) == Decimal(doc["idle_capacity"]["cost"])
+    assert doc["rate_versions"] == ["2025-01", "2025-01-b"]
+
+
+def test_iso_dates_and_epoch_seconds_select_the_same_window(
+    capsys: pytest.CaptureFixture[str], ledger_url: str, rates: str
+) -> None:
+    """`--from 2025-01-01T06:00:00Z` and `--from <epoch>` are one window, and it is narrower than the whole ledger."""
+    iso = _run(capsys, "--db", ledger_url, "--rates", rates, "--format", "json", "--from", "2025-01-01T06:00:00Z")
+    epoch = _run(capsys, "--db", ledger_url, "--rates", rates, "--format", "json", "--from", str(T0 + 6 * HOUR))
+    whole = _run(capsys, "--db", ledger_url, "--rates", rates, "--format", "json")
+    assert iso == epoch
+    assert json.loads(iso)["totals"]["allocated_gpu_hours"] < json.loads(whole)["totals"]["allocated_gpu_hours"]
+
+
+def test_table_shows_queues_totals_and_idle_capacity(
+    capsys: pytest.CaptureFixture[str], ledger_url: str, rates: str
+) -> None:
+    """The human table lists each queue, a total line and the idle capacity nobody held."""
+    out = _run(capsys, "--db", ledger_url, "--rates", rates, "--share-idle", "nominal")
+    for word in ("vision", "speech", "research", "total", "nobody held", "EUR"):
+        assert word in out
+
+
+def test_plot_is_written_as_png(capsys: pytest.CaptureFixture[str], ledger_url: str, tmp_path: Path) -> None:
+    """`--plot FILE.png` draws the stacked and the allocated-vs-used charts into a PNG file."""
+    png = tmp_path / "billing.png"
+    _run(capsys, "--db", ledger_url, "--plot", str(png))
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(data) > 20_000
+
+
+def test_missing_ledger_and_bad_rate_card_are_clear_errors(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, ledger_url: str
+) -> None:
+    """A ledger that does not exist, or a rate card with a bad price, exit 2 with a sentence, not a traceback."""
+    assert main(["billing", "report", "--db", f"sqlite:///{tmp_path / 'nope.db'}"]) == 2
+    assert "no ledger" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("versions: [{version: x, effective_from: 2025-01-01, gpu_hour: {A100: cheap}}]\n")
+    assert main(["billing", "report", "--db", ledger_url, "--rates", str(bad)]) == 2
+    assert "gpu_hour.A100" in capsys.readouterr().err
+
+
+def test_postgresql_url_without_driver_says_what_to_install(capsys: pytest.CaptureFixture[str]) -> None:
+    """A postgresql:// ledger without the optional psycopg driver fails with install instructions."""
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("psycopg is installed here")
+    assert main(["billing", "report", "--db", "postgresql://u@localhost/billing"]) == 2
+    assert "psycopg" in capsys.readouterr().err
