@@ -89,9 +89,10 @@ class KubernetesAdapter:
         apply_deadline_seconds: float = 60.0,
         pod_wait_seconds: float = 10.0,
         batch_limit: int = 2000,
+        request_seconds: float = 30.0,
     ) -> None:
         """`state`, when given, is the fold of the log; the first batch then writes only what the log lacks."""
-        self.client = KubeClient(api_client)
+        self.client = KubeClient(api_client, request_seconds=request_seconds)
         self.translator = Translator(scheduler_name=scheduler_name, tolerated_taints=tolerated_taints, state=state)
         self.scheduler_name = scheduler_name
         self._clock = clock

@@ -429,6 +429,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 cursor = int(since)
             except ValueError:
                 cursor = -1
+        idle = 0.0
         while True:
             changed = self._changed
             if self._generation != generation:
@@ -457,8 +458,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 if mine and _selected(change.obj, labels, fields):
                     yield {"type": change.type, "object": copy.deepcopy(change.obj)}
             if pending:
+                idle = 0.0
                 continue
-            wait = self.bookmark_seconds
+            raw = request._raw_request
+            if raw is not None and (raw.transport is None or raw.transport.is_closing()):
+                return  # the client went away; nobody reads this stream any more
+            wait = min(self.bookmark_seconds, 0.5)
             if deadline is not None:
                 wait = min(wait, deadline - loop.time())
                 if wait <= 0:
@@ -466,7 +471,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
             try:
                 await asyncio.wait_for(changed.wait(), timeout=wait)
             except TimeoutError:
-                if bookmarks and cursor >= self._oldest:
+                idle += wait
+                if bookmarks and idle >= self.bookmark_seconds and cursor >= self._oldest:
+                    idle = 0.0
                     cursor = max(cursor, self._rv)
                     yield {
                         "type": "BOOKMARK",
@@ -600,4 +607,5 @@ async def running(emulator: KubeEmulator | None = None) -> AsyncIterator[tuple[K
         try:
             yield emu, api
         finally:
+            emu.close_watches()
             await api.close()

@@ -1,0 +1,244 @@
+"""Applying decisions: bindings after admission only, evictions on preemption, idempotent and retried."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes_asyncio.client import ApiClient, CoreV1Api
+
+from muster.daemon.k8s import Applier
+from muster.daemon.k8s import manifests as m
+from muster.daemon.k8s.client import KubeClient
+from muster.daemon.k8s.emulator import KubeEmulator
+from muster.daemon.k8s.gangs import PodInfo, pod_info
+from muster.events.types import (
+    Event,
+    JobAdmitted,
+    JobFailed,
+    JobId,
+    JobInadmissible,
+    JobPreempted,
+    JobSubmitted,
+    NodeName,
+    QueueName,
+)
+
+
+def requests_to(emulator: KubeEmulator, subresource: str) -> list[Any]:
+    return [r for r in emulator if r.subresource == subresource and str(r.method.value) == "POST"]
+
+
+async def submit_gang(emulator: KubeEmulator, api: ApiClient, adapter, events, *, size: int = 3, **pod_args: Any):
+    """Create a Job of `size` pods (1 GPU each) and wait for its JobSubmitted."""
+    for name in ("n1", "n2"):
+        emulator.put_object("v1/nodes", m.node(name))
+    job = m.job("train", "ns", parallelism=size)
+    emulator.put_object("batch/v1/jobs", job)
+    core = CoreV1Api(api)
+    for pod in m.job_pods(job, gpus=1, labels={"muster.dev/queue": "q"}, **pod_args):
+        await core.create_namespaced_pod("ns", pod)
+    await events.wait_for(lambda e: len(e.of(JobSubmitted)) == 1)
+    await adapter.caught_up("pods", emulator.resource_version)
+    [sub] = events.of(JobSubmitted)
+    return sub
+
+
+def admission(sub: JobSubmitted, nodes: list[str]) -> JobAdmitted:
+    names = sorted(sub.pods)
+    return JobAdmitted(
+        at=1,
+        job=sub.job,
+        queue=QueueName("q"),
+        placement={n: NodeName(nodes[i % len(nodes)]) for i, n in enumerate(names)},
+    )
+
+
+def pod_object(emulator: KubeEmulator, key: str) -> dict[str, Any] | None:
+    ns, name = key.split("/")
+    return emulator.get_object("v1/pods", ns, name)
+
+
+class FrozenView:
+    """A GangView that never learns anything new: pods as they were when it was made (stale on purpose)."""
+
+    def __init__(self, pods: dict[str, PodInfo]) -> None:
+        self.pods = pods
+        self.failed: list[str] = []
+
+    def pods_of(self, job: JobId) -> dict[str, PodInfo] | None:
+        return dict(self.pods)
+
+    def complete(self, job: JobId) -> bool:
+        return True
+
+    def ended(self, job: JobId) -> bool:
+        return bool(self.failed)
+
+    def evicting(self, job: JobId) -> list[PodInfo]:
+        return list(self.pods.values())
+
+    def fail(self, job: JobId, reason: str, at: int) -> list[Event]:
+        self.failed.append(reason)
+        return [JobFailed(at=at, job=job, reason=reason)]
+
+    def forget(self, job: JobId) -> None:
+        pass
+
+
+def frozen_view(emulator: KubeEmulator, sub: JobSubmitted) -> FrozenView:
+    return FrozenView({name: pod_info(pod_object(emulator, key) or {}) for name, key in sub.pods.items()})
+
+
+async def test_bindings_are_created_for_every_pod_only_after_admission(kube, start_adapter):
+    """No pod is bound while the gang waits; the admission binds every pod to its decided node."""
+    emulator, api = kube
+    async with start_adapter(api) as (adapter, events):
+        sub = await submit_gang(emulator, api, adapter, events)
+        assert requests_to(emulator, "binding") == []
+        assert all(not pod_object(emulator, key)["spec"].get("nodeName") for key in sub.pods.values())
+
+        decision = admission(sub, ["n1", "n2"])
+        result = await adapter.apply(decision)
+        assert (result.ok, result.outcome) == (True, "applied")
+        for name, key in sub.pods.items():
+            pod = pod_object(emulator, key)
+            assert pod["spec"]["nodeName"] == decision.placement[name]
+            assert {"type": "PodScheduled", "status": "True"}.items() <= pod["status"]["conditions"][-1].items()
+        assert len(requests_to(emulator, "binding")) == 3
+
+
+async def test_applying_an_admission_twice_is_harmless(kube, start_adapter):
+    """A second apply of the same admission, even from a stale view that sends the bindings again, is a no-op."""
+    emulator, api = kube
+    async with start_adapter(api) as (adapter, events):
+        sub = await submit_gang(emulator, api, adapter, events)
+        stale = frozen_view(emulator, sub)  # taken before the bindings
+        decision = admission(sub, ["n1"])
+        assert (await adapter.apply(decision)).outcome == "applied"
+        await adapter.caught_up("pods", emulator.resource_version)
+
+        again = await adapter.apply(decision)
+        assert (again.ok, again.outcome) == (True, "noop")
+        assert len(requests_to(emulator, "binding")) == 3
+
+        replay = await Applier(KubeClient(api), stale).apply(decision)
+        assert (replay.ok, replay.outcome) == (True, "noop")
+        assert len(requests_to(emulator, "binding")) == 6  # answered 409 "already assigned to node n1"
+        assert all(pod_object(emulator, key)["spec"]["nodeName"] == "n1" for key in sub.pods.values())
+
+
+async def test_binding_a_pod_that_is_on_another_node_is_a_conflict(kube, start_adapter):
+    """A decision for n2 about pods already on n1 reports a conflict and moves nothing."""
+    emulator, api = kube
+    async with start_adapter(api) as (adapter, events):
+        sub = await submit_gang(emulator, api, adapter, events)
+        stale = frozen_view(emulator, sub)
+        await adapter.apply(admission(sub, ["n1"]))
+        result = await Applier(KubeClient(api), stale).apply(admission(sub, ["n2"]))
+        assert (result.ok, result.outcome) == (False, "conflict")
+        assert "on n1" in result.detail
+        assert all(pod_object(emulator, key)["spec"]["nodeName"] == "n1" for key in sub.pods.values())
+
+
+async def test_server_errors_on_binding_are_retried(kube, start_adapter):
+    """Two 500s on bindings are retried with backoff; every pod ends up bound."""
+    emulator, api = kube
+    async with start_adapter(api) as (adapter, events):
+        sub = await submit_gang(emulator, api, adapter, events)
+        emulator.fail("POST", "pods", "binding", status=500, times=2)
+        result = await adapter.apply(admission(sub, ["n1"]))
+        assert result.outcome == "applied"
+        assert len(requests_to(emulator, "binding")) == 5
+        assert all(pod_object(emulator, key)["spec"]["nodeName"] == "n1" for key in sub.pods.values())
+
+
+async def test_a_pod_deleted_before_binding_fails_the_job_once(kube, start_adapter):
+    """Deleting a waiting gang's pod gives one JobFailed; its admission then binds nothing."""
+    emulator, api = kube
+    async with start_adapter(api) as (adapter, events):
+        sub = await submit_gang(emulator, api, adapter, events)
+        ns, name = sub.pods["pod-1"].split("/")
+        await CoreV1Api(api).delete_namespaced_pod(name, ns, grace_period_seconds=0)
+        await events.wait_for(lambda e: len(e.of(JobFailed)) == 1)
+        [failed] = events.of(JobFailed)
+        assert failed.job == sub.job
+        assert failed.reason == f"pod {ns}/{name} was deleted before it was bound"
+
+        result = await adapter.apply(admission(sub, ["n1"]))
+        assert result.outcome == "skipped"
+        assert requests_to(emulator, "binding") == []
+        assert len(events.of(JobFailed)) == 1
+
+
+async def test_a_pod_gone_when_its_binding_is_sent_fails_the_job(kube, start_adapter):
+    """A binding answered 404 (the pod vanished under a stale view) ends the job with JobFailed, reported once."""
+    emulator, api = kube
+    async with start_adapter(api) as (adapter, events):
+        sub = await submit_gang(emulator, api, adapter, events)
+        stale = frozen_view(emulator, sub)
+    ns, name = sub.pods["pod-2"].split("/")
+    emulator.remove_object("v1/pods", ns, name)
+    applier = Applier(KubeClient(api), stale)
+    result = await applier.apply(admission(sub, ["n1"]))
+    assert (result.ok, result.outcome) == (False, "failed")
+    assert [type(e) for e in result.events] == [JobFailed]
+    assert f"{ns}/{name}" in result.events[0].reason
+    assert stale.failed == [result.events[0].reason]
+
+
+async def test_preemption_evicts_every_pod_with_its_grace_period(kube, start_adapter):
+    """JobPreempted sends one eviction per pod with the pod's terminationGracePeriodSeconds; no JobFailed follows."""
+    emulator, api = kube
+    async with start_adapter(api) as (adapter, events):
+        sub = await submit_gang(emulator, api, adapter, events, grace_seconds=7)
+        await adapter.apply(admission(sub, ["n1", "n2"]))
+        await adapter.caught_up("pods", emulator.resource_version)
+
+        preempt = JobPreempted(at=2, job=sub.job, preemptor=None, reason="WithinQueue")
+        result = await adapter.apply(preempt)
+        assert (result.ok, result.outcome) == (True, "applied")
+        evictions = requests_to(emulator, "eviction")
+        assert sorted(r.name for r in evictions) == sorted(k.split("/")[1] for k in sub.pods.values())
+        assert all(r.data["deleteOptions"]["gracePeriodSeconds"] == 7 for r in evictions)
+        for key in sub.pods.values():
+            pod = pod_object(emulator, key)
+            assert pod["metadata"]["deletionTimestamp"]
+            assert any(c["type"] == "DisruptionTarget" for c in pod["status"]["conditions"])
+
+        # The kubelets confirm: the pods go away. That was muster's doing, not a failure.
+        core = CoreV1Api(api)
+        for key in sub.pods.values():
+            ns, name = key.split("/")
+            await core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+        await adapter.caught_up("pods", emulator.resource_version)
+        assert events.of(JobFailed) == []
+
+
+async def test_eviction_refused_by_a_disruption_budget_is_retried_and_a_gone_pod_is_fine(kube, start_adapter):
+    """429 on eviction is retried until accepted; evicting pods that are already gone is a no-op."""
+    emulator, api = kube
+    async with start_adapter(api) as (adapter, events):
+        sub = await submit_gang(emulator, api, adapter, events, size=2, grace_seconds=0)
+        await adapter.apply(admission(sub, ["n1"]))
+        await adapter.caught_up("pods", emulator.resource_version)
+        stale = frozen_view(emulator, sub)
+
+        emulator.fail("POST", "pods", "eviction", status=429, times=2)
+        preempt = JobPreempted(at=2, job=sub.job, preemptor=None, reason="ReclaimWithinCohort")
+        result = await adapter.apply(preempt)
+        assert result.outcome == "applied"
+        assert len(requests_to(emulator, "eviction")) == 4
+        assert all(pod_object(emulator, key) is None for key in sub.pods.values())  # grace 0: deleted at once
+
+        again = await Applier(KubeClient(api), stale).apply(preempt)
+        assert (again.ok, again.outcome) == (True, "noop")
+
+
+async def test_decisions_that_change_nothing_in_the_cluster_are_skipped(kube, start_adapter):
+    """JobInadmissible, and an admission of a job with no pods in this cluster, send nothing."""
+    emulator, api = kube
+    async with start_adapter(api, pod_wait_seconds=0.1) as (adapter, _):
+        waiting = await adapter.apply(JobInadmissible(at=1, job=JobId("x"), reason="quota"))
+        elsewhere = await adapter.apply(JobAdmitted(at=1, job=JobId("sim-1"), queue=QueueName("q"), placement={}))
+        assert (waiting.outcome, elsewhere.outcome) == ("skipped", "skipped")
+        assert requests_to(emulator, "binding") == []

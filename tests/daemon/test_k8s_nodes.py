@@ -1,0 +1,183 @@
+"""Nodes become NodeAdded/Updated/Removed/Cordoned; pods of other schedulers hold capacity as `reserved`."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes_asyncio.client import CoreV1Api
+
+from muster.daemon.k8s import manifests as m
+from muster.daemon.k8s.objects import pod_requests
+from muster.events.types import JobSubmitted, NodeAdded, NodeCordoned, NodeRemoved, NodeUpdated
+from muster.projections.cluster import fold
+
+GiB = 2**30
+
+
+def taint(key: str, effect: str = "NoSchedule") -> dict[str, str]:
+    return {"key": key, "effect": effect}
+
+
+@pytest.mark.parametrize(
+    ("node", "ready", "unschedulable", "cordoned"),
+    [
+        pytest.param(m.node("n"), True, False, False, id="healthy"),
+        pytest.param(m.node("n", ready=False), False, False, False, id="ready-condition-false"),
+        pytest.param(m.node("n", taints=[taint("node.kubernetes.io/not-ready")]), True, True, False, id="new-node"),
+        pytest.param(m.node("n", taints=[taint("team/dedicated")]), True, True, False, id="noschedule-taint"),
+        pytest.param(m.node("n", taints=[taint("maint", "NoExecute")]), True, True, False, id="noexecute-taint"),
+        pytest.param(m.node("n", taints=[taint("maint", "PreferNoSchedule")]), True, False, False, id="prefer-only"),
+        pytest.param(m.node("n", taints=[taint("nvidia.com/gpu")]), True, False, False, id="gpu-taint-tolerated"),
+        pytest.param(
+            m.node("n", unschedulable=True, taints=[taint("node.kubernetes.io/unschedulable")]),
+            True,
+            False,
+            True,
+            id="cordoned",
+        ),
+    ],
+)
+async def test_node_readiness_taints_and_cordon_become_the_right_events(
+    kube, start_adapter, node, ready, unschedulable, cordoned
+):
+    """A node's Ready condition, untolerated taints and spec.unschedulable map to ready/unschedulable/cordon."""
+    emulator, api = kube
+    emulator.put_object("v1/nodes", node)
+    async with start_adapter(api) as (_, events):
+        [added] = events.of(NodeAdded)
+        assert (added.ready, added.unschedulable) == (ready, unschedulable)
+        assert [c.cordoned for c in events.of(NodeCordoned)] == ([True] if cordoned else [])
+
+
+async def test_node_capacity_is_allocatable_in_base_units_and_labels_are_kept(kube, start_adapter):
+    """Allocatable becomes gpu/cpu(milli)/memory(bytes) and topology labels stay ordinary labels."""
+    emulator, api = kube
+    labels = {"topology.kubernetes.io/zone": "z1", "muster.dev/block": "b0", "muster.dev/rack": "r3"}
+    emulator.put_object("v1/nodes", m.node("gpu-1", gpus=8, cpu="95500m", memory="512Gi", labels=labels))
+    async with start_adapter(api) as (_, events):
+        [added] = events.of(NodeAdded)
+        assert added.capacity == {"cpu": 95500, "gpu": 8, "memory": 512 * GiB}
+        assert added.labels == {"kubernetes.io/hostname": "gpu-1", **labels}
+
+
+async def test_node_changes_are_written_once_and_heartbeats_are_not(kube, start_adapter):
+    """Uncordon, readiness, label and removal each give one event; a status heartbeat gives none."""
+    emulator, api = kube
+    emulator.put_object("v1/nodes", m.node("n1", unschedulable=True))
+    emulator.put_object("v1/nodes", m.node("n2", ready=False))
+    async with start_adapter(api) as (adapter, events):
+        assert [(c.node, c.cordoned) for c in events.of(NodeCordoned)] == [("n1", True)]
+        start = len(events.events)
+
+        emulator.patch_object("v1/nodes", None, "n1", {"spec": {"unschedulable": None}})
+        emulator.patch_object("v1/nodes", None, "n2", {"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+        hb = [{"type": "Ready", "status": "True", "lastHeartbeatTime": "2026-01-01T00:00:10Z"}]
+        emulator.patch_object("v1/nodes", None, "n2", {"status": {"conditions": hb}})
+        emulator.patch_object("v1/nodes", None, "n1", {"metadata": {"labels": {"muster.dev/rack": "r1"}}})
+        emulator.remove_object("v1/nodes", None, "n2")
+        await adapter.caught_up("nodes", emulator.resource_version)
+
+        later = events.events[start:]
+        assert [(type(e).__name__, e.node) for e in later] == [
+            ("NodeCordoned", "n1"),
+            ("NodeUpdated", "n2"),
+            ("NodeUpdated", "n1"),
+            ("NodeRemoved", "n2"),
+        ]
+        assert later[0].cordoned is False
+        assert later[1].ready is True
+        assert later[2].labels["muster.dev/rack"] == "r1"
+
+
+async def test_pods_of_other_schedulers_count_as_reserved_until_they_end(kube, start_adapter):
+    """DaemonSet/kube-scheduler pods bound to a node reserve their requests there; muster's own pods do not."""
+    emulator, api = kube
+    core = CoreV1Api(api)
+    emulator.put_object("v1/nodes", m.node("n1"))
+    async with start_adapter(api) as (adapter, events):
+        ours = m.pod("ours", "ml", gpus=4, node_name="n1", labels={"muster.dev/queue": "q"})
+        await core.create_namespaced_pod("ml", ours)
+        pending = m.pod("pending", "apps", scheduler="default-scheduler", gpus=1)
+        await core.create_namespaced_pod("apps", pending)
+        await adapter.caught_up("pods", emulator.resource_version)
+        assert events.of(NodeUpdated) == []
+
+        daemonset = m.pod("dcgm-exporter", "kube-system", scheduler="default-scheduler", cpu="500m", memory="1Gi")
+        daemonset["spec"]["nodeName"] = "n1"
+        await core.create_namespaced_pod("kube-system", daemonset)
+        web = m.pod("web", "apps", scheduler="default-scheduler", gpus=1, node_name="n1")
+        await core.create_namespaced_pod("apps", web)
+        await adapter.caught_up("pods", emulator.resource_version)
+        assert events.of(NodeUpdated)[-1].reserved == {"cpu": 500, "gpu": 1, "memory": GiB}
+
+        # A finished pod gives its capacity back; a deleted one too.
+        emulator.patch_object("v1/pods", "apps", "web", {"status": {"phase": "Succeeded"}})
+        await adapter.caught_up("pods", emulator.resource_version)
+        assert events.of(NodeUpdated)[-1].reserved == {"cpu": 500, "memory": GiB}
+        await core.delete_namespaced_pod("dcgm-exporter", "kube-system", grace_period_seconds=0)
+        await adapter.caught_up("pods", emulator.resource_version)
+        assert events.of(NodeUpdated)[-1].reserved == {}
+
+
+async def test_reserved_pods_seen_before_their_node_are_in_its_first_event(kube, start_adapter):
+    """A node listed with pods already bound to it is added with those pods' requests reserved."""
+    emulator, api = kube
+    emulator.put_object("v1/pods", m.pod("ds", "kube-system", scheduler="default-scheduler", cpu="2", node_name="n1"))
+    emulator.put_object("v1/nodes", m.node("n1"))
+    async with start_adapter(api) as (_, events):
+        assert [e.reserved for e in events.of(NodeAdded)] == [{"cpu": 2000}]
+        assert events.of(NodeUpdated) == []
+
+
+async def test_restart_with_the_log_writes_only_what_changed_meanwhile(kube, start_adapter):
+    """Given the folded log, a new adapter re-adds nothing unchanged, removes vanished nodes, skips known jobs."""
+    emulator, api = kube
+    for name in ("n1", "n2", "n3"):
+        emulator.put_object("v1/nodes", m.node(name))
+    job = m.job("train", "ns", parallelism=1)
+    emulator.put_object("batch/v1/jobs", job)
+    for pod in m.job_pods(job, gpus=1, labels={"muster.dev/queue": "q"}):
+        emulator.put_object("v1/pods", pod)
+    async with start_adapter(api) as (_, first):
+        await first.wait_for(lambda e: len(e.of(JobSubmitted)) == 1)
+    state = fold(first.events)
+
+    # While no adapter runs: n2 goes away, n3 is cordoned.
+    emulator.remove_object("v1/nodes", None, "n2")
+    emulator.patch_object("v1/nodes", None, "n3", {"spec": {"unschedulable": True}})
+    async with start_adapter(api, state=lambda: state) as (_, second):
+        assert [(type(e).__name__, e.node) for e in second.events] == [("NodeRemoved", "n2"), ("NodeCordoned", "n3")]
+        assert second.of(NodeRemoved)[0].node == "n2"
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        pytest.param({"containers": [{"resources": {"limits": {"nvidia.com/gpu": "2"}}}]}, {"gpu": 2}, id="limit-only"),
+        pytest.param(
+            {
+                "containers": [{"resources": {"requests": {"cpu": "1"}}}, {"resources": {"requests": {"cpu": "250m"}}}],
+                "initContainers": [{"resources": {"requests": {"cpu": "2", "memory": "1Gi"}}}],
+            },
+            {"cpu": 2000, "memory": GiB},
+            id="init-container-peak",
+        ),
+        pytest.param(
+            {
+                "containers": [{"resources": {"requests": {"cpu": "1"}}}],
+                "initContainers": [{"restartPolicy": "Always", "resources": {"requests": {"cpu": "500m"}}}],
+                "overhead": {"cpu": "100m"},
+            },
+            {"cpu": 1600},
+            id="sidecar-and-overhead",
+        ),
+        pytest.param(
+            {"containers": [{"resources": {"requests": {"cpu": "lots", "ephemeral-storage": "1Gi", "memory": "1Mi"}}}]},
+            {"memory": 2**20},
+            id="bad-quantity-and-untracked-skipped",
+        ),
+    ],
+)
+def test_pod_requests_count_what_the_kube_scheduler_counts(spec, expected):
+    """Requests: sum of containers vs. largest init container, plus sidecars and overhead; limits stand in."""
+    problems: list[str] = []
+    assert pod_requests({"spec": spec}, problems) == expected
