@@ -467,6 +467,8 @@ def test_billing_deployment_is_optional(run: ChartRun) -> None:
     assert billing["spec"]["strategy"] == {"type": "Recreate"}
     c = container(billing)
     assert c["args"] == ["billing", "run", "--config", "/etc/muster/billing.yaml"]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert {m["mountPath"] for m in c["volumeMounts"]} >= {"/etc/muster/billing.yaml", "/var/lib/muster"}

@@ -26,7 +26,12 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
+from muster.daemon.billing import BillingMetrics, BillingSubscriber, SubscriberOptions
+from muster.daemon.billing_store import LedgerDB
+from muster.events.codec import encode
 from muster.events.embedded import EmbeddedNats, find_nats_server
+from muster.events.store import subject_for
+from muster.events.types import NodeAdded, NodeName, QueueConfigured, QueueName
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCOUNTS = ROOT / "deploy" / "nats" / "accounts.conf"
@@ -212,10 +217,29 @@ async def test_billing_reads_through_its_own_durable_consumer_only(connect: Conn
     await billing.nc.flush(timeout=2)
     assert not billing.violations.seen
     assert await billing.refused_publish("$JS.API.CONSUMER.CREATE.MUSTER.someone-else")
-    assert await billing.refused_publish("$JS.API.CONSUMER.DELETE.MUSTER.muster-billing")
+    assert await billing.refused_publish("$JS.API.CONSUMER.DELETE.MUSTER.muster_0daemon0reader")
     assert await billing.refused_publish("$JS.API.STREAM.MSG.DELETE.MUSTER")
     assert await billing.refused_publish("muster.job.team-a.billing-probe")
     assert await billing.refused_publish("muster.submit.team-a.x")
+
+
+async def test_billing_subscriber_runs_under_the_billing_identity(connect: Connect, tmp_path: Path) -> None:
+    """The real billing subscriber folds the log into its ledger with nothing but the billing permissions."""
+    daemon, billing = await connect("daemon"), await connect("billing")
+    await ensure_stream(daemon)
+    node = NodeAdded(at=1_800_000_000, node=NodeName("gpu-9"), capacity={"gpu": 8})
+    queue = QueueConfigured(at=1_800_000_000, name=QueueName("team-a"), nominal={"gpu": 8})
+    await daemon.js.publish(subject_for(node), encode(node), stream="MUSTER")  # muster.node.gpu-9
+    admin = await connect("admin")
+    await admin.js.publish(subject_for(queue), encode(queue), stream="MUSTER")  # muster.queue.team-a
+    last = await last_seq(daemon)
+    with LedgerDB.open(f"sqlite:///{tmp_path / 'billing.db'}") as ledger:
+        subscriber = BillingSubscriber(billing.js, ledger, SubscriberOptions(stream="MUSTER"), BillingMetrics())
+        await subscriber.start()
+        await subscriber.run(once=True)
+        await subscriber.close()
+        assert ledger.load()[0] == last
+    assert not billing.violations.seen
 
 
 async def test_submitters_read_only_their_own_jobs(connect: Connect) -> None:
