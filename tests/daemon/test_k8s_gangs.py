@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import anyio
@@ -24,11 +25,17 @@ async def create(api: ApiClient, pods: list[dict[str, Any]]) -> int:
     return rv
 
 
-async def owner_looked_up(emulator: KubeEmulator, plural: str) -> None:
-    """Wait until the adapter fetched the owner, and its answer had time to be translated."""
+def watch_owner_lookups(emulator: KubeEmulator, plural: str) -> asyncio.Event:
+    """An event set when the adapter asks the API server for an owner of kind `plural` (a kmock side effect)."""
+    seen = asyncio.Event()
+    emulator[lambda r: r.resource is not None and r.resource.plural == plural] >> seen
+    return seen
+
+
+async def owner_looked_up(seen: asyncio.Event) -> None:
+    """Wait until the owner was fetched, and give its answer time to be translated."""
     with anyio.fail_after(5):
-        while not any(r.resource is not None and r.resource.plural == plural for r in emulator):
-            await anyio.sleep(0.01)
+        await seen.wait()
     await anyio.sleep(0.1)
 
 
@@ -45,9 +52,10 @@ async def test_job_pods_become_one_gang_only_after_the_last_pod_exists(kube, sta
         annotations={"muster.dev/runtime": "2h", "muster.dev/checkpoint-every": "600"},
         priority_class="high",
     )
+    lookups = watch_owner_lookups(emulator, "jobs")
     async with start_adapter(api) as (adapter, events):
         await adapter.caught_up("pods", await create(api, pods[:2]))
-        await owner_looked_up(emulator, "jobs")
+        await owner_looked_up(lookups)
         assert events.of(JobSubmitted) == []
 
         await adapter.caught_up("pods", await create(api, pods[2:]))
@@ -78,9 +86,10 @@ async def test_jobset_pods_become_one_gang_with_a_podset_per_replicated_job(kube
         labels={"muster.dev/queue": "team-b"},
     )
     assert len(pods) == 5
+    lookups = watch_owner_lookups(emulator, "jobsets")
     async with start_adapter(api) as (adapter, events):
         await adapter.caught_up("pods", await create(api, pods[::-1][:4]))
-        await owner_looked_up(emulator, "jobsets")
+        await owner_looked_up(lookups)
         assert events.of(JobSubmitted) == []
 
         await adapter.caught_up("pods", await create(api, pods[::-1][4:]))
@@ -105,9 +114,10 @@ async def test_pytorchjob_pods_become_one_gang_of_master_and_workers(kube, start
         requests={"master": {"gpus": 1, "cpu": "8"}, "worker": {"gpus": 8}},
         labels={"muster.dev/queue": "team-c"},
     )
+    lookups = watch_owner_lookups(emulator, "pytorchjobs")
     async with start_adapter(api) as (adapter, events):
         await adapter.caught_up("pods", await create(api, pods[1:]))
-        await owner_looked_up(emulator, "pytorchjobs")
+        await owner_looked_up(lookups)
         assert events.of(JobSubmitted) == []
 
         await adapter.caught_up("pods", await create(api, pods[:1]))
@@ -160,9 +170,10 @@ async def test_gang_whose_owner_is_gone_is_never_submitted(kube, start_adapter):
     """Pods whose Job no longer exists (404) are left alone: nothing is submitted for them."""
     emulator, api = kube
     job = m.job("ghost", "ns", parallelism=1)  # never stored: the owner lookup answers 404
+    lookups = watch_owner_lookups(emulator, "jobs")
     async with start_adapter(api) as (adapter, events):
         await adapter.caught_up("pods", await create(api, m.job_pods(job, gpus=1)))
-        await owner_looked_up(emulator, "jobs")
+        await owner_looked_up(lookups)
         await adapter.caught_up("pods", await create(api, [m.pod("marker", "ns", scheduler="other")]))
         assert events.of(JobSubmitted) == []
 
