@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck layers unit bench clean
+.PHONY: demo test lint typecheck layers unit bench chart clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ unit: $(STAMP)
 	$(BIN)/pytest
 
 test: lint typecheck layers unit
+
+# helm lint + helm template of the chart through Helm's Go SDK (the helm-python-sdk dev wheel).
+chart: $(STAMP)
+	$(BIN)/python deploy/helm_sdk.py lint deploy/helm/muster
+	$(BIN)/python deploy/helm_sdk.py template muster deploy/helm/muster
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
