@@ -155,8 +155,12 @@ def _run_binary(helm: str, request: dict[str, Any], workdir: Path) -> ChartRun:
         lint_reports.append({"messages": messages, "errors": errors})
     rendered: dict[str, Rendered] = {}
     failures: dict[str, str] = {}
+    # `helm template` refuses a chart whose declared dependency is missing, even when its condition
+    # is off; the stub stands in for what `helm dependency build` would download.
+    with_deps = str(make_stub_chart(workdir)) if not (CHART / "charts").is_dir() else str(CHART)
     for case, spec in request.get("render", {}).items():
         chart = spec.get("chart", request["chart"])
+        chart = with_deps if chart == str(CHART) else chart
         values = values_file(case, spec.get("values", {}))
         cmd = [helm, "template", spec.get("release", "muster"), chart, "-n", request["namespace"], "-f", str(values)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
