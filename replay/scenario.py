@@ -230,15 +230,29 @@ def loads(text: str, name: str = "<scenario>", base: Path | None = None) -> Scen
     config.extend(nodes.values())
     inputs: list[Input] = []
     if "timeline" in top:
-        inputs.extend(_timeline(r, top["timeline"], queues, cohort_names))
+        inputs.extend(_timeline(r, top["timeline"], queues, cohort_names, set(nodes)))
+    _unique_jobs(name, inputs, {})
     if "timeline_csv" in top:
         csv_name = r.string(top["timeline_csv"], "timeline_csv")
         csv_path = (base or Path(".")) / csv_name
-        inputs.extend(_timeline_csv(csv_path, start=len(inputs)))
+        rows = _timeline_csv(csv_path, start=len(inputs))
+        _unique_jobs(str(csv_path), rows, {i.data["job"]: f"{name}:{i.line}" for i in inputs if i.kind == "submit"})
+        inputs.extend(rows)
     # at equal times, timeline entries come before CSV rows (stable sort keeps file order)
     inputs.sort(key=lambda i: (i.at, i.order))
     until = r.integer(top["until"], "until") if "until" in top else None
     return Scenario(name, config, inputs, until, levels, queues, nodes)
+
+
+def _unique_jobs(path: str, inputs: list[Input], seen: dict[str, str]) -> None:
+    """A job id is submitted once: a second submission would be dropped by the fold, so it is an error."""
+    for i in inputs:
+        if i.kind != "submit":
+            continue
+        job = i.data["job"]
+        if job in seen:
+            raise ScenarioError(path, i.line, f"job {job!r} is submitted twice (first at {seen[job]})")
+        seen[job] = f"{path}:{i.line}"
 
 
 def _priority_classes(r: _Reader, node: yaml.Node | None) -> list[PriorityClassConfigured]:
@@ -408,7 +422,9 @@ def _keys(node: yaml.Node) -> list[str]:
 _EVENT_KINDS = {"submit", "node_down", "node_up", "cordon", "uncordon", "cancel", "utilization", "queue_update"}
 
 
-def _timeline(r: _Reader, node: yaml.Node, queues: dict[str, QueueConfigured], cohorts: set[str]) -> list[Input]:
+def _timeline(
+    r: _Reader, node: yaml.Node, queues: dict[str, QueueConfigured], cohorts: set[str], nodes: set[str]
+) -> list[Input]:
     out: list[Input] = []
     for order, n in enumerate(r.seq(node, "timeline")):
         m = r.mapping(n, "timeline entry", {"at"} | _EVENT_KINDS, {"at"})
@@ -423,6 +439,8 @@ def _timeline(r: _Reader, node: yaml.Node, queues: dict[str, QueueConfigured], c
             data = _submit(r, v)
         elif kind in ("node_down", "node_up", "cordon", "uncordon", "cancel"):
             data = {"name": r.string(v, kind)}
+            if kind != "cancel" and data["name"] not in nodes:
+                raise r.fail(v, f"{kind}: node {data['name']!r} is not defined")
         elif kind == "utilization":
             u = r.mapping(v, "utilization", {"job", "gpu"}, {"job", "gpu"})
             data = {"job": r.string(u["job"], "utilization.job"), "gpu": r.number(u["gpu"], "utilization.gpu", 0, 1)}
@@ -445,6 +463,7 @@ def _submit(r: _Reader, node: yaml.Node) -> dict[str, Any]:
     """A job as written; shape errors are scenario errors, spec errors become JobRejected."""
     m = r.mapping(node, "submit", _SUBMIT_FIELDS, {"job", "queue"})
     podsets: list[PodSet] = []
+    invalid: str | None = None
     for pn in r.seq(m["podsets"], "podsets") if "podsets" in m else []:
         p = r.mapping(pn, "podset", _PODSET_FIELDS, {"count"})
         topo = None
@@ -454,15 +473,17 @@ def _submit(r: _Reader, node: yaml.Node) -> dict[str, Any]:
                 required=r.string(t["required"], "topology.required") if "required" in t else None,
                 preferred=r.string(t["preferred"], "topology.preferred") if "preferred" in t else None,
             )
-        podsets.append(
-            PodSet(
-                name=r.string(p["name"], "podset name") if "name" in p else "worker",
-                count=r.integer(p["count"], "podset count", minimum=None),
-                requests=_requests(r, p["requests"]) if "requests" in p else {},
-                topology=topo,
-            )
-        )
-    return {
+        name = r.string(p["name"], "podset name") if "name" in p else "worker"
+        # a count or a request that is not a whole quantity (1.5 pods, 0.5 GPUs) makes the
+        # job invalid, not the scenario: the job is rejected and the run goes on
+        try:
+            count = r.integer(p["count"], f"podset {name!r}: count", minimum=None)
+            requests = _requests(r, p["requests"]) if "requests" in p else {}
+        except ScenarioError as exc:
+            invalid = invalid or exc.message
+            count, requests = 0, {}
+        podsets.append(PodSet(name=name, count=count, requests=requests, topology=topo))
+    out: dict[str, Any] = {
         "job": r.string(m["job"], "job"),
         "queue": r.string(m["queue"], "queue"),
         "priority_class": r.string(m["priority_class"], "priority_class") if "priority_class" in m else None,
@@ -472,6 +493,9 @@ def _submit(r: _Reader, node: yaml.Node) -> dict[str, Any]:
         if "checkpoint_every" in m
         else None,
     }
+    if invalid is not None:
+        out["invalid"] = invalid
+    return out
 
 
 def _requests(r: _Reader, node: yaml.Node) -> dict[str, int]:
@@ -539,8 +563,18 @@ def _timeline_csv(path: Path, start: int) -> list[Input]:
             at = integer("submit")
             if at < 0:
                 raise ScenarioError(name, lineno, f"column submit: {at} is negative")
-            gpus = integer("gpus")
-            per_pod = integer("gpus_per_pod")
+            # GPUs that are not a whole number make the job invalid (JobRejected), not the trace
+            bad: list[str] = []
+
+            def gpu_count(c: str, bad: list[str] = bad) -> int:
+                try:
+                    return integer(c)
+                except ScenarioError as exc:
+                    bad.append(exc.message)
+                    return 0
+
+            gpus = gpu_count("gpus")
+            per_pod = gpu_count("gpus_per_pod")
             runtime = integer("runtime")
             topo = None
             if get("topology"):
@@ -557,12 +591,12 @@ def _timeline_csv(path: Path, start: int) -> list[Input]:
                 "runtime": runtime,
                 "checkpoint_every": integer("checkpoint_every") if get("checkpoint_every") else None,
             }
-            invalid = None
-            if per_pod <= 0:
+            invalid = bad[0] if bad else None
+            if invalid is None and per_pod <= 0:
                 invalid = f"gpus_per_pod {per_pod} must be positive"
-            elif gpus < 0:
+            elif invalid is None and gpus < 0:
                 invalid = f"gpus {gpus} is negative"
-            elif gpus >= per_pod and gpus % per_pod:
+            elif invalid is None and gpus >= per_pod and gpus % per_pod:
                 invalid = f"gpus {gpus} is not a multiple of gpus_per_pod {per_pod}"
             if invalid is not None:
                 data["podsets"] = [PodSet(name="worker", count=0, requests={"gpu": gpus})]

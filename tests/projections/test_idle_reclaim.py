@@ -1,0 +1,127 @@
+"""Idle GPU reclamation as scenarios (spec/scenario.md, Idle reclamation).
+
+Shape of most cases: qa and qb have 8 GPUs each on a 16-GPU cluster; qa runs
+`own` (within nominal) and `lent` (borrowed); qb's `b` arrives later and,
+with no reclaim policy, can only get room when an idle job is reclaimed.
+"""
+
+from __future__ import annotations
+
+from simkit import nodes_8gpu, queue, run, scenario, submit
+
+TWO_NODES = nodes_8gpu(per_rack=2)  # 16 GPUs
+
+
+def _idle(
+    samples: list[tuple[int, str, float]],
+    *,
+    threshold: float = 0.05,
+    after: int = 1800,
+    only_borrowing: bool | None = None,
+    pending_b: bool = True,
+    own_prio: str = "training",
+    more: tuple[str, ...] = (),
+) -> str:
+    timeline = [
+        submit("own", "qa", 8, runtime=100_000, prio=own_prio),
+        submit("lent", "qa", 8, runtime=100_000),
+    ]
+    timeline += [f"  - {{at: {t}, utilization: {{job: {j}, gpu: {u}}}}}\n" for t, j, u in samples]
+    if pending_b:
+        timeline.append(submit("b", "qb", 8, at=200, runtime=100))
+    timeline += more
+    policy = f"idle_reclaim:\n  threshold: {threshold}\n  after: {after}\n"
+    if only_borrowing is not None:
+        policy += f"  only_borrowing: {'true' if only_borrowing else 'false'}\n"
+    return scenario(
+        TWO_NODES,
+        [queue("qa", 8, "org"), queue("qb", 8, "org")],
+        timeline,
+        cohorts=["org"],
+        extra=policy + "until: 20000\n",
+    )
+
+
+def test_idle_borrowing_job_reclaimed_after_the_delay() -> None:
+    """A borrowing job idle for `after` seconds is evicted (IdleReclaim, no preemptor) for a pending job."""
+    out = run(_idle([(100, "lent", 0.01)]))
+    assert out.admitted("lent").borrowed == {"gpu": 8}
+    (ev,) = out.preemptions()
+    assert (ev.at, ev.job, ev.preemptor, ev.reason) == (1900, "lent", None, "IdleReclaim")
+    assert ev.lost_gpu_seconds == 1900 * 8  # no checkpoints: all its work since admission at 0
+    assert out.decisions(at=1900) == [("preempt", "lent", None, "IdleReclaim"), ("admit", "b"), ("pending", "lent")]
+
+
+def test_sample_at_the_threshold_counts_as_idle() -> None:
+    """Utilization exactly at the threshold is idle."""
+    out = run(_idle([(100, "lent", 0.05)]))
+    assert [e.at for e in out.preemptions()] == [1900]
+
+
+def test_sample_above_the_threshold_is_busy() -> None:
+    """Utilization above the threshold never makes a job idle."""
+    out = run(_idle([(100, "lent", 0.06)]))
+    assert out.preemptions() == []
+
+
+def test_busy_sample_restarts_the_idle_clock() -> None:
+    """A sample above the threshold ends the idle spell; the clock starts again at the next idle sample."""
+    out = run(_idle([(100, "lent", 0.01), (1000, "lent", 0.9), (1200, "lent", 0.0)]))
+    assert [e.at for e in out.preemptions()] == [3000]
+
+
+def test_repeated_idle_samples_do_not_restart_the_clock() -> None:
+    """An idle job stays idle from its first idle sample, whatever later idle samples say."""
+    out = run(_idle([(100, "lent", 0.01), (1000, "lent", 0.02), (1500, "lent", 0.0)]))
+    assert [e.at for e in out.preemptions()] == [1900]
+
+
+def test_custom_threshold_and_after() -> None:
+    """`threshold` and `after` come from the scenario."""
+    out = run(_idle([(100, "lent", 0.3)], threshold=0.5, after=60))
+    assert [e.at for e in out.preemptions()] == [200]
+
+
+def test_only_borrowing_spares_jobs_within_nominal() -> None:
+    """With only_borrowing (the default) an idle job that did not borrow is never reclaimed."""
+    out = run(_idle([(100, "own", 0.0)]))
+    assert out.preemptions() == []
+
+
+def test_without_only_borrowing_any_idle_job_is_reclaimed() -> None:
+    """With only_borrowing false an idle job within its nominal is reclaimed too."""
+    out = run(_idle([(100, "own", 0.0)], only_borrowing=False))
+    assert [(e.at, e.job, e.reason) for e in out.preemptions()] == [(1900, "own", "IdleReclaim")]
+
+
+def test_idle_job_kept_when_no_pending_job_could_use_the_room() -> None:
+    """An idle job is not evicted while nothing pending could use what it frees."""
+    out = run(_idle([(100, "lent", 0.0)], pending_b=False))
+    assert out.preemptions() == []
+
+
+def test_idle_job_reclaimed_once_a_job_arrives_that_can_use_it() -> None:
+    """An idle job long past its deadline is reclaimed at the instant a job that fits arrives."""
+    out = run(_idle([(100, "lent", 0.0)], pending_b=False, more=(submit("late", "qb", 8, at=5000, runtime=10),)))
+    assert [(e.at, e.job) for e in out.preemptions()] == [(5000, "lent")]
+    assert out.admitted("late").at == 5000
+
+
+def test_idle_job_kept_when_the_pending_job_would_still_not_fit() -> None:
+    """Reclaiming an idle job that frees too little for any pending job is pointless, so it stays."""
+    out = run(_idle([(100, "lent", 0.0)], pending_b=False, more=(submit("huge", "qb", 24, at=200),)))
+    assert out.preemptions() == []
+
+
+def test_non_preemptible_job_never_reclaimed_for_idleness() -> None:
+    """A non-preemptible job is never reclaimed for idleness, even with only_borrowing false."""
+    out = run(_idle([(100, "own", 0.0)], only_borrowing=False, own_prio="inference"))
+    assert out.preemptions() == []
+
+
+def test_idle_clock_resets_when_the_job_is_readmitted() -> None:
+    """A reclaimed job starts with a clean utilization record when it runs again."""
+    out = run(_idle([(100, "lent", 0.0)]))
+    # `b` finishes at 2000; `lent` is readmitted and, with no new idle sample, runs on
+    assert out.admissions("lent")[1].at == 2000
+    assert len(out.preemptions()) == 1
