@@ -36,7 +36,7 @@ import nats
 import structlog
 from nats.aio.client import Client as NatsClient
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import APIError, NotFoundError, TooManyStalledMsgsError
 
 from muster.events.codec import MAX_EVENT_BYTES, DecodeError, decode, encode
 from muster.events.types import (
@@ -408,29 +408,59 @@ class EventStore:
         return await self._append_pipelined(items)
 
     async def _append_pipelined(self, items: list[tuple[str, bytes, str]]) -> list[int]:
+        """Publish without waiting for each ack; confirm the stragglers one by one.
+
+        The server stores one connection's messages in the order sent, so the
+        sequences follow the batch order unless a message had to be re-sent.
+        """
         js = self.js
         futures: list[asyncio.Future[Any]] = []
-        for subject, data, mid in items:
-            futures.append(await js.publish_async(subject, data, headers={"Nats-Msg-Id": mid}, stream=self.stream))
-        with anyio.move_on_after(self.request_timeout + 0.001 * len(items)):
-            await asyncio.wait(futures)
+        reconnects = self.nc.stats["reconnects"]
+        try:
+            for subject, data, mid in items:
+                futures.append(
+                    await js.publish_async(
+                        subject, data, wait_stall=self.request_timeout, headers={"Nats-Msg-Id": mid}, stream=self.stream
+                    )
+                )
+        except (TooManyStalledMsgsError, nats.errors.Error) as exc:
+            # acks stopped coming (server gone?): the rest goes through the confirmed path below
+            log.info("pipelined append stalled", sent=len(futures), of=len(items), error=str(exc))
+        await self._await_acks(futures, reconnects)
         seqs: list[int] = []
-        for (subject, data, mid), future in zip(items, futures, strict=True):
-            if future.done() and not future.cancelled() and future.exception() is None:
-                seqs.append(future.result().seq)
+        for i, (subject, data, mid) in enumerate(items):
+            future: asyncio.Future[Any] | None = futures[i] if i < len(futures) else None
+            if future is not None and future.done() and not future.cancelled() and future.exception() is None:
+                seqs.append(int(future.result().seq))
                 continue
-            if not future.done():
+            if future is not None and not future.done():
                 future.cancel()
             # unconfirmed: the same msg id makes a second publish harmless
-            seqs.append(await self._publish_one(subject, data, {"Nats-Msg-Id": mid}))
+            seqs.append((await self._publish_one(subject, data, {"Nats-Msg-Id": mid}))[0])
         return seqs
 
-    async def _publish_one(self, subject: str, data: bytes, headers: dict[str, str], attempts: int = 3) -> int:
+    async def _await_acks(self, futures: list[asyncio.Future[Any]], reconnects: int) -> None:
+        """Wait for the acks until all came, the deadline passed, or a reconnect left some orphaned.
+
+        Acks of messages sent before a reconnect never arrive; once the
+        connection is back and acks stop coming, the rest are re-sent instead.
+        """
+        pending = set(futures)
+        deadline = anyio.current_time() + self.request_timeout + 0.001 * len(futures)
+        while pending and anyio.current_time() < deadline:
+            done, pending = await asyncio.wait(pending, timeout=0.25)
+            if pending and not done and self.nc.stats["reconnects"] != reconnects and self.nc.is_connected:
+                return
+
+    async def _publish_one(
+        self, subject: str, data: bytes, headers: dict[str, str], attempts: int = 3
+    ) -> tuple[int, bool]:
+        """(sequence, was a duplicate) of one confirmed publish, retried on timeouts and server trouble."""
         last: Exception | None = None
         for attempt in range(attempts):
             try:
                 ack = await self.js.publish(subject, data, headers=dict(headers), stream=self.stream)
-                return int(ack.seq)
+                return int(ack.seq), bool(ack.duplicate)
             except APIError as exc:
                 if exc.err_code == _WRONG_LAST_SEQUENCE or (exc.code is not None and exc.code < 500):
                     raise
@@ -447,7 +477,7 @@ class EventStore:
             subject, data, mid = items[i]
             headers = {"Nats-Msg-Id": mid, "Nats-Expected-Last-Sequence": str(expected)}
             try:
-                seq = await self._publish_one(subject, data, headers)
+                seq, duplicate = await self._publish_one(subject, data, headers)
             except APIError as exc:
                 if exc.err_code != _WRONG_LAST_SEQUENCE:
                     raise
@@ -467,7 +497,8 @@ class EventStore:
                 expected = actual
                 continue
             seqs.append(seq)
-            expected = seq
+            if not duplicate:  # a duplicate of an older event leaves the stream's end where it was
+                expected = seq
             i += 1
         return seqs
 
@@ -493,7 +524,7 @@ class EventStore:
 
     def _report(self, raw: Raw, error: str) -> None:
         self.bad_events += 1
-        bad = BadEvent(raw.seq, raw.data, error, raw.subject)
+        bad = BadEvent(raw.seq, raw.data, error, raw.subject.decode(errors="replace"))
         try:
             self.on_bad(bad)
         except Exception:  # a faulty reporter must not stop the reader either

@@ -31,7 +31,7 @@ from urllib.parse import unquote, urlparse
 
 import anyio
 
-__all__ = ["JetStreamApiError", "Raw", "WireConnection", "WireError", "WireOptions", "consume"]
+__all__ = ["Frame", "JetStreamApiError", "Raw", "WireConnection", "WireError", "WireOptions", "consume"]
 
 _CRLF = b"\r\n"
 _READ_SIZE = 1 << 20
@@ -53,11 +53,15 @@ class JetStreamApiError(RuntimeError):
 
 
 class Raw(NamedTuple):
-    """One stored message as delivered: stream sequence, subject and payload bytes."""
+    """One stored message as delivered: stream sequence, subject and payload (both bytes)."""
 
     seq: int
-    subject: str
+    subject: bytes
     data: bytes
+
+
+Frame = tuple[bytes, bytes, bytes, bytes, bytes]
+"""(sid, reply, status headers (empty unless a status message), payload, subject) of one MSG/HMSG."""
 
 
 @dataclass(frozen=True)
@@ -171,8 +175,8 @@ class WireConnection:
         with anyio.move_on_after(1, shield=True), contextlib.suppress(OSError, ssl.SSLError):
             await writer.wait_closed()
 
-    async def next_frames(self, idle_timeout: float) -> list[tuple[int, str, bytes, bytes, bytes]]:
-        """The next non-empty batch of `(sid, reply, headers, payload, subject)` parsed from the socket.
+    async def next_frames(self, idle_timeout: float) -> list[Frame]:
+        """The next non-empty batch of frames parsed from the socket.
 
         Answers server PINGs; raises WireError on EOF, -ERR or `idle_timeout` seconds of silence.
         """
@@ -192,30 +196,39 @@ class WireConnection:
             if batch:
                 return batch
 
-    def _parse(self, buf: bytes) -> tuple[list[tuple[int, str, bytes, bytes, bytes]], bytes]:
-        out: list[tuple[int, str, bytes, bytes, bytes]] = []
+    def _parse(self, buf: bytes) -> tuple[list[Frame], bytes]:
+        """Frames of every complete message in `buf`, and the incomplete rest.
+
+        The hot loop of a replay: it copies only payloads, keeps tokens as bytes
+        and slices the header block only for status messages.
+        """
+        out: list[Frame] = []
+        append = out.append
         pos = 0
         size = len(buf)
         find = buf.find
+        startswith = buf.startswith
         while pos < size:
             eol = find(_CRLF, pos)
             if eol < 0:
                 break
-            if buf.startswith(b"HMSG ", pos):
+            if startswith(b"HMSG ", pos):
                 parts = buf[pos + 5 : eol].split(b" ")
                 if len(parts) == 5:
                     subject, sid, reply, hlen_b, tlen_b = parts
                 else:
                     subject, sid, hlen_b, tlen_b = parts
                     reply = b""
-                hlen = int(hlen_b)
                 start = eol + 2
                 end = start + int(tlen_b)
                 if end + 2 > size:
                     break
-                out.append((int(sid), reply.decode(), buf[start : start + hlen], buf[start + hlen : end], subject))
+                hend = start + int(hlen_b)
+                # "NATS/1.0 100 Idle Heartbeat": a space after the version marks a status message
+                status = buf[start:hend] if buf[start + 8] == 32 else b""
+                append((sid, reply, status, buf[hend:end], subject))
                 pos = end + 2
-            elif buf.startswith(b"MSG ", pos):
+            elif startswith(b"MSG ", pos):
                 parts = buf[pos + 4 : eol].split(b" ")
                 if len(parts) == 4:
                     subject, sid, reply, tlen_b = parts
@@ -226,12 +239,12 @@ class WireConnection:
                 end = start + int(tlen_b)
                 if end + 2 > size:
                     break
-                out.append((int(sid), reply.decode(), b"", buf[start:end], subject))
+                append((sid, reply, b"", buf[start:end], subject))
                 pos = end + 2
-            elif buf.startswith(b"PING", pos):
+            elif startswith(b"PING", pos):
                 self._writer.write(b"PONG\r\n")
                 pos = eol + 2
-            elif buf.startswith(b"-ERR", pos):
+            elif startswith(b"-ERR", pos):
                 raise WireError(f"server error: {buf[pos + 5 : eol].decode(errors='replace')}")
             else:  # PONG, +OK, INFO (cluster topology updates)
                 pos = eol + 2
@@ -291,33 +304,36 @@ async def consume(
     }
     conn.publish(f"{api_prefix}.CONSUMER.CREATE.{stream}.{name}", json.dumps(config).encode(), reply=api_inbox)
     await conn.flush()
+    data_sid_b = str(data_sid).encode()
+    api_sid_b = str(api_sid).encode()
     last_dseq = 0
     try:
         idle_timeout = max(3 * heartbeat, 5.0)
         while True:
             frames = await conn.next_frames(idle_timeout)
             batch: list[Raw] = []
+            append = batch.append
             done = False
-            for sid, reply, headers, payload, subject in frames:
-                if sid == data_sid:
-                    if headers and headers[8:9] == b" ":  # "NATS/1.0 100 ...": a status message, not data
-                        _on_status(conn, reply, headers, last_dseq)
+            for sid, reply, status, payload, subject in frames:
+                if sid == data_sid_b:
+                    if status:
+                        _on_status(conn, reply, status, last_dseq)
                         continue
-                    tokens = reply.split(".")
+                    tokens = reply.split(b".")
                     if len(tokens) == 9:
-                        dseq, sseq, pending = int(tokens[6]), int(tokens[5]), int(tokens[8])
+                        dseq, sseq, pending = int(tokens[6]), int(tokens[5]), tokens[8]
                     else:  # v2 ack subject: $JS.ACK.<domain>.<account>.<stream>.<consumer>.<n>.<sseq>.<dseq>...
-                        dseq, sseq, pending = int(tokens[8]), int(tokens[7]), int(tokens[10])
+                        dseq, sseq, pending = int(tokens[8]), int(tokens[7]), tokens[10]
                     if dseq != last_dseq + 1:
                         raise WireError(f"delivery gap: expected {last_dseq + 1}, got {dseq}")
                     last_dseq = dseq
-                    batch.append(Raw(sseq, subject.decode(errors="replace"), payload))
-                    if stop_when_caught_up and pending == 0:
+                    append(Raw(sseq, subject, payload))
+                    if stop_when_caught_up and pending == b"0":
                         done = True
                         break
-                elif sid == api_sid:
-                    if headers and headers[8:9] == b" ":  # e.g. 503 no responders: JetStream not up yet
-                        raise WireError(f"JetStream API unavailable: {headers[9:].strip().decode(errors='replace')}")
+                elif sid == api_sid_b:
+                    if status:  # e.g. 503 no responders: JetStream not up yet
+                        raise WireError(f"JetStream API unavailable: {status[9:].strip().decode(errors='replace')}")
                     info = json.loads(payload)
                     error = info.get("error")
                     if error is not None:
@@ -338,13 +354,13 @@ async def consume(
             await conn.flush()
 
 
-def _on_status(conn: WireConnection, reply: str, headers: bytes, last_dseq: int) -> None:
+def _on_status(conn: WireConnection, reply: bytes, headers: bytes, last_dseq: int) -> None:
     """Answer flow control and heartbeats; raise WireError when the consumer lost its place."""
     status = headers[9:12]
     if status != b"100":
         raise WireError(f"consumer status {headers[9:].strip().decode(errors='replace')}")
     if reply:  # flow control request: answering it lets the server send more
-        conn.publish(reply)
+        conn.publish(reply.decode())
     stalled = _header_value(headers, b"Nats-Consumer-Stalled")
     if stalled:
         conn.publish(stalled.decode())

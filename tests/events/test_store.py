@@ -254,6 +254,16 @@ async def test_follow_yields_existing_then_new_events(any_store: EventStore) -> 
     assert any_store.bad_events == 1
 
 
+async def test_follow_from_the_end_sees_only_new_events(any_store: EventStore) -> None:
+    """follow(last_seq + 1) waits for and yields only events appended after it started."""
+    await any_store.append(submissions(3))
+    start = await any_store.last_seq() + 1
+    async with contextlib.aclosing(any_store.follow(start)) as events:
+        await any_store.append(submissions(1, start=3))
+        first = await anext(events)
+    assert first.seq == 4 and first.event == submissions(1, start=3)[0]
+
+
 def test_default_url_honours_nats_url(monkeypatch: pytest.MonkeyPatch) -> None:
     """default_url() is $NATS_URL when set and the local default otherwise."""
     monkeypatch.setenv("NATS_URL", "nats://elsewhere:4333")

@@ -1,4 +1,4 @@
-"""follow() and read() across a nats-server restart: nothing lost, nothing twice."""
+"""The store across nats-server restarts: follow, read and append lose nothing and store nothing twice."""
 
 from __future__ import annotations
 
@@ -45,3 +45,29 @@ async def test_read_after_restart_finds_every_event(own_nats: EmbeddedNats) -> N
         await own_nats.arestart()
         with anyio.fail_after(15):
             assert [s.event for s in await es.read()] == events
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["sigterm", "sigkill"])
+async def test_append_interrupted_by_a_restart_stores_every_event_once(own_nats: EmbeddedNats, crash: bool) -> None:
+    """A pipelined append that spans a server restart completes, and each event is on the stream exactly once."""
+    events = finishes(4000)
+    async with await EventStore.connect(own_nats.url, stream="MIDWAY", prefix="midway", request_timeout=2) as es:
+        appending = True
+        restarted_during_append = False
+        async with anyio.create_task_group() as tg:
+
+            async def restart_midway() -> None:
+                nonlocal restarted_during_append
+                while await es.last_seq() < 200:  # noqa: ASYNC110 - polls the server; nothing to wait on
+                    await anyio.sleep(0.005)
+                restarted_during_append = appending
+                await own_nats.arestart(kill=crash)
+
+            tg.start_soon(restart_midway)
+            with anyio.fail_after(60):
+                seqs = await es.append(events)
+            appending = False
+        stored = await es.read()
+    assert restarted_during_append
+    assert sorted(seqs) == [s.seq for s in stored]
+    assert sorted(s.event.at for s in stored) == list(range(4000))
