@@ -42,6 +42,7 @@ from muster.projections.billing import (
     drain,
     evolve_billing,
     new_billing_state,
+    settle,
     skip_bad,
 )
 
@@ -120,6 +121,8 @@ class SubscriberOptions:
     ack_wait: float = 30.0
     """Seconds before the server delivers an unacked message again."""
     gpu_label: str = DEFAULT_GPU_LABEL
+    settle_every: int = 60
+    """When caught up, book running jobs up to the latest event at most this often (seconds of event time)."""
     hooks: CrashHooks = field(default_factory=NoCrash)
 
 
@@ -134,6 +137,7 @@ class BillingSubscriber:
         self.state: BillingState = new_billing_state(options.gpu_label)
         self.ready = False
         self._psub: Any = None
+        self._settled: int | None = None
 
     @property
     def tracker(self) -> Tracker:
@@ -224,13 +228,10 @@ class BillingSubscriber:
 
     async def step(self) -> int:
         """Fetch one batch, fold it, write it with the cursor, ack it. Returns how many messages came."""
-        import nats.errors
-
         hooks = self.options.hooks
         try:
             msgs = await self._psub.fetch(self.options.batch, timeout=self.options.fetch_timeout)
-        except nats.errors.TimeoutError:
-            self.metrics.lag.set(0)
+        except TimeoutError:  # nats-py raises its own subclass or asyncio's: nothing came in time
             return 0
         seqs = [m.metadata.sequence.stream for m in msgs]
         hooks.after_fetch(seqs)
@@ -247,6 +248,13 @@ class BillingSubscriber:
                 usable = i
                 break
             self._apply(seq, msg.data)
+        pending = msgs[-1].metadata.num_pending or 0
+        clock = tracker.clock
+        caught_up = usable == len(msgs) and pending == 0 and clock is not None
+        if caught_up and (self._settled is None or clock - self._settled >= self.options.settle_every):
+            # bring running jobs' current hour up to date (any cut gives the same sums)
+            settle(self.state)
+            self._settled = clock
         delta = drain(self.state)
         if tracker.seq > start_seq:
             self.ledger.commit(delta, tracker)
@@ -262,7 +270,7 @@ class BillingSubscriber:
         if usable < len(msgs):
             await self._position()
         else:
-            self.metrics.lag.set(msgs[-1].metadata.num_pending or 0)
+            self.metrics.lag.set(pending)
         return len(msgs)
 
     async def run(self, *, once: bool = False, stop: anyio.Event | None = None) -> None:
@@ -274,10 +282,17 @@ class BillingSubscriber:
             target = info.state.last_seq
         while stop is None or not stop.is_set():
             got = await self.step()
-            if target is not None and (self.tracker.seq >= target or got == 0):
-                if self.tracker.seq < target:
-                    log.warning("billing.drain_incomplete", applied=self.tracker.seq, stream_last=target)
+            if target is None:
+                continue
+            if self.tracker.seq >= target:
                 return
+            if got == 0:
+                # A fetch can time out with messages still on their way; stop only when the
+                # consumer has nothing left to deliver (the rest of the stream was deleted).
+                info = await self.js.consumer_info(self.options.stream, self.options.durable)
+                if not info.num_pending and not info.num_ack_pending:
+                    log.warning("billing.drain_incomplete", applied=self.tracker.seq, stream_last=target)
+                    return
 
     async def close(self) -> None:
         self.ready = False

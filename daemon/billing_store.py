@@ -29,6 +29,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from msgspec.structs import astuple, fields
+
 from muster.projections.billing import (
     USAGE_METRICS,
     CapacityKey,
@@ -55,16 +57,16 @@ class LedgerConflict(LedgerError):
     """Another writer moved the cursor: two subscribers are folding into one ledger."""
 
 
-def _schema(blob: str) -> list[str]:
+def _schema(blob: str, clustered: str) -> list[str]:
     metrics = ", ".join(f"{m} BIGINT NOT NULL DEFAULT 0" for m in USAGE_METRICS)
     return [
         "CREATE TABLE IF NOT EXISTS billing_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
         f"CREATE TABLE IF NOT EXISTS billing_cursor (id INTEGER PRIMARY KEY, seq BIGINT NOT NULL, tracker {blob})",
         "CREATE TABLE IF NOT EXISTS billing_usage (job TEXT NOT NULL, hour BIGINT NOT NULL, model TEXT NOT NULL, "
-        f"queue TEXT NOT NULL, priority_class TEXT NOT NULL, {metrics}, PRIMARY KEY (job, hour, model))",
-        "CREATE INDEX IF NOT EXISTS billing_usage_hour ON billing_usage (hour)",
+        # hour first: rows arrive roughly in hour order (appends to the B-tree) and reports select hour ranges
+        f"queue TEXT NOT NULL, priority_class TEXT NOT NULL, {metrics}, PRIMARY KEY (hour, job, model)){clustered}",
         "CREATE TABLE IF NOT EXISTS billing_capacity (hour BIGINT NOT NULL, model TEXT NOT NULL, "
-        "gpu_s BIGINT NOT NULL, PRIMARY KEY (hour, model))",
+        f"gpu_s BIGINT NOT NULL, PRIMARY KEY (hour, model)){clustered}",
         "CREATE TABLE IF NOT EXISTS billing_jobs (job TEXT PRIMARY KEY, queue TEXT NOT NULL, "
         "priority_class TEXT NOT NULL, gpus BIGINT NOT NULL, submitted_at BIGINT NOT NULL, "
         "first_admitted_at BIGINT, ended_at BIGINT, status TEXT NOT NULL, preemptions BIGINT NOT NULL)",
@@ -75,9 +77,12 @@ def _schema(blob: str) -> list[str]:
 
 
 _USAGE_COLUMNS = ("job", "hour", "model", "queue", "priority_class", *USAGE_METRICS)
+# commit() writes `astuple(usage)` after the key: Usage's fields must stay in column order
+if tuple(f.name for f in fields(Usage)) != _USAGE_COLUMNS[3:]:
+    raise ImportError("billing_store: Usage fields no longer match the billing_usage columns")
 _UPSERT_USAGE = (
     f"INSERT INTO billing_usage ({', '.join(_USAGE_COLUMNS)}) VALUES ({', '.join('?' * len(_USAGE_COLUMNS))}) "
-    "ON CONFLICT (job, hour, model) DO UPDATE SET "
+    "ON CONFLICT (hour, job, model) DO UPDATE SET "
     + ", ".join(f"{m} = billing_usage.{m} + excluded.{m}" for m in USAGE_METRICS)
 )
 _UPSERT_CAPACITY = (
@@ -207,9 +212,9 @@ class LedgerDB:
         return list(cur.fetchall())
 
     def _init_schema(self) -> None:
-        blob = "BYTEA" if self.dialect == "postgresql" else "BLOB"
+        pg = self.dialect == "postgresql"
         with self._transaction() as cur:
-            for stmt in _schema(blob):
+            for stmt in _schema("BYTEA" if pg else "BLOB", "" if pg else " WITHOUT ROWID"):
                 self._execute(cur, stmt)
             self._execute(
                 cur,
@@ -245,10 +250,8 @@ class LedgerDB:
             self._executemany(
                 cur,
                 _UPSERT_USAGE,
-                [
-                    (job, hour, model, u.queue, u.priority_class, *(getattr(u, m) for m in USAGE_METRICS))
-                    for (job, hour, model), u in delta.usage.items()
-                ],
+                # Usage's fields are (queue, priority_class, *USAGE_METRICS): the column order
+                [(*key, *astuple(u)) for key, u in delta.usage.items()],
             )
             self._executemany(cur, _UPSERT_CAPACITY, [(h, m, s) for (h, m), s in delta.capacity.items()])
             self._executemany(

@@ -37,9 +37,12 @@ Invariants:
   name every pod on a known node, one run at a time) so that billing counts the
   runs the scheduler believes in; an event that does not fit is counted in
   `tracker.ignored` and changes nothing else.
-- A running job accrues at each of its own events and at every hour boundary of
-  event time; capacity accrues at every event. The hour holding the latest
-  event is therefore provisional until an event of a later hour arrives.
+- Event time never goes back for the ledger: an event stamped before the
+  latest one seen counts as happening at the latest time (`tracker.clock`).
+  Together with additivity this makes the ledger independent of when runs are
+  booked: a running job is booked at each of its events, at every hour
+  boundary of event time, and whenever a shell calls `settle` (the subscriber
+  does when it has caught up), and any mix of those gives the same sums.
 - Terminal jobs leave the tracker (their rows stay in the ledger), so memory is
   bounded by jobs pending or running.
 """
@@ -79,7 +82,7 @@ CapacityKey = tuple[int, str]
 """(hour start in seconds, GPU model)."""
 
 
-class Usage(msgspec.Struct, kw_only=True):
+class Usage(msgspec.Struct, kw_only=True, gc=False):
     """One ledger row: what one job held in one hour on one GPU model."""
 
     queue: str
@@ -252,37 +255,43 @@ def _row(ledger: Ledger, job: ActiveJob, hour: int, model: str) -> Usage:
 
 
 def _accrue(ledger: Ledger, job: ActiveJob, run: Run, until: int) -> None:
-    """Book the run's holding from `run.since` to `until`, cut at hour boundaries."""
+    """Book the run's holding from `run.since` to `until`, cut at hour boundaries (the fold's hot path)."""
     t = run.since
     if until <= t:
         return
+    run.since = until
+    usage = ledger.usage
+    name = job.record.job
     util = run.util_pm
     while t < until:
         hour = t - t % HOUR
-        end = min(until, hour + HOUR)
+        end = hour + HOUR
+        if end > until:
+            end = until
         dt = end - t
         for s in run.slices:
-            row = _row(ledger, job, hour, s.model)
+            key = (name, hour, s.model)
+            row = usage.get(key)
+            if row is None:
+                row = usage[key] = Usage(queue=job.record.queue, priority_class=job.record.priority_class)
             gs = s.gpus * dt
             row.alloc_gpu_s += gs
             if util >= 0:
                 row.sampled_gpu_s += gs
                 row.used_mgpu_s += gs * util
-            row.borrowed_gpu_s += s.borrowed * dt
+            if s.borrowed:
+                row.borrowed_gpu_s += s.borrowed * dt
             row.cpu_mcore_s += s.cpu_milli * dt
             row.mem_mib_s += s.mem_mib * dt
         t = end
-    run.since = until
 
 
 def _accrue_capacity(tracker: Tracker, ledger: Ledger, until: int) -> None:
     """Book the ready nodes' GPUs from `tracker.cap_since` to `until`."""
     t = tracker.cap_since
-    if t is not None and until <= t:
+    if t is None or until <= t:
         return
     tracker.cap_since = until
-    if t is None:
-        return
     cap = ledger.capacity
     while t < until:
         hour = t - t % HOUR
@@ -295,19 +304,41 @@ def _accrue_capacity(tracker: Tracker, ledger: Ledger, until: int) -> None:
         t = end
 
 
-def _advance_clock(state: BillingState, at: int) -> None:
-    """Move event time forward: at an hour boundary, book every running job up to it."""
+def _settle_to(state: BillingState, until: int) -> None:
+    ledger = state.ledger
+    for job in state.tracker.jobs.values():
+        if job.run is not None:
+            _accrue(ledger, job, job.run, until)
+    _accrue_capacity(state.tracker, ledger, until)
+
+
+def settle(state: BillingState) -> BillingState:
+    """Book every running job and the capacity up to the latest event time.
+
+    Not needed for correct totals (every quantity is additive, so where runs are
+    cut does not matter); a shell calls it when caught up so that the ledger's
+    current hour is up to date.
+    """
+    clock = state.tracker.clock
+    if clock is not None:
+        _settle_to(state, clock)
+    return state
+
+
+def _advance_clock(state: BillingState, at: int) -> int:
+    """The event's effective time (event time never goes back); books everything up to a crossed hour."""
     tracker = state.tracker
     clock = tracker.clock
-    if clock is not None and at <= clock:
-        return
+    if clock is None:
+        tracker.clock = tracker.cap_since = at
+        return at
+    if at <= clock:
+        return clock
     tracker.clock = at
-    if clock is not None and at - at % HOUR > clock - clock % HOUR:
-        boundary = at - at % HOUR
-        for job in tracker.jobs.values():
-            if job.run is not None:
-                _accrue(state.ledger, job, job.run, boundary)
-    _accrue_capacity(tracker, state.ledger, at)
+    boundary = at - at % HOUR
+    if boundary > clock:
+        _settle_to(state, boundary)
+    return at
 
 
 # ---------------------------------------------------------------- handlers
@@ -321,7 +352,7 @@ def _dirty(state: BillingState, job: ActiveJob) -> None:
     state.ledger.jobs[job.record.job] = job.record
 
 
-def _on_submitted(state: BillingState, ev: JobSubmitted) -> None:
+def _on_submitted(state: BillingState, ev: JobSubmitted, now: int) -> None:
     if ev.job in state.tracker.jobs:
         return _ignore(state)
     podsets = [PodSetReq(ps.name, ps.count, dict(ps.requests)) for ps in ev.podsets]
@@ -365,7 +396,7 @@ def _slices(tracker: Tracker, job: ActiveJob, placement: dict[str, str], borrowe
     return slices
 
 
-def _on_admitted(state: BillingState, ev: JobAdmitted) -> None:
+def _on_admitted(state: BillingState, ev: JobAdmitted, now: int) -> None:
     tracker = state.tracker
     if ev.epoch < tracker.epoch:
         return _ignore(state)
@@ -375,7 +406,7 @@ def _on_admitted(state: BillingState, ev: JobAdmitted) -> None:
     slices = _slices(tracker, job, ev.placement, ev.borrowed.get("gpu", 0))
     if slices is None:
         return _ignore(state)
-    job.run = Run(since=ev.at, slices=slices)
+    job.run = Run(since=now, slices=slices)
     record = job.record
     record.status = "admitted"
     if record.first_admitted_at is None:
@@ -388,82 +419,82 @@ def _primary_model(run: Run) -> str:
     return best.model if best is not None else ""
 
 
-def _close(state: BillingState, job: ActiveJob, at: int) -> Run | None:
+def _close(state: BillingState, job: ActiveJob, now: int) -> Run | None:
     run = job.run
     if run is not None:
-        _accrue(state.ledger, job, run, max(at, run.since))
+        _accrue(state.ledger, job, run, now)
         job.run = None
     return run
 
 
-def _on_preempted(state: BillingState, ev: JobPreempted) -> None:
+def _on_preempted(state: BillingState, ev: JobPreempted, now: int) -> None:
     tracker = state.tracker
     if ev.epoch < tracker.epoch:
         return _ignore(state)
     job = tracker.jobs.get(ev.job)
     if job is None or job.run is None:
         return _ignore(state)
-    run = _close(state, job, ev.at)
+    run = _close(state, job, now)
     assert run is not None
     if ev.lost_gpu_seconds > 0:
-        at = max(ev.at, run.since)
-        _row(state.ledger, job, at - at % HOUR, _primary_model(run)).lost_gpu_s += ev.lost_gpu_seconds
+        _row(state.ledger, job, now - now % HOUR, _primary_model(run)).lost_gpu_s += ev.lost_gpu_seconds
     job.record.status = "pending"
     job.record.preemptions += 1
     _dirty(state, job)
 
 
-def _end(state: BillingState, job_id: str, at: int, status: str) -> None:
+def _end(state: BillingState, job_id: str, at: int, now: int, status: str) -> None:
     job = state.tracker.jobs.get(job_id)
     if job is None:
         return _ignore(state)
-    _close(state, job, at)
+    _close(state, job, now)
     job.record.status = status
     job.record.ended_at = at
     _dirty(state, job)
     del state.tracker.jobs[job_id]
 
 
-def _on_finished(state: BillingState, ev: JobFinished) -> None:
-    _end(state, ev.job, ev.at, "finished")
+def _on_finished(state: BillingState, ev: JobFinished, now: int) -> None:
+    _end(state, ev.job, ev.at, now, "finished")
 
 
-def _on_failed(state: BillingState, ev: JobFailed) -> None:
-    _end(state, ev.job, ev.at, "failed")
+def _on_failed(state: BillingState, ev: JobFailed, now: int) -> None:
+    _end(state, ev.job, ev.at, now, "failed")
 
 
-def _on_cancelled(state: BillingState, ev: JobCancelled) -> None:
-    _end(state, ev.job, ev.at, "cancelled")
+def _on_cancelled(state: BillingState, ev: JobCancelled, now: int) -> None:
+    _end(state, ev.job, ev.at, now, "cancelled")
 
 
-def _on_rejected(state: BillingState, ev: JobRejected) -> None:
+def _on_rejected(state: BillingState, ev: JobRejected, now: int) -> None:
     if ev.epoch < state.tracker.epoch:
         return _ignore(state)
     job = state.tracker.jobs.get(ev.job)
     if job is None or job.run is not None:
         # the cluster fold rejects only pending jobs; a running one keeps running
         return _ignore(state)
-    _end(state, ev.job, ev.at, "rejected")
+    _end(state, ev.job, ev.at, now, "rejected")
 
 
-def _on_started(state: BillingState, ev: JobStarted) -> None:
+def _on_started(state: BillingState, ev: JobStarted, now: int) -> None:
     # Allocation is counted from admission: the GPUs are held while pods start.
     job = state.tracker.jobs.get(ev.job)
     if job is None or job.run is None:
         _ignore(state)
 
 
-def _on_utilization(state: BillingState, ev: GpuUtilizationSampled) -> None:
+def _on_utilization(state: BillingState, ev: GpuUtilizationSampled, now: int) -> None:
     job = state.tracker.jobs.get(ev.job)
     if job is None or job.run is None or not math.isfinite(ev.gpu):
         return _ignore(state)
     run = job.run
-    _accrue(state.ledger, job, run, max(ev.at, run.since))
+    _accrue(state.ledger, job, run, now)
     run.util_pm = round(min(1.0, max(0.0, ev.gpu)) * 1000)
 
 
-def _on_node(state: BillingState, ev: NodeAdded | NodeUpdated) -> None:
+def _on_node(state: BillingState, ev: NodeAdded | NodeUpdated, now: int) -> None:
     tracker = state.tracker
+    _accrue_capacity(tracker, state.ledger, now)
     old = tracker.nodes.get(ev.node)
     gpus = max(0, ev.capacity.get("gpu", 0) - ev.reserved.get("gpu", 0)) if ev.ready else 0
     node = NodeInfo(ev.labels.get(tracker.gpu_label, ""), gpus)
@@ -471,8 +502,9 @@ def _on_node(state: BillingState, ev: NodeAdded | NodeUpdated) -> None:
     tracker.nodes[ev.node] = node
 
 
-def _on_node_removed(state: BillingState, ev: NodeRemoved) -> None:
+def _on_node_removed(state: BillingState, ev: NodeRemoved, now: int) -> None:
     tracker = state.tracker
+    _accrue_capacity(tracker, state.ledger, now)
     old = tracker.nodes.pop(ev.node, None)
     if old is None:
         return _ignore(state)
@@ -487,13 +519,13 @@ def _set_capacity(tracker: Tracker, old: NodeInfo | None, new: NodeInfo | None) 
         cap[new.model] = cap.get(new.model, 0) + new.gpus
 
 
-def _on_queue(state: BillingState, ev: QueueConfigured) -> None:
+def _on_queue(state: BillingState, ev: QueueConfigured, now: int) -> None:
     state.ledger.queues[ev.name] = QueueRecord(
         queue=ev.name, cohort=ev.cohort or "", nominal_gpu=max(0, ev.nominal.get("gpu", 0))
     )
 
 
-def _on_leader(state: BillingState, ev: LeaderElected) -> None:
+def _on_leader(state: BillingState, ev: LeaderElected, now: int) -> None:
     if ev.epoch <= state.tracker.epoch:
         return _ignore(state)
     state.tracker.epoch = ev.epoch
@@ -524,12 +556,12 @@ def evolve_billing(state: BillingState, seq: int, event: Event) -> BillingState:
         return state
     tracker.seq = seq
     tracker.applied += 1
-    # The clock moves on every event, so capacity and hourly roll-over follow
-    # event time even when an event is not about billing at all.
-    _advance_clock(state, event.at)
+    # The clock moves on every event, so hourly roll-over follows event time
+    # even when an event is not about billing at all.
+    now = _advance_clock(state, event.at)
     handler = _HANDLERS.get(type(event))
     if handler is not None:
-        handler(state, event)
+        handler(state, event, now)
     return state
 
 
@@ -545,11 +577,11 @@ def skip_bad(state: BillingState, seq: int, reason: str) -> BillingState:
 
 
 def fold_billing(events: Iterable[tuple[int, Event]], state: BillingState | None = None) -> BillingState:
-    """Fold (sequence, event) pairs into a (new, unless given) state."""
+    """Fold (sequence, event) pairs into a (new, unless given) state, then `settle` it."""
     s = state if state is not None else new_billing_state()
     for seq, ev in events:
         evolve_billing(s, seq, ev)
-    return s
+    return settle(s)
 
 
 def merge_into(total: Ledger, delta: Ledger) -> None:

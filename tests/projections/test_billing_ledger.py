@@ -52,6 +52,7 @@ from muster.projections.billing import (
     fold_billing,
     merge_into,
     new_billing_state,
+    settle,
     skip_bad,
 )
 from muster.projections.chargeback import (
@@ -307,23 +308,45 @@ def test_replayed_sequence_changes_nothing() -> None:
     assert msgspec.json.encode(sorted(state.ledger.usage.items())) == before
 
 
-@settings(max_examples=40, deadline=None)
-@given(cuts=st.lists(st.integers(min_value=1, max_value=18), max_size=6, unique=True))
-def test_draining_and_restoring_the_tracker_anywhere_gives_the_same_ledger(cuts: list[int]) -> None:
-    """Draining at any points, with the tracker encoded and decoded (a restart), adds up to one clean fold."""
+def late_log() -> list[Event]:
+    """The scripted log with a sample stamped 600 s before the latest event (a late watcher)."""
     events = scripted_log()
+    return [*events[:12], GpuUtilizationSampled(at=T0 + 3000, job="j2", gpu=0.75), *events[12:]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    late=st.booleans(),
+    cuts=st.lists(st.integers(min_value=1, max_value=20), max_size=6, unique=True),
+    settles=st.lists(st.integers(min_value=1, max_value=20), max_size=6, unique=True),
+)
+def test_draining_settling_and_restoring_anywhere_gives_the_same_ledger(
+    late: bool, cuts: list[int], settles: list[int]
+) -> None:
+    """Draining and settling at any points, with the tracker encoded and decoded (a restart), equals one fold."""
+    events = late_log() if late else scripted_log()
     clean = _ledger(events)
     total = Ledger()
     state = new_billing_state()
     for seq, ev in enumerate(events, start=1):
         evolve_billing(state, seq, ev)
+        if seq in settles:
+            settle(state)
         if seq in cuts:
             merge_into(total, drain(state))
             state.tracker = decode_tracker(encode_tracker(state.tracker))
-    merge_into(total, drain(state))
+    merge_into(total, drain(settle(state)))
     assert sorted(total.usage.items()) == sorted(clean.usage.items())
     assert total.capacity == clean.capacity
     assert total.jobs == clean.jobs
+
+
+def test_late_event_counts_at_the_latest_time() -> None:
+    """A sample stamped before the latest event applies from the latest event time, never rewriting the past."""
+    usage = _per_job(_ledger(late_log()))["j2"]
+    # run 1 [1800, 5400): unsampled until 3600, then 0.75 for 1800 s; run 2 as before at 0.25
+    assert usage.sampled_gpu_s == 8 * 1800 + 8 * 1800
+    assert usage.used_mgpu_s == 8 * 1800 * 750 + 8 * 1800 * 250
 
 
 def test_fenced_and_misplaced_decisions_are_ignored() -> None:
