@@ -284,13 +284,17 @@ class EventStore:
         on_bad: Callable[[BadEvent], None] | None = None,
         api_prefix: str = "$JS.API",
         request_timeout: float = 5.0,
+        connect_attempts: int = 3,
         **nats_options: Any,
     ) -> EventStore:
         """Connect (or use the given nats-py client) and make sure the stream exists.
 
         `url_or_nc`: a URL, comma-separated URLs, a list of URLs, a connected
         nats-py client (left open by `close()`), or None for `default_url()`.
-        `nats_options` go to `nats.connect`; the store reconnects forever by default.
+        `nats_options` go to `nats.connect`. The first connection gives up
+        after `connect_attempts` tries per server (raising StoreError with the
+        reason); once connected, the store reconnects forever unless
+        `max_reconnect_attempts` says otherwise.
         """
         if isinstance(url_or_nc, NatsClient):
             nc = url_or_nc
@@ -299,17 +303,7 @@ class EventStore:
         else:
             raw = url_or_nc if url_or_nc is not None else default_url()
             servers = [u.strip() for u in raw.split(",")] if isinstance(raw, str) else list(raw)
-            options: dict[str, Any] = {
-                "name": "muster",
-                "max_reconnect_attempts": -1,
-                "reconnect_time_wait": 0.25,
-                "connect_timeout": 5,
-                "error_cb": _nats_error,
-                "disconnected_cb": _nats_disconnected,
-                "reconnected_cb": _nats_reconnected,
-            }
-            options.update(nats_options)
-            nc = await nats.connect(servers=servers, **options)
+            nc = await _connect(servers, connect_attempts, nats_options)
             owns = True
         store = cls(
             nc,
@@ -647,13 +641,41 @@ class EventStore:
                     yield StoredEvent(raw.seq, event)
 
 
+async def _connect(servers: list[str], attempts: int, nats_options: dict[str, Any]) -> NatsClient:
+    """A nats-py client that fails fast on the first connection and reconnects as configured afterwards."""
+    last_error: list[Exception] = []
+
+    async def on_error(exc: Exception) -> None:
+        last_error[:] = [exc]
+        log.debug("nats client error", error=f"{type(exc).__name__}: {exc}")
+
+    options: dict[str, Any] = {
+        "name": "muster",
+        "reconnect_time_wait": 0.25,
+        "connect_timeout": 5,
+        "error_cb": on_error,
+        "disconnected_cb": _nats_disconnected,
+        "reconnected_cb": _nats_reconnected,
+    }
+    options.update(nats_options)
+    reconnects = options.pop("max_reconnect_attempts", -1)
+    # nats-py never gives up a first connection unless max_reconnect_attempts > 0, so
+    # bound it for the first connection and switch to the caller's setting afterwards
+    # nats-py 2.16 can also hang after a failed TLS handshake: bound the whole first connection
+    per_try = float(options["connect_timeout"]) + float(options["reconnect_time_wait"])
+    try:
+        with anyio.fail_after(attempts * len(servers) * per_try + 1):
+            nc = await nats.connect(servers=servers, max_reconnect_attempts=max(1, attempts - 1), **options)
+    except Exception as exc:
+        reason = last_error[0] if last_error else exc
+        raise StoreError(f"cannot connect to {', '.join(servers)}: {type(reason).__name__}: {reason}") from exc
+    nc.options["max_reconnect_attempts"] = reconnects
+    return nc
+
+
 def _actual_last_seq(description: str | None) -> int | None:
     match = re.search(r"wrong last sequence: (\d+)", description or "")
     return int(match.group(1)) if match else None
-
-
-async def _nats_error(exc: Exception) -> None:
-    log.debug("nats client error", error=f"{type(exc).__name__}: {exc}")
 
 
 async def _nats_disconnected() -> None:
