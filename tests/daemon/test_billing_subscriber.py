@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import sqlite3
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -23,7 +22,7 @@ import nats
 import pytest
 
 from muster.daemon.billing import BillingMetrics, BillingSubscriber, NoCrash, SubscriberOptions
-from muster.daemon.billing_store import LedgerConflict, LedgerDB
+from muster.daemon.billing_store import LedgerDB
 from muster.events.codec import encode
 from muster.events.embedded import free_port
 from muster.events.store import EventStore
@@ -286,25 +285,6 @@ async def test_redelivered_messages_are_acked_and_ignored(store: EventStore, nat
         await sub.close()
         await nc.close()
         ledger.close()
-
-
-def test_two_writers_on_one_ledger_conflict(tmp_path: Path) -> None:
-    """A second subscriber folding into the same ledger fails its commit instead of counting twice."""
-    url = f"sqlite:///{tmp_path / 'l.db'}"
-    state = fold_billing(enumerate(scripted_log()[:12], start=1))
-    with LedgerDB.open(url) as first, LedgerDB.open(url) as second:
-        first.load()
-        second.load()
-        first.commit(state.ledger, state.tracker)
-        with pytest.raises(LedgerConflict):
-            second.commit(state.ledger, state.tracker)
-        assert first.applied_seq() == 12
-    conn = sqlite3.connect(tmp_path / "l.db")
-    try:
-        (alloc,) = conn.execute("SELECT SUM(alloc_gpu_s) FROM billing_usage").fetchone()
-    finally:
-        conn.close()
-    assert alloc == 4 * 3600 + 8 * 1800  # j1's hour and j2's first half hour, once
 
 
 async def test_cli_run_serves_metrics_and_stops_on_sigterm(store: EventStore, nats_url: str, tmp_path: Path) -> None:
