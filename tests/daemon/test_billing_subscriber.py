@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 import nats
 import pytest
+import yaml
 
 from muster.daemon.billing import BillingMetrics, BillingSubscriber, NoCrash, SubscriberOptions
 from muster.daemon.billing_store import LedgerDB
@@ -287,16 +288,20 @@ async def test_redelivered_messages_are_acked_and_ignored(store: EventStore, nat
         ledger.close()
 
 
-async def test_cli_run_serves_metrics_and_stops_on_sigterm(store: EventStore, nats_url: str, tmp_path: Path) -> None:
-    """`muster billing run` catches up, exposes GPU-hours and lag on /metrics, and exits 0 on SIGTERM."""
+async def test_cli_run_with_helm_config_serves_metrics_and_stops_on_sigterm(
+    store: EventStore, nats_url: str, tmp_path: Path
+) -> None:
+    """`muster billing run --config` (the chart's file) catches up, serves /metrics and /readyz, exits 0 on SIGTERM."""
     await publish(store, scripted_log())
-    port = free_port()
-    db = tmp_path / "l.db"
-    cmd = [
-        *(sys.executable, "-m", "muster.cli", "billing", "run"),
-        *("--nats", nats_url, "--stream", store.stream, "--db", f"sqlite:///{db}"),
-        *("--durable", "billing-cli", "--metrics-port", str(port)),
-    ]
+    metrics_port, health_port = free_port(), free_port()
+    config = {
+        "nats": {"url": nats_url, "stream": store.stream, "subject_prefix": store.prefix},
+        "billing": {"consumer": "billing-cli", "data_dir": str(tmp_path / "data")},
+        "http": {"metrics_port": metrics_port, "health_port": health_port},
+        "log": {"level": "info", "format": "json"},
+    }
+    (tmp_path / "billing.yaml").write_text(yaml.safe_dump(config))
+    cmd = [sys.executable, "-m", "muster.cli", "billing", "run", "--config", str(tmp_path / "billing.yaml")]
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     with open(tmp_path / "stderr.log", "wb") as err:  # noqa: ASYNC230 - the child writes to a real file
         proc = await anyio.open_process(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
@@ -306,9 +311,11 @@ async def test_cli_run_serves_metrics_and_stops_on_sigterm(store: EventStore, na
             with anyio.fail_after(30):
                 while "muster_billing_applied_sequence 19.0" not in body:
                     await anyio.sleep(0.2)
-                    body = await _get(port, "/metrics")
+                    body = await _get(metrics_port, "/metrics")
             assert 'muster_billing_gpu_hours_total{kind="allocated",queue="team-a"} 4.0' in body
+            assert 'muster_billing_gpu_hours_total{kind="lost",queue="team-b"} 2.0' in body
             assert "muster_billing_lag_events 0.0" in body
+            assert (await _get(health_port, "/readyz")).startswith("HTTP/1.0 200")
             proc.send_signal(signal.SIGTERM)
             with anyio.fail_after(15):
                 code = await proc.wait()
@@ -316,7 +323,9 @@ async def test_cli_run_serves_metrics_and_stops_on_sigterm(store: EventStore, na
             if proc.returncode is None:
                 proc.kill()
     assert code == 0
-    assert dump(db)["seq"] == 19
+    assert dump(tmp_path / "data" / "billing.db")["seq"] == 19
+    info = await store.js.consumer_info(store.stream, "billing-cli")
+    assert info.num_ack_pending == 0
 
 
 async def _get(port: int, path: str) -> str:
