@@ -161,6 +161,14 @@ async def test_retried_fenced_batch_is_stored_once(any_store: EventStore) -> Non
     assert await any_store.last_seq() == 3
 
 
+async def test_fenced_retry_of_a_partly_stored_batch_completes_it(any_store: EventStore) -> None:
+    """A fenced batch retried after only its first events were stored keeps those and stores the rest once."""
+    events = submissions(3)
+    first_two = await any_store.append(events[:2], expected_last_seq=0)
+    assert await any_store.append(events, expected_last_seq=0) == [*first_two, 3]
+    assert await any_store.last_seq() == 3
+
+
 async def test_fenced_retry_after_another_writer_conflicts(any_store: EventStore) -> None:
     """A fenced batch whose expected end was taken by another writer's events conflicts."""
     await any_store.append(submissions(1))
