@@ -18,17 +18,21 @@ Invariants (design invariant 5, exactly-once effects):
 - Bad input never stops billing (invariant 7): a message that does not decode
   is logged with its sequence, counted, recorded in the `billing_skipped`
   table with the batch, and acked; it stays on the stream.
+- A NATS outage is waited out: the client reconnects, the subscriber backs
+  off and repositions its consumer at the cursor, and goes on.
 - Crash points are injectable through `CrashHooks` (tests use it to kill the
   subscriber between fetch, write and ack).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import anyio
+import nats.errors
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -49,6 +53,8 @@ from muster.projections.billing import (
 log = structlog.get_logger("muster.billing")
 
 DEFAULT_DURABLE = "muster-billing"
+RETRY_MIN = 0.25
+RETRY_MAX = 5.0
 DEFAULT_STREAM = "MUSTER"
 
 
@@ -159,8 +165,9 @@ class BillingSubscriber:
         o = self.options
         seq = self.tracker.seq
         if self._psub is not None:
-            await self._psub.unsubscribe()
-            self._psub = None
+            psub, self._psub = self._psub, None
+            with contextlib.suppress(nats.errors.Error):
+                await psub.unsubscribe()
         try:
             info = await self.js.consumer_info(o.stream, o.durable)
         except NotFoundError:
@@ -229,9 +236,14 @@ class BillingSubscriber:
     async def step(self) -> int:
         """Fetch one batch, fold it, write it with the cursor, ack it. Returns how many messages came."""
         hooks = self.options.hooks
+        if self._psub is None:
+            await self._position()
         try:
             msgs = await self._psub.fetch(self.options.batch, timeout=self.options.fetch_timeout)
         except TimeoutError:  # nats-py raises its own subclass or asyncio's: nothing came in time
+            return 0
+        if not msgs:  # a status message (e.g. the consumer was deleted) can end a fetch empty-handed
+            await self._position()
             return 0
         seqs = [m.metadata.sequence.stream for m in msgs]
         hooks.after_fetch(seqs)
@@ -280,8 +292,19 @@ class BillingSubscriber:
         if once:
             info = await self.js.stream_info(self.options.stream)
             target = info.state.last_seq
+        delay = RETRY_MIN
         while stop is None or not stop.is_set():
-            got = await self.step()
+            try:
+                got = await self.step()
+            except nats.errors.Error as exc:
+                # NATS is away (the client reconnects by itself): wait, then put the consumer back at the cursor
+                log.warning("billing.nats_error", error=f"{type(exc).__name__}: {exc}", retry_in=delay)
+                await anyio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
+                with contextlib.suppress(nats.errors.Error):
+                    await self._position()
+                continue
+            delay = RETRY_MIN
             if target is None:
                 continue
             if self.tracker.seq >= target:

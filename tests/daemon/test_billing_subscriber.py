@@ -11,7 +11,7 @@ import random
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -25,7 +25,7 @@ import yaml
 from muster.daemon.billing import BillingMetrics, BillingSubscriber, NoCrash, SubscriberOptions
 from muster.daemon.billing_store import LedgerDB
 from muster.events.codec import encode
-from muster.events.embedded import free_port
+from muster.events.embedded import EmbeddedNats, free_port
 from muster.events.store import EventStore
 from muster.events.types import (
     Event,
@@ -288,6 +288,41 @@ async def test_redelivered_messages_are_acked_and_ignored(store: EventStore, nat
         ledger.close()
 
 
+async def test_nats_restart_mid_run_is_waited_out(own_nats: EmbeddedNats, tmp_path: Path) -> None:
+    """A server restart, and the durable consumer deleted mid-run, are waited out: the ledger equals one fold."""
+    events = scripted_log()
+    store = await EventStore.connect(own_nats.url)
+    nc = await nats.connect(own_nats.url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
+    ledger = LedgerDB.open(f"sqlite:///{tmp_path / 'l.db'}")
+    options = SubscriberOptions(stream=store.stream, durable="billing", batch=2, fetch_timeout=0.2)
+    sub = BillingSubscriber(nc.jetstream(), ledger, options, BillingMetrics())
+    stop = anyio.Event()
+    try:
+        await store.append(events[:8])
+        await sub.start()
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: sub.run(stop=stop))
+                await _until(lambda: sub.tracker.seq >= 4)
+                await own_nats.arestart()
+                await store.append(events[8:12])
+                await _until(lambda: sub.tracker.seq == 12)
+                # an operator deletes the durable consumer under the running subscriber
+                await store.js.delete_consumer(store.stream, "billing")
+                await store.append(events[12:])
+                await _until(lambda: sub.tracker.seq == len(events))
+                stop.set()
+    finally:
+        await sub.close()
+        await nc.close()
+        await store.close()
+        ledger.close()
+    expected = fold_billing(enumerate(events, start=1)).ledger
+    ledger_rows = dump(tmp_path / "l.db")
+    assert dict(ledger_rows["usage"]) == expected.usage
+    assert dict(ledger_rows["capacity"]) == expected.capacity
+
+
 async def test_cli_run_with_helm_config_serves_metrics_and_stops_on_sigterm(
     store: EventStore, nats_url: str, tmp_path: Path
 ) -> None:
@@ -326,6 +361,13 @@ async def test_cli_run_with_helm_config_serves_metrics_and_stops_on_sigterm(
     assert dump(tmp_path / "data" / "billing.db")["seq"] == 19
     info = await store.js.consumer_info(store.stream, "billing-cli")
     assert info.num_ack_pending == 0
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    while True:
+        if condition():
+            return
+        await anyio.sleep(0.02)
 
 
 async def _get(port: int, path: str) -> str:
