@@ -58,6 +58,10 @@ RETRY_MAX = 5.0
 DEFAULT_STREAM = "MUSTER"
 
 
+class StreamMissing(RuntimeError):
+    """The stream to bill does not exist (the daemon has not created it yet, or a wrong name)."""
+
+
 class CrashHooks(Protocol):
     """Points in a batch where a test may stop the subscriber as a crash would."""
 
@@ -150,7 +154,15 @@ class BillingSubscriber:
         return self.state.tracker
 
     async def start(self) -> None:
-        """Load the cursor and tracker from the ledger and put the consumer right after the cursor."""
+        """Load the cursor and tracker from the ledger and put the consumer right after the cursor.
+
+        Raises StreamMissing when the stream does not exist (yet)."""
+        from nats.js.errors import NotFoundError
+
+        try:
+            await self.js.stream_info(self.options.stream)
+        except NotFoundError:
+            raise StreamMissing(f"no stream {self.options.stream!r} on this NATS server") from None
         seq, tracker = self.ledger.load()
         self.state = BillingState(tracker=tracker) if tracker is not None else new_billing_state(self.options.gpu_label)
         await self._position()

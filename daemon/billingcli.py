@@ -35,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--once", action="store_true", help="catch up with the stream, then exit")
     run.add_argument("--batch", type=int, default=1000, help="messages per fetch and per transaction")
     run.add_argument("--gpu-label", help="node label naming the GPU model (default nvidia.com/gpu.product)")
+    run.add_argument("--connect-timeout", type=float, default=30.0, help="seconds to reach NATS at start")
     run.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     run.add_argument("--health-port", type=int, help="serve /healthz and /readyz on this port")
     run.set_defaults(_billing="run")
@@ -132,12 +133,10 @@ async def _serve(args: argparse.Namespace, cfg: dict[str, Any]) -> int:
 
     import anyio
     import nats
-    import structlog
 
     from muster.daemon.billing import BillingMetrics, BillingSubscriber, SubscriberOptions
     from muster.daemon.billing_store import LedgerDB
 
-    log = structlog.get_logger("muster.billing")
     nats_cfg = cfg.get("nats") or {}
     billing_cfg = cfg.get("billing") or {}
     http_cfg = cfg.get("http") or {}
@@ -157,16 +156,20 @@ async def _serve(args: argparse.Namespace, cfg: dict[str, Any]) -> int:
 
     ledger = LedgerDB.open(db_url or DEFAULT_DB)
     try:
-        nc = await nats.connect(
-            servers=[u.strip() for u in url.split(",")],
-            name="muster-billing",
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
-            **nats_options(cfg),
-        )
+        # nats-py retries the first connection as long as later ones: bound it, and say why we give up
+        with anyio.fail_after(args.connect_timeout):
+            nc = await nats.connect(
+                servers=[u.strip() for u in url.split(",")],
+                name="muster-billing",
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=1.0,
+                error_cb=_nats_error,
+                **nats_options(cfg),
+            )
     except Exception as exc:
         ledger.close()
-        print(f"muster billing run: cannot connect to NATS at {url}: {exc}", file=sys.stderr)
+        why = f"no answer within {args.connect_timeout:g} s" if isinstance(exc, TimeoutError) else str(exc)
+        print(f"muster billing run: cannot connect to NATS at {url}: {why}", file=sys.stderr)
         return 1
     metrics = BillingMetrics()
     sub = BillingSubscriber(nc.jetstream(), ledger, options, metrics)
@@ -178,16 +181,46 @@ async def _serve(args: argparse.Namespace, cfg: dict[str, Any]) -> int:
             ports = {p for p in (metrics_port, health_port) if p}
             for port in sorted(ports):
                 await tg.start(_http, sub, int(port), port == metrics_port, port == health_port)
-            await sub.start()
-            await sub.run(once=args.once, stop=stop)
-            log.info("billing.stopped", seq=sub.tracker.seq)
-            tg.cancel_scope.cancel()
+            code = await _start_and_run(sub, once=args.once, stop=stop)
+            tg.cancel_scope.cancel()  # the signal watcher and the HTTP servers
     finally:
         with anyio.move_on_after(5, shield=True):
             await sub.close()
             await nc.close()
         ledger.close()
+    return code
+
+
+async def _start_and_run(sub: Any, *, once: bool, stop: Any) -> int:
+    """Start (waiting for the stream unless `once`), then fold until stopped or caught up."""
+    import anyio
+    import structlog
+
+    from muster.daemon.billing import StreamMissing
+
+    log = structlog.get_logger("muster.billing")
+    while True:
+        try:
+            await sub.start()
+            break
+        except StreamMissing as exc:
+            if once:
+                print(f"muster billing run: {exc}", file=sys.stderr)
+                return 1
+            log.warning("billing.waiting_for_stream", error=str(exc))
+            with anyio.move_on_after(2):
+                await stop.wait()
+            if stop.is_set():
+                return 0
+    await sub.run(once=once, stop=stop)
+    log.info("billing.stopped", seq=sub.tracker.seq)
     return 0
+
+
+async def _nats_error(exc: Exception) -> None:
+    import structlog
+
+    structlog.get_logger("muster.billing").warning("billing.nats", error=f"{type(exc).__name__}: {exc}")
 
 
 async def _stop_on_signal(stop: Any, *signals: signal.Signals) -> None:
