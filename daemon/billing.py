@@ -36,7 +36,7 @@ import nats.errors
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from muster.daemon.billing_store import LedgerDB
+from muster.daemon.billing_store import LedgerDB, LedgerError
 from muster.events.codec import DecodeError, decode
 from muster.projections.billing import (
     DEFAULT_GPU_LABEL,
@@ -160,10 +160,15 @@ class BillingSubscriber:
         from nats.js.errors import NotFoundError
 
         try:
-            await self.js.stream_info(self.options.stream)
+            info = await self.js.stream_info(self.options.stream)
         except NotFoundError:
             raise StreamMissing(f"no stream {self.options.stream!r} on this NATS server") from None
         seq, tracker = self.ledger.load()
+        if seq > info.state.last_seq:
+            raise LedgerError(
+                f"the ledger has applied up to sequence {seq} but stream {self.options.stream!r} ends at "
+                f"{info.state.last_seq}: the stream was recreated; bill it into a new ledger (--db)"
+            )
         self.state = BillingState(tracker=tracker) if tracker is not None else new_billing_state(self.options.gpu_label)
         await self._position()
         self.metrics.applied_seq.set(seq)
@@ -235,7 +240,7 @@ class BillingSubscriber:
             evolve_billing(self.state, seq, event)
         except Exception as exc:  # the fold is total; if it is not, one event must not stop billing
             log.exception("billing.fold_error", seq=seq)
-            self.tracker.seq = seq
+            # evolve_billing moved the cursor past `seq` before it failed, so skip_bad would ignore it
             self.state.ledger.skipped.append((seq, f"fold error: {type(exc).__name__}: {exc}"))
             self.tracker.skipped += 1
             self.metrics.skipped.inc()

@@ -120,7 +120,7 @@ def render_table(report: Report, out: IO[str], *, skipped: int = 0) -> None:
         f"Cluster capacity {_h(idle.capacity_gpu_hours)} GPU-h, held {_h(idle.allocated_gpu_hours)}, "
         f"nobody held {_h(idle.unallocated_gpu_hours)} (cost {_m(idle.cost)} {cur}; shared: {idle.shared})."
     )
-    notes = []
+    notes = ["eff. = used / allocated GPU-hours, over the time utilization was sampled (idle likewise)"]
     if report.unpriced_gpu_hours:
         notes.append(f"{_h(report.unpriced_gpu_hours)} GPU-h before the first rate card version are unpriced")
     if not report.rate_versions and not report.unpriced_gpu_hours and report.totals.allocated_gpu_hours:

@@ -110,15 +110,8 @@ class Usage(msgspec.Struct, kw_only=True, gc=False):
         self.mem_mib_s += other.mem_mib_s
 
 
-USAGE_METRICS: tuple[str, ...] = (
-    "alloc_gpu_s",
-    "sampled_gpu_s",
-    "used_mgpu_s",
-    "borrowed_gpu_s",
-    "lost_gpu_s",
-    "cpu_mcore_s",
-    "mem_mib_s",
-)
+USAGE_METRICS: tuple[str, ...] = tuple(f.name for f in msgspec.structs.fields(Usage))[2:]
+"""The additive columns of a ledger row (every Usage field after queue and priority_class)."""
 
 
 class JobRecord(msgspec.Struct, kw_only=True):
@@ -195,10 +188,11 @@ class Tracker(msgspec.Struct, kw_only=True):
     """GPU model -> GPUs of ready nodes now."""
     cap_since: int | None = None
     applied: int = 0
+    """Events folded (each sequence once)."""
     ignored: int = 0
     """Well-formed events that did not fit the state (unknown job, fenced decision...)."""
     skipped: int = 0
-    """Malformed events (the shell could not decode them)."""
+    """Malformed events (the shell could not decode them, or the fold failed on them)."""
 
 
 class Ledger(msgspec.Struct, kw_only=True):
@@ -210,9 +204,6 @@ class Ledger(msgspec.Struct, kw_only=True):
     queues: dict[str, QueueRecord] = {}
     skipped: list[tuple[int, str]] = []
     """(sequence, reason) of malformed events."""
-
-    def empty(self) -> bool:
-        return not (self.usage or self.capacity or self.jobs or self.queues or self.skipped)
 
 
 class BillingState(msgspec.Struct, kw_only=True):
