@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from muster.daemon.billing import BillingMetrics, BillingSubscriber, NoCrash, SubscriberOptions
-from muster.daemon.billing_store import LedgerDB
+from muster.daemon.billing_store import LedgerDB, LedgerError
 from muster.events.codec import encode
 from muster.events.embedded import EmbeddedNats, free_port
 from muster.events.store import EventStore
@@ -286,6 +286,19 @@ async def test_redelivered_messages_are_acked_and_ignored(store: EventStore, nat
         await sub.close()
         await nc.close()
         ledger.close()
+
+
+async def test_a_ledger_ahead_of_its_stream_is_refused(store: EventStore, nats_url: str, tmp_path: Path) -> None:
+    """Pointing a ledger at a stream shorter than its cursor (a recreated stream) fails instead of skipping events."""
+    await publish(store, scripted_log()[:5])
+    await Process(nats_url, store.stream, tmp_path / "l.db").run_once()
+    empty = f"{store.stream}E"
+    await store.js.add_stream(name=empty, subjects=[f"{store.prefix}e.>"])
+    try:
+        with pytest.raises(LedgerError, match="recreated"):
+            await Process(nats_url, empty, tmp_path / "l.db").run_once()
+    finally:
+        await store.js.delete_stream(empty)
 
 
 async def test_nats_restart_mid_run_is_waited_out(own_nats: EmbeddedNats, tmp_path: Path) -> None:
