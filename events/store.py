@@ -62,7 +62,16 @@ from muster.events.types import (
     QueueConfigured,
     SchedulerConfigured,
 )
-from muster.events.wire import JetStreamApiError, Raw, WireConnection, WireError, WireOptions, consume
+from muster.events.wire import (
+    JetStreamApiError,
+    PublishResult,
+    Raw,
+    WireConnection,
+    WireError,
+    WireOptions,
+    consume,
+    publish_pipelined,
+)
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -86,6 +95,8 @@ DEFAULT_PREFIX = "muster"
 DEFAULT_URL = "nats://127.0.0.1:4222"
 _WRONG_LAST_SEQUENCE = 10071
 _STREAM_NAME_IN_USE = 10058
+_WIRE_MIN_BATCH = 64
+"""Batches at least this big are appended through `wire`; smaller ones through nats-py."""
 _HEADER_ROOM = 512
 """Bytes kept free for our headers when checking a message against the server's max_payload."""
 
@@ -103,6 +114,10 @@ class StoredEvent(NamedTuple):
 
     seq: int
     event: AnyEvent
+
+
+_stored: Callable[[type[StoredEvent], tuple[int, AnyEvent]], StoredEvent] = tuple.__new__
+"""`StoredEvent(seq, event)` without the Python-level NamedTuple constructor (half the cost, once per event)."""
 
 
 class BadEvent(NamedTuple):
@@ -396,6 +411,8 @@ class EventStore:
             if len(data) > limit:
                 raise EventTooLarge(i, type(event).__name__, len(data), limit)
             mid = msg_ids[i] if msg_ids is not None else _default_msg_id(data)
+            if not mid or not mid.isprintable() or not mid.isascii():
+                raise ValueError(f"msg id {mid!r} of event #{i} is not a non-empty printable ASCII string")
             items.append((subject_for(event, prefix), data, mid))
         if expected_last_seq is not None:
             return await self._append_fenced(items, expected_last_seq)
@@ -406,7 +423,40 @@ class EventStore:
 
         The server stores one connection's messages in the order sent, so the
         sequences follow the batch order unless a message had to be re-sent.
+        Big batches go through `wire` (a tenth of nats-py's cost per message).
         """
+        results: list[PublishResult] = [None] * len(items)
+        todo = list(range(len(items)))
+        for attempt in range(3):
+            # unconfirmed messages are re-sent: the same msg id makes that harmless
+            batch = [items[i] for i in todo]
+            publish = self._publish_wire if len(batch) >= _WIRE_MIN_BATCH else self._publish_nats
+            for i, result in zip(todo, await publish(batch), strict=True):
+                results[i] = result
+            todo = [i for i in todo if not isinstance(results[i], int)]
+            if not todo:
+                break
+            await anyio.sleep(0.1 * (attempt + 1))
+        for i in todo:  # the last resort, one by one; raises what cannot be stored
+            subject, data, mid = items[i]
+            results[i] = (await self._publish_one(subject, data, {"Nats-Msg-Id": mid}))[0]
+        return [int(r) for r in results if isinstance(r, int)]
+
+    async def _publish_wire(self, items: list[tuple[str, bytes, str]]) -> list[PublishResult]:
+        try:
+            conn = await WireConnection.open(self._wire)
+        except WireError as exc:
+            log.info("pipelined append falls back to nats-py", error=str(exc))
+            return await self._publish_nats(items)
+        try:
+            results: list[PublishResult] = await publish_pipelined(
+                conn, items, stream=self.stream, ack_timeout=self.request_timeout
+            )
+        finally:
+            await conn.close()
+        return results
+
+    async def _publish_nats(self, items: list[tuple[str, bytes, str]]) -> list[PublishResult]:
         js = self.js
         futures: list[asyncio.Future[Any]] = []
         reconnects = self.nc.stats["reconnects"]
@@ -418,20 +468,16 @@ class EventStore:
                     )
                 )
         except (TooManyStalledMsgsError, nats.errors.Error) as exc:
-            # acks stopped coming (server gone?): the rest goes through the confirmed path below
+            # acks stopped coming (server gone?): the rest goes through the confirmed path
             log.info("pipelined append stalled", sent=len(futures), of=len(items), error=str(exc))
         await self._await_acks(futures, reconnects)
-        seqs: list[int] = []
-        for i, (subject, data, mid) in enumerate(items):
-            future: asyncio.Future[Any] | None = futures[i] if i < len(futures) else None
-            if future is not None and future.done() and not future.cancelled() and future.exception() is None:
-                seqs.append(int(future.result().seq))
-                continue
-            if future is not None and not future.done():
+        results: list[PublishResult] = [None] * len(items)
+        for i, future in enumerate(futures):
+            if future.done() and not future.cancelled() and future.exception() is None:
+                results[i] = int(future.result().seq)
+            elif not future.done():
                 future.cancel()
-            # unconfirmed: the same msg id makes a second publish harmless
-            seqs.append((await self._publish_one(subject, data, {"Nats-Msg-Id": mid}))[0])
-        return seqs
+        return results
 
     async def _await_acks(self, futures: list[asyncio.Future[Any]], reconnects: int) -> None:
         """Wait for the acks until all came, the deadline passed, or a reconnect left some orphaned.
@@ -516,13 +562,13 @@ class EventStore:
         info = await self.js.stream_info(self.stream)
         return int(info.state.last_seq)
 
-    def _report(self, raw: Raw, error: str) -> None:
+    def _report(self, seq: int, subject: bytes, data: bytes, error: str) -> None:
         self.bad_events += 1
-        bad = BadEvent(raw.seq, raw.data, error, raw.subject.decode(errors="replace"))
+        bad = BadEvent(seq, data, error, subject.decode(errors="replace"))
         try:
             self.on_bad(bad)
         except Exception:  # a faulty reporter must not stop the reader either
-            log.exception("on_bad callback failed", seq=raw.seq)
+            log.exception("on_bad callback failed", seq=seq)
 
     async def _raw_batches(self, from_seq: int, *, follow: bool, retries: int = 5) -> AsyncGenerator[list[Raw], None]:
         """Raw stored messages from `from_seq`, resuming after connection loss.
@@ -548,7 +594,7 @@ class EventStore:
                 ) as batches:
                     async for batch in batches:
                         failures = 0
-                        next_seq = batch[-1].seq + 1
+                        next_seq = batch[-1][0] + 1
                         yield batch
                 return
             except (WireError, JetStreamApiError) as exc:
@@ -577,21 +623,21 @@ class EventStore:
         async with contextlib.aclosing(self._raw_batches(from_seq, follow=False)) as raws:
             async for raw_batch in raws:
                 out: list[StoredEvent] = []
+                append = out.append
                 stop = False
-                for raw in raw_batch:
-                    seq = raw.seq
+                for seq, subject, data in raw_batch:  # the replay hot loop: keep it lean
                     if seq > to_seq:
                         stop = True
                         break
                     try:
-                        event = decode(raw.data)
+                        event = decode(data)
                     except DecodeError as exc:
-                        self._report(raw, exc.message)
+                        self._report(seq, subject, data, exc.message)
                     else:
                         if until is not None and event.at > until:
                             stop = True
                             break
-                        out.append(StoredEvent(seq, event))
+                        append(_stored(StoredEvent, (seq, event)))
                     if seq == to_seq:
                         stop = True
                         break
@@ -629,16 +675,16 @@ class EventStore:
         last = from_seq - 1
         async with contextlib.aclosing(self._raw_batches(from_seq, follow=True)) as raws:
             async for raw_batch in raws:
-                for raw in raw_batch:
-                    if raw.seq <= last:
+                for seq, subject, data in raw_batch:
+                    if seq <= last:
                         continue
-                    last = raw.seq
+                    last = seq
                     try:
-                        event = decode(raw.data)
+                        event = decode(data)
                     except DecodeError as exc:
-                        self._report(raw, exc.message)
+                        self._report(seq, subject, data, exc.message)
                         continue
-                    yield StoredEvent(raw.seq, event)
+                    yield StoredEvent(seq, event)
 
 
 async def _connect(servers: list[str], attempts: int, nats_options: dict[str, Any]) -> NatsClient:

@@ -26,12 +26,22 @@ import secrets
 import ssl
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, TypeAlias
 from urllib.parse import unquote, urlparse
 
 import anyio
+import msgspec
 
-__all__ = ["Frame", "JetStreamApiError", "Raw", "WireConnection", "WireError", "WireOptions", "consume"]
+__all__ = [
+    "Frame",
+    "JetStreamApiError",
+    "Raw",
+    "WireConnection",
+    "WireError",
+    "WireOptions",
+    "consume",
+    "publish_pipelined",
+]
 
 _CRLF = b"\r\n"
 _READ_SIZE = 1 << 20
@@ -52,12 +62,8 @@ class JetStreamApiError(RuntimeError):
         self.description = description
 
 
-class Raw(NamedTuple):
-    """One stored message as delivered: stream sequence, subject and payload (both bytes)."""
-
-    seq: int
-    subject: bytes
-    data: bytes
+Raw = tuple[int, bytes, bytes]
+"""One stored message as delivered: (stream sequence, subject, payload). A plain tuple: made once per event."""
 
 
 Frame = tuple[bytes, bytes, bytes, bytes, bytes]
@@ -163,6 +169,11 @@ class WireConnection:
     def publish(self, subject: str, payload: bytes = b"", reply: str | None = None) -> None:
         head = f"PUB {subject} {reply} {len(payload)}\r\n" if reply else f"PUB {subject} {len(payload)}\r\n"
         self._writer.write(head.encode() + payload + _CRLF)
+
+    def publish_with_headers(self, subject: str, headers: bytes, payload: bytes, reply: str) -> None:
+        """HPUB: `headers` is the whole block, `NATS/1.0\\r\\n...\\r\\n\\r\\n`."""
+        total = len(headers) + len(payload)
+        self._writer.write(f"HPUB {subject} {reply} {len(headers)} {total}\r\n".encode() + headers + payload + _CRLF)
 
     async def flush(self) -> None:
         await self._writer.drain()
@@ -319,15 +330,16 @@ async def consume(
                     if status:
                         _on_status(conn, reply, status, last_dseq)
                         continue
-                    tokens = reply.split(b".")
-                    if len(tokens) == 9:
-                        dseq, sseq, pending = int(tokens[6]), int(tokens[5]), tokens[8]
-                    else:  # v2 ack subject: $JS.ACK.<domain>.<account>.<stream>.<consumer>.<n>.<sseq>.<dseq>...
-                        dseq, sseq, pending = int(tokens[8]), int(tokens[7]), tokens[10]
+                    # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<timestamp>.<pending>
+                    head, sseq_b, dseq_b, _, pending = reply.rsplit(b".", 4)
+                    if head.count(b".") != 4:  # v2: $JS.ACK.<domain>.<account>.<stream>.<consumer>.<n>.<sseq>...
+                        tokens = reply.split(b".")
+                        sseq_b, dseq_b, pending = tokens[7], tokens[8], tokens[10]
+                    sseq, dseq = int(sseq_b), int(dseq_b)
                     if dseq != last_dseq + 1:
                         raise WireError(f"delivery gap: expected {last_dseq + 1}, got {dseq}")
                     last_dseq = dseq
-                    append(Raw(sseq, subject, payload))
+                    append((sseq, subject, payload))
                     if stop_when_caught_up and pending == b"0":
                         done = True
                         break
@@ -367,3 +379,76 @@ def _on_status(conn: WireConnection, reply: bytes, headers: bytes, last_dseq: in
     last = _header_value(headers, b"Nats-Last-Consumer")
     if last is not None and int(last) > last_dseq:
         raise WireError(f"missed deliveries: consumer at {int(last)}, received {last_dseq}")
+
+
+# ---------------------------------------------------------------- pipelined publishing
+
+
+class _ApiError(msgspec.Struct):
+    code: int = 0
+    err_code: int = 0
+    description: str = ""
+
+
+class _PubAck(msgspec.Struct):
+    stream: str = ""
+    seq: int = 0
+    duplicate: bool = False
+    error: _ApiError | None = None
+
+
+_ack_decoder = msgspec.json.Decoder(_PubAck)
+
+PublishResult: TypeAlias = int | Exception | None
+"""Per message: its stream sequence, the error the server answered, or None (no answer came)."""
+
+
+async def publish_pipelined(
+    conn: WireConnection,
+    items: Sequence[tuple[str, bytes, str]],
+    *,
+    stream: str,
+    window: int = 2048,
+    ack_timeout: float = 5.0,
+) -> list[PublishResult]:
+    """Publish `(subject, payload, msg_id)` items in order, keeping up to `window` unacknowledged.
+
+    One connection's messages are stored in the order sent. Never raises for
+    a broken connection or a silent server: the messages without an answer
+    are None in the result, and the caller re-sends them (the msg id makes
+    that harmless).
+    """
+    results: list[PublishResult] = [None] * len(items)
+    inbox = conn.new_inbox()
+    ack_sid = str(conn.subscribe(inbox + ".*")).encode()
+    cut = len(inbox) + 1
+    tail = b"\r\nNats-Expected-Stream: " + stream.encode() + b"\r\n\r\n"
+    total = len(items)
+    sent = answered = 0
+    try:
+        while answered < total:
+            while sent < total and sent - answered < window:
+                subject, payload, msg_id = items[sent]
+                conn.publish_with_headers(
+                    subject, b"NATS/1.0\r\nNats-Msg-Id: " + msg_id.encode() + tail, payload, f"{inbox}.{sent}"
+                )
+                sent += 1
+            await conn.flush()
+            for sid, _, status, answer, ack_subject in await conn.next_frames(ack_timeout):
+                if sid != ack_sid:
+                    continue
+                i = int(ack_subject[cut:])
+                if not 0 <= i < total or results[i] is not None:
+                    continue
+                answered += 1
+                if status:  # 503: no stream listens on the subject (yet)
+                    results[i] = WireError(f"no answer from JetStream: {status[9:].strip().decode(errors='replace')}")
+                    continue
+                ack = _ack_decoder.decode(answer)
+                if ack.error is not None:
+                    results[i] = JetStreamApiError(ack.error.code, ack.error.err_code, ack.error.description)
+                else:
+                    results[i] = ack.seq
+    except (WireError, OSError, msgspec.DecodeError, ValueError):
+        pass  # what was not answered stays None
+    return results

@@ -50,7 +50,7 @@ async def test_read_after_restart_finds_every_event(own_nats: EmbeddedNats) -> N
 @pytest.mark.parametrize("crash", [False, True], ids=["sigterm", "sigkill"])
 async def test_append_interrupted_by_a_restart_stores_every_event_once(own_nats: EmbeddedNats, crash: bool) -> None:
     """A pipelined append that spans a server restart completes, and each event is on the stream exactly once."""
-    events = finishes(4000)
+    events = finishes(10_000)
     async with await EventStore.connect(own_nats.url, stream="MIDWAY", prefix="midway", request_timeout=2) as es:
         appending = True
         restarted_during_append = False
@@ -70,4 +70,4 @@ async def test_append_interrupted_by_a_restart_stores_every_event_once(own_nats:
         stored = await es.read()
     assert restarted_during_append
     assert sorted(seqs) == [s.seq for s in stored]
-    assert sorted(s.event.at for s in stored) == list(range(4000))
+    assert sorted(s.event.at for s in stored) == list(range(10_000))
