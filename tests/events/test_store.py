@@ -9,11 +9,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
+import anyio
 import pytest
 
 from muster.events import codec
 from muster.events.codec import MAX_EVENT_BYTES
 from muster.events.store import (
+    AppendError,
     BadEvent,
     ConcurrencyConflict,
     EventStore,
@@ -185,6 +187,14 @@ async def test_oversized_event_is_refused_with_nothing_stored(any_store: EventSt
         await any_store.append([*submissions(1), huge])
     assert info.value.index == 1
     assert await any_store.last_seq() == 0
+
+
+@pytest.mark.parametrize("size", [3, 200], ids=["small-batch", "big-batch"])
+async def test_append_without_a_stream_fails_instead_of_hanging(any_store: EventStore, size: int) -> None:
+    """When the stream is gone, append raises AppendError within seconds, for small and big batches alike."""
+    await any_store.delete_stream()
+    with anyio.fail_after(20), pytest.raises(AppendError, match="not confirmed"):
+        await any_store.append(submissions(size))
 
 
 # ---------------------------------------------------------------- bad bytes
