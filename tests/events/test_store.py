@@ -10,6 +10,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 
 import anyio
+import nats
 import pytest
 
 from muster.events import codec
@@ -280,6 +281,22 @@ async def test_follow_from_the_end_sees_only_new_events(any_store: EventStore) -
         await any_store.append(submissions(1, start=3))
         first = await anext(events)
     assert first.seq == 4 and first.event == submissions(1, start=3)[0]
+
+
+async def test_store_on_a_callers_connection_leaves_it_open(nats_url: str) -> None:
+    """Given a connected nats-py client, the store appends and reads through it and close() leaves it open."""
+    nc = await nats.connect(nats_url)
+    try:
+        es = await EventStore.connect(nc, stream="CALLERS", prefix="callers")
+        try:
+            await es.append(submissions(100))  # big enough for the pipelined wire path
+            assert [s.seq for s in await es.read(99)] == [99, 100]
+        finally:
+            await es.delete_stream()
+            await es.close()
+        assert nc.is_connected
+    finally:
+        await nc.close()
 
 
 def test_default_url_honours_nats_url(monkeypatch: pytest.MonkeyPatch) -> None:
