@@ -163,6 +163,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     history_limit: int = 100_000
     """Changes kept for watch replay; older ones are compacted (watches from before them get 410)."""
     bookmark_seconds: float = 5.0
+    keep_requests: int | None = None
+    """Keep only this many recorded requests (a long demo); None keeps all (tests assert on them)."""
 
     _rv: int = attrs.field(default=1, init=False)
     _changes: list[_Change] = attrs.field(factory=list, init=False)
@@ -172,12 +174,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _generation: int = attrs.field(default=0, init=False)
     _faults: list[Fault] = attrs.field(factory=list, init=False)
     _names: Any = attrs.field(factory=itertools.count, init=False)
+    _builtin_reactions: int = attrs.field(default=0, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self.fallback[self._is_post_sub("binding")] << self._serve_binding
         self.fallback[self._is_post_sub("eviction")] << self._serve_eviction
         self.fallback[self._is_put] << self._serve_replace
+        self._builtin_reactions = len(self._payloads)
 
     # ------------------------------------------------------------ public helpers
 
@@ -378,12 +382,37 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     headers = {"Retry-After": "0"} if fault.status == 429 else None
                     return aiohttp.web.json_response(body, status=fault.status, headers=headers)
                 break
+        if self.keep_requests is not None and len(self._requests) > 2 * self.keep_requests:
+            del self._requests[: -self.keep_requests]
+        # kmock matches a request against each reaction by scanning every request recorded so far,
+        # which grows without bound; the built-in answers are routed directly unless a test added
+        # reactions of its own (those must see the requests first).
+        serve = self._route(request) if len(self._payloads) == self._builtin_reactions else None
+        if serve is not None:
+            response: Response = await serve(request)
+            return await response(request)
         # Skip KubernetesEmulator._handle: its bookkeeping is replaced by the serving methods below.
         return await super(kmock.KubernetesEmulator, self)._handle(request)
 
+    def _route(self, request: kmock.Request) -> Any:
+        if request.resource is None or not request.resource.plural:
+            return None
+        method = str(request.method.value).upper()
+        if method == "GET":
+            if request.params.get("watch") in _TRUE:
+                return self._serve_watch
+            return self._serve_list if request.name is None else self._serve_fetch
+        if method == "POST":
+            if request.name is None:
+                return self._serve_create
+            return {"binding": self._serve_binding, "eviction": self._serve_eviction}.get(request.subresource or "")
+        if request.name is None:
+            return None
+        return {"PATCH": self._serve_update, "PUT": self._serve_replace, "DELETE": self._serve_delete}.get(method)
+
     # ------------------------------------------------------------ serving (kmock fallbacks)
 
-    async def _serve_list(self, request: kmock.Request) -> kmock.Payload:
+    async def _serve_list(self, request: kmock.Request) -> Response:
         if request.params.get("watch") in _TRUE:
             return await self._serve_watch(request)
         assert request.resource is not None
@@ -401,7 +430,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             },
         )
 
-    async def _serve_watch(self, request: kmock.Request) -> kmock.Payload:  # type: ignore[override]
+    async def _serve_watch(self, request: kmock.Request) -> Response:  # type: ignore[override]
         return Response(status=200, payload=self._watch(request))
 
     async def _watch(self, request: kmock.Request) -> AsyncIterator[Any]:
@@ -484,14 +513,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
                         },
                     }
 
-    async def _serve_fetch(self, request: kmock.Request) -> kmock.Payload:
+    async def _serve_fetch(self, request: kmock.Request) -> Response:
         assert request.resource is not None and request.name is not None
         obj = self._get(request.resource, request.namespace, request.name)
         if obj is None:
             return _status(404, "NotFound", f'{request.resource.plural} "{request.name}" not found')
         return Response(status=200, payload=copy.deepcopy(obj))
 
-    async def _serve_create(self, request: kmock.Request) -> kmock.Payload:
+    async def _serve_create(self, request: kmock.Request) -> Response:
         assert request.resource is not None
         body = request.data if isinstance(request.data, dict) else None
         if body is None:
@@ -505,7 +534,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return _status(422, "Invalid", "metadata.name or metadata.generateName is required")
         return Response(status=201, payload=self._create(request.resource, ns, body))
 
-    async def _serve_update(self, request: kmock.Request) -> kmock.Payload:
+    async def _serve_update(self, request: kmock.Request) -> Response:
         assert request.resource is not None and request.name is not None
         res, ns, name = request.resource, request.namespace, request.name
         old = self._get(res, ns, name)
@@ -525,7 +554,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return Response(status=200, payload=self._delete(res, ns, name))
         return Response(status=200, payload=self._record(res, ns, name, "MODIFIED", new))
 
-    async def _serve_replace(self, request: kmock.Request) -> kmock.Payload:
+    async def _serve_replace(self, request: kmock.Request) -> Response:
         assert request.resource is not None and request.name is not None
         res, ns, name = request.resource, request.namespace, request.name
         old = self._get(res, ns, name)
@@ -543,7 +572,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             new["metadata"] = {**old["metadata"], **(body.get("metadata") or {})}
         return Response(status=200, payload=self._record(res, ns, name, "MODIFIED", new))
 
-    async def _serve_delete(self, request: kmock.Request) -> kmock.Payload:
+    async def _serve_delete(self, request: kmock.Request) -> Response:
         assert request.resource is not None and request.name is not None
         res, ns, name = request.resource, request.namespace, request.name
         if self._get(res, ns, name) is None:
@@ -555,7 +584,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 grace = int(value)
         return Response(status=200, payload=self._graceful_delete(res, ns, name, grace, why="delete"))
 
-    async def _serve_binding(self, request: kmock.Request) -> kmock.Payload:
+    async def _serve_binding(self, request: kmock.Request) -> Response:
         assert request.resource is not None and request.name is not None
         res, ns, name = request.resource, request.namespace, request.name
         pod = self._get(res, ns, name)
@@ -585,7 +614,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self._record(res, ns, name, "MODIFIED", new)
         return _status(201, "", "")
 
-    async def _serve_eviction(self, request: kmock.Request) -> kmock.Payload:
+    async def _serve_eviction(self, request: kmock.Request) -> Response:
         assert request.resource is not None and request.name is not None
         res, ns, name = request.resource, request.namespace, request.name
         if self._get(res, ns, name) is None:
