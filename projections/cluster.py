@@ -176,6 +176,8 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
     leader: str = ""
     cycle: int = 0
     """Last scheduling cycle that wrote a decision."""
+    cycle_decisions: int = 0
+    """How many decisions of that cycle have been applied."""
     now: int = 0
     """Time of the latest event applied."""
     submitted: int = 0
@@ -286,6 +288,14 @@ def _release(state: ClusterState, job: JobState) -> None:
     state.dirty_jobs.add(job.id)
 
 
+def _count_decision(state: ClusterState, cycle: int) -> None:
+    if cycle > state.cycle:
+        state.cycle = cycle
+        state.cycle_decisions = 1
+    elif cycle == state.cycle:
+        state.cycle_decisions += 1
+
+
 def _fenced(state: ClusterState, epoch: int) -> bool:
     if epoch < state.epoch:
         state.fenced += 1
@@ -347,7 +357,7 @@ def _on_admitted(state: ClusterState, ev: JobAdmitted) -> ClusterState:
     job.utilization = None
     job.idle_since = None
     job.nominated = False
-    state.cycle = max(state.cycle, ev.cycle)
+    _count_decision(state, ev.cycle)
     state.dirty_jobs.add(job.id)
     return state
 
@@ -372,7 +382,8 @@ def _on_preempted(state: ClusterState, ev: JobPreempted) -> ClusterState:
             preemptor.nominated = True
             # its next failure, if any, is written down even if the words are the same
             preemptor.reason = ""
-    state.cycle = max(state.cycle, ev.cycle)
+            state.dirty_jobs.add(preemptor.id)
+    _count_decision(state, ev.cycle)
     return state
 
 
@@ -510,14 +521,14 @@ def _on_inadmissible(state: ClusterState, ev: JobInadmissible) -> ClusterState:
         return _skip(state)
     job.reason = ev.reason
     job.nominated = False
-    state.cycle = max(state.cycle, ev.cycle)
+    _count_decision(state, ev.cycle)
     return state
 
 
 def _on_rejected(state: ClusterState, ev: JobRejected) -> ClusterState:
     if _fenced(state, ev.epoch):
         return state
-    state.cycle = max(state.cycle, ev.cycle)
+    _count_decision(state, ev.cycle)
     return _end(state, ev.job, ev.at, "rejected", ev.reason)
 
 

@@ -3,13 +3,18 @@
 Derived means rebuildable: everything here is a function of the state, kept
 in step incrementally from the state's dirty sets so a cycle does not pay for
 the whole cluster. It also holds the *parking* memo: a job found inadmissible
-is not tried again until something that could change the answer happens:
-- its cohort tree's usage or any configuration changed (`tree_gen`), or
-- capacity was given back somewhere (`state.released`) and the cluster's free
-  GPUs reach the job's threshold (its GPUs minus what preemption could free).
-Both are sound: while neither happens, the same job is still inadmissible for
-the same reason, so skipping it changes no decision. `decide` on a fresh index
-(replay, audit) gives the same events as on a long-lived one.
+is not tried again until something happens that could change the verdict or
+the words of its reason:
+- quota blocked it: usage in its cohort tree went down by at least its
+  deficit (a release of d raises any queue's available quota by at most d);
+- placement blocked it: the cluster's free GPUs reach its GPUs minus what
+  preemption could free, or usage in its tree went up by more than its quota
+  slack (then quota would block it, and the reason would read differently);
+- a queue of its tree started borrowing (new victims), fair sharing is on and
+  usage moved, or any configuration changed (the index is rebuilt).
+While none of these happens the same job is inadmissible for the same reason,
+so skipping it changes no event: `decide` on a fresh index (replay, audit)
+gives the same bytes as on a long-lived one, which tests check.
 """
 
 from __future__ import annotations
@@ -29,15 +34,29 @@ PARKING = True
 
 
 class Parked:
-    __slots__ = ("kind", "released", "root", "stamp", "threshold", "tree_gen")
+    __slots__ = ("root", "stamp")
 
-    def __init__(self, kind: str, root: str, tree_gen: int, released: int, threshold: int, stamp: int) -> None:
-        self.kind = kind
+    def __init__(self, root: str, stamp: int) -> None:
         self.root = root
-        self.tree_gen = tree_gen
-        self.released = released
-        self.threshold = threshold
         self.stamp = stamp
+
+
+class Wake:
+    """When a parked job must be tried again (see the module docstring)."""
+
+    __slots__ = ("capacity_below", "consumed", "consumed_in_cycle", "own_released", "released")
+
+    def __init__(self) -> None:
+        self.capacity_below: int | None = None
+        """Try again once the cluster has at least this many free GPUs (less new victims)."""
+        self.consumed_in_cycle = 0
+        """GPUs taken in the job's tree earlier in the cycle that judged it."""
+        self.released: dict[str, int] = {}
+        """Resource -> usage decrease in the tree after which to try again."""
+        self.consumed: dict[str, int] = {}
+        """Resource -> usage increase in the tree after which to try again."""
+        self.own_released: dict[str, int] = {}
+        """Resource -> usage decrease in the job's own queue after which to try again."""
 
 
 class SchedulerIndex:
@@ -46,14 +65,26 @@ class SchedulerIndex:
         self.topology = TopologyIndex(state)
         self.quota = QuotaTree(state)
         self.roots: dict[str, str] = {q: self.quota.root_of(q) for q in state.queues}
-        self.tree_gen: dict[str, int] = {}
+        self.tree_queues: dict[str, list[str]] = {}
+        """Cohort-tree root -> its queues, sorted."""
+        for q in sorted(state.queues):
+            self.tree_queues.setdefault(self.roots[q], []).append(q)
         self.released_seen = state.released
         self.active: dict[str, list[tuple[int, int, str]]] = {q: [] for q in state.queues}
         """Per queue, the pending jobs to try, in queue order (-priority, seq, id)."""
         self.keys: dict[str, tuple[int, int, str]] = {}
         self.parked: dict[str, Parked] = {}
         self.parked_by_root: dict[str, set[str]] = {}
-        self.capacity_heap: list[tuple[int, int, str, int]] = []
+        self.capacity_heaps: dict[str, list[tuple[int, int, str, int]]] = {}
+        """Per tree: (GPUs needed - candidate GPUs + tree consumption at park, ...)."""
+        self.released_total: dict[tuple[str, str], int] = {}
+        """(root, resource) -> cumulative usage decrease in that tree."""
+        self.consumed_total: dict[tuple[str, str], int] = {}
+        self.release_heaps: dict[tuple[str, str], list[tuple[int, int, str, int]]] = {}
+        self.consume_heaps: dict[tuple[str, str], list[tuple[int, int, str, int]]] = {}
+        self.nominated: set[str] = set()
+        self.provisional: tuple[int, int, list[str]] | None = None
+        """(cycle, decisions, jobs): jobs parked on a cycle's view, valid once its decisions are folded."""
         self.stamp = 0
         self.new_jobs: set[str] = set()
         """Pending jobs not yet validated."""
@@ -75,6 +106,7 @@ class SchedulerIndex:
         self.deactivate(job)
         self.unpark(job.id, reactivate=False)
         self.new_jobs.discard(job.id)
+        self.nominated.discard(job.id)
         running = self.running.get(job.queue)
         if running is not None:
             running.discard(job.id)
@@ -83,6 +115,8 @@ class SchedulerIndex:
     def _track(self, state: ClusterState, job: JobState) -> None:
         if job.status == "pending":
             self.new_jobs.add(job.id)
+            if job.nominated:
+                self.nominated.add(job.id)
         elif job.status == "admitted":
             self.running.setdefault(job.queue, set()).add(job.id)
 
@@ -105,15 +139,52 @@ class SchedulerIndex:
 
     # ------------------------------------------------------------ parking
 
-    def park(self, state: ClusterState, job: JobState, kind: str, threshold: int) -> None:
+    def park(self, job: JobState, wake: Wake) -> None:
         root = self.roots.get(job.queue, job.queue)
         self.stamp += 1
-        p = Parked(kind, root, self.tree_gen.get(root, 0), state.released, threshold, self.stamp)
-        self.parked[job.id] = p
+        stamp = self.stamp
+        self.parked[job.id] = Parked(root, stamp)
         self.parked_by_root.setdefault(root, set()).add(job.id)
-        if kind == "capacity":
-            heapq.heappush(self.capacity_heap, (threshold, job.seq, job.id, p.stamp))
+        if wake.capacity_below is not None:
+            # compared with free GPUs + the tree's consumption: an admission in the
+            # tree leaves that level as it was (it may be a new victim for this job),
+            # a release anywhere raises it, an admission elsewhere lowers it
+            target = wake.capacity_below + self.consumed_total.get((root, "gpu"), 0) + wake.consumed_in_cycle
+            heapq.heappush(self.capacity_heaps.setdefault(root, []), (target, job.seq, job.id, stamp))
+        for r, amount in wake.released.items():
+            key = (root, r)
+            target = self.released_total.get(key, 0) + amount
+            heapq.heappush(self.release_heaps.setdefault(key, []), (target, job.seq, job.id, stamp))
+        for r, amount in wake.own_released.items():
+            key = (f"own:{job.queue}", r)
+            target = self.released_total.get(key, 0) + amount
+            heapq.heappush(self.release_heaps.setdefault(key, []), (target, job.seq, job.id, stamp))
+        for r, amount in wake.consumed.items():
+            key = (root, r)
+            target = self.consumed_total.get(key, 0) + amount
+            heapq.heappush(self.consume_heaps.setdefault(key, []), (target, job.seq, job.id, stamp))
         self.deactivate(job)
+
+    def _pop_due(self, state: ClusterState, heap: list[tuple[int, int, str, int]], level: int) -> None:
+        while heap and heap[0][0] <= level:
+            _, _, job_id, stamp = heapq.heappop(heap)
+            p = self.parked.get(job_id)
+            if p is not None and p.stamp == stamp:
+                self.unpark(job_id, state=state)
+
+    def usage_moved(self, state: ClusterState, queue: str, root: str, diff: dict[str, int]) -> None:
+        """Count a queue's usage change (in its tree and itself) and wake the jobs it concerns."""
+        for r, d in sorted(diff.items()):
+            key = (root, r)
+            if d < 0:
+                total = self.released_total[key] = self.released_total.get(key, 0) - d
+                self._pop_due(state, self.release_heaps.get(key, []), total)
+                own = (f"own:{queue}", r)
+                total = self.released_total[own] = self.released_total.get(own, 0) - d
+                self._pop_due(state, self.release_heaps.get(own, []), total)
+            elif d > 0:
+                total = self.consumed_total[key] = self.consumed_total.get(key, 0) + d
+                self._pop_due(state, self.consume_heaps.get(key, []), total)
 
     def unpark(self, job_id: str, reactivate: bool = True, state: ClusterState | None = None) -> None:
         p = self.parked.pop(job_id, None)
@@ -127,23 +198,43 @@ class SchedulerIndex:
             if job is not None and job.status == "pending":
                 self.activate(state, job)
 
+    def due_on_consumption(self, key: tuple[str, str], level: int) -> list[str]:
+        """Parked jobs whose consumption wake is due at `level`; the entries stay for the next sync."""
+        heap = self.consume_heaps.get(key)
+        out: list[str] = []
+        if not heap:
+            return out
+        popped = []
+        while heap and heap[0][0] <= level:
+            entry = heapq.heappop(heap)
+            popped.append(entry)
+            p = self.parked.get(entry[2])
+            if p is not None and p.stamp == entry[3]:
+                out.append(entry[2])
+        for entry in popped:
+            heapq.heappush(heap, entry)
+        return out
+
     def wake_tree(self, state: ClusterState, root: str) -> None:
         for job_id in sorted(self.parked_by_root.get(root, ())):
             self.unpark(job_id, state=state)
 
     def wake_capacity(self, state: ClusterState) -> None:
         free = self.topology.gpu_free_total
-        heap = self.capacity_heap
-        while heap and heap[0][0] <= free:
-            _, _, job_id, stamp = heapq.heappop(heap)
-            p = self.parked.get(job_id)
-            if p is not None and p.stamp == stamp:
-                self.unpark(job_id, state=state)
+        for root in sorted(self.capacity_heaps):
+            self._pop_due(state, self.capacity_heaps[root], free + self.consumed_total.get((root, "gpu"), 0))
 
     # ------------------------------------------------------------ sync
 
     def sync(self, state: ClusterState) -> None:
         """Bring the index in line with the state's changes since the last sync."""
+        if self.provisional is not None:
+            cycle, decisions, jobs = self.provisional
+            self.provisional = None
+            if state.cycle != cycle or state.cycle_decisions != decisions:
+                # the cycle's decisions were not folded as decided: judge those jobs again
+                for job_id in jobs:
+                    self.unpark(job_id, state=state)
         topo = self.topology
         for name in sorted(state.dirty_nodes):
             node = state.nodes.get(name)
@@ -165,11 +256,12 @@ class SchedulerIndex:
             q = state.queues.get(name)
             if q is None:
                 continue
-            # more usage without a new borrower cannot help a waiting job (fewer
-            # free GPUs, less quota, and new victims only give back what they took)
-            if self.quota.set_usage(q) or state.fair_sharing:
-                root = self.roots.get(name, name)
-                self.tree_gen[root] = self.tree_gen.get(root, 0) + 1
+            root = self.roots.get(name, name)
+            diff, started_borrowing = self.quota.set_usage(q)
+            if diff:
+                self.usage_moved(state, name, root, diff)
+            # a new borrower brings new victims; fair shares move with any usage
+            if started_borrowing or (diff and state.fair_sharing):
                 self.wake_tree(state, root)
         state.dirty_queues.clear()
         for job_id in sorted(state.dirty_jobs):

@@ -38,57 +38,50 @@ class Result(NamedTuple):
     """Whether removing candidates could make the quota fit (placement aside)."""
     candidate_gpus: int
     """GPUs held by every candidate: an upper bound on what preemption can free."""
+    candidate_requests: dict[str, int]
+    """Everything held by every candidate, per resource."""
 
 
-_NONE = Result([], False, 0)
+_NONE = Result([], False, 0, {})
 
 
-def _candidates(cycle: Cycle, job: JobState, prio: int) -> list[JobState]:
+def _candidates(cycle: Cycle, job: JobState, prio: int, with_others: bool) -> list[JobState]:
     state, idx = cycle.state, cycle.idx
     queue = state.queues[job.queue]
     policy = queue.preemption
-    out: list[JobState] = []
+    removed = cycle.removed
     within = policy.within_queue
+    own: list[JobState] = []
     if within != "Never":
-        for jid in idx.running.get(job.queue, ()):
-            c = state.jobs[jid]
-            if jid in cycle.removed or not state.preemptible(c) or not _overlaps(c, job):
+        newer_equal = within == "LowerOrNewerEqualPriority"
+        for cp, _, _, _, c in cycle.victim_order(job.queue):
+            if cp > prio or (cp == prio and not newer_equal):
+                break
+            if c.id in removed or not _overlaps(c, job) or (cp == prio and c.seq <= job.seq):
                 continue
-            cp = state.priority_of(c)
-            if cp < prio or (within == "LowerOrNewerEqualPriority" and cp == prio and c.seq > job.seq):
-                out.append(c)
+            own.append(c)
     reclaim = policy.reclaim_within_cohort
     borrow = policy.borrow_within_cohort
-    if queue.cohort is not None and (reclaim != "Never" or borrow.policy == "LowerPriority"):
-        root = idx.roots.get(job.queue)
+    others: list[tuple[int, int, int, int, JobState]] = []
+    if with_others and queue.cohort is not None and (reclaim != "Never" or borrow.policy == "LowerPriority"):
         threshold = borrow.max_priority_threshold
-        for other in sorted(idx.running):
-            if other == job.queue or idx.roots.get(other) != root:
+        for other in idx.tree_queues.get(idx.roots.get(job.queue, job.queue), ()):
+            if other == job.queue or not idx.running.get(other) or not idx.quota.is_borrowing(other, job.requests):
                 continue
-            if not idx.quota.is_borrowing(other, job.requests):
-                continue
-            for jid in idx.running[other]:
-                c = state.jobs[jid]
-                if jid in cycle.removed or not state.preemptible(c) or not _overlaps(c, job):
+            for entry in cycle.victim_order(other):
+                cp, c = entry[0], entry[4]
+                if reclaim != "Any" and cp >= prio:
+                    break
+                if c.id in removed or not _overlaps(c, job):
                     continue
-                cp = state.priority_of(c)
                 if (
                     reclaim == "Any"
                     or (reclaim == "LowerPriority" and cp < prio)
                     or (borrow.policy == "LowerPriority" and cp < prio and (threshold is None or cp <= threshold))
                 ):
-                    out.append(c)
-    now = cycle.now
-    out.sort(
-        key=lambda c: (
-            c.queue == job.queue,
-            state.priority_of(c),
-            c.lost_gpu_seconds(now),
-            -(c.admitted_at or 0),
-            -c.seq,
-        )
-    )
-    return out
+                    others.append(entry)
+    others.sort(key=lambda e: e[:4])
+    return [e[4] for e in others] + own
 
 
 def _overlaps(candidate: JobState, job: JobState) -> bool:
@@ -100,13 +93,24 @@ def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
     """The victims to evict so that `job` fits, or none."""
     state, quota = cycle.state, cycle.idx.quota
     prio = state.priority_of(job)
-    candidates = _candidates(cycle, job, prio)
+    policy = state.queues[job.queue].preemption
+    # Other queues' jobs matter only to fair sharing, to borrowing under
+    # borrow_within_cohort, and to reclaiming while within nominal quota.
+    with_others = (
+        state.fair_sharing
+        or policy.borrow_within_cohort.policy == "LowerPriority"
+        or quota.within_nominal(job.queue, job.requests)
+    )
+    candidates = _candidates(cycle, job, prio, with_others)
     if not candidates:
         return _NONE
-    gpus = sum(c.gpus for c in candidates)
+    held: dict[str, int] = {}
+    for c in candidates:
+        for r, v in c.requests.items():
+            held[r] = held.get(r, 0) + v
+    gpus = held.get("gpu", 0)
     probe = _Probe(cycle, job)
     same = [c for c in candidates if c.queue == job.queue]
-    policy = state.queues[job.queue].preemption
     if len(same) == len(candidates):
         victims = probe.minimal(candidates, allow_borrow, None)
     elif state.fair_sharing:
@@ -128,8 +132,8 @@ def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
         if not victims:
             victims = probe.minimal(same, allow_borrow, None)
     if not victims:
-        return Result([], probe.quota_possible, gpus)
-    return Result(_with_reasons(cycle, job, victims), True, gpus)
+        return Result([], probe.quota_possible, gpus, held)
+    return Result(_with_reasons(cycle, job, victims), True, gpus, held)
 
 
 def _with_reasons(cycle: Cycle, job: JobState, victims: list[JobState]) -> list[Victim]:

@@ -191,6 +191,17 @@ class QuotaTree:
                 return False
         return True
 
+    def over_nominal(self, queue: str, req: Mapping[str, int]) -> dict[str, int]:
+        """Per resource, how far the queue would be above its nominal quota with `req` admitted."""
+        node = self.queues[queue]
+        out: dict[str, int] = {}
+        for r, v in req.items():
+            if v > 0 and r in node.nominal:
+                over = node.usage.get(r, 0) + v - node.nominal[r]
+                if over > 0:
+                    out[r] = over
+        return out
+
     def borrowed_by(self, queue: str, req: Mapping[str, int]) -> dict[str, int]:
         """The part of `req` above the queue's nominal quota if admitted now."""
         node = self.queues[queue]
@@ -269,22 +280,36 @@ class QuotaTree:
             delta = nxt
             node = parent
 
-    def set_usage(self, queue: QueueState) -> bool:
+    def set_usage(self, queue: QueueState) -> tuple[dict[str, int], bool]:
         """Bring a queue's usage in line with the state (outside transactions).
 
-        Returns whether the change could let a waiting job in: some usage went
-        down, or the queue started borrowing (its jobs become reclaimable).
+        Returns the change per resource, and whether the queue started
+        borrowing (its jobs become reclaimable).
         """
         node = self.queues.get(queue.name)
         if node is None:
-            return False
+            return {}, False
         diff = {r: queue.usage.get(r, 0) - node.usage.get(r, 0) for r in set(queue.usage) | set(node.usage)}
         diff = {r: v for r, v in diff.items() if v}
         if not diff:
-            return False
+            return diff, False
         was_borrowing = self.is_borrowing(queue.name)
         self.add(queue.name, diff, 1, record=False)
-        return any(v < 0 for v in diff.values()) or (self.is_borrowing(queue.name) and not was_borrowing)
+        return diff, self.is_borrowing(queue.name) and not was_borrowing
+
+    def headroom(self, queue: str, req: Mapping[str, int], allow_borrow: bool) -> dict[str, int]:
+        """Per quota-limited resource of `req`: what is left after it (negative: the shortfall)."""
+        node = self.queues[queue]
+        out: dict[str, int] = {}
+        for r in sorted(req):
+            v = req[r]
+            if v <= 0 or r not in node.nominal:
+                continue
+            avail = self.available(node, r)
+            if not allow_borrow:
+                avail = min(avail, node.nominal[r] - node.usage.get(r, 0))
+            out[r] = avail - v
+        return out
 
     def mark(self) -> int:
         return len(self.undo)

@@ -28,8 +28,8 @@ from collections.abc import Mapping
 
 from muster.events.types import Event, JobAdmitted, JobInadmissible, JobPreempted, JobRejected
 from muster.projections.cluster import ClusterState, JobState
-from muster.projections.index import SchedulerIndex, index_of, take_new_jobs
-from muster.projections.preemption import Victim, find_victims
+from muster.projections.index import SchedulerIndex, Wake, index_of, take_new_jobs
+from muster.projections.preemption import Result, Victim, find_victims
 from muster.projections.resources import fmt
 from muster.projections.topology import Transaction
 
@@ -48,14 +48,26 @@ class Cycle:
         self.topo = Transaction(idx.topology)
         self.quota_mark = idx.quota.mark()
         self.tried: set[str] = set()
+        self.current: tuple[int, int, int, int] | None = None
+        """Order key of the job being tried (None while nominated preemptors go first)."""
+        self.heap: list[tuple[tuple[int, int, int, int], str]] | None = None
+        self.consumed: dict[tuple[str, str], int] = {}
+        """Usage taken in this cycle, per (tree, resource)."""
+        self.consumed_any: dict[str, int] = {}
+        """Jobs admitted in this cycle, per tree."""
+        self._victim_order: dict[str, list[tuple[int, int, int, int, JobState]]] = {}
         self.removed: set[str] = set()
         """Jobs evicted (tentatively) in this cycle."""
         self.placed: dict[str, dict[str, str]] = {}
         """Jobs admitted or reserved (tentatively) in this cycle, with their placement."""
         self.tentative = False
         """Whether the view differs from the state (something was taken or given back)."""
+        self.reserved = False
+        """Whether room was held for a preemptor (a change no decision event will fold)."""
         self.parked_on_tentative: list[str] = []
-        """Jobs parked after a tentative change: their verdict may not hold for the state."""
+        """Jobs parked on a view that only the cycle's own decisions explain."""
+        self.parked_on_reserved: list[str] = []
+        """Jobs parked on a view that holds room for a preemptor: judged again next cycle."""
         self.events: list[Event] = []
 
     # ------------------------------------------------------------ tentative changes
@@ -115,20 +127,66 @@ class Cycle:
 
     def take(self, job: JobState, placement: Mapping[str, str]) -> None:
         """Account a job's quota usage (its nodes were taken by `place`)."""
-        self.idx.quota.add(job.queue, job.requests, 1)
+        quota, idx = self.idx.quota, self.idx
+        was_borrowing = quota.is_borrowing(job.queue)
+        quota.add(job.queue, job.requests, 1)
         self.placed[job.id] = dict(placement)
         self.tentative = True
+        # Parked jobs whose verdict or words this admission changes, and whose
+        # turn in this cycle's order has not come yet, are tried in this cycle,
+        # exactly as they would be had they never been parked.
+        root = idx.roots.get(job.queue, job.queue)
+        self.consumed_any[root] = self.consumed_any.get(root, 0) + 1
+        due: list[str] = []
+        if (quota.is_borrowing(job.queue) and not was_borrowing) or self.state.fair_sharing:
+            due.extend(sorted(idx.parked_by_root.get(root, ())))
+        for r, v in sorted(job.requests.items()):
+            if v > 0:
+                key = (root, r)
+                self.consumed[key] = self.consumed.get(key, 0) + v
+                due.extend(idx.due_on_consumption(key, idx.consumed_total.get(key, 0) + self.consumed[key]))
+        for job_id in due:
+            self._wake(job_id)
+
+    def _wake(self, job_id: str) -> None:
+        if job_id not in self.idx.parked or job_id in self.tried:
+            return
+        job = self.state.jobs[job_id]
+        key = _lowest_key(self, job)
+        if self.current is not None and key < self.current:
+            return  # its turn came before the change: it stays as judged
+        self.idx.unpark(job_id, state=self.state)
+        if self.heap is not None:
+            heapq.heappush(self.heap, (key, job_id))
 
     def finish(self) -> None:
-        """Undo every tentative change; jobs judged on the changed view are tried again next time.
+        """Undo every tentative change, and say which parking verdicts still stand.
 
-        Jobs parked before any change were judged on the state itself, so their
-        verdict stands whether or not the caller folds this cycle's events.
+        Jobs parked before any change were judged on the state itself: their
+        verdict stands. Jobs parked on a view changed only by this cycle's
+        admissions and evictions were judged on the state the caller gets by
+        folding the decisions: provisional until the next sync checks that it
+        did. Jobs parked while room was held for a preemptor are tried again.
         """
         self.topo.rollback()
         self.idx.quota.rollback(self.quota_mark)
-        for job_id in self.parked_on_tentative:
+        for job_id in self.parked_on_reserved:
             self.idx.unpark(job_id, state=self.state)
+        decisions = sum(1 for ev in self.events if getattr(ev, "cycle", 0) == self.number)
+        self.idx.provisional = (self.number, decisions, self.parked_on_tentative) if self.parked_on_tentative else None
+
+    def victim_order(self, queue: str) -> list[tuple[int, int, int, int, JobState]]:
+        """A queue's preemptible running jobs in victim order (priority, lost work, newest), once per cycle."""
+        cached = self._victim_order.get(queue)
+        if cached is None:
+            state, now = self.state, self.now
+            cached = sorted(
+                (state.priority_of(c), c.lost_gpu_seconds(now), -(c.admitted_at or 0), -c.seq, c)
+                for c in (state.jobs[j] for j in self.idx.running.get(queue, ()))
+                if state.preemptible(c)
+            )
+            self._victim_order[queue] = cached
+        return cached
 
     # ------------------------------------------------------------ events
 
@@ -149,7 +207,7 @@ class Cycle:
 
 
 def _lowest_key(cycle: Cycle, job: JobState) -> tuple[int, int, int, int]:
-    """Admission order: within nominal first, then fair share, then priority, then FIFO."""
+    """Admission order: within nominal first, then fair share, then priority, then FIFO (seq is unique)."""
     quota = cycle.idx.quota
     borrows = 0 if quota.within_nominal(job.queue, job.requests) else 1
     share = quota.share(job.queue, job.requests) if cycle.state.fair_sharing else 0
@@ -194,16 +252,63 @@ def _try(cycle: Cycle, job: JobState) -> str:
         placement, _ = cycle.place(job)
         if placement is not None:
             cycle.take(job, placement)
+        cycle.reserved = True
         return "preempting"
     if reason != job.reason:
         cycle.events.append(
             JobInadmissible(at=cycle.now, job=job.id, reason=reason, cycle=cycle.number, epoch=cycle.epoch)
         )
-    kind = "quota" if quota_reason is not None and not result.quota_possible else "capacity"
-    idx.park(state, job, kind, job.gpus - result.candidate_gpus)
-    if cycle.tentative:
+    idx.park(job, _wake_rule(cycle, job, allow_borrow, quota_reason is not None, result.quota_possible, result))
+    queue = state.queues[job.queue]
+    policy = queue.preemption
+    may_preempt = (
+        policy.within_queue != "Never"
+        or policy.reclaim_within_cohort != "Never"
+        or policy.borrow_within_cohort.policy != "Never"
+    )
+    root = idx.roots.get(job.queue, job.queue)
+    if cycle.reserved or (may_preempt and cycle.consumed.get((root, "gpu"), 0) + cycle.consumed_any.get(root, 0)):
+        # judged without the jobs just admitted in its tree as possible victims
+        cycle.parked_on_reserved.append(job.id)
+    elif cycle.tentative:
         cycle.parked_on_tentative.append(job.id)
     return "parked"
+
+
+def _wake_rule(
+    cycle: Cycle, job: JobState, allow_borrow: bool, quota_blocked: bool, quota_possible: bool, result: Result
+) -> Wake:
+    """What must happen before this verdict (and its words) can change; see `index`."""
+    wake = Wake()
+    wake.consumed_in_cycle = cycle.consumed.get((cycle.idx.roots.get(job.queue, job.queue), "gpu"), 0)
+    headroom = cycle.idx.quota.headroom(job.queue, job.requests, allow_borrow)
+    if quota_blocked:
+        # quota fits only once every short resource has been given back in the
+        # tree, less what evicting every candidate would give back
+        short = {r: -h - result.candidate_requests.get(r, 0) for r, h in headroom.items() if h < 0}
+        if short:
+            r = max(sorted(short), key=lambda k: short[k])
+            wake.released[r] = max(1, short[r])
+        elif headroom:  # pragma: no cover - blocking and headroom agree; never park for good
+            wake.released[min(headroom)] = 1
+        if quota_possible:
+            wake.capacity_below = job.gpus - result.candidate_gpus
+    else:
+        # placement blocked: wake when GPUs free up, or when quota would block instead
+        wake.capacity_below = job.gpus - result.candidate_gpus
+        for r, h in headroom.items():
+            wake.consumed[r] = h + 1
+    # back within nominal quota, the queue may reclaim what its cohort borrowed
+    queue = cycle.state.queues[job.queue]
+    policy = queue.preemption
+    if queue.cohort is not None and (
+        policy.reclaim_within_cohort != "Never" or policy.borrow_within_cohort.policy != "Never"
+    ):
+        over = cycle.idx.quota.over_nominal(job.queue, job.requests)
+        if over:
+            r = max(sorted(over), key=lambda k: over[k])
+            wake.own_released[r] = over[r]
+    return wake
 
 
 def _capacity_reason(job: JobState) -> str:
@@ -226,10 +331,11 @@ def decide(state: ClusterState, now: int) -> list[Event]:
         # 2. reject invalid specs
         for job, why in take_new_jobs(state, idx):
             cycle.events.append(JobRejected(at=now, job=job.id, reason=why, cycle=cycle.number, epoch=cycle.epoch))
-        # 3. evict jobs from failed or removed nodes
-        _evict_lost_nodes(cycle)
-        # 4-5. heads in admission order; admit, preempt or park
-        _admit(cycle)
+        # 3. evict jobs from failed or removed nodes; a cycle that evicts admits
+        #    nothing, so within a cycle the view only ever fills up (see `index`)
+        if not _evict_lost_nodes(cycle):
+            # 4-5. heads in admission order; admit, preempt (which ends the cycle) or park
+            _admit(cycle)
         # 6. idle reclaim
         _reclaim_idle(cycle)
     finally:
@@ -238,7 +344,7 @@ def decide(state: ClusterState, now: int) -> list[Event]:
     return cycle.events
 
 
-def _evict_lost_nodes(cycle: Cycle) -> None:
+def _evict_lost_nodes(cycle: Cycle) -> bool:
     state, idx = cycle.state, cycle.idx
     doomed: set[str] = set(idx.orphans)
     for name in sorted(idx.down_nodes):
@@ -249,41 +355,38 @@ def _evict_lost_nodes(cycle: Cycle) -> None:
         job = state.jobs[job_id]
         if job.status == "admitted" and job_id not in cycle.removed:
             cycle.preempt(Victim(job, "NodeFailure"), None)
+    return bool(cycle.removed)
 
 
 def _admit(cycle: Cycle) -> None:
     state, idx = cycle.state, cycle.idx
     # preemptors whose victims were evicted go first, so the room they made is theirs
-    nominated = sorted(
-        (state.jobs[key[2]] for lst in idx.active.values() for key in lst if state.jobs[key[2]].nominated),
-        key=lambda j: j.seq,
-    )
+    nominated = sorted((state.jobs[j] for j in idx.nominated if j in idx.keys), key=lambda j: j.seq)
     for job in nominated:
         cycle.tried.add(job.id)
-        _try(cycle, job)
-    heap: list[tuple[tuple[int, int, int, int], str, int]] = []
-    for queue in sorted(idx.active):
-        lst = idx.active[queue]
-        if lst:
-            job = state.jobs[lst[0][2]]
-            heap.append((_lowest_key(cycle, job), queue, 0))
+        if _try(cycle, job) == "preempting":
+            return
+    # One order over every job to try: its key is judged when the job comes up
+    # (keys only grow within a cycle, so a stale key is a lower bound and the
+    # lazy heap still yields the job with the smallest current key). Parked jobs
+    # are absent, and would only have failed without changing anything.
+    heap = [(_lowest_key(cycle, state.jobs[j]), j) for j in sorted(idx.keys) if j not in cycle.tried]
     heapq.heapify(heap)
-    # snapshot each queue's list: parking removes entries while we walk
-    lists = {q: list(idx.active[q]) for q in idx.active if idx.active[q]}
+    cycle.heap = heap
     while heap:
-        key, queue, pos = heapq.heappop(heap)
-        lst = lists[queue]
-        job = state.jobs[lst[pos][2]]
+        key, job_id = heapq.heappop(heap)
+        job = state.jobs[job_id]
         fresh = _lowest_key(cycle, job)
         if fresh != key and heap and fresh > heap[0][0]:
-            heapq.heappush(heap, (fresh, queue, pos))
+            heapq.heappush(heap, (fresh, job_id))
             continue
-        if job.id not in cycle.tried:
-            cycle.tried.add(job.id)
-            _try(cycle, job)
-        if pos + 1 < len(lst):
-            nxt = state.jobs[lst[pos + 1][2]]
-            heapq.heappush(heap, (_lowest_key(cycle, nxt), queue, pos + 1))
+        if job_id in cycle.tried:
+            continue
+        cycle.tried.add(job_id)
+        cycle.current = fresh
+        if _try(cycle, job) == "preempting":
+            # the room being freed is the preemptor's: the next cycle starts from it
+            return
 
 
 def _reclaim_idle(cycle: Cycle) -> None:

@@ -27,7 +27,9 @@ from muster.events.types import (
     JobPreempted,
     JobRejected,
     JobSubmitted,
+    NodeAdded,
     NodeCordoned,
+    NodeRemoved,
     NodeUpdated,
     QueueConfigured,
 )
@@ -68,13 +70,16 @@ class Accounting:
     capacity_gpu_seconds: int = 0
     used_gpu_seconds: int = 0
     last: int = 0
+    capacity: int | None = None
+    """GPUs of ready nodes; recounted after a node event."""
 
     def advance(self, state: ClusterState, now: int) -> None:
         dt = now - self.last
         if dt <= 0:
             return
-        capacity = sum(n.capacity.get("gpu", 0) for n in state.nodes.values() if n.ready)
-        self.capacity_gpu_seconds += capacity * dt
+        if self.capacity is None:
+            self.capacity = sum(n.capacity.get("gpu", 0) for n in state.nodes.values() if n.ready)
+        self.capacity_gpu_seconds += self.capacity * dt
         for queue, gpus, borrowed in self.running.values():
             qs = self.queues.setdefault(queue, QueueStats())
             qs.gpu_seconds += gpus * dt
@@ -83,7 +88,9 @@ class Accounting:
         self.last = now
 
     def record(self, state: ClusterState, ev: Event) -> None:
-        if isinstance(ev, JobSubmitted):
+        if isinstance(ev, (NodeAdded, NodeUpdated, NodeRemoved)):
+            self.capacity = None
+        elif isinstance(ev, JobSubmitted):
             self.jobs.setdefault(ev.job, JobStats(submitted=ev.at))
         elif isinstance(ev, JobAdmitted):
             js = self.jobs.get(ev.job)
