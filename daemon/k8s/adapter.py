@@ -133,19 +133,17 @@ class KubernetesAdapter:
                 async with self._lock:
                     at = int(self._clock())
                     for item in batch:
-                        if isinstance(item, WatchEvent):
-                            self._versions[item.resource] = _version(item.obj, self._versions.get(item.resource, 0))
-                            if item.resource == "nodes":
-                                self.translator.on_node(item)
-                            else:
-                                self.translator.on_pod(item, at)
-                        elif isinstance(item, Synced):
+                        if isinstance(item, Synced):
                             synced.add(item.resource)
                             self._versions[item.resource] = max(
                                 self._versions.get(item.resource, 0), _int(item.resource_version)
                             )
-                        else:
-                            self.translator.on_owner_size(item.owner, item.size, at)
+                            continue
+                        try:
+                            self._translate(item, at)
+                        except Exception:
+                            # Bad input never stops the adapter: report the object and go on.
+                            log.exception("object skipped", item=repr(item)[:500])
                     if not started and not synced.issuperset(RESOURCES):
                         continue
                     events = self.translator.flush(at)
@@ -188,6 +186,16 @@ class KubernetesAdapter:
             await self._wait_changed()
 
     # ------------------------------------------------------------ internals
+
+    def _translate(self, item: WatchEvent | _OwnerSize, at: int) -> None:
+        if isinstance(item, _OwnerSize):
+            self.translator.on_owner_size(item.owner, item.size, at)
+            return
+        self._versions[item.resource] = _version(item.obj, self._versions.get(item.resource, 0))
+        if item.resource == "nodes":
+            self.translator.on_node(item)
+        else:
+            self.translator.on_pod(item, at)
 
     def _notify(self) -> None:
         self._changed.set()

@@ -69,19 +69,24 @@ class Backoff:
         return base * (1 + self.jitter * random.random())
 
 
+def _meta(obj: Obj) -> dict[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
 def object_key(obj: Obj) -> str:
-    meta = obj.get("metadata") or {}
+    meta = _meta(obj)
     ns = meta.get("namespace")
     name = str(meta.get("name") or "")
     return f"{ns}/{name}" if ns else name
 
 
 def _rv(obj: Obj) -> str:
-    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    return str(_meta(obj).get("resourceVersion") or "")
 
 
 def _uid(obj: Obj) -> str:
-    return str((obj.get("metadata") or {}).get("uid") or "")
+    return str(_meta(obj).get("uid") or "")
 
 
 async def watch_objects(
@@ -104,8 +109,11 @@ async def watch_objects(
                     yield event
                 yield Synced(resource, resource_version)
                 failures = 0
+            opened = anyio.current_time()
+            streamed = 0
             async with aclosing(client.watch(resource, resource_version, server_seconds=server_seconds)) as stream:
                 async for raw in stream:
+                    streamed += 1
                     kind = raw.get("type")
                     obj = raw.get("object")
                     if not isinstance(obj, dict):
@@ -124,7 +132,11 @@ async def watch_objects(
                     change = _remember(resource, known, kind, obj)
                     if change is not None:
                         yield change
-            # The server closed the stream (its timeout): continue from where we are.
+            # The server closed the stream (its timeout): continue from where we are, but do not
+            # spin on a server that closes every stream at once.
+            if not streamed and anyio.current_time() - opened < 1.0:
+                await anyio.sleep(backoff.delay(failures))
+                failures += 1
         except ResourceGone:
             log.info("watch expired, relisting", resource=resource, resource_version=resource_version)
             resource_version = ""

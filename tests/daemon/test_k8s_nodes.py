@@ -181,3 +181,24 @@ def test_pod_requests_count_what_the_kube_scheduler_counts(spec, expected):
     """Requests: sum of containers vs. largest init container, plus sidecars and overhead; limits stand in."""
     problems: list[str] = []
     assert pod_requests({"spec": spec}, problems) == expected
+
+
+async def test_malformed_objects_are_skipped_and_the_adapter_goes_on(kube, start_adapter):
+    """A pod with labels that are not a map and a node with an unparsable quantity do not stop the adapter."""
+    emulator, api = kube
+    bad = {
+        "metadata": {"name": "bad", "namespace": "ns", "labels": ["not", "a", "map"]},
+        "spec": {"schedulerName": "muster"},
+    }
+    emulator.put_object("v1/pods", bad)
+    odd = m.node("odd")
+    odd["status"]["allocatable"]["cpu"] = "a lot"
+    emulator.put_object("v1/nodes", odd)
+    async with start_adapter(api) as (_, events):
+        [added] = events.of(NodeAdded)
+        assert added.capacity == {"gpu": 8, "memory": 2**40}  # the bad cpu quantity is left out
+        emulator.put_object("v1/nodes", m.node("good"))
+        emulator.put_object("v1/pods", m.pod("fine", "ns", scheduler="default-scheduler", cpu="1", node_name="good"))
+        good = [NodeAdded, NodeUpdated]
+        await events.wait_for(lambda e: any(n.node == "good" and n.reserved for c in good for n in e.of(c)))
+        assert [n.node for n in events.of(NodeAdded)] == ["odd", "good"]
