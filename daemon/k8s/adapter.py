@@ -102,6 +102,7 @@ class KubernetesAdapter:
         self._lock = anyio.Lock()
         self._changed = anyio.Event()
         self._sink: Sink | None = None
+        self._synced = anyio.Event()
         self._versions: dict[str, int] = {}
         self.applier = Applier(
             self.client,
@@ -158,15 +159,22 @@ class KubernetesAdapter:
                 if not started:
                     started = True
                     self._sink = sink
+                    self._synced.set()
                     log.info("cluster synced", nodes=len(self.translator.node_names()))
                     task_status.started()
 
     async def apply(self, event: Event) -> ApplyResult:
-        """Apply one decision (see `applying`); facts found on the way go to the sink of `run`."""
+        """Apply one decision (see `applying`); facts found on the way go to the sink of `run`.
+
+        Waits for `run` to have synced, so decisions are applied against a known cluster.
+        """
+        await self._synced.wait()
         result = await self.applier.apply(event)
-        if result.events and self._sink is not None:
-            async with self._lock:
-                await self._sink(list(result.events))
+        async with self._lock:
+            # Evictions and failures change what muster's own pods hold (reserved capacity).
+            events = list(result.events) + self.translator.flush(int(self._clock()))
+            if events and self._sink is not None:
+                await self._sink(events)
         log.info(
             "applied",
             type=type(event).__name__,

@@ -313,6 +313,8 @@ class Gangs:
         self._by_pod: dict[str, Owner] = {}
         self._by_job: dict[JobId, Owner] = {}
         self._known = known
+        self.recheck: set[str] = set()
+        """Pod keys whose `holds_capacity` may have changed without an event of their own."""
         self._ended: set[JobId] = set()
         self.problems: list[str] = []
         """Reports of malformed pods, drained by the adapter's logger."""
@@ -368,6 +370,7 @@ class Gangs:
             return []
         if size is None or size < 1:
             gang.done = True
+            self.recheck.update(gang.pods)
             return []
         gang.size = size
         return self._evaluate(gang, at)
@@ -394,6 +397,26 @@ class Gangs:
             return None
         return {name: gang.pods[key] for name, key in gang.mapping.items() if key in gang.pods}
 
+    def pod(self, key: str) -> PodInfo | None:
+        owner = self._by_pod.get(key)
+        gang = self._gangs.get(owner) if owner is not None else None
+        return gang.pods.get(key) if gang is not None else None
+
+    def holds_capacity(self, info: PodInfo) -> bool:
+        """Whether this bound pod holds capacity the log no longer counts for its job.
+
+        The fold stops counting a job's pods at its JobPreempted/JobFinished/JobFailed,
+        but an evicted pod holds its node until it is gone, and the other pods of a
+        failed gang may run on: those count like other schedulers' pods (`reserved`).
+        """
+        if not info.node or info.phase in TERMINATED:
+            return False
+        owner = self._by_pod.get(info.key)
+        gang = self._gangs.get(owner) if owner is not None else None
+        if gang is None:
+            return False
+        return gang.done or info.uid in gang.evicting
+
     def ended(self, job: JobId) -> bool:
         """Whether this adapter saw the job end (or was told it ended)."""
         return job in self._ended
@@ -414,6 +437,7 @@ class Gangs:
             return []
         victims = sorted(gang.pods.values(), key=PodInfo.sort_key)
         gang.evicting |= {p.uid for p in victims}
+        self.recheck.update(p.key for p in victims)
         gang.started = False
         gang.requeued = True
         return victims
@@ -436,6 +460,7 @@ class Gangs:
         self._ended.add(job)
         if gang is not None:
             gang.done = True
+            self.recheck.update(gang.pods)
             self._collect(gang)
 
     # ------------------------------------------------------------ internals
@@ -444,6 +469,7 @@ class Gangs:
         if gang.done:
             return []
         gang.done = True
+        self.recheck.update(gang.pods)
         if gang.job_id is not None:
             self._ended.add(gang.job_id)
         return [event]

@@ -10,7 +10,9 @@ Invariants:
   (labels, allocatable, readiness, taints, cordon, reserved capacity), not for
   every status heartbeat.
 - `reserved` on a node is the sum of the requests of the pods bound there by
-  other schedulers (kube-scheduler, DaemonSets) that have not terminated.
+  other schedulers (kube-scheduler, DaemonSets) that have not terminated, and
+  of muster's own pods the log no longer counts but that still hold the node
+  (evicted pods in their grace period, the survivors of a failed gang).
 - With a view of the log (`state`), the first flush writes only what differs
   from it: unchanged nodes are not re-added, nodes that vanished while no
   adapter ran are removed, known jobs are not resubmitted.
@@ -104,13 +106,26 @@ class Translator:
         info = pod_info(event.obj)
         if info.scheduler == self.scheduler_name:
             self._jobs += self.gangs.pod_changed(info, at)
+            self.gangs.recheck.add(key)
+            self._recheck()
         elif info.node and info.phase not in ("Succeeded", "Failed"):
             self._reserve(info)
         else:
             self._unreserve(key)
 
+    def _recheck(self) -> None:
+        """Reserve what muster's own pods hold outside their job's accounting (see Gangs.holds_capacity)."""
+        keys, self.gangs.recheck = self.gangs.recheck, set()
+        for key in sorted(keys):
+            info = self.gangs.pod(key)
+            if info is not None and self.gangs.holds_capacity(info):
+                self._reserve(info)
+            else:
+                self._unreserve(key)
+
     def on_owner_size(self, owner: Owner, size: int | None, at: int) -> None:
         self._jobs += self.gangs.set_size(owner, size, at)
+        self._recheck()
 
     def add_job_events(self, events: list[Event]) -> None:
         """Job events found while applying (a pod gone before its binding), written with the next flush."""
@@ -120,6 +135,7 @@ class Translator:
         if not self._primed:
             self._primed = True
             self._prime_from_log()
+        self._recheck()
         out: list[Event] = []
         for name in sorted(self._dirty):
             out += self._node_events(name, at)

@@ -20,6 +20,7 @@ from muster.events.types import (
     JobPreempted,
     JobSubmitted,
     NodeName,
+    NodeUpdated,
     QueueName,
 )
 
@@ -205,6 +206,11 @@ async def test_preemption_evicts_every_pod_with_its_grace_period(kube, start_ada
             assert pod["metadata"]["deletionTimestamp"]
             assert any(c["type"] == "DisruptionTarget" for c in pod["status"]["conditions"])
 
+        # Until they are gone, the evicted pods hold their nodes: the log counts them as reserved.
+        await adapter.caught_up("pods", emulator.resource_version)
+        held = {u.node: u.reserved for u in events.of(NodeUpdated)}
+        assert held == {"n1": {"gpu": 2}, "n2": {"gpu": 1}}
+
         # The kubelets confirm: the pods go away. That was muster's doing, not a failure.
         core = CoreV1Api(api)
         for key in sub.pods.values():
@@ -212,6 +218,7 @@ async def test_preemption_evicts_every_pod_with_its_grace_period(kube, start_ada
             await core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
         await adapter.caught_up("pods", emulator.resource_version)
         assert events.of(JobFailed) == []
+        assert {u.node: u.reserved for u in events.of(NodeUpdated)} == {"n1": {}, "n2": {}}
 
 
 async def test_eviction_refused_by_a_disruption_budget_is_retried_and_a_gone_pod_is_fine(kube, start_adapter):

@@ -21,6 +21,7 @@ from muster.events.types import (
     JobStarted,
     JobSubmitted,
     NodeName,
+    NodeUpdated,
     QueueName,
 )
 
@@ -121,3 +122,23 @@ async def test_a_preempted_gang_waits_for_replacement_pods_and_runs_again(kube, 
         await events.wait_for(lambda e: len(e.of(JobStarted)) == 2)
         assert events.of(JobFailed) == []
         assert len(events.of(JobSubmitted)) == 1
+
+
+async def test_the_survivors_of_a_failed_gang_hold_their_node_until_they_end(kube, start_adapter):
+    """After JobFailed the log no longer counts the gang, so its still-running pods are reserved on their node."""
+    emulator, api = kube
+    emulator.put_object("v1/nodes", m.node("n1"))
+    group = {"muster.dev/gang": "pair", "muster.dev/gang-size": "2", "muster.dev/queue": "q"}
+    crash = {"muster.dev/runtime": "1", OUTCOME_ANNOTATION: "Failed"}
+    core = CoreV1Api(api)
+    async with start_adapter(api) as (adapter, events), kubelet(api):
+        await core.create_namespaced_pod("ns", m.pod("pair-0", "ns", gpus=2, labels=group, annotations=crash))
+        await core.create_namespaced_pod("ns", m.pod("pair-1", "ns", gpus=3, labels=group))
+        await events.wait_for(lambda e: len(e.of(JobSubmitted)) == 1)
+        [sub] = events.of(JobSubmitted)
+        await adapter.apply(admit(sub))
+        await events.wait_for(lambda e: len(e.of(JobFailed)) == 1)
+        await events.wait_for(lambda e: any(u.reserved == {"gpu": 3} for u in e.of(NodeUpdated)))
+
+        await core.delete_namespaced_pod("pair-1", "ns", grace_period_seconds=0)
+        await events.wait_for(lambda e: e.of(NodeUpdated)[-1].reserved == {})
