@@ -277,7 +277,6 @@ class Gang:
     """Preempted: waiting for replacement pods to map onto the same podsets."""
     evicting: set[str] = field(default_factory=set)
     """Uids of pods muster evicted; their end is expected."""
-    size_wanted: bool = False
 
 
 def _podsets(pods: list[PodInfo]) -> tuple[list[PodSet], dict[str, str]]:
@@ -316,6 +315,7 @@ class Gangs:
         self.recheck: set[str] = set()
         """Pod keys whose `holds_capacity` may have changed without an event of their own."""
         self._ended: set[JobId] = set()
+        self._wanted: list[Owner] = []
         self.problems: list[str] = []
         """Reports of malformed pods, drained by the adapter's logger."""
 
@@ -336,7 +336,7 @@ class Gangs:
             elif owner.kind == "Pod":
                 gang.size = 1
             elif owner.kind in OWNER_KINDS_TO_FETCH:
-                gang.size_wanted = True
+                self._wanted.append(owner)
         gang.pods[info.key] = info
         return self._evaluate(gang, at)
 
@@ -377,11 +377,7 @@ class Gangs:
 
     def owners_to_fetch(self) -> list[Owner]:
         """Owners whose size is needed and not asked for yet (each is returned once)."""
-        out = []
-        for gang in self._gangs.values():
-            if gang.size_wanted:
-                gang.size_wanted = False
-                out.append(gang.owner)
+        out, self._wanted = self._wanted, []
         return out
 
     # ------------------------------------------------------------ effects
