@@ -123,6 +123,7 @@ class KubernetesAdapter:
             for resource in RESOURCES:
                 tg.start_soon(self._pump, resource, send.clone())
             synced: set[str] = set()
+            versions: dict[str, int] = {}
             started = False
             while True:
                 batch = [await receive.receive()]
@@ -136,10 +137,10 @@ class KubernetesAdapter:
                     for item in batch:
                         if isinstance(item, Synced):
                             synced.add(item.resource)
-                            self._versions[item.resource] = max(
-                                self._versions.get(item.resource, 0), _int(item.resource_version)
-                            )
+                            versions[item.resource] = max(versions.get(item.resource, 0), _int(item.resource_version))
                             continue
+                        if isinstance(item, WatchEvent):
+                            versions[item.resource] = _version(item.obj, versions.get(item.resource, 0))
                         try:
                             self._translate(item, at)
                         except Exception:
@@ -155,6 +156,8 @@ class KubernetesAdapter:
                         tg.start_soon(self._resolve, owner, send.clone())
                     if events:
                         await sink(events)
+                    # Only now are these versions "pushed" (see caught_up).
+                    self._versions = dict(versions)
                     self._notify()
                 if not started:
                     started = True
@@ -199,7 +202,6 @@ class KubernetesAdapter:
         if isinstance(item, _OwnerSize):
             self.translator.on_owner_size(item.owner, item.size, at)
             return
-        self._versions[item.resource] = _version(item.obj, self._versions.get(item.resource, 0))
         if item.resource == "nodes":
             self.translator.on_node(item)
         else:
