@@ -485,7 +485,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 cursor = change.rv
                 mine = change.resource == res and (ns is None or change.namespace == ns)
                 if mine and _selected(change.obj, labels, fields):
-                    yield {"type": change.type, "object": copy.deepcopy(change.obj)}
+                    yield {"type": change.type, "object": change.obj}  # never mutated after _record
             if pending:
                 idle = 0.0
                 continue
