@@ -22,8 +22,14 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# grimp wants the package as one folder tree; ours is spread over top-level
+# folders (package-dir mapping), so lay it out with symlinks first.
 layers: $(STAMP)
-	$(BIN)/lint-imports
+	rm -rf .layers && mkdir -p .layers/muster
+	for d in events projections daemon replay; do ln -s ../../$$d .layers/muster/$$d; done
+	ln -s ../../muster/__init__.py .layers/muster/__init__.py
+	ln -s ../../muster/cli.py .layers/muster/cli.py
+	$(BIN)/python tools/layers.py
 
 unit: $(STAMP)
 	$(BIN)/pytest
