@@ -49,7 +49,8 @@ def _queues_yaml(names: list[tuple[str, str]], nominal: int, policy: str) -> str
 
 
 def _write_csv(path: Path, rows: list[dict[str, object]]) -> None:
-    cols = ["job", "submit", "queue", "gpus", "gpus_per_pod", "runtime", "priority_class", "checkpoint_every", "topology"]
+    cols = ["job", "submit", "queue", "gpus", "gpus_per_pod", "runtime"]
+    cols += ["priority_class", "checkpoint_every", "topology"]
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()
@@ -243,6 +244,7 @@ def case_c(d: Path, scale: float, nodes_total: int = 10_000, name: str = "c") ->
         queues=queues,
         nominal=gpus // 8,
         rows=rows,
+        policy="{within_queue: LowerPriority, reclaim_within_cohort: LowerPriority}",
     )
 
 

@@ -101,8 +101,9 @@ class Cycle:
             )
             if nodes is None:
                 self.topo.rollback(mark)
-                prefix = f"podset {ps.name}: " if len(job.podsets) > 1 else ""
-                return None, f"{prefix}{why}"
+                # a gang of several podsets gets words that do not depend on which podset
+                # failed first (that changes with free capacity, and the memo must not see it)
+                return None, why if len(job.podsets) == 1 else _capacity_reason(job)
             for i, node in enumerate(nodes):
                 self.topo.take(node, ps.requests)
                 placement[f"{ps.name}-{i}"] = node
@@ -314,7 +315,14 @@ def _wake_rule(
 def _capacity_reason(job: JobState) -> str:
     """What `place` says when the cluster's free GPUs cannot hold the job (same words)."""
     if len(job.podsets) > 1:
-        return f"the gang's {job.gpus} GPUs do not fit on the schedulable nodes"
+        parts = []
+        for ps in job.podsets:
+            part = f"{ps.name}: {ps.count} pod{'s' if ps.count != 1 else ''} of {fmt(ps.requests)}"
+            if ps.topology is not None and (ps.topology.required or ps.topology.preferred):
+                level = ps.topology.required or ps.topology.preferred
+                part += f" {'in one' if ps.topology.required else 'preferably in one'} {level}"
+            parts.append(part)
+        return f"the gang ({'; '.join(parts)}) does not fit on the schedulable nodes"
     ps = job.podsets[0]
     what = f"{ps.count} pod{'s' if ps.count != 1 else ''} of {fmt(ps.requests)}"
     if ps.topology is not None and ps.topology.required is not None:

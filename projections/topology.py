@@ -76,6 +76,8 @@ class TopologyIndex:
 
     def __init__(self, state: ClusterState) -> None:
         self.levels: list[str] = list(state.levels)
+        self.max_bucket = 0
+        """No host has more free GPUs than this: the GPU histograms are read up to here."""
         self.root = Domain("", 0, None, False)
         self.hosts: dict[str, Domain] = {}
         self.by_level: list[list[Domain]] = [[] for _ in range(len(self.levels) + 1)]
@@ -120,6 +122,7 @@ class TopologyIndex:
         return None
 
     def _set_host(self, host: Domain, node: NodeState) -> None:
+        self.max_bucket = max(self.max_bucket, _bucket(node.capacity.get("gpu", 0)))
         used, reserved = node.used, node.reserved
         free = {k: v - used.get(k, 0) - reserved.get(k, 0) for k, v in node.capacity.items()}
         self._replace_host(host, free, node.schedulable)
@@ -155,10 +158,23 @@ class TopologyIndex:
         host = self.hosts.get(host_name)
         if host is None:
             return
-        free = dict(host.host_free)
+        free = host.host_free
+        old_bucket = _bucket(free.get("gpu", 0))
         for k, v in delta.items():
             free[k] = free.get(k, 0) + sign * v
-        self._replace_host(host, free, host.schedulable)
+        if not host.schedulable:
+            return
+        new_bucket = _bucket(free.get("gpu", 0))
+        dom: Domain | None = host
+        while dom is not None:
+            dfree = dom.free
+            for k, v in delta.items():
+                dfree[k] = dfree.get(k, 0) + sign * v
+            if old_bucket != new_bucket:
+                hist = dom.hist
+                hist[old_bucket] -= 1
+                hist[new_bucket] += 1
+            dom = dom.parent
         self.gpu_free_total = self.root.free.get("gpu", 0)
 
     # ------------------------------------------------------------ capacity queries
@@ -199,7 +215,7 @@ class TopologyIndex:
         if gpu > 0 and all(v <= 0 for k, v in req.items() if k != "gpu"):
             total = 0
             hist = dom.hist
-            for g in range(gpu, _MAX_GPU_BUCKET + 1):
+            for g in range(gpu, self.max_bucket + 1):
                 c = hist[g]
                 if c:
                     total += c * (g // gpu)
@@ -252,8 +268,11 @@ class TopologyIndex:
             depth = 1
         domains = self.by_level[depth - 1]
         out: list[str] = []
-        slots = {id(d): self.slots(d, req, count) for d in domains}
-        fitting = [d for d in domains if slots[id(d)] >= count]
+        # a domain's summed free capacity bounds what it can hold: skip the hopeless
+        need = [(k, v * count) for k, v in req.items() if v > 0]
+        roomy = [d for d in domains if all(d.free.get(k, 0) >= n for k, n in need)]
+        slots = {id(d): self.slots(d, req, count) for d in roomy}
+        fitting = [d for d in roomy if slots[id(d)] >= count]
         if fitting:
             best = min(fitting, key=lambda d: self._tight_key(d, primary))
             self._assign(best, count, req, primary, out)
@@ -261,6 +280,7 @@ class TopologyIndex:
         what = f"{count} pod{'s' if count != 1 else ''} of {fmt(req)}"
         if required is not None:
             return None, f"no {required} has room for {what}"
+        slots = {id(d): self.slots(d, req, count) for d in domains}
         if sum(slots.values()) < count:
             return None, f"{what} do not fit on the schedulable nodes"
         self._spread(domains, slots, count, req, primary, out)

@@ -72,6 +72,8 @@ class Accounting:
     last: int = 0
     capacity: int | None = None
     """GPUs of ready nodes; recounted after a node event."""
+    held: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Queue -> (GPUs, borrowed GPUs) of its running jobs."""
 
     def advance(self, state: ClusterState, now: int) -> None:
         dt = now - self.last
@@ -80,12 +82,20 @@ class Accounting:
         if self.capacity is None:
             self.capacity = sum(n.capacity.get("gpu", 0) for n in state.nodes.values() if n.ready)
         self.capacity_gpu_seconds += self.capacity * dt
-        for queue, gpus, borrowed in self.running.values():
-            qs = self.queues.setdefault(queue, QueueStats())
+        for queue, (gpus, borrowed) in self.held.items():
+            qs = self.queues[queue]
             qs.gpu_seconds += gpus * dt
             qs.borrowed_gpu_seconds += borrowed * dt
             self.used_gpu_seconds += gpus * dt
         self.last = now
+
+    def _hold(self, job: str, entry: tuple[str, int, int] | None, sign: int) -> None:
+        if entry is None:
+            return
+        queue, gpus, borrowed = entry
+        self.queues.setdefault(queue, QueueStats())
+        g, b = self.held.get(queue, (0, 0))
+        self.held[queue] = (g + sign * gpus, b + sign * borrowed)
 
     def record(self, state: ClusterState, ev: Event) -> None:
         if isinstance(ev, (NodeAdded, NodeUpdated, NodeRemoved)):
@@ -99,15 +109,19 @@ class Accounting:
                 if js.admitted is None:
                     js.admitted = ev.at
                 js.status = "running"
-                self.running[ev.job] = (job.queue, job.gpus, ev.borrowed.get("gpu", 0))
+                entry = (job.queue, job.gpus, ev.borrowed.get("gpu", 0))
+                self.running[ev.job] = entry
+                self._hold(ev.job, entry, 1)
         elif isinstance(ev, JobPreempted):
             js = self.jobs.get(ev.job)
-            if js is not None and self.running.pop(ev.job, None) is not None:
+            held = self.running.pop(ev.job, None)
+            self._hold(ev.job, held, -1)
+            if js is not None and held is not None:
                 js.preemptions += 1
                 js.status = "pending"
         elif isinstance(ev, (JobFinished, JobCancelled, JobRejected)):
             js = self.jobs.get(ev.job)
-            self.running.pop(ev.job, None)
+            self._hold(ev.job, self.running.pop(ev.job, None), -1)
             if js is not None and js.status not in ("finished", "cancelled", "rejected"):
                 js.status = {JobFinished: "finished", JobCancelled: "cancelled", JobRejected: "rejected"}[type(ev)]
                 if isinstance(ev, JobFinished):
