@@ -89,6 +89,9 @@ class SchedulerIndex:
         self.new_jobs: set[str] = set()
         """Pending jobs not yet validated."""
         self.running: dict[str, set[str]] = {q: set() for q in state.queues}
+        self.running_version: dict[str, int] = {}
+        self.victim_cache: dict[str, tuple[int, int, list[tuple[int, int, int, int, JobState]]]] = {}
+        """Queue -> (time, running version, running jobs in victim order)."""
         self.down_nodes: set[str] = {n for n, node in state.nodes.items() if not node.ready}
         self.orphans: set[str] = set()
         for job in state.jobs.values():
@@ -108,8 +111,9 @@ class SchedulerIndex:
         self.new_jobs.discard(job.id)
         self.nominated.discard(job.id)
         running = self.running.get(job.queue)
-        if running is not None:
+        if running is not None and job.id in running:
             running.discard(job.id)
+            self.running_version[job.queue] = self.running_version.get(job.queue, 0) + 1
         self.orphans.discard(job.id)
 
     def _track(self, state: ClusterState, job: JobState) -> None:
@@ -119,6 +123,7 @@ class SchedulerIndex:
                 self.nominated.add(job.id)
         elif job.status == "admitted":
             self.running.setdefault(job.queue, set()).add(job.id)
+            self.running_version[job.queue] = self.running_version.get(job.queue, 0) + 1
 
     def activate(self, state: ClusterState, job: JobState) -> None:
         """Put a validated pending job in its queue's list of jobs to try."""

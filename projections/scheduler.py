@@ -55,7 +55,6 @@ class Cycle:
         """Usage taken in this cycle, per (tree, resource)."""
         self.consumed_any: dict[str, int] = {}
         """Jobs admitted in this cycle, per tree."""
-        self._victim_order: dict[str, list[tuple[int, int, int, int, JobState]]] = {}
         self.removed: set[str] = set()
         """Jobs evicted (tentatively) in this cycle."""
         self.placed: dict[str, dict[str, str]] = {}
@@ -178,16 +177,20 @@ class Cycle:
 
     def victim_order(self, queue: str) -> list[tuple[int, int, int, int, JobState]]:
         """A queue's preemptible running jobs in victim order (priority, lost work, newest), once per cycle."""
-        cached = self._victim_order.get(queue)
-        if cached is None:
-            state, now = self.state, self.now
-            cached = sorted(
-                (state.priority_of(c), c.lost_gpu_seconds(now), -(c.admitted_at or 0), -c.seq, c)
-                for c in (state.jobs[j] for j in self.idx.running.get(queue, ()))
-                if state.preemptible(c)
-            )
-            self._victim_order[queue] = cached
-        return cached
+        idx, now = self.idx, self.now
+        version = idx.running_version.get(queue, 0)
+        hit = idx.victim_cache.get(queue)
+        if hit is not None and hit[0] == now and hit[1] == version:
+            cached: list[tuple[int, int, int, int, JobState]] = hit[2]
+            return cached
+        state = self.state
+        order = sorted(
+            (state.priority_of(c), c.lost_gpu_seconds(now), -(c.admitted_at or 0), -c.seq, c)
+            for c in (state.jobs[j] for j in idx.running.get(queue, ()))
+            if state.preemptible(c)
+        )
+        idx.victim_cache[queue] = (now, version, order)
+        return order
 
     # ------------------------------------------------------------ events
 
