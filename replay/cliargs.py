@@ -1,0 +1,48 @@
+"""Arguments shared by the replay commands; imports nothing heavy (every command's parser is built at start)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+POINT_HELP = (
+    "sequence (1234), event time in seconds (@1714531920; @3600 or @1h in a sim log), "
+    "local date and time (2024-05-01T03:12), or end"
+)
+
+
+def add_source_arguments(p: argparse.ArgumentParser) -> None:
+    """`--log FILE` or `--nats URL --stream NAME` (defaults: $NATS_URL, $MUSTER_STREAM or MUSTER)."""
+    g = p.add_argument_group("log (a JSONL file, or a NATS JetStream stream)")
+    g.add_argument("--log", metavar="FILE", help="JSONL log (`muster sim --output jsonl`); line N is sequence N")
+    g.add_argument("--nats", metavar="URL", default=None, help="NATS server (default: $NATS_URL or the local default)")
+    g.add_argument(
+        "--stream",
+        metavar="NAME",
+        default=os.environ.get("MUSTER_STREAM", "MUSTER"),
+        help="JetStream stream holding the log (default: $MUSTER_STREAM or MUSTER)",
+    )
+
+
+def add_snapshot_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("snapshots")
+    g.add_argument(
+        "--snapshots",
+        metavar="WHERE",
+        help="object store bucket (NATS; default STREAM-snapshots when it exists) or directory (with --log)",
+    )
+    g.add_argument("--no-snapshots", action="store_true", help="fold from the start of the log")
+    g.add_argument(
+        "--verify",
+        choices=["marks", "full", "none"],
+        default="marks",
+        help="trust verified snapshots and check the others (marks, default); "
+        "check every snapshot from the start (full); checksums only (none)",
+    )
+
+
+def add_common(p: argparse.ArgumentParser, *, snapshots: bool = True) -> None:
+    add_source_arguments(p)
+    if snapshots:
+        add_snapshot_arguments(p)
+    p.add_argument("--output", choices=["table", "json"], default="table", help="human tables (default) or JSON")

@@ -1,0 +1,105 @@
+"""Plumbing shared by the replay commands: arguments, opening the log and snapshots, output.
+
+Exit status of every replay command: 0 done; 1 a finding (audit differences);
+2 bad arguments or a log that cannot be opened, with a one-line message and
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from typing import IO, Any
+
+from muster.events.store import BadEvent, EventStore
+from muster.replay.points import Point, PointError, parse_point
+from muster.replay.snapshots import (
+    DirSnapshots,
+    Discarded,
+    NatsSnapshots,
+    Snapshots,
+    default_bucket,
+)
+from muster.replay.source import LogSource, SourceError, open_source
+
+
+class UsageError(Exception):
+    """Bad arguments: printed, exit 2."""
+
+
+def point_arg(text: str | None, what: str) -> Point:
+    if text is None:
+        return Point()
+    try:
+        return parse_point(text)
+    except PointError as exc:
+        raise UsageError(f"{what}: {exc}") from None
+
+
+def stderr_bad(bad: BadEvent) -> None:
+    print(f"muster: skipped a bad event at seq {bad.seq}: {bad.error}", file=sys.stderr)
+
+
+def stderr_discarded(d: Discarded) -> None:
+    print(f"muster: {d}", file=sys.stderr)
+
+
+async def open_snapshots(
+    args: argparse.Namespace, source: LogSource, store: EventStore | None, *, create: bool = False
+) -> Snapshots | None:
+    """The snapshots the arguments name (None with --no-snapshots or when there are none)."""
+    if getattr(args, "no_snapshots", False):
+        return None
+    where = getattr(args, "snapshots", None)
+    if store is None:
+        if where is None:
+            return None
+        return Snapshots(DirSnapshots(where), source, report=stderr_discarded)
+    backend = await NatsSnapshots.open(store.js, where or default_bucket(store.stream), create=create)
+    if backend is None:
+        return None
+    return Snapshots(backend, source, report=stderr_discarded)
+
+
+def run_command(
+    args: argparse.Namespace,
+    body: Callable[[LogSource, EventStore | None], Awaitable[int]],
+    prog: str,
+) -> int:
+    """Open the log the arguments name and run `body`; turn known failures into exit 2."""
+    import anyio
+
+    async def main() -> int:
+        async with open_source(args, stderr_bad) as (source, store):
+            return await body(source, store)
+
+    try:
+        return anyio.run(main)
+    except (SourceError, UsageError) as exc:
+        print(f"muster {prog}: {exc}", file=sys.stderr)
+        return 2
+
+
+def dump_json(obj: Any, out: IO[str] | None = None) -> None:
+    out = out if out is not None else sys.stdout
+    out.write(json.dumps(obj, indent=2, sort_keys=False, default=str))
+    out.write("\n")
+
+
+def console(out: IO[str] | None = None) -> Any:
+    """A rich console: the terminal's width on a terminal, 140 columns into a file or pipe."""
+    from rich.console import Console
+
+    out = out if out is not None else sys.stdout
+    if out.isatty():
+        return Console(file=out)
+    return Console(file=out, width=140, no_color=True)
+
+
+def gpus(resources: dict[str, int] | None) -> str:
+    if not resources:
+        return "-"
+    v = resources.get("gpu")
+    return "-" if v is None else f"{v:,}"

@@ -1,0 +1,174 @@
+"""Where replay reads the log: a NATS JetStream stream, a JSONL file, or memory.
+
+Role: one interface (`LogSource`) over the three, so every replay command,
+test and benchmark runs on any of them. A JSONL file is the output of
+`muster sim --output jsonl` (or a dump of a stream): line N is stream
+sequence N.
+
+Invariants:
+- `batches` yields events in sequence order, each once; `until` stops before
+  the first event later than it (the rule of `EventStore.iter_batches`).
+- Bad input never stops a reader: a line or message that does not decode is
+  reported once per read with its sequence (`on_bad`) and skipped. Blank
+  lines keep their number and are skipped silently.
+- `raw(seq)` returns the stored bytes at a sequence (None past the end); the
+  snapshot anchor uses it to tell one log from another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from muster.events.codec import DecodeError, decode, encode
+from muster.events.store import BadEvent, EventStore, StoredEvent
+from muster.events.types import Event
+
+BATCH = 4096
+
+
+class LogSource(Protocol):
+    """A readable log: the events and the raw bytes at each sequence."""
+
+    name: str
+
+    async def last_seq(self) -> int: ...
+
+    def batches(
+        self, from_seq: int = 1, to_seq: int | None = None, *, until: int | None = None
+    ) -> AsyncIterator[list[StoredEvent]]: ...
+
+    async def raw(self, seq: int) -> bytes | None: ...
+
+
+def _ignore(bad: BadEvent) -> None:
+    return None
+
+
+class MemoryLog:
+    """A log held in memory as stored bytes, one entry per sequence (index 0 is sequence 1)."""
+
+    def __init__(self, raws: Sequence[bytes], name: str = "memory", on_bad: Callable[[BadEvent], None] | None = None):
+        self.raws = raws
+        self.name = name
+        self.on_bad = on_bad if on_bad is not None else _ignore
+        self.bad_events = 0
+
+    @classmethod
+    def from_events(cls, events: Sequence[Event], name: str = "memory") -> MemoryLog:
+        return cls([encode(e) for e in events], name)
+
+    @classmethod
+    def from_file(cls, path: str | Path, on_bad: Callable[[BadEvent], None] | None = None) -> FileLog:
+        return FileLog(path, on_bad)
+
+    async def last_seq(self) -> int:
+        return len(self.raws)
+
+    async def raw(self, seq: int) -> bytes | None:
+        if 1 <= seq <= len(self.raws):
+            return self.raws[seq - 1]
+        return None
+
+    async def batches(
+        self, from_seq: int = 1, to_seq: int | None = None, *, until: int | None = None
+    ) -> AsyncGenerator[list[StoredEvent], None]:
+        raws = self.raws
+        end = len(raws) if to_seq is None else min(to_seq, len(raws))
+        seq = max(1, from_seq)
+        while seq <= end:
+            stop = min(end, seq + BATCH - 1)
+            out: list[StoredEvent] = []
+            for i in range(seq, stop + 1):
+                data = raws[i - 1]
+                if not data.strip():
+                    continue
+                try:
+                    event = decode(data)
+                except DecodeError as exc:
+                    self.bad_events += 1
+                    self.on_bad(BadEvent(i, data, exc.message))
+                    continue
+                if until is not None and event.at > until:
+                    if out:
+                        yield out
+                    return
+                out.append(StoredEvent(i, event))
+            if out:
+                yield out
+            seq = stop + 1
+
+
+class FileLog(MemoryLog):
+    """A JSONL file (`muster sim --output jsonl`): line N is sequence N."""
+
+    def __init__(self, path: str | Path, on_bad: Callable[[BadEvent], None] | None = None) -> None:
+        data = Path(path).read_bytes()
+        lines = data.split(b"\n")
+        if lines and lines[-1] == b"":
+            lines.pop()  # the newline that ends the last line starts no new one
+        super().__init__([ln.rstrip(b"\r") for ln in lines], str(path), on_bad)
+
+
+class NatsLog:
+    """A JetStream stream read through `EventStore` (bad messages are reported by the store)."""
+
+    def __init__(self, store: EventStore) -> None:
+        self.store = store
+        self.name = f"{store.stream}"
+
+    async def last_seq(self) -> int:
+        last: int = await self.store.last_seq()
+        return last
+
+    async def raw(self, seq: int) -> bytes | None:
+        from nats.js.errors import NotFoundError
+
+        if seq < 1:
+            return None
+        try:
+            msg = await self.store.js.get_msg(self.store.stream, seq)
+        except NotFoundError:
+            return None
+        return bytes(msg.data) if msg.data is not None else b""
+
+    async def batches(
+        self, from_seq: int = 1, to_seq: int | None = None, *, until: int | None = None
+    ) -> AsyncGenerator[list[StoredEvent], None]:
+        async with contextlib.aclosing(self.store.iter_batches(from_seq, to_seq, until=until)) as batches:
+            async for batch in batches:
+                yield batch
+
+
+# ---------------------------------------------------------------- CLI plumbing
+
+
+class SourceError(Exception):
+    """The log cannot be opened (missing file, unreachable NATS, missing stream)."""
+
+
+@contextlib.asynccontextmanager
+async def open_source(
+    args: argparse.Namespace, on_bad: Callable[[BadEvent], None]
+) -> AsyncGenerator[tuple[LogSource, EventStore | None], None]:
+    """The log the arguments name, and the store behind it (None for a file)."""
+    if args.log:
+        try:
+            log = FileLog(args.log, on_bad)
+        except OSError as exc:
+            raise SourceError(f"cannot read {args.log}: {exc.strerror or exc}") from None
+        yield log, None
+        return
+    from muster.events.store import StoreError
+
+    try:
+        store = await EventStore.connect(args.nats, stream=args.stream, create=False, on_bad=on_bad, connect_attempts=1)
+    except (StoreError, OSError) as exc:
+        raise SourceError(f"cannot open stream {args.stream}: {exc}") from None
+    try:
+        yield NatsLog(store), store
+    finally:
+        await store.close()
