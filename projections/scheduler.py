@@ -145,16 +145,24 @@ class Cycle:
                 key = (root, r)
                 self.consumed[key] = self.consumed.get(key, 0) + v
                 due.extend(idx.due_on_consumption(key, idx.consumed_total.get(key, 0) + self.consumed[key]))
+        if not due:
+            return
+        # whose turn came before this admission is judged on the keys as they were before it
+        # (keys only grow within a cycle: a job whose key now exceeds the current one may
+        # still have come up, and been judged, before it)
+        quota.add(job.queue, job.requests, -1, record=False)
+        before = {j: _lowest_key(self, self.state.jobs[j]) for j in due if j in self.idx.parked}
+        quota.add(job.queue, job.requests, 1, record=False)
         for job_id in due:
-            self._wake(job_id)
+            self._wake(job_id, before.get(job_id))
 
-    def _wake(self, job_id: str) -> None:
+    def _wake(self, job_id: str, before: tuple[int, int, int, int] | None) -> None:
         if job_id not in self.idx.parked or job_id in self.tried:
             return
+        if self.current is not None and before is not None and before < self.current:
+            return  # its turn came before the change: it stays as judged
         job = self.state.jobs[job_id]
         key = _lowest_key(self, job)
-        if self.current is not None and key < self.current:
-            return  # its turn came before the change: it stays as judged
         self.idx.unpark(job_id, state=self.state)
         if self.heap is not None:
             heapq.heappush(self.heap, (key, job_id))
