@@ -1,0 +1,84 @@
+"""What the scheduler loop needs from a cluster, and the Kubernetes implementation of it.
+
+The loop talks to a cluster through `Cluster`: `run(sink)` pushes the facts it
+observes (nodes, gangs, pods started and ended) to `sink` until cancelled,
+reporting started once its initial view is in the sink; `apply(decision)`
+makes one decision true (bindings, evictions) and is idempotent; `holds(job)`
+says whether pods of `job` still occupy nodes (a preemptor is bound only once
+its victims' pods are gone).
+
+A cluster is made per leadership term (`ClusterFactory`), with a view of the
+log, so that its first push writes only what the log lacks.
+
+Implementations: `KubeCluster` (the Kubernetes adapter, `daemon/k8s`) and
+`simcluster.SimulatedCluster` (in-process, for tests, benchmarks and
+`muster daemon --simulated-cluster`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import anyio
+from anyio.abc import TaskStatus
+
+from muster.events.types import Event
+from muster.projections.cluster import ClusterState
+
+__all__ = ["Cluster", "ClusterFactory", "KubeCluster", "Sink"]
+
+Sink = Callable[[list[Event]], Awaitable[None]]
+
+
+class Applied(Protocol):
+    """What applying one decision did (`k8s.ApplyResult` fits)."""
+
+    @property
+    def ok(self) -> bool: ...
+
+    @property
+    def outcome(self) -> str: ...
+
+
+class Cluster(Protocol):
+    async def run(self, sink: Sink, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None: ...
+
+    async def apply(self, event: Event) -> Applied: ...
+
+    def holds(self, job: str) -> bool: ...
+
+
+ClusterFactory = Callable[[Callable[[], ClusterState]], Cluster]
+"""Makes a cluster for one leadership term, given the fold of the log."""
+
+
+class KubeCluster:
+    """The Kubernetes adapter as a `Cluster`."""
+
+    def __init__(self, api_client: Any, state: Callable[[], ClusterState], **adapter_options: Any) -> None:
+        from muster.daemon.k8s import KubernetesAdapter
+
+        self.adapter = KubernetesAdapter(api_client, state=state, **adapter_options)
+
+    async def run(self, sink: Sink, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        await self.adapter.run(sink, task_status=task_status)
+
+    async def apply(self, event: Event) -> Applied:
+        result: Applied = await self.adapter.apply(event)
+        return result
+
+    def holds(self, job: str) -> bool:
+        """Whether a pod of `job` that the kubelet has not let go of is still bound to a node."""
+        from muster.daemon.k8s.gangs import TERMINATED
+        from muster.events.types import JobId
+
+        pods = self.adapter.translator.gangs.pods_of(JobId(job))
+        return bool(pods) and any(p.node and p.phase not in TERMINATED for p in pods.values())
+
+    @staticmethod
+    def factory(api_client: Any, **adapter_options: Any) -> ClusterFactory:
+        def make(state: Callable[[], ClusterState]) -> Cluster:
+            return KubeCluster(api_client, state, **adapter_options)
+
+        return make

@@ -1,0 +1,167 @@
+"""Leader election through a NATS KV bucket: one key, created with a TTL, refreshed by revision.
+
+A candidate holds the lease from the moment `create(key)` succeeds (the key
+did not exist) and keeps it by `update(key, last=revision)` every `ttl / 3`
+seconds. The bucket's TTL (max age) removes the key of a leader that stopped
+refreshing (crashed, paused, cut off), and a standby's next `create` wins.
+`resign()` deletes the key (by revision) so a standby takes over at once.
+
+Invariants:
+- `leading()` is a local, conservative judgement: True only until
+  `ttl * VALIDITY` seconds (monotonic clock) after the send of the last
+  successful create/update. The server expires the key `ttl` after it stored
+  that write, so a leader that was paused or cut off stops believing it leads
+  before anyone else can win the key.
+- An update that finds another revision means the lease is lost: the elector
+  never overwrites a key it does not hold. A resign never deletes a key
+  someone else holds.
+- The lease alone is not authority over the log: the loop appends a fenced
+  `LeaderElected` with a new epoch and only decides once it is folded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+import structlog
+from anyio.abc import TaskStatus
+from nats.js.api import KeyValueConfig
+from nats.js.errors import BadRequestError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+__all__ = ["VALIDITY", "KvElector"]
+
+log = structlog.get_logger("muster.leader")
+
+VALIDITY = 0.75
+"""Fraction of the TTL after the last confirmed refresh during which the holder trusts its lease."""
+
+
+class KvElector:
+    def __init__(
+        self,
+        js: object,
+        *,
+        holder: str,
+        bucket: str = "muster-leader",
+        key: str = "leader",
+        ttl: float = 10.0,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        self.js = js
+        self.holder = holder
+        self.bucket = bucket
+        self.key = key
+        self.ttl = ttl
+        self.on_change = on_change
+        self.revision: int | None = None
+        self.valid_until = 0.0
+        self.kv: KeyValue | None = None
+        self.terms = 0
+        """Times this elector won the lease."""
+
+    # ------------------------------------------------------------ queries
+
+    def leading(self) -> bool:
+        return self.revision is not None and anyio.current_time() < self.valid_until
+
+    @property
+    def refresh_every(self) -> float:
+        return self.ttl / 3
+
+    @property
+    def poll_every(self) -> float:
+        return min(1.0, self.ttl / 4)
+
+    # ------------------------------------------------------------ running
+
+    async def open(self) -> KeyValue:
+        """Create the bucket, or use the existing one (whose TTL then governs)."""
+        js = self.js
+        try:
+            kv: KeyValue = await js.create_key_value(  # type: ignore[attr-defined]
+                KeyValueConfig(bucket=self.bucket, ttl=self.ttl, history=1)
+            )
+        except BadRequestError:
+            kv = await js.key_value(self.bucket)  # type: ignore[attr-defined]
+            status = await kv.status()
+            if status.ttl and abs(status.ttl - self.ttl) > 1e-3:
+                log.warning("leader bucket exists with another TTL; using it", bucket=self.bucket, ttl=status.ttl)
+                self.ttl = float(status.ttl)
+        self.kv = kv
+        return kv
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Campaign, then hold the lease, forever (until cancelled)."""
+        kv = self.kv or await self.open()
+        task_status.started()
+        while True:
+            if self.revision is None:
+                await self._campaign(kv)
+                if self.revision is None:
+                    await anyio.sleep(self.poll_every)
+            else:
+                await anyio.sleep(max(0.0, min(self.refresh_every, self.valid_until - anyio.current_time() - 0.05)))
+                await self._refresh(kv)
+
+    async def _campaign(self, kv: KeyValue) -> None:
+        sent = anyio.current_time()
+        try:
+            revision = await kv.create(self.key, self.holder.encode())
+        except KeyWrongLastSequenceError:
+            return  # someone holds it
+        except Exception as exc:  # NATS trouble: try again on the next poll
+            log.info("leader campaign failed", error=f"{type(exc).__name__}: {exc}")
+            return
+        self.revision = int(revision)
+        self.valid_until = sent + self.ttl * VALIDITY
+        self.terms += 1
+        log.info("leader lease won", holder=self.holder, revision=self.revision)
+        self._changed()
+
+    async def _refresh(self, kv: KeyValue) -> None:
+        assert self.revision is not None
+        sent = anyio.current_time()
+        try:
+            revision = await kv.update(self.key, self.holder.encode(), last=self.revision)
+        except KeyWrongLastSequenceError:
+            log.warning("leader lease lost", holder=self.holder)
+            self._lose()
+            return
+        except Exception as exc:
+            if anyio.current_time() >= self.valid_until:
+                log.warning("leader lease expired while NATS did not answer", error=f"{type(exc).__name__}: {exc}")
+                self._lose()
+            return
+        if sent >= self.valid_until:
+            # we were frozen past our own validity: someone may have won meanwhile, and
+            # the revision check passing only means nobody has yet; give the term up cleanly
+            log.warning("leader lease refreshed after it lapsed locally; resigning", holder=self.holder)
+            self.revision = int(revision)
+            await self.resign()
+            return
+        self.revision = int(revision)
+        self.valid_until = sent + self.ttl * VALIDITY
+
+    def _lose(self) -> None:
+        self.revision = None
+        self.valid_until = 0.0
+        self._changed()
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+    async def resign(self) -> None:
+        """Give the lease up (delete the key if it is still ours)."""
+        revision, kv = self.revision, self.kv
+        self._lose()
+        if revision is None or kv is None:
+            return
+        with anyio.move_on_after(2, shield=True):
+            try:
+                await kv.delete(self.key, last=revision)
+                log.info("leader lease released", holder=self.holder)
+            except Exception as exc:  # not ours any more, or NATS is gone: the TTL does it
+                log.info("leader lease not released", error=f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,615 @@
+"""The scheduler loop: follow the log, fold it, and, while leading, decide, append and apply.
+
+Every replica runs the same loop. It folds the whole log into a
+`ClusterState` with the `evolve` that `muster sim` and the audit tools use,
+then follows it. The replica whose lease is valid (`leader`) announces itself
+with a fenced `LeaderElected` of the next epoch and, once that is folded,
+leads a *term*: the cluster adapter pushes facts to the log, and the loop
+runs scheduling cycles when something changed (debounced) or a timer is due
+(`next_wakeup`), reading the clock once per cycle.
+
+A cycle's decisions are appended fenced: `expected_last_seq` is the sequence
+of the last event folded, so they land right after the state they were
+decided on, or not at all (`ConcurrencyConflict`: the loop folds what it
+missed and decides again). Their msg ids are `epoch:cycle:index:digest`, so a
+retried append stores nothing twice. Once stored they are folded at their
+sequences and handed to the applier.
+
+Invariants:
+- One task folds, in log order, each sequence once; the state is the fold of
+  the log up to `folded_seq` (bad messages are skipped, and counted).
+- Decisions are only appended by a replica whose lease is valid, whose epoch
+  is the log's current one and that has folded everything its cluster pushed
+  when its term started. A deposed leader's append fails on the fence, and
+  the fold ignores decisions of a stale epoch anyway.
+- Only decisions that are on the log (folded, not fenced or skipped by the
+  fold) of this term's epoch, or the last decision of a live job from an
+  earlier epoch (at the start of a term), are applied; nothing is applied
+  without a valid lease.
+- Errors in deciding or folding are logged and never stop the loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+import structlog
+from anyio.abc import TaskGroup, TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from muster.daemon.applier import DecisionApplier
+from muster.daemon.cluster import Cluster, ClusterFactory
+from muster.daemon.metrics import DaemonMetrics
+from muster.events.codec import encode
+from muster.events.store import BadEvent, ConcurrencyConflict, EventStore, StoredEvent, StoreError
+from muster.events.types import (
+    Event,
+    JobAdmitted,
+    JobCancelled,
+    JobFailed,
+    JobFinished,
+    JobInadmissible,
+    JobPreempted,
+    JobRejected,
+    LeaderElected,
+)
+from muster.projections.cluster import ClusterState, evolve
+from muster.projections.scheduler import decide, next_wakeup
+
+__all__ = ["Elector", "Hooks", "LoopOptions", "NoHooks", "SchedulerLoop", "SoleElector"]
+
+log = structlog.get_logger("muster.loop")
+
+_DECISIONS = (JobAdmitted, JobPreempted, JobInadmissible, JobRejected)
+_ENDS = (JobFinished, JobFailed, JobCancelled, JobRejected)
+
+
+class Elector(Protocol):
+    """Who may lead (`leader.KvElector`, or `SoleElector` for a single replica)."""
+
+    holder: str
+    on_change: Callable[[], None] | None
+
+    def leading(self) -> bool: ...
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None: ...
+
+    async def resign(self) -> None: ...
+
+
+class SoleElector:
+    """The only replica: always holds the lease (tests and `--no-leader-election`)."""
+
+    def __init__(self, holder: str) -> None:
+        self.holder = holder
+        self.on_change: Callable[[], None] | None = None
+        self._resigned = False
+
+    def leading(self) -> bool:
+        return not self._resigned
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        await anyio.sleep_forever()
+
+    async def resign(self) -> None:
+        self._resigned = True
+
+
+class Hooks(Protocol):
+    """Points where a test may stop the loop as a pause of the process would."""
+
+    async def before_append(self, events: list[Event]) -> None: ...
+
+
+class NoHooks:
+    async def before_append(self, events: list[Event]) -> None:
+        pass
+
+
+@dataclass
+class LoopOptions:
+    debounce: float = 0.002
+    """Seconds to gather more changes before a cycle (after the first change)."""
+    max_cycles: int = 10_000
+    """Cycles per wake-up at most (a cycle that admits or preempts asks for another)."""
+    victim_wait: float = 90.0
+    apply_concurrency: int = 64
+    catch_up_timeout: float = 30.0
+    follow_buffer: int = 50_000
+    lease_check: float = 0.25
+    """Seconds between checks of the lease while idle."""
+    lag_every: float = 2.0
+
+
+@dataclass
+class Term:
+    """One leadership term of this replica."""
+
+    epoch: int
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    cluster: Cluster | None = None
+    applier: DecisionApplier | None = None
+    synced_seq: int | None = None
+    """Set once the cluster's initial facts are appended: decide only after folding up to here."""
+    facts: int = 0
+
+
+class SchedulerLoop:
+    def __init__(
+        self,
+        store: EventStore,
+        *,
+        elector: Elector,
+        cluster: ClusterFactory | None = None,
+        clock: Callable[[], float] = time.time,
+        options: LoopOptions | None = None,
+        metrics: DaemonMetrics | None = None,
+        hooks: Hooks | None = None,
+        services: list[Callable[[SchedulerLoop, Term], Coroutine[Any, Any, None]]] | None = None,
+    ) -> None:
+        """`services` are started in every term with (loop, term), e.g. the utilization scraper."""
+        self.store = store
+        self.elector = elector
+        self.identity = elector.holder
+        self.cluster_factory = cluster
+        self.clock = clock
+        self.options = options or LoopOptions()
+        self.metrics = metrics or DaemonMetrics()
+        self.hooks: Hooks = hooks or NoHooks()
+        self.services = list(services or [])
+        self.state: ClusterState = ClusterState()
+        self.metrics.watch(lambda: self.state)
+        self.folded_seq = 0
+        self.stream_end = 0
+        self.ready = False
+        self.epoch = 0
+        """This replica's epoch while it leads, else 0."""
+        self.term: Term | None = None
+        self.last_decision: dict[str, Event] = {}
+        """Live job -> its last admission or preemption on the log."""
+        self.victims: dict[str, set[str]] = {}
+        self.appended_decisions = 0
+        self.cycles = 0
+        self._dirty = False
+        self._decided_at = 0
+        self._wake_key: tuple[int, int] = (-1, -1)
+        self._wake_at: int | None = None
+        self._bad: deque[int] = deque()
+        self._stop = anyio.Event()
+        self._recv: MemoryObjectReceiveStream[StoredEvent | None] | None = None
+        self._poke_send: MemoryObjectSendStream[StoredEvent | None] | None = None
+        self._tg: TaskGroup | None = None
+        self._on_fold: list[Callable[[int, Event, bool], None]] = []
+        store.on_bad = self._on_bad
+
+    # ------------------------------------------------------------ public
+
+    @property
+    def leading(self) -> bool:
+        """Whether this replica leads a term now (its epoch is the log's and its lease is valid)."""
+        return self.epoch != 0 and self.elector.leading()
+
+    def on_fold(self, callback: Callable[[int, Event, bool], None]) -> None:
+        """Call `callback(seq, event, accepted)` for every event folded (the demo's live view uses it)."""
+        self._on_fold.append(callback)
+
+    def stop(self) -> None:
+        """Ask the loop to step down (releasing the lease) and return from `run`."""
+        self._stop.set()
+        self.poke()
+
+    def poke(self) -> None:
+        """Wake the loop (a leadership change)."""
+        if self._poke_send is not None:
+            with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                self._poke_send.send_nowait(None)
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Fold the log, follow it, lead when elected; returns after `stop()`, or runs until cancelled.
+
+        Cancelled, it ends like a crash: the lease is left to expire. `stop()` resigns it.
+        """
+        send, recv = anyio.create_memory_object_stream[StoredEvent | None](self.options.follow_buffer)
+        self._recv = recv
+        self._poke_send = send.clone()
+        self.elector.on_change = self.poke
+        try:
+            async with anyio.create_task_group() as tg, send, recv:
+                self._tg = tg
+                await self._replay()
+                tg.start_soon(self._follow, send.clone())
+                tg.start_soon(self._watch_lag)
+                await tg.start(self.elector.run)
+                self.ready = True
+                log.info("caught up with the log", seq=self.folded_seq, events=self.state.applied)
+                task_status.started()
+                await self._main(recv)
+                tg.cancel_scope.cancel()
+        finally:
+            self.ready = False
+            self.metrics.leader.set(0)
+            if self._poke_send is not None:
+                self._poke_send.close()
+
+    # ------------------------------------------------------------ reading the log
+
+    async def _replay(self) -> None:
+        """Fold what the stream holds now, in batches (the fast path for a restart)."""
+        end = await self.store.last_seq()
+        self.stream_end = end
+        if end <= self.folded_seq:
+            return
+        async with contextlib.aclosing(self.store.iter_batches(self.folded_seq + 1, end)) as batches:
+            async for batch in batches:
+                for stored in batch:
+                    self._fold(stored.seq, stored.event)
+        self._skip_bad(end + 1)
+
+    async def _follow(self, send: MemoryObjectSendStream[StoredEvent | None]) -> None:
+        async with send, contextlib.aclosing(self.store.follow(self.folded_seq + 1)) as events:
+            async for stored in events:
+                await send.send(stored)
+
+    def _on_bad(self, bad: BadEvent) -> None:
+        log.warning("bad event skipped", seq=bad.seq, subject=bad.subject, error=bad.error)
+        self.metrics.bad_events.inc()
+        self._bad.append(bad.seq)
+        self.poke()
+
+    def _skip_bad(self, before: int) -> None:
+        """Count bad sequences below `before` as folded, once everything before them is."""
+        while self._bad and self._bad[0] < before:
+            seq = self._bad.popleft()
+            if seq == self.folded_seq + 1:
+                self.folded_seq = seq
+
+    async def _watch_lag(self) -> None:
+        while True:
+            await anyio.sleep(self.options.lag_every)
+            try:
+                self.stream_end = max(self.stream_end, await self.store.last_seq())
+            except Exception as exc:  # NATS away: the follower waits it out
+                log.debug("stream info failed", error=str(exc))
+            self.metrics.lag.set(max(0, self.stream_end - self.folded_seq))
+
+    # ------------------------------------------------------------ folding
+
+    def _fold(self, seq: int, event: Event, *, own: bool = False) -> None:
+        if seq <= self.folded_seq:
+            return
+        self._skip_bad(seq)
+        state = self.state
+        skipped, fenced = state.skipped, state.fenced
+        try:
+            evolve(state, event)
+        except Exception:
+            # Invariant 7: a fold error is a bug to report, never a reason to stop.
+            log.exception("fold failed; event skipped", seq=seq, type=type(event).__name__)
+            self.metrics.fold_errors.inc()
+            state.skipped += 1
+        self.folded_seq = seq
+        self.stream_end = max(self.stream_end, seq)
+        self.metrics.folded_seq.set(seq)
+        accepted = state.skipped == skipped and state.fenced == fenced
+        if accepted:
+            self._track(event)
+        if not own:
+            self._dirty = True
+        for callback in self._on_fold:
+            callback(seq, event, accepted)
+
+    def _track(self, event: Event) -> None:
+        """Bookkeeping of accepted events: what to apply, and what to re-apply in a new term."""
+        term = self.term
+        if isinstance(event, LeaderElected):
+            self.metrics.epoch.set(event.epoch)
+            return
+        if isinstance(event, (JobAdmitted, JobPreempted)):
+            self.last_decision[event.job] = event
+            if isinstance(event, JobPreempted):
+                self.metrics.preemptions.labels(event.reason).inc()
+                if event.preemptor is not None:
+                    self.victims.setdefault(event.preemptor, set()).add(event.job)
+            else:
+                self.metrics.admissions.labels(event.queue).inc()
+        if isinstance(event, _ENDS):
+            self.last_decision.pop(event.job, None)
+            self.victims.pop(event.job, None)
+        if (
+            isinstance(event, (JobAdmitted, JobPreempted, JobRejected))
+            and term is not None
+            and term.applier is not None
+            and event.epoch == term.epoch
+        ):
+            term.applier.submit(event)
+
+    def _take(self, item: StoredEvent | None) -> None:
+        if item is not None:
+            self._fold(item.seq, item.event)
+
+    def _drain(self, limit: int = 10_000) -> None:
+        assert self._recv is not None
+        for _ in range(limit):
+            try:
+                item = self._recv.receive_nowait()
+            except anyio.WouldBlock:
+                break
+            self._take(item)
+        self._skip_bad(self.folded_seq + 2)
+
+    async def _catch_up(self, target: int) -> bool:
+        """Fold until `folded_seq >= target`; False if that took longer than the catch-up timeout."""
+        assert self._recv is not None
+        with anyio.move_on_after(self.options.catch_up_timeout):
+            while self.folded_seq < target:
+                self._skip_bad(self.folded_seq + 2)
+                if self.folded_seq >= target:
+                    break
+                self._take(await self._recv.receive())
+            return True
+        log.warning("catching up with the log timed out", folded=self.folded_seq, target=target)
+        return False
+
+    # ------------------------------------------------------------ the main loop
+
+    async def _main(self, recv: MemoryObjectReceiveStream[StoredEvent | None]) -> None:
+        while not self._stop.is_set():
+            item: StoredEvent | None = None
+            got = False
+            with anyio.move_on_after(self._timeout()):
+                item = await recv.receive()
+                got = True
+            if got:
+                self._take(item)
+            self._drain()
+            await self._leadership()
+            if self._may_decide() and (self._dirty or self._timer_due()):
+                if self.options.debounce > 0:
+                    await anyio.sleep(self.options.debounce)
+                    self._drain()
+                await self._schedule()
+        await self._step_down("stopping", resign=True)
+
+    def _timeout(self) -> float:
+        timeout = self.options.lease_check
+        if self._may_decide():
+            wake = self._next_wake()
+            if wake is not None:
+                timeout = min(timeout, max(0.0, wake - self.clock()))
+        return timeout
+
+    def _next_wake(self) -> int | None:
+        """When a cycle falls due with no new event (idle reclaim), after the last cycle; cached per fold."""
+        if self.state.idle_reclaim is None:
+            return None
+        key = (self.state.applied, self._decided_at)
+        if key != self._wake_key:
+            self._wake_key = key
+            self._wake_at = next_wakeup(self.state, self._decided_at)
+        return self._wake_at
+
+    def _timer_due(self) -> bool:
+        wake = self._next_wake()
+        return wake is not None and wake <= self._now()
+
+    def _now(self) -> int:
+        # event time never goes backwards on the log, even if this replica's clock is behind
+        return max(int(self.clock()), int(self.state.now))
+
+    def _may_decide(self) -> bool:
+        term = self.term
+        return (
+            term is not None
+            and self.leading
+            and term.synced_seq is not None
+            and self.folded_seq >= term.synced_seq
+            and self.state.epoch == term.epoch
+        )
+
+    # ------------------------------------------------------------ leadership
+
+    async def _leadership(self) -> None:
+        state = self.state
+        if self.epoch:
+            if not self.elector.leading():
+                await self._step_down("lease lost")
+            elif state.epoch != self.epoch or state.leader != self.identity:
+                await self._step_down(f"deposed by {state.leader} (epoch {state.epoch})", resign=True)
+        elif self.elector.leading() and not self._stop.is_set():
+            await self._announce()
+        self.metrics.leader.set(1 if self.leading else 0)
+
+    async def _announce(self) -> None:
+        """Append a fenced LeaderElected of the next epoch; lead once it is folded."""
+        while self.elector.leading():
+            try:
+                end = await self.store.last_seq()
+            except Exception as exc:
+                log.warning("cannot read the stream end; announcing later", error=str(exc))
+                return
+            if not await self._catch_up(end):
+                return
+            epoch = self.state.epoch + 1
+            event = LeaderElected(at=self._now(), epoch=epoch, holder=self.identity)
+            try:
+                seqs = await self.store.append(
+                    [event], expected_last_seq=self.folded_seq, msg_ids=[f"leader:{epoch}:{self.identity}"]
+                )
+            except ConcurrencyConflict as exc:
+                await self._catch_up(exc.actual)
+                continue
+            except StoreError as exc:
+                log.warning("announcing leadership failed; retrying", error=str(exc))
+                return
+            if seqs[0] == self.folded_seq + 1:
+                self._fold(seqs[0], event, own=True)
+            elif not await self._catch_up(seqs[0]):
+                return
+            if self.state.epoch == epoch and self.state.leader == self.identity:
+                self._begin(epoch)
+            return
+
+    def _begin(self, epoch: int) -> None:
+        self.epoch = epoch
+        term = Term(epoch)
+        self.term = term
+        self._dirty = True
+        log.info("leading", epoch=epoch, holder=self.identity, seq=self.folded_seq)
+        assert self._tg is not None
+        self._tg.start_soon(self._run_term, term)
+
+    async def _step_down(self, reason: str, *, resign: bool = False) -> None:
+        term, self.term = self.term, None
+        if term is not None:
+            log.info("stepping down", epoch=term.epoch, reason=reason)
+            term.scope.cancel()
+        self.epoch = 0
+        self.metrics.leader.set(0)
+        if resign:
+            await self.elector.resign()
+
+    async def _run_term(self, term: Term) -> None:
+        with term.scope:
+            async with anyio.create_task_group() as tg:
+                if self.cluster_factory is not None:
+                    cluster = self.cluster_factory(lambda: self.state)
+                    applier = DecisionApplier(
+                        cluster,
+                        leading=lambda: self.leading and self.epoch == term.epoch,
+                        victims=self.victims,
+                        metrics=self.metrics,
+                        victim_wait=self.options.victim_wait,
+                        concurrency=self.options.apply_concurrency,
+                    )
+                    term.cluster, term.applier = cluster, applier
+                    await tg.start(applier.run)
+                    await tg.start(cluster.run, self._sink(term))
+                    self._reconcile(term)
+                for service in self.services:
+                    tg.start_soon(service, self, term)
+                term.synced_seq = max(self.folded_seq, term.facts)
+                self.poke()
+                await anyio.sleep_forever()
+
+    def _reconcile(self, term: Term) -> None:
+        """Re-apply the last decision of every live job from earlier epochs (idempotent in the cluster)."""
+        assert term.applier is not None
+        n = 0
+        for job_id in sorted(self.last_decision):
+            event = self.last_decision[job_id]
+            job = self.state.jobs.get(job_id)
+            if job is None or getattr(event, "epoch", 0) >= term.epoch:
+                continue
+            if (isinstance(event, JobAdmitted) and job.status == "admitted") or (
+                isinstance(event, JobPreempted) and job.status == "pending"
+            ):
+                term.applier.submit(event)
+                n += 1
+        if n:
+            log.info("re-applying decisions of earlier terms", count=n, epoch=term.epoch)
+
+    def _sink(self, term: Term) -> Callable[[list[Event]], object]:
+        """Append the cluster's facts (unfenced: facts are true whoever writes them), retrying until stored."""
+        counter = [0]
+
+        async def sink(events: list[Event]) -> None:
+            if not events:
+                return
+            start = counter[0]
+            counter[0] += len(events)
+            ids = [f"fact:{self.identity}:{term.epoch}:{start + i}" for i in range(len(events))]
+            delay = 0.1
+            while True:
+                try:
+                    seqs = await self.store.append(events, msg_ids=ids)
+                    break
+                except StoreError as exc:
+                    log.warning("appending cluster facts failed; retrying", error=str(exc), count=len(events))
+                    await anyio.sleep(delay)
+                    delay = min(5.0, delay * 2)
+            term.facts = max(term.facts, *seqs)
+            for ev in events:
+                self.metrics.facts.labels(type(ev).__name__).inc()
+
+        return sink
+
+    # ------------------------------------------------------------ scheduling
+
+    async def _schedule(self) -> None:
+        """Cycles until one admits and preempts nothing (or the term ends)."""
+        for _ in range(self.options.max_cycles):
+            self._drain()
+            self._dirty = False  # the cycle below sees everything folded so far
+            if not self._may_decide():
+                return
+            now = self._now()
+            self._decided_at = now
+            started = time.perf_counter()
+            try:
+                events = decide(self.state, now)
+            except Exception:
+                log.exception("decide failed; waiting for the next change", seq=self.folded_seq)
+                self.metrics.cycles.labels("error").inc()
+                return
+            self.metrics.cycle_seconds.observe(time.perf_counter() - started)
+            self.cycles += 1
+            if not events:
+                self.metrics.cycles.labels("idle").inc()
+                return
+            if not await self._append(events):
+                if self._stop.is_set() or not self._may_decide():
+                    return
+                continue
+            self.metrics.cycles.labels("decided").inc()
+            if not any(isinstance(ev, (JobAdmitted, JobPreempted)) for ev in events):
+                return
+        log.warning("scheduling did not settle", cycles=self.options.max_cycles, seq=self.folded_seq)
+
+    def _msg_ids(self, events: list[Event]) -> list[str]:
+        ids = []
+        for i, ev in enumerate(events):
+            digest = hashlib.sha256(encode(ev)).hexdigest()[:16]
+            ids.append(f"{getattr(ev, 'epoch', 0)}:{getattr(ev, 'cycle', 0)}:{i}:{digest}")
+        return ids
+
+    async def _append(self, events: list[Event]) -> bool:
+        """Append one cycle's decisions fenced; fold them. False when they were not all stored."""
+        ids = self._msg_ids(events)
+        if not self.leading:
+            return False
+        await self.hooks.before_append(events)
+        expected = self.folded_seq
+        try:
+            seqs = await self.store.append(events, expected_last_seq=expected, msg_ids=ids)
+        except ConcurrencyConflict as exc:
+            # someone appended after the state we decided on: fold it and decide again
+            self.metrics.conflicts.inc()
+            self.metrics.cycles.labels("conflict").inc()
+            log.debug("decisions refused by the fence", expected=exc.expected, actual=exc.actual, stored=exc.stored)
+            await self._catch_up(exc.actual)
+            await self._leadership()
+            return False
+        except StoreError as exc:
+            # stored or not, we cannot tell: fold whatever the stream holds before deciding again
+            log.warning("appending decisions failed", error=str(exc))
+            self.metrics.cycles.labels("error").inc()
+            with contextlib.suppress(Exception):
+                await self._catch_up(await self.store.last_seq())
+            return False
+        if seqs != list(range(expected + 1, expected + 1 + len(events))):
+            # a retry found earlier copies: they come back through the follower
+            await self._catch_up(max(seqs))
+            return True
+        for seq, ev in zip(seqs, events, strict=True):
+            self._fold(seq, ev, own=True)
+            self.metrics.decisions.labels(type(ev).__name__).inc()
+        self.appended_decisions += len(events)
+        return True

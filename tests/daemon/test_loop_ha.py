@@ -1,0 +1,279 @@
+"""Two daemons on one NATS: one leads, a crashed leader is replaced, a paused one cannot act on waking.
+
+Each daemon runs in its own thread with its own event loop, NATS connection,
+lease (KV bucket, TTL 1 s) and simulated cluster, as two replicas in two pods
+would. Freezing a daemon's thread freezes all of it (lease refresh, follower,
+loop), as SIGSTOP or a long GC pause would.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import pytest
+
+from muster.daemon.leader import KvElector
+from muster.daemon.loop import LoopOptions, SchedulerLoop
+from muster.daemon.simcluster import SimulatedCluster, block_rack_nodes
+from muster.events.store import EventStore, StoredEvent
+from muster.events.types import (
+    DECISION_TYPES,
+    Event,
+    JobAdmitted,
+    JobId,
+    JobSubmitted,
+    LeaderElected,
+    PodSet,
+    QueueConfigured,
+    QueueName,
+    SchedulerConfigured,
+)
+from muster.projections.cluster import ClusterState
+
+TTL = 1.0
+NODES = block_rack_nodes(2, 2, 2, 8)  # 64 GPUs
+
+
+class Freeze:
+    """A hook that, once armed, blocks its daemon's whole event loop in front of the next decision append."""
+
+    def __init__(self) -> None:
+        self.armed = threading.Event()
+        self.frozen = threading.Event()
+        self.thaw = threading.Event()
+        self.events: list[Event] = []
+
+    async def before_append(self, events: list[Event]) -> None:
+        if self.armed.is_set():
+            self.armed.clear()
+            self.events = list(events)
+            self.frozen.set()
+            self.thaw.wait(30)  # deliberately blocking: the process is frozen, not a task
+
+
+class Replica:
+    """One daemon in its own thread and event loop."""
+
+    def __init__(self, url: str, stream: str, prefix: str, bucket: str, name: str, hooks: Any = None) -> None:
+        self.url, self.stream, self.prefix, self.bucket, self.name = url, stream, prefix, bucket, name
+        self.hooks = hooks
+        self.loop: SchedulerLoop | None = None
+        self.clusters: list[SimulatedCluster] = []
+        self.started = threading.Event()
+        self._end: str | None = None
+        self._ended = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._main, name=f"replica-{name}", daemon=True)
+
+    def start(self) -> Replica:
+        self.thread.start()
+        if not self.started.wait(15):
+            raise RuntimeError(f"replica {self.name} did not start: {self.error!r}")
+        return self
+
+    @property
+    def applied(self) -> list[Event]:
+        return [e for c in self.clusters for e in c.applied]
+
+    def leading(self) -> bool:
+        return self.loop is not None and self.loop.leading
+
+    def crash(self) -> None:
+        self._end = "crash"
+        self._ended.set()
+
+    def stop(self) -> None:
+        self._end = self._end or "stop"
+        self._ended.set()
+
+    def _cluster(self, state: Any) -> SimulatedCluster:
+        cluster = SimulatedCluster(NODES, state, report_started=False)
+        self.clusters.append(cluster)
+        return cluster
+
+    def _main(self) -> None:
+        try:
+            anyio.run(self._run)
+        except BaseException as exc:
+            self.error = exc
+            self.started.set()
+
+    async def _run(self) -> None:
+        store = await EventStore.connect(self.url, stream=self.stream, prefix=self.prefix, create=False)
+        try:
+            elector = KvElector(store.nc.jetstream(), holder=self.name, bucket=self.bucket, ttl=TTL)
+            self.loop = SchedulerLoop(
+                store,
+                elector=elector,
+                cluster=self._cluster,
+                hooks=self.hooks,
+                options=LoopOptions(lease_check=0.05, catch_up_timeout=5),
+            )
+            async with anyio.create_task_group() as tg:
+                await tg.start(self.loop.run)
+                self.started.set()
+                await anyio.to_thread.run_sync(self._ended.wait)
+                if self._end == "crash":
+                    tg.cancel_scope.cancel()  # no resign: the lease is left to expire, as in a crash
+                else:
+                    self.loop.stop()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await store.close()
+
+
+@pytest.fixture
+async def ha(store: EventStore) -> AsyncIterator[Any]:
+    """`ha(name, hooks=None)` starts a replica on the test's stream; all are stopped afterwards."""
+    await store.append(
+        [
+            SchedulerConfigured(at=0, levels=["muster.dev/block", "muster.dev/rack"]),
+            QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 64}),
+        ]
+    )
+    bucket = f"lead-{uuid.uuid4().hex[:8]}"
+    replicas: list[Replica] = []
+
+    async def start(name: str, hooks: Any = None) -> Replica:
+        r = Replica(store.nc.connected_url.geturl(), store.stream, store.prefix, bucket, name, hooks)
+        replicas.append(r)
+        return await anyio.to_thread.run_sync(r.start)
+
+    yield start
+    for r in replicas:
+        r.stop()
+        if r.hooks is not None:
+            r.hooks.thaw.set()
+    for r in replicas:
+        await anyio.to_thread.run_sync(r.thread.join, 15)
+    for r in replicas:
+        assert r.error is None, f"replica {r.name} failed: {r.error!r}"
+    js = store.nc.jetstream()
+    await js.delete_key_value(bucket)
+
+
+def job(name: str, gpus: int = 8) -> JobSubmitted:
+    return JobSubmitted(
+        at=int(time.time()),
+        job=JobId(name),
+        queue=QueueName("q"),
+        podsets=[PodSet(name="w", count=1, requests={"gpu": gpus})],
+    )
+
+
+async def wait_for(store: EventStore, predicate: Any, seconds: float = 10.0) -> list[StoredEvent]:
+    """Read the log until `predicate(events)` holds."""
+    with anyio.fail_after(seconds):
+        while True:
+            events = await store.read()
+            if predicate(events):
+                return events
+            await anyio.sleep(0.05)
+
+
+def leaders(events: list[StoredEvent]) -> list[LeaderElected]:
+    return [s.event for s in events if isinstance(s.event, LeaderElected)]
+
+
+def admissions(events: list[StoredEvent]) -> dict[str, list[JobAdmitted]]:
+    out: dict[str, list[JobAdmitted]] = {}
+    for s in events:
+        if isinstance(s.event, JobAdmitted):
+            out.setdefault(s.event.job, []).append(s.event)
+    return out
+
+
+def no_stale_decisions(events: list[StoredEvent]) -> None:
+    """No decision on the log carries an epoch older than a LeaderElected before it."""
+    epoch = 0
+    for s in events:
+        if isinstance(s.event, LeaderElected):
+            epoch = max(epoch, s.event.epoch)
+        elif isinstance(s.event, DECISION_TYPES):
+            assert s.event.epoch == epoch, f"seq {s.seq}: {s.event!r} decided at epoch {s.event.epoch}, log at {epoch}"
+
+
+async def test_exactly_one_of_two_replicas_leads(store, ha):
+    """Two replicas started together: one LeaderElected on the log, one replica leading, and it decides."""
+    a, b = await ha("a"), await ha("b")
+    events = await wait_for(store, lambda ev: len(leaders(ev)) == 1)
+    await store.append([job("j1")])
+    events = await wait_for(store, lambda ev: "j1" in admissions(ev))
+    await anyio.sleep(2 * TTL)  # several lease refreshes later, still one leader
+    events = await store.read()
+    assert len(leaders(events)) == 1
+    [elected] = leaders(events)
+    assert [r.name for r in (a, b) if r.leading()] == [elected.holder]
+    assert admissions(events)["j1"][0].epoch == elected.epoch == 1
+
+
+async def test_a_crashed_leader_is_replaced_and_no_decision_is_lost_or_doubled(store, ha):
+    """Jobs submitted before, during and after the leader's crash are each admitted once and applied."""
+    a = await ha("a")
+    await wait_for(store, lambda ev: len(leaders(ev)) == 1)
+    b = await ha("b")
+    for i in range(3):
+        await store.append([job(f"before-{i}")])
+    await wait_for(store, lambda ev: len(admissions(ev)) == 3)
+    a.crash()
+    crashed = time.monotonic()
+    for i in range(3):
+        await store.append([job(f"during-{i}")])
+        await anyio.sleep(0.1)
+    events = await wait_for(store, lambda ev: len(leaders(ev)) == 2)
+    took_over = time.monotonic() - crashed
+    for i in range(2):
+        await store.append([job(f"after-{i}")])
+    events = await wait_for(store, lambda ev: len(admissions(ev)) == 8)
+    await anyio.sleep(0.3)
+    events = await store.read()
+
+    assert [(e.epoch, e.holder) for e in leaders(events)] == [(1, "a"), (2, "b")]
+    assert took_over < TTL + 3
+    assert {j: len(a) for j, a in admissions(events).items()} == {j: 1 for j in admissions(events)}
+    no_stale_decisions(events)
+    # every admission on the log was applied by the replica that led when it was decided,
+    # and the new leader re-applied the admissions of the crashed one's term (idempotent)
+    applied_by_a = {e.job for e in a.applied if isinstance(e, JobAdmitted)}
+    applied_by_b = {e.job for e in b.applied if isinstance(e, JobAdmitted)}
+    assert applied_by_a == {j for j, [adm] in admissions(events).items() if adm.epoch == 1}
+    assert {f"before-{i}" for i in range(3)} <= applied_by_a
+    assert applied_by_b == set(admissions(events))
+
+
+async def test_a_paused_leader_that_wakes_up_cannot_get_a_decision_applied(store, ha):
+    """Frozen in front of its append, the old leader is deposed; on waking its append is refused and nothing applied."""
+    freeze = Freeze()
+    a = await ha("a", hooks=freeze)
+    await wait_for(store, lambda ev: len(leaders(ev)) == 1)
+    b = await ha("b")
+    freeze.armed.set()
+    await store.append([job("j1")])
+    assert await anyio.to_thread.run_sync(freeze.frozen.wait, 10)
+    assert [type(e).__name__ for e in freeze.events] == ["JobAdmitted"]
+
+    events = await wait_for(store, lambda ev: "j1" in admissions(ev))  # the standby took over and decided
+    applied_before_thaw = len(a.applied)
+    freeze.thaw.set()
+    await anyio.sleep(1.0)
+    await store.append([job("j2")])
+    events = await wait_for(store, lambda ev: "j2" in admissions(ev))
+    await anyio.sleep(0.3)
+    events = await store.read()
+
+    assert [(e.epoch, e.holder) for e in leaders(events)] == [(1, "a"), (2, "b")]
+    assert [e.epoch for e in admissions(events)["j1"]] == [2]
+    no_stale_decisions(events)
+    assert len(a.applied) == applied_before_thaw == 0
+    assert not a.leading()
+    assert {e.job for e in b.applied if isinstance(e, JobAdmitted)} == {"j1", "j2"}
+    assert a.loop is not None
+    assert (a.loop.metrics.registry.get_sample_value("muster_append_conflicts_total") or 0) >= 1
+    state: ClusterState = a.loop.state
+    assert state.epoch == 2 and state.leader == "b"  # the woken replica folds on as a standby
