@@ -203,6 +203,10 @@ def simulate(
             append(JobCancelled(at=now, job=d["name"]))
         elif kind == "utilization":
             append(GpuUtilizationSampled(at=now, job=d["job"], gpu=d["gpu"]))
+        elif kind == "event":
+            # any input event, as is, at this instant (what-if runs replay a real log's node and
+            # configuration changes this way)
+            append(msgspec.structs.replace(d["event"], at=now))
         elif kind == "queue_update":
             current = queues[d["name"]]
             update = d["queue"]
