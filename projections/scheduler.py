@@ -53,6 +53,8 @@ class Cycle:
         self.heap: list[tuple[tuple[int, int, int, int], str]] | None = None
         self.consumed: dict[tuple[str, str], int] = {}
         """Usage taken in this cycle, per (tree, resource)."""
+        self.failed_classes: dict[tuple[object, ...], tuple[str, Wake]] = {}
+        """Verdicts of jobs that failed on the current view, by job class (cleared on any change)."""
         self.consumed_any: dict[str, int] = {}
         """Jobs admitted in this cycle, per tree."""
         self.removed: set[str] = set()
@@ -128,6 +130,7 @@ class Cycle:
     def take(self, job: JobState, placement: Mapping[str, str]) -> None:
         """Account a job's quota usage (its nodes were taken by `place`)."""
         quota, idx = self.idx.quota, self.idx
+        self.failed_classes.clear()
         was_borrowing = quota.is_borrowing(job.queue)
         quota.add(job.queue, job.requests, 1)
         self.placed[job.id] = dict(placement)
@@ -226,8 +229,24 @@ def _lowest_key(cycle: Cycle, job: JobState) -> tuple[int, int, int, int]:
     return (borrows, share, -cycle.state.priority_of(job), job.seq)
 
 
+def _job_class(cycle: Cycle, job: JobState) -> tuple[object, ...] | None:
+    """Jobs of one class get the same verdict on the same view (None: this job's verdict is its own)."""
+    state = cycle.state
+    if job.nominated or state.queues[job.queue].preemption.within_queue == "LowerOrNewerEqualPriority":
+        return None  # its candidates depend on its own submission order
+    shape = tuple((ps.name, ps.count, tuple(sorted(ps.requests.items())), ps.topology) for ps in job.podsets)
+    return (job.queue, state.priority_of(job), state.preemptible(job), shape)
+
+
 def _try(cycle: Cycle, job: JobState) -> str:
     """Admit, preempt for, or park one job. Returns what happened."""
+    cls = _job_class(cycle, job)
+    if cls is not None:
+        known = cycle.failed_classes.get(cls)
+        if known is not None:
+            # a job just like it failed on this very view: so does this one, for the same reason
+            _park(cycle, job, known[0], known[1])
+            return "parked"
     state, idx = cycle.state, cycle.idx
     preemptible = state.preemptible(job)
     # non-preemptible work never borrows, so no guarantee depends on evicting it
@@ -266,11 +285,21 @@ def _try(cycle: Cycle, job: JobState) -> str:
             cycle.take(job, placement)
         cycle.reserved = True
         return "preempting"
+    wake = _wake_rule(cycle, job, allow_borrow, quota_reason is not None, result.quota_possible, result)
+    if cls is not None:
+        cycle.failed_classes[cls] = (reason, wake)
+    _park(cycle, job, reason, wake)
+    return "parked"
+
+
+def _park(cycle: Cycle, job: JobState, reason: str, wake: Wake) -> None:
+    """Say why the job waits (when that changed) and set it aside until `wake`."""
+    state, idx = cycle.state, cycle.idx
     if reason != job.reason:
         cycle.events.append(
             JobInadmissible(at=cycle.now, job=job.id, reason=reason, cycle=cycle.number, epoch=cycle.epoch)
         )
-    idx.park(job, _wake_rule(cycle, job, allow_borrow, quota_reason is not None, result.quota_possible, result))
+    idx.park(job, wake)
     queue = state.queues[job.queue]
     policy = queue.preemption
     may_preempt = (
@@ -284,7 +313,6 @@ def _try(cycle: Cycle, job: JobState) -> str:
         cycle.parked_on_reserved.append(job.id)
     elif cycle.tentative:
         cycle.parked_on_tentative.append(job.id)
-    return "parked"
 
 
 def _wake_rule(
