@@ -45,7 +45,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from muster.daemon.applier import DecisionApplier
-from muster.daemon.cluster import Cluster, ClusterFactory
+from muster.daemon.cluster import Cluster, ClusterFactory, Sink
 from muster.daemon.metrics import DaemonMetrics
 from muster.events.codec import encode
 from muster.events.store import BadEvent, ConcurrencyConflict, EventStore, StoredEvent, StoreError
@@ -170,6 +170,8 @@ class SchedulerLoop:
         self.folded_seq = 0
         self.stream_end = 0
         self.ready = False
+        self.heartbeat = 0.0
+        """When the main loop last turned (monotonic); `/healthz` fails when it stops turning."""
         self.epoch = 0
         """This replica's epoch while it leads, else 0."""
         self.term: Term | None = None
@@ -362,6 +364,7 @@ class SchedulerLoop:
 
     async def _main(self, recv: MemoryObjectReceiveStream[StoredEvent | None]) -> None:
         while not self._stop.is_set():
+            self.heartbeat = anyio.current_time()
             item: StoredEvent | None = None
             got = False
             with anyio.move_on_after(self._timeout()):
@@ -491,7 +494,7 @@ class SchedulerLoop:
                     )
                     term.cluster, term.applier = cluster, applier
                     await tg.start(applier.run)
-                    await tg.start(cluster.run, self._sink(term))
+                    await tg.start(cluster.run, self.fact_sink(term))
                     self._reconcile(term)
                 for service in self.services:
                     tg.start_soon(service, self, term)
@@ -516,7 +519,7 @@ class SchedulerLoop:
         if n:
             log.info("re-applying decisions of earlier terms", count=n, epoch=term.epoch)
 
-    def _sink(self, term: Term) -> Callable[[list[Event]], object]:
+    def fact_sink(self, term: Term) -> Sink:
         """Append the cluster's facts (unfenced: facts are true whoever writes them), retrying until stored."""
         counter = [0]
 

@@ -1,0 +1,278 @@
+"""The daemon's configuration: the YAML file the Helm chart mounts, `MUSTER_*` environment variables, flags.
+
+Later sources win: file < environment < flags. The file's keys are those of
+deploy/README.md ("The configuration files the pods read"); an environment
+variable names a key as `MUSTER_<SECTION>_<KEY>` (`MUSTER_NATS_URL`,
+`MUSTER_LEADER_ELECTION_TTL_SECONDS`, `MUSTER_HTTP_METRICS_PORT`, ...), its
+value read as YAML (so `9090` is a number). `MUSTER_IDENTITY` (else
+`POD_NAME`, else host and pid) names this replica in leader election.
+
+Credentials are never in the configuration itself: it names files (mounted
+from Secrets), read only when connecting. `describe()` is what may be logged.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+__all__ = ["ConfigError", "DaemonConfig", "load_config", "nats_connect_options"]
+
+SECTIONS = ("leader_election", "kubernetes", "utilization", "http", "nats", "log")
+_TOP_KEYS = {*SECTIONS, "queues_file", "identity", "simulated_cluster"}
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used (exit status 2)."""
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            _deep_merge(base[key], value)
+        else:
+            base[key] = copy.deepcopy(value)
+    return base
+
+
+def read_file(path: str | None) -> dict[str, Any]:
+    if not path:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top")
+    return data
+
+
+def from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """`MUSTER_<SECTION>_<KEY>=value` as a nested mapping."""
+    out: dict[str, Any] = {}
+    for name, raw in sorted(env.items()):
+        if not name.startswith("MUSTER_"):
+            continue
+        rest = name[len("MUSTER_") :].lower()
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        for section in sorted(SECTIONS, key=len, reverse=True):
+            if rest.startswith(section + "_"):
+                out.setdefault(section, {})[rest[len(section) + 1 :]] = value
+                break
+        else:
+            if rest in _TOP_KEYS:
+                out[rest] = value
+    return out
+
+
+@dataclass
+class DaemonConfig:
+    raw: dict[str, Any] = field(default_factory=dict)
+    """The merged configuration (file, environment, flags)."""
+    unknown: list[str] = field(default_factory=list)
+    """Top-level keys of the file this daemon does not read (logged, not fatal: `extraConfig` may add some)."""
+
+    def section(self, name: str) -> dict[str, Any]:
+        value = self.raw.get(name) or {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{name}: expected a mapping, not {value!r}")
+        return value
+
+    def get(self, section: str, key: str, default: Any = None) -> Any:
+        value = self.section(section).get(key)
+        return default if value is None or value == "" else value
+
+    # ------------------------------------------------------------ typed views
+
+    @property
+    def nats_urls(self) -> list[str]:
+        url = str(self.get("nats", "url", os.environ.get("NATS_URL") or "nats://127.0.0.1:4222"))
+        return [u.strip() for u in url.split(",") if u.strip()]
+
+    @property
+    def stream(self) -> str:
+        return str(self.get("nats", "stream", "MUSTER"))
+
+    @property
+    def subject_prefix(self) -> str:
+        return str(self.get("nats", "subject_prefix", "muster"))
+
+    @property
+    def identity(self) -> str:
+        value = self.raw.get("identity") or os.environ.get("POD_NAME")
+        return str(value) if value else f"{socket.gethostname()}-{os.getpid()}"
+
+    @property
+    def leader_backend(self) -> str:
+        return str(self.get("leader_election", "backend", "nats-kv"))
+
+    @property
+    def leader_ttl(self) -> float:
+        return self._number("leader_election", "ttl_seconds", 10.0, minimum=0.5)
+
+    @property
+    def leader_bucket(self) -> str:
+        return str(self.get("leader_election", "kv_bucket", "muster-leader"))
+
+    @property
+    def scheduler_name(self) -> str:
+        return str(self.get("kubernetes", "scheduler_name", "muster"))
+
+    @property
+    def namespaces(self) -> list[str]:
+        value = self.get("kubernetes", "namespaces", [])
+        return [str(v) for v in value] if isinstance(value, list) else [str(value)]
+
+    @property
+    def kubeconfig(self) -> str | None:
+        value = self.get("kubernetes", "kubeconfig")
+        return str(value) if value else None
+
+    @property
+    def utilization_url(self) -> str:
+        return str(self.get("utilization", "url", ""))
+
+    @property
+    def utilization_source(self) -> str:
+        return str(self.get("utilization", "source", "prometheus"))
+
+    @property
+    def utilization_interval(self) -> float:
+        return self._number("utilization", "interval_seconds", 60.0, minimum=1.0)
+
+    @property
+    def health_port(self) -> int | None:
+        return self._port("health_port")
+
+    @property
+    def metrics_port(self) -> int | None:
+        return self._port("metrics_port")
+
+    @property
+    def log_level(self) -> str:
+        return str(self.get("log", "level", "info")).lower()
+
+    @property
+    def log_format(self) -> str:
+        return str(self.get("log", "format", "json")).lower()
+
+    @property
+    def simulated_cluster(self) -> str | None:
+        value = self.raw.get("simulated_cluster")
+        return str(value) if value else None
+
+    def _number(self, section: str, key: str, default: float, minimum: float) -> float:
+        value = self.get(section, key, default)
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{section}.{key}: {value!r} is not a number") from None
+        if number < minimum:
+            raise ConfigError(f"{section}.{key}: must be at least {minimum}, not {number}")
+        return number
+
+    def _port(self, key: str) -> int | None:
+        value = self.get("http", key)
+        if value is None:
+            return None
+        try:
+            port = int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"http.{key}: {value!r} is not a port number") from None
+        if not 0 <= port < 65536:
+            raise ConfigError(f"http.{key}: {port} is not a port number")
+        return port
+
+    def check(self) -> None:
+        """Fail early, with a sentence, on what cannot work."""
+        if self.leader_backend not in ("nats-kv", "none"):
+            raise ConfigError(
+                f"leader_election.backend {self.leader_backend!r} is not supported by this daemon (use nats-kv)"
+            )
+        if self.utilization_url and self.utilization_source not in ("prometheus", "exporter"):
+            raise ConfigError(f"utilization.source must be prometheus or exporter, not {self.utilization_source!r}")
+        if self.log_format not in ("json", "console"):
+            raise ConfigError(f"log.format must be json or console, not {self.log_format!r}")
+        # the typed views raise ConfigError on values they cannot read
+        _ = (self.leader_ttl, self.utilization_interval, self.health_port, self.metrics_port, self.namespaces)
+
+    def describe(self) -> dict[str, Any]:
+        """What may be logged: credentials appear only as the paths of their files."""
+        nats = self.section("nats")
+        auth = nats.get("auth") or {}
+        return {
+            "identity": self.identity,
+            "nats": {
+                "urls": [_without_userinfo(u) for u in self.nats_urls],
+                "stream": self.stream,
+                "subject_prefix": self.subject_prefix,
+                "auth": sorted(k for k in auth if k.endswith("_file")) if isinstance(auth, dict) else [],
+                "tls": bool(nats.get("tls")),
+            },
+            "leader_election": {"backend": self.leader_backend, "ttl_seconds": self.leader_ttl},
+            "kubernetes": {"scheduler_name": self.scheduler_name, "namespaces": self.namespaces},
+            "utilization": {"url": _without_userinfo(self.utilization_url), "source": self.utilization_source},
+            "http": {"health_port": self.health_port, "metrics_port": self.metrics_port},
+            "simulated_cluster": self.simulated_cluster,
+        }
+
+
+def _without_userinfo(url: str) -> str:
+    """A URL with any `user:password@` removed."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    host = rest.split("/", 1)
+    if "@" in host[0]:
+        host[0] = "***@" + host[0].rsplit("@", 1)[1]
+    return f"{scheme}://{'/'.join(host)}"
+
+
+def load_config(
+    path: str | None, *, env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None
+) -> DaemonConfig:
+    """Merge the file, the environment and the flags' `overrides` (nested like the file; None = not given)."""
+    merged = read_file(path)
+    unknown = sorted(set(merged) - _TOP_KEYS)
+    merged = _deep_merge(merged, from_env(os.environ if env is None else env))
+    merged = _deep_merge(merged, _prune(overrides or {}))
+    cfg = DaemonConfig(merged, unknown)
+    cfg.check()
+    return cfg
+
+
+def _prune(value: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, v in value.items():
+        if isinstance(v, Mapping):
+            sub = _prune(v)
+            if sub:
+                out[key] = sub
+        elif v is not None:
+            out[key] = v
+    return out
+
+
+def nats_connect_options(cfg: DaemonConfig) -> dict[str, Any]:
+    """`nats.connect` keywords for the config's auth and TLS files (the same reading as `muster billing run`)."""
+    from muster.daemon.billingcli import nats_options
+
+    try:
+        options: dict[str, Any] = nats_options({"nats": cfg.section("nats")})
+        return options
+    except OSError as exc:
+        raise ConfigError(f"nats credentials: cannot read {exc.filename}: {exc.strerror}") from None
+    except KeyError as exc:
+        raise ConfigError(f"nats.auth: {exc.args[0]} is required with the other credential file") from None
