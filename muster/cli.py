@@ -14,6 +14,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("muster.replay.simcli", "run the scheduler core over a scenario in virtual time"),
     "billing": ("muster.daemon.billingcli", "chargeback: fold the log into a GPU ledger and report on it"),
+    "daemon": ("muster.daemon.daemoncli", "run the scheduler daemon (one replica; leader-elected)"),
     "replay": ("muster.replay.replaycli", "the cluster state at any point of the log"),
 }
 
