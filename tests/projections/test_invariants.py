@@ -1,0 +1,390 @@
+"""Design invariants 2-4 as properties over random clusters, queues and timelines.
+
+Each example is a random `muster sim` scenario (cohort trees with limits and
+policies, fair sharing, idle reclaim, node failures, cordons, cancellations,
+queue updates). The run's log is folded into an independent shadow state,
+event by event, and checked:
+
+- every decision applies cleanly (`evolve` skips none);
+- no node ever holds more than its capacity;
+- every admitted gang is fully placed, on existing nodes that were schedulable;
+- an admission never takes a queue over nominal + borrowing limit, nor a
+  cohort tree's borrowers over what its lenders may lend (lending limits);
+- a second run gives byte-identical output.
+
+The replay-equivalence property (like Armada's TestCycleConsistency) folds the
+log into a fresh state and calls `decide` at every recorded decision point:
+it must re-derive exactly the recorded decisions and leave the state as it
+found it, and at the end of every instant it must have nothing more to say.
+That proves the parking memo of `projections/index.py` changes no decision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from simkit import flat_nodes, nodes_8gpu, queue, scenario, submit
+
+from muster.events.codec import encode
+from muster.events.types import DECISION_TYPES, Event, JobAdmitted, JobPreempted
+from muster.projections.cluster import ClusterState, evolve
+from muster.projections.scheduler import decide
+from muster.replay.scenario import loads
+from muster.replay.simulator import SimResult, simulate
+
+PRIORITY_NAMES = ["urgent", "inference", "high", "training", "low", "scavenger"]
+SETTINGS = settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+@dataclass
+class Generated:
+    text: str
+    nodes: list[str]
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> Generated:
+    """A small random scenario: up to 12 nodes, 5 queues mostly in cohort trees, up to 20 timeline entries.
+
+    Sizes are chosen for contention: queues' nominal quotas are small next to
+    the cluster, so jobs borrow, reclaim and preempt.
+    """
+    blocks, racks, per_rack = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 3))
+    gpu = draw(st.sampled_from([4, 8]))
+    node_names = [f"b{b}-r{r}-n{i}" for b in range(blocks) for r in range(racks) for i in range(per_rack)]
+    # "teams": every queue shares one cohort tree with an equal share, and the first team floods the
+    # cluster at t=0, so the others must reclaim (or fair-share) their quota back
+    teams = draw(st.booleans())
+    cohorts: list[str] = []
+    for i in range(draw(st.sampled_from([0, 1, 1, 1, 2, 3])) if not teams else 1):
+        parent = draw(st.one_of(st.none(), st.sampled_from(range(i)))) if i else None
+        cohorts.append(f"c{i}" + (f":c{parent}" if parent is not None else ""))
+    cohort_names = [c.split(":")[0] for c in cohorts]
+    queue_names = [f"q{i}" for i in range(draw(st.integers(1, 5)))]
+    queues = []
+    for name in queue_names:
+        # quotas in proportion to the cluster, so that they bind and queues borrow
+        nominal = draw(st.sampled_from([0, 1, 2, 2, 4])) * len(node_names) * gpu // 8
+        if teams:
+            nominal = len(node_names) * gpu // len(queue_names)
+        in_cohort = bool(cohort_names) and (teams or draw(st.integers(0, 5)) > 0)
+        queues.append(
+            queue(
+                name,
+                nominal,
+                draw(st.sampled_from(cohort_names)) if in_cohort else None,
+                borrowing_limit=draw(st.sampled_from([None, None, 0, 4, 8, 16])),
+                lending_limit=draw(st.one_of(st.none(), st.none(), st.integers(0, nominal))),
+                weight=draw(st.sampled_from([None, 0.5, 2])),
+                within=draw(st.sampled_from(["Never", "LowerPriority", "LowerOrNewerEqualPriority"])),
+                reclaim=draw(st.sampled_from(["Never", "LowerPriority", "Any", "Any"])),
+                borrow=draw(st.sampled_from(["Never", "LowerPriority"])),
+                threshold=draw(st.sampled_from([None, 50, 100, 500])),
+            )
+        )
+    timeline: list[str] = []
+    jobs: list[str] = []
+    kinds = ["submit"] * 8 + ["node_down", "node_up", "cordon", "uncordon", "cancel", "util", "util", "update"]
+    for _ in range(draw(st.integers(1, 20))):
+        # bursts at a few instants make contention (borrowing, then reclaim) likely
+        at = draw(st.sampled_from([0, 0, 0, 60, 60, 120, 200])) + draw(st.sampled_from([0, 0, 1, 7]))
+        kind = draw(st.sampled_from(kinds))
+        if kind == "submit":
+            job = f"j{len(jobs)}"
+            jobs.append(job)
+            per_pod = draw(st.sampled_from([1, 2, 4, 8]))
+            topo = draw(st.sampled_from([{}, {}, {"required": "rack"}, {"required": "block"}, {"preferred": "rack"}]))
+            q = draw(st.sampled_from(queue_names)) if draw(st.integers(0, 19)) else "nope"
+            prio = draw(st.sampled_from([None, *PRIORITY_NAMES]))
+            runtime = draw(st.integers(20, 600))
+            checkpoint = draw(st.sampled_from([None, 25, 100]))
+            if draw(st.integers(0, 5)):
+                entry = submit(
+                    job,
+                    q,
+                    per_pod * draw(st.integers(1, 4)),
+                    at=at,
+                    per_pod=per_pod,
+                    prio=prio,
+                    runtime=runtime,
+                    checkpoint=checkpoint,
+                    **topo,
+                )
+            else:  # a gang of two podsets: a driver and workers
+                workers = draw(st.integers(1, 3))
+                entry = (
+                    f"  - {{at: {at}, submit: {{job: {job}, queue: {q}, runtime: {runtime}, podsets: ["
+                    f"{{name: driver, count: 1, requests: {{gpu: 1}}}}, "
+                    f"{{name: worker, count: {workers}, requests: {{gpu: {per_pod}}}}}]}}}}\n"
+                )
+            timeline.append(entry)
+        elif kind in ("node_down", "node_up", "cordon", "uncordon"):
+            timeline.append(f"  - {{at: {at}, {kind}: {draw(st.sampled_from(node_names))}}}\n")
+        elif kind == "cancel" and jobs:
+            timeline.append(f"  - {{at: {at}, cancel: {draw(st.sampled_from(jobs))}}}\n")
+        elif kind == "util" and jobs:
+            u = draw(st.sampled_from([0.0, 0.01, 0.5]))
+            timeline.append(f"  - {{at: {at}, utilization: {{job: {draw(st.sampled_from(jobs))}, gpu: {u}}}}}\n")
+        elif kind == "update":
+            name = draw(st.sampled_from(queue_names))
+            nominal = draw(st.sampled_from([0, 8, 16, 32]))
+            timeline.append(f"  - {{at: {at}, queue_update: {{name: {name}, nominal: {{gpu: {nominal}}}}}}}\n")
+    if teams:
+        for i in range(len(node_names)):
+            timeline.append(submit(f"flood{i}", queue_names[0], gpu, per_pod=gpu, runtime=draw(st.integers(100, 900))))
+    if not timeline:
+        timeline.append(submit("j0", queue_names[0], 8))
+    extra = f"fair_sharing: {'true' if draw(st.booleans()) else 'false'}\nuntil: 2000\n"
+    if draw(st.booleans()):
+        extra += f"idle_reclaim: {{threshold: 0.05, after: {draw(st.sampled_from([30, 200]))}, "
+        extra += f"only_borrowing: {'true' if draw(st.booleans()) else 'false'}}}\n"
+    text = scenario(nodes_8gpu(blocks, racks, per_rack, gpu), queues, timeline, cohorts=cohorts, extra=extra)
+    return Generated(text, node_names)
+
+
+def _run(text: str) -> SimResult:
+    return simulate(loads(text, "random.yaml"))
+
+
+# ---------------------------------------------------------------- checks on the shadow fold
+
+
+def _gpu(d: dict[str, int]) -> int:
+    return d.get("gpu", 0)
+
+
+def _tree_excess(state: ClusterState, root: str) -> int:
+    """GPUs the borrowers of a cohort tree use beyond what its queues may lend (> 0 breaks lending limits)."""
+    used = lendable = 0
+    for q in state.queues.values():
+        if state.cohort_root(q.name) != root:
+            continue
+        nominal = _gpu(q.nominal)
+        guaranteed = 0
+        if q.lending_limit is not None and "gpu" in q.lending_limit:
+            guaranteed = max(0, nominal - q.lending_limit["gpu"])
+        used += max(0, _gpu(q.usage) - guaranteed)
+        lendable += nominal - guaranteed
+    return used - lendable
+
+
+def _check_admission(before: ClusterState, after: ClusterState, ev: JobAdmitted, excess_before: int) -> None:
+    job = after.jobs[ev.job]
+    expected = {f"{ps.name}-{i}" for ps in job.podsets for i in range(ps.count)}
+    assert set(ev.placement) == expected, f"{ev.job}: partial placement {sorted(ev.placement)}"
+    for node in ev.placement.values():
+        assert node in before.nodes, f"{ev.job}: placed on unknown node {node}"
+        assert before.nodes[node].schedulable, f"{ev.job}: placed on unschedulable node {node}"
+    q = after.queues[ev.queue]
+    if "gpu" in q.nominal and q.borrowing_limit is not None and "gpu" in q.borrowing_limit and job.gpus:
+        assert _gpu(q.usage) <= _gpu(q.nominal) + q.borrowing_limit["gpu"], f"{ev.queue} over its borrowing limit"
+    if "gpu" in q.nominal and job.gpus:
+        if q.cohort is None:
+            assert _gpu(q.usage) <= _gpu(q.nominal), f"{ev.queue} borrowed without a cohort"
+        else:
+            # lent quota never exceeds lending limits: admitting never raises the tree's excess above zero
+            assert _tree_excess(after, after.cohort_root(ev.queue)) <= max(0, excess_before), "lending limit exceeded"
+    if not after.preemptible(job):
+        assert not ev.borrowed, f"non-preemptible {ev.job} borrowed {ev.borrowed}"
+
+
+def _check_nodes(state: ClusterState) -> None:
+    for node in state.nodes.values():
+        for r, v in node.used.items():
+            assert v <= node.capacity.get(r, 0) - node.reserved.get(r, 0), f"{node.name} over capacity in {r}"
+            assert v >= 0, f"{node.name} negative usage"
+
+
+def check_log(events: list[Event]) -> None:
+    """Fold the log into a shadow state, checking the invariants at every event."""
+    state = ClusterState()
+    for ev in events:
+        excess: int = 0
+        before: ClusterState | None = None
+        if isinstance(ev, JobAdmitted):
+            before = msgspec.json.decode(msgspec.json.encode(state), type=ClusterState)
+            job = state.jobs[ev.job]
+            excess = _tree_excess(state, state.cohort_root(job.queue))
+        skipped = state.skipped
+        evolve(state, ev)
+        if isinstance(ev, DECISION_TYPES):
+            assert state.skipped == skipped, f"decision {ev} did not apply"
+        if before is not None:
+            assert isinstance(ev, JobAdmitted)
+            _check_admission(before, state, ev, excess)
+        _check_nodes(state)
+
+
+@SETTINGS
+@given(scenarios())
+def test_invariants_hold_after_every_decision(gen: Generated) -> None:
+    """Random runs never over-commit a node or a quota, and admit only whole gangs onto schedulable nodes."""
+    result = _run(gen.text)
+    check_log(result.events)
+
+
+@settings(SETTINGS, max_examples=50)
+@given(scenarios())
+def test_second_run_is_byte_identical(gen: Generated) -> None:
+    """The same scenario gives byte-identical event logs and final states."""
+    first, second = _run(gen.text), _run(gen.text)
+    assert b"\n".join(encode(e) for e in first.events) == b"\n".join(encode(e) for e in second.events)
+    assert msgspec.json.encode(first.state) == msgspec.json.encode(second.state)
+
+
+# ---------------------------------------------------------------- replay equivalence
+
+
+def _copy(state: ClusterState) -> ClusterState:
+    """An equal state with no derived index (as a replay or an audit starts)."""
+    return msgspec.json.decode(msgspec.json.encode(state), type=ClusterState)
+
+
+def _groups(events: list[Event]) -> list[tuple[str, list[Event]]]:
+    """The log cut into runs of inputs of one instant and runs of decisions of one scheduling cycle."""
+    out: list[tuple[tuple[str, int, int], list[Event]]] = []
+    for ev in events:
+        key = ("decide", ev.at, getattr(ev, "cycle", 0)) if isinstance(ev, DECISION_TYPES) else ("input", ev.at, 0)
+        if out and out[-1][0] == key:
+            out[-1][1].append(ev)
+        else:
+            out.append((key, [ev]))
+    return [(key[0], group) for key, group in out]
+
+
+def _decide_unchanged(state: ClusterState, now: int) -> list[bytes]:
+    """`decide`'s events, checking that it left the state exactly as it found it."""
+    before = msgspec.json.encode(state)
+    got = decide(state, now)
+    assert msgspec.json.encode(state) == before, f"decide at t={now} changed the state"
+    return [encode(e) for e in got]
+
+
+def check_replay(events: list[Event]) -> int:
+    """Re-derive every recorded cycle from the folded log; returns the number of cycles checked.
+
+    Two replays: `decide` on a fresh copy of the folded state at every cycle
+    (no memo at all, as an audit starts), and on one long-lived state that is
+    asked only at the recorded cycles and at the end of each instant (a memo
+    with another history than the simulator's). Both must give the recorded
+    bytes, and at the end of every instant nothing more.
+    """
+    state, live = ClusterState(), ClusterState()
+    groups = _groups(events)
+    checked = 0
+    for i, (kind, group) in enumerate(groups):
+        now = group[0].at
+        if kind == "decide":
+            recorded = [encode(e) for e in group]
+            assert _decide_unchanged(_copy(state), now) == recorded, f"fresh cycle at t={now} differs"
+            assert _decide_unchanged(live, now) == recorded, f"long-lived cycle at t={now} differs"
+            checked += 1
+        for ev in group:
+            evolve(state, ev)
+            evolve(live, ev)
+        nxt = groups[i + 1][1][0].at if i + 1 < len(groups) else None
+        if nxt is None or nxt > now:
+            # the instant is over: the simulator stopped because a cycle had nothing more to do
+            assert _decide_unchanged(_copy(state), now) == [], f"fresh decide at the end of t={now} still decides"
+            assert _decide_unchanged(live, now) == [], f"long-lived decide at the end of t={now} still decides"
+    return checked
+
+
+@SETTINGS
+@given(scenarios())
+def test_replay_rederives_every_recorded_decision(gen: Generated) -> None:
+    """Folding the log and calling decide at each recorded decision point gives exactly the recorded decisions."""
+    result = _run(gen.text)
+    check_replay(result.events)
+
+
+def test_replay_of_a_busy_scenario() -> None:
+    """A fixed scenario with preemption, reclaim and node failure replays cycle for cycle (the memo is transparent)."""
+    timeline = [submit(f"a{i}", "qa", 8, at=i, runtime=300, prio="low") for i in range(6)]
+    timeline += [submit(f"b{i}", "qb", 16, at=50 + i, runtime=200, prio="high") for i in range(3)]
+    timeline += [submit(f"c{i}", "qa", 8, at=60 + i, runtime=100, prio="high", required="rack") for i in range(3)]
+    timeline += ["  - {at: 120, node_down: b0-r0-n0}\n", "  - {at: 130, node_up: b0-r0-n0}\n"]
+    text = scenario(
+        nodes_8gpu(racks=2, per_rack=2),
+        [queue("qa", 16, "org", within="LowerPriority", reclaim="Any"), queue("qb", 16, "org", reclaim="Any")],
+        timeline,
+        cohorts=["org"],
+    )
+    result = _run(text)
+    assert any(isinstance(e, JobPreempted) for e in result.events)
+    check_log(result.events)
+    assert check_replay(result.events) >= 5
+
+
+GANG_7 = (
+    "  - {at: 1, submit: {job: gang, queue: q, runtime: 10, podsets: ["
+    "{name: driver, count: 1, requests: {gpu: 1}}, {name: worker, count: 3, requests: {gpu: 2}}]}}\n"
+)
+GANG_9 = (
+    "  - {at: 0, submit: {job: gang, queue: q, runtime: 10, podsets: ["
+    "{name: driver, count: 1, requests: {gpu: 1}}, {name: worker, count: 1, requests: {gpu: 8}}]}}\n"
+)
+
+# Shapes where a parked job's verdict or words change within one cycle, found by the properties above
+REPLAY_CASES = [
+    pytest.param(
+        scenario(
+            flat_nodes(4),
+            [queue("q", 16)],
+            [submit("wide", "q", 16, per_pod=4, runtime=10), submit("one", "q", 1, at=1, prio="urgent", runtime=10)],
+        ),
+        id="admission-turns-a-parked-capacity-reason-into-a-quota-reason",
+    ),
+    pytest.param(
+        scenario(
+            flat_nodes(4, 4),
+            [queue("q", 12)],
+            [submit("filler", "q", 4, per_pod=4, runtime=1000), GANG_7, submit("small", "q", 3, at=2, per_pod=1)],
+        ),
+        id="parked-job-whose-turn-came-before-the-admission-keeps-its-verdict",
+    ),
+    pytest.param(
+        scenario(flat_nodes(4, 4, 4), [queue("q", 100)], [GANG_9, "  - {at: 60, node_down: n0}\n"]),
+        id="gang-reason-does-not-change-with-capacity",
+    ),
+    pytest.param(
+        scenario(
+            flat_nodes(4, 4),
+            [queue("q", 8)],
+            [
+                submit("gang", "q", 8, per_pod=2, runtime=100),
+                submit("small", "q", 3, at=10, per_pod=1, runtime=10),
+                "  - {at: 20, node_down: n0}\n",
+            ],
+        ),
+        id="node-failure-frees-room-for-a-parked-job",
+    ),
+    pytest.param(
+        scenario(
+            flat_nodes(8, 8),
+            [queue("q", 16, within="LowerPriority")],
+            [
+                submit("low", "q", 16, prio="low", runtime=100),
+                submit("scav", "q", 4, at=5, prio="scavenger", runtime=10),
+                submit("hi", "q", 8, at=10, prio="high", runtime=10),
+            ],
+        ),
+        id="preemption-frees-more-than-the-preemptor-needs",
+    ),
+]
+
+
+@pytest.mark.parametrize("text", REPLAY_CASES)
+def test_replay_regressions(text: str) -> None:
+    """Each cycle re-derives exactly from the folded log where the parking memo once diverged."""
+    result = _run(text)
+    check_log(result.events)
+    check_replay(result.events)
