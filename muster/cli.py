@@ -15,7 +15,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("muster.replay.simcli", "run the scheduler core over a scenario in virtual time"),
     "billing": ("muster.daemon.billingcli", "chargeback: fold the log into a GPU ledger and report on it"),
     "daemon": ("muster.daemon.daemoncli", "run the scheduler daemon (one replica; leader-elected)"),
+    "queues": ("muster.queuescli", "queue configuration: `queues apply FILE` appends it to the log"),
+    "submit": ("muster.submitcli", "submit a gang (a JobSubmitted) from flags or a YAML file"),
     "replay": ("muster.replay.replaycli", "the cluster state at any point of the log"),
+    "explain": ("muster.replay.explaincli", "a job's story from the log, and what it waits for"),
+    "audit": ("muster.replay.auditcli", "re-derive every recorded decision and compare"),
+    "whatif": ("muster.replay.whatifcli", "replay a log's jobs under another queue configuration"),
+    "snapshot": ("muster.replay.snapshotcli", "write and verify snapshots of the folded state"),
 }
 
 

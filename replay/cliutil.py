@@ -103,3 +103,10 @@ def gpus(resources: dict[str, int] | None) -> str:
         return "-"
     v = resources.get("gpu")
     return "-" if v is None else f"{v:,}"
+
+
+def add_row(table: Any, *cells: object) -> None:
+    """A table row of plain text: names and reasons may contain `[...]`, which rich would read as markup."""
+    from rich.text import Text
+
+    table.add_row(*(Text(str(c)) for c in cells))

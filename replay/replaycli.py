@@ -94,7 +94,7 @@ def render(
 
     from rich.table import Table
 
-    from muster.replay.cliutil import console, gpus
+    from muster.replay.cliutil import add_row, console, gpus
     from muster.replay.points import Clock, duration
 
     con = console(out)
@@ -107,7 +107,8 @@ def render(
     con.print(f"[bold]{head}[/bold]")
     source = f"from the snapshot at seq {rp['snapshot']['seq']:,}" if rp["snapshot"] else "from the start of the log"
     extra = f", {rp['events_folded_to_verify']:,} more to verify snapshots" if rp["events_folded_to_verify"] else ""
-    con.print(f"rebuilt {source} + {rp['events_folded']:,} events{extra} in {rp['seconds']:.2f}s")
+    n = rp["events_folded"]
+    con.print(f"rebuilt {source} + {n:,} event{'s' if n != 1 else ''}{extra} in {rp['seconds']:.2f}s")
     counts = ", ".join(f"{n} {k}" for k, n in doc["jobs"].items()) or "no jobs"
     con.print(f"jobs: {counts}")
 
@@ -124,7 +125,8 @@ def render(
     ):
         q.add_column(col, justify=justify)  # type: ignore[arg-type]
     for r in doc["queues"]:
-        q.add_row(
+        add_row(
+            q,
             r["queue"],
             r["cohort"] or "-",
             gpus(r["nominal"]),
@@ -148,7 +150,8 @@ def render(
     ):
         d.add_column(col, justify=justify)  # type: ignore[arg-type]
     for r in doc["domains"]:
-        d.add_row(
+        add_row(
+            d,
             r["domain"] or "-",
             str(r["nodes"]),
             f"{r['gpus']:,}",
@@ -164,7 +167,8 @@ def render(
         for col in ("node", "status", "GPUs", "used", "free", "jobs"):
             n.add_column(col)
         for r in doc["nodes"]:
-            n.add_row(
+            add_row(
+                n,
                 r["node"],
                 r["status"],
                 str(r["gpus"]),
@@ -180,7 +184,8 @@ def render(
             rt.add_column(col)
         for r in doc["running"]:
             nodes = r["nodes"]
-            rt.add_row(
+            add_row(
+                rt,
                 r["queue"],
                 r["job"],
                 r["priority_class"] or "-",
@@ -196,7 +201,8 @@ def render(
         for col in ("queue", "#", "job", "priority", "GPUs", "waiting", "preempted", "why"):
             p.add_column(col)
         for r in doc["pending"]:
-            p.add_row(
+            add_row(
+                p,
                 r["queue"],
                 str(r["position"]),
                 r["job"],

@@ -354,8 +354,12 @@ class Loaded:
     seq: int
     meta: SnapshotMeta | None
     """The snapshot the state came from (None: folded from the empty state)."""
+    base: int = 0
+    """The trusted point the load started from: a verified snapshot's sequence, or 0 (the empty state)."""
+    checked: list[int] = field(default_factory=list)
+    """Snapshots this load fold-checked and found equal to the fold."""
     verified_now: list[int] = field(default_factory=list)
-    """Snapshots fold-checked and marked verified by this load."""
+    """Of those, the ones it marked verified (they were not yet)."""
     folded: int = 0
     """Events folded to check snapshots."""
     discarded: list[Discarded] = field(default_factory=list)
@@ -496,7 +500,7 @@ class Snapshots:
         if start is None:
             start = Loaded(ClusterState(), 0, None)
         start.discarded = discarded
-        base_seq = start.seq
+        start.base = base_seq = start.seq
         for meta in pending:
             if meta.seq <= start.seq:
                 continue
@@ -516,6 +520,7 @@ class Snapshots:
                 )
                 continue
             start.meta = meta
+            start.checked.append(meta.seq)
             if not meta.is_verified:
                 marked = msgspec.structs.replace(meta, verified=meta.sha256, verified_from=base_seq)
                 try:

@@ -1,0 +1,117 @@
+"""`muster explain JOB [--at POINT]`: a job's story from the log, one line per event.
+
+Submitted, each reason it waited (with the numbers that blocked it),
+admitted where and on whose borrowed quota, preempted by whom and why with
+the work lost, requeued, finished. For a job still pending: its position in
+its queue and what would have to change for it to run. Exit status 2 when
+the log has no such job.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import IO, Any
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from muster.replay.cliargs import POINT_HELP, add_common
+
+    p.add_argument("job", help="job id")
+    p.add_argument("--at", metavar="POINT", default="end", help=f"tell the story up to: {POINT_HELP} (default)")
+    add_common(p, snapshots=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    from muster.replay.cliutil import point_arg, run_command
+
+    async def body(source: Any, store: Any) -> int:
+        from muster.replay.cliutil import dump_json
+
+        point = point_arg(args.at, "--at")
+        story, now = await tell(source, args.job, point)
+        if story.status == "unknown":
+            print(f"muster explain: no job {args.job!r} in {source.name} up to {point.text}", file=sys.stderr)
+            return 2
+        if args.output == "json":
+            dump_json(document(story, now))
+        else:
+            render(story, now)
+        return 0
+
+    code: int = run_command(args, body, "explain")
+    return code
+
+
+async def tell(source: Any, job: str, point: Any) -> tuple[Any, int]:
+    """Fold the log up to `point`, telling `job`'s story; returns (story, time of the last event)."""
+    from muster.replay.explain import Storyteller
+    from muster.replay.snapshots import no_gc
+
+    last = await source.last_seq()
+    teller = Storyteller(job)
+    with no_gc():
+        async for batch in source.batches(1, point.seq if point.seq is not None else last, until=point.time):
+            for seq, ev in batch:
+                teller.step(seq, ev)
+    return teller.finish(), teller.state.now
+
+
+def document(story: Any, now: int) -> dict[str, Any]:
+    from muster.replay.points import Clock
+
+    clock = Clock.for_log(now)
+    return {
+        "job": story.job,
+        "status": story.status,
+        "queue": story.queue,
+        "summary": story.summary,
+        "as_of": now,
+        "story": [
+            {"seq": ln.seq, "at": ln.at, "at_local": clock.iso(ln.at), "kind": ln.kind, "text": ln.text, **ln.data}
+            for ln in story.lines
+        ],
+        "pending": story.pending,
+    }
+
+
+def render(story: Any, now: int, out: IO[str] | None = None) -> None:
+    import time
+
+    from rich.table import Table
+
+    from muster.replay.cliutil import add_row, console
+    from muster.replay.points import Clock, duration
+
+    con = console(out)
+    clock = Clock.for_log(now, int(time.time()))
+    s = story.summary
+    con.print(
+        f"[bold]{story.job}[/bold] · queue {story.queue} · {s.get('gpus', 0)} GPUs ({s.get('shape', '-')}) · "
+        f"priority {s.get('priority')} · [bold]{story.status}[/bold] as of {clock.when(now)}",
+        highlight=False,
+    )
+    t = Table(show_header=True, box=None, pad_edge=False)
+    t.add_column("seq", justify="right")
+    t.add_column("time")
+    t.add_column("since submit", justify="right")
+    t.add_column("what happened", overflow="fold")
+    start = s.get("submitted_at")
+    for ln in story.lines:
+        since = f"+{duration(ln.at - start)}" if start is not None else ""
+        add_row(t, str(ln.seq), clock.at(ln.at), since, ln.text)
+    con.print(t)
+    p = story.pending
+    if p is not None:
+        waited = f"waiting {duration(now - start)}" if start is not None else "waiting"
+        ahead = ", ".join(f"{a['job']} ({a['gpus']} GPUs)" for a in p["ahead"][:8])
+        more = f" and {len(p['ahead']) - 8} more" if len(p["ahead"]) > 8 else ""
+        con.print(
+            f"\n[bold]Pending[/bold], {waited}: position {p['position']} of {p['queue_length']} in {story.queue}"
+            + (f", behind {ahead}{more}" if ahead else ""),
+            highlight=False,
+        )
+        con.print("What would have to change for it to run:", highlight=False)
+        for c in p["what_would_have_to_change"]:
+            con.print(f"  - {c}", highlight=False, markup=False)

@@ -1,0 +1,528 @@
+"""What if the queues had been configured otherwise? A real log's jobs, run again through the core.
+
+Role: take the submissions, cancellations and node changes of a window of a
+real log and run them through the scheduler core in virtual time
+(`simulator.simulate`, the code `muster sim` runs) with another queue
+configuration, then compare per queue and per job with what really happened.
+
+How the log becomes a scenario:
+- time is rebased to the window start `t0` (sim time 0);
+- the cluster at `t0` (nodes, cordons) is the scenario's cluster; jobs that
+  were pending or running at `t0` are submitted at 0, in their submission
+  order, with the work they still had to do;
+- `JobSubmitted` in the window -> a submission at its time. Its runtime is
+  `JobSubmitted.runtime` when set, else the work it really did up to its
+  `JobFinished`/`JobFailed` (admission to finish, plus work saved at
+  checkpoints before a preemption), anywhere later in the log; a job that
+  never ended in the log runs until the end;
+- `JobCancelled` -> a cancellation; node events -> the same node events;
+  configuration events of a kind the new configuration does not replace ->
+  the same events; cycle-0 rejections (input translation) -> the same;
+- decisions, utilization samples (a property of the real run, so idle
+  reclaim is not replayed) and leader changes are dropped.
+
+The configuration file holds the scenario sections `queues` (required),
+`cohorts`, `priority_classes`, `fair_sharing`, `idle_reclaim` (spec/scenario.md);
+a section it leaves out keeps the log's. Both sides are measured the same
+way (`Tally`): admission wait (submission to first admission), preemptions,
+GPU-seconds held and borrowed, cluster utilization.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+from muster.events.types import (
+    CohortConfigured,
+    Event,
+    JobAdmitted,
+    JobCancelled,
+    JobFailed,
+    JobFinished,
+    JobPreempted,
+    JobRejected,
+    JobSubmitted,
+    NodeAdded,
+    NodeCordoned,
+    NodeRemoved,
+    NodeUpdated,
+    PriorityClassConfigured,
+    QueueConfigured,
+    SchedulerConfigured,
+)
+from muster.projections.cluster import ClusterState, evolve
+from muster.replay.points import Point
+from muster.replay.rebuild import state_at
+from muster.replay.scenario import Input, Scenario, ScenarioError, loads
+from muster.replay.simulator import simulate
+from muster.replay.snapshots import Snapshots, no_gc
+from muster.replay.source import LogSource
+
+CONFIG_SECTIONS = ("queues", "cohorts", "priority_classes", "fair_sharing", "idle_reclaim")
+
+
+# ---------------------------------------------------------------- measuring
+
+
+@dataclass
+class JobTally:
+    queue: str
+    gpus: int
+    submitted: int
+    in_window: bool
+    admitted: int | None = None
+    finished: int | None = None
+    preemptions: int = 0
+    gpu_seconds: int = 0
+    status: str = "pending"
+
+
+@dataclass
+class QueueTally:
+    gpu_seconds: int = 0
+    borrowed_gpu_seconds: int = 0
+
+
+class Tally:
+    """Waits, preemptions and GPU-seconds from a stream of events (the same measure for both sides)."""
+
+    def __init__(self, start: int) -> None:
+        self.last = start
+        self.jobs: dict[str, JobTally] = {}
+        self.queues: dict[str, QueueTally] = {}
+        self.nodes: dict[str, int] = {}
+        """Node -> GPUs while ready."""
+        self.running: dict[str, tuple[str, int, int]] = {}
+        """Job -> (queue, GPUs, borrowed GPUs)."""
+        self.capacity_gpu_seconds = 0
+        self.used_gpu_seconds = 0
+        self.window = True
+
+    def seed(self, state: ClusterState) -> None:
+        """Start from a folded state: its nodes, and its pending and running jobs (not counted per job)."""
+        for name, node in state.nodes.items():
+            self.nodes[name] = node.capacity.get("gpu", 0) if node.ready else 0
+        for job in sorted(state.jobs.values(), key=lambda j: j.seq):
+            if job.status in ("pending", "admitted"):
+                self.jobs[job.id] = JobTally(job.queue, job.gpus, job.submitted_at, in_window=False)
+            if job.status == "admitted":
+                self.jobs[job.id].status = "running"
+                self.running[job.id] = (job.queue, job.gpus, job.borrowed.get("gpu", 0))
+
+    def advance(self, now: int) -> None:
+        dt = now - self.last
+        if dt <= 0:
+            return
+        self.capacity_gpu_seconds += sum(self.nodes.values()) * dt
+        for job_id, (queue, gpus, borrowed) in self.running.items():
+            qt = self.queues.setdefault(queue, QueueTally())
+            qt.gpu_seconds += gpus * dt
+            qt.borrowed_gpu_seconds += borrowed * dt
+            self.used_gpu_seconds += gpus * dt
+            self.jobs[job_id].gpu_seconds += gpus * dt
+        self.last = now
+
+    def feed(self, ev: Event) -> None:
+        """Count one event (call `advance(ev.at)` first). Decisions the fold would skip are not sent here."""
+        if isinstance(ev, (NodeAdded, NodeUpdated)):
+            self.nodes[ev.node] = ev.capacity.get("gpu", 0) if ev.ready else 0
+        elif isinstance(ev, NodeRemoved):
+            self.nodes.pop(ev.node, None)
+        elif isinstance(ev, JobSubmitted):
+            if ev.job not in self.jobs:
+                gpus = sum(ps.requests.get("gpu", 0) * ps.count for ps in ev.podsets)
+                self.jobs[ev.job] = JobTally(ev.queue, gpus, ev.at, in_window=self.window)
+        elif isinstance(ev, JobAdmitted):
+            jt = self.jobs.get(ev.job)
+            if jt is not None and ev.job not in self.running:
+                if jt.admitted is None:
+                    jt.admitted = ev.at
+                jt.status = "running"
+                self.running[ev.job] = (jt.queue, jt.gpus, ev.borrowed.get("gpu", 0))
+        elif isinstance(ev, JobPreempted):
+            jt = self.jobs.get(ev.job)
+            if jt is not None and self.running.pop(ev.job, None) is not None:
+                jt.preemptions += 1
+                jt.status = "pending"
+        elif isinstance(ev, (JobFinished, JobFailed, JobCancelled, JobRejected)):
+            jt = self.jobs.get(ev.job)
+            self.running.pop(ev.job, None)
+            if jt is not None and jt.status not in ("finished", "failed", "cancelled", "rejected"):
+                jt.status = {JobFinished: "finished", JobFailed: "failed", JobCancelled: "cancelled"}.get(
+                    type(ev), "rejected"
+                )
+                jt.finished = ev.at
+
+    @property
+    def utilization(self) -> float:
+        return self.used_gpu_seconds / self.capacity_gpu_seconds if self.capacity_gpu_seconds else 0.0
+
+
+# ---------------------------------------------------------------- the comparison
+
+
+@dataclass
+class Side:
+    """One run (real or what-if), with times relative to the window start."""
+
+    tally: Tally
+    start: int
+    end: int
+
+
+@dataclass
+class WhatIf:
+    real: Side
+    alt: Side
+    t0: int
+    from_seq: int
+    to_seq: int
+    queues_changed: list[str]
+    notes: list[str] = field(default_factory=list)
+
+    def job_rows(self) -> list[dict[str, Any]]:
+        rows = []
+        for job_id in sorted(self.real.tally.jobs, key=lambda j: (self.real.tally.jobs[j].submitted, j)):
+            r = self.real.tally.jobs[job_id]
+            if not r.in_window:
+                continue
+            a = self.alt.tally.jobs.get(job_id)
+            rows.append(
+                {
+                    "job": job_id,
+                    "queue": r.queue,
+                    "gpus": r.gpus,
+                    "submitted": r.submitted - self.t0,
+                    "real": _job_side(r, self.t0, self.real.end),
+                    "whatif": _job_side(a, 0, self.alt.end - self.alt.start) if a is not None else None,
+                }
+            )
+        return rows
+
+    def queue_rows(self) -> list[dict[str, Any]]:
+        jobs = self.job_rows()
+        names = sorted({j["queue"] for j in jobs} | set(self.real.tally.queues) | set(self.alt.tally.queues))
+        out = []
+        for q in names:
+            mine = [j for j in jobs if j["queue"] == q]
+            row: dict[str, Any] = {"queue": q, "jobs": len(mine), "changed": q in self.queues_changed}
+            for side, tally in (("real", self.real.tally), ("whatif", self.alt.tally)):
+                sides = [j[side] for j in mine if j[side] is not None]
+                waits = sorted(s["wait"] for s in sides if s["wait"] is not None)
+                censored = [s["waiting"] for s in sides if s["wait"] is None and s["status"] != "rejected"]
+                qt = tally.queues.get(q, QueueTally())
+                row[side] = {
+                    "admitted": len(waits),
+                    "never_admitted": len(censored),
+                    "wait_mean": _mean(waits + censored),
+                    "wait_p50": _pct(waits, 50),
+                    "wait_p90": _pct(waits, 90),
+                    "wait_max": max(waits + censored) if waits or censored else None,
+                    "preemptions": sum(s["preemptions"] for s in sides),
+                    "gpu_seconds": qt.gpu_seconds,
+                    "borrowed_gpu_seconds": qt.borrowed_gpu_seconds,
+                }
+            out.append(row)
+        return out
+
+    def cluster(self) -> dict[str, Any]:
+        return {
+            side: {
+                "seconds": s.end - s.start,
+                "gpu_seconds_capacity": s.tally.capacity_gpu_seconds,
+                "gpu_seconds_used": s.tally.used_gpu_seconds,
+                "utilization": round(s.tally.utilization, 6),
+            }
+            for side, s in (("real", self.real), ("whatif", self.alt))
+        }
+
+
+def _job_side(t: JobTally, t0: int, end: int) -> dict[str, Any]:
+    wait = t.admitted - t.submitted if t.admitted is not None else None
+    return {
+        "admitted": t.admitted - t0 if t.admitted is not None else None,
+        "finished": t.finished - t0 if t.finished is not None else None,
+        "wait": wait,
+        "waiting": (end - t.submitted) if wait is None else None,
+        "preemptions": t.preemptions,
+        "gpu_seconds": t.gpu_seconds,
+        "status": t.status,
+    }
+
+
+def _mean(values: list[int]) -> float | None:
+    return round(sum(values) / len(values), 1) if values else None
+
+
+def _pct(sorted_values: list[int], p: int) -> int | None:
+    if not sorted_values:
+        return None
+    return sorted_values[min(len(sorted_values) - 1, (len(sorted_values) * p) // 100)]
+
+
+# ---------------------------------------------------------------- building the run
+
+
+class WhatIfError(Exception):
+    """A configuration file that cannot be used (with file and line when known)."""
+
+
+def load_config(text: str, name: str, state: ClusterState) -> tuple[list[Event], set[str]]:
+    """Configuration events from the file, the log's state filling in the sections it leaves out.
+
+    Returns the events (scheduler, classes, cohorts, queues) and the kinds the file replaces.
+    """
+    try:
+        root = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise WhatIfError(f"{name}: malformed YAML: {exc}") from None
+    if not isinstance(root, dict):
+        raise WhatIfError(f"{name}: expected a mapping with {', '.join(CONFIG_SECTIONS)}")
+    unknown = sorted(set(root) - set(CONFIG_SECTIONS))
+    if unknown:
+        raise WhatIfError(
+            f"{name}: unknown section {unknown[0]!r}: a what-if configuration holds only {', '.join(CONFIG_SECTIONS)}"
+        )
+    if "queues" not in root:
+        raise WhatIfError(f"{name}: missing section 'queues'")
+    extra = ""
+    if "cohorts" not in root and state.cohorts:
+        extra += "\ncohorts:\n" + "".join(
+            f"  - {{name: {_q(c)}{', parent: ' + _q(p) if p else ''}}}\n" for c, p in sorted(state.cohorts.items())
+        )
+    if "priority_classes" not in root and state.priority_classes:
+        extra += "\npriority_classes:\n" + "".join(
+            f"  - {{name: {_q(pc.name)}, value: {pc.value}, preemptible: {'true' if pc.preemptible else 'false'}}}\n"
+            for pc in sorted(state.priority_classes.values(), key=lambda p: p.name)
+        )
+    try:
+        scenario = loads(text.rstrip("\n") + "\n" + extra, name)
+    except ScenarioError as exc:
+        raise WhatIfError(str(exc)) from None
+    events: list[Event] = []
+    for ev in scenario.config:
+        if isinstance(ev, SchedulerConfigured):
+            ev = SchedulerConfigured(
+                at=0,
+                levels=list(state.levels),
+                fair_sharing=ev.fair_sharing if "fair_sharing" in root else state.fair_sharing,
+                idle_reclaim=ev.idle_reclaim if "idle_reclaim" in root else state.idle_reclaim,
+            )
+        events.append(ev)
+    replaced = {"QueueConfigured"}
+    if "cohorts" in root:
+        replaced.add("CohortConfigured")
+    if "priority_classes" in root:
+        replaced.add("PriorityClassConfigured")
+    if "fair_sharing" in root or "idle_reclaim" in root:
+        replaced.add("SchedulerConfigured")
+    return events, replaced
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _node_events(state: ClusterState) -> list[Event]:
+    out: list[Event] = []
+    for name in sorted(state.nodes):
+        n = state.nodes[name]
+        out.append(
+            NodeAdded(
+                at=0,
+                node=name,
+                labels=dict(n.labels),
+                capacity=dict(n.capacity),
+                reserved=dict(n.reserved),
+                ready=n.ready,
+                unschedulable=n.unschedulable,
+            )
+        )
+    return out
+
+
+async def whatif(
+    source: LogSource,
+    config_text: str,
+    config_name: str = "<config>",
+    *,
+    start: Point | None = None,
+    end: Point | None = None,
+    snapshots: Snapshots | None = None,
+) -> WhatIf:
+    """Run the window [start, end] of the log again under the configuration; compare with reality."""
+    last = await source.last_seq()
+    if start is None or start.is_end:
+        state, from_seq = ClusterState(), 1
+    else:
+        before = Point(seq=start.seq - 1) if start.seq is not None else Point(time=(start.time or 0) - 1)
+        replayed = await state_at(source, before, snapshots)
+        state, from_seq = replayed.state, replayed.seq + 1
+    # read the rest of the log: the window, and beyond it the runtimes of jobs that end later
+    window: list[tuple[int, Event]] = []
+    later_ends: list[tuple[int, Event]] = []
+    end_seq = last if end is None or end.seq is None else min(end.seq, last)
+    end_time = end.time if end is not None else None
+    with no_gc():
+        async for batch in source.batches(from_seq, None):
+            for seq, ev in batch:
+                if seq <= end_seq and (end_time is None or ev.at <= end_time):
+                    window.append((seq, ev))
+                elif isinstance(ev, (JobFinished, JobFailed, JobAdmitted, JobPreempted)):
+                    later_ends.append((seq, ev))
+    if start is not None and start.time is not None:
+        t0 = start.time
+    else:
+        t0 = window[0][1].at if window else state.now
+    t1 = end_time if end_time is not None else (window[-1][1].at if window else t0)
+    bounded = end is not None and not end.is_end
+
+    start_state = msgspec.msgpack.decode(msgspec.msgpack.encode(state), type=ClusterState)
+
+    # reality: fold the window, measuring; note each job's runtime when it ends (also after the window)
+    real = Tally(t0)
+    real.seed(state)
+    runtimes: dict[str, int] = {}
+    for _, ev in window:
+        real.advance(max(ev.at, t0))
+        evolve(state, ev)
+        if isinstance(ev, (JobFinished, JobFailed)) and ev.job in state.jobs:
+            runtimes[ev.job] = state.jobs[ev.job].work_done
+        real.feed(ev)
+    real.advance(t1)
+    for _, ev in later_ends:
+        evolve(state, ev)
+        if isinstance(ev, (JobFinished, JobFailed)) and ev.job in state.jobs:
+            runtimes.setdefault(ev.job, state.jobs[ev.job].work_done)
+
+    # sections the file leaves out come from the log as configured at the window's end
+    config, replaced = load_config(config_text, config_name, state)
+    scenario = _scenario(config, start_state, window, runtimes, replaced, t0, (t1 - t0) if bounded else None)
+    alt = Tally(0)
+    for job in sorted(start_state.jobs.values(), key=lambda j: j.seq):
+        if job.status in ("pending", "admitted"):
+            alt.jobs[job.id] = JobTally(job.queue, job.gpus, 0, in_window=False)
+
+    def on_event(ev: Event) -> None:
+        alt.advance(ev.at)
+        if isinstance(ev, JobSubmitted) and ev.job in alt.jobs and not alt.jobs[ev.job].in_window:
+            return
+        alt.feed(ev)
+
+    result = simulate(scenario, on_event=on_event, keep_events=False)
+    alt.advance(result.end)
+    notes = []
+    unknown_queues = sorted({j.queue for j in state.jobs.values()} - {q.name for q in _queues(config)})
+    if unknown_queues:
+        notes.append(f"jobs of queues absent from the configuration are rejected: {', '.join(unknown_queues)}")
+    if not runtimes and any(isinstance(ev, JobSubmitted) and ev.runtime is None for _, ev in window):
+        notes.append("no job finished in the log: jobs without a declared runtime run until the end")
+    changed = _changed_queues(start_state, config)
+    return WhatIf(
+        real=Side(real, t0, t1 if bounded else max(t1, real.last)),
+        alt=Side(alt, 0, result.end),
+        t0=t0,
+        from_seq=from_seq,
+        to_seq=window[-1][0] if window else from_seq - 1,
+        queues_changed=changed,
+        notes=notes,
+    )
+
+
+def _queues(config: list[Event]) -> list[QueueConfigured]:
+    return [e for e in config if isinstance(e, QueueConfigured)]
+
+
+def _changed_queues(state: ClusterState, config: list[Event]) -> list[str]:
+    out = []
+    for q in _queues(config):
+        old = state.queues.get(q.name)
+        if (
+            old is None
+            or old.nominal != q.nominal
+            or old.cohort != q.cohort
+            or old.borrowing_limit != q.borrowing_limit
+            or old.lending_limit != q.lending_limit
+            or old.weight != q.weight
+            or old.preemption != q.preemption
+        ):
+            out.append(q.name)
+    return sorted(out)
+
+
+def _scenario(
+    config: list[Event],
+    state: ClusterState,
+    window: list[tuple[int, Event]],
+    runtimes: dict[str, int],
+    replaced: set[str],
+    t0: int,
+    until: int | None,
+) -> Scenario:
+    inputs: list[Input] = []
+    order = 0
+
+    def add(at: int, kind: str, data: dict[str, Any]) -> None:
+        nonlocal order
+        inputs.append(Input(max(0, at - t0), order, kind, data))
+        order += 1
+
+    # the cluster's nodes as they were at t0; cordons as inputs at 0
+    config = [*config, *_node_events(state)]
+    for name in sorted(state.nodes):
+        if state.nodes[name].cordoned:
+            add(t0, "event", {"event": NodeCordoned(at=0, node=name, cordoned=True)})
+    # work in flight at t0, in submission order
+    for job in sorted(state.jobs.values(), key=lambda j: j.seq):
+        if job.status not in ("pending", "admitted"):
+            continue
+        total = job.runtime if job.runtime is not None else runtimes.get(job.id)
+        remaining = None if total is None else max(1, total - job.progress(t0))
+        add(t0, "submit", _submit(job.id, job.queue, job.priority_class, job.podsets, remaining, job.checkpoint_every))
+    for _, ev in window:
+        if isinstance(ev, JobSubmitted):
+            runtime = ev.runtime if ev.runtime is not None else runtimes.get(ev.job)
+            add(ev.at, "submit", _submit(ev.job, ev.queue, ev.priority_class, ev.podsets, runtime, ev.checkpoint_every))
+        elif isinstance(ev, JobCancelled):
+            add(ev.at, "cancel", {"name": ev.job})
+        elif (
+            isinstance(ev, (NodeAdded, NodeUpdated, NodeRemoved, NodeCordoned))
+            or (isinstance(ev, JobRejected) and ev.cycle == 0)
+            or (
+                isinstance(ev, (QueueConfigured, CohortConfigured, PriorityClassConfigured, SchedulerConfigured))
+                and type(ev).__name__ not in replaced
+            )
+        ):
+            add(ev.at, "event", {"event": ev})
+    inputs.sort(key=lambda i: (i.at, i.order))
+    queues = {q.name: q for q in _queues(config)}
+    nodes = {e.node: e for e in config if isinstance(e, NodeAdded)}
+    return Scenario("whatif", config, inputs, until, list(state.levels), queues, nodes)
+
+
+def _submit(
+    job: str, queue: str, priority_class: str | None, podsets: Any, runtime: int | None, checkpoint_every: int | None
+) -> dict[str, Any]:
+    return {
+        "job": job,
+        "queue": queue,
+        "priority_class": priority_class,
+        "podsets": list(podsets),
+        "runtime": runtime,
+        "checkpoint_every": checkpoint_every,
+    }
+
+
+def read_config(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise WhatIfError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+__all__ = ["WhatIf", "WhatIfError", "load_config", "read_config", "whatif"]

@@ -1,0 +1,171 @@
+"""`muster whatif --config queues.yaml [--from POINT] [--to POINT]`: a log's jobs under another configuration.
+
+Runs the submissions and node changes of the window through the scheduler
+core in virtual time with the given queues (and, if given, cohorts, priority
+classes, fair sharing, idle reclaim), then shows per queue and per job the
+admission wait, preemptions, GPU-hours and utilization, real vs what-if.
+Exit status 2 on a configuration that cannot be used (file, line, why).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import IO, Any
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from muster.replay.cliargs import POINT_HELP, add_common
+
+    p.add_argument(
+        "--config", required=True, metavar="FILE", help="YAML with queues (and cohorts, priority_classes...)"
+    )
+    p.add_argument("--from", dest="start", metavar="POINT", help=f"window start: {POINT_HELP}")
+    p.add_argument(
+        "--to",
+        dest="end",
+        metavar="POINT",
+        help="window end (default: the end of the log; the what-if "
+        "side then runs until every job it can run has finished)",
+    )
+    p.add_argument("--jobs", type=int, default=20, metavar="N", help="show the N jobs whose wait changed most")
+    add_common(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    from muster.replay.cliutil import point_arg, run_command
+
+    async def body(source: Any, store: Any) -> int:
+        from muster.replay.cliutil import dump_json, open_snapshots
+        from muster.replay.whatif import WhatIfError, read_config, whatif
+
+        start = point_arg(args.start, "--from") if args.start else None
+        end = point_arg(args.end, "--to") if args.end else None
+        try:
+            text = read_config(args.config)
+            snapshots = await open_snapshots(args, source, store) if start is not None else None
+            result = await whatif(source, text, args.config, start=start, end=end, snapshots=snapshots)
+        except WhatIfError as exc:
+            print(f"muster whatif: {exc}", file=sys.stderr)
+            return 2
+        doc = document(result)
+        if args.output == "json":
+            dump_json(doc)
+        else:
+            render(doc, jobs=args.jobs)
+        return 0
+
+    code: int = run_command(args, body, "whatif")
+    return code
+
+
+def document(result: Any) -> dict[str, Any]:
+    return {
+        "window": {"from_seq": result.from_seq, "to_seq": result.to_seq, "t0": result.t0},
+        "queues_changed": result.queues_changed,
+        "cluster": result.cluster(),
+        "queues": result.queue_rows(),
+        "jobs": result.job_rows(),
+        "notes": result.notes,
+    }
+
+
+def _wait(v: float | int | None) -> str:
+    from muster.replay.points import duration
+
+    return "-" if v is None else duration(v)
+
+
+def _delta(real: float | int | None, alt: float | int | None) -> str:
+    from muster.replay.points import duration
+
+    if real is None or alt is None:
+        return ""
+    d = alt - real
+    if d == 0:
+        return "="
+    text: str = ("+" if d > 0 else "-") + duration(abs(d))
+    return text
+
+
+def render(doc: dict[str, Any], out: IO[str] | None = None, *, jobs: int = 20) -> None:
+    from rich.table import Table
+
+    from muster.replay.cliutil import add_row, console
+    from muster.replay.points import gpu_hours
+
+    con = console(out)
+    w = doc["window"]
+    c = doc["cluster"]
+    con.print(
+        f"[bold]What if[/bold] seq {w['from_seq']:,}..{w['to_seq']:,} ran with the new configuration "
+        f"(changed queues: {', '.join(doc['queues_changed']) or 'none'})",
+        highlight=False,
+    )
+    con.print(
+        f"cluster GPU utilization: real {c['real']['utilization'] * 100:.1f}% over {_wait(c['real']['seconds'])}, "
+        f"what-if {c['whatif']['utilization'] * 100:.1f}% over {_wait(c['whatif']['seconds'])}",
+        highlight=False,
+    )
+    t = Table(title="Queues: real -> what-if", title_justify="left")
+    for col in (
+        "queue",
+        "jobs",
+        "mean wait",
+        "Δ",
+        "p50 wait",
+        "p90 wait",
+        "never admitted",
+        "preemptions",
+        "GPU-hours",
+        "borrowed GPU-h",
+    ):
+        t.add_column(col, justify="left" if col == "queue" else "right")
+    for q in doc["queues"]:
+        r, a = q["real"], q["whatif"]
+        add_row(
+            t,
+            q["queue"] + (" *" if q["changed"] else ""),
+            q["jobs"],
+            f"{_wait(r['wait_mean'])} -> {_wait(a['wait_mean'])}",
+            _delta(r["wait_mean"], a["wait_mean"]),
+            f"{_wait(r['wait_p50'])} -> {_wait(a['wait_p50'])}",
+            f"{_wait(r['wait_p90'])} -> {_wait(a['wait_p90'])}",
+            f"{r['never_admitted']} -> {a['never_admitted']}",
+            f"{r['preemptions']} -> {a['preemptions']}",
+            f"{gpu_hours(r['gpu_seconds'])} -> {gpu_hours(a['gpu_seconds'])}",
+            f"{gpu_hours(r['borrowed_gpu_seconds'])} -> {gpu_hours(a['borrowed_gpu_seconds'])}",
+        )
+    con.print(t)
+    rows = [j for j in doc["jobs"] if j["whatif"] is not None]
+
+    def change(j: dict[str, Any]) -> float:
+        rw = j["real"]["wait"] if j["real"]["wait"] is not None else j["real"]["waiting"]
+        aw = j["whatif"]["wait"] if j["whatif"]["wait"] is not None else j["whatif"]["waiting"]
+        return float(abs((aw or 0) - (rw or 0)) + abs(j["whatif"]["preemptions"] - j["real"]["preemptions"]) * 1e-3)
+
+    rows.sort(key=lambda j: (-change(j), j["job"]))
+    if rows and jobs > 0:
+        jt = Table(title=f"Jobs whose wait changed most (of {len(doc['jobs'])})", title_justify="left")
+        for col in ("job", "queue", "GPUs", "submitted", "wait", "Δ", "preemptions", "GPU-hours", "status"):
+            jt.add_column(col, justify="left" if col in ("job", "queue", "status") else "right")
+        for j in rows[:jobs]:
+            r, a = j["real"], j["whatif"]
+            rw = _wait(r["wait"]) if r["wait"] is not None else f">{_wait(r['waiting'])}"
+            aw = _wait(a["wait"]) if a["wait"] is not None else f">{_wait(a['waiting'])}"
+            add_row(
+                jt,
+                j["job"],
+                j["queue"],
+                j["gpus"],
+                f"+{_wait(j['submitted'])}",
+                f"{rw} -> {aw}",
+                _delta(r["wait"], a["wait"]),
+                f"{r['preemptions']} -> {a['preemptions']}",
+                f"{gpu_hours(r['gpu_seconds'])} -> {gpu_hours(a['gpu_seconds'])}",
+                f"{r['status']} -> {a['status']}",
+            )
+        con.print(jt)
+    for n in doc["notes"]:
+        con.print(f"note: {n}", highlight=False, markup=False)
