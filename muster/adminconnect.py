@@ -1,0 +1,55 @@
+"""Connecting the small admin commands (`queues apply`, `submit`) to the log.
+
+They read the same config file as the daemon (`--config`: the chart's
+admin.yaml, with its `nats` block: url, stream, subject_prefix, inbox_prefix,
+auth and TLS files), `MUSTER_*` variables and flags, and open the event store
+without holding a connection longer than the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def add_nats_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML config with a `nats` block (the chart's admin.yaml)")
+    parser.add_argument("--nats", help="NATS URL(s), comma-separated (default: $NATS_URL or nats://127.0.0.1:4222)")
+    parser.add_argument("--stream", help="JetStream stream of the log (default MUSTER)")
+    parser.add_argument("--subject-prefix", help="subject prefix of the log (default muster)")
+    parser.add_argument("--connect-timeout", type=float, default=15.0, help="seconds to reach NATS")
+
+
+async def open_store(args: argparse.Namespace, *, command: str, create: bool = True) -> Any:
+    """An EventStore per the config and flags; prints why and exits 1 (SystemExit) when NATS cannot be used."""
+    import anyio
+
+    from muster.daemon.config import ConfigError, load_config, nats_connect_options
+    from muster.daemon.logs import configure_logging
+    from muster.events.store import EventStore, StoreError
+
+    configure_logging("warning", "console")  # the command's own output is the answer; logs only for trouble
+    try:
+        cfg = load_config(
+            args.config,
+            overrides={"nats": {"url": args.nats, "stream": args.stream, "subject_prefix": args.subject_prefix}},
+        )
+        options = nats_connect_options(cfg)
+    except ConfigError as exc:
+        print(f"muster {command}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    try:
+        with anyio.fail_after(args.connect_timeout):
+            return await EventStore.connect(
+                cfg.nats_urls,
+                stream=cfg.stream,
+                prefix=cfg.subject_prefix,
+                create=create,
+                name=f"muster-{command.replace(' ', '-')}",
+                **options,
+            )
+    except (StoreError, TimeoutError) as exc:
+        why = f"no answer within {args.connect_timeout:g} s" if isinstance(exc, TimeoutError) else str(exc)
+        print(f"muster {command}: cannot use NATS: {why}", file=sys.stderr)
+        raise SystemExit(1) from None

@@ -1,0 +1,181 @@
+"""`muster submit`: append a JobSubmitted (a gang) to the log, from flags or a YAML file.
+
+    muster submit --queue team-a --pods 4 --gpus 8 --priority-class training --runtime 3600
+    muster submit -f jobs.yaml            # one job, or a list, in the `submit` form of spec/scenario.md
+
+A gang of `--pods` pods of `--gpus` GPUs each (plus `--cpu`/`--memory`), with
+an optional topology (`--topology required:block`). The job id defaults to
+`<queue>-<random>`. Each submission's msg id is `submit:<job>`, so a retried
+command stores it once (within the stream's duplicate window); a job id that
+is already on the log is ignored by the fold.
+
+`--wait SECONDS` follows the log until the job is admitted or rejected and
+prints the decision. This lives in the `muster` (CLI) package because it
+reuses `muster.replay`'s reader of the submit form.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from muster.events.types import JobSubmitted
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from muster.adminconnect import add_nats_arguments
+
+    parser.add_argument("-f", "--file", help="YAML: one job or a list of jobs (spec/scenario.md `submit` fields)")
+    parser.add_argument("--job", help="job id (default: QUEUE-<random>)")
+    parser.add_argument("--queue", help="the queue (required without --file)")
+    parser.add_argument("--pods", type=int, default=1, help="pods in the gang (default 1)")
+    parser.add_argument("--gpus", default="1", help="GPUs per pod (default 1)")
+    parser.add_argument("--cpu", help="CPU per pod (e.g. 8 or 500m)")
+    parser.add_argument("--memory", help="memory per pod (e.g. 64Gi)")
+    parser.add_argument("--podset", default="worker", help="podset name (default worker)")
+    parser.add_argument("--priority-class", help="priority class name")
+    parser.add_argument("--runtime", type=int, help="seconds of work at full allocation")
+    parser.add_argument("--checkpoint-every", type=int, help="seconds of work between checkpoints")
+    parser.add_argument("--topology", help="required:LEVEL or preferred:LEVEL")
+    parser.add_argument("--wait", type=float, metavar="SECONDS", help="wait for the admission (or rejection)")
+    add_nats_arguments(parser)
+
+
+class UsageError(ValueError):
+    pass
+
+
+def from_flags(args: argparse.Namespace, at: int) -> JobSubmitted:
+    import uuid
+
+    from muster.events.types import JobId, JobSubmitted, PodSet, QueueName, Topology
+    from muster.projections.resources import parse_quantity
+
+    if not args.queue:
+        raise UsageError("--queue is required (or give --file)")
+    if args.pods < 1:
+        raise UsageError("--pods must be at least 1")
+    requests: dict[str, int] = {}
+    try:
+        for resource, value in (("gpu", args.gpus), ("cpu", args.cpu), ("memory", args.memory)):
+            if value is not None:
+                requests[resource] = parse_quantity(resource, value)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    topology = None
+    if args.topology:
+        kind, _, level = args.topology.partition(":")
+        if kind not in ("required", "preferred") or not level:
+            raise UsageError("--topology must be required:LEVEL or preferred:LEVEL")
+        topology = Topology(**{kind: level})
+    return JobSubmitted(
+        at=at,
+        job=JobId(args.job or f"{args.queue}-{uuid.uuid4().hex[:8]}"),
+        queue=QueueName(args.queue),
+        priority_class=args.priority_class,
+        podsets=[PodSet(name=args.podset, count=args.pods, requests=requests, topology=topology)],
+        runtime=args.runtime,
+        checkpoint_every=args.checkpoint_every,
+        source="muster submit",
+    )
+
+
+def from_file(path: str, at: int) -> list[JobSubmitted]:
+    """Jobs of a YAML file in the scenario's `submit` form (raises ScenarioError naming file and line)."""
+    import yaml
+
+    from muster.events.types import JobId, JobSubmitted, QueueName
+    from muster.replay.scenario import ScenarioError, _Reader, _submit
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            root = yaml.compose(f, Loader=yaml.SafeLoader)
+    except OSError as exc:
+        raise ScenarioError(path, None, f"cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ScenarioError(path, None, f"malformed YAML: {exc}") from None
+    if root is None:
+        raise ScenarioError(path, None, "no job in the file")
+    reader = _Reader(path)
+    nodes = reader.seq(root, "jobs") if isinstance(root, yaml.SequenceNode) else [root]
+    jobs = []
+    for node in nodes:
+        d: dict[str, Any] = _submit(reader, node)
+        if d.get("invalid"):
+            print(f"muster submit: {path}: job {d['job']}: {d['invalid']} (it will be rejected)", file=sys.stderr)
+        jobs.append(
+            JobSubmitted(
+                at=at,
+                job=JobId(d["job"]),
+                queue=QueueName(d["queue"]),
+                priority_class=d["priority_class"],
+                podsets=d["podsets"],
+                runtime=d["runtime"],
+                checkpoint_every=d["checkpoint_every"],
+                source="muster submit",
+            )
+        )
+    return jobs
+
+
+def run(args: argparse.Namespace) -> int:
+    import time
+
+    import anyio
+
+    from muster.replay.scenario import ScenarioError
+
+    now = int(time.time())
+    try:
+        jobs = from_file(args.file, now) if args.file else [from_flags(args, now)]
+    except (ScenarioError, UsageError) as exc:
+        print(f"muster submit: {exc}", file=sys.stderr)
+        return 2
+    code: int = anyio.run(_submit_all, args, jobs)
+    return code
+
+
+async def _submit_all(args: argparse.Namespace, jobs: list[JobSubmitted]) -> int:
+    import contextlib
+
+    import anyio
+
+    from muster.adminconnect import open_store
+    from muster.events.store import StoreError
+    from muster.events.types import JobAdmitted, JobInadmissible, JobRejected
+
+    store = await open_store(args, command="submit", create=False)
+    try:
+        try:
+            seqs = await store.append(jobs, msg_ids=[f"submit:{j.job}" for j in jobs])
+        except StoreError as exc:
+            print(f"muster submit: appending failed: {exc}", file=sys.stderr)
+            return 1
+        for job, seq in zip(jobs, seqs, strict=True):
+            print(f"submitted {job.job} to queue {job.queue} (sequence {seq})")
+        if args.wait is None:
+            return 0
+        waiting = {j.job for j in jobs}
+        rejected = False
+        with anyio.move_on_after(args.wait):
+            async with contextlib.aclosing(store.follow(min(seqs) + 1)) as events:
+                async for stored in events:
+                    ev = stored.event
+                    if isinstance(ev, JobInadmissible) and ev.job in waiting:
+                        print(f"waiting {ev.job}: {ev.reason}")
+                    if isinstance(ev, (JobAdmitted, JobRejected)) and ev.job in waiting:
+                        waiting.discard(ev.job)
+                        if isinstance(ev, JobAdmitted):
+                            nodes = sorted(set(ev.placement.values()))
+                            print(f"admitted {ev.job} on {len(nodes)} node(s): {', '.join(nodes)}")
+                        else:
+                            rejected = True
+                            print(f"rejected {ev.job}: {ev.reason}")
+                        if not waiting:
+                            return 1 if rejected else 0
+        print(f"muster submit: not decided within {args.wait:g} s: {', '.join(sorted(waiting))}", file=sys.stderr)
+        return 1
+    finally:
+        await store.close()
