@@ -17,6 +17,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "daemon": ("muster.daemon.daemoncli", "run the scheduler daemon (one replica; leader-elected)"),
     "queues": ("muster.queuescli", "queue configuration: `queues apply FILE` appends it to the log"),
     "submit": ("muster.submitcli", "submit a gang (a JobSubmitted) from flags or a YAML file"),
+    "queues": ("muster.queuescli", "queue configuration: `queues apply FILE` appends it to the log"),
+    "submit": ("muster.submitcli", "submit a gang (a JobSubmitted) from flags or a YAML file"),
     "replay": ("muster.replay.replaycli", "the cluster state at any point of the log"),
     "explain": ("muster.replay.explaincli", "a job's story from the log, and what it waits for"),
     "audit": ("muster.replay.auditcli", "re-derive every recorded decision and compare"),
