@@ -21,9 +21,10 @@ def _idle(
     pending_b: bool = True,
     own_prio: str = "training",
     more: tuple[str, ...] = (),
+    own_runtime: int = 100_000,
 ) -> str:
     timeline = [
-        submit("own", "qa", 8, runtime=100_000, prio=own_prio),
+        submit("own", "qa", 8, runtime=own_runtime, prio=own_prio),
         submit("lent", "qa", 8, runtime=100_000),
     ]
     timeline += [f"  - {{at: {t}, utilization: {{job: {j}, gpu: {u}}}}}\n" for t, j, u in samples]
@@ -86,6 +87,15 @@ def test_only_borrowing_spares_jobs_within_nominal() -> None:
     """With only_borrowing (the default) an idle job that did not borrow is never reclaimed."""
     out = run(_idle([(100, "own", 0.0)]))
     assert out.preemptions() == []
+
+
+def test_only_borrowing_spares_a_borrower_once_its_queue_stops_borrowing() -> None:
+    """A job admitted on borrowed quota is spared once its queue is back within its nominal quota."""
+    # `own` finishes at 500: qa then runs only `lent`, within its nominal; `b` (16) would need qa's quota
+    out = run(_idle([(100, "lent", 0.0)], pending_b=False, own_runtime=500, more=(submit("b", "qb", 16, at=200),)))
+    assert out.admitted("lent").borrowed == {"gpu": 8}
+    assert out.preemptions() == []
+    assert out.admissions("b") == []
 
 
 def test_without_only_borrowing_any_idle_job_is_reclaimed() -> None:

@@ -187,6 +187,21 @@ def test_queue_update_of_policy_enables_preemption() -> None:
     assert out.decisions(at=100) == [("preempt", "low", "hi", "WithinQueue"), ("admit", "hi"), ("pending", "low")]
 
 
+def test_queue_update_into_a_cohort_lets_it_borrow() -> None:
+    """Moving a queue into a cohort by queue_update lets its waiting jobs borrow at once."""
+    out = run(
+        scenario(
+            FOUR_NODES,
+            [queue("qa", 8), queue("qb", 24, "org")],
+            [submit("a1", "qa", 8), submit("a2", "qa", 8), _at(50, "queue_update: {name: qa, cohort: org}")],
+            cohorts=["org"],
+        )
+    )
+    assert out.decisions(at=0) == [("admit", "a1"), ("pending", "a2")]
+    assert out.decisions(at=50) == [("admit", "a2")]
+    assert out.admitted("a2").borrowed == {"gpu": 8}
+
+
 def test_finish_time_counts_work_left() -> None:
     """A job admitted at t with r seconds of work finishes at t + r."""
     out = run(scenario(FOUR_NODES, BIG_QUEUE, [submit("a", "q", 8, at=7, runtime=93)]))

@@ -239,3 +239,26 @@ def test_multi_pod_per_node_packing() -> None:
     """Pods smaller than a node share nodes: 8 pods of 2 GPUs fill two nodes exactly."""
     out = run(scenario(TWO_BLOCKS, BIG_QUEUE, [submit("gang", "q", 16, per_pod=2)]))
     assert sorted(_pods_per_node(out.admitted("gang").placement).values()) == [4, 4]
+
+
+def test_cpu_and_memory_requests_limit_placement() -> None:
+    """Pods need room for every resource they request; a resource a node does not name is zero there."""
+    nodes = (
+        "nodes:\n"
+        "  - {name: a, capacity: {gpu: 8, cpu: 4, memory: 64Gi}}\n"
+        "  - {name: b, capacity: {gpu: 8, cpu: 32, memory: 256Gi}}\n"
+        "  - {name: c, capacity: {gpu: 8}}\n"
+    )
+    jobs = [
+        "  - {at: 0, submit: {job: cpu, queue: q, podsets: [{name: w, count: 2, requests: {gpu: 1, cpu: 3}}]}}\n",
+        "  - {at: 0, submit: {job: mem, queue: q, podsets: [{name: w, count: 1, requests: {gpu: 1, memory: 100Gi}}]}}\n",
+        "  - {at: 0, submit: {job: milli, queue: q, podsets: [{name: w, count: 1, requests: {cpu: 500m}}]}}\n",
+        "  - {at: 0, submit: {job: huge, queue: q, podsets: [{name: w, count: 1, requests: {gpu: 1, cpu: 40}}]}}\n",
+    ]
+    out = run(scenario(nodes, BIG_QUEUE, jobs))
+    # two pods of 3 CPUs need one node with 6 free CPUs (fewest nodes): only b
+    assert out.admitted("cpu").placement == {"w-0": "b", "w-1": "b"}
+    assert out.admitted("mem").placement == {"w-0": "b"}
+    # half a CPU fits on a (4 CPUs), not on c (no CPU at all)
+    assert out.admitted("milli").placement == {"w-0": "a"}
+    assert out.reasons("huge") == ["1 pod of cpu=40 gpu=1 do not fit on the schedulable nodes"]

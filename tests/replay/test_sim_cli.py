@@ -149,6 +149,24 @@ def test_summary_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert cluster["gpu_utilization"] == pytest.approx(cluster["gpu_seconds_used"] / cluster["gpu_seconds_capacity"])
 
 
+def test_until_ends_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`until` stops virtual time: later events never happen and the summary counts up to it."""
+    lines = _jsonl(capsys, str(_write(tmp_path, RUN + "until: 300\n")), "--summary")
+    assert max(o["at"] for o in lines) == 300
+    assert "JobFinished" not in {o["type"] for o in lines}
+    summary = lines[-1]
+    assert summary["at"] == 300
+    assert summary["jobs"]["a-1"] == {
+        "submitted": 100,
+        "admitted": 100,
+        "finished": None,
+        "preemptions": 0,
+        "status": "running",
+    }
+    assert summary["cluster"]["gpu_seconds_capacity"] == 32 * 300
+    assert summary["cluster"]["gpu_seconds_used"] == 32 * 100 + 16 * 200
+
+
 def test_two_runs_are_byte_identical(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The same scenario file gives byte-identical output."""
     path = str(_write(tmp_path, RUN))
