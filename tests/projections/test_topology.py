@@ -251,7 +251,7 @@ def test_cpu_and_memory_requests_limit_placement() -> None:
     )
     jobs = [
         "  - {at: 0, submit: {job: cpu, queue: q, podsets: [{name: w, count: 2, requests: {gpu: 1, cpu: 3}}]}}\n",
-        "  - {at: 0, submit: {job: mem, queue: q, podsets: [{name: w, count: 1, requests: {gpu: 1, memory: 100Gi}}]}}\n",
+        "  - {at: 0, submit: {job: mem, queue: q, podsets: [{name: w, count: 1, requests: {gpu: 1, memory: 99Gi}}]}}\n",
         "  - {at: 0, submit: {job: milli, queue: q, podsets: [{name: w, count: 1, requests: {cpu: 500m}}]}}\n",
         "  - {at: 0, submit: {job: huge, queue: q, podsets: [{name: w, count: 1, requests: {gpu: 1, cpu: 40}}]}}\n",
     ]
