@@ -127,7 +127,11 @@ class _Reader:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise self.fail(node, f"{what} must be a number, not {v!r}")
         if (lo is not None and v < lo) or (hi is not None and v > hi):
-            raise self.fail(node, f"{what} must be between {lo} and {hi}, not {v}")
+            if lo is not None and hi is not None:
+                bound = f"between {lo} and {hi}"
+            else:
+                bound = f"at least {lo}" if lo is not None else f"at most {hi}"
+            raise self.fail(node, f"{what} must be {bound}, not {v}")
         return float(v)
 
     def boolean(self, node: yaml.Node, what: str) -> bool:

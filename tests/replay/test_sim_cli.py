@@ -254,6 +254,32 @@ INVALID = [
         "job 'a' is submitted twice",
         id="duplicate-job",
     ),
+    pytest.param("nodes:\n  - {name: n0}\n  - {name: n0}\n", 3, "node 'n0' is defined twice", id="duplicate-node"),
+    pytest.param(
+        GOOD_QUEUES + "  - {name: q, nominal: {gpu: 1}}\n", 3, "queue 'q' is defined twice", id="duplicate-queue"
+    ),
+    pytest.param(
+        "queues:\n  - {name: q, nominal: {gpu: 8}, preemption: {within_queue: Sometimes}}\n",
+        2,
+        "within_queue must be one of Never, LowerPriority, LowerOrNewerEqualPriority, not 'Sometimes'",
+        id="unknown-policy",
+    ),
+    pytest.param(
+        "queues:\n  - {name: q, nominal: {gpu: 8}, weight: -1}\n",
+        2,
+        "weight must be at least 0, not -1",
+        id="bad-weight",
+    ),
+    pytest.param("queues:\n  - {name: q, nominal: {gpu: 1.5}}\n", 2, "not a whole number", id="fractional-quota"),
+    pytest.param(
+        GOOD_QUEUES + "timeline:\n  - {at: 0, utilization: {job: a, gpu: 1.5}}\n",
+        4,
+        "utilization.gpu must be between 0 and 1, not 1.5",
+        id="utilization-above-one",
+    ),
+    pytest.param(
+        "topology:\n  levels: [rack, rack]\n", 2, "topology level 'rack' is repeated or reserved", id="repeated-level"
+    ),
     pytest.param(
         GOOD_QUEUES + "timeline:\n  - {at: 0, queue_update: {name: nope, nominal: {gpu: 1}}}\n",
         4,
