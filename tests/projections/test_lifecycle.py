@@ -202,6 +202,27 @@ def test_queue_update_into_a_cohort_lets_it_borrow() -> None:
     assert out.admitted("a2").borrowed == {"gpu": 8}
 
 
+def test_queue_update_lowering_nominal_evicts_nothing_but_makes_jobs_reclaimable() -> None:
+    """A lower nominal quota evicts nothing by itself; the queue now borrows, so others may reclaim from it."""
+    out = run(
+        scenario(
+            FOUR_NODES,
+            [queue("qa", 16, "org"), queue("qb", 16, "org", reclaim="Any")],
+            [
+                submit("a1", "qa", 8),
+                submit("a2", "qa", 8),
+                submit("b1", "qb", 16),
+                _at(50, "queue_update: {name: qa, nominal: {gpu: 8}}"),
+                _at(50, "queue_update: {name: qb, nominal: {gpu: 24}}"),
+                submit("b2", "qb", 8, at=60),
+            ],
+            cohorts=["org"],
+        )
+    )
+    assert out.decisions(at=50) == []
+    assert out.decisions(at=60) == [("preempt", "a2", "b2", "ReclaimWithinCohort"), ("admit", "b2"), ("pending", "a2")]
+
+
 def test_finish_time_counts_work_left() -> None:
     """A job admitted at t with r seconds of work finishes at t + r."""
     out = run(scenario(FOUR_NODES, BIG_QUEUE, [submit("a", "q", 8, at=7, runtime=93)]))

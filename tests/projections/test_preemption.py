@@ -335,6 +335,22 @@ def test_inference_preempts_training_with_least_lost_work() -> None:
     assert out.finished_at("ckpt-1000") == 1200 + 4000
 
 
+def test_non_preemptible_job_never_borrows() -> None:
+    """A non-preemptible job runs only within its queue's nominal quota, even when the cohort has room to lend."""
+    out = run(
+        scenario(
+            FOUR_NODES,
+            [queue("qa", 8, "org"), queue("qb", 24, "org")],
+            [submit("inf1", "qa", 8, prio="inference", runtime=100), submit("inf2", "qa", 8, prio="inference")],
+            cohorts=["org"],
+        )
+    )
+    assert out.decisions(at=0) == [("admit", "inf1"), ("pending", "inf2")]
+    (reason,) = out.reasons("inf2")
+    assert "queue qa" in reason and "never borrows" in reason
+    assert out.admitted("inf2").at == 100 and out.admitted("inf2").borrowed == {}
+
+
 def test_lost_work_without_checkpoint_is_everything() -> None:
     """A job without checkpoints loses all its work on preemption and is requeued with its whole runtime."""
     out = run(
