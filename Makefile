@@ -19,16 +19,18 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-typecheck: $(STAMP)
-	$(BIN)/mypy
-
-# grimp wants the package as one folder tree; ours is spread over top-level
-# folders (package-dir mapping), so lay it out with symlinks first.
-layers: $(STAMP)
+# mypy and grimp want the package as one folder tree; ours is spread over
+# top-level folders (setuptools package-dir mapping), so lay it out with symlinks.
+.layers/muster: $(STAMP)
 	rm -rf .layers && mkdir -p .layers/muster
 	for d in events projections daemon replay; do ln -s ../../$$d .layers/muster/$$d; done
 	ln -s ../../muster/__init__.py .layers/muster/__init__.py
 	ln -s ../../muster/cli.py .layers/muster/cli.py
+
+typecheck: .layers/muster
+	MYPYPATH=.layers $(BIN)/mypy -p muster
+
+layers: .layers/muster
 	$(BIN)/python tools/layers.py
 
 unit: $(STAMP)

@@ -94,7 +94,8 @@ def _slow_decode(raw: bytes, first_error: Exception | None) -> AnyEvent:
         raise DecodeError(raw, f"{tag} v{version} is newer than this muster understands (v{current})")
     data = upcast(data)
     try:
-        return msgspec.convert(data, AnyEvent)
+        event: AnyEvent = msgspec.convert(data, AnyEvent)
+        return event
     except msgspec.ValidationError as exc:
         detail = str(first_error) if first_error is not None else str(exc)
         raise DecodeError(raw, f"invalid {tag} v{version}: {detail}") from None

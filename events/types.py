@@ -28,6 +28,7 @@ Resources = dict[str, int]
 PreemptionReason = Literal[
     "WithinQueue",
     "ReclaimWithinCohort",
+    "BorrowPolicy",
     "BorrowWithinCohort",
     "FairSharing",
     "NodeFailure",
@@ -329,9 +330,11 @@ __all__ = [
     "PriorityClassConfigured",
     "QueueConfigured",
     "QueueName",
+    "ReclaimPolicy",
     "Resources",
     "SchedulerConfigured",
     "Topology",
+    "WithinQueuePolicy",
     "event_tag",
 ]
 

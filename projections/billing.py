@@ -50,7 +50,8 @@ Invariants:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import msgspec
 
@@ -359,7 +360,7 @@ def _on_submitted(state: BillingState, ev: JobSubmitted, now: int) -> None:
     _dirty(state, job)
 
 
-def _slices(tracker: Tracker, job: ActiveJob, placement: dict[str, str], borrowed_gpus: int) -> list[Slice] | None:
+def _slices(tracker: Tracker, job: ActiveJob, placement: Mapping[str, str], borrowed_gpus: int) -> list[Slice] | None:
     """Per GPU model: GPUs, CPU and memory of the pods placed there; None if the placement does not fit."""
     per_pod = {p.name: p.requests for p in job.podsets}
     expected = {f"{p.name}-{i}" for p in job.podsets for i in range(p.count)}
@@ -522,7 +523,7 @@ def _on_leader(state: BillingState, ev: LeaderElected, now: int) -> None:
     state.tracker.epoch = ev.epoch
 
 
-_HANDLERS = {
+_HANDLERS: dict[type[Event], Any] = {
     JobSubmitted: _on_submitted,
     JobAdmitted: _on_admitted,
     JobPreempted: _on_preempted,

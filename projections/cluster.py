@@ -552,7 +552,7 @@ def _on_cancelled(state: ClusterState, ev: JobCancelled) -> ClusterState:
     return _end(state, ev.job, ev.at, "cancelled")
 
 
-_HANDLERS = {
+_HANDLERS: dict[type[Event], object] = {
     JobSubmitted: _on_submitted,
     JobAdmitted: _on_admitted,
     JobPreempted: _on_preempted,
@@ -583,7 +583,7 @@ def evolve(state: ClusterState, event: AnyEvent | Event) -> ClusterState:
         return _skip(state)
     if event.at > state.now:
         state.now = event.at
-    result: ClusterState = handler(state, event)
+    result: ClusterState = handler(state, event)  # type: ignore[operator]
     return result
 
 

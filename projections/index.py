@@ -270,9 +270,10 @@ class SchedulerIndex:
                 self.wake_tree(state, root)
         state.dirty_queues.clear()
         for job_id in sorted(state.dirty_jobs):
-            job = state.jobs.get(job_id)
-            if job is None:
+            dirty = state.jobs.get(job_id)
+            if dirty is None:
                 continue
+            job = dirty
             self._untrack(job)
             if job.status not in TERMINAL:
                 self._track(state, job)

@@ -26,7 +26,16 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping
 
-from muster.events.types import Event, JobAdmitted, JobInadmissible, JobPreempted, JobRejected
+from muster.events.types import (
+    Event,
+    JobAdmitted,
+    JobId,
+    JobInadmissible,
+    JobPreempted,
+    JobRejected,
+    NodeName,
+    QueueName,
+)
 from muster.projections.cluster import ClusterState, JobState
 from muster.projections.index import SchedulerIndex, Wake, index_of, take_new_jobs
 from muster.projections.preemption import Result, Victim, find_victims
@@ -210,8 +219,8 @@ class Cycle:
         self.events.append(
             JobPreempted(
                 at=self.now,
-                job=job.id,
-                preemptor=preemptor,
+                job=JobId(job.id),
+                preemptor=JobId(preemptor) if preemptor is not None else None,
                 reason=victim.reason,
                 lost_gpu_seconds=job.lost_gpu_seconds(self.now),
                 cycle=self.number,
@@ -263,9 +272,9 @@ def _try(cycle: Cycle, job: JobState) -> str:
                 cycle.events.append(
                     JobAdmitted(
                         at=cycle.now,
-                        job=job.id,
-                        queue=job.queue,
-                        placement=placement,
+                        job=JobId(job.id),
+                        queue=QueueName(job.queue),
+                        placement={pod: NodeName(node) for pod, node in placement.items()},
                         borrowed=borrowed,
                         cycle=cycle.number,
                         epoch=cycle.epoch,
@@ -297,7 +306,7 @@ def _park(cycle: Cycle, job: JobState, reason: str, wake: Wake) -> None:
     state, idx = cycle.state, cycle.idx
     if reason != job.reason:
         cycle.events.append(
-            JobInadmissible(at=cycle.now, job=job.id, reason=reason, cycle=cycle.number, epoch=cycle.epoch)
+            JobInadmissible(at=cycle.now, job=JobId(job.id), reason=reason, cycle=cycle.number, epoch=cycle.epoch)
         )
     idx.park(job, wake)
     queue = state.queues[job.queue]
@@ -377,7 +386,9 @@ def decide(state: ClusterState, now: int) -> list[Event]:
     try:
         # 2. reject invalid specs
         for job, why in take_new_jobs(state, idx):
-            cycle.events.append(JobRejected(at=now, job=job.id, reason=why, cycle=cycle.number, epoch=cycle.epoch))
+            cycle.events.append(
+                JobRejected(at=now, job=JobId(job.id), reason=why, cycle=cycle.number, epoch=cycle.epoch)
+            )
         # 3. evict jobs from failed or removed nodes; a cycle that evicts admits
         #    nothing, so within a cycle the view only ever fills up (see `index`)
         if not _evict_lost_nodes(cycle):

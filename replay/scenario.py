@@ -14,22 +14,28 @@ import csv
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
 from muster.events.types import (
+    BorrowPolicy,
     BorrowWithinCohort,
     CohortConfigured,
+    CohortName,
     Event,
     IdleReclaimPolicy,
     NodeAdded,
+    NodeName,
     PodSet,
     PreemptionPolicy,
     PriorityClassConfigured,
     QueueConfigured,
+    QueueName,
+    ReclaimPolicy,
     SchedulerConfigured,
     Topology,
+    WithinQueuePolicy,
 )
 from muster.projections.resources import parse_quantity, parse_resources
 
@@ -227,7 +233,7 @@ def loads(text: str, name: str = "<scenario>", base: Path | None = None) -> Scen
     config.extend(classes)
     cohorts = _cohorts(r, top.get("cohorts"))
     config.extend(cohorts)
-    cohort_names = {c.name for c in cohorts}
+    cohort_names: set[str] = {str(c.name) for c in cohorts}
     queues = _queues(r, top.get("queues"), cohort_names)
     config.extend(queues.values())
     nodes = _nodes(r, top.get("nodes"), levels)
@@ -293,7 +299,9 @@ def _cohorts(r: _Reader, node: yaml.Node | None) -> list[CohortConfigured]:
             raise r.fail(n, f"cohort {name!r} is defined twice")
         lines[name] = n
         parent = r.string(m["parent"], "cohort parent") if "parent" in m else None
-        out.append(CohortConfigured(at=0, name=name, parent=parent))
+        out.append(
+            CohortConfigured(at=0, name=CohortName(name), parent=CohortName(parent) if parent is not None else None)
+        )
     parents = {c.name: c.parent for c in out}
     for c in out:
         if c.parent is not None and c.parent not in parents:
@@ -339,16 +347,20 @@ def queue_from(r: _Reader, n: yaml.Node, cohorts: set[str], base: QueueConfigure
         if "borrow_within_cohort" in p:
             b = r.mapping(p["borrow_within_cohort"], "borrow_within_cohort", {"policy", "max_priority_threshold"})
             bwc = BorrowWithinCohort(
-                policy=r.choice(b["policy"], "borrow_within_cohort.policy", _BORROW) if "policy" in b else "Never",
+                policy=cast(BorrowPolicy, r.choice(b["policy"], "borrow_within_cohort.policy", _BORROW))
+                if "policy" in b
+                else "Never",
                 max_priority_threshold=r.integer(b["max_priority_threshold"], "max_priority_threshold", None)
                 if "max_priority_threshold" in b
                 else None,
             )
         kw["preemption"] = PreemptionPolicy(
-            within_queue=r.choice(p["within_queue"], "within_queue", _WITHIN)
+            within_queue=cast(WithinQueuePolicy, r.choice(p["within_queue"], "within_queue", _WITHIN))
             if "within_queue" in p
             else old.within_queue,
-            reclaim_within_cohort=r.choice(p["reclaim_within_cohort"], "reclaim_within_cohort", _RECLAIM)
+            reclaim_within_cohort=cast(
+                ReclaimPolicy, r.choice(p["reclaim_within_cohort"], "reclaim_within_cohort", _RECLAIM)
+            )
             if "reclaim_within_cohort" in p
             else old.reclaim_within_cohort,
             borrow_within_cohort=bwc,
@@ -357,7 +369,7 @@ def queue_from(r: _Reader, n: yaml.Node, cohorts: set[str], base: QueueConfigure
         import msgspec
 
         return msgspec.structs.replace(base, **kw)
-    return QueueConfigured(at=0, name=name, **kw)
+    return QueueConfigured(at=0, name=QueueName(name), **kw)
 
 
 def _queues(r: _Reader, node: yaml.Node | None, cohorts: set[str]) -> dict[str, QueueConfigured]:
@@ -380,7 +392,7 @@ def _nodes(r: _Reader, node: yaml.Node | None, levels: list[str]) -> dict[str, N
     def add(n: yaml.Node, name: str, labels: dict[str, str], capacity: dict[str, int]) -> None:
         if name in out:
             raise r.fail(n, f"node {name!r} is defined twice")
-        out[name] = NodeAdded(at=0, node=name, labels=labels, capacity=capacity)
+        out[name] = NodeAdded(at=0, node=NodeName(name), labels=labels, capacity=capacity)
 
     for n in r.seq(node, "nodes"):
         if isinstance(n, yaml.MappingNode) and any(k.value == "generate" for k, _ in n.value):

@@ -24,11 +24,13 @@ from muster.events.types import (
     JobAdmitted,
     JobCancelled,
     JobFinished,
+    JobId,
     JobPreempted,
     JobRejected,
     JobSubmitted,
     NodeAdded,
     NodeCordoned,
+    NodeName,
     NodeRemoved,
     NodeUpdated,
     QueueConfigured,
@@ -189,7 +191,7 @@ def simulate(
             append(
                 NodeUpdated(
                     at=now,
-                    node=node.name,
+                    node=NodeName(node.name),
                     labels=node.labels,
                     capacity=node.capacity,
                     reserved=node.reserved,
@@ -240,7 +242,7 @@ def simulate(
             _, _, job_id, admitted_at = heapq.heappop(finishes)
             job = state.jobs.get(job_id)
             if job is not None and job.status == "admitted" and job.admitted_at == admitted_at:
-                append(JobFinished(at=now, job=job_id))
+                append(JobFinished(at=now, job=JobId(job_id)))
         while i < len(inputs) and inputs[i].at <= now:
             apply(inputs[i], now)
             i += 1
