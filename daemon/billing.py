@@ -280,7 +280,11 @@ class BillingSubscriber:
         pending = msgs[-1].metadata.num_pending or 0
         clock = tracker.clock
         caught_up = usable == len(msgs) and pending == 0 and clock is not None
-        if caught_up and (self._settled is None or clock - self._settled >= self.options.settle_every):
+        if (
+            caught_up
+            and clock is not None
+            and (self._settled is None or clock - self._settled >= self.options.settle_every)
+        ):
             # bring running jobs' current hour up to date (any cut gives the same sums)
             settle(self.state)
             self._settled = clock

@@ -16,7 +16,7 @@ Invariants:
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -77,7 +77,7 @@ class KubeClient:
         rv = str((data.get("metadata") or {}).get("resourceVersion") or "")
         return [i for i in items if isinstance(i, dict)], rv
 
-    async def watch(self, resource: str, resource_version: str, *, server_seconds: int) -> AsyncIterator[Obj]:
+    async def watch(self, resource: str, resource_version: str, *, server_seconds: int) -> AsyncGenerator[Obj, None]:
         """Raw watch events after `resource_version` until the server ends the stream.
 
         Raises KubeError for an error status, and for an ERROR event in the stream

@@ -207,7 +207,7 @@ class Translator:
         reserved = {k: v for k, v in sorted(self._reserved.get(name, {}).items()) if v > 0}
         now = _Emitted(view.labels, view.capacity, view.ready, view.unschedulable, reserved, view.cordoned)
         self._emitted[name] = now
-        fields = {
+        fields: dict[str, Any] = {
             "labels": now.labels,
             "capacity": now.capacity,
             "ready": now.ready,

@@ -18,7 +18,7 @@ Invariants:
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -95,7 +95,7 @@ async def watch_objects(
     *,
     backoff: Backoff | None = None,
     server_seconds: int = 300,
-) -> AsyncIterator[WatchEvent | Synced]:
+) -> AsyncGenerator[WatchEvent | Synced, None]:
     """Yield the changes of every object of `resource`, forever (see module docstring)."""
     backoff = backoff or Backoff()
     known: dict[str, Obj] = {}
