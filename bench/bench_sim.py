@@ -31,6 +31,9 @@ from muster.replay.simulator import simulate
 ROOT = Path(__file__).resolve().parent.parent
 PHILLY = ROOT.parent / "shared" / "traces" / "philly"
 
+LOAD = 0.9
+"""Offered load of (a) and (b): arrivals sized for this fraction of the cluster (--load)."""
+
 PRIORITIES = """priority_classes:
   - {name: inference, value: 1000, preemptible: false}
   - {name: training, value: 100}
@@ -185,7 +188,7 @@ def case_a(d: Path, scale: float) -> Path:
         int(15_000 * scale),
         [q for q, _ in queues],
         gpus_total=480,
-        load=1.1,
+        load=LOAD,
         sizes=[(1, 0.6), (8, 0.3), (32, 0.1)],
         runtime=(60, 900),
     )
@@ -204,7 +207,7 @@ def case_b(d: Path, scale: float) -> Path:
         int(50_000 * scale),
         [q for q, _ in queues],
         gpus_total=8000,
-        load=1.1,
+        load=LOAD,
         sizes=[(1, 0.6), (8, 0.3), (32, 0.1)],
         runtime=(60, 900),
     )
@@ -304,7 +307,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="a,b,c,scale,philly")
     ap.add_argument("--jobs-scale", type=float, default=1.0, help="fraction of the job counts (for a quick look)")
     ap.add_argument("--keep", help="write the generated scenarios here instead of a temp dir")
+    ap.add_argument("--load", type=float, default=0.9, help="offered load of (a) and (b) (1.1 = overload)")
     args = ap.parse_args(argv)
+    global LOAD
+    LOAD = args.load
     only = set(args.only.split(","))
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(args.keep) if args.keep else Path(tmp)
