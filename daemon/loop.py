@@ -11,7 +11,10 @@ runs scheduling cycles when something changed (debounced) or a timer is due
 A cycle's decisions are appended fenced: `expected_last_seq` is the sequence
 of the last event folded, so they land right after the state they were
 decided on, or not at all (`ConcurrencyConflict`: the loop folds what it
-missed and decides again). Their msg ids are `epoch:cycle:index:digest`, so a
+missed and decides again). The fence is checked message by message, so a
+write by another process between two messages of a cycle stores only a
+prefix of it (the rest is decided again); this replica's own facts wait for
+the cycle's append to finish, so they never cut one. Their msg ids are `epoch:cycle:index:digest`, so a
 retried append stores nothing twice. Once stored they are folded at their
 sequences and handed to the applier.
 
@@ -186,6 +189,8 @@ class SchedulerLoop:
         self._wake_at: int | None = None
         self._bad: deque[int] = deque()
         self._stop = anyio.Event()
+        self._writing = anyio.Lock()
+        """Held by every append of this replica: its own facts never cut a cycle's decisions in two."""
         self._recv: MemoryObjectReceiveStream[StoredEvent | None] | None = None
         self._poke_send: MemoryObjectSendStream[StoredEvent | None] | None = None
         self._tg: TaskGroup | None = None
@@ -443,9 +448,10 @@ class SchedulerLoop:
             epoch = self.state.epoch + 1
             event = LeaderElected(at=self._now(), epoch=epoch, holder=self.identity)
             try:
-                seqs = await self.store.append(
-                    [event], expected_last_seq=self.folded_seq, msg_ids=[f"leader:{epoch}:{self.identity}"]
-                )
+                async with self._writing:
+                    seqs = await self.store.append(
+                        [event], expected_last_seq=self.folded_seq, msg_ids=[f"leader:{epoch}:{self.identity}"]
+                    )
             except ConcurrencyConflict as exc:
                 await self._catch_up(exc.actual)
                 continue
@@ -532,7 +538,8 @@ class SchedulerLoop:
             delay = 0.1
             while True:
                 try:
-                    seqs = await self.store.append(events, msg_ids=ids)
+                    async with self._writing:
+                        seqs = await self.store.append(events, msg_ids=ids)
                     break
                 except StoreError as exc:
                     log.warning("appending cluster facts failed; retrying", error=str(exc), count=len(events))
@@ -591,7 +598,8 @@ class SchedulerLoop:
         await self.hooks.before_append(events)
         expected = self.folded_seq
         try:
-            seqs = await self.store.append(events, expected_last_seq=expected, msg_ids=ids)
+            async with self._writing:
+                seqs = await self.store.append(events, expected_last_seq=expected, msg_ids=ids)
         except ConcurrencyConflict as exc:
             # someone appended after the state we decided on: fold it and decide again
             self.metrics.conflicts.inc()

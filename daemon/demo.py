@@ -1,0 +1,200 @@
+"""`muster demo`: the whole system on a laptop, with no cluster and no NATS.
+
+It starts, in one process:
+- an embedded nats-server with JetStream, its store in `DIR/nats`;
+- an emulated Kubernetes API (kmock, `daemon/k8s/emulator.py`) holding a
+  512-GPU cluster (4 blocks x 4 racks x 4 nodes x 8 GPUs) and a simulated
+  kubelet that runs bound pods for their runtime (divided by `speed`);
+- the queue configuration on the log (four teams of 128 GPUs in one cohort);
+- the real daemon: `SchedulerLoop` with NATS KV leader election and the
+  Kubernetes adapter, exactly as `muster daemon` runs it;
+- the teams' workload (`demo_workload`), and a live view (`demo_view`).
+
+It runs for `duration` seconds (or until Ctrl-C), then stops the daemon
+cleanly and returns what happened; the stream stays in `DIR/nats` for
+`muster replay`, `explain` and `audit`. The daemon's JSON logs go to
+`DIR/daemon.log`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+
+__all__ = ["DemoOptions", "DemoResult", "prepare_dir", "run_demo"]
+
+log = structlog.get_logger("muster.demo")
+
+MARKER = ".muster-demo"
+STREAM = "MUSTER"
+
+
+@dataclass
+class DemoOptions:
+    directory: Path = Path(".muster-demo")
+    duration: float = 60.0
+    speed: float = 4.0
+    rate: float = 1.6
+    """Gangs per second at speed 1."""
+    seed: int = 1
+    live: bool = True
+    console: Any = None
+
+
+@dataclass
+class DemoResult:
+    url: str
+    port: int
+    store_dir: Path
+    stream: str
+    events: int
+    by_type: Counter[str] = field(default_factory=Counter)
+    elapsed: float = 0.0
+    submitted_gangs: int = 0
+    replaced_pods: int = 0
+    interrupted: bool = False
+    sample_job: str = ""
+
+
+class DemoDirError(RuntimeError):
+    pass
+
+
+def prepare_dir(directory: Path) -> Path:
+    """A fresh store folder under `directory`; refuses a non-empty folder the demo did not make."""
+    directory = directory.resolve()
+    if directory.exists() and any(directory.iterdir()) and not (directory / MARKER).exists():
+        raise DemoDirError(f"{directory} exists and was not made by muster demo; choose another --dir")
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / MARKER).write_text("made by muster demo; safe to delete\n")
+    store_dir = directory / "nats"
+    if store_dir.exists():
+        shutil.rmtree(store_dir)
+    return store_dir
+
+
+async def run_demo(options: DemoOptions) -> DemoResult:
+    """Run the demo; returns once it has stopped (duration over, Ctrl-C, or SIGTERM)."""
+    from muster.daemon.cluster import KubeCluster
+    from muster.daemon.demo_view import DemoStats
+    from muster.daemon.demo_workload import Workload, demo_config, demo_nodes
+    from muster.daemon.k8s import SimulatedKubelet
+    from muster.daemon.k8s.emulator import KubeEmulator, running
+    from muster.daemon.leader import KvElector
+    from muster.daemon.loop import LoopOptions, SchedulerLoop
+    from muster.events.embedded import EmbeddedNats
+    from muster.events.store import EventStore
+
+    store_dir = prepare_dir(options.directory)
+    server = EmbeddedNats(store_dir, stop_timeout=5)
+    await server.astart()
+    started = time.monotonic()
+    stats = DemoStats()
+    interrupted = False
+    try:
+        store = await EventStore.connect(server.url, stream=STREAM)
+        try:
+            await store.append(demo_config(int(time.time())))
+            async with running(KubeEmulator(keep_requests=2000)) as (emulator, api):
+                for node in demo_nodes():
+                    emulator.put_object("v1/nodes", node)
+                elector = KvElector(store.js, holder="demo-daemon", ttl=5.0)
+                loop = SchedulerLoop(
+                    store,
+                    elector=elector,
+                    cluster=KubeCluster.factory(api, watch_seconds=60),
+                    options=LoopOptions(debounce=0.01),
+                )
+                loop.on_fold(lambda seq, ev, ok: stats.observe(loop.state, seq, ev, ok))
+                workload = Workload(emulator, api, seed=options.seed, rate=options.rate * options.speed)
+                kubelet = SimulatedKubelet(api, speed=options.speed)
+                stop = anyio.Event()
+                stopped = anyio.Event()
+
+                async def daemon(*, task_status: Any) -> None:
+                    try:
+                        await loop.run(task_status=task_status)
+                    finally:
+                        stopped.set()
+
+                async with anyio.create_task_group() as tg:
+                    if threading.current_thread() is threading.main_thread():
+                        tg.start_soon(_stop_on_signal, stop)
+                    await tg.start(kubelet.run)
+                    await tg.start(workload.controller)
+                    await tg.start(daemon)
+                    tg.start_soon(workload.run)
+                    with anyio.move_on_after(options.duration):
+                        await _show(options, loop, stats, stop, started)
+                    interrupted = stop.is_set()
+                    loop.stop()  # steps down and releases the lease, as on SIGTERM
+                    with anyio.move_on_after(10):
+                        await stopped.wait()
+                    tg.cancel_scope.cancel()
+            events = await store.last_seq()
+            by_type: Counter[str] = Counter()
+            sample = ""
+            async for batch in store.iter_batches(1, events):
+                for stored in batch:
+                    by_type[type(stored.event).__name__] += 1
+                    if not sample and type(stored.event).__name__ == "JobPreempted":
+                        sample = getattr(stored.event, "job", "")
+            if not sample:
+                sample = next((j for j, s in loop.state.jobs.items() if s.status == "finished"), "")
+        finally:
+            with anyio.CancelScope(shield=True):
+                await store.close()
+    finally:
+        await server.astop()
+    return DemoResult(
+        url=server.url,
+        port=server.port,
+        store_dir=store_dir,
+        stream=STREAM,
+        events=events,
+        by_type=by_type,
+        elapsed=time.monotonic() - started,
+        submitted_gangs=len(workload.gangs),
+        replaced_pods=workload.replaced,
+        interrupted=interrupted,
+        sample_job=sample,
+    )
+
+
+async def _show(options: DemoOptions, loop: Any, stats: Any, stop: anyio.Event, started: float) -> None:
+    from rich.console import Console
+    from rich.live import Live
+
+    from muster.daemon.demo_view import render
+
+    console = options.console or Console()
+
+    def view() -> Any:
+        return render(
+            loop.state, stats, elapsed=time.monotonic() - started, duration=options.duration, speed=options.speed
+        )
+
+    if not options.live:
+        await stop.wait()
+        return
+    with Live(view(), console=console, refresh_per_second=4, transient=False) as live:
+        while not stop.is_set():
+            with anyio.move_on_after(0.25):
+                await stop.wait()
+            live.update(view())
+
+
+async def _stop_on_signal(stop: anyio.Event) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
+        async for _ in received:
+            stop.set()
+            return

@@ -1,0 +1,208 @@
+"""The demo's users and controllers: a seeded stream of gangs, created as pods in the emulated cluster.
+
+`Workload` plays the teams: it creates pod groups (`muster.dev/gang`,
+`muster.dev/gang-size`, `muster.dev/queue`) with a runtime annotation the
+simulated kubelet honours, at a Poisson rate, in four flavours: inference
+(small, long, never preempted), large training gangs (whole racks or a
+block), small training jobs and scavenger jobs (lowest priority, first to be
+preempted). The teams submit unevenly, so some borrow and others reclaim.
+
+It also plays the Job controller: a pod of a live gang that disappears (an
+eviction) is replaced by a new pod with the same labels, so a preempted gang
+comes back as a whole and is admitted again under the same job id.
+
+Deterministic for a seed, apart from timing.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
+
+from muster.daemon.k8s import manifests
+from muster.daemon.k8s.client import KubeClient
+from muster.daemon.k8s.watching import Synced, WatchEvent, watch_objects
+from muster.events.types import (
+    BorrowWithinCohort,
+    CohortConfigured,
+    CohortName,
+    Event,
+    PreemptionPolicy,
+    PriorityClassConfigured,
+    QueueConfigured,
+    QueueName,
+    SchedulerConfigured,
+)
+
+__all__ = ["BLOCK", "RACK", "TEAMS", "GangSpec", "Workload", "demo_config", "demo_nodes"]
+
+BLOCK = "muster.dev/block"
+RACK = "muster.dev/rack"
+TEAMS = ("team-a", "team-b", "team-c", "team-d")
+TEAM_WEIGHTS = (0.4, 0.3, 0.2, 0.1)
+NOMINAL_GPUS = 128
+
+
+def demo_nodes(blocks: int = 4, racks: int = 4, nodes: int = 4, gpus: int = 8) -> list[dict[str, Any]]:
+    """Node objects of a blocks x racks x nodes cluster, labelled with their block and rack."""
+    out = []
+    for b in range(blocks):
+        for r in range(racks):
+            for n in range(nodes):
+                labels = {BLOCK: f"b{b}", RACK: f"b{b}-r{r}"}
+                out.append(manifests.node(f"b{b}-r{r}-n{n}", gpus=gpus, labels=labels))
+    return out
+
+
+def demo_config(at: int) -> list[Event]:
+    """Topology levels, priority classes, one cohort and four teams of 128 GPUs each."""
+    events: list[Event] = [
+        SchedulerConfigured(at=at, levels=[BLOCK, RACK]),
+        PriorityClassConfigured(at=at, name="inference", value=1000, preemptible=False),
+        PriorityClassConfigured(at=at, name="training", value=100),
+        PriorityClassConfigured(at=at, name="scavenger", value=0),
+        CohortConfigured(at=at, name=CohortName("org")),
+    ]
+    policy = PreemptionPolicy(
+        within_queue="LowerPriority",
+        reclaim_within_cohort="Any",
+        borrow_within_cohort=BorrowWithinCohort(policy="LowerPriority", max_priority_threshold=0),
+    )
+    for team in TEAMS:
+        events.append(
+            QueueConfigured(
+                at=at,
+                name=QueueName(team),
+                cohort=CohortName("org"),
+                nominal={"gpu": NOMINAL_GPUS},
+                preemption=policy,
+            )
+        )
+    return events
+
+
+@dataclass(frozen=True)
+class GangSpec:
+    name: str
+    queue: str
+    kind: str
+    pods: int
+    gpus: int
+    priority_class: str
+    runtime: int
+    required: str | None = None
+    preferred: str | None = None
+
+    @property
+    def total_gpus(self) -> int:
+        return self.pods * self.gpus
+
+
+def next_gang(rng: random.Random, n: int) -> GangSpec:
+    team = rng.choices(TEAMS, TEAM_WEIGHTS)[0]
+    roll = rng.random()
+    name = f"{team}-g{n:04d}"
+    if roll < 0.10:
+        pods, gpus = rng.choice((1, 2)), rng.choice((1, 2))
+        return GangSpec(name, team, "inference", pods, gpus, "inference", rng.randint(60, 120))
+    if roll < 0.30:
+        pods = rng.choice((4, 4, 8, 16))
+        required = RACK if pods == 4 else None
+        preferred = BLOCK if pods > 4 else None
+        return GangSpec(name, team, "large", pods, 8, "training", rng.randint(20, 50), required, preferred)
+    if roll < 0.70:
+        return GangSpec(name, team, "training", rng.choice((1, 2)), 8, "training", rng.randint(10, 30))
+    return GangSpec(name, team, "scavenger", rng.randint(1, 4), rng.choice((1, 2, 4)), "scavenger", rng.randint(10, 40))
+
+
+class Workload:
+    def __init__(
+        self,
+        emulator: Any,
+        api_client: Any,
+        *,
+        seed: int = 1,
+        rate: float = 1.5,
+        on_submit: Callable[[GangSpec], None] | None = None,
+    ) -> None:
+        """`rate`: gangs per second (already multiplied by the demo's speed)."""
+        self.emulator = emulator
+        self.client = KubeClient(api_client)
+        self.rng = random.Random(seed)
+        self.rate = rate
+        self.on_submit = on_submit
+        self.gangs: dict[str, GangSpec] = {}
+        self._phase: dict[str, str] = {}
+        """Pod key -> last phase seen."""
+        self._replacements = 0
+        self.replaced = 0
+
+    def _create_pod(self, spec: GangSpec, index: int, suffix: str = "") -> None:
+        annotations = {"muster.dev/runtime": str(spec.runtime)}
+        if spec.required:
+            annotations["muster.dev/topology-required"] = spec.required
+        if spec.preferred:
+            annotations["muster.dev/topology-preferred"] = spec.preferred
+        pod = manifests.pod(
+            f"{spec.name}-{index}{suffix}",
+            spec.queue,
+            gpus=spec.gpus,
+            labels={
+                "muster.dev/gang": spec.name,
+                "muster.dev/gang-size": str(spec.pods),
+                "muster.dev/queue": spec.queue,
+                "demo/index": str(index),
+            },
+            annotations=annotations,
+            priority_class=spec.priority_class,
+            grace_seconds=0,
+        )
+        self.emulator.put_object("v1/pods", pod)
+
+    def submit(self, spec: GangSpec) -> None:
+        self.gangs[spec.name] = spec
+        for i in range(spec.pods):
+            self._create_pod(spec, i)
+        if self.on_submit is not None:
+            self.on_submit(spec)
+
+    async def run(self) -> None:
+        """Submit gangs at `rate` per second (exponential gaps) until cancelled."""
+        n = 0
+        while True:
+            self.submit(next_gang(self.rng, n))
+            n += 1
+            await anyio.sleep(self.rng.expovariate(self.rate))
+
+    async def controller(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Replace the evicted pods of live gangs, as a Job controller would."""
+        started = False
+        async with aclosing(watch_objects(self.client, "pods")) as events:
+            async for item in events:
+                if isinstance(item, Synced):
+                    if not started:
+                        started = True
+                        task_status.started()
+                    continue
+                if not isinstance(item, WatchEvent):
+                    continue
+                meta = item.obj.get("metadata") or {}
+                labels = meta.get("labels") or {}
+                key = f"{meta.get('namespace')}/{meta.get('name')}"
+                gang = self.gangs.get(str(labels.get("muster.dev/gang") or ""))
+                if gang is None:
+                    continue
+                if item.type != "DELETED":
+                    self._phase[key] = str((item.obj.get("status") or {}).get("phase") or "Pending")
+                    continue
+                if self._phase.pop(key, "Pending") in ("Succeeded", "Failed"):
+                    continue
+                self._replacements += 1
+                self.replaced += 1
+                self._create_pod(gang, int(labels.get("demo/index", 0)), f"-r{self._replacements}")
