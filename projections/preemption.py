@@ -124,6 +124,9 @@ def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
                 if c.queue == job.queue
                 or (state.priority_of(c) < prio and (threshold is None or state.priority_of(c) <= threshold))
             ]
+        elif policy.reclaim_within_cohort == "Never":
+            # within nominal quota, taking from other queues is reclaiming, which the policy forbids
+            candidates = same
         victims = probe.minimal(candidates, allow_borrow, threshold)
     else:
         victims = None

@@ -145,11 +145,11 @@ def test_older_equal_priority_never_preempted() -> None:
 # ---------------------------------------------------------------- reclaim within the cohort
 
 
-def _reclaim(policy: str, borrower_prio: str, extra_queues: str = "", cohort_gpus: int = 16) -> str:
+def _reclaim(policy: str, borrower_prio: str, borrow: str | None = None) -> str:
     """qa and qb (16 GPUs each) share 32 GPUs; qb runs 32 (16 borrowed) until qa wants its 16 back at t=10."""
     return scenario(
         FOUR_NODES,
-        [queue("qa", cohort_gpus, "org", reclaim=policy), queue("qb", 16, "org"), extra_queues],
+        [queue("qa", 16, "org", reclaim=policy, borrow=borrow), queue("qb", 16, "org")],
         [
             submit("b1", "qb", 16, prio=borrower_prio),
             submit("b2", "qb", 16, prio=borrower_prio),
@@ -181,6 +181,11 @@ RECLAIM_CASES = [
         id="equal-priority-not-reclaimable-under-lower-priority",
     ),
     pytest.param(_reclaim("Never", "scavenger"), [("pending", "a1")], id="reclaim-never"),
+    pytest.param(
+        _reclaim("Never", "scavenger", borrow="LowerPriority"),
+        [("pending", "a1")],
+        id="reclaim-never-is-not-lifted-by-a-borrow-policy",
+    ),
 ]
 
 
