@@ -8,6 +8,9 @@ event by event, and checked:
 - every decision applies cleanly (`evolve` skips none);
 - no node ever holds more than its capacity;
 - every admitted gang is fully placed, on existing nodes that were schedulable;
+- every victim is one its preemptor's policies allow, with the right reason
+  (an independent reading of the spec's Preemption rules), and every
+  preemptor is admitted at the instant its victims are evicted;
 - an admission never takes a queue over nominal + borrowing limit, nor a
   cohort tree's borrowers over what its lenders may lend (lending limits);
 - a second run gives byte-identical output.
@@ -22,6 +25,7 @@ That proves the parking memo of `projections/index.py` changes no decision.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 import pytest
@@ -203,16 +207,94 @@ def _check_nodes(state: ClusterState) -> None:
             assert v >= 0, f"{node.name} negative usage"
 
 
+def _borrowing(state: ClusterState, queue: str, resources: dict[str, int]) -> bool:
+    q = state.queues[queue]
+    return any(q.usage.get(r, 0) > q.nominal[r] for r, v in resources.items() if v > 0 and r in q.nominal)
+
+
+def _check_preemption(state: ClusterState, ev: JobPreempted, later_own: dict[str, int]) -> None:
+    """The victim is one the policies allow (spec, Preemption); `state` has the earlier victims already evicted.
+
+    `later_own` is what the preemptor's own-queue victims still to come in this cycle hold.
+    """
+    victim = state.jobs[ev.job]
+    what = f"{ev.reason} of {ev.job} by {ev.preemptor}"
+    assert victim.status == "admitted", what
+    if ev.reason == "NodeFailure":
+        assert ev.preemptor is None, what
+        assert any(n not in state.nodes or not state.nodes[n].ready for n in victim.placement.values()), what
+        return
+    assert state.preemptible(victim), f"{what}: the victim is not preemptible"
+    if ev.reason == "IdleReclaim":
+        policy = state.idle_reclaim
+        assert ev.preemptor is None and policy is not None, what
+        assert victim.idle_since is not None and ev.at - victim.idle_since >= policy.after, f"{what}: not idle long"
+        if policy.only_borrowing:
+            assert victim.borrowed and _borrowing(state, victim.queue, victim.requests), f"{what}: not borrowing"
+        return
+    assert ev.preemptor is not None, what
+    job = state.jobs[ev.preemptor]
+    assert job.status == "pending", what
+    mine, theirs = state.priority_of(job), state.priority_of(victim)
+    policy = state.queues[job.queue].preemption
+    if ev.reason == "WithinQueue":
+        assert victim.queue == job.queue, what
+        newer_equal = policy.within_queue == "LowerOrNewerEqualPriority" and theirs == mine and victim.seq > job.seq
+        assert policy.within_queue != "Never" and (theirs < mine or newer_equal), f"{what}: {policy.within_queue}"
+        return
+    assert victim.queue != job.queue and state.cohort_root(victim.queue) == state.cohort_root(job.queue), what
+    assert _borrowing(state, victim.queue, job.requests), f"{what}: the victim's queue does not borrow"
+    if ev.reason == "ReclaimWithinCohort":
+        q = state.queues[job.queue]
+        for r, v in job.requests.items():
+            if v > 0 and r in q.nominal:
+                after = q.usage.get(r, 0) - later_own.get(r, 0) + v
+                assert after <= q.nominal[r], f"{what}: the preemptor's queue would borrow {r}"
+        reclaim = policy.reclaim_within_cohort
+        assert reclaim == "Any" or (reclaim == "LowerPriority" and theirs < mine), f"{what}: {reclaim}"
+    elif ev.reason == "BorrowWithinCohort":
+        borrow = policy.borrow_within_cohort
+        assert borrow.policy == "LowerPriority" and theirs < mine, what
+        assert borrow.max_priority_threshold is None or theirs <= borrow.max_priority_threshold, what
+    else:
+        assert ev.reason == "FairSharing" and state.fair_sharing, what
+
+
+def _later_own(events: list[Event], i: int, state: ClusterState) -> dict[str, int]:
+    """What the preemptor's own-queue victims after event `i` in the same cycle hold."""
+    ev = events[i]
+    assert isinstance(ev, JobPreempted)
+    out: dict[str, int] = {}
+    if ev.preemptor is None:
+        return out
+    queue = state.jobs[ev.preemptor].queue
+    for later in events[i + 1 :]:
+        if not isinstance(later, JobPreempted) or later.cycle != ev.cycle or later.at != ev.at:
+            break
+        victim = state.jobs[later.job]
+        if later.preemptor == ev.preemptor and victim.queue == queue:
+            for r, v in victim.requests.items():
+                out[r] = out.get(r, 0) + v
+    return out
+
+
 def check_log(events: list[Event]) -> None:
     """Fold the log into a shadow state, checking the invariants at every event."""
     state = ClusterState()
-    for ev in events:
+    preemptors: dict[str, int] = {}
+    for i, ev in enumerate(events):
         excess: int = 0
         before: ClusterState | None = None
         if isinstance(ev, JobAdmitted):
             before = msgspec.json.decode(msgspec.json.encode(state), type=ClusterState)
             job = state.jobs[ev.job]
             excess = _tree_excess(state, state.cohort_root(job.queue))
+            if preemptors.get(ev.job) == ev.at:
+                del preemptors[ev.job]
+        elif isinstance(ev, JobPreempted):
+            _check_preemption(state, ev, _later_own(events, i, state))
+            if ev.preemptor is not None:
+                preemptors[ev.preemptor] = ev.at
         skipped = state.skipped
         evolve(state, ev)
         if isinstance(ev, DECISION_TYPES):
@@ -221,6 +303,8 @@ def check_log(events: list[Event]) -> None:
             assert isinstance(ev, JobAdmitted)
             _check_admission(before, state, ev, excess)
         _check_nodes(state)
+    # no eviction is wasted: every preemptor runs at the instant its victims leave
+    assert not preemptors, f"preemptors not admitted at the instant of their preemptions: {preemptors}"
 
 
 @SETTINGS
@@ -385,6 +469,39 @@ REPLAY_CASES = [
 @pytest.mark.parametrize("text", REPLAY_CASES)
 def test_replay_regressions(text: str) -> None:
     """Each cycle re-derives exactly from the folded log where the parking memo once diverged."""
+    result = _run(text)
+    check_log(result.events)
+    check_replay(result.events)
+
+
+def _table_scenarios() -> list[Any]:
+    """Every scenario of the given/when/then tables, to be replayed and checked as well."""
+    import test_idle_reclaim
+    import test_preemption
+    import test_quota
+
+    params: list[Any] = []
+    for table in (
+        test_preemption.WITHIN_QUEUE_CASES,
+        test_preemption.RECLAIM_CASES,
+        test_preemption.BORROW_CASES,
+        test_quota.LIMIT_CASES,
+        test_quota.ORDER_CASES,
+    ):
+        params.extend(pytest.param(p.values[0], id=p.id) for p in table)
+    for weight in (0.5, 1, 2):
+        params.append(pytest.param(test_quota._fair(weight, True), id=f"fair-admission-weight-{weight}"))
+        params.append(pytest.param(test_quota._fair_preempt(weight), id=f"fair-preemption-weight-{weight}"))
+    for policy in ("LowerOrNewerEqualPriority", "LowerPriority"):
+        params.append(pytest.param(test_preemption._newer_equal(policy), id=f"newer-equal-{policy}"))
+    params.append(pytest.param(test_idle_reclaim._idle([(100, "lent", 0.01)]), id="idle-reclaim"))
+    params.append(pytest.param(test_idle_reclaim._idle([(100, "own", 0.0)], only_borrowing=False), id="idle-any"))
+    return params
+
+
+@pytest.mark.parametrize("text", _table_scenarios())
+def test_table_scenarios_hold_invariants_and_replay(text: str) -> None:
+    """The hand-written scenarios keep every invariant and replay cycle for cycle."""
     result = _run(text)
     check_log(result.events)
     check_replay(result.events)
