@@ -53,6 +53,7 @@ from muster.replay.snapshots import Snapshots, Verify
 from muster.replay.source import LogSource
 
 _DECISIONS = tuple(DECISION_TYPES)
+_CHANGES = (JobAdmitted, JobPreempted)
 
 
 @dataclass
@@ -90,6 +91,8 @@ class AuditReport:
     skipped_partial: int = 0
     """Decisions of a batch that started before the window."""
     differences: list[Batch] = field(default_factory=list)
+    unrecorded: list[Batch] = field(default_factory=list)
+    """Settling cycles (see `audit`) for which the code decides something the log does not show."""
     fenced_seqs: list[int] = field(default_factory=list)
     events: int = 0
     seconds: float = 0.0
@@ -143,9 +146,11 @@ async def audit(
 
     batch: Batch | None = None
     partial_key = (state.epoch, state.cycle) if state.cycle_decisions else None
+    settle_at: int | None = None
+    """Time of the last audited cycle that admitted or preempted: its caller decided again at that instant."""
 
     def flush() -> None:
-        nonlocal batch
+        nonlocal batch, settle_at
         b = batch
         if b is None:
             return
@@ -170,8 +175,35 @@ async def audit(
             evolve(state, ev)
         if b.differ:
             _reset_index(state)
+        if any(isinstance(ev, _CHANGES) for ev in b.recorded):
+            settle_at = b.at
         if on_batch is not None:
             on_batch(b)
+
+    def settle(seq: int, ev: Event | None) -> None:
+        """The caller's next cycle at the same instant, when the log shows it decided nothing.
+
+        `muster sim` and the daemon decide again after a cycle that admits or
+        preempts; the next recorded batch at that instant is that cycle.
+        Otherwise it decided nothing, and so must the code. Running it also
+        keeps the scheduler index in step exactly as theirs was.
+        """
+        nonlocal settle_at
+        at = settle_at
+        if at is None:
+            return
+        if ev is not None and isinstance(ev, _DECISIONS) and ev.cycle != 0 and ev.at == at:
+            settle_at = None  # this batch is that cycle
+            return
+        settle_at = None
+        try:
+            derived = decide(state, at)
+        except Exception as exc:
+            derived = []
+            report.unrecorded.append(Batch(seq, seq, state.epoch, state.cycle + 1, at, [], [], error=str(exc)))
+            return
+        if derived:
+            report.unrecorded.append(Batch(seq, seq, state.epoch, state.cycle + 1, at, [], [], derived))
 
     async for chunk in source.batches(from_seq, None):
         for seq, ev in chunk:
@@ -195,21 +227,25 @@ async def audit(
                     continue
                 partial_key = None
                 if ev.epoch < state.epoch:
+                    settle(seq, None)
                     report.fenced += 1
                     report.fenced_seqs.append(seq)
                     evolve(state, ev)
                     continue
+                settle(seq, ev)
                 batch = Batch(seq, seq, ev.epoch, ev.cycle, ev.at, [ev], [seq])
                 continue
             flush()
             if beyond:
                 return _finish(report, t0)
+            settle(seq, ev)
             report.events += 1
             partial_key = None
             if isinstance(ev, _DECISIONS):
                 report.inputs += 1
             evolve(state, ev)
     flush()
+    settle(end_seq + 1, None)
     return _finish(report, t0)
 
 
@@ -274,4 +310,5 @@ def report_document(r: AuditReport) -> dict[str, Any]:
         "events": r.events,
         "seconds": round(r.seconds, 3),
         "differences": [batch_document(b) for b in r.differences],
+        "unrecorded": [batch_document(b) for b in r.unrecorded],
     }

@@ -57,6 +57,11 @@ def render(report: Any, out: IO[str] | None = None, *, show: int = 20) -> None:
         notes.append(f"{report.fenced:,} fenced decisions of a deposed leader (ignored by the fold)")
     if report.inputs:
         notes.append(f"{report.inputs:,} input rejections (cycle 0) not audited")
+    if report.unrecorded:
+        notes.append(
+            f"{len(report.unrecorded):,} settling cycles where the code decides what the log does not show "
+            "(a daemon that decided later, or deleted decisions: see --output json)"
+        )
     if report.skipped_partial:
         notes.append(f"{report.skipped_partial:,} decisions of a cycle that began before --from")
     con.print("; ".join(notes) + f"; {report.seconds:.2f}s", highlight=False)

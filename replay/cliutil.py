@@ -71,6 +71,8 @@ def run_command(
     """Open the log the arguments name and run `body`; turn known failures into exit 2."""
     import anyio
 
+    _quiet_logs()
+
     async def main() -> int:
         async with open_source(args, stderr_bad) as (source, store):
             return await body(source, store)
@@ -80,6 +82,29 @@ def run_command(
     except (SourceError, UsageError) as exc:
         print(f"muster {prog}: {exc}", file=sys.stderr)
         return 2
+
+
+class _Stderr:
+    """Whatever `sys.stderr` is when a line is written (tests swap it)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+def _quiet_logs() -> None:
+    """Library logs (NATS reconnects...) go to stderr, warnings and up: stdout is the command's output."""
+    import logging
+
+    import structlog
+
+    if not structlog.is_configured():
+        structlog.configure(
+            wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+            logger_factory=structlog.PrintLoggerFactory(_Stderr()),  # type: ignore[arg-type]
+        )
 
 
 def dump_json(obj: Any, out: IO[str] | None = None) -> None:

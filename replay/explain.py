@@ -458,6 +458,7 @@ class Storyteller:
             "gpus": job.gpus,
             "shape": job_shape(job),
             "priority": state.priority_of(job),
+            "priority_class": job.priority_class,
         }
         if job.status == "pending":
             story.pending = blockers(state, job)

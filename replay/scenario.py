@@ -112,7 +112,14 @@ class _Reader:
     def scalar(self, node: yaml.Node, what: str) -> Any:
         if not isinstance(node, yaml.ScalarNode):
             raise self.fail(node, f"{what} must be a single value")
-        return yaml.safe_load(yaml.serialize(node)) if node.tag != "tag:yaml.org,2002:str" else node.value
+        if node.tag == "tag:yaml.org,2002:str":
+            return node.value
+        # construct the value from the node itself (a round trip through text fails on an
+        # empty value, as in `{gpu}`)
+        try:
+            return yaml.constructor.SafeConstructor().construct_object(node, deep=True)
+        except yaml.YAMLError as exc:
+            raise self.fail(node, f"{what}: {exc}") from None
 
     def string(self, node: yaml.Node, what: str) -> str:
         v = self.scalar(node, what)
