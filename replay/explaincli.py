@@ -89,7 +89,8 @@ def render(story: Any, now: int, out: IO[str] | None = None) -> None:
     s = story.summary
     con.print(
         f"[bold]{story.job}[/bold] · queue {story.queue} · {s.get('gpus', 0)} GPUs ({s.get('shape', '-')}) · "
-        f"priority {s.get('priority_class') or 'lowest'} ({s.get('priority')}) · [bold]{story.status}[/bold] as of {clock.when(now)}",
+        f"priority {s.get('priority_class') or 'lowest'} ({s.get('priority')}) · "
+        f"[bold]{story.status}[/bold] as of {clock.when(now)}",
         highlight=False,
     )
     t = Table(show_header=True, box=None, pad_edge=False)
