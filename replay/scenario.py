@@ -391,6 +391,10 @@ def _queues(r: _Reader, node: yaml.Node | None, cohorts: set[str]) -> dict[str, 
     return out
 
 
+MAX_NODES = 100_000
+"""A scenario's node limit: far above the benchmarks, low enough that a typo'd count fails fast."""
+
+
 def _nodes(r: _Reader, node: yaml.Node | None, levels: list[str]) -> dict[str, NodeAdded]:
     out: dict[str, NodeAdded] = {}
     if node is None:
@@ -416,6 +420,11 @@ def _nodes(r: _Reader, node: yaml.Node | None, levels: list[str]) -> dict[str, N
                         axes.append((key, [r.string(x, f"label {key}") for x in vn.value]))
                     else:
                         axes.append((key, [r.string(vn, f"label {key}")]))
+            total = count
+            for _, vals in axes:
+                total *= len(vals)
+            if len(out) + total > MAX_NODES:
+                raise r.fail(g["count"], f"generate: {total} more nodes is too many (at most {MAX_NODES} in all)")
             for combo in itertools.product(*[vals for _, vals in axes]):
                 labels = {k: v for (k, _), v in zip(axes, combo, strict=True)}
                 for i in range(count):

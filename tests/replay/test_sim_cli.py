@@ -8,8 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from muster.cli import main
+from muster.replay.scenario import ScenarioError, loads
+from muster.replay.simulator import simulate
 
 CLUSTER = """\
 topology:
@@ -83,6 +87,16 @@ def test_table_output_lists_jobs_and_queues(tmp_path: Path, capsys: pytest.Captu
     for word in ("b-big", "a-1", "team-a", "team-b", "finished", "Jobs", "Queues", "cluster GPU utilization"):
         assert word in out
     assert "{" not in out
+
+
+def test_table_output_summarises_many_jobs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With many jobs the table gives counts by status and admission waits instead of one row per job."""
+    rows = "".join(f"j{i},{i},team-a,8,8,100\n" for i in range(80))
+    _write(tmp_path, "job,submit,queue,gpus,gpus_per_pod,runtime\n" + rows, "trace.csv")
+    assert main(["sim", str(_write(tmp_path, CLUSTER + "timeline_csv: trace.csv\n"))]) == 0
+    out = capsys.readouterr().out
+    assert "80 jobs: 80 finished; admission wait p50" in out
+    assert "j79" not in out
 
 
 def test_jsonl_every_event_has_type_and_at(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -303,6 +317,47 @@ def test_invalid_scenario_exits_2_with_file_and_line(
     assert f"{path}:{line}: " in captured.err
     assert message in captured.err
     assert "Traceback" not in captured.err
+
+
+def test_key_without_value_is_an_error_not_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A flow mapping key with no value (`{gpu}`) is reported with its line."""
+    path = tmp_path / "bad.yaml"
+    path.write_text("nodes:\n  - {name: n0, capacity: {gpu}}\n" + GOOD_QUEUES)
+    assert main(["sim", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:2: " in err and "is not a quantity" in err and "Traceback" not in err
+
+
+def test_absurd_node_count_fails_fast(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A generate count far beyond any cluster is an error, not an attempt to build it."""
+    path = tmp_path / "bad.yaml"
+    path.write_text('nodes:\n  - generate: {count: 2222222222, name: "n{i}"}\n')
+    assert main(["sim", str(path)]) == 2
+    assert "too many" in capsys.readouterr().err
+
+
+MUTATION = st.sampled_from(
+    [*":-{}[], \n#'\"!&*|>0123456789abzx.", "  ", "- ", ": ", "\t", "gpu", "-1", "1e9", "null", "~", "true"]
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(st.integers(0, len(RUN)), st.integers(0, 3), st.lists(MUTATION, max_size=3)), min_size=1, max_size=5
+    )
+)
+def test_mangled_scenario_is_reported_or_runs(edits: list[tuple[int, int, list[str]]]) -> None:
+    """Any edit of a valid scenario either runs or is a ScenarioError naming the file: never another exception."""
+    text = RUN + "until: 2000\n"
+    for pos, cut, insert in edits:
+        text = text[:pos] + "".join(insert) + text[pos + cut :]
+    try:
+        scenario = loads(text, "mangled.yaml")
+    except ScenarioError as exc:
+        assert str(exc).startswith("mangled.yaml")
+        return
+    simulate(scenario)
 
 
 @pytest.mark.parametrize(
