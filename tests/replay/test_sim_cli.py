@@ -529,6 +529,29 @@ def test_bad_csv_exits_2_naming_csv_file_and_line(
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("content", "line", "message"),
+    [
+        pytest.param(b"job,submit,queue,gpus,gpus_per_pod,runtime\na\xff,0,q,8,8,10\n", 2, "not UTF-8", id="not-utf8"),
+        pytest.param(
+            b'job,submit,queue,gpus,gpus_per_pod,runtime\n"' + b"x" * 200_000 + b'",0,q,8,8,10\n',
+            2,
+            "malformed CSV",
+            id="huge-field",
+        ),
+    ],
+)
+def test_unreadable_csv_rows_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, line: int, message: str
+) -> None:
+    """A trace that is not UTF-8 or not parseable as CSV exits 2 with its line, never a traceback."""
+    trace = tmp_path / "trace.csv"
+    trace.write_bytes(content)
+    assert main(["sim", str(_write(tmp_path, CLUSTER + "timeline_csv: trace.csv\n"))]) == 2
+    err = capsys.readouterr().err
+    assert f"{trace}:{line}: " in err and message in err and "Traceback" not in err
+
+
 def test_missing_csv_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A timeline_csv that does not exist exits 2 naming it."""
     assert main(["sim", str(_write(tmp_path, CLUSTER + "timeline_csv: nowhere.csv\n"))]) == 2
