@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import itertools
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -429,11 +430,7 @@ def _nodes(r: _Reader, node: yaml.Node | None, levels: list[str]) -> dict[str, N
             for combo in itertools.product(*[vals for _, vals in axes]):
                 labels = {k: v for (k, _), v in zip(axes, combo, strict=True)}
                 for i in range(count):
-                    try:
-                        nm = pattern.format(i=i, **labels)
-                    except (KeyError, IndexError, ValueError) as exc:
-                        raise r.fail(g["name"], f"generate.name {pattern!r}: cannot fill {exc}") from None
-                    add(n, nm, dict(labels), dict(capacity))
+                    add(n, _fill(r, g["name"], pattern, {**labels, "i": str(i)}), dict(labels), dict(capacity))
         else:
             m = r.mapping(n, "node", {"name", "labels", "capacity"}, {"name"})
             name = r.string(m["name"], "node name")
@@ -444,6 +441,21 @@ def _nodes(r: _Reader, node: yaml.Node | None, levels: list[str]) -> dict[str, N
             capacity = r.resources(m["capacity"], f"node {name}: capacity") if "capacity" in m else {}
             add(n, name, node_labels, capacity)
     return out
+
+
+_FIELD = re.compile(r"\{([^{}]*)\}")
+
+
+def _fill(r: _Reader, node: yaml.Node, pattern: str, values: dict[str, str]) -> str:
+    """`pattern` with each `{label}` and `{i}` replaced: plain substitution, not str.format (no attributes or specs)."""
+
+    def one(m: re.Match[str]) -> str:
+        key = m.group(1)
+        if key not in values:
+            raise r.fail(node, f"generate.name {pattern!r}: cannot fill {{{key}}} (known: {', '.join(sorted(values))})")
+        return values[key]
+
+    return _FIELD.sub(one, pattern)
 
 
 def _keys(node: yaml.Node) -> list[str]:

@@ -250,6 +250,15 @@ INVALID = [
         "cohorts:\n  - {name: a, parent: a}\n" + GOOD_QUEUES, 2, "cohorts form a cycle", id="self-parent-cohort"
     ),
     pytest.param(
+        'nodes:\n  - generate: {count: 1, name: "n{rack}", labels: {block: [b0]}}\n',
+        2,
+        "cannot fill {rack}",
+        id="generate-name-unknown-label",
+    ),
+    pytest.param(
+        'nodes:\n  - generate: {count: 1, name: "n{i.real}"}\n', 2, "cannot fill {i.real}", id="generate-name-attribute"
+    ),
+    pytest.param(
         "cohorts:\n  - {name: a, parent: zz}\n" + GOOD_QUEUES,
         2,
         "parent cohort 'zz' is not defined",
