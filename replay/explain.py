@@ -15,7 +15,7 @@ position in its queue and the jobs ahead, the quota shortfall in numbers,
 the free GPUs in the best topology domain, and whether preemption could
 make room (the core's own `find_victims` on a throwaway cycle).
 
-Pure: reads events and states, never the clock.
+`Storyteller` is pure (events and states in, lines out; no clock); `explain` feeds it from a log.
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ from muster.events.types import (
 )
 from muster.projections.cluster import DEFAULT_IDLE_THRESHOLD, ClusterState, JobState, evolve
 from muster.projections.resources import fmt
-from muster.replay.points import duration
+from muster.replay.points import Point, duration
+from muster.replay.snapshots import no_gc
+from muster.replay.source import LogSource
 from muster.replay.views import job_shape, priority_label, queue_order
 
 
@@ -463,6 +465,17 @@ class Storyteller:
         if job.status == "pending":
             story.pending = blockers(state, job)
         return story
+
+
+async def explain(source: LogSource, job: str, point: Point) -> tuple[Story, int]:
+    """Fold the log up to `point`, telling `job`'s story; returns (story, time of the last event folded)."""
+    last = await source.last_seq()
+    teller = Storyteller(job)
+    with no_gc():
+        async for batch in source.batches(1, point.seq if point.seq is not None else last, until=point.time):
+            for seq, ev in batch:
+                teller.step(seq, ev)
+    return teller.finish(), teller.state.now
 
 
 def blockers(state: ClusterState, job: JobState) -> dict[str, Any]:

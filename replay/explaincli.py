@@ -28,9 +28,10 @@ def run(args: argparse.Namespace) -> int:
 
     async def body(source: Any, store: Any) -> int:
         from muster.replay.cliutil import dump_json
+        from muster.replay.explain import explain
 
         point = point_arg(args.at, "--at")
-        story, now = await tell(source, args.job, point)
+        story, now = await explain(source, args.job, point)
         if story.status == "unknown":
             print(f"muster explain: no job {args.job!r} in {source.name} up to {point.text}", file=sys.stderr)
             return 2
@@ -42,20 +43,6 @@ def run(args: argparse.Namespace) -> int:
 
     code: int = run_command(args, body, "explain")
     return code
-
-
-async def tell(source: Any, job: str, point: Any) -> tuple[Any, int]:
-    """Fold the log up to `point`, telling `job`'s story; returns (story, time of the last event)."""
-    from muster.replay.explain import Storyteller
-    from muster.replay.snapshots import no_gc
-
-    last = await source.last_seq()
-    teller = Storyteller(job)
-    with no_gc():
-        async for batch in source.batches(1, point.seq if point.seq is not None else last, until=point.time):
-            for seq, ev in batch:
-                teller.step(seq, ev)
-    return teller.finish(), teller.state.now
 
 
 def document(story: Any, now: int) -> dict[str, Any]:

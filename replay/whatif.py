@@ -422,7 +422,7 @@ async def whatif(
         notes.append(f"jobs of queues absent from the configuration are rejected: {', '.join(unknown_queues)}")
     if not runtimes and any(isinstance(ev, JobSubmitted) and ev.runtime is None for _, ev in window):
         notes.append("no job finished in the log: jobs without a declared runtime run until the end")
-    changed = _changed_queues(start_state, config)
+    changed = _changed_queues(state, config)
     return WhatIf(
         real=Side(real, t0, t1 if bounded else max(t1, real.last)),
         alt=Side(alt, 0, result.end),

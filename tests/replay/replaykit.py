@@ -2,6 +2,7 @@
 
 - `STORY`: the preempted-then-finished story (b-big borrows, a-1 reclaims, b-big
   runs again and finishes) that `explain` must tell;
+- `IDLE`: a borrowed job goes idle and is reclaimed for a waiting job;
 - `mixed(seed, ...)`: a seeded scenario over a 2-block x 2-rack cluster with
   cohorts, limits, priorities, topology, checkpoints, node failures, cordons,
   cancellations, queue updates, utilization samples and optional fair sharing
@@ -67,6 +68,30 @@ timeline:
       priority_class: training
       podsets: [{name: worker, count: 1, requests: {gpu: 8}}]
       runtime: 300
+"""
+
+IDLE = """\
+nodes:
+  - generate:
+      count: 2
+      name: "{block}-{rack}-n{i}"
+      labels: {block: [b0], rack: [r0]}
+      capacity: {gpu: 8}
+topology:
+  levels: [block, rack]
+cohorts:
+  - {name: org}
+queues:
+  - {name: qa, cohort: org, nominal: {gpu: 8}}
+  - {name: qb, cohort: org, nominal: {gpu: 8}}
+idle_reclaim: {threshold: 0.05, after: 600}
+timeline:
+  - {at: 0, submit: {job: own, queue: qa, podsets: [{count: 1, requests: {gpu: 8}}], runtime: 5000}}
+  - {at: 0, submit: {job: lent, queue: qa, podsets: [{count: 1, requests: {gpu: 8}}], runtime: 5000}}
+  - {at: 100, utilization: {job: lent, gpu: 0.01}}
+  - {at: 100, utilization: {job: own, gpu: 0.9}}
+  - {at: 200, submit: {job: b, queue: qb, podsets: [{count: 1, requests: {gpu: 8}}], runtime: 300}}
+  - {at: 300, submit: {job: b2, queue: qb, podsets: [{count: 1, requests: {gpu: 4}}], runtime: 300}}
 """
 
 

@@ -1,0 +1,138 @@
+"""`muster explain JOB`: a job's story from the log, and what a waiting job needs.
+
+The story of a preempted-then-finished job (STORY: b-big borrows team-a's
+unused quota, a-1 reclaims it, b-big waits, runs again and finishes), the
+preemptor's side, and the numbers given for a pending job: position, quota
+shortfall, free GPUs in the best topology domain, preemption.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from replaykit import STORY, memory_log, sim, write_jsonl
+
+from muster.cli import main
+from muster.events.types import JobPreempted
+from muster.replay.explain import explain
+from muster.replay.points import END, Point
+
+RACKS = """\
+topology:
+  levels: [block, rack]
+nodes:
+  - generate:
+      count: 2
+      name: "{block}-{rack}-n{i}"
+      labels: {block: [b0], rack: [r0, r1]}
+      capacity: {gpu: 8}
+queues:
+  - {name: q, nominal: {gpu: 64}}
+timeline:
+  - {at: 0, submit: {job: wide, queue: q, podsets: [{count: 3, requests: {gpu: 8}}], runtime: 1000}}
+  - {at: 10, submit: {job: tight, queue: q, podsets: [{count: 2, requests: {gpu: 8}, topology: {required: rack}}],
+     runtime: 100}}
+  - {at: 20, submit: {job: after, queue: q, podsets: [{count: 1, requests: {gpu: 8}}], runtime: 100}}
+"""
+
+
+async def test_the_story_of_a_preempted_then_finished_job() -> None:
+    """Submitted, admitted on borrowed quota, preempted by a-1 with the work lost, requeued, waited, ran, finished."""
+    events = sim(STORY).events
+    story, now = await explain(memory_log(events), "b-big", END)
+    assert story.status == "finished" and now == 1540
+    assert [ln.kind for ln in story.lines] == [
+        "submitted",
+        "admitted",
+        "preempted",
+        "requeued",
+        "inadmissible",
+        "admitted",
+        "finished",
+    ]
+    sub, adm, pre, req, wait, again, fin = story.lines
+    assert "team-b" in sub.text and "32 GPUs (4x8)" in sub.text and "checkpoint every 1m 00s" in sub.text
+    assert "borrowing gpu=16 from cohort org" in adm.text and "team-a (gpu=16 unused)" in adm.text
+    assert "racks b0/r0, b0/r1" in adm.text
+    (recorded,) = [e for e in events if isinstance(e, JobPreempted)]
+    assert pre.seq == events.index(recorded) + 1 and pre.at == 100
+    assert pre.data["preemptor"] == "a-1" and pre.data["reason"] == "ReclaimWithinCohort"
+    # 100 s of work since admission, a checkpoint at 60 s: 40 s on 32 GPUs lost
+    assert pre.data["lost_gpu_seconds"] == recorded.lost_gpu_seconds == 1280
+    assert "by a-1 (team-a" in pre.text and "takes back its nominal quota" in pre.text
+    assert "1,280 GPU-seconds" in pre.text
+    assert "position 1 of 1" in req.text and "1m 00s of work saved" in req.text and "15m 40s left" in req.text
+    assert "no room for gpu=32" in wait.text and "short by 16" in wait.text
+    assert again.at == 600 and "after waiting 8m 20s" in again.text
+    assert fin.at == 1540 and fin.data["work_seconds"] == 1000 and fin.data["waited_seconds"] == 500
+    assert "preempted 1 time" in fin.text
+
+
+async def test_the_preemptor_s_story_names_its_victim() -> None:
+    """a-1's story says it evicted b-big to make room, then was admitted within its nominal quota."""
+    story, _ = await explain(memory_log(sim(STORY).events), "a-1", END)
+    kinds = [ln.kind for ln in story.lines]
+    assert kinds == ["submitted", "evicted", "admitted", "finished"]
+    assert "evicted b-big" in story.lines[1].text and "ReclaimWithinCohort" in story.lines[1].text
+    assert "within its queue's nominal quota" in story.lines[2].text
+
+
+async def test_a_pending_job_gets_its_position_and_quota_shortfall() -> None:
+    """Pending at seq 16: first in team-b; 16 GPUs short of quota; its queue may evict nothing."""
+    story, _ = await explain(memory_log(sim(STORY).events), "b-big", Point(seq=16))
+    assert story.status == "pending"
+    p = story.pending
+    assert p is not None
+    assert (p["position"], p["queue_length"], p["ahead"]) == (1, 1, [])
+    assert p["quota"]["gpu"] == {
+        "requested": 32,
+        "used": 0,
+        "nominal": 16,
+        "available": 16,
+        "short": 16,
+        "borrowing_limit": None,
+    }
+    changes = p["what_would_have_to_change"]
+    assert any(c.startswith("quota: 16 more gpu") for c in changes)
+    assert any("lets it evict nothing" in c for c in changes)
+
+
+async def test_a_pending_job_blocked_by_topology_gets_the_best_domain() -> None:
+    """A gang that needs one rack: the best rack's free GPUs and how many more it needs there."""
+    story, _ = await explain(memory_log(sim(RACKS).events), "tight", Point(time=15))
+    assert story.status == "pending"
+    p = story.pending
+    assert p is not None
+    (cap,) = p["capacity"]
+    assert cap["level"] == "rack" and cap["best_domain"] == "b0/r1"
+    assert (cap["best_free_gpus"], cap["best_room_pods"], cap["missing_gpus"]) == (8, 1, 8)
+    assert any(
+        "no rack has room for 2 pods" in c and "8 more GPUs must be free there" in c
+        for c in p["what_would_have_to_change"]
+    )
+    assert p["quota"]["gpu"]["short"] == 0
+    wait = [ln for ln in story.lines if ln.kind == "inadmissible"]
+    assert wait and "no rack has room" in wait[0].text and "best rack b0/r1 has 8 free GPUs" in wait[0].text
+
+
+def test_explain_cli_table_json_and_unknown_job(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI prints one line per event with times and the story in JSON; an unknown job exits 2."""
+    path = write_jsonl(tmp_path / "log.jsonl", sim(STORY).events)
+    assert main(["explain", "b-big", "--log", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "b-big" in out and "finished" in out and "t=100" in out and "+1m 40s" in out
+    assert "preempted by a-1" in out
+    assert main(["explain", "b-big", "--log", str(path), "--at", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "Pending" in out and "position 1 of 1 in team-b" in out and "What would have to change" in out
+    assert main(["explain", "b-big", "--log", str(path), "--output", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["status"] == "finished" and [s["kind"] for s in doc["story"]][:3] == [
+        "submitted",
+        "admitted",
+        "preempted",
+    ]
+    assert main(["explain", "nobody", "--log", str(path)]) == 2
+    assert "no job 'nobody'" in capsys.readouterr().err

@@ -1,0 +1,154 @@
+"""`muster whatif`: a log's jobs run again under another queue configuration, compared with reality.
+
+The identity check (the log's own configuration reproduces what happened,
+also when runtimes must be derived from admission to finish), a doubled
+quota that lowers the waits of the queue that got it, windows, the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+from replaykit import STORY, memory_log, sim, write_jsonl
+
+from muster.cli import main
+from muster.events.store import EventStore
+from muster.events.types import JobSubmitted
+from muster.replay.points import Point
+from muster.replay.source import NatsLog
+from muster.replay.whatif import WhatIfError, whatif
+
+BUSY = (
+    """\
+nodes:
+  - generate:
+      count: 4
+      name: "n{i}"
+      capacity: {gpu: 8}
+queues:
+  - {name: qa, nominal: {gpu: 8}}
+  - {name: qb, nominal: {gpu: 8}}
+timeline:
+"""
+    + "".join(
+        f"  - {{at: {i * 10}, submit: {{job: a{i}, queue: qa, podsets: [{{count: 1, requests: {{gpu: 8}}}}], "
+        f"runtime: {300 + 50 * (i % 3)}}}}}\n"
+        for i in range(8)
+    )
+    + "".join(
+        f"  - {{at: {i * 40}, submit: {{job: b{i}, queue: qb, podsets: [{{count: 1, requests: {{gpu: 4}}}}], "
+        "runtime: 200}}\n"
+        for i in range(3)
+    )
+)
+
+BUSY_DOUBLED = """\
+queues:
+  - {name: qa, nominal: {gpu: 16}}
+  - {name: qb, nominal: {gpu: 8}}
+"""
+
+STORY_CONFIG = """\
+queues:
+  - name: team-a
+    cohort: org
+    nominal: {gpu: 16}
+    preemption: {within_queue: LowerPriority, reclaim_within_cohort: Any}
+  - name: team-b
+    cohort: org
+    nominal: {gpu: 16}
+"""
+
+
+def _queues(result: object) -> dict[str, dict]:
+    return {q["queue"]: q for q in result.queue_rows()}  # type: ignore[attr-defined]
+
+
+async def test_the_logs_own_configuration_reproduces_reality() -> None:
+    """Run again with the configuration it had, the log's jobs wait, get preempted and use GPUs exactly as they did."""
+    result = await whatif(memory_log(sim(STORY).events), STORY_CONFIG)
+    for job in result.job_rows():
+        real, alt = job["real"], job["whatif"]
+        assert (alt["wait"], alt["preemptions"], alt["gpu_seconds"], alt["finished"]) == (
+            real["wait"],
+            real["preemptions"],
+            real["gpu_seconds"],
+            real["finished"],
+        ), job["job"]
+    assert _queues(result)["team-b"]["real"]["preemptions"] == 1
+    cluster = result.cluster()
+    assert cluster["real"] == cluster["whatif"]
+
+
+async def test_runtimes_are_derived_from_admission_to_finish() -> None:
+    """Without declared runtimes, each job runs as long as it really worked (preemption and checkpoints included)."""
+    events = [msgspec.structs.replace(e, runtime=None) if isinstance(e, JobSubmitted) else e for e in sim(STORY).events]
+    result = await whatif(memory_log(events), STORY_CONFIG)
+    rows = {j["job"]: j for j in result.job_rows()}
+    assert rows["b-big"]["whatif"]["finished"] == rows["b-big"]["real"]["finished"] == 1540
+    assert all(j["whatif"]["gpu_seconds"] == j["real"]["gpu_seconds"] for j in rows.values())
+
+
+async def test_a_doubled_quota_lowers_the_waits_of_its_queue() -> None:
+    """Doubling qa's quota admits its queued jobs sooner; qb, unchanged and without a cohort, waits as before."""
+    result = await whatif(memory_log(sim(BUSY).events), BUSY_DOUBLED)
+    q = _queues(result)
+    assert q["qa"]["changed"] and not q["qb"]["changed"]
+    assert q["qa"]["whatif"]["wait_mean"] < q["qa"]["real"]["wait_mean"]
+    assert q["qa"]["whatif"]["wait_max"] < q["qa"]["real"]["wait_max"]
+    assert q["qb"]["whatif"]["wait_mean"] == q["qb"]["real"]["wait_mean"]
+    for job in result.job_rows():
+        assert job["whatif"]["wait"] <= job["real"]["wait"], job["job"]
+    # the same work is done either way
+    assert q["qa"]["whatif"]["gpu_seconds"] == q["qa"]["real"]["gpu_seconds"]
+    cluster = result.cluster()
+    assert cluster["whatif"]["seconds"] < cluster["real"]["seconds"]
+    assert cluster["whatif"]["utilization"] > cluster["real"]["utilization"]
+
+
+async def test_a_window_replays_only_its_submissions() -> None:
+    """--from/--to: jobs submitted in the window are compared; work already queued at the start is carried in."""
+    events = sim(BUSY).events
+    result = await whatif(memory_log(events), BUSY_DOUBLED, start=Point(time=35), end=Point(time=5000))
+    jobs = {j["job"] for j in result.job_rows()}
+    submitted = {e.job: e.at for e in events if isinstance(e, JobSubmitted)}
+    assert jobs == {j for j, at in submitted.items() if 35 <= at <= 5000}
+    assert result.t0 == 35
+
+
+async def test_whatif_reads_the_embedded_nats(store: EventStore) -> None:
+    """A log on JetStream runs the same what-if as the same log in memory."""
+    events = sim(BUSY).events
+    await store.append(events)
+    on_nats = await whatif(NatsLog(store), BUSY_DOUBLED)
+    in_memory = await whatif(memory_log(events), BUSY_DOUBLED)
+    assert on_nats.queue_rows() == in_memory.queue_rows()
+
+
+async def test_a_configuration_it_cannot_use_names_file_and_line() -> None:
+    """An unknown section or an invalid queue is a WhatIfError naming the file and line."""
+    log = memory_log(sim(STORY).events)
+    with pytest.raises(WhatIfError, match="unknown section 'nodes'"):
+        await whatif(log, "queues: []\nnodes: []\n", "q.yaml")
+    with pytest.raises(WhatIfError, match=r"q.yaml:2: .*cohort 'nowhere' is not defined"):
+        await whatif(log, "queues:\n  - {name: qa, cohort: nowhere, nominal: {gpu: 1}}\n", "q.yaml")
+
+
+def test_whatif_cli_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI prints queues real -> what-if and the jobs whose wait changed most; JSON has every job."""
+    log = write_jsonl(tmp_path / "log.jsonl", sim(BUSY).events)
+    config = tmp_path / "q.yaml"
+    config.write_text(BUSY_DOUBLED)
+    assert main(["whatif", "--log", str(log), "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "qa *" in out and "->" in out and "Jobs whose wait changed most" in out and "utilization" in out
+    assert main(["whatif", "--log", str(log), "--config", str(config), "--output", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {j["job"] for j in doc["jobs"]} == {f"a{i}" for i in range(8)} | {f"b{i}" for i in range(3)}
+    assert doc["queues_changed"] == ["qa"]
+    config.write_text("queues:\n  - {name: qa}\n")
+    assert main(["whatif", "--log", str(log), "--config", str(config)]) == 2
+    assert "missing field 'nominal'" in capsys.readouterr().err
