@@ -58,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
             else:
                 render_list(metas)
             return 0
+        from muster.replay.snapshots import write_snapshots
+
         doc = await write_snapshots(
             source, snapshots, every=args.every, fmt=args.format, verify=args.verify, follow=args.follow, store=store
         )
@@ -75,59 +77,6 @@ def run(args: argparse.Namespace) -> int:
 
     code: int = run_command(args, body, "snapshot")
     return code
-
-
-async def write_snapshots(
-    source: Any,
-    snapshots: Any,
-    *,
-    every: int,
-    fmt: str = "msgpack+zlib",
-    verify: bool = False,
-    follow: bool = False,
-    store: Any = None,
-) -> dict[str, Any]:
-    """Fold from the nearest trusted snapshot to the end, writing one whenever a multiple of `every` is crossed."""
-    import contextlib
-    import time
-
-    from muster.projections.cluster import evolve
-    from muster.replay.snapshots import Snapshotter, no_gc
-
-    t0 = time.perf_counter()
-    last = await source.last_seq()
-    loaded = await snapshots.nearest(max_seq=last, verify="full" if verify else "marks")
-    writer = Snapshotter(snapshots, every, fmt=fmt, trusted_from=loaded.seq)
-    writer.last = loaded.seq
-    state, seq, folded = loaded.state, loaded.seq, loaded.folded
-    async for batch in source.batches(seq + 1, last):
-        with no_gc():
-            for s, ev in batch:
-                evolve(state, ev)
-                if writer.due(s):
-                    await writer.maybe_snapshot(state, s)
-        folded += len(batch)
-        seq = batch[-1][0]
-    if follow and store is not None:
-        async with contextlib.aclosing(store.follow(seq + 1)) as events:
-            async for s, ev in events:
-                evolve(state, ev)
-                seq = s
-                await writer.maybe_snapshot(state, s)
-    return {
-        "seq": seq,
-        "started_from": _started(loaded, verify),
-        "written": [m.seq for m in writer.written],
-        "checked": loaded.checked,
-        "verified": loaded.verified_now,
-        "discarded": [{"seq": d.seq, "reason": d.reason} for d in loaded.discarded],
-        "folded": folded,
-        "seconds": round(time.perf_counter() - t0, 3),
-    }
-
-
-def _started(loaded: Any, verify: bool) -> str:
-    return "the empty state" if loaded.base == 0 else f"the verified snapshot at seq {loaded.base}"
 
 
 def _size(n: int) -> str:

@@ -26,10 +26,12 @@ from muster.replay.snapshots import (
     MemorySnapshots,
     NatsSnapshots,
     SnapshotBackend,
+    SnapshotMeta,
     Snapshots,
     Snapshotter,
     encode_state,
     sha256,
+    write_snapshots,
 )
 from muster.replay.source import MemoryLog, NatsLog
 
@@ -217,6 +219,58 @@ async def test_snapshots_of_a_stream_live_in_an_object_store(store: EventStore) 
         assert replayed.state == fold(events[:17])
     finally:
         await store.js.delete_object_store(f"{store.stream}-snapshots")
+
+
+class _Announcing:
+    """A backend that sends the sequence of every snapshot written (so a test waits on events, not on time)."""
+
+    def __init__(self, inner: SnapshotBackend, send: object) -> None:
+        self.inner = inner
+        self.send = send
+
+    async def put(self, meta: SnapshotMeta, data: bytes) -> None:
+        await self.inner.put(meta, data)
+        await self.send.send(meta.seq)  # type: ignore[attr-defined]
+
+    async def list(self) -> list[SnapshotMeta]:
+        return await self.inner.list()
+
+    async def get(self, name: str) -> bytes:
+        return await self.inner.get(name)
+
+    async def set_meta(self, meta: SnapshotMeta) -> None:
+        await self.inner.set_meta(meta)
+
+    async def delete(self, name: str) -> None:
+        await self.inner.delete(name)
+
+
+async def test_following_the_stream_writes_snapshots_as_it_grows(store: EventStore) -> None:
+    """`muster snapshot --follow` keeps writing snapshots as events are appended, each verified by construction."""
+    import functools
+
+    import anyio
+
+    events = sim(STORY).events
+    await store.append(events[:8])
+    bucket = f"{store.stream}-snapshots"
+    nats_backend = await NatsSnapshots.open(store.js, bucket, create=True)
+    assert nats_backend is not None
+    send, written = anyio.create_memory_object_stream[int](10)
+    snaps = Snapshots(_Announcing(nats_backend, send), NatsLog(store))
+    try:
+        async with written, send, anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(write_snapshots, NatsLog(store), snaps, every=5, follow=True, store=store))
+            with anyio.fail_after(10):
+                assert await written.receive() == 5
+                await store.append(events[8:])
+                assert [await written.receive() for _ in range(3)] == [10, 15, 20]
+            tg.cancel_scope.cancel()
+        assert all(m.is_verified for m in await snaps.catalog())
+        replayed = await state_at(NatsLog(store), Point(seq=21), snaps)
+        assert replayed.folded == 1 and replayed.state == fold(events[:21])
+    finally:
+        await store.js.delete_object_store(bucket)
 
 
 def test_snapshot_cli_on_a_file_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,199 @@
+"""Replay to a point of a 1,000,000-event log, with and without snapshots (not a test; prints numbers).
+
+The log is `bench_events.realistic_events` (cluster setup, then overlapping job
+lifecycles: submissions, admissions onto nodes, starts, GPU utilization
+samples, preemptions, finishes), held in memory as stored bytes and appended
+to an embedded nats-server. For each source it measures `rebuild.state_at`:
+
+  no snapshots     fold from the start to the end, and to the middle
+  write            `muster snapshot --every N` (one fold, a snapshot per N events)
+  snapshots        to the end, to the middle, to just before a snapshot (worst
+                   case: N-1 events after the nearest one), to a time point;
+                   target <= 5 s to any point
+  first load       the daemon's writer leaves snapshots unverified: the first
+                   load checks one interval by folding it, later loads do not
+
+Every state is checked against the state the full fold held at that point.
+
+Usage: python bench/bench_replay.py [--events 1000000] [--every 50000] [--skip-nats]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_events import realistic_events
+
+from muster.events.codec import encode
+from muster.events.embedded import EmbeddedNats
+from muster.events.store import EventStore
+from muster.projections.cluster import ClusterState, evolve
+from muster.replay.points import Point
+from muster.replay.rebuild import state_at
+from muster.replay.snapshots import (
+    MemorySnapshots,
+    NatsSnapshots,
+    Snapshots,
+    Snapshotter,
+    encode_state,
+    no_gc,
+    write_snapshots,
+)
+from muster.replay.source import LogSource, MemoryLog, NatsLog
+
+TARGET = 5.0
+
+
+def reference(events: list[Any], points: list[int]) -> dict[int, bytes]:
+    """The encoded state of the plain fold at each point (to check every replay)."""
+    out: dict[int, bytes] = {}
+    state = ClusterState()
+    wanted = set(points)
+    with no_gc():
+        for i, ev in enumerate(events, start=1):
+            evolve(state, ev)
+            if i in wanted:
+                out[i] = encode_state(state, "msgpack")
+    return out
+
+
+def row(source: str, what: str, seconds: float, folded: int, extra: str = "", target: bool = False) -> None:
+    mark = ""
+    if target:
+        mark = "  OK (<= 5 s)" if seconds <= TARGET else "  OVER 5 s"
+    print(f"{source:<7} {what:<44} {seconds:7.2f} s  {folded:>9,} events folded  {extra}{mark}", flush=True)
+
+
+async def measure(
+    source: LogSource,
+    name: str,
+    snapshots: Snapshots,
+    n: int,
+    every: int,
+    refs: dict[int, bytes],
+    time_point: tuple[int, int],
+) -> None:
+    mid = n // 2
+    worst = (mid // every + 1) * every - 1
+    # no snapshots
+    for label, seq in (("no snapshots, to the end", n), ("no snapshots, to the middle", mid)):
+        r = await state_at(source, Point(seq=seq))
+        assert encode_state(r.state, "msgpack") == refs[seq], label
+        row(name, label, r.seconds, r.folded)
+    # write snapshots (verified by construction)
+    t0 = time.perf_counter()
+    doc = await write_snapshots(source, snapshots, every=every)
+    metas = await snapshots.catalog()
+    size = sum(m.size for m in metas)
+    row(
+        name,
+        f"write snapshots every {every:,}",
+        time.perf_counter() - t0,
+        doc["folded"],
+        f"{len(metas)} snapshots, {size / 1e6:.1f} MB stored, last {metas[-1].size / 1e6:.1f} MB",
+    )
+    for label, seq in (
+        ("snapshots, to the end", n),
+        ("snapshots, to the middle", mid),
+        (f"snapshots, worst case (seq {worst:,})", worst),
+    ):
+        r = await state_at(source, Point(seq=seq), snapshots)
+        assert encode_state(r.state, "msgpack") == refs[seq], label
+        row(name, label, r.seconds, r.folded, f"from seq {r.snapshot.seq if r.snapshot else 0:,}", target=True)
+    t, seq = time_point
+    r = await state_at(source, Point(time=t), snapshots)
+    assert r.seq == seq and encode_state(r.state, "msgpack") == refs[seq]
+    row(name, f"snapshots, to time @{t} (seq {seq:,})", r.seconds, r.folded, target=True)
+
+
+async def first_load(source: LogSource, name: str, snapshots: Snapshots, n: int, every: int) -> None:
+    """A daemon-written (unverified) snapshot: the first load verifies it against the previous one."""
+    metas = await snapshots.catalog()
+    last = metas[-1]
+    await snapshots.backend.delete(last.name)
+    # re-write the newest one as the daemon's writer would: unverified
+    from muster.replay.snapshots import fold_range
+
+    base = await snapshots.nearest(max_seq=last.seq - 1)
+    await fold_range(source, base.state, base.seq + 1, last.seq)
+    writer = Snapshotter(snapshots, every)
+    writer.last = base.seq
+    await writer.maybe_snapshot(base.state, last.seq)
+    r = await state_at(source, Point(seq=n), snapshots)
+    row(
+        name,
+        "snapshots, first load of an unverified one",
+        r.seconds,
+        r.folded,
+        f"+{r.verify_folded:,} to verify",
+        target=True,
+    )
+    r = await state_at(source, Point(seq=n), snapshots)
+    row(name, "snapshots, the same load again (now verified)", r.seconds, r.folded, target=True)
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    n = args.events
+    every = args.every
+    t0 = time.perf_counter()
+    events = realistic_events(n)
+    raws = [encode(e) for e in events]
+    mid = n // 2
+    worst = (mid // every + 1) * every - 1
+    t_point = events[int(n * 0.7)].at
+    t_seq = max(i for i, e in enumerate(events, start=1) if e.at <= t_point)
+    refs = reference(events, [n, mid, worst, t_seq])
+    print(
+        f"log: {n:,} events ({sum(len(r) for r in raws) / 1e6:.0f} MB), "
+        f"{len({e.job for e in events if hasattr(e, 'job')}):,} jobs; generated in {time.perf_counter() - t0:.1f} s",
+        flush=True,
+    )
+    memory = MemoryLog(raws, "memory")
+    await measure(memory, "memory", Snapshots(MemorySnapshots(), memory), n, every, refs, (t_point, t_seq))
+    snaps = Snapshots(MemorySnapshots(), memory)
+    await write_snapshots(memory, snaps, every=every)
+    await first_load(memory, "memory", snaps, n, every)
+    if args.skip_nats:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        server = EmbeddedNats(Path(tmp) / "nats", stop_timeout=10)
+        server.start()
+        try:
+            store = await EventStore.connect(server.url, stream="BENCH", prefix="bench")
+            try:
+                t0 = time.perf_counter()
+                for i in range(0, n, 50_000):
+                    await store.append(events[i : i + 50_000])
+                print(f"nats    appended {n:,} events in {time.perf_counter() - t0:.1f} s", flush=True)
+                log = NatsLog(store)
+                backend = await NatsSnapshots.open(store.js, "BENCH-snapshots", create=True)
+                assert backend is not None
+                snaps = Snapshots(backend, log)
+                await measure(log, "nats", snaps, n, every, refs, (t_point, t_seq))
+                await first_load(log, "nats", snaps, n, every)
+            finally:
+                await store.close()
+        finally:
+            server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--every", type=int, default=50_000)
+    ap.add_argument("--skip-nats", action="store_true")
+    args = ap.parse_args(argv)
+    asyncio.run(main_async(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
