@@ -8,13 +8,13 @@ leads a *term*: the cluster adapter pushes facts to the log, and the loop
 runs scheduling cycles when something changed (debounced) or a timer is due
 (`next_wakeup`), reading the clock once per cycle.
 
-A cycle's decisions are appended fenced: `expected_last_seq` is the sequence
-of the last event folded, so they land right after the state they were
-decided on, or not at all (`ConcurrencyConflict`: the loop folds what it
-missed and decides again). The fence is checked message by message, so a
-write by another process between two messages of a cycle stores only a
-prefix of it (the rest is decided again); this replica's own facts wait for
-the cycle's append to finish, so they never cut one. Their msg ids are `epoch:cycle:index:digest`, so a
+A cycle's decisions are appended fenced (`appending.ChainedAppender`, one
+round trip): the first expects the log to end at the last event folded, each
+next one expects its predecessor's msg id last, so they land right after the
+state they were decided on, or not at all (`ConcurrencyConflict`: the loop
+folds what it missed and decides again); a write by another process in the
+middle of a cycle stores only a prefix of it (the rest is decided again).
+This replica's own facts wait for a cycle's append to finish. Their msg ids are `epoch:cycle:index:digest`, so a
 retried append stores nothing twice. Once stored they are folded at their
 sequences and handed to the applier.
 
@@ -47,6 +47,7 @@ import structlog
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from muster.daemon.appending import ChainedAppender
 from muster.daemon.applier import DecisionApplier
 from muster.daemon.cluster import Cluster, ClusterFactory, Sink
 from muster.daemon.metrics import DaemonMetrics
@@ -178,6 +179,8 @@ class SchedulerLoop:
         self.epoch = 0
         """This replica's epoch while it leads, else 0."""
         self.term: Term | None = None
+        self.first_term = anyio.Event()
+        """Set once this replica first leads a term whose cluster has synced (benchmarks and tests wait on it)."""
         self.last_decision: dict[str, Event] = {}
         """Live job -> its last admission or preemption on the log."""
         self.victims: dict[str, set[str]] = {}
@@ -189,6 +192,7 @@ class SchedulerLoop:
         self._wake_at: int | None = None
         self._bad: deque[int] = deque()
         self._stop = anyio.Event()
+        self._appender = ChainedAppender(store)
         self._writing = anyio.Lock()
         """Held by every append of this replica: its own facts never cut a cycle's decisions in two."""
         self._recv: MemoryObjectReceiveStream[StoredEvent | None] | None = None
@@ -245,6 +249,7 @@ class SchedulerLoop:
             self.metrics.leader.set(0)
             if self._poke_send is not None:
                 self._poke_send.close()
+            await self._appender.close()
 
     # ------------------------------------------------------------ reading the log
 
@@ -505,6 +510,7 @@ class SchedulerLoop:
                 for service in self.services:
                     tg.start_soon(service, self, term)
                 term.synced_seq = max(self.folded_seq, term.facts)
+                self.first_term.set()
                 self.poke()
                 await anyio.sleep_forever()
 
@@ -540,12 +546,18 @@ class SchedulerLoop:
                 try:
                     async with self._writing:
                         seqs = await self.store.append(events, msg_ids=ids)
+                        if seqs == list(range(self.folded_seq + 1, self.folded_seq + 1 + len(events))):
+                            # right after what we folded: fold now rather than when the follower
+                            # brings them back, so the next cycle decides on them without waiting
+                            for seq, ev in zip(seqs, events, strict=True):
+                                self._fold(seq, ev)
                     break
                 except StoreError as exc:
                     log.warning("appending cluster facts failed; retrying", error=str(exc), count=len(events))
                     await anyio.sleep(delay)
                     delay = min(5.0, delay * 2)
             term.facts = max(term.facts, *seqs)
+            self.poke()
             for ev in events:
                 self.metrics.facts.labels(type(ev).__name__).inc()
 
@@ -554,27 +566,38 @@ class SchedulerLoop:
     # ------------------------------------------------------------ scheduling
 
     async def _schedule(self) -> None:
-        """Cycles until one admits and preempts nothing (or the term ends)."""
+        """Cycles until one admits and preempts nothing (or the term ends).
+
+        Each cycle holds the write lock from the drain to the append, so this
+        replica's own facts (pushed by the cluster while applying) cannot land
+        between the state decided on and its decisions.
+        """
         for _ in range(self.options.max_cycles):
-            self._drain()
-            self._dirty = False  # the cycle below sees everything folded so far
-            if not self._may_decide():
-                return
-            now = self._now()
-            self._decided_at = now
-            started = time.perf_counter()
-            try:
-                events = decide(self.state, now)
-            except Exception:
-                log.exception("decide failed; waiting for the next change", seq=self.folded_seq)
-                self.metrics.cycles.labels("error").inc()
-                return
-            self.metrics.cycle_seconds.observe(time.perf_counter() - started)
-            self.cycles += 1
-            if not events:
-                self.metrics.cycles.labels("idle").inc()
-                return
-            if not await self._append(events):
+            async with self._writing:
+                self._drain()
+                self._dirty = False  # the cycle below sees everything folded so far
+                if not self._may_decide():
+                    return
+                now = self._now()
+                self._decided_at = now
+                expected = self.folded_seq  # the state decided on ends here; the append is fenced on it
+                started = time.perf_counter()
+                try:
+                    events = decide(self.state, now)
+                except Exception:
+                    log.exception("decide failed; waiting for the next change", seq=self.folded_seq)
+                    self.metrics.cycles.labels("error").inc()
+                    return
+                self.metrics.cycle_seconds.observe(time.perf_counter() - started)
+                self.cycles += 1
+                if not events:
+                    self.metrics.cycles.labels("idle").inc()
+                    return
+                outcome = await self._append(events, expected)
+            if isinstance(outcome, int):
+                # refused or unsure: fold what the log holds up to there, then decide again
+                await self._catch_up(outcome)
+                await self._leadership()
                 if self._stop.is_set() or not self._may_decide():
                     return
                 continue
@@ -590,37 +613,36 @@ class SchedulerLoop:
             ids.append(f"{getattr(ev, 'epoch', 0)}:{getattr(ev, 'cycle', 0)}:{i}:{digest}")
         return ids
 
-    async def _append(self, events: list[Event]) -> bool:
-        """Append one cycle's decisions fenced; fold them. False when they were not all stored."""
+    async def _append(self, events: list[Event], expected: int) -> int | None:
+        """Append one cycle's decisions fenced on `expected` and fold them (the write lock is held).
+
+        None when they are on the log and folded; else the sequence to fold up
+        to before deciding again.
+        """
         ids = self._msg_ids(events)
         if not self.leading:
-            return False
+            return expected
         await self.hooks.before_append(events)
-        expected = self.folded_seq
         try:
-            async with self._writing:
-                seqs = await self.store.append(events, expected_last_seq=expected, msg_ids=ids)
+            seqs = await self._appender.append(events, expected_last_seq=expected, msg_ids=ids)
         except ConcurrencyConflict as exc:
-            # someone appended after the state we decided on: fold it and decide again
+            # someone appended after the state we decided on
             self.metrics.conflicts.inc()
             self.metrics.cycles.labels("conflict").inc()
             log.debug("decisions refused by the fence", expected=exc.expected, actual=exc.actual, stored=exc.stored)
-            await self._catch_up(exc.actual)
-            await self._leadership()
-            return False
+            return int(exc.actual)
         except StoreError as exc:
             # stored or not, we cannot tell: fold whatever the stream holds before deciding again
             log.warning("appending decisions failed", error=str(exc))
             self.metrics.cycles.labels("error").inc()
-            with contextlib.suppress(Exception):
-                await self._catch_up(await self.store.last_seq())
-            return False
+            try:
+                return int(await self.store.last_seq())
+            except Exception:
+                return expected
         if seqs != list(range(expected + 1, expected + 1 + len(events))):
-            # a retry found earlier copies: they come back through the follower
-            await self._catch_up(max(seqs))
-            return True
+            return int(max(seqs))  # earlier copies of these: they come back through the follower
         for seq, ev in zip(seqs, events, strict=True):
             self._fold(seq, ev, own=True)
             self.metrics.decisions.labels(type(ev).__name__).inc()
         self.appended_decisions += len(events)
-        return True
+        return None
