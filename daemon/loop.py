@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import heapq
 import time
-from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -144,6 +144,9 @@ class Term:
     synced_seq: int | None = None
     """Set once the cluster's initial facts are appended: decide only after folding up to here."""
     facts: int = 0
+    """Sequence of the last fact appended in this term."""
+    sent: int = 0
+    """Facts handed to the log in this term (numbers their msg ids)."""
 
 
 class SchedulerLoop:
@@ -190,7 +193,9 @@ class SchedulerLoop:
         self._decided_at = 0
         self._wake_key: tuple[int, int] = (-1, -1)
         self._wake_at: int | None = None
-        self._bad: deque[int] = deque()
+        self._bad: list[int] = []
+        """Heap of the sequences of bad messages not yet passed by the fold."""
+        self._bad_seen: set[int] = set()
         self._stop = anyio.Event()
         self._appender = ChainedAppender(store)
         self._writing = anyio.Lock()
@@ -271,15 +276,20 @@ class SchedulerLoop:
                 await send.send(stored)
 
     def _on_bad(self, bad: BadEvent) -> None:
+        # every reader of the store reports here, possibly more than once per message: count each once
+        if bad.seq in self._bad_seen or bad.seq <= self.folded_seq:
+            return
+        self._bad_seen.add(bad.seq)
         log.warning("bad event skipped", seq=bad.seq, subject=bad.subject, error=bad.error)
         self.metrics.bad_events.inc()
-        self._bad.append(bad.seq)
+        heapq.heappush(self._bad, bad.seq)
         self.poke()
 
     def _skip_bad(self, before: int) -> None:
         """Count bad sequences below `before` as folded, once everything before them is."""
         while self._bad and self._bad[0] < before:
-            seq = self._bad.popleft()
+            seq = heapq.heappop(self._bad)
+            self._bad_seen.discard(seq)
             if seq == self.folded_seq + 1:
                 self.folded_seq = seq
 
@@ -533,13 +543,13 @@ class SchedulerLoop:
 
     def fact_sink(self, term: Term) -> Sink:
         """Append the cluster's facts (unfenced: facts are true whoever writes them), retrying until stored."""
-        counter = [0]
 
         async def sink(events: list[Event]) -> None:
             if not events:
                 return
-            start = counter[0]
-            counter[0] += len(events)
+            # numbered per term, whichever sink of the term writes: a retry reuses its ids, nothing else does
+            start = term.sent
+            term.sent += len(events)
             ids = [f"fact:{self.identity}:{term.epoch}:{start + i}" for i in range(len(events))]
             delay = 0.1
             while True:

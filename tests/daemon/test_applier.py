@@ -1,0 +1,106 @@
+"""Applying decisions: per-job order, preemptors bound only after their victims left, nothing without the lease."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+
+from muster.daemon.applier import DecisionApplier
+from muster.events.types import Event, JobAdmitted, JobId, JobPreempted, NodeName, QueueName
+
+
+class Recorder:
+    """A `Cluster` whose victims' pods stay on their nodes until `release(job)`."""
+
+    def __init__(self) -> None:
+        self.applied: list[tuple[str, str]] = []
+        self.holding: set[str] = set()
+
+    async def run(self, sink: Any, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+
+    async def apply(self, event: Event) -> Any:
+        await anyio.lowlevel.checkpoint()
+        kind = type(event).__name__
+        self.applied.append((kind, str(getattr(event, "job", ""))))
+        return type("Result", (), {"ok": True, "outcome": "applied"})()
+
+    def holds(self, job: str) -> bool:
+        return job in self.holding
+
+
+def admitted(job: str) -> JobAdmitted:
+    return JobAdmitted(at=1, job=JobId(job), queue=QueueName("q"), placement={"w-0": NodeName("n1")}, epoch=1)
+
+
+def preempted(job: str, by: str | None) -> JobPreempted:
+    return JobPreempted(at=1, job=JobId(job), preemptor=JobId(by) if by else None, reason="WithinQueue", epoch=1)
+
+
+async def test_a_preemptor_is_bound_only_after_its_victims_pods_are_gone():
+    """The preemptor's binding waits for the victims' pods; other jobs' decisions are not held up meanwhile."""
+    cluster = Recorder()
+    cluster.holding.add("victim")
+    victims = {"boss": {"victim"}}
+    applier = DecisionApplier(cluster, leading=lambda: True, victims=victims, poll=0.01)
+    async with anyio.create_task_group() as tg:
+        await tg.start(applier.run)
+        applier.submit(preempted("victim", "boss"))
+        applier.submit(admitted("boss"))
+        applier.submit(admitted("bystander"))
+        await anyio.sleep(0.2)
+        assert ("JobAdmitted", "boss") not in cluster.applied
+        assert ("JobAdmitted", "bystander") in cluster.applied
+        cluster.holding.discard("victim")
+        with anyio.fail_after(2):
+            while ("JobAdmitted", "boss") not in cluster.applied:  # noqa: ASYNC110 - observing a fake
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+    assert cluster.applied.index(("JobPreempted", "victim")) < cluster.applied.index(("JobAdmitted", "boss"))
+    assert victims == {}
+
+
+async def test_the_wait_for_victims_is_bounded():
+    """Victims that never leave delay the preemptor's binding by `victim_wait`, not forever."""
+    cluster = Recorder()
+    cluster.holding.add("stuck")
+    applier = DecisionApplier(cluster, leading=lambda: True, victims={"p": {"stuck"}}, victim_wait=0.2, poll=0.01)
+    async with anyio.create_task_group() as tg:
+        await tg.start(applier.run)
+        started = anyio.current_time()
+        applier.submit(admitted("p"))
+        with anyio.fail_after(2):
+            while ("JobAdmitted", "p") not in cluster.applied:  # noqa: ASYNC110 - observing a fake
+                await anyio.sleep(0.01)
+        waited = anyio.current_time() - started
+        tg.cancel_scope.cancel()
+    assert 0.2 <= waited < 1.0
+
+
+async def test_one_jobs_decisions_are_applied_in_log_order():
+    """An admission, a preemption and a re-admission of one job reach the cluster in that order."""
+    cluster = Recorder()
+    applier = DecisionApplier(cluster, leading=lambda: True, victims={})
+    async with anyio.create_task_group() as tg:
+        await tg.start(applier.run)
+        for ev in (admitted("j"), preempted("j", None), admitted("j")):
+            applier.submit(ev)
+        with anyio.fail_after(2):
+            while len(cluster.applied) < 3:  # noqa: ASYNC110 - observing a fake
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+    assert cluster.applied == [("JobAdmitted", "j"), ("JobPreempted", "j"), ("JobAdmitted", "j")]
+
+
+async def test_nothing_is_applied_without_the_lease():
+    """Decisions queued by a replica that lost its lease are dropped, not applied."""
+    cluster = Recorder()
+    applier = DecisionApplier(cluster, leading=lambda: False, victims={})
+    async with anyio.create_task_group() as tg:
+        await tg.start(applier.run)
+        applier.submit(admitted("j"))
+        await anyio.sleep(0.1)
+        tg.cancel_scope.cancel()
+    assert cluster.applied == [] and applier.dropped == 1
