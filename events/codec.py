@@ -79,6 +79,8 @@ def _slow_decode(raw: bytes, first_error: Exception | None) -> AnyEvent:
         data = _raw_decoder.decode(raw)
     except msgspec.DecodeError as exc:
         raise DecodeError(raw, f"not JSON: {exc}") from None
+    except RecursionError:  # hostile nesting (`[[[[...`) must not escape as anything but bad input
+        raise DecodeError(raw, "not JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise DecodeError(raw, "not a JSON object")
     tag = data.get("type")
@@ -109,6 +111,8 @@ def decode(raw: bytes) -> AnyEvent:
         event = _decoder.decode(raw)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         return _slow_decode(raw, exc)
+    except RecursionError:
+        raise DecodeError(raw, "not JSON: nested too deeply") from None
     current = _CURRENT.get(type(event), 1)
     if event.v != current or (current > 1 and b'"v"' not in raw):
         # a missing `v` means version 1, which the typed decoder cannot see

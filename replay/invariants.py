@@ -329,12 +329,12 @@ class Checker:
             return
         # take the room, then look at each node touched
         touched: dict[str, set[str]] = {}
-        for pod, node in ev.placement.items():
-            used = self.used.setdefault(node, {})
+        for pod, target in ev.placement.items():
+            used = self.used.setdefault(target, {})
             for r, v in job.pod_requests[pod].items():
                 used[r] = used.get(r, 0) + v
                 if v > 0:
-                    touched.setdefault(node, set()).add(r)
+                    touched.setdefault(target, set()).add(r)
         for node_name in sorted(touched):
             node = self.nodes[node_name]
             if not node.schedulable:
