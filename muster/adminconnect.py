@@ -13,6 +13,14 @@ import sys
 from typing import Any
 
 
+class CommandFailed(Exception):
+    """The command cannot go on; the reason was printed. `code` is the exit status."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
 def add_nats_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML config with a `nats` block (the chart's admin.yaml)")
     parser.add_argument("--nats", help="NATS URL(s), comma-separated (default: $NATS_URL or nats://127.0.0.1:4222)")
@@ -22,7 +30,7 @@ def add_nats_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def open_store(args: argparse.Namespace, *, command: str, create: bool = True) -> Any:
-    """An EventStore per the config and flags; prints why and exits 1 (SystemExit) when NATS cannot be used."""
+    """An EventStore per the config and flags; prints why and raises CommandFailed (2: config, 1: NATS) if not."""
     import anyio
 
     from muster.daemon.config import ConfigError, load_config, nats_connect_options
@@ -38,7 +46,7 @@ async def open_store(args: argparse.Namespace, *, command: str, create: bool = T
         options = nats_connect_options(cfg)
     except ConfigError as exc:
         print(f"muster {command}: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise CommandFailed(2) from None
     try:
         with anyio.fail_after(args.connect_timeout):
             return await EventStore.connect(
@@ -52,4 +60,4 @@ async def open_store(args: argparse.Namespace, *, command: str, create: bool = T
     except (StoreError, TimeoutError) as exc:
         why = f"no answer within {args.connect_timeout:g} s" if isinstance(exc, TimeoutError) else str(exc)
         print(f"muster {command}: cannot use NATS: {why}", file=sys.stderr)
-        raise SystemExit(1) from None
+        raise CommandFailed(1) from None

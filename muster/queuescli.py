@@ -71,7 +71,12 @@ def run(args: argparse.Namespace) -> int:
         for ev in events:
             print(encode(ev).decode())
         return 0
-    code: int = anyio.run(_append, args, events)
+    from muster.adminconnect import CommandFailed
+
+    try:
+        code: int = anyio.run(_append, args, events)
+    except CommandFailed as exc:
+        return exc.code
     return code
 
 

@@ -133,7 +133,12 @@ def run(args: argparse.Namespace) -> int:
     except (ScenarioError, UsageError) as exc:
         print(f"muster submit: {exc}", file=sys.stderr)
         return 2
-    code: int = anyio.run(_submit_all, args, jobs)
+    from muster.adminconnect import CommandFailed
+
+    try:
+        code: int = anyio.run(_submit_all, args, jobs)
+    except CommandFailed as exc:
+        return exc.code
     return code
 
 

@@ -1,0 +1,169 @@
+"""`muster queues apply` and `muster submit`: what they append to the log, and how they refuse bad input."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import anyio
+import pytest
+
+from muster.cli import main
+from muster.events.store import EventStore
+from muster.events.types import (
+    CohortConfigured,
+    JobSubmitted,
+    PriorityClassConfigured,
+    QueueConfigured,
+    SchedulerConfigured,
+)
+
+QUEUES = """\
+topology: {levels: [topology.kubernetes.io/zone, example.com/rack]}
+fair_sharing: false
+priority_classes: [{name: training, value: 100}, {name: inference, value: 1000, preemptible: false}]
+cohorts: [{name: org}]
+queues:
+  - name: team-a
+    cohort: org
+    nominal: {gpu: 64}
+    borrowing_limit: {gpu: 32}
+    lending_limit: {gpu: 16}
+    weight: 1
+    preemption:
+      within_queue: LowerPriority
+      reclaim_within_cohort: Any
+      borrow_within_cohort: {policy: LowerPriority, max_priority_threshold: 100}
+idle_reclaim: {threshold: 0.05, after: 1800, only_borrowing: true}
+"""
+
+
+@pytest.fixture
+def log(nats_url: str) -> Any:
+    """A fresh (stream, prefix) on the session server, the flags that point a command at it, and a reader."""
+    tag = uuid.uuid4().hex[:12]
+    stream, prefix = f"T{tag}", f"t{tag}"
+
+    class Log:
+        flags = ["--nats", nats_url, "--stream", stream, "--subject-prefix", prefix]
+
+        @staticmethod
+        def events() -> list[Any]:
+            async def read() -> list[Any]:
+                store = await EventStore.connect(nats_url, stream=stream, prefix=prefix)
+                try:
+                    return [s.event for s in await store.read()]
+                finally:
+                    await store.close()
+
+            return anyio.run(read)
+
+    yield Log
+    anyio.run(_delete, nats_url, stream, prefix)
+
+
+async def _delete(url: str, stream: str, prefix: str) -> None:
+    store = await EventStore.connect(url, stream=stream, prefix=prefix)
+    await store.delete_stream()
+    await store.close()
+
+
+def test_queues_apply_appends_the_configuration_events_of_the_file(tmp_path, log, capsys):
+    """The chart's queues.yaml becomes one SchedulerConfigured, then classes, cohorts and queues, field for field."""
+    path = tmp_path / "queues.yaml"
+    path.write_text(QUEUES)
+    assert main(["queues", "apply", str(path), *log.flags]) == 0
+    assert "appended 5 events" in capsys.readouterr().out
+    events = log.events()
+    assert [type(e) for e in events] == [
+        SchedulerConfigured,
+        PriorityClassConfigured,
+        PriorityClassConfigured,
+        CohortConfigured,
+        QueueConfigured,
+    ]
+    scheduler, _, inference, _, queue = events
+    assert scheduler.levels == ["topology.kubernetes.io/zone", "example.com/rack"]
+    assert scheduler.idle_reclaim is not None and scheduler.idle_reclaim.after == 1800
+    assert (inference.name, inference.value, inference.preemptible) == ("inference", 1000, False)
+    assert (queue.name, queue.cohort, queue.nominal, queue.borrowing_limit, queue.lending_limit) == (
+        "team-a",
+        "org",
+        {"gpu": 64},
+        {"gpu": 32},
+        {"gpu": 16},
+    )
+    assert queue.preemption.borrow_within_cohort.max_priority_threshold == 100
+    assert len({e.at for e in events}) == 1 and events[0].at > 0
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        pytest.param("queues:\n  - name: a\n    nominal: {gpu: 8}\n    colour: red\n", ":4: ", id="unknown-field"),
+        pytest.param("queues:\n  - {name: a, nominal: {gpu: 8}, cohort: nowhere}\n", "not defined", id="no-cohort"),
+        pytest.param("nodes:\n  - {name: n0, capacity: {gpu: 8}}\n", "scenario", id="scenario-only-key"),
+    ],
+)
+def test_queues_apply_refuses_a_bad_file_with_its_line_and_appends_nothing(tmp_path, log, capsys, text, message):
+    """A wrong file exits 2 with a message naming the file (and line), and the log stays empty."""
+    path = tmp_path / "queues.yaml"
+    path.write_text(text)
+    assert main(["queues", "apply", str(path), *log.flags]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and message in err
+    assert log.events() == []
+
+
+def test_submit_from_flags_appends_one_gang(log, capsys):
+    """Flags describe a gang of N pods; the JobSubmitted carries them, its queue, class and topology."""
+    flags = ["--queue", "team-a", "--job", "train-7", "--pods", "4", "--gpus", "8", "--cpu", "16", "--memory", "64Gi"]
+    flags += ["--priority-class", "training", "--runtime", "3600", "--topology", "required:rack"]
+    anyio.run(_create, log)
+    assert main(["submit", *flags, *log.flags]) == 0
+    assert "submitted train-7 to queue team-a" in capsys.readouterr().out
+    [sub] = log.events()
+    assert isinstance(sub, JobSubmitted)
+    assert (sub.job, sub.queue, sub.priority_class, sub.runtime) == ("train-7", "team-a", "training", 3600)
+    [ps] = sub.podsets
+    assert (ps.count, ps.requests) == (4, {"gpu": 8, "cpu": 16_000, "memory": 64 * 2**30})
+    assert ps.topology is not None and ps.topology.required == "rack"
+
+
+def test_submit_from_a_file_uses_the_scenario_submit_form(tmp_path, log):
+    """A YAML list of jobs in the `submit` form of spec/scenario.md: each becomes one JobSubmitted."""
+    path = tmp_path / "jobs.yaml"
+    path.write_text(
+        "- {job: a, queue: q, podsets: [{name: worker, count: 2, requests: {gpu: 4}}], runtime: 60}\n"
+        "- {job: b, queue: q, priority_class: inference, podsets: [{count: 1, requests: {nvidia.com/gpu: 1}}]}\n"
+    )
+    anyio.run(_create, log)
+    assert main(["submit", "-f", str(path), *log.flags]) == 0
+    a, b = log.events()
+    assert (a.job, a.podsets[0].count, a.podsets[0].requests, a.runtime) == ("a", 2, {"gpu": 4}, 60)
+    assert (b.job, b.priority_class, b.podsets[0].requests) == ("b", "inference", {"gpu": 1})
+
+
+def test_submit_refuses_bad_flags_before_touching_the_log(log, capsys):
+    """A missing queue or a fractional GPU count exits 2 with the reason."""
+    assert main(["submit", "--pods", "2", *log.flags]) == 2
+    assert "--queue is required" in capsys.readouterr().err
+    assert main(["submit", "--queue", "q", "--gpus", "0.5", *log.flags]) == 2
+    assert "gpu" in capsys.readouterr().err
+
+
+def test_submit_says_why_when_nats_cannot_be_reached(tmp_path, capsys):
+    """An unreachable NATS exits 1 with a sentence, not a traceback."""
+    from muster.events.embedded import free_port
+
+    url = f"nats://127.0.0.1:{free_port()}"
+    code = main(["submit", "--queue", "q", "--nats", url, "--connect-timeout", "3"])
+    assert code == 1
+    assert "cannot use NATS" in capsys.readouterr().err
+
+
+async def _create(log: Any) -> None:
+    """Make the stream (submitters may not create it; the daemon or `queues apply` does)."""
+    flags = dict(zip(log.flags[::2], log.flags[1::2], strict=True))
+    store = await EventStore.connect(flags["--nats"], stream=flags["--stream"], prefix=flags["--subject-prefix"])
+    await store.close()
