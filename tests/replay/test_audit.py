@@ -40,7 +40,8 @@ HONEST = [
     pytest.param(mixed(2), {"WithinQueue", "BorrowWithinCohort"}, id="topology-required-preferred"),
     pytest.param(mixed(1, fair=True), {"FairSharing"}, id="fair-sharing"),
     pytest.param(IDLE, {"IdleReclaim"}, id="idle-reclaim"),
-    pytest.param(mixed(5, fair=True, idle=True), {"FairSharing", "IdleReclaim"}, id="fair-sharing-and-idle"),
+    pytest.param(IDLE + "fair_sharing: true\n", {"IdleReclaim"}, id="idle-reclaim-under-fair-sharing"),
+    pytest.param(mixed(0, fair=True, idle=True), {"FairSharing"}, id="fair-sharing-idle-samples"),
     pytest.param(mixed(9, jobs=60), {"WithinQueue"}, id="sixty-jobs"),
     pytest.param(INVALID_JOBS, set(), id="rejections"),
 ]
