@@ -52,7 +52,8 @@ from muster.replay.rebuild import state_at
 from muster.replay.snapshots import Snapshots, Verify
 from muster.replay.source import LogSource
 
-_DECISIONS = tuple(DECISION_TYPES)
+_DECISIONS = (JobAdmitted, JobPreempted, JobInadmissible, JobRejected)
+assert set(_DECISIONS) == set(DECISION_TYPES)
 _CHANGES = (JobAdmitted, JobPreempted)
 
 

@@ -20,6 +20,7 @@ make room (the core's own `find_victims` on a throwaway cycle).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,7 +190,7 @@ def _lenders(state: ClusterState, queue: str, borrowed: dict[str, int]) -> list[
     return out
 
 
-def _domains(state: ClusterState, nodes: list[str]) -> str:
+def _domains(state: ClusterState, nodes: Sequence[str]) -> str:
     levels = state.levels
     if not levels:
         return ""

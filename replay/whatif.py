@@ -49,6 +49,7 @@ from muster.events.types import (
     JobSubmitted,
     NodeAdded,
     NodeCordoned,
+    NodeName,
     NodeRemoved,
     NodeUpdated,
     PriorityClassConfigured,
@@ -335,7 +336,7 @@ def _node_events(state: ClusterState) -> list[Event]:
         out.append(
             NodeAdded(
                 at=0,
-                node=name,
+                node=NodeName(name),
                 labels=dict(n.labels),
                 capacity=dict(n.capacity),
                 reserved=dict(n.reserved),
@@ -370,11 +371,11 @@ async def whatif(
     end_time = end.time if end is not None else None
     with no_gc():
         async for batch in source.batches(from_seq, None):
-            for seq, ev in batch:
-                if seq <= end_seq and (end_time is None or ev.at <= end_time):
-                    window.append((seq, ev))
-                elif isinstance(ev, (JobFinished, JobFailed, JobAdmitted, JobPreempted)):
-                    later_ends.append((seq, ev))
+            for seq, read in batch:
+                if seq <= end_seq and (end_time is None or read.at <= end_time):
+                    window.append((seq, read))
+                elif isinstance(read, (JobFinished, JobFailed, JobAdmitted, JobPreempted)):
+                    later_ends.append((seq, read))
     if start is not None and start.time is not None:
         t0 = start.time
     else:
@@ -476,7 +477,7 @@ def _scenario(
     config = [*config, *_node_events(state)]
     for name in sorted(state.nodes):
         if state.nodes[name].cordoned:
-            add(t0, "event", {"event": NodeCordoned(at=0, node=name, cordoned=True)})
+            add(t0, "event", {"event": NodeCordoned(at=0, node=NodeName(name), cordoned=True)})
     # work in flight at t0, in submission order
     for job in sorted(state.jobs.values(), key=lambda j: j.seq):
         if job.status not in ("pending", "admitted"):
@@ -500,8 +501,8 @@ def _scenario(
         ):
             add(ev.at, "event", {"event": ev})
     inputs.sort(key=lambda i: (i.at, i.order))
-    queues = {q.name: q for q in _queues(config)}
-    nodes = {e.node: e for e in config if isinstance(e, NodeAdded)}
+    queues: dict[str, QueueConfigured] = {q.name: q for q in _queues(config)}
+    nodes: dict[str, NodeAdded] = {e.node: e for e in config if isinstance(e, NodeAdded)}
     return Scenario("whatif", config, inputs, until, list(state.levels), queues, nodes)
 
 
