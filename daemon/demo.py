@@ -43,7 +43,7 @@ class DemoOptions:
     directory: Path = Path(".muster-demo")
     duration: float = 60.0
     speed: float = 4.0
-    rate: float = 1.6
+    rate: float = 1.0
     """Gangs per second at speed 1."""
     seed: int = 1
     live: bool = True
@@ -95,7 +95,7 @@ async def run_demo(options: DemoOptions) -> DemoResult:
     from muster.events.store import EventStore
 
     store_dir = prepare_dir(options.directory)
-    server = EmbeddedNats(store_dir, stop_timeout=5)
+    server = EmbeddedNats(store_dir, stop_timeout=5, binary=own_session_binary(store_dir.parent))
     await server.astart()
     started = time.monotonic()
     stats = DemoStats()
@@ -168,6 +168,28 @@ async def run_demo(options: DemoOptions) -> DemoResult:
         interrupted=interrupted,
         sample_job=sample,
     )
+
+
+_SESSION_WRAPPER = """#!{python}
+# Runs nats-server in a session of its own: a Ctrl-C in the terminal goes to the whole foreground
+# process group, and must reach only `muster demo`, which stops the daemon cleanly and the server last.
+import os, sys
+os.setsid()
+os.execv({binary!r}, [{binary!r}, *sys.argv[1:]])
+"""
+
+
+def own_session_binary(directory: Path) -> Path:
+    """A launcher for nats-server that puts it in its own session (same pid: it execs the real binary)."""
+    import os
+    import sys
+
+    from muster.events.embedded import find_nats_server
+
+    path = directory / "nats-server-own-session"
+    path.write_text(_SESSION_WRAPPER.format(python=sys.executable, binary=str(find_nats_server())))
+    os.chmod(path, 0o755)
+    return path
 
 
 async def _show(options: DemoOptions, loop: Any, stats: Any, stop: anyio.Event, started: float) -> None:

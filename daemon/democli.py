@@ -15,7 +15,7 @@ from pathlib import Path
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=float, default=60.0, help="seconds to run (default 60)")
     parser.add_argument("--speed", type=float, default=4.0, help="run jobs and arrivals this many times faster (4)")
-    parser.add_argument("--rate", type=float, default=1.6, help="gangs submitted per second at speed 1 (1.6)")
+    parser.add_argument("--rate", type=float, default=1.0, help="gangs submitted per second at speed 1 (1.0)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the workload (default 1)")
     parser.add_argument("--dir", default=".muster-demo", help="folder for the NATS store and logs (.muster-demo)")
     parser.add_argument("--no-live", action="store_true", help="no live view, only the summary")

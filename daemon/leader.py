@@ -121,19 +121,23 @@ class KvElector:
         self._changed()
 
     async def _refresh(self, kv: KeyValue) -> None:
-        assert self.revision is not None
+        if self.revision is None:
+            return  # resigned while we slept
         sent = anyio.current_time()
         try:
             revision = await kv.update(self.key, self.holder.encode(), last=self.revision)
         except KeyWrongLastSequenceError:
-            log.warning("leader lease lost", holder=self.holder)
-            self._lose()
+            if self.revision is not None:
+                log.warning("leader lease lost", holder=self.holder)
+                self._lose()
             return
         except Exception as exc:
             if anyio.current_time() >= self.valid_until:
                 log.warning("leader lease expired while NATS did not answer", error=f"{type(exc).__name__}: {exc}")
                 self._lose()
             return
+        if self.revision is None:
+            return  # resigned while the update was in flight; resign deletes by revision, so nothing to undo
         if sent >= self.valid_until:
             # we were frozen past our own validity: someone may have won meanwhile, and
             # the revision check passing only means nobody has yet; give the term up cleanly
