@@ -24,8 +24,7 @@ lint: $(STAMP)
 .layers/muster: $(STAMP)
 	rm -rf .layers && mkdir -p .layers/muster
 	for d in events projections daemon replay; do ln -s ../../$$d .layers/muster/$$d; done
-	ln -s ../../muster/__init__.py .layers/muster/__init__.py
-	ln -s ../../muster/cli.py .layers/muster/cli.py
+	for f in muster/*.py; do ln -s ../../$$f .layers/muster/$$(basename $$f); done
 
 typecheck: .layers/muster
 	MYPYPATH=.layers $(BIN)/mypy -p muster

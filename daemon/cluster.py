@@ -74,14 +74,18 @@ class KubeCluster:
         from muster.events.types import JobId
 
         pods = self.adapter.translator.gangs.pods_of(JobId(job))
-        return bool(pods) and any(p.node and p.phase not in TERMINATED for p in pods.values())
+        if not pods:
+            return False
+        return any(p.node and p.phase not in TERMINATED for p in pods.values())
 
     def pod_keys(self, job: str) -> list[str] | None:
         """The `namespace/name` of the job's current pods (replacements after a preemption included)."""
         from muster.events.types import JobId
 
         pods = self.adapter.translator.gangs.pods_of(JobId(job))
-        return [p.key for p in pods.values()] if pods else None
+        if not pods:
+            return None
+        return [p.key for p in pods.values()]
 
     @staticmethod
     def factory(api_client: Any, **adapter_options: Any) -> ClusterFactory:

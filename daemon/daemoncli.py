@@ -122,10 +122,11 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
     import anyio
     import structlog
 
+    from muster.daemon.cluster import Cluster, ClusterFactory
     from muster.daemon.config import nats_connect_options
     from muster.daemon.endpoints import serve_http
     from muster.daemon.leader import KvElector
-    from muster.daemon.loop import Elector, SchedulerLoop, SoleElector
+    from muster.daemon.loop import Elector, SchedulerLoop, Service, SoleElector
     from muster.daemon.metrics import DaemonMetrics
     from muster.events.store import EventStore, StoreError
 
@@ -163,15 +164,16 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
 
             nodes = block_rack_nodes(*parse_shape(cfg.simulated_cluster))
 
-            def cluster(state: Any) -> Any:
+            def simulated(state: Any) -> Cluster:
                 return SimulatedCluster(nodes, state)
 
+            cluster: ClusterFactory = simulated
         else:
             from muster.daemon.cluster import KubeCluster
 
             api_client = await _kubernetes(cfg)
             cluster = KubeCluster.factory(api_client, scheduler_name=cfg.scheduler_name)
-        services = []
+        services: list[Service] = []
         if cfg.utilization_url:
             from muster.daemon.utilization import UtilizationScraper
 

@@ -38,7 +38,7 @@ import contextlib
 import hashlib
 import heapq
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -149,6 +149,10 @@ class Term:
     """Facts handed to the log in this term (numbers their msg ids)."""
 
 
+Service = Callable[["SchedulerLoop", Term], Coroutine[Any, Any, None]]
+"""Something that runs for a leadership term, e.g. the utilization scraper: `await service(loop, term)`."""
+
+
 class SchedulerLoop:
     def __init__(
         self,
@@ -160,7 +164,7 @@ class SchedulerLoop:
         options: LoopOptions | None = None,
         metrics: DaemonMetrics | None = None,
         hooks: Hooks | None = None,
-        services: list[Callable[[SchedulerLoop, Term], Coroutine[Any, Any, None]]] | None = None,
+        services: Sequence[Service] = (),
     ) -> None:
         """`services` are started in every term with (loop, term), e.g. the utilization scraper."""
         self.store = store
@@ -171,7 +175,7 @@ class SchedulerLoop:
         self.options = options or LoopOptions()
         self.metrics = metrics or DaemonMetrics()
         self.hooks: Hooks = hooks or NoHooks()
-        self.services = list(services or [])
+        self.services = list(services)
         self.state: ClusterState = ClusterState()
         self.metrics.watch(lambda: self.state)
         self.folded_seq = 0

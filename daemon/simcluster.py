@@ -97,7 +97,7 @@ class SimulatedCluster:
     async def run(self, sink: Sink, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         state = self._state()
         at = int(self._clock())
-        missing = []
+        missing: list[Event] = []
         for node in self.nodes:
             known = state.nodes.get(node.node)
             if known is None or known.capacity != node.capacity or known.labels != node.labels:
