@@ -297,6 +297,13 @@ def _podsets(pods: list[PodInfo]) -> tuple[list[PodSet], dict[str, str]]:
     return podsets, mapping
 
 
+def _salt(gang: Gang, chosen: list[PodInfo]) -> str:
+    """A pod group has no owner uid; its pods' uids tell a re-created group apart."""
+    if gang.owner.kind != "Gang":
+        return ""
+    return hashlib.sha256("".join(sorted(p.uid for p in chosen)).encode()).hexdigest()
+
+
 def _first(values: Iterable[Any]) -> Any:
     for v in values:
         if v is not None:
@@ -481,15 +488,19 @@ class Gangs:
         events: list[Event] = []
         if gang.job_id is None:
             active = sorted((p for p in gang.pods.values() if p.active), key=PodInfo.sort_key)
-            if len(active) < gang.size:
-                return []
             chosen = active[: gang.size]
+            if len(active) < gang.size:
+                # A gang the log already knows may have run, even ended, while no adapter watched
+                # (a leader failover): recognise it by all its pods, or its end is never reported
+                # and the log holds its capacity forever.
+                every = sorted(gang.pods.values(), key=PodInfo.sort_key)
+                if self._known is None or len(every) < gang.size:
+                    return []
+                chosen = every[: gang.size]
+                if self._known(gang.owner.job_id(_salt(gang, chosen))) is None:
+                    return []
             gang.podsets, gang.mapping = _podsets(chosen)
-            salt = ""
-            if gang.owner.kind == "Gang":
-                # A pod group has no owner uid; its pods' uids tell a re-created group apart.
-                salt = hashlib.sha256("".join(sorted(p.uid for p in chosen)).encode()).hexdigest()
-            gang.job_id = gang.owner.job_id(salt)
+            gang.job_id = gang.owner.job_id(_salt(gang, chosen))
             self._by_job[gang.job_id] = gang.owner
             known = self._known(gang.job_id) if self._known is not None else None
             if known is None:
