@@ -67,6 +67,8 @@ class GangView(Protocol):
 
     def complete(self, job: JobId) -> bool: ...
 
+    def sizing(self) -> bool: ...
+
     def ended(self, job: JobId) -> bool: ...
 
     def evicting(self, job: JobId) -> list[PodInfo]: ...
@@ -118,9 +120,10 @@ class Applier:
         job = event.job
         if self.gangs.ended(job):
             return ApplyResult(True, "skipped", "the job already ended")
-        # Replacement pods of a preempted gang may still be on their way.
+        # Replacement pods of a preempted gang may still be on their way; and a new leader's
+        # adapter knows a gang only once its owner's size is fetched (re-applied admissions).
         with anyio.move_on_after(self.pod_wait_seconds):
-            while not self.gangs.complete(job) and self.gangs.pods_of(job) is not None:
+            while not self.gangs.complete(job) and (self.gangs.pods_of(job) is not None or self.gangs.sizing()):
                 await self._changed()
         pods = self.gangs.pods_of(job)
         if pods is None:

@@ -424,6 +424,10 @@ class Gangs:
         """Whether this adapter saw the job end (or was told it ended)."""
         return job in self._ended
 
+    def sizing(self) -> bool:
+        """Whether some gang still waits for its owner's size: a job unknown here now may be one of them."""
+        return any(g.size is None and not g.done for g in self._gangs.values())
+
     def complete(self, job: JobId) -> bool:
         """Whether every gang pod name of `job` has a live pod (bindings can be applied)."""
         owner = self._by_job.get(job)
