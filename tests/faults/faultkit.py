@@ -15,15 +15,22 @@ Sizes are small by default so the CI run stays quick; the bench raises them.
 from __future__ import annotations
 
 import contextlib
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import anyio
+import attrs
+import kmock
 import nats
 from anyio.abc import TaskStatus
 
+from muster.daemon.k8s.emulator import KubeEmulator
 from muster.events.embedded import EmbeddedNats, free_port
 from muster.events.store import EventStore, StoredEvent
 from muster.events.types import Event, JobSubmitted, PodSet, QueueConfigured
@@ -224,3 +231,89 @@ async def stream_leader(store: EventStore) -> str:
     info = await store.js.stream_info(store.stream)
     assert info.cluster is not None and info.cluster.leader
     return str(info.cluster.leader)
+
+
+# ---------------------------------------------------------------- Kubernetes: an API double that records effects
+
+
+@attrs.define(kw_only=True)
+class RecordingEmulator(KubeEmulator):
+    """The API double, also recording the effects it applied: bindings and evictions, per pod."""
+
+    bound: list[tuple[str, str, str]] = attrs.field(factory=list)
+    """(pod uid, namespace/name, node) per binding applied."""
+    evicted: list[str] = attrs.field(factory=list)
+    """namespace/name of every pod whose deletion started (marked or deleted at once)."""
+
+    def _record(self, res: kmock.resource, ns: str | None, name: str, kind: str, obj: dict[str, Any]) -> Any:
+        if res.plural == "pods" and not res.group:
+            old = self._get(res, ns, name) or {}
+            key = f"{ns}/{name}"
+            before = (old.get("spec") or {}).get("nodeName")
+            after = (obj.get("spec") or {}).get("nodeName")
+            if kind != "DELETED" and after and after != before:
+                self.bound.append((str(obj["metadata"].get("uid")), key, str(after)))
+            marked_before = bool((old.get("metadata") or {}).get("deletionTimestamp"))
+            marked_now = kind == "DELETED" or bool((obj.get("metadata") or {}).get("deletionTimestamp"))
+            if old and marked_now and not marked_before:
+                self.evicted.append(key)
+        return super()._record(res, ns, name, kind, obj)
+
+
+def kubeconfig(path: Path, server: str) -> Path:
+    """A kubeconfig for an API server on loopback without authentication."""
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: test\n"
+        f"clusters: [{{name: test, cluster: {{server: '{server}'}}}}]\n"
+        "users: [{name: test, user: {}}]\n"
+        "contexts: [{name: test, context: {cluster: test, user: test}}]\n"
+    )
+    return path
+
+
+# ---------------------------------------------------------------- daemons as processes
+
+
+class DaemonProcess:
+    """`muster daemon` in its own process (JSON logs to a file), to be killed -9, paused and resumed."""
+
+    def __init__(self, identity: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None) -> None:
+        self.identity = identity
+        self.log_path = log_dir / f"{identity}.log"
+        muster = Path(sys.executable).parent / "muster"
+        self.argv = [str(muster), "daemon", "--identity", identity, "--log-format", "json", *args]
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen(
+            self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+        )
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: no lease release, no flush, nothing."""
+        if self.alive:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+        self._log.close()
+
+    def pause(self) -> None:
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.alive:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self._log.close()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")

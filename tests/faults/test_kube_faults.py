@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-import attrs
-import kmock
 import pytest
+from faultkit import RecordingEmulator
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
 from muster.daemon.k8s import Backoff, KubernetesAdapter, SimulatedKubelet
@@ -34,30 +33,6 @@ FAST = Backoff(initial=0.01, maximum=0.1, jitter=0.0)
 SUBS = ("binding", "eviction")
 REQUEST_SECONDS = 0.3
 """The adapter's per-request timeout; injected delays are longer, so they are timeouts."""
-
-
-@attrs.define(kw_only=True)
-class RecordingEmulator(KubeEmulator):
-    """The API double, also recording the effects it applied: bindings and evictions, per pod uid."""
-
-    bound: list[tuple[str, str, str]] = attrs.field(factory=list)
-    """(pod uid, namespace/name, node) per binding applied."""
-    evicted: list[str] = attrs.field(factory=list)
-    """namespace/name of every pod whose deletion started (marked or deleted at once)."""
-
-    def _record(self, res: kmock.resource, ns: str | None, name: str, kind: str, obj: dict[str, Any]) -> Any:
-        if res.plural == "pods" and not res.group:
-            old = self._get(res, ns, name) or {}
-            key = f"{ns}/{name}"
-            before = (old.get("spec") or {}).get("nodeName")
-            after = (obj.get("spec") or {}).get("nodeName")
-            if kind != "DELETED" and after and after != before:
-                self.bound.append((str(obj["metadata"].get("uid")), key, str(after)))
-            marked_before = bool((old.get("metadata") or {}).get("deletionTimestamp"))
-            marked_now = kind == "DELETED" or bool((obj.get("metadata") or {}).get("deletionTimestamp"))
-            if old and marked_now and not marked_before:
-                self.evicted.append(key)
-        return super()._record(res, ns, name, kind, obj)
 
 
 @dataclass
