@@ -71,6 +71,7 @@ from muster.events.wire import (
     WireOptions,
     consume,
     publish_pipelined,
+    redact,
 )
 
 __all__ = [
@@ -714,7 +715,8 @@ async def _connect(servers: list[str], attempts: int, nats_options: dict[str, An
             nc = await nats.connect(servers=servers, max_reconnect_attempts=max(1, attempts - 1), **options)
     except Exception as exc:
         reason = last_error[0] if last_error else exc
-        raise StoreError(f"cannot connect to {', '.join(servers)}: {type(reason).__name__}: {reason}") from exc
+        where = ", ".join(redact(u) for u in servers)  # never a password in a message or a log
+        raise StoreError(f"cannot connect to {where}: {type(reason).__name__}: {reason}") from None
     nc.options["max_reconnect_attempts"] = reconnects
     return nc
 

@@ -72,6 +72,15 @@ Frame = tuple[bytes, bytes, bytes, bytes, bytes]
 """(sid, reply, status headers (empty unless a status message), payload, subject) of one MSG/HMSG."""
 
 
+def redact(url: str) -> str:
+    """`url` without its `user:password@` or `token@` part, for messages and logs."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    host = rest.rpartition("@")[2] if "@" in rest.split("/", 1)[0] else rest
+    return f"{scheme}{sep}{host}"
+
+
 @dataclass(frozen=True)
 class WireOptions:
     """How to reach the server: one or more URLs plus the auth nats-py was given."""
@@ -106,7 +115,7 @@ class WireConnection:
                 with anyio.fail_after(options.connect_timeout):
                     return await cls._open_one(url, options)
             except (OSError, TimeoutError, EOFError, ValueError, WireError, ssl.SSLError) as exc:
-                errors.append(f"{url}: {type(exc).__name__}: {exc}")
+                errors.append(f"{redact(url)}: {type(exc).__name__}: {exc}")
         raise WireError("cannot connect: " + "; ".join(errors))
 
     @classmethod
