@@ -8,8 +8,10 @@ died before applying it). This module makes them true in the cluster.
 Invariants:
 - Decisions of one job are applied in log order; different jobs in parallel
   (at most `concurrency` at once).
-- Nothing is applied once the lease is no longer held (`leading()`): a
-  deposed or paused leader that wakes up drops what it had queued.
+- Nothing is applied while the lease is not held (`leading()`): a decision
+  waits until it is valid again (a slow refresh), and the term's end (the
+  lease lost, a deposed or paused leader waking up) cancels the wait, so
+  what was queued is never applied.
 - A preemptor is bound only once its victims' pods are gone (`Cluster.holds`),
   waiting at most `victim_wait` seconds: binding earlier would over-commit the
   node until the victims' grace periods end.
@@ -58,7 +60,8 @@ class DecisionApplier:
         self._queues: dict[str, deque[Event]] = {}
         self._tg: TaskGroup | None = None
         self.applied = 0
-        self.dropped = 0
+        self.waits = 0
+        """Times a decision had to wait for the lease to be valid again."""
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with anyio.create_task_group() as tg:
@@ -96,9 +99,12 @@ class DecisionApplier:
         if isinstance(event, JobAdmitted):
             await self._wait_for_victims(job)
         if not self.leading():
-            self.dropped += 1
-            log.info("decision not applied: no longer leading", type=kind, job=job)
-            return
+            # A lease that lapsed for a moment (a slow refresh) comes back, and then this must still
+            # be applied; a lease really lost ends the term, which cancels this wait.
+            self.waits += 1
+            log.info("applying waits for the lease", type=kind, job=job)
+            while not self.leading():  # noqa: ASYNC110 - the lease has no "renewed" notification
+                await anyio.sleep(self.poll)
         async with self._limit:
             try:
                 result = await self.cluster.apply(event)

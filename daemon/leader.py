@@ -1,7 +1,7 @@
 """Leader election through a NATS KV bucket: one key, created with a TTL, refreshed by revision.
 
 A candidate holds the lease from the moment `create(key)` succeeds (the key
-did not exist) and keeps it by `update(key, last=revision)` every `ttl / 3`
+did not exist) and keeps it by `update(key, last=revision)` every `ttl / 5`
 seconds. The bucket's TTL (max age) removes the key of a leader that stopped
 refreshing (crashed, paused, cut off), and a standby's next `create` wins.
 `resign()` deletes the key (by revision) so a standby takes over at once.
@@ -68,7 +68,8 @@ class KvElector:
 
     @property
     def refresh_every(self) -> float:
-        return self.ttl / 3
+        # several refreshes per validity window, so one slow round trip does not lapse the lease
+        return self.ttl / 5
 
     @property
     def poll_every(self) -> float:

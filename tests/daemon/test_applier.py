@@ -95,12 +95,21 @@ async def test_one_jobs_decisions_are_applied_in_log_order():
 
 
 async def test_nothing_is_applied_without_the_lease():
-    """Decisions queued by a replica that lost its lease are dropped, not applied."""
+    """A decision waits while the lease is not valid: applied if it comes back, never if the term ends first."""
     cluster = Recorder()
-    applier = DecisionApplier(cluster, leading=lambda: False, victims={})
+    lease = {"valid": False}
+    applier = DecisionApplier(cluster, leading=lambda: lease["valid"], victims={}, poll=0.01)
     async with anyio.create_task_group() as tg:
         await tg.start(applier.run)
-        applier.submit(admitted("j"))
+        applier.submit(admitted("blip"))
         await anyio.sleep(0.1)
-        tg.cancel_scope.cancel()
-    assert cluster.applied == [] and applier.dropped == 1
+        assert cluster.applied == []
+        lease["valid"] = True  # a slow refresh came through
+        with anyio.fail_after(2):
+            while not cluster.applied:  # noqa: ASYNC110 - observing a fake
+                await anyio.sleep(0.01)
+        lease["valid"] = False
+        applier.submit(admitted("lost"))
+        await anyio.sleep(0.1)
+        tg.cancel_scope.cancel()  # the term ends: the lease was really lost
+    assert cluster.applied == [("JobAdmitted", "blip")]
