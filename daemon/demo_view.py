@@ -103,9 +103,12 @@ def render(state: ClusterState, stats: DemoStats, *, elapsed: float, duration: f
         elif job.status == "admitted":
             running[job.queue] += 1
 
-    table = Table(title="queues (cohort org)", expand=True)
-    for col in ("queue", "nominal", "used GPUs", "borrowed", "running", "pending", "admitted", "preempted", "done"):
-        table.add_column(col, justify="left" if col == "queue" else "right")
+    table = Table(
+        title="queues of cohort org",
+        caption="GPUs: quota, used, borrowed; jobs: running, waiting, admitted, preempted, finished",
+    )
+    for col in ("queue", "quota", "used", "borrow", "run", "wait", "admit", "evict", "done"):
+        table.add_column(col, justify="left" if col == "queue" else "right", no_wrap=True)
     for name, q in sorted(state.queues.items()):
         nominal = q.nominal.get("gpu", 0)
         use = q.usage.get("gpu", 0)
@@ -113,7 +116,7 @@ def render(state: ClusterState, stats: DemoStats, *, elapsed: float, duration: f
         table.add_row(
             name,
             str(nominal),
-            f"{use} {_bar(use, nominal, 10)}",
+            str(use),
             f"[yellow]{borrowed}[/]" if borrowed else "0",
             str(running[name]),
             str(pending[name]),
