@@ -15,6 +15,7 @@ Sizes are small by default so the CI run stays quick; the bench raises them.
 from __future__ import annotations
 
 import contextlib
+import math
 import signal
 import subprocess
 import sys
@@ -50,7 +51,7 @@ def percentile(values: Sequence[float], p: float) -> float:
     if not values:
         return 0.0
     ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(p / 100 * len(ordered) + 0.5)))
+    rank = max(1, min(len(ordered), math.ceil(p / 100 * len(ordered))))
     return ordered[rank - 1]
 
 

@@ -1,0 +1,324 @@
+"""Reliability report: the fault scenarios of tests/faults at larger counts, one table (not a test).
+
+Scenarios (each on the real embedded nats-server, the Kubernetes API double, `muster daemon` processes):
+
+  nats kill -9        the only nats-server killed and restarted under 100 submissions/s
+  cluster leader      3-node JetStream cluster, stream at 3 replicas: kill a follower, then the stream leader
+  kube API faults     500s, lost answers (timeouts), 429s, watches closed every 0.15 s, 410s; admit and preempt gangs
+  billing crash       the billing subscriber killed between fetch, write and ack, restarted, ledger compared
+  daemon kill -9      the leading `muster daemon` killed at a random moment while gangs arrive; a new replica started
+  daemon pause        the leader SIGSTOPped past its lease, the standby leads, then SIGCONT (two believe they lead)
+
+Columns: faults injected, jobs submitted (acknowledged), jobs lost, duplicate bindings (or events stored
+twice), invariant violations (replay/invariants.py), time to recover p50/p99 in seconds (appends blocked
+across a restart; takeover by a new leader; restart of the subscriber). Lost, duplicates and violations must
+all be 0; the script exits 1 otherwise.
+
+Usage: python bench/reliability.py [--quick] [--only NAME ...] [--seed N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "faults"))
+
+from daemonkit import TTL, admitted_after, elected_after, world  # noqa: E402
+from faultkit import Follower, JetStreamCluster, Load, config_events, percentile, stream_leader  # noqa: E402
+
+from muster.events.embedded import EmbeddedNats  # noqa: E402
+from muster.events.store import EventStore  # noqa: E402
+from muster.events.types import JobFinished, JobSubmitted  # noqa: E402
+from muster.replay.invariants import check_log  # noqa: E402
+
+
+@dataclass
+class Row:
+    name: str
+    faults: dict[str, int] = field(default_factory=dict)
+    jobs: int = 0
+    lost: int = 0
+    duplicates: int = 0
+    violations: int = 0
+    recover: list[float] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.lost == 0 and self.duplicates == 0 and self.violations == 0
+
+
+# ---------------------------------------------------------------- store scenarios
+
+
+async def nats_kills(tmp: Path, kills: int, rng: random.Random) -> Row:
+    row = Row("nats kill -9")
+    with EmbeddedNats(tmp / "nats", stop_timeout=5) as server:
+        async with await EventStore.connect(
+            server.url, stream="R", prefix="r", request_timeout=1, duplicate_window=120
+        ) as es:
+            await es.append(config_events())
+            load = Load(es, rate=100, batch=5)
+            follower = Follower(es)
+            windows = []
+            async with anyio.create_task_group() as tg:
+                await tg.start(follower.run)
+                await tg.start(load.run)
+                for _ in range(kills):
+                    await anyio.sleep(rng.uniform(0.3, 1.5))
+                    await load.next_attempt()
+                    started = anyio.current_time()
+                    server.kill()
+                    await server.arestart()
+                    windows.append((started, anyio.current_time()))
+                await anyio.sleep(0.5)
+                await load.drain()
+                await follower.wait_for_seq(await es.last_seq())
+                tg.cancel_scope.cancel()
+            stored = await es.read()
+    jobs = [s.event.job for s in stored if isinstance(s.event, JobSubmitted)]
+    row.faults = {"kill -9": kills}
+    row.jobs = len(load.acknowledged)
+    row.lost = len(set(load.acknowledged) - set(jobs))
+    row.duplicates = len(jobs) - len(set(jobs))
+    row.violations = len(check_log(stored, submitted=load.acknowledged).violations)
+    row.violations += int([s.seq for s in follower.seen] != [s.seq for s in stored])
+    row.recover = [max(load.overlapping(a, b), default=0.0) for a, b in windows]
+    return row
+
+
+async def cluster_leader(tmp: Path, rounds: int, rng: random.Random) -> Row:
+    row = Row("cluster leader")
+    cluster = JetStreamCluster(tmp / "cluster").start()
+    try:
+        await cluster.wait_ready()
+        es = await EventStore.connect(
+            ",".join(cluster.urls), stream="HA", prefix="ha", replicas=3, request_timeout=2, duplicate_window=120
+        )
+        async with es:
+            await es.append(config_events())
+            load = Load(es, rate=100, batch=5)
+            kills = 0
+            async with anyio.create_task_group() as tg:
+                await tg.start(load.run)
+                for _ in range(rounds):
+                    for victim_kind in ("follower", "leader"):
+                        await anyio.sleep(rng.uniform(0.5, 1.5))
+                        leader = await stream_leader(es)
+                        names = [f"n{i}" for i in range(3)]
+                        victim = leader if victim_kind == "leader" else next(n for n in names if n != leader)
+                        before = len(load.acknowledged)
+                        await load.next_attempt()
+                        started = time.monotonic()
+                        cluster.by_name(victim).kill()
+                        kills += 1
+                        await load.wait_acknowledged(before + 25, 60)
+                        row.recover.append(time.monotonic() - started)
+                        await cluster.by_name(victim).astart()  # back, so the next kill keeps a quorum
+                        await cluster.wait_ready()
+                await load.drain()
+                tg.cancel_scope.cancel()
+            stored = await es.read()
+    finally:
+        cluster.stop()
+    jobs = [s.event.job for s in stored if isinstance(s.event, JobSubmitted)]
+    row.faults = {"kill -9": kills}
+    row.jobs = len(load.acknowledged)
+    row.lost = len(set(load.acknowledged) - set(jobs))
+    row.duplicates = len(jobs) - len(set(jobs))
+    row.violations = len(check_log(stored, submitted=load.acknowledged).violations)
+    row.note = "recover = kill to 25 more acks"
+    return row
+
+
+# ---------------------------------------------------------------- Kubernetes API faults
+
+
+async def kube_faults(tmp: Path, rounds: int, rng: random.Random) -> Row:
+    import test_kube_faults as kf  # the test's scenario, run with its assertions
+
+    row = Row("kube API faults")
+    started_all = time.monotonic()
+    for _ in range(rounds):
+        started = time.monotonic()
+        await kf.test_bindings_and_evictions_apply_once_through_api_faults()
+        row.recover.append(time.monotonic() - started)
+    gangs = 8
+    row.faults = {"500": rounds * (gangs + 3), "lost answer": rounds * (gangs + 3), "429": rounds * 3}
+    row.faults["watch closed/410"] = int((time.monotonic() - started_all) / 0.15)
+    row.jobs = rounds * gangs
+    row.note = "each round asserts bindings/evictions once (else it raises); recover = round time"
+    return row
+
+
+# ---------------------------------------------------------------- billing
+
+
+async def billing_crashes(tmp: Path, crashes: int, rng: random.Random) -> Row:
+    sys.path.insert(0, str(ROOT / "tests" / "daemon"))
+    import test_billing_subscriber as tb
+
+    row = Row("billing crash")
+    with EmbeddedNats(tmp / "billing-nats", stop_timeout=5) as server:
+        async with await EventStore.connect(server.url, stream="BILL", prefix="bill") as es:
+            log: list[Any] = [*tb.scripted_log()]
+            log.insert(9, tb.BAD)
+            await tb.publish(es, log)
+            await tb.Process(server.url, "BILL", tmp / "clean.db").run_once()
+            await es.js.delete_consumer("BILL", "billing")
+            points = ("after_fetch", "after_write", "after_ack")
+            fired = 0
+            for _ in range(crashes):
+                hooks = tb.CrashAt(rng.choice(points), rng.randint(1, 4))
+                started = time.monotonic()
+                try:
+                    await tb.Process(server.url, "BILL", tmp / "crashy.db", hooks=hooks).run_once()
+                except tb.Crash:
+                    fired += 1
+                row.recover.append(time.monotonic() - started)
+            await tb.Process(server.url, "BILL", tmp / "crashy.db").run_once()
+    same = tb.dump(tmp / "crashy.db") == tb.dump(tmp / "clean.db")
+    row.faults = {"crash": fired}
+    row.jobs = len(log)
+    row.lost = row.duplicates = 0 if same else 1
+    row.note = "jobs = events; ledger after crashes == ledger of one clean pass"
+    return row
+
+
+# ---------------------------------------------------------------- daemons
+
+
+async def daemon_faults(tmp: Path, count: int, rng: random.Random, *, pause: bool, rate: float) -> Row:
+    row = Row("daemon pause" if pause else "daemon kill -9")
+    async with world(_nats_url(tmp), tmp, nodes=max(16, int(rate * 2 * 1.5 / 8))) as w:
+        w.start_daemon()
+        w.start_daemon()
+        await w.wait_log(lambda log: w.leader()[0] > 0)
+        w.tg.start_soon(w.submit, rate)
+        for _ in range(count):
+            epoch, holder = w.leader()
+            await w.wait_log(admitted_after(epoch - 1), 60)
+            await anyio.sleep(rng.uniform(0.1, 1.5))
+            victim = w.daemons[holder]
+            started = time.monotonic()
+            if pause:
+                victim.pause()
+                await w.wait_log(elected_after(epoch), 10 * TTL + 20)
+                row.recover.append(time.monotonic() - started)
+                await w.wait_log(admitted_after(epoch), 60)
+                await anyio.sleep(rng.uniform(0.0, 0.5))
+                victim.resume()
+            else:
+                victim.kill()
+                w.start_daemon()
+                await w.wait_log(elected_after(epoch), 10 * TTL + 20)
+                row.recover.append(time.monotonic() - started)
+                await w.wait_log(admitted_after(epoch), 60)
+            row.violations = max(row.violations, len(w.check().violations))
+        w.stop_submitting()
+
+        def done(log: list[Any]) -> bool:
+            submitted = {s.event.source: s.event.job for s in log if isinstance(s.event, JobSubmitted)}
+            finished = {s.event.job for s in log if isinstance(s.event, JobFinished)}
+            return all(src in submitted and submitted[src] in finished for src in w.created)
+
+        with contextlib.suppress(TimeoutError):  # counted as lost below
+            await w.wait_log(done, 180)
+        report = w.check(settled=True)
+        log = w.log()
+        submitted = {s.event.source: s.event.job for s in log if isinstance(s.event, JobSubmitted)}
+        finished = {s.event.job for s in log if isinstance(s.event, JobFinished)}
+        row.faults = {"SIGSTOP+SIGCONT" if pause else "kill -9": count}
+        row.jobs = len(w.created)
+        row.lost = sum(1 for src in w.created if src not in submitted or submitted[src] not in finished)
+        pods = [key for _, key, _ in w.emulator.bound]
+        row.duplicates = len(pods) - len(set(pods)) + sum(n - 1 for n in w.sources().values())
+        row.violations = max(row.violations, len(report.violations))
+        row.note = f"{report.decisions} decisions, {report.fenced} fenced; recover = fault to new LeaderElected"
+    return row
+
+
+_URL: dict[str, str] = {}
+
+
+def _nats_url(tmp: Path) -> str:
+    """The shared nats-server of the run (daemon scenarios use their own stream on it)."""
+    return _URL["url"]
+
+
+# ---------------------------------------------------------------- main
+
+
+def print_table(rows: list[Row]) -> None:
+    head = ["scenario", "faults injected", "jobs", "lost", "dup", "violations", "recover p50", "p99"]
+    lines = [head]
+    for r in rows:
+        faults = ", ".join(f"{n} {k}" for k, n in r.faults.items())
+        p50, p99 = percentile(r.recover, 50), percentile(r.recover, 99)
+        lines.append([r.name, faults, str(r.jobs), str(r.lost), str(r.duplicates), str(r.violations)])
+        lines[-1] += [f"{p50:.2f} s", f"{p99:.2f} s"]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    for i, line in enumerate(lines):
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) + " |")
+        if i == 0:
+            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        if r.note:
+            print(f"  {r.name}: {r.note}")
+
+
+async def main(args: argparse.Namespace) -> int:
+    rng = random.Random(args.seed)
+    q = args.quick
+    scenarios: dict[str, Callable[[Path], Coroutine[Any, Any, Row]]] = {
+        "nats": lambda t: nats_kills(t, 3 if q else 10, rng),
+        "cluster": lambda t: cluster_leader(t, 1 if q else 3, rng),
+        "kube": lambda t: kube_faults(t, 1 if q else 5, rng),
+        "billing": lambda t: billing_crashes(t, 6 if q else 40, rng),
+        "daemon-kill": lambda t: daemon_faults(t, 3 if q else 20, rng, pause=False, rate=args.rate),
+        "daemon-pause": lambda t: daemon_faults(t, 3 if q else 10, rng, pause=True, rate=args.rate),
+    }
+    rows = []
+    with (
+        tempfile.TemporaryDirectory(prefix="muster-reliability-") as tmp,
+        EmbeddedNats(Path(tmp) / "shared-nats", stop_timeout=5) as shared,
+    ):
+        _URL["url"] = shared.url
+        for name, run in scenarios.items():
+            if args.only and name not in args.only:
+                continue
+            folder = Path(tmp) / name
+            folder.mkdir()
+            started = time.monotonic()
+            print(f"running {name} ...", file=sys.stderr, flush=True)
+            row = await run(folder)
+            print(f"  {name}: {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+            rows.append(row)
+    print_table(rows)
+    return 0 if all(r.ok for r in rows) else 1
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="CI-sized counts")
+    parser.add_argument(
+        "--only", nargs="*", help="scenarios to run: nats cluster kube billing daemon-kill daemon-pause"
+    )
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--rate", type=float, default=50.0, help="gangs per second for the daemon scenarios")
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    sys.exit(anyio.run(main, parser.parse_args()))
