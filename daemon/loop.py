@@ -134,6 +134,13 @@ class LoopOptions:
 
 
 @dataclass
+class _Facts:
+    events: list[Event]
+    ids: list[str]
+    done: anyio.Event = field(default_factory=anyio.Event)
+
+
+@dataclass
 class Term:
     """One leadership term of this replica."""
 
@@ -147,6 +154,8 @@ class Term:
     """Sequence of the last fact appended in this term."""
     sent: int = 0
     """Facts handed to the log in this term (numbers their msg ids)."""
+    pending: list[_Facts] = field(default_factory=list)
+    """Facts waiting for the write lock (appended together by whoever gets it)."""
 
 
 Service = Callable[["SchedulerLoop", Term], Coroutine[Any, Any, None]]
@@ -546,7 +555,11 @@ class SchedulerLoop:
             log.info("re-applying decisions of earlier terms", count=n, epoch=term.epoch)
 
     def fact_sink(self, term: Term) -> Sink:
-        """Append the cluster's facts (unfenced: facts are true whoever writes them), retrying until stored."""
+        """Append the cluster's facts (unfenced: facts are true whoever writes them), retrying until stored.
+
+        Group commit: facts pushed while the write lock is busy (a cycle deciding, another append)
+        queue up, and whoever gets the lock next appends all of them at once.
+        """
 
         async def sink(events: list[Event]) -> None:
             if not events:
@@ -554,26 +567,37 @@ class SchedulerLoop:
             # numbered per term, whichever sink of the term writes: a retry reuses its ids, nothing else does
             start = term.sent
             term.sent += len(events)
-            ids = [f"fact:{self.identity}:{term.epoch}:{start + i}" for i in range(len(events))]
+            entry = _Facts(events, [f"fact:{self.identity}:{term.epoch}:{start + i}" for i in range(len(events))])
+            term.pending.append(entry)
             delay = 0.1
-            while True:
-                try:
-                    async with self._writing:
-                        seqs = await self.store.append(events, msg_ids=ids)
-                        if seqs == list(range(self.folded_seq + 1, self.folded_seq + 1 + len(events))):
+            while not entry.done.is_set():
+                failed = False
+                async with self._writing:
+                    if entry.done.is_set():
+                        break
+                    batch, term.pending = term.pending, []
+                    flat = [ev for b in batch for ev in b.events]
+                    try:
+                        seqs = await self.store.append(flat, msg_ids=[i for b in batch for i in b.ids])
+                    except StoreError as exc:
+                        term.pending[:0] = batch
+                        failed = True
+                        log.warning("appending cluster facts failed; retrying", error=str(exc), count=len(flat))
+                    else:
+                        if seqs == list(range(self.folded_seq + 1, self.folded_seq + 1 + len(flat))):
                             # right after what we folded: fold now rather than when the follower
                             # brings them back, so the next cycle decides on them without waiting
-                            for seq, ev in zip(seqs, events, strict=True):
+                            for seq, ev in zip(seqs, flat, strict=True):
                                 self._fold(seq, ev)
-                    break
-                except StoreError as exc:
-                    log.warning("appending cluster facts failed; retrying", error=str(exc), count=len(events))
+                        term.facts = max(term.facts, *seqs)
+                        for ev in flat:
+                            self.metrics.facts.labels(type(ev).__name__).inc()
+                        for b in batch:
+                            b.done.set()
+                if failed:
                     await anyio.sleep(delay)
                     delay = min(5.0, delay * 2)
-            term.facts = max(term.facts, *seqs)
             self.poke()
-            for ev in events:
-                self.metrics.facts.labels(type(ev).__name__).inc()
 
         return sink
 
