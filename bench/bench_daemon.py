@@ -12,7 +12,7 @@ delivery to the daemon, the debounce, `decide`, the fenced append of the
 decision, and the delivery back).
 
 The load stays under capacity (gangs of 1-8 pods of 1-8 GPUs, mostly small,
-running 1-4 s), so the latency measured is the scheduler's, not queueing for
+running 1-3 s), so the latency measured is the scheduler's, not queueing for
 GPUs. Jobs that had to wait for capacity are counted apart.
 
 Usage: python bench/bench_daemon.py [--nodes 1000] [--rate 200] [--seconds 30]
@@ -47,7 +47,7 @@ def gang(rng: random.Random, i: int) -> Any:
         queue=QueueName(f"team-{i % 4}"),
         priority_class="training",
         podsets=[PodSet(name="worker", count=pods, requests={"gpu": gpus})],
-        runtime=rng.randint(1, 4),
+        runtime=rng.randint(1, 3),
     )
 
 
