@@ -127,6 +127,10 @@ class JobState(msgspec.Struct, kw_only=True):
     idle_since: int | None = None
     nominated: bool = False
     """Its victims were evicted for it: the next cycle tries it before anyone else."""
+    preempted_at: int | None = None
+    """When it was last preempted: it may not preempt anyone at that same instant."""
+    evicted_by: str | None = None
+    """The job that preempted it, until it runs again: it may not evict that job in return."""
 
     @property
     def gpus(self) -> int:
@@ -197,6 +201,10 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
         """Bumped when nodes, queues, cohorts, classes or levels change shape."""
         self.released = 0
         """Bumped whenever resources are given back (finish, preemption, node up...)."""
+        self.queue_released: dict[str, dict[str, int]] = {}
+        """Per queue and resource, all usage ever given back (an admission and a release
+        between two looks at the state must not cancel out for whoever waits)."""
+        self.queue_consumed: dict[str, dict[str, int]] = {}
 
     def priority_of(self, job: JobState) -> int:
         """The job's priority value; no class (or an unknown one) is the lowest class."""
@@ -277,8 +285,10 @@ def _release(state: ClusterState, job: JobState) -> None:
     queue = state.queues.get(job.queue)
     if queue is not None:
         usage = queue.usage
+        moved = state.queue_released.setdefault(job.queue, {})
         for k, v in job.requests.items():
             usage[k] = usage.get(k, 0) - v
+            moved[k] = moved.get(k, 0) + v
         state.dirty_queues.add(job.queue)
     job.placement = {}
     job.borrowed = {}
@@ -344,8 +354,10 @@ def _on_admitted(state: ClusterState, ev: JobAdmitted) -> ClusterState:
     queue = state.queues.get(job.queue)
     if queue is not None:
         usage = queue.usage
+        moved = state.queue_consumed.setdefault(job.queue, {})
         for k, v in job.requests.items():
             usage[k] = usage.get(k, 0) + v
+            moved[k] = moved.get(k, 0) + v
         state.dirty_queues.add(job.queue)
     job.status = "admitted"
     job.placement = dict(ev.placement)
@@ -357,6 +369,7 @@ def _on_admitted(state: ClusterState, ev: JobAdmitted) -> ClusterState:
     job.utilization = None
     job.idle_since = None
     job.nominated = False
+    job.evicted_by = None
     _count_decision(state, ev.cycle)
     state.dirty_jobs.add(job.id)
     return state
@@ -376,6 +389,8 @@ def _on_preempted(state: ClusterState, ev: JobPreempted) -> ClusterState:
     job.started_at = None
     job.preemptions += 1
     job.reason = ""
+    job.evicted_by = ev.preemptor
+    job.preempted_at = ev.at
     if ev.preemptor is not None:
         preemptor = state.jobs.get(ev.preemptor)
         if preemptor is not None and preemptor.status == "pending":

@@ -44,12 +44,14 @@ class Parked:
 class Wake:
     """When a parked job must be tried again (see the module docstring)."""
 
-    __slots__ = ("capacity_below", "consumed", "consumed_in_cycle", "own_released", "released")
+    __slots__ = ("at_time", "capacity_below", "consumed", "consumed_in_cycle", "own_released", "released")
 
     def __init__(self) -> None:
         self.capacity_below: int | None = None
         """Try again once the cluster has at least this many free GPUs (less new victims)."""
         self.consumed_in_cycle = 0
+        self.at_time: int | None = None
+        """Try again at this time (a job that may preempt again once the instant has passed)."""
         """GPUs taken in the job's tree earlier in the cycle that judged it."""
         self.released: dict[str, int] = {}
         """Resource -> usage decrease in the tree after which to try again."""
@@ -83,6 +85,13 @@ class SchedulerIndex:
         self.release_heaps: dict[tuple[str, str], list[tuple[int, int, str, int]]] = {}
         self.consume_heaps: dict[tuple[str, str], list[tuple[int, int, str, int]]] = {}
         self.nominated: set[str] = set()
+        self.time_heap: list[tuple[int, int, str, int]] = []
+        self.seen_released: dict[str, dict[str, int]] = {
+            q: dict(v) for q, v in getattr(state, "queue_released", {}).items()
+        }
+        self.seen_consumed: dict[str, dict[str, int]] = {
+            q: dict(v) for q, v in getattr(state, "queue_consumed", {}).items()
+        }
         self.provisional: tuple[int, int, list[str]] | None = None
         """(cycle, decisions, jobs): jobs parked on a cycle's view, valid once its decisions are folded."""
         self.stamp = 0
@@ -160,6 +169,8 @@ class SchedulerIndex:
             key = (root, r)
             target = self.released_total.get(key, 0) + amount
             heapq.heappush(self.release_heaps.setdefault(key, []), (target, job.seq, job.id, stamp))
+        if wake.at_time is not None:
+            heapq.heappush(self.time_heap, (wake.at_time, job.seq, job.id, stamp))
         for r, amount in wake.own_released.items():
             key = (f"own:{job.queue}", r)
             target = self.released_total.get(key, 0) + amount
@@ -224,6 +235,21 @@ class SchedulerIndex:
         for job_id in sorted(self.parked_by_root.get(root, ())):
             self.unpark(job_id, state=state)
 
+    def wake_at(self, state: ClusterState, now: int) -> None:
+        """Try again the jobs whose wake time has come."""
+        self._pop_due(state, self.time_heap, now)
+
+    def next_time(self) -> int | None:
+        """The earliest wake time of a job still parked."""
+        heap = self.time_heap
+        while heap:
+            t, _, job_id, stamp = heap[0]
+            p = self.parked.get(job_id)
+            if p is not None and p.stamp == stamp:
+                return t
+            heapq.heappop(heap)
+        return None
+
     def wake_capacity(self, state: ClusterState) -> None:
         free = self.topology.gpu_free_total
         for root in sorted(self.capacity_heaps):
@@ -262,9 +288,25 @@ class SchedulerIndex:
             if q is None:
                 continue
             root = self.roots.get(name, name)
-            diff, started_borrowing = self.quota.set_usage(q)
+            net, started_borrowing = self.quota.set_usage(q)
+            # wake on every release and consumption since the last look, not their net
+            diff: dict[str, int] = {}
+            for r, total in state.queue_released.get(name, {}).items():
+                seen = self.seen_released.setdefault(name, {})
+                if total != seen.get(r, 0):
+                    diff[r] = -(total - seen.get(r, 0))
+                    seen[r] = total
             if diff:
                 self.usage_moved(state, name, root, diff)
+            grown: dict[str, int] = {}
+            for r, total in state.queue_consumed.get(name, {}).items():
+                seen = self.seen_consumed.setdefault(name, {})
+                if total != seen.get(r, 0):
+                    grown[r] = total - seen.get(r, 0)
+                    seen[r] = total
+            if grown:
+                self.usage_moved(state, name, root, grown)
+            diff = net
             # a new borrower brings new victims; fair shares move with any usage
             if started_borrowing or (diff and state.fair_sharing):
                 self.wake_tree(state, root)

@@ -57,7 +57,9 @@ def _candidates(cycle: Cycle, job: JobState, prio: int, with_others: bool) -> li
         for cp, _, _, _, c in cycle.victim_order(job.queue):
             if cp > prio or (cp == prio and not newer_equal):
                 break
-            if c.id in removed or not _overlaps(c, job) or (cp == prio and c.seq <= job.seq):
+            if c.id in removed or c.id == job.evicted_by or not _overlaps(c, job):
+                continue
+            if cp == prio and c.seq <= job.seq:
                 continue
             own.append(c)
     reclaim = policy.reclaim_within_cohort
@@ -72,7 +74,7 @@ def _candidates(cycle: Cycle, job: JobState, prio: int, with_others: bool) -> li
                 cp, c = entry[0], entry[4]
                 if reclaim != "Any" and cp >= prio:
                     break
-                if c.id in removed or not _overlaps(c, job):
+                if c.id in removed or c.id == job.evicted_by or not _overlaps(c, job):
                     continue
                 if (
                     reclaim == "Any"
@@ -92,6 +94,10 @@ def _overlaps(candidate: JobState, job: JobState) -> bool:
 def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
     """The victims to evict so that `job` fits, or none."""
     state, quota = cycle.state, cycle.idx.quota
+    if job.preempted_at == cycle.now:
+        # a job evicted at this instant does not evict others at it: chains of
+        # evictions end within the instant instead of chasing each other
+        return _NONE
     prio = state.priority_of(job)
     policy = state.queues[job.queue].preemption
     # Other queues' jobs matter only to fair sharing, to borrowing under

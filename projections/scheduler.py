@@ -241,7 +241,11 @@ def _lowest_key(cycle: Cycle, job: JobState) -> tuple[int, int, int, int]:
 def _job_class(cycle: Cycle, job: JobState) -> tuple[object, ...] | None:
     """Jobs of one class get the same verdict on the same view (None: this job's verdict is its own)."""
     state = cycle.state
-    if job.nominated or state.queues[job.queue].preemption.within_queue == "LowerOrNewerEqualPriority":
+    if (
+        job.nominated
+        or job.preempted_at == cycle.now
+        or state.queues[job.queue].preemption.within_queue == "LowerOrNewerEqualPriority"
+    ):
         return None  # its candidates depend on its own submission order
     shape = tuple((ps.name, ps.count, tuple(sorted(ps.requests.items())), ps.topology) for ps in job.podsets)
     return (job.queue, state.priority_of(job), state.preemptible(job), shape)
@@ -329,6 +333,8 @@ def _wake_rule(
 ) -> Wake:
     """What must happen before this verdict (and its words) can change; see `index`."""
     wake = Wake()
+    if job.preempted_at == cycle.now:
+        wake.at_time = cycle.now + 1
     wake.consumed_in_cycle = cycle.consumed.get((cycle.idx.roots.get(job.queue, job.queue), "gpu"), 0)
     headroom = cycle.idx.quota.headroom(job.queue, job.requests, allow_borrow)
     if quota_blocked:
@@ -382,6 +388,7 @@ def decide(state: ClusterState, now: int) -> list[Event]:
     """One scheduling cycle at time `now`: the decisions to append, in order."""
     # 1. sync the derived index
     idx = index_of(state)
+    idx.wake_at(state, now)
     cycle = Cycle(state, idx, now)
     try:
         # 2. reject invalid specs
@@ -478,11 +485,14 @@ def _reclaim_idle(cycle: Cycle) -> None:
 
 
 def next_wakeup(state: ClusterState, now: int) -> int | None:
-    """The next time a cycle is due without any new event: an idle job's reclaim deadline."""
+    """The next time a cycle is due without any new event: an idle job's reclaim deadline,
+    or the end of an instant at which a job was evicted and may now preempt in turn."""
+    best: int | None = index_of(state).next_time()
+    if best is not None and best <= now:
+        best = now + 1
     policy = state.idle_reclaim
     if policy is None:
-        return None
-    best: int | None = None
+        return best
     for job in state.jobs.values():
         if job.status == "admitted" and job.idle_since is not None:
             due = job.idle_since + policy.after

@@ -39,7 +39,7 @@ from muster.projections.cluster import ClusterState, evolve
 from muster.projections.scheduler import decide, next_wakeup
 from muster.replay.scenario import Input, Scenario
 
-MAX_CYCLES_PER_INSTANT = 100_000
+MAX_CYCLES_PER_INSTANT = 10_000
 
 
 class SimulationError(RuntimeError):

@@ -1,4 +1,9 @@
-"""Findings of the replay work about the scheduler core, kept as strict xfail tests until the core is fixed.
+"""Findings of the replay work about the scheduler core: preemption loops.
+
+Both are fixed: a job evicted by another may not evict it in return until it
+has run again (`JobState.evicted_by`), and a job evicted at an instant does not
+evict others at that instant (`JobState.preempted_at`), so chains of evictions
+end within the instant.
 
 Found by auditing seeded `muster sim` scenarios (tests/replay/replaykit.mixed):
 in both scenarios below, the cycles at one instant never settle; the
@@ -12,8 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-
-import pytest
 
 from muster.events.types import JobAdmitted, JobPreempted, JobSubmitted
 from muster.projections.cluster import evolve
@@ -58,13 +61,11 @@ def _settles(path: Path) -> bool:
     return False
 
 
-@pytest.mark.xfail(strict=True, reason="core: preemption loop, reclaim_within_cohort undoes borrow_within_cohort")
 def test_reclaim_after_borrow_within_cohort_settles() -> None:
     """A borrower's BorrowWithinCohort evictions are not undone by the victims' queue reclaiming at once."""
     assert _settles(RECLAIM_AFTER_BORROW)
 
 
-@pytest.mark.xfail(strict=True, reason="core: preemption loop under fair sharing in nested cohorts")
 def test_fair_sharing_in_nested_cohorts_settles() -> None:
     """Fair-sharing preemptions in a cohort tree settle within a few cycles."""
     assert _settles(FAIR_SHARING_NESTED)
