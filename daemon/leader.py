@@ -22,6 +22,7 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import anyio
 import structlog
@@ -30,12 +31,44 @@ from nats.js.api import KeyValueConfig
 from nats.js.errors import BadRequestError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-__all__ = ["VALIDITY", "KvElector"]
+__all__ = ["VALIDITY", "Elector", "KvElector", "SoleElector"]
 
 log = structlog.get_logger("muster.leader")
 
 VALIDITY = 0.75
 """Fraction of the TTL after the last confirmed refresh during which the holder trusts its lease."""
+
+
+class Elector(Protocol):
+    """Who may lead (`leader.KvElector`, or `SoleElector` for a single replica)."""
+
+    holder: str
+    on_change: Callable[[], None] | None
+
+    def leading(self) -> bool: ...
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None: ...
+
+    async def resign(self) -> None: ...
+
+
+class SoleElector:
+    """The only replica: always holds the lease (tests and `--no-leader-election`)."""
+
+    def __init__(self, holder: str) -> None:
+        self.holder = holder
+        self.on_change: Callable[[], None] | None = None
+        self._resigned = False
+
+    def leading(self) -> bool:
+        return not self._resigned
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        await anyio.sleep_forever()
+
+    async def resign(self) -> None:
+        self._resigned = True
 
 
 class KvElector:

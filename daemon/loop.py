@@ -14,9 +14,10 @@ next one expects its predecessor's msg id last, so they land right after the
 state they were decided on, or not at all (`ConcurrencyConflict`: the loop
 folds what it missed and decides again); a write by another process in the
 middle of a cycle stores only a prefix of it (the rest is decided again).
-This replica's own facts wait for a cycle's append to finish. Their msg ids are `epoch:cycle:index:digest`, so a
-retried append stores nothing twice. Once stored they are folded at their
-sequences and handed to the applier.
+Decision msg ids are `epoch:cycle:index:digest`, so a retried append stores
+nothing twice. Once stored, decisions are folded at their sequences and
+handed to the applier. This replica's own facts (from its cluster) wait for
+a cycle's append to finish and are then appended together (group commit).
 
 Invariants:
 - One task folds, in log order, each sequence once; the state is the fold of
@@ -50,6 +51,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from muster.daemon.appending import ChainedAppender
 from muster.daemon.applier import DecisionApplier
 from muster.daemon.cluster import Cluster, ClusterFactory, Sink
+from muster.daemon.leader import Elector, SoleElector
 from muster.daemon.metrics import DaemonMetrics
 from muster.events.codec import encode
 from muster.events.store import BadEvent, ConcurrencyConflict, EventStore, StoredEvent, StoreError
@@ -73,38 +75,6 @@ log = structlog.get_logger("muster.loop")
 
 _DECISIONS = (JobAdmitted, JobPreempted, JobInadmissible, JobRejected)
 _ENDS = (JobFinished, JobFailed, JobCancelled, JobRejected)
-
-
-class Elector(Protocol):
-    """Who may lead (`leader.KvElector`, or `SoleElector` for a single replica)."""
-
-    holder: str
-    on_change: Callable[[], None] | None
-
-    def leading(self) -> bool: ...
-
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None: ...
-
-    async def resign(self) -> None: ...
-
-
-class SoleElector:
-    """The only replica: always holds the lease (tests and `--no-leader-election`)."""
-
-    def __init__(self, holder: str) -> None:
-        self.holder = holder
-        self.on_change: Callable[[], None] | None = None
-        self._resigned = False
-
-    def leading(self) -> bool:
-        return not self._resigned
-
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        await anyio.sleep_forever()
-
-    async def resign(self) -> None:
-        self._resigned = True
 
 
 class Hooks(Protocol):
