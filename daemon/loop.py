@@ -484,7 +484,8 @@ class SchedulerLoop:
             await self.elector.resign()
 
     async def _run_term(self, term: Term) -> None:
-        with term.scope:
+        # every line logged by the term's tasks (applier, adapter, scraper) carries its epoch
+        with term.scope, structlog.contextvars.bound_contextvars(epoch=term.epoch):
             async with anyio.create_task_group() as tg:
                 if self.cluster_factory is not None:
                     cluster = self.cluster_factory(lambda: self.state)
