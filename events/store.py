@@ -693,7 +693,8 @@ async def _connect(servers: list[str], attempts: int, nats_options: dict[str, An
     last_error: list[Exception] = []
 
     async def on_error(exc: Exception) -> None:
-        last_error[:] = [exc]
+        last_error.append(exc)
+        del last_error[:-10]  # the client lives long: keep only the latest few
         log.debug("nats client error", error=f"{type(exc).__name__}: {exc}")
 
     options: dict[str, Any] = {
@@ -714,7 +715,10 @@ async def _connect(servers: list[str], attempts: int, nats_options: dict[str, An
         with anyio.fail_after(attempts * len(servers) * per_try + 1):
             nc = await nats.connect(servers=servers, max_reconnect_attempts=max(1, attempts - 1), **options)
     except Exception as exc:
-        reason = last_error[0] if last_error else exc
+        # the server's own word (an authorization violation) says more than the reset
+        # of the socket it closed right after, whichever the client saw last
+        said = [e for e in last_error if not isinstance(e, OSError)]
+        reason = said[-1] if said else (last_error[-1] if last_error else exc)
         where = ", ".join(redact(u) for u in servers)  # never a password in a message or a log
         raise StoreError(f"cannot connect to {where}: {type(reason).__name__}: {reason}") from None
     nc.options["max_reconnect_attempts"] = reconnects
