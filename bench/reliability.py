@@ -37,7 +37,7 @@ import structlog
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "faults"))
 
-from daemonkit import TTL, admitted_after, elected_after, world  # noqa: E402
+from daemonkit import admitted_after, elected_after, world  # noqa: E402
 from faultkit import Follower, JetStreamCluster, Load, config_events, percentile, stream_leader  # noqa: E402
 
 from muster.events.embedded import EmbeddedNats  # noqa: E402
@@ -59,7 +59,7 @@ class Row:
 
     @property
     def ok(self) -> bool:
-        return self.lost == 0 and self.duplicates == 0 and self.violations == 0
+        return self.lost == 0 and self.duplicates == 0 and self.violations == 0  # -1: did not finish
 
 
 # ---------------------------------------------------------------- store scenarios
@@ -202,9 +202,9 @@ async def billing_crashes(tmp: Path, crashes: int, rng: random.Random) -> Row:
 # ---------------------------------------------------------------- daemons
 
 
-async def daemon_faults(tmp: Path, count: int, rng: random.Random, *, pause: bool, rate: float) -> Row:
+async def daemon_faults(tmp: Path, count: int, rng: random.Random, *, pause: bool, rate: float, ttl: float) -> Row:
     row = Row("daemon pause" if pause else "daemon kill -9")
-    async with world(_nats_url(tmp), tmp, nodes=max(16, int(rate * 2 * 1.5 / 8))) as w:
+    async with world(_nats_url(tmp), tmp, nodes=max(16, int(rate * 2 * 1.5 / 8)), ttl=ttl) as w:
         w.start_daemon()
         w.start_daemon()
         await w.wait_log(lambda log: w.leader()[0] > 0)
@@ -217,7 +217,7 @@ async def daemon_faults(tmp: Path, count: int, rng: random.Random, *, pause: boo
             started = time.monotonic()
             if pause:
                 victim.pause()
-                await w.wait_log(elected_after(epoch), 10 * TTL + 20)
+                await w.wait_log(elected_after(epoch), 10 * ttl + 20)
                 row.recover.append(time.monotonic() - started)
                 await w.wait_log(admitted_after(epoch), 60)
                 await anyio.sleep(rng.uniform(0.0, 0.5))
@@ -225,7 +225,7 @@ async def daemon_faults(tmp: Path, count: int, rng: random.Random, *, pause: boo
             else:
                 victim.kill()
                 w.start_daemon()
-                await w.wait_log(elected_after(epoch), 10 * TTL + 20)
+                await w.wait_log(elected_after(epoch), 10 * ttl + 20)
                 row.recover.append(time.monotonic() - started)
                 await w.wait_log(admitted_after(epoch), 60)
             row.violations = max(row.violations, len(w.check().violations))
@@ -248,7 +248,19 @@ async def daemon_faults(tmp: Path, count: int, rng: random.Random, *, pause: boo
         pods = [key for _, key, _ in w.emulator.bound]
         row.duplicates = len(pods) - len(set(pods)) + sum(n - 1 for n in w.sources().values())
         row.violations = max(row.violations, len(report.violations))
-        row.note = f"{report.decisions} decisions, {report.fenced} fenced; recover = fault to new LeaderElected"
+        row.note = f"{report.decisions} decisions, {report.fenced} fenced, {report.duplicate_facts} end facts repeated"
+        row.note += f"; lease TTL {ttl:g} s; recover = fault to new LeaderElected"
+        for v in report.violations[:10]:
+            print(f"    violation: {v}", file=sys.stderr)
+        doubled = sorted({k for k in pods if pods.count(k) > 1})[:5]
+        for key in doubled:
+            print(f"    bound more than once: {key}: {[b for b in w.emulator.bound if b[1] == key]}", file=sys.stderr)
+        lost = [src for src in w.created if src not in submitted or submitted[src] not in finished][:5]
+        for src in lost:
+            print(
+                f"    not finished: {src} -> {submitted.get(src)} {report.status.get(submitted.get(src, ''))}",
+                file=sys.stderr,
+            )
     return row
 
 
@@ -289,8 +301,8 @@ async def main(args: argparse.Namespace) -> int:
         "cluster": lambda t: cluster_leader(t, 1 if q else 3, rng),
         "kube": lambda t: kube_faults(t, 1 if q else 5, rng),
         "billing": lambda t: billing_crashes(t, 6 if q else 40, rng),
-        "daemon-kill": lambda t: daemon_faults(t, 3 if q else 20, rng, pause=False, rate=args.rate),
-        "daemon-pause": lambda t: daemon_faults(t, 3 if q else 10, rng, pause=True, rate=args.rate),
+        "daemon-kill": lambda t: daemon_faults(t, 3 if q else 20, rng, pause=False, rate=args.rate, ttl=args.ttl),
+        "daemon-pause": lambda t: daemon_faults(t, 3 if q else 10, rng, pause=True, rate=args.rate, ttl=args.ttl),
     }
     rows = []
     with (
@@ -305,7 +317,13 @@ async def main(args: argparse.Namespace) -> int:
             folder.mkdir()
             started = time.monotonic()
             print(f"running {name} ...", file=sys.stderr, flush=True)
-            row = await run(folder)
+            try:
+                row = await run(folder)
+            except Exception as exc:  # a scenario that could not finish is a failed row, not a lost report
+                import traceback
+
+                traceback.print_exc()
+                row = Row(name, note=f"FAILED: {type(exc).__name__}: {str(exc)[:200]}", violations=-1)
             print(f"  {name}: {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
             rows.append(row)
     print_table(rows)
@@ -319,6 +337,7 @@ if __name__ == "__main__":
         "--only", nargs="*", help="scenarios to run: nats cluster kube billing daemon-kill daemon-pause"
     )
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--ttl", type=float, default=5.0, help="leader lease TTL of the daemons (seconds)")
     parser.add_argument("--rate", type=float, default=50.0, help="gangs per second for the daemon scenarios")
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
     sys.exit(anyio.run(main, parser.parse_args()))

@@ -42,6 +42,7 @@ class World:
     tg: TaskGroup
     bucket: str
     follower: Follower
+    ttl: float = TTL
     daemons: dict[str, DaemonProcess] = field(default_factory=dict)
     created: list[str] = field(default_factory=list)
     """`Job/ns/<name>` of every gang created in the cluster."""
@@ -53,7 +54,7 @@ class World:
     def start_daemon(self, identity: str | None = None) -> DaemonProcess:
         identity = identity or f"d{len(self.daemons)}"
         args = ["--nats", self.store.nc.connected_url.geturl(), "--stream", self.store.stream]
-        args += ["--subject-prefix", self.store.prefix, "--leader-ttl", str(TTL), "--kv-bucket", self.bucket]
+        args += ["--subject-prefix", self.store.prefix, "--leader-ttl", str(self.ttl), "--kv-bucket", self.bucket]
         args += ["--kubeconfig", str(self.kubeconfig), "--log-level", "info"]
         proc = DaemonProcess(identity, args, self.tmp)
         self.daemons[identity] = proc
@@ -151,7 +152,7 @@ def config_events(nodes: int) -> list[Event]:
 
 
 @contextlib.asynccontextmanager
-async def world(nats_url: str, tmp: Path, *, nodes: int = 8) -> AsyncIterator[World]:
+async def world(nats_url: str, tmp: Path, *, nodes: int = 8, ttl: float = TTL) -> AsyncIterator[World]:
     """Everything but the daemons, which the test starts with `world.start_daemon()`."""
     tag = uuid.uuid4().hex[:10]
     emulator = RecordingEmulator()
@@ -167,7 +168,7 @@ async def world(nats_url: str, tmp: Path, *, nodes: int = 8) -> AsyncIterator[Wo
                 follower = Follower(store)
                 await tg.start(follower.run)
                 await tg.start(kubelet.run)
-                w = World(store, emulator, config, tmp, tg, f"lead-{tag}", follower)
+                w = World(store, emulator, config, tmp, tg, f"lead-{tag}", follower, ttl=ttl)
                 try:
                     yield w
                 finally:
