@@ -9,6 +9,8 @@ two pods) arrive at a steady rate.
   place: a standby takes over, decides again, and after every takeover the log
   and the cluster break no invariant (replay/invariants.py). At the end every
   gang was submitted once, bound whole, and finished.
+- kill -9 of nats-server itself: the daemons reconnect, catch up with the
+  log and go on; nothing is lost or doubled.
 - SIGSTOP of the leader until its lease expired and the standby leads, then
   SIGCONT: for a while both believe they lead; no binding the API applied
   disagrees with the log's effective admissions.
@@ -25,12 +27,14 @@ import anyio
 import pytest
 from daemonkit import TTL, World, admitted_after, admitted_in, describe, elected_after, world
 
+from muster.events.embedded import EmbeddedNats
 from muster.events.types import JobFinished, JobSubmitted
 
 pytestmark = pytest.mark.faults
 
 KILLS = 3
 PAUSES = 3
+NATS_KILLS = 2
 RATE = 20.0
 
 
@@ -116,3 +120,27 @@ async def test_paused_leader_resuming_after_its_lease_expired_applies_no_conflic
         assert w.leader()[0] >= PAUSES + 1, "a pause did not hand leadership over"
         for name in paused_names:  # each woke up believing it led, and found out
             assert "stepping down" in w.daemons[name].log_text(), name
+
+
+async def test_nats_server_killed_under_the_daemons_is_caught_up_after(own_nats: EmbeddedNats, tmp_path: Path) -> None:
+    """kill -9 of nats-server under two daemons and arriving gangs: they reconnect, catch up, and break nothing."""
+    rng = random.Random(5)
+    async with world(own_nats.url, tmp_path) as w:
+        w.start_daemon()
+        w.start_daemon()
+        await w.wait_log(lambda log: w.leader()[0] > 0)
+        w.tg.start_soon(w.submit, RATE)
+        for _ in range(NATS_KILLS):
+            await w.wait_log(admitted_after(0))
+            await anyio.sleep(rng.uniform(0.5, 1.5))
+            before = len(w.log())
+            own_nats.kill()
+            await own_nats.arestart()
+            await w.wait_log(lambda log, n=before: len(log) > n + 20)  # decisions flow again
+            report = w.check()
+            assert report.ok, describe(report, w)
+        await settle_all(w)
+        report = w.check(settled=True)
+        assert report.ok, describe(report, w)
+        assert all(n == 1 for n in w.sources().values())
+        assert len(w.emulator.bound) == 2 * len(w.created)
