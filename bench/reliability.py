@@ -209,26 +209,35 @@ async def daemon_faults(tmp: Path, count: int, rng: random.Random, *, pause: boo
         w.start_daemon()
         await w.wait_log(lambda log: w.leader()[0] > 0)
         w.tg.start_soon(w.submit, rate)
-        for _ in range(count):
+        done_faults = 0
+        for k in range(count):
             epoch, holder = w.leader()
-            await w.wait_log(admitted_after(epoch - 1), 60)
-            await anyio.sleep(rng.uniform(0.1, 1.5))
-            victim = w.daemons[holder]
-            started = time.monotonic()
-            if pause:
-                victim.pause()
-                await w.wait_log(elected_after(epoch), 10 * ttl + 20)
-                row.recover.append(time.monotonic() - started)
-                await w.wait_log(admitted_after(epoch), 60)
-                await anyio.sleep(rng.uniform(0.0, 0.5))
-                victim.resume()
-            else:
-                victim.kill()
-                w.start_daemon()
-                await w.wait_log(elected_after(epoch), 10 * ttl + 20)
-                row.recover.append(time.monotonic() - started)
-                await w.wait_log(admitted_after(epoch), 60)
+            try:
+                await w.wait_log(admitted_after(epoch - 1), 60)
+                await anyio.sleep(rng.uniform(0.1, 1.5))
+                victim = w.daemons[holder]
+                started = time.monotonic()
+                if pause:
+                    victim.pause()
+                    await w.wait_log(elected_after(epoch), 10 * ttl + 20)
+                    row.recover.append(time.monotonic() - started)
+                    await w.wait_log(admitted_after(epoch), 60)
+                    await anyio.sleep(rng.uniform(0.0, 0.5))
+                    victim.resume()
+                else:
+                    victim.kill()
+                    w.start_daemon()
+                    await w.wait_log(elected_after(epoch), 10 * ttl + 20)
+                    row.recover.append(time.monotonic() - started)
+                    await w.wait_log(admitted_after(epoch), 60)
+            except TimeoutError:
+                churn = w.leader()[0] - epoch
+                row.note = f"STALLED after fault {k + 1}: no admission for 60 s ({churn} leader terms since); "
+                done_faults = k + 1
+                break
+            done_faults = k + 1
             row.violations = max(row.violations, len(w.check().violations))
+        count = done_faults
         w.stop_submitting()
 
         def done(log: list[Any]) -> bool:
@@ -237,7 +246,7 @@ async def daemon_faults(tmp: Path, count: int, rng: random.Random, *, pause: boo
             return all(src in submitted and submitted[src] in finished for src in w.created)
 
         with contextlib.suppress(TimeoutError):  # counted as lost below
-            await w.wait_log(done, 180)
+            await w.wait_log(done, 20 if row.note else 180)
         report = w.check(settled=True)
         log = w.log()
         submitted = {s.event.source: s.event.job for s in log if isinstance(s.event, JobSubmitted)}
@@ -248,7 +257,7 @@ async def daemon_faults(tmp: Path, count: int, rng: random.Random, *, pause: boo
         pods = [key for _, key, _ in w.emulator.bound]
         row.duplicates = len(pods) - len(set(pods)) + sum(n - 1 for n in w.sources().values())
         row.violations = max(row.violations, len(report.violations))
-        row.note = f"{report.decisions} decisions, {report.fenced} fenced, {report.duplicate_facts} end facts repeated"
+        row.note += f"{report.decisions} decisions, {report.fenced} fenced, {report.duplicate_facts} end facts repeated"
         row.note += f"; lease TTL {ttl:g} s; recover = fault to new LeaderElected"
         for v in report.violations[:10]:
             print(f"    violation: {v}", file=sys.stderr)
