@@ -250,7 +250,8 @@ class TopologyIndex:
 
         Read-only: the caller takes the capacity (inside a transaction).
         """
-        primary = "gpu" if req.get("gpu", 0) > 0 else (min(k for k, v in req.items() if v > 0) if req else "gpu")
+        asked = sorted(k for k, v in req.items() if v > 0)
+        primary = "gpu" if req.get("gpu", 0) > 0 or not asked else asked[0]
         if count <= 0:
             return [], ""
         if not any(v > 0 for v in req.values()):

@@ -46,7 +46,7 @@ def invalid_reason(state: ClusterState, job: JobState) -> str | None:
         if topo is not None:
             if topo.required is not None and topo.preferred is not None:
                 return f"podset {ps.name!r}: topology sets both required and preferred"
-            level = topo.required or topo.preferred
+            level = topo.required if topo.required is not None else topo.preferred
             if level is not None and level not in levels:
                 return f"podset {ps.name!r}: topology level {level!r} does not exist (levels: {', '.join(levels)})"
     if pods > MAX_PODS_PER_JOB:

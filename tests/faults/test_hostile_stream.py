@@ -166,11 +166,6 @@ def test_hostile_stream_is_reported_skipped_and_answered(
     anyio.run(run_case, big_nats.url, items, tmp_path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug (projections/topology.py:place): a podset whose requests are all zero crashes decide "
-    "with 'ValueError: min() arg is an empty sequence'; reported to the lead",
-)
 def test_a_podset_requesting_nothing_does_not_crash_decide() -> None:
     """A job whose podset requests zero of everything is answered (admitted or rejected), not a crash."""
     job = JobSubmitted(at=1, job="zero", queue="team-a", podsets=[PodSet(name="w", count=1, requests={"gpu": 0})])
@@ -179,11 +174,6 @@ def test_a_podset_requesting_nothing_does_not_crash_decide() -> None:
     assert any(getattr(ev, "job", None) == "zero" for ev in decisions)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core gap (projections/validation.py:invalid_reason): `topology: {required: ''}` is taken as no "
-    "topology (the empty string is falsy) instead of a level that does not exist; reported to the lead",
-)
 def test_an_empty_topology_level_is_rejected() -> None:
     """A podset that requires the topology level '' (which no cluster has) is rejected like any unknown level."""
     job = JobSubmitted(
