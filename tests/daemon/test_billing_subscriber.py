@@ -259,7 +259,7 @@ async def test_malformed_event_is_skipped_reported_and_acked(store: EventStore, 
     assert ledger["usage"] == sorted(expected.ledger.usage.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2]))
     assert ledger["seq"] == seqs[-1]
     # nothing left for the consumer: the bad message was acked too
-    info = await store.js.consumer_info(store.stream, "billing")
+    info = await _acks_settled(store, "billing")
     assert (info.num_ack_pending, info.num_pending) == (0, 0)
 
 
@@ -280,7 +280,7 @@ async def test_redelivered_messages_are_acked_and_ignored(store: EventStore, nat
             while sub.metrics.redelivered._value.get() < len(scripted_log()):
                 await sub.step()
         assert dump(tmp_path / "l.db") == before
-        info = await store.js.consumer_info(store.stream, "billing")
+        info = await _acks_settled(store, "billing")
         assert info.num_ack_pending == 0
     finally:
         await sub.close()
@@ -372,8 +372,18 @@ async def test_cli_run_with_helm_config_serves_metrics_and_stops_on_sigterm(
                 proc.kill()
     assert code == 0
     assert dump(tmp_path / "data" / "billing.db")["seq"] == 19
-    info = await store.js.consumer_info(store.stream, "billing-cli")
+    info = await _acks_settled(store, "billing-cli")
     assert info.num_ack_pending == 0
+
+
+async def _acks_settled(store: EventStore, durable: str) -> Any:
+    """The consumer's info once the server has processed the acks already sent (they are fire-and-forget)."""
+    info = await store.js.consumer_info(store.stream, durable)
+    with anyio.move_on_after(5):
+        while info.num_ack_pending:
+            await anyio.sleep(0.05)
+            info = await store.js.consumer_info(store.stream, durable)
+    return info
 
 
 async def _until(condition: Callable[[], bool]) -> None:
