@@ -8,6 +8,9 @@
 - `docker_nats_url` (session): NATS in a container, for `docker` tests.
 - every async test fails if it leaves asyncio tasks running (kopf-style).
 - tests marked `docker` skip cleanly when no Docker engine answers.
+- Hypothesis: no per-example deadline and no too_slow health check anywhere
+  (both are wall-clock verdicts a loaded 2-core CI box can trip); under CI
+  (`$CI` set) examples are derandomized, so the same code gets the same verdict.
 
 Add new shared fixtures in their own section below, with a one-line docstring.
 """
@@ -28,9 +31,21 @@ from typing import Any
 
 import anyio
 import pytest
+from hypothesis import HealthCheck, settings
 
 from muster.events.embedded import EmbeddedNats
 from muster.events.store import EventStore
+
+# ---------------------------------------------------------------- Hypothesis
+
+# Loaded here, before any test module builds its own `settings(...)`, so those inherit it.
+settings.register_profile(
+    "muster",
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=bool(os.environ.get("CI")),
+)
+settings.load_profile("muster")
 
 # ---------------------------------------------------------------- NATS
 

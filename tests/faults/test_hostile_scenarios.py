@@ -105,7 +105,9 @@ def garbage(draw: st.DrawFn) -> bytes:
     return draw(st.text(max_size=300)).encode()
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(data=garbage())
 def test_garbage_scenarios_exit_2_with_the_file_and_never_a_traceback(tmp_path: Path, data: bytes) -> None:
     """Random, truncated, mangled and mistyped scenario files: exit 0, or 2 with a message naming the file."""
@@ -130,7 +132,9 @@ def absurd_scenarios(draw: st.DrawFn) -> tuple[str, list[tuple[str, str, str]]]:
     return BASE + "\n".join(lines) + "\n", expect
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(case=absurd_scenarios())
 def test_absurd_jobs_in_a_scenario_are_answered(tmp_path: Path, case: tuple[str, list[tuple[str, str, str]]]) -> None:
     """Each absurd job is rejected (or waits) with a reason that names the problem; sensible ones run."""

@@ -157,7 +157,9 @@ async def run_case(url: str, items: list[Item], tmp: Path) -> None:
         assert sorted(skipped) == sorted(bad)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(items=hostile_logs())
 def test_hostile_stream_is_reported_skipped_and_answered(
     big_nats: EmbeddedNats, tmp_path: Path, items: list[Item]
