@@ -34,7 +34,7 @@ def watch_owner_lookups(emulator: KubeEmulator, plural: str) -> asyncio.Event:
 
 async def owner_looked_up(seen: asyncio.Event) -> None:
     """Wait until the owner was fetched, and give its answer time to be translated."""
-    with anyio.fail_after(5):
+    with anyio.fail_after(30):
         await seen.wait()
     await anyio.sleep(0.1)
 
