@@ -38,6 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from muster.daemon.billing_store import LedgerDB, LedgerError
 from muster.events.codec import DecodeError, decode
+from muster.events.store import subject_problem
 from muster.projections.billing import (
     DEFAULT_GPU_LABEL,
     BillingState,
@@ -230,11 +231,15 @@ class BillingSubscriber:
             return True
         return False
 
-    def _apply(self, seq: int, raw: bytes) -> None:
+    def _apply(self, seq: int, subject: str, raw: bytes) -> None:
         try:
             event = decode(raw)
         except DecodeError as exc:
             self._skip(seq, exc.message)
+            return
+        problem = subject_problem(subject.encode(), event)
+        if problem is not None:  # the scheduler skips it too (EventStore readers): bill what it scheduled
+            self._skip(seq, problem)
             return
         try:
             evolve_billing(self.state, seq, event)
@@ -276,7 +281,7 @@ class BillingSubscriber:
                 log.warning("billing.delivery_gap", expected=tracker.seq + 1, got=seq)
                 usable = i
                 break
-            self._apply(seq, msg.data)
+            self._apply(seq, msg.subject, msg.data)
         pending = msgs[-1].metadata.num_pending or 0
         clock = tracker.clock
         caught_up = usable == len(msgs) and pending == 0 and clock is not None

@@ -6,9 +6,15 @@ go through `wire`, a lean protocol reader, because nats-py's per-message cost
 caps a replay far below the 100,000 events/s a restart needs.
 
 Invariants:
-- One stream (file storage, deny_delete, deny_purge) holds subjects
-  `<prefix>.<kind>.<id>`; `kind` comes from the event type, `id` is the job,
-  node, queue... name made safe for a subject token (`subject_token`).
+- One stream (file storage, deny_delete, deny_purge, messages capped at the
+  event size cap) holds subjects `<prefix>.<kind>.<id>`; `kind` comes from the
+  event type, `id` is the job, node, queue... name made safe for a subject
+  token (`subject_token`). Submissions go to `<prefix>.submit.<queue>.<job>`,
+  so NATS permissions can let a team publish to its own queues only.
+- An event is only taken from its own subjects (`subject_problem`): a decision
+  published on a submission subject, or a submission for another queue than
+  its subject names, is a bad event. Permissions on subjects are therefore
+  permissions on what the events say.
 - Every append carries a deterministic `Nats-Msg-Id` (sha256 of the encoded
   event unless the caller passes ids), so a retried append is stored once and
   returns the sequences of the first attempt.
@@ -86,6 +92,7 @@ __all__ = [
     "StoredEvent",
     "default_url",
     "subject_for",
+    "subject_problem",
     "subject_token",
 ]
 
@@ -192,11 +199,12 @@ def subject_token(value: str) -> str:
 
 
 def _route(event: Event) -> tuple[str, str]:
-    """(kind, id) of an event's subject."""
+    """(kind, id) of an event's subject; a submission's id is `<queue>.<job>`."""
     match event:
+        case JobSubmitted():
+            return "submit", f"{subject_token(event.queue)}.{subject_token(event.job)}"
         case (
-            JobSubmitted()
-            | JobCancelled()
+            JobCancelled()
             | JobStarted()
             | JobFinished()
             | JobFailed()
@@ -206,26 +214,87 @@ def _route(event: Event) -> tuple[str, str]:
             | JobRejected()
             | GpuUtilizationSampled()
         ):
-            return "job", event.job
+            return "job", subject_token(event.job)
         case NodeAdded() | NodeUpdated() | NodeRemoved() | NodeCordoned():
-            return "node", event.node
+            return "node", subject_token(event.node)
         case QueueConfigured():
-            return "queue", event.name
+            return "queue", subject_token(event.name)
         case CohortConfigured():
-            return "cohort", event.name
+            return "cohort", subject_token(event.name)
         case PriorityClassConfigured():
-            return "priorityclass", event.name
+            return "priorityclass", subject_token(event.name)
         case SchedulerConfigured():
             return "scheduler", "config"
         case LeaderElected():
-            return "leader", event.holder
-    return "other", type(event).__name__
+            return "leader", subject_token(event.holder)
+    return "other", subject_token(type(event).__name__)
 
 
 def subject_for(event: Event, prefix: str = DEFAULT_PREFIX) -> str:
-    """`<prefix>.<kind>.<id>` for an event."""
+    """`<prefix>.<kind>.<id>` for an event (`<prefix>.submit.<queue>.<job>` for a submission)."""
     kind, ident = _route(event)
-    return f"{prefix}.{kind}.{subject_token(ident)}"
+    return f"{prefix}.{kind}.{ident}"
+
+
+_KIND: dict[type, bytes] = {
+    JobSubmitted: b"submit",
+    **{
+        t: b"job"
+        for t in (
+            JobCancelled,
+            JobStarted,
+            JobFinished,
+            JobFailed,
+            JobAdmitted,
+            JobPreempted,
+            JobInadmissible,
+            JobRejected,
+            GpuUtilizationSampled,
+        )
+    },
+    **{t: b"node" for t in (NodeAdded, NodeUpdated, NodeRemoved, NodeCordoned)},
+    QueueConfigured: b"queue",
+    CohortConfigured: b"cohort",
+    PriorityClassConfigured: b"priorityclass",
+    SchedulerConfigured: b"scheduler",
+    LeaderElected: b"leader",
+}
+
+
+def subject_problem(subject: bytes, event: Event) -> str | None:
+    """Why `event` must not be taken from `subject` (None when it may), whatever the prefix.
+
+    Each kind of event has its own subjects, and NATS permissions say who may
+    publish where (deploy/nats/accounts.conf): only the daemon publishes on
+    `job.*`, a team only on `submit.<its queue>.*`. So a job event counts only
+    on `<kind>.<id>` subjects of its kind, and a submission only on the
+    `submit.<queue>.<job>` subject of its own queue and job, or on `job.<id>`
+    (the daemon's, where logs written before submissions had their own
+    subjects keep them). Tokens never contain dots, so the kind is found from
+    the right and the prefix need not be known.
+    """
+    tokens = subject.split(b".")
+    kind = _KIND.get(type(event), b"other")
+    on_submit = len(tokens) >= 4 and tokens[-3] == b"submit"
+    if on_submit and isinstance(event, JobSubmitted):
+        if tokens[-2] == subject_token(event.queue).encode() and tokens[-1] == subject_token(event.job).encode():
+            return None
+        return (
+            f"submission of job {event.job!r} to queue {event.queue!r} published on "
+            f"{subject.decode(errors='replace')!r}: a submission counts only on its own queue's and job's subject"
+        )
+    if not on_submit and len(tokens) >= 3 and (tokens[-2] == kind or (kind == b"submit" and tokens[-2] == b"job")):
+        return None
+    return (
+        f"{type(event).__name__} published on {subject.decode(errors='replace')!r}, "
+        f"not on a {kind.decode()}.* subject where it belongs"
+    )
+
+
+def _check_prefix(prefix: str) -> None:
+    if not prefix or "" in prefix.split(".") or prefix.split(".")[-1] == "submit" or any(c in prefix for c in " *>"):
+        # subject_problem finds an event's kind counting tokens from the right
+        raise StoreError(f"subject prefix {prefix!r}: must be subject tokens, the last one not 'submit'")
 
 
 def _default_msg_id(data: bytes) -> str:
@@ -274,6 +343,7 @@ class EventStore:
         api_prefix: str,
         request_timeout: float,
     ) -> None:
+        _check_prefix(prefix)
         self.nc = nc
         self.js = nc.jetstream(prefix=api_prefix, timeout=request_timeout)
         self.stream = stream
@@ -312,6 +382,7 @@ class EventStore:
         reason); once connected, the store reconnects forever unless
         `max_reconnect_attempts` says otherwise.
         """
+        _check_prefix(prefix)
         if isinstance(url_or_nc, NatsClient):
             nc = url_or_nc
             owns = False
@@ -349,6 +420,9 @@ class EventStore:
             deny_purge=True,
             discard=DiscardPolicy.OLD,
             duplicate_window=duplicate_window,
+            # the server refuses what no reader would take (decode's cap), whoever publishes it
+            max_msg_size=MAX_EVENT_BYTES + _HEADER_ROOM,
+            allow_direct=True,  # submitters read their own submissions back by subject (accounts.conf)
         )
         if not create:
             try:
@@ -635,10 +709,14 @@ class EventStore:
                     except DecodeError as exc:
                         self._report(seq, subject, data, exc.message)
                     else:
-                        if until is not None and event.at > until:
+                        problem = subject_problem(subject, event)
+                        if problem is not None:
+                            self._report(seq, subject, data, problem)
+                        elif until is not None and event.at > until:
                             stop = True
                             break
-                        append(_stored(StoredEvent, (seq, event)))
+                        else:
+                            append(_stored(StoredEvent, (seq, event)))
                     if seq == to_seq:
                         stop = True
                         break
@@ -684,6 +762,10 @@ class EventStore:
                         event = decode(data)
                     except DecodeError as exc:
                         self._report(seq, subject, data, exc.message)
+                        continue
+                    problem = subject_problem(subject, event)
+                    if problem is not None:
+                        self._report(seq, subject, data, problem)
                         continue
                     yield StoredEvent(seq, event)
 

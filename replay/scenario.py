@@ -214,6 +214,8 @@ def loads(text: str, name: str = "<scenario>", base: Path | None = None) -> Scen
         raise ScenarioError(name, line, f"malformed YAML: {exc.problem or exc}") from None
     except yaml.YAMLError as exc:
         raise ScenarioError(name, None, f"malformed YAML: {exc}") from None
+    except RecursionError:  # PyYAML composes recursively: hostile nesting must be bad input, not a crash
+        raise ScenarioError(name, None, "malformed YAML: nested too deeply") from None
     if root is None:
         raise ScenarioError(name, None, "the scenario is empty")
     top = r.mapping(root, "scenario", _TOP)

@@ -21,7 +21,6 @@ import anyio
 import nats
 import pytest
 from nats.aio.client import Client as NatsClient
-from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
@@ -30,8 +29,17 @@ from muster.daemon.billing import BillingMetrics, BillingSubscriber, SubscriberO
 from muster.daemon.billing_store import LedgerDB
 from muster.events.codec import encode
 from muster.events.embedded import EmbeddedNats, find_nats_server
-from muster.events.store import subject_for
-from muster.events.types import NodeAdded, NodeName, QueueConfigured, QueueName
+from muster.events.store import BadEvent, EventStore, StoreError, subject_for
+from muster.events.types import (
+    JobAdmitted,
+    JobId,
+    JobSubmitted,
+    NodeAdded,
+    NodeName,
+    PodSet,
+    QueueConfigured,
+    QueueName,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCOUNTS = ROOT / "deploy" / "nats" / "accounts.conf"
@@ -144,18 +152,9 @@ async def connect(server: EmbeddedNats) -> AsyncIterator[Connect]:
 
 
 async def ensure_stream(daemon: Identity) -> None:
-    """The event stream as the store creates it, plus direct gets for submitters' status reads."""
-    await daemon.js.add_stream(
-        StreamConfig(
-            name="MUSTER",
-            subjects=["muster.>"],
-            storage=StorageType.FILE,
-            deny_delete=True,
-            deny_purge=True,
-            discard=DiscardPolicy.OLD,
-            allow_direct=True,
-        )
-    )
+    """The event stream as the store creates it (allow_direct for submitters' reads, the size cap), as the daemon."""
+    store = await EventStore.connect(daemon.nc)
+    await store.close()
 
 
 async def last_seq(daemon: Identity) -> int:
@@ -178,7 +177,7 @@ async def test_only_the_daemon_publishes_decisions_and_facts(connect: Connect) -
     """Decisions, job status, node facts and leadership come from the daemon alone."""
     daemon = await connect("daemon")
     await ensure_stream(daemon)
-    subjects = ["muster.job.team-a.train-1", "muster.node.gpu-0", "muster.leader.muster-0"]
+    subjects = ["muster.job.train-1", "muster.node.gpu-0", "muster.leader.muster-0"]
     for subject in subjects:
         await daemon.js.publish(subject, b"{}", stream="MUSTER")
     await daemon.js.publish("muster.submit.team-a.gang-7", b"{}", stream="MUSTER")  # gangs found in the cluster
@@ -209,8 +208,8 @@ async def test_billing_reads_through_its_own_durable_consumer_only(connect: Conn
     """Billing fetches and acknowledges through consumer muster-billing; other consumers and any publish are refused."""
     daemon, billing = await connect("daemon"), await connect("billing")
     await ensure_stream(daemon)
-    await daemon.js.publish("muster.job.team-a.billing-probe", b'{"probe":1}', stream="MUSTER")
-    sub = await billing.js.pull_subscribe("muster.job.team-a.billing-probe", durable="muster-billing", stream="MUSTER")
+    await daemon.js.publish("muster.job.billing-probe", b'{"probe":1}', stream="MUSTER")
+    sub = await billing.js.pull_subscribe("muster.job.billing-probe", durable="muster-billing", stream="MUSTER")
     msgs = await sub.fetch(1, timeout=3)
     assert msgs[0].data == b'{"probe":1}'
     await msgs[0].ack()
@@ -219,7 +218,7 @@ async def test_billing_reads_through_its_own_durable_consumer_only(connect: Conn
     assert await billing.refused_publish("$JS.API.CONSUMER.CREATE.MUSTER.someone-else")
     assert await billing.refused_publish("$JS.API.CONSUMER.DELETE.MUSTER.muster_0daemon0reader")
     assert await billing.refused_publish("$JS.API.STREAM.MSG.DELETE.MUSTER")
-    assert await billing.refused_publish("muster.job.team-a.billing-probe")
+    assert await billing.refused_publish("muster.job.billing-probe")
     assert await billing.refused_publish("muster.submit.team-a.x")
 
 
@@ -242,16 +241,83 @@ async def test_billing_subscriber_runs_under_the_billing_identity(connect: Conne
     assert not billing.violations.seen
 
 
-async def test_submitters_read_only_their_own_jobs(connect: Connect) -> None:
-    """A team reads the latest event of its own jobs by subject; another team's job is refused."""
+async def test_submitters_read_back_only_their_own_submissions(connect: Connect) -> None:
+    """A team reads its own queue's submissions by subject; another team's, and decisions, are refused."""
     daemon, team_a = await connect("daemon"), await connect("team-a")
     await ensure_stream(daemon)
-    await daemon.js.publish("muster.job.team-a.mine", b'{"type":"JobAdmitted"}', stream="MUSTER")
-    await daemon.js.publish("muster.job.team-b.theirs", b'{"type":"JobAdmitted"}', stream="MUSTER")
-    msg = await team_a.js.get_last_msg("MUSTER", "muster.job.team-a.mine", direct=True)
-    assert msg.data == b'{"type":"JobAdmitted"}'
-    assert await team_a.refused_publish("$JS.API.DIRECT.GET.MUSTER.muster.job.team-b.theirs")
+    await team_a.js.publish("muster.submit.team-a.mine", b'{"type":"JobSubmitted"}', stream="MUSTER")
+    await daemon.js.publish("muster.submit.team-b.theirs", b'{"type":"JobSubmitted"}', stream="MUSTER")
+    msg = await team_a.js.get_last_msg("MUSTER", "muster.submit.team-a.mine", direct=True)
+    assert msg.data == b'{"type":"JobSubmitted"}'
+    assert await team_a.refused_publish("$JS.API.DIRECT.GET.MUSTER.muster.submit.team-b.theirs")
+    assert await team_a.refused_publish("$JS.API.DIRECT.GET.MUSTER.muster.job.mine")
     assert await team_a.refused_publish("$JS.API.CONSUMER.CREATE.MUSTER")  # no reading the whole log
+
+
+def _job(name: str, queue: str) -> JobSubmitted:
+    gang = [PodSet(name="main", count=1, requests={"gpu": 1})]
+    return JobSubmitted(at=1_800_000_000, job=JobId(name), queue=QueueName(queue), podsets=gang)
+
+
+def _admitted(name: str, epoch: int) -> JobAdmitted:
+    place = {"main-0": NodeName("n")}
+    return JobAdmitted(at=1_800_000_001, job=JobId(name), queue=QueueName("team-a"), epoch=epoch, placement=place)
+
+
+async def _store_as(server: EmbeddedNats, name: str, *, create: bool = False) -> EventStore:
+    user, inbox, var = IDENTITIES[name]
+    return await EventStore.connect(
+        server.url,
+        create=create,
+        request_timeout=1.0,
+        user=user,
+        password=PASSWORDS[var],
+        inbox_prefix=inbox,
+        max_reconnect_attempts=1,
+    )
+
+
+async def test_the_store_appends_under_the_layout_each_identity_as_itself(server: EmbeddedNats) -> None:
+    """EventStore as written works under accounts.conf: a team submits to its queue, the daemon decides."""
+    daemon = await _store_as(server, "daemon", create=True)
+    team_a = await _store_as(server, "team-a")
+    try:
+        [sub_seq] = await team_a.append([_job("layout-1", "team-a")])
+        admitted = _admitted("layout-1", 1)
+        [dec_seq] = await daemon.append([admitted])
+        got = {s.seq: s.event for s in await daemon.read(sub_seq, dec_seq)}
+        assert got[sub_seq] == _job("layout-1", "team-a") and got[dec_seq] == admitted
+        with pytest.raises(StoreError):
+            await team_a.append([_job("layout-2", "team-b")])  # another queue's subject: refused
+        with pytest.raises(StoreError):
+            await team_a.append([admitted])  # a decision: refused
+        assert await daemon.last_seq() == dec_seq
+    finally:
+        await team_a.close()
+        await daemon.close()
+
+
+async def test_what_a_team_smuggles_onto_its_own_subject_is_skipped(server: EmbeddedNats, connect: Connect) -> None:
+    """A team's own subject carrying another queue's job or a decision is stored but read as a bad event."""
+    reported: list[BadEvent] = []
+    daemon = await _store_as(server, "daemon", create=True)
+    daemon.on_bad = reported.append
+    team_a = await connect("team-a")
+    try:
+        foreign = _job("smuggled", "team-b")  # team-a's subject, team-b's queue in the body
+        decision = _admitted("smuggled", 99)
+        ok = _job("honest", "team-a")
+        seqs = [
+            (await team_a.js.publish("muster.submit.team-a.smuggled", encode(ev), stream="MUSTER")).seq
+            for ev in (foreign, decision)
+        ]
+        honest = (await team_a.js.publish(subject_for(ok), encode(ok), stream="MUSTER")).seq
+        events = await daemon.read(seqs[0], honest)
+        assert [(s.seq, s.event) for s in events] == [(honest, ok)]
+        assert sorted(b.seq for b in reported) == seqs
+        assert "team-b" in reported[0].error and "JobAdmitted" in reported[1].error
+    finally:
+        await daemon.close()
 
 
 async def test_identities_cannot_listen_to_others(connect: Connect) -> None:

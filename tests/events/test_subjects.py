@@ -1,12 +1,23 @@
-"""Subject tokens: any job, node or queue name becomes one safe, deterministic, distinct NATS subject token."""
+"""Subjects: any name becomes one safe token; each event has its own subjects, and is taken only from them."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from muster.events.store import subject_for, subject_token
-from muster.events.types import JobFinished, LeaderElected, NodeCordoned, SchedulerConfigured
+from muster.events.store import EventStore, StoreError, subject_for, subject_problem, subject_token
+from muster.events.types import (
+    JobAdmitted,
+    JobCancelled,
+    JobFinished,
+    JobSubmitted,
+    LeaderElected,
+    NodeCordoned,
+    PodSet,
+    QueueConfigured,
+    SchedulerConfigured,
+)
 
 FORBIDDEN = set(".*> \t\r\n")
 
@@ -44,3 +55,58 @@ def test_subject_kind_comes_from_the_event_type() -> None:
     assert subject_for(NodeCordoned(at=1, node="n1"), prefix="t1") == "t1.node.n1"
     assert subject_for(SchedulerConfigured(at=1)) == "muster.scheduler.config"
     assert subject_for(LeaderElected(at=1, epoch=2, holder="muster-0")) == "muster.leader.muster-0"
+
+
+def _submission(job: str, queue: str) -> JobSubmitted:
+    return JobSubmitted(at=1, job=job, queue=queue, podsets=[PodSet(name="w", count=1, requests={"gpu": 1})])
+
+
+def test_a_submission_goes_to_its_queues_submit_subject() -> None:
+    """A team's submission lands on submit.<queue>.<job>, which NATS permissions can grant per queue."""
+    assert subject_for(_submission("train.1", "team-a")) == "muster.submit.team-a.train%2E1"
+    assert subject_for(JobCancelled(at=1, job="train-1")) == "muster.job.train-1"
+
+
+@given(st.text(min_size=1), st.text(min_size=1))
+def test_every_event_is_taken_from_its_own_subject(job: str, queue: str) -> None:
+    """What the store writes, the readers take: each event passes the subject check on its own subject."""
+    events = [
+        _submission(job, queue),
+        JobFinished(at=1, job=job),
+        NodeCordoned(at=1, node=job),
+        QueueConfigured(at=1, name=queue),
+        SchedulerConfigured(at=1),
+        LeaderElected(at=1, epoch=2, holder=job),
+    ]
+    for event in events:
+        assert subject_problem(subject_for(event, "a.b").encode(), event) is None
+
+
+def test_events_off_their_subjects_are_refused_with_a_reason() -> None:
+    """Another queue's job on a team's subject, a decision on a submit subject, config on a job subject are bad."""
+    job = _submission("j", "team-b")
+    admitted = JobAdmitted(at=1, job="j", queue="team-a", placement={"w-0": "n"})
+    problem = subject_problem(b"muster.submit.team-a.j", job)
+    assert problem is not None and "'team-b'" in problem and "muster.submit.team-a.j" in problem
+    assert subject_problem(b"muster.submit.team-b.other", job) is not None  # another job's subject
+    assert "JobAdmitted" in (subject_problem(b"muster.submit.team-a.j", admitted) or "")
+    assert subject_problem(b"muster.submit.job.j", admitted) is not None  # a queue named "job" is no way around
+    assert subject_problem(b"muster.queue.team-a", admitted) is not None
+    assert subject_problem(b"muster.job.j", QueueConfigured(at=1, name="q")) is not None
+    assert subject_problem(b"garbage", admitted) is not None
+
+
+def test_submissions_of_old_logs_stay_readable_on_job_subjects() -> None:
+    """Logs written before submissions had their own subjects (job.<job>, the daemon's) still replay."""
+    assert subject_problem(b"muster.job.j", _submission("j", "team-b")) is None
+
+
+def test_a_prefix_ending_in_submit_is_refused() -> None:
+    """The kind is counted from the right, so a prefix ending in a `submit` token would be ambiguous."""
+    import anyio
+
+    async def connect() -> None:
+        await EventStore.connect("nats://127.0.0.1:1", prefix="org.submit", connect_attempts=1)
+
+    with pytest.raises(StoreError, match="prefix"):
+        anyio.run(connect)

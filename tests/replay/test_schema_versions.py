@@ -14,7 +14,7 @@ from replaykit import memory_log, sim, write_jsonl
 
 from muster.cli import main
 from muster.events.codec import encode
-from muster.events.store import EventStore
+from muster.events.store import EventStore, subject_for, subject_token
 from muster.events.types import Event, JobSubmitted
 from muster.projections.cluster import fold
 from muster.replay.audit import audit
@@ -91,8 +91,12 @@ async def test_a_log_with_v1_submissions_replays_to_the_same_state() -> None:
 async def test_v1_submissions_replay_from_the_stream(store: EventStore) -> None:
     """Old bytes stored on JetStream (as an old muster published them) replay too."""
     events = sim(OLD_SHAPES).events
-    for raw in _old_log(events):
-        await store.js.publish(f"{store.prefix}.old.event", raw)
+    for event, raw in zip(events, _old_log(events), strict=True):
+        # an old muster wrote submissions under job.<job> too (they have submit.<queue>.<job> now)
+        subject = subject_for(event, store.prefix)
+        if isinstance(event, JobSubmitted):
+            subject = f"{store.prefix}.job.{subject_token(event.job)}"
+        await store.js.publish(subject, raw)
     replayed = await state_at(NatsLog(store), END)
     assert replayed.seq == len(events)
     assert replayed.state == fold(events)
