@@ -297,8 +297,10 @@ async def test_the_store_appends_under_the_layout_each_identity_as_itself(server
         await daemon.close()
 
 
-async def test_what_a_team_smuggles_onto_its_own_subject_is_skipped(server: EmbeddedNats, connect: Connect) -> None:
-    """A team's own subject carrying another queue's job or a decision is stored but read as a bad event."""
+async def test_what_a_team_smuggles_onto_its_own_subject_is_skipped(
+    server: EmbeddedNats, connect: Connect, tmp_path: Path
+) -> None:
+    """Another queue's job or a decision on a team's own subject is stored, then skipped by scheduler and billing."""
     reported: list[BadEvent] = []
     daemon = await _store_as(server, "daemon", create=True)
     daemon.on_bad = reported.append
@@ -316,6 +318,15 @@ async def test_what_a_team_smuggles_onto_its_own_subject_is_skipped(server: Embe
         assert [(s.seq, s.event) for s in events] == [(honest, ok)]
         assert sorted(b.seq for b in reported) == seqs
         assert "team-b" in reported[0].error and "JobAdmitted" in reported[1].error
+        # billing, under its own identity, skips the same two and nothing else of them
+        billing = await connect("billing")
+        with LedgerDB.open(f"sqlite:///{tmp_path / 'billing.db'}") as ledger:
+            subscriber = BillingSubscriber(billing.js, ledger, SubscriberOptions(stream="MUSTER"), BillingMetrics())
+            await subscriber.start()
+            await subscriber.run(once=True)
+            await subscriber.close()
+            skipped = [seq for seq, _ in ledger.skipped()]
+        assert [s for s in skipped if s in (*seqs, honest)] == seqs
     finally:
         await daemon.close()
 
