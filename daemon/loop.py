@@ -17,7 +17,9 @@ middle of a cycle stores only a prefix of it (the rest is decided again).
 Decision msg ids are `epoch:cycle:index:digest`, so a retried append stores
 nothing twice. Once stored, decisions are folded at their sequences and
 handed to the applier. This replica's own facts (from its cluster) wait for
-a cycle's append to finish and are then appended together (group commit).
+a cycle's append to finish and are then appended together (group commit);
+facts about a job carry ids derived from what they say (`fact_id`), so the
+same fact reported by two terms' adapters is stored once.
 
 Invariants:
 - One task folds, in log order, each sequence once; the state is the fold of
@@ -28,8 +30,9 @@ Invariants:
   the fold ignores decisions of a stale epoch anyway.
 - Only decisions that are on the log (folded, not fenced or skipped by the
   fold) of this term's epoch, or the last decision of a live job from an
-  earlier epoch (at the start of a term), are applied; nothing is applied
-  without a valid lease.
+  earlier epoch (at the start of a term), are applied; nothing is applied,
+  and no fact appended, without a valid lease (a paused leader waking up
+  writes nothing before it finds out it was deposed).
 - Errors in deciding or folding are logged and never stop the loop.
 """
 
@@ -64,6 +67,8 @@ from muster.events.types import (
     JobInadmissible,
     JobPreempted,
     JobRejected,
+    JobStarted,
+    JobSubmitted,
     LeaderElected,
 )
 from muster.projections.cluster import ClusterState, evolve
@@ -75,6 +80,24 @@ log = structlog.get_logger("muster.loop")
 
 _DECISIONS = (JobAdmitted, JobPreempted, JobInadmissible, JobRejected)
 _ENDS = (JobFinished, JobFailed, JobCancelled, JobRejected)
+
+
+def fact_id(event: Event) -> str | None:
+    """The msg id a fact is its own witness of, or None when its content does not identify it.
+
+    A job is submitted once and ends once, and a run starts once (at its `at`):
+    whichever replica or term reports it, the id is the same, so JetStream
+    stores it once within its duplicate window. Node facts get per-term ids:
+    the same description may come back legitimately (a label set, removed,
+    set again within a second).
+    """
+    if isinstance(event, JobSubmitted):
+        return f"fact:submitted:{event.job}"
+    if isinstance(event, (JobFinished, JobFailed, JobCancelled)):
+        return f"fact:ended:{event.job}"
+    if isinstance(event, JobStarted):
+        return f"fact:started:{event.job}:{event.at}"
+    return None
 
 
 class Hooks(Protocol):
@@ -535,14 +558,20 @@ class SchedulerLoop:
         async def sink(events: list[Event]) -> None:
             if not events:
                 return
-            # numbered per term, whichever sink of the term writes: a retry reuses its ids, nothing else does
+            # a job's facts are named by what they say; others numbered per term, whichever sink of
+            # the term writes: a retry reuses its ids, nothing else does
             start = term.sent
             term.sent += len(events)
-            entry = _Facts(events, [f"fact:{self.identity}:{term.epoch}:{start + i}" for i in range(len(events))])
+            ids = [fact_id(ev) or f"fact:{self.identity}:{term.epoch}:{start + i}" for i, ev in enumerate(events)]
+            entry = _Facts(events, ids)
             term.pending.append(entry)
             delay = 0.1
             while not entry.done.is_set():
                 failed = False
+                # The lease, like for applying: a lapse waits (a slow refresh comes back); a lease lost
+                # ends the term, which cancels this. A leader paused past its lease writes nothing.
+                while not (self.term is term and self.leading):  # noqa: ASYNC110 - no "renewed" notification
+                    await anyio.sleep(0.05)
                 async with self._writing:
                     if entry.done.is_set():
                         break

@@ -17,6 +17,10 @@ Invariants:
   whole cluster.
 - Kubernetes errors never escape `run` (they are retried with backoff, see
   `watching`); an exception from `sink` does, and ends `run`.
+- The work of a (re)list is cut into pieces that give the event loop back in
+  between (the lease is refreshed on it): lists come in pages, at most
+  `batch_limit` objects are translated at a time, and at most `lookups` owner
+  lookups are in flight (gangs the log knows need none).
 """
 
 from __future__ import annotations
@@ -88,8 +92,10 @@ class KubernetesAdapter:
         watch_seconds: int = 300,
         apply_deadline_seconds: float = 60.0,
         pod_wait_seconds: float = 10.0,
-        batch_limit: int = 2000,
+        batch_limit: int = 500,
         request_seconds: float = 30.0,
+        lookups: int = 8,
+        page_size: int = 500,
     ) -> None:
         """`state`, when given, is the fold of the log; the first batch then writes only what the log lacks."""
         self.client = KubeClient(api_client, request_seconds=request_seconds)
@@ -99,6 +105,9 @@ class KubernetesAdapter:
         self._backoff = backoff or Backoff()
         self._watch_seconds = watch_seconds
         self._batch_limit = batch_limit
+        self._page_size = page_size
+        self._lookups = anyio.CapacityLimiter(lookups)
+        """Owner lookups in flight at most: a relist finding many new gangs must not flood the loop."""
         self._lock = anyio.Lock()
         self._changed = anyio.Event()
         self._sink: Sink | None = None
@@ -218,7 +227,13 @@ class KubernetesAdapter:
         async with (
             send,
             aclosing(
-                watch_objects(self.client, resource, backoff=self._backoff, server_seconds=self._watch_seconds)
+                watch_objects(
+                    self.client,
+                    resource,
+                    backoff=self._backoff,
+                    server_seconds=self._watch_seconds,
+                    page_size=self._page_size,
+                )
             ) as stream,
         ):
             async for item in stream:
@@ -230,7 +245,8 @@ class KubernetesAdapter:
             attempt = 0
             while True:
                 try:
-                    size = await fetch_size(self.client, owner)
+                    async with self._lookups:
+                        size = await fetch_size(self.client, owner)
                     break
                 except KubeError as exc:
                     if not exc.retryable:

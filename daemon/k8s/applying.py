@@ -6,7 +6,11 @@
   A pod already on the decided node counts as done (no request, or a 409
   naming that node); a pod on another node is a conflict; a pod that is gone
   ends the job with JobFailed. Bindings are sent only once every pod of the
-  gang exists, so a partial gang is never bound by this code.
+  gang exists, so a partial gang is never bound by this code. A gang left
+  partly bound (its leader killed between bindings) is completed when the
+  admission is applied again, also if its bound pods already succeeded on
+  their decided nodes (their share of the run is done; failing the job would
+  leave its other pods pending forever).
 - `JobPreempted`: evict every pod of the victim through the Eviction API with
   the pod's own terminationGracePeriodSeconds. 404 means already gone (fine),
   429 (a PodDisruptionBudget) and 5xx/timeouts are retried with backoff.
@@ -129,7 +133,12 @@ class Applier:
         if pods is None:
             return ApplyResult(True, "skipped", "no pods of this job in the cluster")
         missing = sorted(set(event.placement) - set(pods))
-        gone = [name for name in sorted(event.placement) if name in pods and not pods[name].active]
+        gone = [
+            name
+            for name in sorted(event.placement)
+            if name in pods and not pods[name].active
+            if not (pods[name].ran and pods[name].node == event.placement[name])
+        ]
         if missing or gone:
             reason = f"pods gone before binding: {', '.join(missing + gone)}"
             events = self.gangs.fail(job, reason, int(self._clock()))

@@ -77,6 +77,28 @@ class KubeClient:
         rv = str((data.get("metadata") or {}).get("resourceVersion") or "")
         return [i for i in items if isinstance(i, dict)], rv
 
+    async def list_pages(self, resource: str, *, page_size: int | None) -> AsyncGenerator[tuple[list[Obj], str], None]:
+        """The objects of `resource` page by page (`limit` + `continue`), each page with the list's resourceVersion.
+
+        Pages keep every decode small: one answer holding a large cluster's pods
+        is seconds of JSON parsing that holds the event loop (and the GIL).
+        An expired continue token raises `ResourceGone` (relist).
+        """
+        token = ""
+        while True:
+            kwargs: dict[str, Any] = {}
+            if page_size:
+                kwargs["limit"] = page_size
+            if token:
+                kwargs["_continue"] = token
+            _, data = await self._call(self._lister(resource), **kwargs)
+            items = data.get("items") or []
+            meta = data.get("metadata") or {}
+            yield [i for i in items if isinstance(i, dict)], str(meta.get("resourceVersion") or "")
+            token = str(meta.get("continue") or "")
+            if not token:
+                return
+
     async def watch(self, resource: str, resource_version: str, *, server_seconds: int) -> AsyncGenerator[Obj, None]:
         """Raw watch events after `resource_version` until the server ends the stream.
 

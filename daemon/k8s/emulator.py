@@ -8,6 +8,9 @@ subclass answers like kube-apiserver where muster depends on it (see
 - Every change gets the next value of one global resourceVersion (as etcd's
   revision); lists carry the current one; a watch from version V replays the
   changes after V, then follows. `watch=true` and `watch=True` both watch.
+- `limit` pages a list: the answer carries a `continue` token for the rest of
+  the same snapshot (every page has the snapshot's resourceVersion); a token
+  older than the last `expire()` answers 410 Gone.
 - `expire()` compacts the history: watches from older versions, and the
   watches open now, answer 410 Gone (an ERROR event in the stream), so the
   client must relist. `close_watches()` ends open streams without error.
@@ -175,6 +178,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _faults: list[Fault] = attrs.field(factory=list, init=False)
     _names: Any = attrs.field(factory=itertools.count, init=False)
     _builtin_reactions: int = attrs.field(default=0, init=False)
+    _pages: dict[str, tuple[int, list[Obj]]] = attrs.field(factory=dict, init=False)
+    """Continue token -> (snapshot resourceVersion, the snapshot's remaining items)."""
+    _tokens: Any = attrs.field(factory=itertools.count, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -227,6 +233,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self._oldest = self._rv
         self._changes.clear()
         self._change_rvs.clear()
+        self._pages.clear()
         self._notify()
 
     def close_watches(self) -> None:
@@ -416,18 +423,35 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if request.params.get("watch") in _TRUE:
             return await self._serve_watch(request)
         assert request.resource is not None
-        labels = request.params.get("labelSelector", "")
-        fields = request.params.get("fieldSelector", "")
-        items = [o for o in self._list(request.resource, request.namespace) if _selected(o, labels, fields)]
+        token = request.params.get("continue", "")
+        if token:
+            snapshot = self._pages.pop(token, None)
+            if snapshot is None:
+                return _status(410, "Expired", "The provided continue parameter is too old for a consistent list")
+            rv, items = snapshot
+        else:
+            labels = request.params.get("labelSelector", "")
+            fields = request.params.get("fieldSelector", "")
+            rv = self._rv
+            items = [o for o in self._list(request.resource, request.namespace) if _selected(o, labels, fields)]
+            items.sort(key=lambda o: (o["metadata"].get("namespace") or "", o["metadata"].get("name") or ""))
+        meta: Obj = {"resourceVersion": str(rv)}
+        try:
+            limit = int(request.params.get("limit") or 0)
+        except ValueError:
+            limit = 0
+        if 0 < limit < len(items):
+            items, rest = items[:limit], items[limit:]
+            token = f"{rv}-{next(self._tokens)}"
+            self._pages[token] = (rv, rest)  # stored objects are replaced on change, never mutated
+            while len(self._pages) > 64:  # abandoned lists
+                del self._pages[next(iter(self._pages))]
+            meta["continue"] = token
+            meta["remainingItemCount"] = len(rest)
         kind = _KINDS.get(request.resource.plural or "", "Object")
         return Response(
             status=200,
-            payload={
-                "kind": f"{kind}List",
-                "apiVersion": "v1",
-                "metadata": {"resourceVersion": str(self._rv)},
-                "items": items,
-            },
+            payload={"kind": f"{kind}List", "apiVersion": "v1", "metadata": meta, "items": items},
         )
 
     async def _serve_watch(self, request: kmock.Request) -> Response:  # type: ignore[override]

@@ -10,9 +10,13 @@ A pod belongs to one gang, decided at first sight, by (first match wins):
 4. a controller ownerReference of kind Job: a batch Job;
 5. otherwise the pod alone is a gang of one.
 
-The size of a gang is the label `muster.dev/gang-size` when present, else its
-owner's (Job parallelism, JobSet replicas x parallelism, sum of the PyTorchJob
-replicas), which the adapter fetches and hands back with `set_size`.
+The size of a gang is the label `muster.dev/gang-size` when present, else, for
+a job the log already knows (a new leader relisting the cluster), the number
+of pods it was submitted with, else its owner's (Job parallelism, JobSet
+replicas x parallelism, sum of the PyTorchJob replicas), which the adapter
+fetches and hands back with `set_size`. Only unknown gangs cost a lookup: a
+relist of a cluster holding thousands of gangs must not fire thousands of
+requests (they starved the new leader's event loop, and its lease lapsed).
 
 Invariants:
 - A gang is submitted once, when all its pods exist (`size` pods that are
@@ -131,6 +135,15 @@ class PodInfo:
     def active(self) -> bool:
         """Neither terminated nor on its way out."""
         return not self.deleting and self.phase not in TERMINATED
+
+    @property
+    def ran(self) -> bool:
+        """Bound and done with success: its part of the gang's run is over, not lost.
+
+        A leader killed between the bindings of one gang leaves it partly bound;
+        its bound pods may finish before the next leader binds the rest.
+        """
+        return bool(self.node) and self.phase == "Succeeded" and not self.deleting
 
     def sort_key(self) -> tuple[str, tuple[int, int, int], str]:
         return (self.hint, self.order, self.name)
@@ -260,6 +273,9 @@ class KnownJob(Protocol):
     @property
     def started_at(self) -> int | None: ...
 
+    @property
+    def podsets(self) -> list[PodSet]: ...
+
 
 @dataclass
 class Gang:
@@ -323,6 +339,8 @@ class Gangs:
         """Pod keys whose `holds_capacity` may have changed without an event of their own."""
         self._ended: set[JobId] = set()
         self._wanted: list[Owner] = []
+        self._unsized: set[Owner] = set()
+        """Gangs waiting for their owner's size (`sizing()` is asked often, by every admission waiting)."""
         self.problems: list[str] = []
         """Reports of malformed pods, drained by the adapter's logger."""
 
@@ -343,7 +361,12 @@ class Gangs:
             elif owner.kind == "Pod":
                 gang.size = 1
             elif owner.kind in OWNER_KINDS_TO_FETCH:
-                self._wanted.append(owner)
+                known = self._known(owner.job_id()) if self._known is not None else None
+                if known is not None:
+                    gang.size = sum(ps.count for ps in known.podsets)  # as submitted: no lookup
+                else:
+                    self._wanted.append(owner)
+                    self._unsized.add(owner)
         gang.pods[info.key] = info
         return self._evaluate(gang, at)
 
@@ -372,6 +395,7 @@ class Gangs:
 
     def set_size(self, owner: Owner, size: int | None, at: int) -> list[Event]:
         """The owner's gang size, or None when the owner is gone (its pods will be garbage-collected)."""
+        self._unsized.discard(owner)
         gang = self._gangs.get(owner)
         if gang is None or gang.size is not None:
             return []
@@ -426,15 +450,15 @@ class Gangs:
 
     def sizing(self) -> bool:
         """Whether some gang still waits for its owner's size: a job unknown here now may be one of them."""
-        return any(g.size is None and not g.done for g in self._gangs.values())
+        return bool(self._unsized)
 
     def complete(self, job: JobId) -> bool:
-        """Whether every gang pod name of `job` has a live pod (bindings can be applied)."""
+        """Whether every gang pod name of `job` has a live pod, or one that ran (bindings can be applied)."""
         owner = self._by_job.get(job)
         gang = self._gangs.get(owner) if owner is not None else None
         if gang is None or gang.requeued:
             return False
-        return all(key in gang.pods and gang.pods[key].active for key in gang.mapping.values())
+        return all(key in gang.pods and (gang.pods[key].active or gang.pods[key].ran) for key in gang.mapping.values())
 
     def evicting(self, job: JobId) -> list[PodInfo]:
         """Mark the job preempted: its current pods are expected to go. Returns them."""
@@ -485,6 +509,7 @@ class Gangs:
         """Drop a finished gang once its last pod is gone (its job id stays known)."""
         if gang.done and not gang.pods:
             self._gangs.pop(gang.owner, None)
+            self._unsized.discard(gang.owner)
 
     def _evaluate(self, gang: Gang, at: int) -> list[Event]:
         if gang.done or gang.size is None:

@@ -11,6 +11,9 @@ Invariants:
   object unchanged).
 - After a relist, objects that vanished meanwhile are yielded as DELETED and
   objects replaced under the same name (new uid) as DELETED then ADDED.
+- A list is read in pages (`page_size` objects, `limit` + `continue`) and each
+  page's changes are yielded before the next page is asked for, so a large
+  cluster never arrives as one huge answer to decode and diff in one go.
 - It never raises a Kubernetes or transport error: those are retried with
   exponential backoff (reset after progress). Only cancellation ends it.
 """
@@ -95,6 +98,7 @@ async def watch_objects(
     *,
     backoff: Backoff | None = None,
     server_seconds: int = 300,
+    page_size: int | None = 500,
 ) -> AsyncGenerator[WatchEvent | Synced, None]:
     """Yield the changes of every object of `resource`, forever (see module docstring)."""
     backoff = backoff or Backoff()
@@ -104,9 +108,16 @@ async def watch_objects(
     while True:
         try:
             if not resource_version:
-                items, resource_version = await client.list(resource)
-                for event in _diff(resource, known, items):
+                listed: set[str] = set()
+                version = ""
+                async with aclosing(client.list_pages(resource, page_size=page_size)) as pages:
+                    async for items, page_version in pages:
+                        version = version or page_version  # every page of one list has its snapshot's
+                        for event in _diff_page(resource, known, items, listed):
+                            yield event
+                for event in _vanished(resource, known, listed):
                     yield event
+                resource_version = version
                 yield Synced(resource, resource_version)
                 failures = 0
             opened = anyio.current_time()
@@ -168,20 +179,27 @@ def _remember(resource: str, known: dict[str, Obj], kind: str, obj: Obj) -> Watc
     return WatchEvent(resource, "MODIFIED" if old is not None else "ADDED", obj)
 
 
-def _diff(resource: str, known: dict[str, Obj], items: list[Obj]) -> list[WatchEvent]:
-    """The events that turn `known` into `items`; updates `known`."""
-    fresh = {object_key(o): o for o in items}
+def _diff_page(resource: str, known: dict[str, Obj], items: list[Obj], listed: set[str]) -> list[WatchEvent]:
+    """The events that bring `known` to one page of a list; updates `known`, adds the page's keys to `listed`."""
     out: list[WatchEvent] = []
-    for key, seen in list(known.items()):
-        listed = fresh.get(key)
-        if listed is None or _uid(listed) != _uid(seen):
-            out.append(WatchEvent(resource, "DELETED", seen))
-            del known[key]
-    for key, new in fresh.items():
+    for new in items:
+        key = object_key(new)
+        listed.add(key)
         old = known.get(key)
+        if old is not None and _uid(old) != _uid(new):
+            out.append(WatchEvent(resource, "DELETED", old))  # replaced under the same name
+            old = None
         if old is None:
             out.append(WatchEvent(resource, "ADDED", new))
         elif _rv(old) != _rv(new):
             out.append(WatchEvent(resource, "MODIFIED", new))
         known[key] = new
+    return out
+
+
+def _vanished(resource: str, known: dict[str, Obj], listed: set[str]) -> list[WatchEvent]:
+    """DELETED for what `known` holds and the whole list did not; updates `known`."""
+    out = [WatchEvent(resource, "DELETED", obj) for key, obj in known.items() if key not in listed]
+    for event in out:
+        del known[object_key(event.obj)]
     return out
