@@ -76,6 +76,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
         srv.stop()
 
 
+REFUSAL_WAIT = 10.0
+"""Seconds to wait for an expected permission violation: it comes at once, but a busy 2-core CI box can delay it."""
+
+
 class Violations:
     """Permission violations a connection was told about (its error callback), awaitable."""
 
@@ -110,14 +114,14 @@ class Identity:
         """Publish once; True when the server answers with a permission violation for that subject."""
         before = len(self.violations.seen)
         await self.nc.publish(subject, b"{}")
-        await self.nc.flush(timeout=2)
-        return await self.violations.wait_for(before, f'publish to "{subject.lower()}"', 2.0)
+        await self.nc.flush(timeout=10)
+        return await self.violations.wait_for(before, f'publish to "{subject.lower()}"', REFUSAL_WAIT)
 
-    async def refused_subscribe(self, subject: str, wait: float = 2.0) -> bool:
+    async def refused_subscribe(self, subject: str, wait: float = REFUSAL_WAIT) -> bool:
         """Subscribe once; True when the server answers with a permission violation for that subject."""
         before = len(self.violations.seen)
         sub = await self.nc.subscribe(subject)
-        await self.nc.flush(timeout=2)
+        await self.nc.flush(timeout=10)
         refused = await self.violations.wait_for(before, f'subscription to "{subject.lower()}"', wait)
         await sub.unsubscribe()
         return refused
