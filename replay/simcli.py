@@ -17,7 +17,7 @@ from muster.events.types import Event
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("scenario", help="scenario YAML file (see spec/scenario.md)")
+    p.add_argument("scenario", help="scenario YAML file (see docs/spec/scenario.md)")
     p.add_argument(
         "--output", choices=["table", "jsonl"], default="table", help="human table (default) or one event per line"
     )
