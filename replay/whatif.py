@@ -25,7 +25,8 @@ The configuration file holds the scenario sections `queues` (required),
 `cohorts`, `priority_classes`, `fair_sharing`, `idle_reclaim` (spec/scenario.md);
 a section it leaves out keeps the log's. Both sides are measured the same
 way (`Tally`): admission wait (submission to first admission), preemptions,
-GPU-seconds held and borrowed, cluster utilization.
+GPU-seconds held and borrowed, utilization: the cluster's, and per queue its
+share of the cluster and its use of its own nominal quota.
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ class JobTally:
 class QueueTally:
     gpu_seconds: int = 0
     borrowed_gpu_seconds: int = 0
+    nominal_gpu_seconds: int = 0
+    """The queue's nominal GPU quota integrated over time (its guaranteed GPU-seconds)."""
 
 
 class Tally:
@@ -100,6 +103,8 @@ class Tally:
         """Node -> GPUs while ready."""
         self.running: dict[str, tuple[str, int, int]] = {}
         """Job -> (queue, GPUs, borrowed GPUs)."""
+        self.nominal: dict[str, int] = {}
+        """Queue -> its nominal GPU quota as configured now."""
         self.capacity_gpu_seconds = 0
         self.used_gpu_seconds = 0
         self.window = True
@@ -108,6 +113,8 @@ class Tally:
         """Start from a folded state: its nodes, and its pending and running jobs (not counted per job)."""
         for name, node in state.nodes.items():
             self.nodes[name] = node.capacity.get("gpu", 0) if node.ready else 0
+        for qname, q in state.queues.items():
+            self.nominal[qname] = q.nominal.get("gpu", 0)
         for job in sorted(state.jobs.values(), key=lambda j: j.seq):
             if job.status in ("pending", "admitted"):
                 self.jobs[job.id] = JobTally(job.queue, job.gpus, job.submitted_at, in_window=False)
@@ -120,6 +127,9 @@ class Tally:
         if dt <= 0:
             return
         self.capacity_gpu_seconds += sum(self.nodes.values()) * dt
+        for queue, nominal in self.nominal.items():
+            if nominal:
+                self.queues.setdefault(queue, QueueTally()).nominal_gpu_seconds += nominal * dt
         for job_id, (queue, gpus, borrowed) in self.running.items():
             qt = self.queues.setdefault(queue, QueueTally())
             qt.gpu_seconds += gpus * dt
@@ -132,6 +142,8 @@ class Tally:
         """Count one event (call `advance(ev.at)` first). Decisions the fold would skip are not sent here."""
         if isinstance(ev, (NodeAdded, NodeUpdated)):
             self.nodes[ev.node] = ev.capacity.get("gpu", 0) if ev.ready else 0
+        elif isinstance(ev, QueueConfigured):
+            self.nominal[ev.name] = ev.nominal.get("gpu", 0)
         elif isinstance(ev, NodeRemoved):
             self.nodes.pop(ev.node, None)
         elif isinstance(ev, JobSubmitted):
@@ -217,6 +229,7 @@ class WhatIf:
                 waits = sorted(s["wait"] for s in sides if s["wait"] is not None)
                 censored = [s["waiting"] for s in sides if s["wait"] is None and s["status"] != "rejected"]
                 qt = tally.queues.get(q, QueueTally())
+                capacity = tally.capacity_gpu_seconds
                 row[side] = {
                     "admitted": len(waits),
                     "never_admitted": len(censored),
@@ -227,6 +240,11 @@ class WhatIf:
                     "preemptions": sum(s["preemptions"] for s in sides),
                     "gpu_seconds": qt.gpu_seconds,
                     "borrowed_gpu_seconds": qt.borrowed_gpu_seconds,
+                    # utilization: of the cluster's GPU-seconds, and of the queue's own guarantee
+                    "cluster_share": round(qt.gpu_seconds / capacity, 6) if capacity else None,
+                    "of_nominal": (
+                        round(qt.gpu_seconds / qt.nominal_gpu_seconds, 6) if qt.nominal_gpu_seconds else None
+                    ),
                 }
             out.append(row)
         return out
@@ -249,7 +267,8 @@ def _job_side(t: JobTally, t0: int, end: int) -> dict[str, Any]:
         "admitted": t.admitted - t0 if t.admitted is not None else None,
         "finished": t.finished - t0 if t.finished is not None else None,
         "wait": wait,
-        "waiting": (end - t.submitted) if wait is None else None,
+        # a rejected job never waited for anything: it has no wait to compare
+        "waiting": (end - t.submitted) if wait is None and t.status != "rejected" else None,
         "preemptions": t.preemptions,
         "gpu_seconds": t.gpu_seconds,
         "status": t.status,

@@ -71,6 +71,16 @@ def document(result: Any) -> dict[str, Any]:
     }
 
 
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v * 100:.0f}%"
+
+
+def _job_wait(side: dict[str, Any]) -> str:
+    if side["wait"] is not None:
+        return _wait(side["wait"])
+    return f">{_wait(side['waiting'])}" if side["waiting"] is not None else "-"
+
+
 def _wait(v: float | int | None) -> str:
     from muster.replay.points import duration
 
@@ -120,6 +130,8 @@ def render(doc: dict[str, Any], out: IO[str] | None = None, *, jobs: int = 20) -
         "preemptions",
         "GPU-hours",
         "borrowed GPU-h",
+        "of cluster",
+        "of nominal",
     ):
         t.add_column(col, justify="left" if col == "queue" else "right")
     for q in doc["queues"]:
@@ -136,9 +148,16 @@ def render(doc: dict[str, Any], out: IO[str] | None = None, *, jobs: int = 20) -
             f"{r['preemptions']} -> {a['preemptions']}",
             f"{gpu_hours(r['gpu_seconds'])} -> {gpu_hours(a['gpu_seconds'])}",
             f"{gpu_hours(r['borrowed_gpu_seconds'])} -> {gpu_hours(a['borrowed_gpu_seconds'])}",
+            f"{_pct(r['cluster_share'])} -> {_pct(a['cluster_share'])}",
+            f"{_pct(r['of_nominal'])} -> {_pct(a['of_nominal'])}",
         )
     con.print(t)
-    rows = [j for j in doc["jobs"] if j["whatif"] is not None]
+    # a job rejected on both sides has no wait to compare
+    rows = [
+        j
+        for j in doc["jobs"]
+        if j["whatif"] is not None and not (j["real"]["status"] == j["whatif"]["status"] == "rejected")
+    ]
 
     def change(j: dict[str, Any]) -> float:
         rw = j["real"]["wait"] if j["real"]["wait"] is not None else j["real"]["waiting"]
@@ -152,8 +171,7 @@ def render(doc: dict[str, Any], out: IO[str] | None = None, *, jobs: int = 20) -
             jt.add_column(col, justify="left" if col in ("job", "queue", "status") else "right")
         for j in rows[:jobs]:
             r, a = j["real"], j["whatif"]
-            rw = _wait(r["wait"]) if r["wait"] is not None else f">{_wait(r['waiting'])}"
-            aw = _wait(a["wait"]) if a["wait"] is not None else f">{_wait(a['waiting'])}"
+            rw, aw = _job_wait(r), _job_wait(a)
             add_row(
                 jt,
                 j["job"],

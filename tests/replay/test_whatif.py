@@ -109,6 +109,37 @@ async def test_a_doubled_quota_lowers_the_waits_of_its_queue() -> None:
     assert cluster["whatif"]["utilization"] > cluster["real"]["utilization"]
 
 
+async def test_queue_utilization_of_the_cluster_and_of_its_own_quota() -> None:
+    """Per queue, both sides show the share of the cluster used and the use of its nominal quota (new quota counted)."""
+    result = await whatif(memory_log(sim(BUSY).events), BUSY_DOUBLED)
+    q, cluster = _queues(result), result.cluster()
+    for side in ("real", "whatif"):
+        qa, qb = q["qa"][side], q["qb"][side]
+        total = qa["gpu_seconds"] + qb["gpu_seconds"]
+        assert qa["cluster_share"] + qb["cluster_share"] == pytest.approx(total / cluster[side]["gpu_seconds_capacity"])
+        assert qb["of_nominal"] == pytest.approx(qb["gpu_seconds"] / (8 * cluster[side]["seconds"]), rel=1e-3)
+    # qa does the same work in less time under a quota twice as large: measured against 16 GPUs, not 8
+    real_qa, alt_qa = q["qa"]["real"], q["qa"]["whatif"]
+    assert real_qa["of_nominal"] == pytest.approx(real_qa["gpu_seconds"] / (8 * cluster["real"]["seconds"]), rel=1e-3)
+    assert alt_qa["of_nominal"] == pytest.approx(alt_qa["gpu_seconds"] / (16 * cluster["whatif"]["seconds"]), rel=1e-3)
+
+
+def test_a_rejected_job_has_no_wait_to_compare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A job rejected on both sides shows no wait and is not listed among the jobs whose wait changed."""
+    text = BUSY + "  - {at: 5, submit: {job: broken, queue: nowhere, podsets: [{count: 1, requests: {gpu: 8}}]}}\n"
+    config = tmp_path / "q.yaml"
+    config.write_text(BUSY_DOUBLED)
+    log = write_jsonl(tmp_path / "log.jsonl", sim(text).events)
+    assert main(["whatif", "--log", str(log), "--config", str(config), "--output", "json"]) == 0
+    [broken] = [j for j in json.loads(capsys.readouterr().out)["jobs"] if j["job"] == "broken"]
+    assert broken["real"]["status"] == broken["whatif"]["status"] == "rejected"
+    assert broken["real"]["waiting"] is None and broken["whatif"]["waiting"] is None
+    assert main(["whatif", "--log", str(log), "--config", str(config), "--jobs", "50"]) == 0
+    out = capsys.readouterr().out
+    jobs_table = out[out.index("Jobs whose wait changed most") :]
+    assert "│ a7 " in jobs_table and "│ broken " not in jobs_table
+
+
 async def test_a_window_replays_only_its_submissions() -> None:
     """--from/--to: jobs submitted in the window are compared; work already queued at the start is carried in."""
     events = sim(BUSY).events
