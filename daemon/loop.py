@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import anyio
+import anyio.lowlevel
+import anyio.to_thread
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -124,6 +126,8 @@ class LoopOptions:
     lease_check: float = 0.25
     """Seconds between checks of the lease while idle."""
     lag_every: float = 2.0
+    decide_inline: float = 0.02
+    """A cycle runs on the event loop only if the previous one took less (seconds); else in a worker thread."""
 
 
 @dataclass
@@ -195,6 +199,9 @@ class SchedulerLoop:
         self.victims: dict[str, set[str]] = {}
         self.appended_decisions = 0
         self.cycles = 0
+        self._term_cycles = 0
+        """`cycles` when the current term began (its first cycle runs in a thread)."""
+        self._cycle_seconds = 0.0
         self._dirty = False
         self._decided_at = 0
         self._wake_key: tuple[int, int] = (-1, -1)
@@ -363,15 +370,23 @@ class SchedulerLoop:
         if item is not None:
             self._fold(item.seq, item.event)
 
-    def _drain(self, limit: int = 10_000) -> None:
+    async def _drain(self, chunk: int = 1000) -> None:
+        """Fold everything the follower has buffered, `chunk` events at a time with a checkpoint between.
+
+        A replica far behind (a long pause, a busy cycle) may find tens of
+        thousands buffered: folded in one go they would hold the event loop
+        (and the lease refresh on it) for seconds.
+        """
         assert self._recv is not None
-        for _ in range(limit):
-            try:
-                item = self._recv.receive_nowait()
-            except anyio.WouldBlock:
-                break
-            self._take(item)
-        self._skip_bad(self.folded_seq + 2)
+        while True:
+            for _ in range(chunk):
+                try:
+                    item = self._recv.receive_nowait()
+                except anyio.WouldBlock:
+                    self._skip_bad(self.folded_seq + 2)
+                    return
+                self._take(item)
+            await anyio.lowlevel.checkpoint()
 
     async def _catch_up(self, target: int) -> bool:
         """Fold until `folded_seq >= target`; False if that took longer than the catch-up timeout."""
@@ -398,12 +413,12 @@ class SchedulerLoop:
                 got = True
             if got:
                 self._take(item)
-            self._drain()
+            await self._drain()
             await self._leadership()
             if self._may_decide() and (self._dirty or self._timer_due()):
                 if self.options.debounce > 0:
                     await anyio.sleep(self.options.debounce)
-                    self._drain()
+                    await self._drain()
                 await self._schedule()
         await self._step_down("stopping", resign=True)
 
@@ -491,6 +506,7 @@ class SchedulerLoop:
         self.epoch = epoch
         term = Term(epoch)
         self.term = term
+        self._term_cycles = self.cycles
         self._dirty = True
         log.info("leading", epoch=epoch, holder=self.identity, seq=self.folded_seq)
         assert self._tg is not None
@@ -612,7 +628,7 @@ class SchedulerLoop:
         """
         for _ in range(self.options.max_cycles):
             async with self._writing:
-                self._drain()
+                await self._drain()
                 self._dirty = False  # the cycle below sees everything folded so far
                 if not self._may_decide():
                     return
@@ -621,12 +637,13 @@ class SchedulerLoop:
                 expected = self.folded_seq  # the state decided on ends here; the append is fenced on it
                 started = time.perf_counter()
                 try:
-                    events = decide(self.state, now)
+                    events = await self._decide(now, term_first=self.cycles == self._term_cycles)
                 except Exception:
                     log.exception("decide failed; waiting for the next change", seq=self.folded_seq)
                     self.metrics.cycles.labels("error").inc()
                     return
-                self.metrics.cycle_seconds.observe(time.perf_counter() - started)
+                self._cycle_seconds = time.perf_counter() - started
+                self.metrics.cycle_seconds.observe(self._cycle_seconds)
                 self.cycles += 1
                 if not events:
                     self.metrics.cycles.labels("idle").inc()
@@ -643,6 +660,23 @@ class SchedulerLoop:
             if not any(isinstance(ev, (JobAdmitted, JobPreempted)) for ev in events):
                 return
         log.warning("scheduling did not settle", cycles=self.options.max_cycles, seq=self.folded_seq)
+
+    async def _decide(self, now: int, *, term_first: bool) -> list[Event]:
+        """`decide` on the state, in a worker thread when it may be long (the write lock is held).
+
+        A cycle over a big backlog, or a term's first (which builds the
+        scheduler index from scratch), can take seconds of pure computation;
+        on the event loop it would stop the lease refresh, the follower and
+        the applier for that long, and a lease that lapses mid-cycle churns
+        leadership. In a thread the loop keeps turning (the GIL is handed over
+        every few milliseconds). Nothing folds meanwhile: folding happens in
+        the main task, which waits here, or under the write lock, which this
+        cycle holds, so `decide` sees one state; the loop's other tasks only
+        read it. Short cycles stay on the loop (a thread hop costs latency).
+        """
+        if term_first or self._cycle_seconds > self.options.decide_inline:
+            return await anyio.to_thread.run_sync(decide, self.state, now)
+        return decide(self.state, now)
 
     def _msg_ids(self, events: list[Event]) -> list[str]:
         ids = []

@@ -174,8 +174,8 @@ class Applier:
     async def _bind_one(self, pod: PodInfo, node: str, deadline: float) -> str:
         if pod.node:
             return "already-bound" if pod.node == node else f"conflict: on {pod.node}"
-        attempt = 0
-        while True:
+
+        async def bind() -> str:
             try:
                 await self.client.bind(pod.namespace, pod.name, node)
                 return "bound"
@@ -186,6 +186,20 @@ class Applier:
                 return f"conflict: {exc.message}"
             except NotFound:
                 return "gone"
+
+        return await self._retrying(bind, deadline, "binding failed, retrying", pod=pod.key, node=node)
+
+    async def _retrying(self, op: Callable[[], Awaitable[str]], deadline: float, retrying: str, **context: str) -> str:
+        """`op()`'s outcome, retrying what the API says is worth retrying until `deadline`.
+
+        Backoff grows per attempt; a 429's Retry-After is honoured as a floor.
+        A permanent error, or a retry that would end past the deadline, is an
+        `error: ...` outcome: the caller reports it, nothing raises.
+        """
+        attempt = 0
+        while True:
+            try:
+                return await op()
             except KubeError as exc:
                 if not exc.retryable:
                     return f"error: {exc.message}"
@@ -193,7 +207,7 @@ class Applier:
                 attempt += 1
                 if anyio.current_time() + delay > deadline:
                     return f"error: {exc.message}"
-                log.info("binding failed, retrying", pod=pod.key, node=node, error=exc.message, delay=round(delay, 3))
+                log.info(retrying, **context, status=exc.status, error=exc.message, delay=round(delay, 3))
                 await anyio.sleep(delay)
 
     # ------------------------------------------------------------ preemption
@@ -220,19 +234,11 @@ class Applier:
         return ApplyResult(True, "applied", f"evicted {len(results)} pods", (), results)
 
     async def _evict_one(self, pod: PodInfo, deadline: float) -> str:
-        attempt = 0
-        while True:
+        async def evict() -> str:
             try:
                 await self.client.evict(pod.namespace, pod.name, grace_seconds=pod.grace_seconds)
                 return "evicted"
             except NotFound:
                 return "gone"
-            except KubeError as exc:
-                if not exc.retryable:
-                    return f"error: {exc.message}"
-                delay = self.backoff.delay(attempt, exc.delay if exc.status == 429 else None)
-                attempt += 1
-                if anyio.current_time() + delay > deadline:
-                    return f"error: {exc.message}"
-                log.info("eviction refused, retrying", pod=pod.key, status=exc.status, delay=round(delay, 3))
-                await anyio.sleep(delay)
+
+        return await self._retrying(evict, deadline, "eviction refused, retrying", pod=pod.key)
