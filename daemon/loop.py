@@ -171,8 +171,12 @@ class SchedulerLoop:
         metrics: DaemonMetrics | None = None,
         hooks: Hooks | None = None,
         services: Sequence[Service] = (),
+        decider: Callable[[ClusterState, int], list[Event]] = decide,
     ) -> None:
-        """`services` are started in every term with (loop, term), e.g. the utilization scraper."""
+        """`services` are started in every term with (loop, term), e.g. the utilization scraper.
+
+        `decider` is the scheduling policy, `projections.scheduler.decide` (tests give a slow one).
+        """
         self.store = store
         self.elector = elector
         self.identity = elector.holder
@@ -182,6 +186,7 @@ class SchedulerLoop:
         self.metrics = metrics or DaemonMetrics()
         self.hooks: Hooks = hooks or NoHooks()
         self.services = list(services)
+        self.decider = decider
         self.state: ClusterState = ClusterState()
         self.metrics.watch(lambda: self.state)
         self.folded_seq = 0
@@ -675,8 +680,8 @@ class SchedulerLoop:
         read it. Short cycles stay on the loop (a thread hop costs latency).
         """
         if term_first or self._cycle_seconds > self.options.decide_inline:
-            return await anyio.to_thread.run_sync(decide, self.state, now)
-        return decide(self.state, now)
+            return await anyio.to_thread.run_sync(self.decider, self.state, now)
+        return self.decider(self.state, now)
 
     def _msg_ids(self, events: list[Event]) -> list[str]:
         ids = []
