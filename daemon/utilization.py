@@ -16,14 +16,16 @@ Invariants:
 - Only admitted jobs are sampled, and only by the leader (it runs in a term).
 - Rate limit: at most one event per job per `interval`; within that, a job is
   written again only when its value moved by `min_change` or crossed the idle
-  threshold, or `resend_after` seconds passed.
+  threshold, or `resend_after` seconds passed. A job admitted again (after a
+  preemption) is a new run, which the folds start without utilization: its
+  first value is written at once, whatever was written for the run before.
 - A failed scrape is logged and counted; it never stops the daemon.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +40,7 @@ __all__ = [
     "GPU_UTIL",
     "Sampler",
     "UtilizationScraper",
+    "job_runs",
     "pod_index",
     "samples_from_prometheus",
     "samples_from_text",
@@ -119,6 +122,11 @@ def pod_index(state: ClusterState, pod_keys: Callable[[str], list[str] | None] |
     return index
 
 
+def job_runs(state: ClusterState) -> dict[str, Hashable]:
+    """Admitted job -> which run it is in (its admission time and preemption count): a new value per run."""
+    return {j.id: (j.admitted_at, j.preemptions) for j in state.jobs.values() if j.status == "admitted"}
+
+
 @dataclass
 class Sampler:
     """Turns per-pod samples into rate-limited per-job events."""
@@ -129,8 +137,18 @@ class Sampler:
     threshold: float = DEFAULT_IDLE_THRESHOLD
     last: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Job -> (time written, value written)."""
+    runs: dict[str, Hashable] = field(default_factory=dict)
+    """Job -> the run its last value was written for (None when the caller gives no runs)."""
 
-    def events(self, index: Mapping[str, str], samples: Samples, now: float) -> list[GpuUtilizationSampled]:
+    def events(
+        self,
+        index: Mapping[str, str],
+        samples: Samples,
+        now: float,
+        runs: Mapping[str, Hashable] | None = None,
+    ) -> list[GpuUtilizationSampled]:
+        """Events for the jobs of `index` that `samples` cover; `runs` (job -> its run, see `job_runs`)
+        lets a job admitted again be written at once instead of being rate-limited as the same run."""
         per_job: dict[str, list[float]] = {}
         for pod, values in samples.items():
             job = index.get(pod)
@@ -140,8 +158,9 @@ class Sampler:
         for job in sorted(per_job):
             values = per_job[job]
             value = round(sum(values) / len(values), 3)
+            run = runs.get(job) if runs is not None else None
             previous = self.last.get(job)
-            if previous is not None:
+            if previous is not None and self.runs.get(job) == run:
                 at, old = previous
                 if now - at < self.interval:
                     continue
@@ -149,10 +168,12 @@ class Sampler:
                 if abs(value - old) < self.min_change and not crossed and now - at < self.resend_after:
                     continue
             self.last[job] = (now, value)
+            self.runs[job] = run
             out.append(GpuUtilizationSampled(at=int(now), job=JobId(job), gpu=value))
         alive = set(index.values())
         for job in [j for j in self.last if j not in alive]:
             del self.last[job]  # ended jobs: forget them
+            self.runs.pop(job, None)
         return out
 
 
@@ -223,7 +244,7 @@ class UtilizationScraper:
                         self.sampler.threshold = state.idle_reclaim.threshold
                     cluster = term.cluster
                     index = pod_index(state, getattr(cluster, "pod_keys", None))
-                    events = self.sampler.events(index, samples, clock())
+                    events = self.sampler.events(index, samples, clock(), job_runs(state))
                     if events:
                         await sink(list(events))
                         loop.metrics.utilization_samples.inc(len(events))

@@ -73,6 +73,17 @@ def test_the_sampler_averages_per_job_and_limits_the_rate():
     assert sampler.events({}, moved, now=2000) == [] and sampler.last == {}  # ended jobs are forgotten
 
 
+def test_a_job_admitted_again_gets_a_sample_for_its_new_run_at_once():
+    """After a preemption and readmission the folds have no utilization for the run: the same value is written again."""
+    sampler = Sampler(interval=60, min_change=0.02, threshold=0.05)
+    index = {"ml/train-0": "j1"}
+    samples = {"ml/train-0": [0.02]}
+    assert len(sampler.events(index, samples, now=1000, runs={"j1": (1000, 0)})) == 1
+    assert sampler.events(index, samples, now=1010, runs={"j1": (1000, 0)}) == []  # same run: rate-limited
+    again = sampler.events(index, samples, now=1010, runs={"j1": (1009, 1)})  # preempted, admitted again
+    assert [(e.job, e.gpu, e.at) for e in again] == [("j1", 0.02, 1010)]
+
+
 @pytest.fixture
 async def metrics_server() -> AsyncIterator[Callable[[str, Any], str]]:
     """`serve(path, body)` serves text (or JSON for a dict/callable) on a local aiohttp server; returns its URL."""
