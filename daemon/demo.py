@@ -8,7 +8,13 @@ It starts, in one process:
 - the queue configuration on the log (four teams of 128 GPUs in one cohort);
 - the real daemon: `SchedulerLoop` with NATS KV leader election and the
   Kubernetes adapter, exactly as `muster daemon` runs it;
-- the teams' workload (`demo_workload`), and a live view (`demo_view`).
+- the teams' workload (`demo_workload`), and a live view (`demo_view`);
+- GPU utilization measured as in production: a fake dcgm-exporter
+  (`demo_dcgm`) serves each running pod's GPU utilization (its gang's
+  profile) over HTTP, and the daemon's real `UtilizationScraper` scrapes it
+  into `GpuUtilizationSampled` events, which idle reclaim (on in the demo)
+  and billing read. A rate card for the demo's GPU model is
+  written to `DIR/rates.yaml` for `muster billing report --rates`.
 
 It runs for `duration` seconds (or until Ctrl-C), then stops the daemon
 cleanly and returns what happened; the stream stays in `DIR/nats` for
@@ -23,6 +29,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +43,16 @@ log = structlog.get_logger("muster.demo")
 
 MARKER = ".muster-demo"
 STREAM = "MUSTER"
+RATES = """\
+# The demo's rate card (illustrative prices): muster billing report --rates FILE
+currency: USD
+versions:
+  - version: demo-2026
+    effective_from: 2020-01-01
+    gpu_hour: {{default: 2.50, {model}: 4.00}}
+    borrowed_premium: 1.25
+    priority_discounts: {{scavenger: 0.6}}
+"""
 
 
 @dataclass
@@ -46,6 +63,10 @@ class DemoOptions:
     rate: float = 1.0
     """Gangs per second at speed 1."""
     seed: int = 1
+    scrape_interval: float = 1.0
+    """Seconds between scrapes of the fake dcgm-exporter (wall clock)."""
+    idle_after: float = 8.0
+    """Seconds at speed 1 a job may stay idle before idle reclaim (divided by `speed`, like runtimes)."""
     live: bool = True
     console: Any = None
 
@@ -63,6 +84,8 @@ class DemoResult:
     replaced_pods: int = 0
     interrupted: bool = False
     sample_job: str = ""
+    rates: Path | None = None
+    scrapes: int = 0
 
 
 class DemoDirError(RuntimeError):
@@ -85,16 +108,20 @@ def prepare_dir(directory: Path) -> Path:
 async def run_demo(options: DemoOptions) -> DemoResult:
     """Run the demo; returns once it has stopped (duration over, Ctrl-C, or SIGTERM)."""
     from muster.daemon.cluster import KubeCluster
+    from muster.daemon.demo_dcgm import FakeDcgm, serving
     from muster.daemon.demo_view import DemoStats
-    from muster.daemon.demo_workload import Workload, demo_config, demo_nodes
+    from muster.daemon.demo_workload import GPU_MODEL, Workload, demo_config, demo_nodes
     from muster.daemon.k8s import SimulatedKubelet
     from muster.daemon.k8s.emulator import KubeEmulator, running
     from muster.daemon.leader import KvElector
     from muster.daemon.loop import LoopOptions, SchedulerLoop
+    from muster.daemon.utilization import UtilizationScraper
     from muster.events.embedded import EmbeddedNats
     from muster.events.store import EventStore
 
     store_dir = prepare_dir(options.directory)
+    rates = store_dir.parent / "rates.yaml"
+    rates.write_text(RATES.format(model=GPU_MODEL))
     server = EmbeddedNats(store_dir, stop_timeout=5, binary=own_session_binary(store_dir.parent))
     await server.astart()
     started = time.monotonic()
@@ -103,19 +130,30 @@ async def run_demo(options: DemoOptions) -> DemoResult:
     try:
         store = await EventStore.connect(server.url, stream=STREAM)
         try:
-            await store.append(demo_config(int(time.time())))
-            async with running(KubeEmulator(keep_requests=2000)) as (emulator, api):
+            idle_after = max(1, round(options.idle_after / options.speed))
+            await store.append(demo_config(int(time.time()), idle_after=idle_after))
+            async with AsyncExitStack() as stack:
+                emulator, api = await stack.enter_async_context(running(KubeEmulator(keep_requests=2000)))
                 for node in demo_nodes():
                     emulator.put_object("v1/nodes", node)
+                workload = Workload(emulator, api, seed=options.seed, rate=options.rate * options.speed)
+                dcgm = FakeDcgm(
+                    lambda: emulator.list_objects("v1/nodes"),
+                    lambda: emulator.list_objects("v1/pods"),
+                    workload.gpu_utilization,
+                )
+                dcgm_url = await stack.enter_async_context(serving(dcgm))
+                # the daemon's own scraper, as `muster daemon --utilization-url` runs it
+                scraper = UtilizationScraper(dcgm_url, source="exporter", interval=options.scrape_interval)
                 elector = KvElector(store.js, holder="demo-daemon", ttl=5.0)
                 loop = SchedulerLoop(
                     store,
                     elector=elector,
                     cluster=KubeCluster.factory(api, watch_seconds=60),
                     options=LoopOptions(debounce=0.01),
+                    services=[scraper.run],
                 )
                 loop.on_fold(lambda seq, ev, ok: stats.observe(loop.state, seq, ev, ok))
-                workload = Workload(emulator, api, seed=options.seed, rate=options.rate * options.speed)
                 kubelet = SimulatedKubelet(api, speed=options.speed)
                 stop = anyio.Event()
                 stopped = anyio.Event()
@@ -167,6 +205,8 @@ async def run_demo(options: DemoOptions) -> DemoResult:
         replaced_pods=workload.replaced,
         interrupted=interrupted,
         sample_job=sample,
+        rates=rates,
+        scrapes=dcgm.scrapes,
     )
 
 

@@ -2,7 +2,8 @@
 
 `DemoStats` counts from the events the daemon folds (its `on_fold` hook), so
 the view shows exactly what is on the log; `render` draws the queues (quota,
-use, borrowing, pending, admissions, preemptions), the cluster's GPU use and
+use, borrowing, pending, admissions, preemptions), the cluster's GPU use, how
+busy the allocated GPUs are (the jobs' latest `GpuUtilizationSampled`) and
 the latest decisions.
 """
 
@@ -88,6 +89,10 @@ def _bar(used: int, total: int, width: int = 30) -> str:
     return "[cyan]" + "█" * filled + "[/]" + "·" * (width - filled)
 
 
+def _utilization(busy: float, sampled: float) -> str:
+    return f"{100 * busy / sampled:3.0f}%" if sampled else "  -"
+
+
 def render(state: ClusterState, stats: DemoStats, *, elapsed: float, duration: float, speed: float) -> Any:
     from rich.console import Group
     from rich.panel import Panel
@@ -97,11 +102,19 @@ def render(state: ClusterState, stats: DemoStats, *, elapsed: float, duration: f
     used = sum(q.usage.get("gpu", 0) for q in state.queues.values())
     pending: Counter[str] = Counter()
     running: Counter[str] = Counter()
+    sampled = busy = idle = 0.0
+    idle_jobs = 0
     for job in state.jobs.values():
         if job.status == "pending":
             pending[job.queue] += 1
         elif job.status == "admitted":
             running[job.queue] += 1
+            if job.utilization is not None:
+                sampled += job.gpus
+                busy += job.gpus * job.utilization
+                if job.idle_since is not None:
+                    idle_jobs += 1
+                    idle += job.gpus
 
     table = Table(
         title="queues of cohort org",
@@ -128,6 +141,8 @@ def render(state: ClusterState, stats: DemoStats, *, elapsed: float, duration: f
     header = (
         f"[bold]muster demo[/]  {elapsed:4.0f}/{duration:.0f} s  speed x{speed:g}  leader {stats.leader or '-'}\n"
         f"cluster  {used:4d}/{capacity} GPUs {_bar(used, capacity)}  nodes {len(state.nodes)}\n"
+        f"DCGM     {_utilization(busy, sampled)} of the {sampled:.0f} measured allocated GPUs busy; "
+        f"{idle_jobs} idle job(s) holding {idle:.0f} GPUs\n"
         f"log      {stats.last_seq} events  submitted {sum(stats.submitted.values())}  "
         f"admitted {sum(stats.admitted.values())}  finished {sum(stats.finished.values())}  "
         f"preemptions {sum(stats.reasons.values())} ({reasons})"

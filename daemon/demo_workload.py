@@ -7,6 +7,15 @@ simulated kubelet honours, at a Poisson rate, in four flavours: inference
 block), small training jobs and scavenger jobs (lowest priority, first to be
 preempted). The teams submit unevenly, so some borrow and others reclaim.
 
+Each gang also has a GPU utilization profile (`gpu_profile`), which the
+demo's fake dcgm-exporter (`demo_dcgm`) reports for its pods: training busy
+70-95 %, scavengers 55-90 %, inference 20-45 %, and one small training job in
+four allocated but idle (0-3 %: a hung job, a notebook left open, held
+three times as long as drawn) - the allocated-versus-used gap billing reports
+and idle reclaim acts on. The
+profile is drawn from its own generator (seed and gang name), so the stream
+of gangs is the same as without it.
+
 It also plays the Job controller: a pod of a live gang that disappears (an
 eviction) is replaced by a new pod with the same labels, so a preempted gang
 comes back as a whole and is admitted again under the same job id.
@@ -16,6 +25,7 @@ Deterministic for a seed, apart from timing.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from contextlib import aclosing
@@ -33,6 +43,7 @@ from muster.events.types import (
     CohortConfigured,
     CohortName,
     Event,
+    IdleReclaimPolicy,
     PreemptionPolicy,
     PriorityClassConfigured,
     QueueConfigured,
@@ -40,13 +51,21 @@ from muster.events.types import (
     SchedulerConfigured,
 )
 
-__all__ = ["BLOCK", "RACK", "TEAMS", "GangSpec", "Workload", "demo_config", "demo_nodes"]
+__all__ = ["BLOCK", "GPU_MODEL", "RACK", "TEAMS", "GangSpec", "Workload", "demo_config", "demo_nodes", "gpu_profile"]
 
 BLOCK = "muster.dev/block"
 RACK = "muster.dev/rack"
 TEAMS = ("team-a", "team-b", "team-c", "team-d")
 TEAM_WEIGHTS = (0.4, 0.3, 0.2, 0.1)
 NOMINAL_GPUS = 128
+GPU_PRODUCT = "nvidia.com/gpu.product"
+GPU_MODEL = "NVIDIA-H100-80GB-HBM3"
+"""The demo nodes' GPU model label (what gpu-feature-discovery sets; billing prices by it)."""
+IDLE_SHARE = 0.25
+"""Share of small training jobs that hold their GPUs without using them."""
+IDLE_THRESHOLD = 0.05
+IDLE_RUNTIME = 3
+"""An idle job holds its GPUs this many times its drawn runtime: nobody watches it, it runs to its time limit."""
 
 
 def demo_nodes(blocks: int = 4, racks: int = 4, nodes: int = 4, gpus: int = 8) -> list[dict[str, Any]]:
@@ -55,15 +74,23 @@ def demo_nodes(blocks: int = 4, racks: int = 4, nodes: int = 4, gpus: int = 8) -
     for b in range(blocks):
         for r in range(racks):
             for n in range(nodes):
-                labels = {BLOCK: f"b{b}", RACK: f"b{b}-r{r}"}
+                labels = {BLOCK: f"b{b}", RACK: f"b{b}-r{r}", GPU_PRODUCT: GPU_MODEL}
                 out.append(manifests.node(f"b{b}-r{r}-n{n}", gpus=gpus, labels=labels))
     return out
 
 
-def demo_config(at: int) -> list[Event]:
-    """Topology levels, priority classes, one cohort and four teams of 128 GPUs each."""
+def demo_config(at: int, *, idle_after: int | None = None) -> list[Event]:
+    """Topology levels, priority classes, one cohort and four teams of 128 GPUs each.
+
+    With `idle_after` (seconds), idle reclaim is on: a preemptible job whose GPUs stay at or below 5 %
+    that long is preempted when a waiting gang could use its GPUs, borrowed or not (so that a short
+    demo shows it; a cluster would rather keep `only_borrowing`, the default).
+    """
+    idle = None
+    if idle_after is not None:
+        idle = IdleReclaimPolicy(threshold=IDLE_THRESHOLD, after=idle_after, only_borrowing=False)
     events: list[Event] = [
-        SchedulerConfigured(at=at, levels=[BLOCK, RACK]),
+        SchedulerConfigured(at=at, levels=[BLOCK, RACK], idle_reclaim=idle),
         PriorityClassConfigured(at=at, name="inference", value=1000, preemptible=False),
         PriorityClassConfigured(at=at, name="training", value=100),
         PriorityClassConfigured(at=at, name="scavenger", value=0),
@@ -121,6 +148,18 @@ def next_gang(rng: random.Random, n: int) -> GangSpec:
     return GangSpec(name, team, "scavenger", rng.randint(1, 4), rng.choice((1, 2, 4)), "scavenger", rng.randint(10, 40))
 
 
+def gpu_profile(seed: int, spec: GangSpec) -> float:
+    """The mean GPU utilization (0..1) of a gang's GPUs while it runs; the same for a seed and gang name."""
+    rng = random.Random(f"{seed}/{spec.name}")
+    if spec.kind == "inference":
+        return round(rng.uniform(0.20, 0.45), 3)
+    if spec.kind == "scavenger":
+        return round(rng.uniform(0.55, 0.90), 3)
+    if spec.kind == "training" and rng.random() < IDLE_SHARE:
+        return round(rng.uniform(0.0, 0.03), 3)
+    return round(rng.uniform(0.70, 0.95), 3)
+
+
 class Workload:
     def __init__(
         self,
@@ -134,10 +173,13 @@ class Workload:
         """`rate`: gangs per second (already multiplied by the demo's speed)."""
         self.emulator = emulator
         self.client = KubeClient(api_client)
+        self.seed = seed
         self.rng = random.Random(seed)
         self.rate = rate
         self.on_submit = on_submit
         self.gangs: dict[str, GangSpec] = {}
+        self.profiles: dict[str, float] = {}
+        """Gang name -> its GPU utilization (`gpu_profile`)."""
         self._phase: dict[str, str] = {}
         """Pod key -> last phase seen."""
         self._replacements = 0
@@ -166,11 +208,19 @@ class Workload:
         self.emulator.put_object("v1/pods", pod)
 
     def submit(self, spec: GangSpec) -> None:
+        profile = self.profiles[spec.name] = gpu_profile(self.seed, spec)
+        if profile <= IDLE_THRESHOLD:
+            spec = dataclasses.replace(spec, runtime=spec.runtime * IDLE_RUNTIME)
         self.gangs[spec.name] = spec
         for i in range(spec.pods):
             self._create_pod(spec, i)
         if self.on_submit is not None:
             self.on_submit(spec)
+
+    def gpu_utilization(self, pod: dict[str, Any]) -> float | None:
+        """What the GPUs of `pod` are doing: its gang's profile; None for a pod of no demo gang."""
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        return self.profiles.get(str(labels.get("muster.dev/gang") or ""))
 
     async def run(self) -> None:
         """Submit gangs at `rate` per second (exponential gaps) until cancelled."""

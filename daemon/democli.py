@@ -1,8 +1,9 @@
 """`muster demo`: muster end to end on a laptop (embedded NATS, emulated 512-GPU cluster, the real daemon).
 
 Runs for `--duration` seconds (default 60) or until Ctrl-C, shows live
-progress, then prints the event count and the commands to replay, explain
-and audit the log it wrote. `make demo` runs it. Top-level imports stay light.
+progress, then prints the event count and the commands to replay, explain,
+audit and bill the log it wrote. `make demo` runs it. Top-level imports stay
+light.
 """
 
 from __future__ import annotations
@@ -65,11 +66,20 @@ def print_summary(result: object, directory: Path) -> None:
     how = "stopped by Ctrl-C" if result.interrupted else "done"
     print()
     print(f"muster demo {how} after {result.elapsed:.0f} s: {result.events:,} events on stream {result.stream}")
-    interesting = ("JobSubmitted", "JobAdmitted", "JobPreempted", "JobStarted", "JobFinished", "JobInadmissible")
+    interesting = (
+        "JobSubmitted",
+        "JobAdmitted",
+        "JobPreempted",
+        "JobStarted",
+        "JobFinished",
+        "JobInadmissible",
+        "GpuUtilizationSampled",
+    )
     counts = ", ".join(f"{name} {result.by_type[name]:,}" for name in interesting if result.by_type[name])
     others = sum(n for name, n in result.by_type.items() if name not in interesting)
     print(f"  {counts}, other {others:,}")
     print(f"  {result.submitted_gangs} gangs submitted, {result.replaced_pods} evicted pods replaced")
+    print(f"  {result.scrapes} scrapes of the fake dcgm-exporter, {result.by_type['GpuUtilizationSampled']:,} samples")
     print(f"  daemon log: {directory / 'daemon.log'}    NATS store: {result.store_dir}")
     try:
         binary = str(find_nats_server())
@@ -84,3 +94,10 @@ def print_summary(result: object, directory: Path) -> None:
     if result.sample_job:
         print(f"  muster explain {source} '{result.sample_job}'")
     print(f"  muster audit {source}")
+    if result.rates is not None:
+        db = f"sqlite:///{directory / 'billing.db'}"
+        print()
+        print("Bill it (allocated vs used GPU-hours per queue, with the demo's rate card):")
+        print(f"  muster billing run {source} --db {db} --once")
+        rates, plot = directory / "rates.yaml", directory / "billing.png"
+        print(f"  muster billing report --db {db} --rates {rates} --plot {plot}")

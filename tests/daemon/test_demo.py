@@ -1,7 +1,9 @@
-"""`muster demo`: the whole system in one command, ending on its own with a summary and a log to replay."""
+"""`muster demo`: the whole system in one command, ending on its own with a summary and a log to replay and bill."""
 
 from __future__ import annotations
 
+import json
+import random
 import re
 import subprocess
 import sys
@@ -11,6 +13,10 @@ from pathlib import Path
 import anyio
 import pytest
 
+from muster.daemon.demo_dcgm import FakeDcgm
+from muster.daemon.demo_workload import GPU_MODEL, demo_nodes, gpu_profile, next_gang
+from muster.daemon.k8s import manifests
+from muster.daemon.utilization import samples_from_text
 from muster.events.embedded import EmbeddedNats
 from muster.events.store import EventStore
 
@@ -19,7 +25,7 @@ MUSTER = str(Path(sys.executable).parent / "muster")
 
 @pytest.mark.slow
 def test_demo_runs_for_its_duration_prints_the_summary_and_leaves_a_replayable_log(tmp_path):
-    """`muster demo --duration 10` ends by itself; its stream holds submissions, admissions and completions."""
+    """`muster demo --duration 10` ends by itself; its log holds jobs and utilization, and bills used < allocated."""
     directory = tmp_path / "demo"
     proc = subprocess.run(
         # 10 s at the default speed submit ~30 gangs (~20 when the box is busy): enough for the counts below
@@ -42,13 +48,26 @@ def test_demo_runs_for_its_duration_prints_the_summary_and_leaves_a_replayable_l
         finally:
             await store.close()
 
-    # serve the demo's store again, as the printed command does
+    db = f"sqlite:///{tmp_path / 'billing.db'}"
+    # serve the demo's store again, as the printed command does, and bill it
     with EmbeddedNats(directory / "nats", port=port):
         counts = anyio.run(read)
+        billing = [MUSTER, "billing", "run", "--nats", f"nats://127.0.0.1:{port}", "--db", db, "--once"]
+        run = subprocess.run(billing, capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr[-2000:]
+    report = [MUSTER, "billing", "report", "--db", db, "--rates", str(directory / "rates.yaml"), "--format", "json"]
+    shown = subprocess.run(report, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    totals = json.loads(shown.stdout)["totals"]
     assert sum(counts.values()) == events
     assert counts["JobSubmitted"] > 10 and counts["JobAdmitted"] > 10 and counts["JobFinished"] > 0
     assert counts["LeaderElected"] == 1 and counts["NodeAdded"] == 64
     assert (directory / "daemon.log").read_text().count('"event": "leading"') == 1
+    # the daemon's scraper read the demo's fake dcgm-exporter: billing sees used and idle GPUs
+    assert counts["GpuUtilizationSampled"] > 0
+    assert 0 < totals["used_gpu_hours"] < totals["sampled_gpu_hours"] <= totals["allocated_gpu_hours"]
+    assert totals["idle_gpu_hours"] > 0 and totals["cost"] > 0
+    assert "muster billing report --db" in out
 
 
 def test_demo_refuses_a_folder_it_did_not_make(tmp_path):
@@ -60,3 +79,43 @@ def test_demo_refuses_a_folder_it_did_not_make(tmp_path):
     assert proc.returncode == 2
     assert "was not made by muster demo" in proc.stderr
     assert (tmp_path / "precious.txt").read_text() == "keep me"
+
+
+def test_the_fake_dcgm_exporter_reports_each_running_pods_gpus_at_its_gangs_profile():
+    """The real scraper reads each running pod's GPUs at its gang's profile; free GPUs and pending pods give nothing."""
+    nodes = demo_nodes(blocks=1, racks=1, nodes=2, gpus=8)
+    labels, idle = {"muster.dev/gang": "busy"}, {"muster.dev/gang": "idle"}
+    pods = [
+        manifests.pod("busy-0", "team-a", gpus=4, labels=labels, node_name="b0-r0-n0", phase="Running"),
+        manifests.pod("busy-1", "team-a", gpus=4, labels=labels, node_name="b0-r0-n0", phase="Running"),
+        manifests.pod("idle-0", "team-b", gpus=2, labels=idle, node_name="b0-r0-n1", phase="Running"),
+        manifests.pod("waiting-0", "team-b", gpus=2, labels=labels, node_name="b0-r0-n1", phase="Pending"),
+        manifests.pod("other-0", "team-c", gpus=1, node_name="b0-r0-n1", phase="Running"),
+    ]
+    profiles = {"busy": 0.8, "idle": 0.01}
+
+    def utilization(pod: dict) -> float | None:
+        return profiles.get(pod["metadata"]["labels"].get("muster.dev/gang", ""))
+
+    exporter = FakeDcgm(lambda: nodes, lambda: pods, utilization)
+    text = exporter.render()
+    assert text.count('DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu="') == 16  # every GPU of both nodes
+    assert f'modelName="{GPU_MODEL.replace("-", " ")}"' in text
+    samples = samples_from_text(text)
+    assert sorted(samples) == ["team-a/busy-0", "team-a/busy-1", "team-b/idle-0", "team-c/other-0"]
+    assert [len(samples[k]) for k in sorted(samples)] == [4, 4, 2, 1]
+    assert all(0.76 <= v <= 0.84 for v in samples["team-a/busy-0"] + samples["team-a/busy-1"])
+    assert all(v <= 0.05 for v in samples["team-b/idle-0"]) and samples["team-c/other-0"] == [0.0]
+    assert exporter.render() == text  # the same cluster, the same answer
+
+
+def test_the_demo_workload_has_busy_and_idle_gangs_the_same_for_a_seed():
+    """Most training gangs keep their GPUs 70-95 % busy and some sit idle (<= 5 %), identically for one seed."""
+    rng = random.Random(7)
+    specs = [next_gang(rng, n) for n in range(300)]
+    first = [gpu_profile(1, s) for s in specs]
+    assert first == [gpu_profile(1, s) for s in specs]
+    training = [p for s, p in zip(specs, first, strict=True) if s.kind in ("training", "large")]
+    idle = [p for p in training if p <= 0.05]
+    assert 0 < len(idle) < len(training) / 3
+    assert all(0.70 <= p <= 0.95 for p in training if p > 0.05)
