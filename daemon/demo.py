@@ -65,7 +65,7 @@ class DemoOptions:
     seed: int = 1
     scrape_interval: float = 1.0
     """Seconds between scrapes of the fake dcgm-exporter (wall clock)."""
-    idle_after: float = 8.0
+    idle_after: float = 16.0
     """Seconds at speed 1 a job may stay idle before idle reclaim (divided by `speed`, like runtimes)."""
     live: bool = True
     console: Any = None
