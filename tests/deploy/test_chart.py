@@ -48,6 +48,8 @@ CASES: dict[str, dict[str, Any]] = {
     },
     "no-queues-apply": {"queuesApply": {"enabled": False}},
     "one-replica": {"replicaCount": 1},
+    "no-snapshots": {"snapshots": {"enabled": False}},
+    "snapshots-tuned": {"snapshots": {"every": 1000}, "leaderElection": {"kvBucket": "leases"}},
 }
 BAD_CASES: dict[str, tuple[dict[str, Any], str]] = {
     "token-without-secret": ({"nats": {"auth": {"type": "token"}}}, "nats.auth.existingSecret is required"),
@@ -60,6 +62,7 @@ BAD_CASES: dict[str, tuple[dict[str, Any], str]] = {
     "no-nats": ({"nats": {"url": ""}}, "set nats.url"),
     "pdb-blocks-drains": ({"podDisruptionBudget": {"minAvailable": 2}}, "must be below replicaCount"),
     "typo": ({"replicas": 3}, "replicas"),
+    "snapshots-every-zero": ({"snapshots": {"every": 0}}, "snapshots/every"),
 }
 STUB_CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "stub-external": ("muster", {}),
@@ -148,11 +151,16 @@ def config_of(rendered: Rendered, key: str) -> dict[str, Any]:
     return parsed
 
 
-def container(workload: dict[str, Any]) -> dict[str, Any]:
+def container(workload: dict[str, Any], name: str | None = None) -> dict[str, Any]:
+    """The workload's only container, or the one named `name`."""
     containers = workload["spec"]["template"]["spec"]["containers"]
-    assert len(containers) == 1
-    result: dict[str, Any] = containers[0]
-    return result
+    if name is None:
+        assert len(containers) == 1
+        result: dict[str, Any] = containers[0]
+        return result
+    found: list[dict[str, Any]] = [c for c in containers if c["name"] == name]
+    assert len(found) == 1, [c["name"] for c in containers]
+    return found[0]
 
 
 def volumes(workload: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -315,7 +323,7 @@ def test_daemon_runs_two_hardened_replicas_with_probes(run: ChartRun) -> None:
     pod = deployment["spec"]["template"]["spec"]
     assert "schedulerName" not in pod  # the scheduler is not scheduled by itself
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
-    c = container(deployment)
+    c = container(deployment, "daemon")
     assert c["args"] == ["daemon", "--config", "/etc/muster/config.yaml"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"health": 8080, "metrics": 9090}
@@ -417,8 +425,10 @@ def test_credentials_come_from_secrets_never_from_the_config(run: ChartRun) -> N
         assert {i["path"] for i in auth_secret["items"]} == {"username", "password"}
         assert vols["nats-tls"]["secret"]["secretName"] == "muster-nats-tls"
         assert {i["path"] for i in vols["nats-tls"]["secret"]["items"]} == {"ca.crt", "tls.crt", "tls.key"}
-        mounts = {m["name"]: m for m in container(workload)["volumeMounts"]}
-        assert mounts["nats-auth"]["mountPath"] == "/etc/muster/nats-auth" and mounts["nats-auth"]["readOnly"]
+        for c in workload["spec"]["template"]["spec"]["containers"]:  # the daemon's snapshots sidecar too
+            mounts = {m["name"]: m for m in c["volumeMounts"]}
+            assert mounts["nats-auth"]["mountPath"] == "/etc/muster/nats-auth" and mounts["nats-auth"]["readOnly"]
+            assert mounts["nats-tls"]["mountPath"] == "/etc/muster/nats-tls" and mounts["nats-tls"]["readOnly"]
     for key in ("config.yaml", "billing.yaml", "admin.yaml"):
         nats = config_of(rendered, key)["nats"]
         assert nats["auth"] == {
@@ -494,3 +504,55 @@ def test_service_monitor_is_optional_and_scrapes_the_metrics_port(run: ChartRun)
     endpoint = monitor["spec"]["endpoints"][0]
     assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
     assert {p["name"] for p in rendered.one("Service")["spec"]["ports"]} >= {endpoint["port"]}
+
+
+def test_snapshot_sidecar_follows_the_log_as_the_daemon_and_writes_only_as_leader(run: ChartRun) -> None:
+    """Each daemon pod runs `snapshot --follow` as the daemon (config, Secrets, hardening), gated on the lease."""
+    deployment = run.rendered["default"].one("Deployment", "muster")
+    assert [c["name"] for c in deployment["spec"]["template"]["spec"]["containers"]] == ["daemon", "snapshots"]
+    daemon, sidecar = container(deployment, "daemon"), container(deployment, "snapshots")
+    assert sidecar["image"] == daemon["image"]
+    assert sidecar["args"] == [
+        "snapshot",
+        "--config",
+        "/etc/muster/config.yaml",
+        "--follow",
+        "--every",
+        "50000",
+        "--leader",
+        "muster-leader/leader",
+        "--holder",
+        "$(POD_NAME)",
+    ]
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in sidecar["env"]}
+    assert env["POD_NAME"] == "metadata.name"  # the daemon's identity in leader election, expanded in args
+    assert sidecar["securityContext"] == daemon["securityContext"]
+    sc = sidecar["securityContext"]
+    assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sidecar["resources"]["requests"] and sidecar["resources"]["limits"]["memory"]
+    assert "ports" not in sidecar
+    mounts = {m["mountPath"]: m for m in sidecar["volumeMounts"]}
+    assert mounts["/etc/muster/config.yaml"] == {
+        "name": "config",
+        "mountPath": "/etc/muster/config.yaml",
+        "subPath": "config.yaml",
+        "readOnly": True,
+    }
+    assert set(mounts) == {"/etc/muster/config.yaml", "/tmp"}  # default: no NATS Secrets to mount
+    secured = run.rendered["secured"].one("Deployment", "muster")
+    daemon_mounts = [m for m in container(secured, "daemon")["volumeMounts"] if m["name"].startswith("nats-")]
+    sidecar_mounts = [m for m in container(secured, "snapshots")["volumeMounts"] if m["name"].startswith("nats-")]
+    assert sidecar_mounts == daemon_mounts and len(sidecar_mounts) == 2
+
+
+def test_snapshot_sidecar_is_tunable_and_optional(run: ChartRun) -> None:
+    """snapshots.every and the leader bucket reach its args; lease election drops the gate; enabled=false removes it."""
+    tuned = container(run.rendered["snapshots-tuned"].one("Deployment", "muster"), "snapshots")["args"]
+    assert tuned[tuned.index("--every") + 1] == "1000"
+    assert tuned[tuned.index("--leader") + 1] == "leases/leader"
+    lease = container(run.rendered["lease"].one("Deployment", "muster"), "snapshots")["args"]
+    assert "--leader" not in lease and "--follow" in lease  # no KV leader key to read: every replica writes
+    off = run.rendered["no-snapshots"].one("Deployment", "muster")
+    assert [c["name"] for c in off["spec"]["template"]["spec"]["containers"]] == ["daemon"]
+    assert run.rendered["no-snapshots"].one("ConfigMap") == run.rendered["default"].one("ConfigMap")
