@@ -297,6 +297,17 @@ def _check_prefix(prefix: str) -> None:
         raise StoreError(f"subject prefix {prefix!r}: must be subject tokens, the last one not 'submit'")
 
 
+def _header_safe(mid: str) -> str:
+    """A caller's msg id as a NATS header value: as given when printable ASCII, else a digest of it.
+
+    Callers build ids from job names, which may be any unicode; the digest keeps
+    equal ids equal and different ones different.
+    """
+    if mid and mid.isascii() and mid.isprintable():
+        return mid
+    return "sha256:" + hashlib.sha256(mid.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+
 def _default_msg_id(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -485,9 +496,7 @@ class EventStore:
             data = encode(event)
             if len(data) > limit:
                 raise EventTooLarge(i, type(event).__name__, len(data), limit)
-            mid = msg_ids[i] if msg_ids is not None else _default_msg_id(data)
-            if not mid or not mid.isprintable() or not mid.isascii():
-                raise ValueError(f"msg id {mid!r} of event #{i} is not a non-empty printable ASCII string")
+            mid = _header_safe(msg_ids[i]) if msg_ids is not None else _default_msg_id(data)
             items.append((subject_for(event, prefix), data, mid))
         if expected_last_seq is not None:
             return await self._append_fenced(items, expected_last_seq)

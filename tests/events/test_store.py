@@ -141,6 +141,15 @@ async def test_caller_msg_ids_decide_what_is_a_duplicate(any_store: EventStore) 
     assert [s.event.at for s in await any_store.read()] == [0]
 
 
+async def test_msg_ids_made_of_any_unicode_still_deduplicate(any_store: EventStore) -> None:
+    """Ids built from job names such as 'ジョブ-🚀' are stored and deduplicated like ASCII ones (not refused)."""
+    ids = ["fact:started:ジョブ-🚀:1", "fact:started:ジョブ-🚁:1"]
+    first = await any_store.append(submissions(2), msg_ids=ids)
+    again = await any_store.append(submissions(2, start=50), msg_ids=ids)
+    assert again == first and len(set(first)) == 2
+    assert [s.event.at for s in await any_store.read()] == [0, 1]
+
+
 async def test_fenced_append_chains_expected_sequences(any_store: EventStore) -> None:
     """A fenced batch on the expected end of the stream is stored in order."""
     assert await any_store.append(submissions(3), expected_last_seq=0) == [1, 2, 3]
