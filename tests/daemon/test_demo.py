@@ -25,11 +25,11 @@ MUSTER = str(Path(sys.executable).parent / "muster")
 
 @pytest.mark.slow
 def test_demo_runs_for_its_duration_prints_the_summary_and_leaves_a_replayable_log(tmp_path):
-    """`muster demo --duration 10` ends by itself; its log holds jobs and utilization, and bills used < allocated."""
+    """`muster demo --duration 20` ends by itself; its log holds jobs and utilization, and bills used < allocated."""
     directory = tmp_path / "demo"
     proc = subprocess.run(
-        # 10 s at the default speed submit ~30 gangs (~20 when the box is busy): enough for the counts below
-        [MUSTER, "demo", "--duration", "10", "--dir", str(directory)],
+        # the issue's end-to-end run: 20 s at the default speed submit ~60 gangs (~40 on a busy box)
+        [MUSTER, "demo", "--duration", "20", "--dir", str(directory)],
         capture_output=True,
         text=True,
         timeout=90,
