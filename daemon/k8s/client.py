@@ -27,6 +27,8 @@ from muster.daemon.k8s.errors import KubeError, from_exception, from_status
 __all__ = ["KubeClient"]
 
 Obj = dict[str, Any]
+Page = tuple[list[Obj], str]
+"""One page of a list: its objects and the list's resourceVersion."""
 
 
 class KubeClient:
@@ -77,7 +79,7 @@ class KubeClient:
         rv = str((data.get("metadata") or {}).get("resourceVersion") or "")
         return [i for i in items if isinstance(i, dict)], rv
 
-    async def list_pages(self, resource: str, *, page_size: int | None) -> AsyncGenerator[tuple[list[Obj], str], None]:
+    async def list_pages(self, resource: str, *, page_size: int | None) -> AsyncGenerator[Page, None]:
         """The objects of `resource` page by page (`limit` + `continue`), each page with the list's resourceVersion.
 
         Pages keep every decode small: one answer holding a large cluster's pods
