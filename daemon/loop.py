@@ -94,12 +94,20 @@ def fact_id(event: Event) -> str | None:
     set again within a second).
     """
     if isinstance(event, JobSubmitted):
-        return f"fact:submitted:{event.job}"
+        return f"fact:submitted:{_id_part(event.job)}"
     if isinstance(event, (JobFinished, JobFailed, JobCancelled)):
-        return f"fact:ended:{event.job}"
+        return f"fact:ended:{_id_part(event.job)}"
     if isinstance(event, JobStarted):
-        return f"fact:started:{event.job}:{event.at}"
+        return f"fact:started:{_id_part(event.job)}:{event.at}"
     return None
+
+
+def _id_part(job: str) -> str:
+    # job ids come from user-chosen names (any unicode, control characters): a NATS header takes
+    # printable ASCII only, so anything else is named by its digest
+    if job.isascii() and job.isprintable() and len(job) <= 200:
+        return job
+    return "sha256:" + hashlib.sha256(job.encode("utf-8", errors="surrogatepass")).hexdigest()[:32]
 
 
 class Hooks(Protocol):

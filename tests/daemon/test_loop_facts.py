@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
+import pytest
 from anyio.abc import TaskStatus
 
 from muster.daemon.cluster import Sink
@@ -82,10 +83,11 @@ def gang(name: str) -> JobSubmitted:
     )
 
 
-async def test_a_job_fact_reported_by_two_terms_is_stored_once(store):
+@pytest.mark.parametrize("name", ["g", "ジョブ-🚀\t\n#7/.."], ids=["ascii", "unicode-and-control"])
+async def test_a_job_fact_reported_by_two_terms_is_stored_once(store, name):
     """A restarted replica's cluster reports the same submission, start and end again: the log holds each once."""
     await store.append([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 0})])
-    facts: list[Event] = [gang("g"), JobStarted(at=2, job=JobId("g")), JobFinished(at=3, job=JobId("g"))]
+    facts: list[Event] = [gang(name), JobStarted(at=2, job=JobId(name)), JobFinished(at=3, job=JobId(name))]
     async with replica(store, facts, name="first"):
         pass
     async with replica(store, facts, name="second") as (loop, _):
