@@ -5,7 +5,10 @@ deploy/README.md ("The configuration files the pods read"); an environment
 variable names a key as `MUSTER_<SECTION>_<KEY>` (`MUSTER_NATS_URL`,
 `MUSTER_LEADER_ELECTION_TTL_SECONDS`, `MUSTER_HTTP_METRICS_PORT`, ...), its
 value read as YAML (so `9090` is a number). `MUSTER_IDENTITY` (else
-`POD_NAME`, else host and pid) names this replica in leader election.
+`POD_NAME`, else host and pid) names this replica in leader election; with
+`leader_election.backend: lease` the Lease is `lease_namespace`/`lease_name`
+(default: the pod's namespace, `$POD_NAMESPACE` or the service account's file,
+and `muster-leader`).
 
 Credentials are never in the configuration itself: it names files (mounted
 from Secrets), read only when connecting. `describe()` is what may be logged.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,6 +27,11 @@ from typing import Any
 import yaml
 
 __all__ = ["ConfigError", "DaemonConfig", "load_config", "nats_connect_options"]
+
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+"""The pod's namespace, as Kubernetes mounts it with the service account token."""
+
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 SECTIONS = ("leader_election", "kubernetes", "utilization", "http", "nats", "log")
 _TOP_KEYS = {*SECTIONS, "queues_file", "identity", "simulated_cluster"}
@@ -127,6 +136,23 @@ class DaemonConfig:
         return str(self.get("leader_election", "kv_bucket", "muster-leader"))
 
     @property
+    def lease_name(self) -> str:
+        """The coordination.k8s.io Lease of `backend: lease` (the chart's Role names exactly this one)."""
+        return str(self.get("leader_election", "lease_name", "muster-leader"))
+
+    @property
+    def lease_namespace(self) -> str:
+        """The Lease's namespace: the config's, else the pod's own ($POD_NAMESPACE, the service account's file)."""
+        value = self.get("leader_election", "lease_namespace") or os.environ.get("POD_NAMESPACE")
+        if not value:
+            try:
+                with open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as f:
+                    value = f.read().strip()
+            except OSError:
+                value = ""
+        return str(value) if value else "default"
+
+    @property
     def scheduler_name(self) -> str:
         return str(self.get("kubernetes", "scheduler_name", "muster"))
 
@@ -197,10 +223,12 @@ class DaemonConfig:
 
     def check(self) -> None:
         """Fail early, with a sentence, on what cannot work."""
-        if self.leader_backend not in ("nats-kv", "none"):
+        if self.leader_backend not in ("nats-kv", "lease", "none"):
             raise ConfigError(
-                f"leader_election.backend {self.leader_backend!r} is not supported by this daemon (use nats-kv)"
+                f"leader_election.backend {self.leader_backend!r} is not supported (use nats-kv, lease or none)"
             )
+        if self.leader_backend == "lease" and not _DNS_SUBDOMAIN.fullmatch(self.lease_name):
+            raise ConfigError(f"leader_election.lease_name {self.lease_name!r} is not a valid Kubernetes object name")
         if self.utilization_url and self.utilization_source not in ("prometheus", "exporter"):
             raise ConfigError(f"utilization.source must be prometheus or exporter, not {self.utilization_source!r}")
         if self.log_format not in ("json", "console"):
@@ -221,12 +249,20 @@ class DaemonConfig:
                 "auth": sorted(k for k in auth if k.endswith("_file")) if isinstance(auth, dict) else [],
                 "tls": bool(nats.get("tls")),
             },
-            "leader_election": {"backend": self.leader_backend, "ttl_seconds": self.leader_ttl},
+            "leader_election": self._describe_election(),
             "kubernetes": {"scheduler_name": self.scheduler_name, "namespaces": self.namespaces},
             "utilization": {"url": _without_userinfo(self.utilization_url), "source": self.utilization_source},
             "http": {"health_port": self.health_port, "metrics_port": self.metrics_port},
             "simulated_cluster": self.simulated_cluster,
         }
+
+    def _describe_election(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"backend": self.leader_backend, "ttl_seconds": self.leader_ttl}
+        if self.leader_backend == "lease":
+            out["lease"] = f"{self.lease_namespace}/{self.lease_name}"
+        elif self.leader_backend == "nats-kv":
+            out["kv_bucket"] = self.leader_bucket
+        return out
 
 
 def _without_userinfo(url: str) -> str:

@@ -2,9 +2,10 @@
 
 Reads `--config FILE` (the chart's config.yaml), `MUSTER_*` variables and
 flags (flags win), connects to NATS (creating the stream if needed), joins
-leader election, and runs the scheduler loop against Kubernetes (in-cluster
-config, else `--kubeconfig`/~/.kube/config) or, with `--simulated-cluster
-4x4x4x8`, against an in-process simulated cluster. SIGTERM or SIGINT: the
+leader election (a NATS KV key, or with `--leader-backend lease` a Kubernetes
+Lease), and runs the scheduler loop against Kubernetes (in-cluster config,
+else `--kubeconfig`/~/.kube/config) or, with `--simulated-cluster 4x4x4x8`,
+against an in-process simulated cluster (lease election still needs the API). SIGTERM or SIGINT: the
 replica releases its lease (a standby takes over at once) and exits 0.
 
 Exit status: 0 after a signal, 1 when NATS cannot be reached, 2 on a bad
@@ -39,6 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--identity", help="this replica's name in leader election (default $POD_NAME)")
     parser.add_argument("--leader-ttl", type=float, help="leader lease TTL in seconds (default 10)")
     parser.add_argument("--kv-bucket", help="KV bucket of the leader lease (default muster-leader)")
+    parser.add_argument(
+        "--leader-backend", choices=("nats-kv", "lease", "none"), help="leader election (default nats-kv)"
+    )
+    parser.add_argument("--lease-name", help="Kubernetes Lease of --leader-backend lease (default muster-leader)")
+    parser.add_argument("--lease-namespace", help="the Lease's namespace (default: the pod's, $POD_NAMESPACE)")
     parser.add_argument("--health-port", type=int, help="serve /healthz and /readyz on this port")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     parser.add_argument("--log-level", help="debug, info, warning, error (default info)")
@@ -68,7 +74,13 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "identity": args.identity,
         "simulated_cluster": args.simulated_cluster,
         "nats": nats,
-        "leader_election": {"ttl_seconds": args.leader_ttl, "kv_bucket": args.kv_bucket},
+        "leader_election": {
+            "backend": args.leader_backend,
+            "ttl_seconds": args.leader_ttl,
+            "kv_bucket": args.kv_bucket,
+            "lease_name": args.lease_name,
+            "lease_namespace": args.lease_namespace,
+        },
         "http": {"health_port": args.health_port, "metrics_port": args.metrics_port},
         "log": {"level": args.log_level, "format": args.log_format},
         "kubernetes": {"kubeconfig": args.kubeconfig, "scheduler_name": args.scheduler_name},
@@ -154,9 +166,15 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
     api_client: Any = None
     try:
         metrics = DaemonMetrics()
+        if cfg.leader_backend == "lease" or not cfg.simulated_cluster:
+            api_client = await _kubernetes(cfg)
         elector: Elector
         if cfg.leader_backend == "none":
             elector = SoleElector(cfg.identity)
+        elif cfg.leader_backend == "lease":
+            from muster.daemon.k8s.lease import LeaseElector
+
+            elector = LeaseElector(api_client, cfg.lease_namespace, cfg.lease_name, cfg.identity, cfg.leader_ttl)
         else:
             elector = KvElector(store.js, holder=cfg.identity, bucket=cfg.leader_bucket, ttl=cfg.leader_ttl)
         if cfg.simulated_cluster:
@@ -171,7 +189,6 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
         else:
             from muster.daemon.cluster import KubeCluster
 
-            api_client = await _kubernetes(cfg)
             cluster = KubeCluster.factory(api_client, scheduler_name=cfg.scheduler_name)
         services: list[Service] = []
         if cfg.utilization_url:
