@@ -11,11 +11,16 @@ candidate's read and its replace. TTLs are short, waits are deadlines.
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
+import yaml
 from kubernetes_asyncio.client import ApiClient
 
 from muster.daemon.k8s.emulator import KubeEmulator
@@ -270,8 +275,10 @@ def job(name: str) -> JobSubmitted:
     )
 
 
-async def wait_for(store: EventStore, predicate: Callable[[list[StoredEvent]], bool]) -> list[StoredEvent]:
-    with anyio.fail_after(DEADLINE):
+async def wait_for(
+    store: EventStore, predicate: Callable[[list[StoredEvent]], bool], seconds: float = DEADLINE
+) -> list[StoredEvent]:
+    with anyio.fail_after(seconds):
         while True:
             events = await store.read()
             if predicate(events):
@@ -366,3 +373,49 @@ async def test_two_loops_on_lease_election_fail_over_without_doubling_a_decision
     assert holder_of(emu) == "b" and lease_of(emu)["spec"]["leaseTransitions"] == 1
     applied_by_b = {e.job for c in b.clusters for e in c.applied if isinstance(e, JobAdmitted)}
     assert applied_by_b == set(admissions(events))
+
+
+# ---------------------------------------------------------------- the daemon as the chart configures it
+
+
+async def test_the_daemon_elects_itself_on_a_lease_and_releases_it_on_sigterm(store, kube, nats_url, tmp_path):
+    """`muster daemon` with backend lease (the chart's option): creates the Lease, leads, releases it on SIGTERM."""
+    emu, api = kube
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "double", "cluster": {"server": api.configuration.host}}],
+        "users": [{"name": "muster", "user": {}}],
+        "contexts": [{"name": "double", "context": {"cluster": "double", "user": "muster"}}],
+        "current-context": "double",
+    }
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+    config = {"leader_election": {"backend": "lease", "ttl_seconds": 60, "lease_name": NAME}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    cmd = [
+        sys.executable, "-m", "muster.cli", "daemon", "--config", str(tmp_path / "config.yaml"),
+        "--nats", nats_url, "--stream", store.stream, "--subject-prefix", store.prefix,
+        "--kubeconfig", str(tmp_path / "kubeconfig"), "--simulated-cluster", "1x1x2x8",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "POD_NAME": "muster-0", "POD_NAMESPACE": NS}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    with open(tmp_path / "stderr.log", "wb") as err:  # noqa: ASYNC230 - the child writes to a real file
+        proc = await anyio.open_process(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    async with proc:
+        try:
+            # 60 s: a cold interpreter start on a busy box; an early exit ends the wait at once
+            events = await wait_for(store, lambda ev: proc.returncode is not None or len(leaders(ev)) == 1, 60)
+            assert proc.returncode is None, (tmp_path / "stderr.log").read_text()
+            assert holder_of(emu) == "muster-0"
+            proc.send_signal(signal.SIGTERM)
+            with anyio.fail_after(30):
+                code = await proc.wait()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+    log = (tmp_path / "stderr.log").read_text()
+    assert code == 0, log
+    assert [(e.epoch, e.holder) for e in leaders(events)] == [(1, "muster-0")]
+    spec = lease_of(emu)["spec"]
+    assert "holderIdentity" not in spec and spec["leaseTransitions"] == 0  # released, not left to expire (60 s)
+    assert "leader lease released" in log

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -14,6 +15,7 @@ import pytest
 import yaml
 from helmkit import CHART, NAMESPACE, ChartRun, Rendered, make_stub_chart, run_chart
 
+from muster.daemon.config import load_config
 from muster.events.types import (
     CohortConfigured,
     PriorityClassConfigured,
@@ -269,8 +271,8 @@ def test_rbac_is_exactly_the_least_privilege_set(run: ChartRun) -> None:
     ]
 
 
-def test_lease_election_adds_one_namespaced_lease_role(run: ChartRun) -> None:
-    """Lease election adds a namespaced Role for one named Lease (create, get, update), nothing cluster-wide."""
+def test_lease_election_adds_one_namespaced_lease_role(run: ChartRun, tmp_path: Path) -> None:
+    """Lease election adds a namespaced Role for one named Lease (create, get, update), the one the daemon reads."""
     rendered = run.rendered["lease"]
     assert rules_of(rendered, "ClusterRole") == LEAST_PRIVILEGE
     role = rendered.one("Role")
@@ -293,6 +295,10 @@ def test_lease_election_adds_one_namespaced_lease_role(run: ChartRun) -> None:
         "ttl_seconds": 10,
     }
     assert config_of(run.rendered["default"], "config.yaml")["leader_election"]["backend"] == "nats-kv"
+    # the daemon accepts the rendered config and elects on exactly the Lease the Role allows
+    (tmp_path / "config.yaml").write_text(rendered.one("ConfigMap")["data"]["config.yaml"])
+    daemon = load_config(str(tmp_path / "config.yaml"), env={})
+    assert (daemon.leader_backend, daemon.lease_namespace, daemon.lease_name) == ("lease", NAMESPACE, "muster-leader")
 
 
 def test_pods_without_kubernetes_access_get_no_token(run: ChartRun) -> None:
