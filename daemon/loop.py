@@ -383,15 +383,16 @@ class SchedulerLoop:
         if item is not None:
             self._fold(item.seq, item.event)
 
-    async def _drain(self, chunk: int = 1000) -> None:
-        """Fold everything the follower has buffered, `chunk` events at a time with a checkpoint between.
+    async def _drain(self, limit: int = 10_000, chunk: int = 1000) -> None:
+        """Fold what the follower has buffered (at most `limit`), `chunk` events at a time with a checkpoint between.
 
         A replica far behind (a long pause, a busy cycle) may find tens of
         thousands buffered: folded in one go they would hold the event loop
-        (and the lease refresh on it) for seconds.
+        (and the lease refresh on it) for seconds. The limit lets the caller
+        look at its lease however fast the log grows.
         """
         assert self._recv is not None
-        while True:
+        for _ in range(0, limit, chunk):
             for _ in range(chunk):
                 try:
                     item = self._recv.receive_nowait()
@@ -400,6 +401,7 @@ class SchedulerLoop:
                     return
                 self._take(item)
             await anyio.lowlevel.checkpoint()
+        self._skip_bad(self.folded_seq + 2)
 
     async def _catch_up(self, target: int) -> bool:
         """Fold until `folded_seq >= target`; False if that took longer than the catch-up timeout."""
