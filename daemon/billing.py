@@ -301,14 +301,14 @@ class BillingSubscriber:
             self.metrics.applied_seq.set(tracker.seq)
             if tracker.clock is not None:
                 self.metrics.event_time.set(tracker.clock)
+        if usable == len(msgs):
+            self.metrics.lag.set(pending)  # with the sequence, so a scrape never pairs a new one with an old lag
         hooks.after_write(tracker.seq)
         for msg, seq in zip(msgs[:usable], seqs[:usable], strict=True):
             await msg.ack()
             hooks.after_ack(seq)
         if usable < len(msgs):
             await self._position()
-        else:
-            self.metrics.lag.set(pending)
         return len(msgs)
 
     async def run(self, *, once: bool = False, stop: anyio.Event | None = None) -> None:

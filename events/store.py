@@ -654,15 +654,19 @@ class EventStore:
         except Exception:  # a faulty reporter must not stop the reader either
             log.exception("on_bad callback failed", seq=seq)
 
-    async def _raw_batches(self, from_seq: int, *, follow: bool, retries: int = 5) -> AsyncGenerator[list[Raw], None]:
+    async def _raw_batches(
+        self, from_seq: int, *, follow: bool, give_up_after: float = 30.0
+    ) -> AsyncGenerator[list[Raw], None]:
         """Raw stored messages from `from_seq`, resuming after connection loss.
 
-        Without `follow`, ends at the end of the stream and gives up after
-        `retries` failed resumptions in a row; with it, waits for new messages
-        and retries forever.
+        Without `follow`, ends at the end of the stream and gives up once
+        resuming has failed for `give_up_after` seconds in a row (a JetStream
+        cluster electing a new stream leader answers 503 for a few seconds);
+        with it, waits for new messages and retries forever.
         """
         next_seq = max(1, from_seq)
         failures = 0
+        failing_since = 0.0
         while True:
             conn: WireConnection | None = None
             try:
@@ -684,8 +688,10 @@ class EventStore:
             except (WireError, JetStreamApiError) as exc:
                 if isinstance(exc, JetStreamApiError) and exc.code == 404 and not follow:
                     raise StoreError(f"stream {self.stream}: {exc.description}") from exc
+                if failures == 0:
+                    failing_since = anyio.current_time()
                 failures += 1
-                if not follow and failures > retries:
+                if not follow and anyio.current_time() - failing_since > give_up_after:
                     raise StoreError(f"reading {self.stream} from {next_seq} failed: {exc}") from exc
                 log.info("event stream reader reconnecting", stream=self.stream, next_seq=next_seq, error=str(exc))
                 await anyio.sleep(min(2.0, 0.05 * 2**failures))
