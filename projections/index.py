@@ -11,7 +11,11 @@ the words of its reason:
   preemption could free, or usage in its tree went up by more than its quota
   slack (then quota would block it, and the reason would read differently);
 - a queue of its tree started borrowing (new victims), fair sharing is on and
-  usage moved, or any configuration changed (the index is rebuilt).
+  usage moved, or any configuration changed (the index is rebuilt);
+- time moved on, for a job evicted at this instant (it may preempt later) and
+  for one whose failed victim search depended on the candidates' order (lost
+  work, which orders them, grows with time);
+- its tree admitted, in the same cycle, a job that could be its victim.
 While none of these happens the same job is inadmissible for the same reason,
 so skipping it changes no event: `decide` on a fresh index (replay, audit)
 gives the same bytes as on a long-lived one, which tests check.
@@ -50,9 +54,9 @@ class Wake:
         self.capacity_below: int | None = None
         """Try again once the cluster has at least this many free GPUs (less new victims)."""
         self.consumed_in_cycle = 0
-        self.at_time: int | None = None
-        """Try again at this time (a job that may preempt again once the instant has passed)."""
         """GPUs taken in the job's tree earlier in the cycle that judged it."""
+        self.at_time: int | None = None
+        """Try again in the first cycle at or after this time (the verdict may change with time)."""
         self.released: dict[str, int] = {}
         """Resource -> usage decrease in the tree after which to try again."""
         self.consumed: dict[str, int] = {}
@@ -238,17 +242,6 @@ class SchedulerIndex:
     def wake_at(self, state: ClusterState, now: int) -> None:
         """Try again the jobs whose wake time has come."""
         self._pop_due(state, self.time_heap, now)
-
-    def next_time(self) -> int | None:
-        """The earliest wake time of a job still parked."""
-        heap = self.time_heap
-        while heap:
-            t, _, job_id, stamp = heap[0]
-            p = self.parked.get(job_id)
-            if p is not None and p.stamp == stamp:
-                return t
-            heapq.heappop(heap)
-        return None
 
     def wake_capacity(self, state: ClusterState) -> None:
         free = self.topology.gpu_free_total

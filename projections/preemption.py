@@ -40,6 +40,10 @@ class Result(NamedTuple):
     """GPUs held by every candidate: an upper bound on what preemption can free."""
     candidate_requests: dict[str, int]
     """Everything held by every candidate, per resource."""
+    order_matters: bool = False
+    """Whether the verdict may depend on the candidates' order, which moves with time (lost
+    work grows between checkpoints): other queues' candidates are skipped once their queue
+    stops borrowing, and fair sharing weighs shares victim by victim."""
 
 
 _NONE = Result([], False, 0, {})
@@ -57,7 +61,7 @@ def _candidates(cycle: Cycle, job: JobState, prio: int, with_others: bool) -> li
         for cp, _, _, _, c in cycle.victim_order(job.queue):
             if cp > prio or (cp == prio and not newer_equal):
                 break
-            if c.id in removed or c.id == job.evicted_by or not _overlaps(c, job):
+            if c.id in removed or c.id == job.evicted_by or not overlaps(c, job):
                 continue
             if cp == prio and c.seq <= job.seq:
                 continue
@@ -74,7 +78,7 @@ def _candidates(cycle: Cycle, job: JobState, prio: int, with_others: bool) -> li
                 cp, c = entry[0], entry[4]
                 if reclaim != "Any" and cp >= prio:
                     break
-                if c.id in removed or c.id == job.evicted_by or not _overlaps(c, job):
+                if c.id in removed or c.id == job.evicted_by or not overlaps(c, job):
                     continue
                 if (
                     reclaim == "Any"
@@ -86,7 +90,7 @@ def _candidates(cycle: Cycle, job: JobState, prio: int, with_others: bool) -> li
     return [e[4] for e in others] + own
 
 
-def _overlaps(candidate: JobState, job: JobState) -> bool:
+def overlaps(candidate: JobState, job: JobState) -> bool:
     """A candidate helps only if it holds something the preemptor asks for."""
     return any(v > 0 and candidate.requests.get(r, 0) > 0 for r, v in job.requests.items())
 
@@ -141,7 +145,9 @@ def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
         if not victims:
             victims = probe.minimal(same, allow_borrow, None)
     if not victims:
-        return Result([], probe.quota_possible, gpus, held)
+        # with only own-queue candidates a failure means that evicting all of them
+        # does not help, whatever their order
+        return Result([], probe.quota_possible, gpus, held, len(same) != len(candidates) or state.fair_sharing)
     return Result(_with_reasons(cycle, job, victims), True, gpus, held)
 
 

@@ -38,7 +38,7 @@ from muster.events.types import (
 )
 from muster.projections.cluster import ClusterState, JobState
 from muster.projections.index import SchedulerIndex, Wake, index_of, take_new_jobs
-from muster.projections.preemption import Result, Victim, find_victims
+from muster.projections.preemption import Result, Victim, find_victims, overlaps
 from muster.projections.resources import fmt
 from muster.projections.topology import Transaction
 
@@ -66,12 +66,12 @@ class Cycle:
         """Verdicts of jobs that failed on the current view, by job class (cleared on any change)."""
         self.consumed_any: dict[str, int] = {}
         """Jobs admitted in this cycle, per tree."""
+        self.admitted_by_root: dict[str, list[JobState]] = {}
+        """Jobs admitted (or holding room as preemptors) in this cycle, per tree: new victims next cycle."""
         self.removed: set[str] = set()
         """Jobs evicted (tentatively) in this cycle."""
         self.placed: dict[str, dict[str, str]] = {}
         """Jobs admitted or reserved (tentatively) in this cycle, with their placement."""
-        self.tentative = False
-        """Whether the view differs from the state (something was taken or given back)."""
         self.reserved = False
         """Whether room was held for a preemptor (a change no decision event will fold)."""
         self.parked_on_tentative: list[str] = []
@@ -89,7 +89,6 @@ class Cycle:
             self.topo.give(node, per_podset[pod.rsplit("-", 1)[0]])
         self.idx.quota.add(job.queue, job.requests, -1)
         self.removed.add(job.id)
-        self.tentative = True
 
     def restore(self, job: JobState) -> None:
         """Undo `remove` (used while minimising a victim set)."""
@@ -143,12 +142,12 @@ class Cycle:
         was_borrowing = quota.is_borrowing(job.queue)
         quota.add(job.queue, job.requests, 1)
         self.placed[job.id] = dict(placement)
-        self.tentative = True
         # Parked jobs whose verdict or words this admission changes, and whose
         # turn in this cycle's order has not come yet, are tried in this cycle,
         # exactly as they would be had they never been parked.
         root = idx.roots.get(job.queue, job.queue)
         self.consumed_any[root] = self.consumed_any.get(root, 0) + 1
+        self.admitted_by_root.setdefault(root, []).append(job)
         due: list[str] = []
         if (quota.is_borrowing(job.queue) and not was_borrowing) or self.state.fair_sharing:
             due.extend(sorted(idx.parked_by_root.get(root, ())))
@@ -307,25 +306,50 @@ def _try(cycle: Cycle, job: JobState) -> str:
 
 def _park(cycle: Cycle, job: JobState, reason: str, wake: Wake) -> None:
     """Say why the job waits (when that changed) and set it aside until `wake`."""
-    state, idx = cycle.state, cycle.idx
+    idx = cycle.idx
     if reason != job.reason:
         cycle.events.append(
             JobInadmissible(at=cycle.now, job=JobId(job.id), reason=reason, cycle=cycle.number, epoch=cycle.epoch)
         )
     idx.park(job, wake)
-    queue = state.queues[job.queue]
-    policy = queue.preemption
-    may_preempt = (
-        policy.within_queue != "Never"
-        or policy.reclaim_within_cohort != "Never"
-        or policy.borrow_within_cohort.policy != "Never"
-    )
-    root = idx.roots.get(job.queue, job.queue)
-    if cycle.reserved or (may_preempt and cycle.consumed.get((root, "gpu"), 0) + cycle.consumed_any.get(root, 0)):
+    if cycle.reserved or _may_evict_new(cycle, job):
         # judged without the jobs just admitted in its tree as possible victims
         cycle.parked_on_reserved.append(job.id)
-    elif cycle.tentative:
+    elif cycle.placed or cycle.removed:
+        # judged on a view that only this cycle's decisions explain (probes that
+        # removed and restored victims leave the view as the state is)
         cycle.parked_on_tentative.append(job.id)
+
+
+def _may_evict_new(cycle: Cycle, job: JobState) -> bool:
+    """Whether a job admitted earlier in this cycle could be a victim for `job`.
+
+    Those jobs are not candidates while the cycle lasts (they run only once the
+    decisions are folded), so a verdict that might count them is judged again.
+    The test is a superset of `preemption._candidates`, by queue and priority.
+    """
+    state, idx = cycle.state, cycle.idx
+    admitted = cycle.admitted_by_root.get(idx.roots.get(job.queue, job.queue))
+    if not admitted:
+        return False
+    queue = state.queues[job.queue]
+    policy = queue.preemption
+    within = policy.within_queue
+    reclaim = policy.reclaim_within_cohort
+    borrow = policy.borrow_within_cohort.policy
+    prio = state.priority_of(job)
+    for other in admitted:
+        if not state.preemptible(other) or not overlaps(other, job):
+            continue
+        cp = state.priority_of(other)
+        if other.queue == job.queue:
+            if within != "Never" and cp <= prio:
+                return True
+        elif queue.cohort is not None and (
+            reclaim == "Any" or ((reclaim == "LowerPriority" or borrow == "LowerPriority") and cp < prio)
+        ):
+            return True
+    return False
 
 
 def _wake_rule(
@@ -333,7 +357,7 @@ def _wake_rule(
 ) -> Wake:
     """What must happen before this verdict (and its words) can change; see `index`."""
     wake = Wake()
-    if job.preempted_at == cycle.now:
+    if job.preempted_at == cycle.now or result.order_matters:
         wake.at_time = cycle.now + 1
     wake.consumed_in_cycle = cycle.consumed.get((cycle.idx.roots.get(job.queue, job.queue), "gpu"), 0)
     headroom = cycle.idx.quota.headroom(job.queue, job.requests, allow_borrow)
@@ -485,11 +509,15 @@ def _reclaim_idle(cycle: Cycle) -> None:
 
 
 def next_wakeup(state: ClusterState, now: int) -> int | None:
-    """The next time a cycle is due without any new event: an idle job's reclaim deadline,
-    or the end of an instant at which a job was evicted and may now preempt in turn."""
-    best: int | None = index_of(state).next_time()
-    if best is not None and best <= now:
-        best = now + 1
+    """The next time a cycle is due without any new event: an idle job's reclaim deadline.
+
+    Nothing else: in particular no cycle is due only because a job evicted at an
+    instant may preempt after it. Such a job is tried at the next cycle, as every
+    pending job is; a cycle of its own would depend on whether the parking memo
+    happened to hold it (decisions would then differ from a run without the memo),
+    and it let chains of evictions repeat once a second.
+    """
+    best: int | None = None
     policy = state.idle_reclaim
     if policy is None:
         return best

@@ -437,15 +437,12 @@ def test_preemption_loop_never_happens_between_equal_priorities() -> None:
     assert (out.finished_at("a"), out.finished_at("b")) == (100, 200)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open core bug: fair-sharing and newer-equal within-queue evictions chase each other (3-cycle)",
-)
 def test_fair_sharing_and_within_queue_evictions_do_not_chase_each_other() -> None:
     """Evictions settle: j1 -> j12, flood3 -> j1, j12 -> flood3 must not go round and round."""
     # q0 (weight 2) runs flood2 and waits with flood3; q1 (weight 0.5) runs j12; j1 (q0, 2 GPUs) arrives at 7.
     # j1 evicts j12 (FairSharing, 166 < 222), older flood3 evicts newer j1 (LowerOrNewerEqualPriority) and
-    # borrows more, j12 evicts flood3 (FairSharing, 222 < 277), and round again every second until `until`.
+    # borrows more, j12 evicts flood3 (FairSharing, 222 < 277). That went round again every second until
+    # `until` while a cycle was due one second after an eviction; evicted jobs now wait for the next cycle.
     out = run(
         scenario(
             flat_nodes(4, 4, 4, 4),
