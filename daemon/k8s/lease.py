@@ -205,6 +205,10 @@ class LeaseElector:
             args: tuple[Any, ...] = (self.namespace, body)
             fn: Callable[..., Awaitable[Any]] = self.api.create_namespaced_lease
         else:
+            if not current["metadata"].get("resourceVersion"):
+                # a replace without one would be unconditional: it could overwrite a holder's renewal
+                log.warning("leader lease has no resourceVersion; not taking it", lease=self.name)
+                return
             self._observe(current)
             holder = _holder(current)
             if holder and holder != self.holder and not self._expired(current):
@@ -251,6 +255,10 @@ class LeaseElector:
             lease, valid_until = self.lease, self.valid_until
             if lease is None:
                 return  # resigned or lost while we slept
+            if not lease["metadata"].get("resourceVersion"):
+                log.warning("leader lease written back without a resourceVersion; giving it up", lease=self.name)
+                self._lose()
+                return
             body = copy.deepcopy(lease)
             body["spec"] = {**_spec(lease), "holderIdentity": self.holder, "renewTime": _micro_time()}
             sent = anyio.current_time()
