@@ -20,6 +20,8 @@ take no part in equality or encoding.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Mapping
 from typing import Literal
 
 import msgspec
@@ -260,23 +262,59 @@ def _podset_requests(podsets: list[PodSet]) -> dict[str, int]:
     return out
 
 
-def _pod_requests(job: JobState) -> dict[str, dict[str, int]]:
-    return {ps.name: ps.requests for ps in job.podsets}
+def node_demand(podsets: list[PodSet], placement: Mapping[str, str]) -> dict[str, tuple[int, dict[str, int]]]:
+    """Per node of a placement (in order of first appearance): its pods and what they request.
+
+    One pass over the placement and one dict per node, not per pod; keys are
+    inserted in the order a pod-by-pod sum would insert them. A pod of no known
+    podset requests nothing.
+    """
+    if len(podsets) == 1:
+        req = podsets[0].requests
+        return {node: (n, {k: v * n for k, v in req.items()}) for node, n in Counter(placement.values()).items()}
+    per_podset = {ps.name: ps.requests for ps in podsets}
+    out: dict[str, tuple[int, dict[str, int]]] = {}
+    for pod, node in placement.items():
+        req = per_podset.get(pod.rsplit("-", 1)[0], {})
+        entry = out.get(node)
+        if entry is None:
+            out[node] = (1, dict(req))
+            continue
+        total = entry[1]
+        for k, v in req.items():
+            total[k] = total.get(k, 0) + v
+        out[node] = (entry[0] + 1, total)
+    return out
+
+
+def _placement_matches(podsets: list[PodSet], placement: Mapping[str, str]) -> bool:
+    """Whether the placement names exactly the gang's pods `PODSET-INDEX` (no allocation per claimed pod)."""
+    counts: dict[str, int] = {}
+    for ps in podsets:
+        counts[ps.name] = max(counts.get(ps.name, 0), ps.count)
+    if len(placement) != sum(c for c in counts.values() if c > 0):
+        return False  # also a gang claimed far larger (or smaller) than the one submitted
+    for pod in placement:
+        name, _, index = pod.rpartition("-")
+        count = counts.get(name)
+        if count is None or not (index.isascii() and index.isdigit()) or (index[0] == "0" and index != "0"):
+            return False
+        if int(index) >= count:
+            return False
+    return True
 
 
 def _release(state: ClusterState, job: JobState) -> None:
     """Give back the job's node and queue usage."""
-    per_podset = _pod_requests(job)
     nodes = state.nodes
-    for pod, node_name in job.placement.items():
+    for node_name, (pods, req) in node_demand(job.podsets, job.placement).items():
         node = nodes.get(node_name)
         if node is None:
             continue
-        req = per_podset.get(pod.rsplit("-", 1)[0], {})
         used = node.used
         for k, v in req.items():
             used[k] = used.get(k, 0) - v
-        n = node.jobs.get(job.id, 0) - 1
+        n = node.jobs.get(job.id, 0) - pods
         if n > 0:
             node.jobs[job.id] = n
         else:
@@ -339,17 +377,19 @@ def _on_admitted(state: ClusterState, ev: JobAdmitted) -> ClusterState:
     job = state.jobs.get(ev.job)
     if job is None or job.status != "pending":
         return _skip(state)
-    per_podset = _pod_requests(job)
-    expected = {f"{ps.name}-{i}" for ps in job.podsets for i in range(ps.count)}
-    if set(ev.placement) != expected or any(n not in state.nodes for n in ev.placement.values()):
-        return _skip(state)
     nodes = state.nodes
-    for pod, node_name in ev.placement.items():
+    # a placement that is not exactly the submitted gang is invalid, however large the claim
+    if not _placement_matches(job.podsets, ev.placement):
+        return _skip(state)
+    demand = node_demand(job.podsets, ev.placement)
+    if any(n not in nodes for n in demand):
+        return _skip(state)
+    for node_name, (pods, req) in demand.items():
         node = nodes[node_name]
         used = node.used
-        for k, v in per_podset[pod.rsplit("-", 1)[0]].items():
+        for k, v in req.items():
             used[k] = used.get(k, 0) + v
-        node.jobs[job.id] = node.jobs.get(job.id, 0) + 1
+        node.jobs[job.id] = node.jobs.get(job.id, 0) + pods
         state.dirty_nodes.add(node_name)
     queue = state.queues.get(job.queue)
     if queue is not None:

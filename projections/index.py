@@ -105,6 +105,8 @@ class SchedulerIndex:
         self.running_version: dict[str, int] = {}
         self.victim_cache: dict[str, tuple[int, int, list[tuple[int, int, int, int, JobState]]]] = {}
         """Queue -> (time, running version, running jobs in victim order)."""
+        self.victim_entries: dict[str, tuple[int, int | None, tuple[int, int, int, int, JobState] | None]] = {}
+        """Job -> (time, admitted at, its victim-order entry or None when not preemptible)."""
         self.down_nodes: set[str] = {n for n, node in state.nodes.items() if not node.ready}
         self.orphans: set[str] = set()
         for job in state.jobs.values():
@@ -123,6 +125,7 @@ class SchedulerIndex:
         self.unpark(job.id, reactivate=False)
         self.new_jobs.discard(job.id)
         self.nominated.discard(job.id)
+        self.victim_entries.pop(job.id, None)
         running = self.running.get(job.queue)
         if running is not None and job.id in running:
             running.discard(job.id)

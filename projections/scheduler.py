@@ -24,6 +24,7 @@ Nothing here reads a clock: time is `now`. Iteration is over sorted keys.
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Mapping
 
 from muster.events.types import (
@@ -36,7 +37,7 @@ from muster.events.types import (
     NodeName,
     QueueName,
 )
-from muster.projections.cluster import ClusterState, JobState
+from muster.projections.cluster import ClusterState, JobState, node_demand
 from muster.projections.index import SchedulerIndex, Wake, index_of, take_new_jobs
 from muster.projections.preemption import Result, Victim, find_victims, overlaps
 from muster.projections.resources import fmt
@@ -84,17 +85,15 @@ class Cycle:
 
     def remove(self, job: JobState) -> None:
         """Evict a running job tentatively: give back its node and quota usage."""
-        per_podset = {ps.name: ps.requests for ps in job.podsets}
-        for pod, node in job.placement.items():
-            self.topo.give(node, per_podset[pod.rsplit("-", 1)[0]])
+        for node, (_, req) in node_demand(job.podsets, job.placement).items():
+            self.topo.give(node, req)
         self.idx.quota.add(job.queue, job.requests, -1)
         self.removed.add(job.id)
 
     def restore(self, job: JobState) -> None:
         """Undo `remove` (used while minimising a victim set)."""
-        per_podset = {ps.name: ps.requests for ps in job.podsets}
-        for pod, node in job.placement.items():
-            self.topo.take(node, per_podset[pod.rsplit("-", 1)[0]])
+        for node, (_, req) in node_demand(job.podsets, job.placement).items():
+            self.topo.take(node, req)
         self.idx.quota.add(job.queue, job.requests, 1)
         self.removed.discard(job.id)
 
@@ -113,9 +112,13 @@ class Cycle:
                 # a gang of several podsets gets words that do not depend on which podset
                 # failed first (that changes with free capacity, and the memo must not see it)
                 return None, why if len(job.podsets) == 1 else _capacity_reason(job)
+            name = ps.name
             for i, node in enumerate(nodes):
-                self.topo.take(node, ps.requests)
-                placement[f"{ps.name}-{i}"] = node
+                placement[f"{name}-{i}"] = node
+            # one take per node, not per pod (a gang of 64 pods takes 8 nodes)
+            req = ps.requests
+            for node, n in Counter(nodes).items():
+                self.topo.take(node, {k: v * n for k, v in req.items()} if n > 1 else req)
         return placement, ""
 
     def fits(self, job: JobState, allow_borrow: bool) -> bool:
@@ -203,13 +206,28 @@ class Cycle:
             cached: list[tuple[int, int, int, int, JobState]] = hit[2]
             return cached
         state = self.state
-        order = sorted(
-            (state.priority_of(c), c.lost_gpu_seconds(now), -(c.admitted_at or 0), -c.seq, c)
-            for c in (state.jobs[j] for j in idx.running.get(queue, ()))
-            if state.preemptible(c)
-        )
-        idx.victim_cache[queue] = (now, version, order)
-        return order
+        jobs = state.jobs
+        # a job's entry holds for the instant (and its admission): several cycles at one
+        # instant re-sort the same entries whenever the queue's running set changed
+        entries = idx.victim_entries
+        keys = []
+        for j in idx.running.get(queue, ()):
+            c = jobs[j]
+            hit_entry = entries.get(j)
+            if hit_entry is not None and hit_entry[0] == now and hit_entry[1] == c.admitted_at:
+                entry = hit_entry[2]
+            else:
+                entry = (
+                    (state.priority_of(c), c.lost_gpu_seconds(now), -(c.admitted_at or 0), -c.seq, c)
+                    if state.preemptible(c)
+                    else None
+                )
+                entries[j] = (now, c.admitted_at, entry)
+            if entry is not None:
+                keys.append(entry)
+        keys.sort()
+        idx.victim_cache[queue] = (now, version, keys)
+        return keys
 
     # ------------------------------------------------------------ events
 
