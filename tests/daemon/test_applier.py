@@ -50,11 +50,12 @@ async def test_a_preemptor_is_bound_only_after_its_victims_pods_are_gone():
         applier.submit(preempted("victim", "boss"))
         applier.submit(admitted("boss"))
         applier.submit(admitted("bystander"))
-        await anyio.sleep(0.2)
+        with anyio.fail_after(30):  # the bystander goes through while the preemptor waits
+            while ("JobAdmitted", "bystander") not in cluster.applied:  # noqa: ASYNC110 - observing a fake
+                await anyio.sleep(0.01)
         assert ("JobAdmitted", "boss") not in cluster.applied
-        assert ("JobAdmitted", "bystander") in cluster.applied
         cluster.holding.discard("victim")
-        with anyio.fail_after(2):
+        with anyio.fail_after(30):
             while ("JobAdmitted", "boss") not in cluster.applied:  # noqa: ASYNC110 - observing a fake
                 await anyio.sleep(0.01)
         tg.cancel_scope.cancel()
@@ -71,12 +72,12 @@ async def test_the_wait_for_victims_is_bounded():
         await tg.start(applier.run)
         started = anyio.current_time()
         applier.submit(admitted("p"))
-        with anyio.fail_after(2):
+        with anyio.fail_after(30):
             while ("JobAdmitted", "p") not in cluster.applied:  # noqa: ASYNC110 - observing a fake
                 await anyio.sleep(0.01)
         waited = anyio.current_time() - started
         tg.cancel_scope.cancel()
-    assert 0.2 <= waited < 1.0
+    assert waited >= 0.2  # an upper bound would be wall-clock flakiness; the wait is bounded by fail_after
 
 
 async def test_one_jobs_decisions_are_applied_in_log_order():
@@ -87,7 +88,7 @@ async def test_one_jobs_decisions_are_applied_in_log_order():
         await tg.start(applier.run)
         for ev in (admitted("j"), preempted("j", None), admitted("j")):
             applier.submit(ev)
-        with anyio.fail_after(2):
+        with anyio.fail_after(30):
             while len(cluster.applied) < 3:  # noqa: ASYNC110 - observing a fake
                 await anyio.sleep(0.01)
         tg.cancel_scope.cancel()
@@ -105,7 +106,7 @@ async def test_nothing_is_applied_without_the_lease():
         await anyio.sleep(0.1)
         assert cluster.applied == []
         lease["valid"] = True  # a slow refresh came through
-        with anyio.fail_after(2):
+        with anyio.fail_after(30):
             while not cluster.applied:  # noqa: ASYNC110 - observing a fake
                 await anyio.sleep(0.01)
         lease["valid"] = False
