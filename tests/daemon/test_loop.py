@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 import nats
+import nats.js.errors
 import pytest
 
 from muster.daemon.appending import ChainedAppender
@@ -174,27 +176,32 @@ async def test_a_restarted_replica_continues_in_a_new_epoch_without_deciding_twi
         assert [(e.epoch, e.holder) for e in of(events, LeaderElected)] == [(1, "first"), (2, "second")]
         assert [(a.job, a.epoch) for a in of(events, JobAdmitted)] == [("a", 1), ("b", 2)]
         assert d.loop.state.jobs["a"].status == "admitted"
-        # the new term's cluster was told about "a" (idempotent re-apply) and applied "b"
+        # the new term's cluster was told about "a" (idempotent re-apply) and applied "b"; applying
+        # follows the append, so wait for it rather than expect it the moment the log shows "b"
+        with anyio.fail_after(30):
+            while len([e for e in d.applied if isinstance(e, JobAdmitted)]) < 2:  # noqa: ASYNC110 - observing a fake
+                await anyio.sleep(0.02)
         assert [e.job for e in d.applied if isinstance(e, JobAdmitted)] == ["a", "b"]
 
 
 async def test_a_stopped_leader_releases_its_lease_at_once(store):
     """stop() deletes the KV lease, so a standby can win it immediately instead of after the TTL."""
-    bucket = "lease-release-test"
-    loop = SchedulerLoop(store, elector=KvElector(store.js, holder="x", bucket=bucket, ttl=30))
-    async with anyio.create_task_group() as tg:
-        await tg.start(loop.run)
-        with anyio.fail_after(5):
-            while not loop.leading:  # noqa: ASYNC110 - no event for "announced"; a short bounded poll
-                await anyio.sleep(0.02)
-        loop.stop()
-    other = KvElector(store.js, holder="y", bucket=bucket, ttl=30)
-    kv = await other.open()
+    bucket = f"lease-release-{uuid.uuid4().hex[:10]}"  # unique: a leftover of another run cannot hold it
     try:
+        loop = SchedulerLoop(store, elector=KvElector(store.js, holder="x", bucket=bucket, ttl=30))
+        async with anyio.create_task_group() as tg:
+            await tg.start(loop.run)
+            with anyio.fail_after(30):
+                while not loop.leading:  # noqa: ASYNC110 - no event for "announced"; a bounded poll
+                    await anyio.sleep(0.02)
+            loop.stop()
+        other = KvElector(store.js, holder="y", bucket=bucket, ttl=30)
+        kv = await other.open()
         await other._campaign(kv)
         assert other.leading()
     finally:
-        await store.js.delete_key_value(bucket)
+        with anyio.CancelScope(shield=True), contextlib.suppress(nats.js.errors.NotFoundError):
+            await store.js.delete_key_value(bucket)
 
 
 async def test_chained_append_stores_a_whole_cycle_or_refuses_it(store):
