@@ -20,7 +20,6 @@ take no part in equality or encoding.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from typing import Literal
 
@@ -262,58 +261,57 @@ def _podset_requests(podsets: list[PodSet]) -> dict[str, int]:
     return out
 
 
-def node_demand(podsets: list[PodSet], placement: Mapping[str, str]) -> dict[str, tuple[int, dict[str, int]]]:
-    """Per node of a placement (in order of first appearance): its pods and what they request.
+def node_pods(podsets: list[PodSet], placement: Mapping[str, str]) -> list[tuple[str, int, dict[str, int]]]:
+    """A placement grouped by node and podset, in order of first appearance: (node, pods, one pod's requests).
 
-    One pass over the placement and one dict per node, not per pod; keys are
-    inserted in the order a pod-by-pod sum would insert them. A pod of no known
-    podset requests nothing.
+    A caller adds `pods * request` per group instead of one request per pod,
+    inserting resource keys in the order a pod-by-pod sum would. A pod of no
+    known podset requests nothing. The request dicts are the job's own: read only.
     """
     if len(podsets) == 1:
         req = podsets[0].requests
-        return {node: (n, {k: v * n for k, v in req.items()}) for node, n in Counter(placement.values()).items()}
+        counts: dict[str, int] = {}
+        for node in placement.values():
+            counts[node] = counts.get(node, 0) + 1
+        return [(node, n, req) for node, n in counts.items()]
     per_podset = {ps.name: ps.requests for ps in podsets}
-    out: dict[str, tuple[int, dict[str, int]]] = {}
+    groups: dict[tuple[str, str], int] = {}
     for pod, node in placement.items():
-        req = per_podset.get(pod.rsplit("-", 1)[0], {})
-        entry = out.get(node)
-        if entry is None:
-            out[node] = (1, dict(req))
-            continue
-        total = entry[1]
-        for k, v in req.items():
-            total[k] = total.get(k, 0) + v
-        out[node] = (entry[0] + 1, total)
-    return out
+        key = (node, pod.rsplit("-", 1)[0])
+        groups[key] = groups.get(key, 0) + 1
+    return [(node, n, per_podset.get(name, {})) for (node, name), n in groups.items()]
 
 
 def _placement_matches(podsets: list[PodSet], placement: Mapping[str, str]) -> bool:
-    """Whether the placement names exactly the gang's pods `PODSET-INDEX` (no allocation per claimed pod)."""
+    """Whether the placement names exactly the gang's pods `PODSET-INDEX`.
+
+    Sizes are compared first, so the names are only listed once they are known to be
+    no more than the placement holds: a gang claimed far larger (or smaller) than
+    the one submitted, e.g. 2**40 pods, is refused without allocating per pod.
+    """
     counts: dict[str, int] = {}
     for ps in podsets:
         counts[ps.name] = max(counts.get(ps.name, 0), ps.count)
     if len(placement) != sum(c for c in counts.values() if c > 0):
-        return False  # also a gang claimed far larger (or smaller) than the one submitted
-    for pod in placement:
-        name, _, index = pod.rpartition("-")
-        count = counts.get(name)
-        if count is None or not (index.isascii() and index.isdigit()) or (index[0] == "0" and index != "0"):
-            return False
-        if int(index) >= count:
-            return False
+        return False
+    # as many distinct keys as expected names: equal sets iff each name is there
+    for name, count in counts.items():
+        for i in range(count):
+            if f"{name}-{i}" not in placement:
+                return False
     return True
 
 
 def _release(state: ClusterState, job: JobState) -> None:
     """Give back the job's node and queue usage."""
     nodes = state.nodes
-    for node_name, (pods, req) in node_demand(job.podsets, job.placement).items():
+    for node_name, pods, req in node_pods(job.podsets, job.placement):
         node = nodes.get(node_name)
         if node is None:
             continue
         used = node.used
         for k, v in req.items():
-            used[k] = used.get(k, 0) - v
+            used[k] = used.get(k, 0) - v * pods
         n = node.jobs.get(job.id, 0) - pods
         if n > 0:
             node.jobs[job.id] = n
@@ -381,14 +379,14 @@ def _on_admitted(state: ClusterState, ev: JobAdmitted) -> ClusterState:
     # a placement that is not exactly the submitted gang is invalid, however large the claim
     if not _placement_matches(job.podsets, ev.placement):
         return _skip(state)
-    demand = node_demand(job.podsets, ev.placement)
-    if any(n not in nodes for n in demand):
+    groups = node_pods(job.podsets, ev.placement)
+    if any(g[0] not in nodes for g in groups):
         return _skip(state)
-    for node_name, (pods, req) in demand.items():
+    for node_name, pods, req in groups:
         node = nodes[node_name]
         used = node.used
         for k, v in req.items():
-            used[k] = used.get(k, 0) + v
+            used[k] = used.get(k, 0) + v * pods
         node.jobs[job.id] = node.jobs.get(job.id, 0) + pods
         state.dirty_nodes.add(node_name)
     queue = state.queues.get(job.queue)

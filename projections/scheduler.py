@@ -37,7 +37,7 @@ from muster.events.types import (
     NodeName,
     QueueName,
 )
-from muster.projections.cluster import ClusterState, JobState, node_demand
+from muster.projections.cluster import ClusterState, JobState, node_pods
 from muster.projections.index import SchedulerIndex, Wake, index_of, take_new_jobs
 from muster.projections.preemption import Result, Victim, find_victims, overlaps
 from muster.projections.resources import fmt
@@ -85,15 +85,15 @@ class Cycle:
 
     def remove(self, job: JobState) -> None:
         """Evict a running job tentatively: give back its node and quota usage."""
-        for node, (_, req) in node_demand(job.podsets, job.placement).items():
-            self.topo.give(node, req)
+        for node, n, req in node_pods(job.podsets, job.placement):
+            self.topo.give(node, {k: v * n for k, v in req.items()} if n > 1 else req)
         self.idx.quota.add(job.queue, job.requests, -1)
         self.removed.add(job.id)
 
     def restore(self, job: JobState) -> None:
         """Undo `remove` (used while minimising a victim set)."""
-        for node, (_, req) in node_demand(job.podsets, job.placement).items():
-            self.topo.take(node, req)
+        for node, n, req in node_pods(job.podsets, job.placement):
+            self.topo.take(node, {k: v * n for k, v in req.items()} if n > 1 else req)
         self.idx.quota.add(job.queue, job.requests, 1)
         self.removed.discard(job.id)
 
