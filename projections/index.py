@@ -103,10 +103,12 @@ class SchedulerIndex:
         """Pending jobs not yet validated."""
         self.running: dict[str, set[str]] = {q: set() for q in state.queues}
         self.running_version: dict[str, int] = {}
-        self.victim_cache: dict[str, tuple[int, int, list[tuple[int, int, int, int, JobState]]]] = {}
-        """Queue -> (time, running version, running jobs in victim order)."""
-        self.victim_entries: dict[str, tuple[int, int | None, tuple[int, int, int, int, JobState] | None]] = {}
-        """Job -> (time, admitted at, its victim-order entry or None when not preemptible)."""
+        self.victim_cache: dict[str, tuple[int, int, int, list[tuple[int, int, int, int, JobState]]]] = {}
+        """Queue -> (time, running version, up to priority, running jobs in victim order)."""
+        self.victim_entries: dict[
+            str, tuple[int, int | None, int | None, tuple[int, int, int, int, JobState] | None]
+        ] = {}
+        """Job -> (time of the entry, admitted at, priority or None when not preemptible, entry)."""
         self.down_nodes: set[str] = {n for n, node in state.nodes.items() if not node.ready}
         self.orphans: set[str] = set()
         for job in state.jobs.values():

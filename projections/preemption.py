@@ -47,6 +47,8 @@ class Result(NamedTuple):
 
 
 _NONE = Result([], False, 0, {})
+UNREACHABLE = 1 << 62
+"""Above every priority: the whole victim order."""
 
 
 def _candidates(cycle: Cycle, job: JobState, prio: int, with_others: bool) -> list[JobState]:
@@ -58,7 +60,7 @@ def _candidates(cycle: Cycle, job: JobState, prio: int, with_others: bool) -> li
     own: list[JobState] = []
     if within != "Never":
         newer_equal = within == "LowerOrNewerEqualPriority"
-        for cp, _, _, _, c in cycle.victim_order(job.queue):
+        for cp, _, _, _, c in cycle.victim_order(job.queue, prio):
             if cp > prio or (cp == prio and not newer_equal):
                 break
             if c.id in removed or c.id == job.evicted_by or not overlaps(c, job):
@@ -74,7 +76,7 @@ def _candidates(cycle: Cycle, job: JobState, prio: int, with_others: bool) -> li
         for other in idx.tree_queues.get(idx.roots.get(job.queue, job.queue), ()):
             if other == job.queue or not idx.running.get(other) or not idx.quota.is_borrowing(other, job.requests):
                 continue
-            for entry in cycle.victim_order(other):
+            for entry in cycle.victim_order(other, UNREACHABLE if reclaim == "Any" else prio):
                 cp, c = entry[0], entry[4]
                 if reclaim != "Any" and cp >= prio:
                     break

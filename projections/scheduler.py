@@ -197,13 +197,15 @@ class Cycle:
         decisions = sum(1 for ev in self.events if getattr(ev, "cycle", 0) == self.number)
         self.idx.provisional = (self.number, decisions, self.parked_on_tentative) if self.parked_on_tentative else None
 
-    def victim_order(self, queue: str) -> list[tuple[int, int, int, int, JobState]]:
-        """A queue's preemptible running jobs in victim order (priority, lost work, newest), once per cycle."""
+    def victim_order(self, queue: str, upto: int) -> list[tuple[int, int, int, int, JobState]]:
+        """A queue's preemptible running jobs of priority <= `upto` in victim order (priority,
+        lost work, newest); cached for the instant and the queue's running set. Callers walk it
+        in order and stop at a priority they may not take, so a longer list serves them too."""
         idx, now = self.idx, self.now
         version = idx.running_version.get(queue, 0)
         hit = idx.victim_cache.get(queue)
-        if hit is not None and hit[0] == now and hit[1] == version:
-            cached: list[tuple[int, int, int, int, JobState]] = hit[2]
+        if hit is not None and hit[0] == now and hit[1] == version and hit[2] >= upto:
+            cached: list[tuple[int, int, int, int, JobState]] = hit[3]
             return cached
         state = self.state
         jobs = state.jobs
@@ -214,19 +216,24 @@ class Cycle:
         for j in idx.running.get(queue, ()):
             c = jobs[j]
             hit_entry = entries.get(j)
-            if hit_entry is not None and hit_entry[0] == now and hit_entry[1] == c.admitted_at:
-                entry = hit_entry[2]
+            if hit_entry is not None and hit_entry[1] == c.admitted_at:
+                prio = hit_entry[2]
+                if prio is None or prio > upto:
+                    continue  # not preemptible, or out of reach
+                entry = hit_entry[3]
+                if hit_entry[0] == now and entry is not None:
+                    keys.append(entry)
+                    continue
             else:
-                entry = (
-                    (state.priority_of(c), c.lost_gpu_seconds(now), -(c.admitted_at or 0), -c.seq, c)
-                    if state.preemptible(c)
-                    else None
-                )
-                entries[j] = (now, c.admitted_at, entry)
-            if entry is not None:
-                keys.append(entry)
+                prio = state.priority_of(c) if state.preemptible(c) else None
+                if prio is None or prio > upto:
+                    entries[j] = (-1, c.admitted_at, prio, None)
+                    continue
+            entry = (prio, c.lost_gpu_seconds(now), -(c.admitted_at or 0), -c.seq, c)
+            entries[j] = (now, c.admitted_at, prio, entry)
+            keys.append(entry)
         keys.sort()
-        idx.victim_cache[queue] = (now, version, keys)
+        idx.victim_cache[queue] = (now, version, upto, keys)
         return keys
 
     # ------------------------------------------------------------ events
