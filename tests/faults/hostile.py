@@ -9,8 +9,8 @@
 - `settle(state, now)`: run scheduling cycles the way the daemon and `muster
   sim` do, until one admits and preempts nothing.
 
-Podsets that request nothing at all (`{"gpu": 0}`) are left out here: they
-crash the core today (see test_hostile_stream.py, the xfail test).
+Podsets that request nothing at all (`{"gpu": 0}`) have their own test in
+test_hostile_stream.py (they used to crash the core).
 """
 
 from __future__ import annotations
