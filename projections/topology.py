@@ -35,6 +35,7 @@ class Domain:
     """A topology domain (or a host, at the innermost level)."""
 
     __slots__ = (
+        "chain",
         "children",
         "depth",
         "free",
@@ -63,6 +64,8 @@ class Domain:
         """For a host: its free capacity, schedulable or not."""
         self.schedulable = True
         self.path: tuple[str, ...] = (*parent.path, name) if parent is not None else ()
+        self.chain: list[Domain] = [self, *parent.chain] if parent is not None else [self]
+        """This domain and its ancestors, innermost first."""
 
 
 def _bucket(gpus: int) -> int:
@@ -154,27 +157,33 @@ class TopologyIndex:
         self.gpu_free_total = self.root.free.get("gpu", 0)
 
     def adjust(self, host_name: str, delta: Mapping[str, int], sign: int) -> None:
-        """Add `sign * delta` to a host's free capacity (used by transactions)."""
+        """Add `sign * delta` to a host's free capacity (used by transactions).
+
+        The hot path of every tentative placement: the host's chain of domains
+        is walked as a list, and the GPU histogram moves only if the bucket does.
+        """
         host = self.hosts.get(host_name)
         if host is None:
             return
         free = host.host_free
-        old_bucket = _bucket(free.get("gpu", 0))
-        for k, v in delta.items():
-            free[k] = free.get(k, 0) + sign * v
+        old_gpu = free.get("gpu", 0)
+        signed = [(k, sign * v) for k, v in delta.items()]
+        for k, d in signed:
+            free[k] = free.get(k, 0) + d
         if not host.schedulable:
             return
-        new_bucket = _bucket(free.get("gpu", 0))
-        dom: Domain | None = host
-        while dom is not None:
+        new_gpu = free.get("gpu", 0)
+        old_bucket = 0 if old_gpu <= 0 else (old_gpu if old_gpu < _MAX_GPU_BUCKET else _MAX_GPU_BUCKET)
+        new_bucket = 0 if new_gpu <= 0 else (new_gpu if new_gpu < _MAX_GPU_BUCKET else _MAX_GPU_BUCKET)
+        moved = old_bucket != new_bucket
+        for dom in host.chain:
             dfree = dom.free
-            for k, v in delta.items():
-                dfree[k] = dfree.get(k, 0) + sign * v
-            if old_bucket != new_bucket:
+            for k, d in signed:
+                dfree[k] = dfree.get(k, 0) + d
+            if moved:
                 hist = dom.hist
                 hist[old_bucket] -= 1
                 hist[new_bucket] += 1
-            dom = dom.parent
         self.gpu_free_total = self.root.free.get("gpu", 0)
 
     # ------------------------------------------------------------ capacity queries
@@ -271,7 +280,11 @@ class TopologyIndex:
         out: list[str] = []
         # a domain's summed free capacity bounds what it can hold: skip the hopeless
         need = [(k, v * count) for k, v in req.items() if v > 0]
-        roomy = [d for d in domains if all(d.free.get(k, 0) >= n for k, n in need)]
+        if len(need) == 1:
+            (k0, n0), *_ = need
+            roomy = [d for d in domains if d.free.get(k0, 0) >= n0]
+        else:
+            roomy = [d for d in domains if all(d.free.get(k, 0) >= n for k, n in need)]
         slots = {id(d): self.slots(d, req, count) for d in roomy}
         fitting = [d for d in roomy if slots[id(d)] >= count]
         if fitting:
