@@ -137,6 +137,15 @@ class JobState(msgspec.Struct, kw_only=True):
     def gpus(self) -> int:
         return self.requests.get("gpu", 0)
 
+    def chained_eviction(self, now: int) -> bool:
+        """Evicted at `now` by another job's preemption: it does not evict others at that instant.
+
+        Chains of evictions end within the instant instead of chasing each other. A job
+        evicted by a node failure or idle reclaim is not held back: nothing evicted it to
+        make room, so it may preempt at once like any pending job.
+        """
+        return self.preempted_at == now and self.evicted_by is not None
+
     def progress(self, now: int) -> int:
         """Seconds of work done by `now`, counting the current run."""
         if self.status == "admitted" and self.admitted_at is not None:

@@ -100,9 +100,7 @@ def overlaps(candidate: JobState, job: JobState) -> bool:
 def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
     """The victims to evict so that `job` fits, or none."""
     state, quota = cycle.state, cycle.idx.quota
-    if job.preempted_at == cycle.now:
-        # a job evicted at this instant does not evict others at it: chains of
-        # evictions end within the instant instead of chasing each other
+    if job.chained_eviction(cycle.now):
         return _NONE
     prio = state.priority_of(job)
     policy = state.queues[job.queue].preemption
@@ -244,7 +242,8 @@ class _Probe:
             live = [q for q, cs in pool.items() if cs]
             if not live:
                 return None
-            return max(live, key=lambda q: (q == job.queue, quota.share(q), q))
+            # other queues before the preemptor's own (spec), the largest share first
+            return max(live, key=lambda q: (q != job.queue, quota.share(q), q))
 
         fits = False
         # strategy 1: preemptor's share with the job <= target's share without the victim

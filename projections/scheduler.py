@@ -267,7 +267,7 @@ def _job_class(cycle: Cycle, job: JobState) -> tuple[object, ...] | None:
     state = cycle.state
     if (
         job.nominated
-        or job.preempted_at == cycle.now
+        or job.chained_eviction(cycle.now)
         or state.queues[job.queue].preemption.within_queue == "LowerOrNewerEqualPriority"
     ):
         return None  # its candidates depend on its own submission order
@@ -382,7 +382,7 @@ def _wake_rule(
 ) -> Wake:
     """What must happen before this verdict (and its words) can change; see `index`."""
     wake = Wake()
-    if job.preempted_at == cycle.now or result.order_matters:
+    if job.chained_eviction(cycle.now) or result.order_matters:
         wake.at_time = cycle.now + 1
     wake.consumed_in_cycle = cycle.consumed.get((cycle.idx.roots.get(job.queue, job.queue), "gpu"), 0)
     headroom = cycle.idx.quota.headroom(job.queue, job.requests, allow_borrow)

@@ -464,3 +464,23 @@ def test_fair_sharing_and_within_queue_evictions_do_not_chase_each_other() -> No
     )
     # four jobs, no failures, no new arrivals after t=7: a handful of evictions at most, not one a second
     assert len(out.preemptions()) <= 6, [(e.at, e.job, e.preemptor) for e in out.preemptions()[:9]]
+
+
+def test_a_node_failure_victim_preempts_at_once() -> None:
+    """A high-priority job whose node fails evicts a lower one of its queue at that instant, not a cycle later."""
+    out = run(
+        scenario(
+            flat_nodes(8, 8),
+            [queue("q", 16, within="LowerPriority")],
+            [
+                submit("hi", "q", 8, prio="high"),
+                submit("lo", "q", 8, prio="low"),
+                "  - {at: 100, node_down: n0}\n",
+            ],
+        )
+    )
+    assert out.nodes_of("hi") == {"n0"}
+    [failure, eviction] = out.preemptions()
+    assert (failure.at, failure.job, failure.reason) == (100, "hi", "NodeFailure")
+    assert (eviction.at, eviction.job, eviction.preemptor, eviction.reason) == (100, "lo", "hi", "WithinQueue")
+    assert [a.at for a in out.admissions("hi")] == [0, 100] and out.nodes_of("hi", 1) == {"n1"}

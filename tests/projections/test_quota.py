@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from simkit import nodes_8gpu, queue, run, scenario, submit
+from simkit import flat_nodes, nodes_8gpu, queue, run, scenario, submit
 
 FOUR_NODES = nodes_8gpu(per_rack=4)  # 32 GPUs
 EIGHT_NODES = nodes_8gpu(racks=2, per_rack=4)  # 64 GPUs
@@ -411,3 +411,26 @@ def test_four_teams_share_512_gpus() -> None:
     assert summary["queues"]["team-a"]["borrowed_gpu_seconds"] > 0
     assert summary["jobs"]["a7"]["preemptions"] == 1
     assert summary["jobs"]["a0"]["preemptions"] == 0
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["without-fair-sharing", "with-fair-sharing"])
+def test_other_queues_victims_go_before_the_preemptors_own(fair: bool) -> None:
+    """A preemptor that could evict a borrower or its own lower-priority job evicts the borrower, once, either way."""
+    jobs = [
+        submit("a-lo", "qa", 4, per_pod=4, prio="low"),
+        submit("b-big", "qb", 12, per_pod=4),
+        submit("a-hi", "qa", 4, per_pod=4, prio="high", at=5),
+    ]
+    out = run(
+        scenario(
+            flat_nodes(8, 8),
+            [queue("qa", 8, "org", within="LowerPriority", reclaim="Any"), queue("qb", 8, "org")],
+            jobs,
+            cohorts=["org"],
+            extra=f"fair_sharing: {'true' if fair else 'false'}\n",
+        )
+    )
+    preempted = out.preemptions()
+    assert [(e.job, e.preemptor) for e in preempted] == [("b-big", "a-hi")]
+    assert preempted[0].reason == ("FairSharing" if fair else "ReclaimWithinCohort")
+    assert out.finished_at("a-lo") is not None  # never evicted: it ran to the end
