@@ -337,6 +337,21 @@ def index_of(state: ClusterState) -> SchedulerIndex:
     return idx
 
 
+def forget_verdicts(state: ClusterState) -> None:
+    """The last cycle's decisions never reached the fold (refused by the fence, failed, dropped).
+
+    Parking assumes a cycle's decisions are folded: a job parked on a verdict
+    whose JobInadmissible was never stored would wait, unanswered, for a wake
+    that only that verdict's reason justified. So every parked job is judged
+    again at the next cycle, as a run without the memo would.
+    """
+    idx: SchedulerIndex | None = state.__dict__.get(_ATTR)
+    if idx is None:
+        return
+    for job_id in sorted(idx.parked):
+        idx.unpark(job_id, state=state)
+
+
 def take_new_jobs(state: ClusterState, idx: SchedulerIndex) -> list[tuple[JobState, str]]:
     """Validate jobs seen for the first time; returns the invalid ones with their reason.
 

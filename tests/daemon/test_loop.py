@@ -131,6 +131,20 @@ class AppendFirst:
             await self.store.append([self.event])
 
 
+async def test_a_verdict_refused_by_the_fence_is_written_when_decided_again(store):
+    """A job told why it waits in a cycle whose append was refused still gets its JobInadmissible on the log."""
+    await configure(store)
+    hook = AppendFirst(store, job("late", gpus=8))
+    async with daemon(store, hooks=hook):
+        await store.append([job("huge", gpus=8, pods=100)])  # 800 GPUs on 32: waits for a quota change
+        events = await wait_for(store, lambda ev: [a.job for a in of(ev, JobAdmitted)] == ["late"], 30)
+        assert hook.fired, "the first decisions were refused by the fence"
+        with anyio.fail_after(30):
+            while "huge" not in {e.job for e in of(events, JobInadmissible)}:
+                await anyio.sleep(0.05)
+                events = await store.read()
+
+
 async def test_a_write_that_beats_the_decisions_is_folded_and_the_cycle_decided_again(store):
     """The fenced append is refused; the loop folds the newcomer and decides again: nothing lost or doubled."""
     await configure(store)
