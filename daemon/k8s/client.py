@@ -24,11 +24,33 @@ from kubernetes_asyncio.client import ApiClient, BatchV1Api, CoreV1Api, CustomOb
 
 from muster.daemon.k8s.errors import KubeError, from_exception, from_status
 
-__all__ = ["KubeClient"]
+__all__ = ["KubeClient", "call_json"]
 
 Obj = dict[str, Any]
 Page = tuple[list[Obj], str]
 """One page of a list: its objects and the list's resourceVersion."""
+
+
+async def call_json(fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> tuple[int, Any]:
+    """Call a kubernetes-asyncio API method raw: (status, decoded JSON body), or a KubeError on any failure."""
+    try:
+        resp = await fn(*args, _preload_content=False, **kwargs)
+    except Exception as exc:
+        raise from_exception(exc) from exc
+    try:
+        try:
+            body = await resp.read()
+        except Exception as exc:
+            raise from_exception(exc) from exc
+        if not 200 <= resp.status <= 299:
+            raise from_status(resp.status, body, retry_after=resp.headers.get("Retry-After"))
+        try:
+            data = json.loads(body) if body else {}
+        except ValueError as exc:
+            raise from_status(502, f"undecodable answer: {body[:200]!r}") from exc
+        return resp.status, data
+    finally:
+        resp.release()
 
 
 class KubeClient:
@@ -44,24 +66,7 @@ class KubeClient:
     async def _call(self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> tuple[int, Any]:
         """Call `fn` and return (status, decoded JSON body); raise a KubeError on any failure."""
         kwargs.setdefault("_request_timeout", self.request_seconds)
-        try:
-            resp = await fn(*args, _preload_content=False, **kwargs)
-        except Exception as exc:
-            raise from_exception(exc) from exc
-        try:
-            try:
-                body = await resp.read()
-            except Exception as exc:
-                raise from_exception(exc) from exc
-            if not 200 <= resp.status <= 299:
-                raise from_status(resp.status, body, retry_after=resp.headers.get("Retry-After"))
-            try:
-                data = json.loads(body) if body else {}
-            except ValueError as exc:
-                raise from_status(502, f"undecodable answer: {body[:200]!r}") from exc
-            return resp.status, data
-        finally:
-            resp.release()
+        return await call_json(fn, *args, **kwargs)
 
     # ------------------------------------------------------------ list + watch
 

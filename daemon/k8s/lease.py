@@ -47,7 +47,8 @@ import structlog
 from anyio.abc import TaskStatus
 from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
 
-from muster.daemon.k8s.errors import Conflict, KubeError, NotFound, from_exception, from_status
+from muster.daemon.k8s.client import call_json
+from muster.daemon.k8s.errors import Conflict, KubeError, NotFound, from_status
 from muster.daemon.leader import VALIDITY
 
 __all__ = ["LeaseElector"]
@@ -148,26 +149,10 @@ class LeaseElector:
 
     async def _call(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Obj:
         """Call the API; the decoded Lease, or a KubeError (the `client.KubeClient` classification)."""
-        try:
-            resp = await fn(*args, _preload_content=False, _request_timeout=self.request_seconds)
-        except Exception as exc:
-            raise from_exception(exc) from exc
-        try:
-            try:
-                body = await resp.read()
-            except Exception as exc:
-                raise from_exception(exc) from exc
-            if not 200 <= resp.status <= 299:
-                raise from_status(resp.status, body, retry_after=resp.headers.get("Retry-After"))
-            try:
-                data = json.loads(body)
-            except ValueError:
-                data = None
-            if not isinstance(data, dict) or not isinstance(data.get("metadata"), dict):
-                raise from_status(502, f"not a Lease: {body[:200]!r}")
-            return data
-        finally:
-            resp.release()
+        _, data = await call_json(fn, *args, _request_timeout=self.request_seconds)
+        if not isinstance(data, dict) or not isinstance(data.get("metadata"), dict):
+            raise from_status(502, f"not a Lease: {json.dumps(data)[:200]}")
+        return data
 
     def _observe(self, lease: Obj) -> None:
         """Remember when the Lease last changed, by our own clock (any write changes its resourceVersion)."""
