@@ -17,7 +17,10 @@ Invariants (design invariant 5, exactly-once effects):
   way. Only a sequence the stream no longer holds is stepped over.
 - Bad input never stops billing (invariant 7): a message that does not decode
   is logged with its sequence, counted, recorded in the `billing_skipped`
-  table with the batch, and acked; it stays on the stream.
+  table with the batch, and acked; it stays on the stream. So is an event
+  whose rows the database cannot hold (a number past its 64-bit integers):
+  a batch that fails to write for that reason is written again one event at
+  a time, and the event that fails alone is skipped (never a crash loop).
 - A NATS outage is waited out: the client reconnects, the subscriber backs
   off and repositions its consumer at the cursor, and goes on.
 - Crash points are injectable through `CrashHooks` (tests use it to kill the
@@ -46,6 +49,7 @@ from muster.projections.billing import (
     Tracker,
     drain,
     evolve_billing,
+    merge_into,
     new_billing_state,
     settle,
     skip_bad,
@@ -84,6 +88,18 @@ class NoCrash:
 
     def after_ack(self, seq: int) -> None:
         pass
+
+
+def _unstorable(exc: BaseException) -> bool:
+    """Whether a failed write is the data's fault (a number SQLite, PostgreSQL or msgpack cannot hold),
+    not the database's (those stop the subscriber, which resumes at its cursor)."""
+    if isinstance(exc, (OverflowError, ValueError, TypeError)):
+        return True
+    return any(cls.__name__ == "DataError" for cls in type(exc).__mro__)
+
+
+def _why(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 class BillingMetrics:
@@ -149,6 +165,8 @@ class BillingSubscriber:
         self.ready = False
         self._psub: Any = None
         self._settled: int | None = None
+        self._reported: set[int] = set()
+        """Skipped sequences of the current batch already logged and counted."""
 
     @property
     def tracker(self) -> Tracker:
@@ -244,16 +262,24 @@ class BillingSubscriber:
         try:
             evolve_billing(self.state, seq, event)
         except Exception as exc:  # the fold is total; if it is not, one event must not stop billing
-            log.exception("billing.fold_error", seq=seq)
+            if self._first_report(seq):
+                log.exception("billing.fold_error", seq=seq)
             # evolve_billing moved the cursor past `seq` before it failed, so skip_bad would ignore it
             self.state.ledger.skipped.append((seq, f"fold error: {type(exc).__name__}: {exc}"))
             self.tracker.skipped += 1
-            self.metrics.skipped.inc()
 
     def _skip(self, seq: int, reason: str) -> None:
-        log.warning("billing.skipped_event", seq=seq, error=reason)
+        if self._first_report(seq):
+            log.warning("billing.skipped_event", seq=seq, error=reason)
         skip_bad(self.state, seq, reason)
+
+    def _first_report(self, seq: int) -> bool:
+        """Count and log a skipped event once, also when its batch is folded again one event at a time."""
+        if seq in self._reported:
+            return False
+        self._reported.add(seq)
         self.metrics.skipped.inc()
+        return True
 
     async def step(self) -> int:
         """Fetch one batch, fold it, write it with the cursor, ack it. Returns how many messages came."""
@@ -268,6 +294,7 @@ class BillingSubscriber:
             await self._position()
             return 0
         seqs = [m.metadata.sequence.stream for m in msgs]
+        self._reported = set()
         hooks.after_fetch(seqs)
         tracker = self.tracker
         start_seq = tracker.seq
@@ -295,7 +322,14 @@ class BillingSubscriber:
             self._settled = clock
         delta = drain(self.state)
         if tracker.seq > start_seq:
-            self.ledger.commit(delta, tracker)
+            try:
+                self.ledger.commit(delta, tracker)
+            except Exception as exc:
+                if not _unstorable(exc):
+                    raise
+                log.warning("billing.batch_unstorable", first=seqs[0], last=seqs[usable - 1], error=_why(exc))
+                delta = self._commit_one_by_one(list(zip(msgs[:usable], seqs[:usable], strict=True)))
+                tracker = self.tracker
             self.metrics.observe(delta)
             self.metrics.events.inc(tracker.seq - start_seq)
             self.metrics.applied_seq.set(tracker.seq)
@@ -310,6 +344,34 @@ class BillingSubscriber:
         if usable < len(msgs):
             await self._position()
         return len(msgs)
+
+    def _reload(self) -> None:
+        """Back to the state of the last commit (the tracker stored with the cursor)."""
+        _, tracker = self.ledger.load()
+        self.state = BillingState(tracker=tracker) if tracker is not None else new_billing_state(self.options.gpu_label)
+
+    def _commit_one_by_one(self, batch: list[tuple[Any, int]]) -> Ledger:
+        """Write a batch whose rows could not be stored event by event; an event whose own rows cannot be
+        stored (a number past the database's integers) is skipped and recorded. Returns what was written."""
+        written = Ledger()
+        self._reload()
+        for msg, seq in batch:
+            if seq <= self.tracker.seq:
+                continue
+            self._apply(seq, msg.subject, msg.data)
+            delta = drain(self.state)
+            try:
+                self.ledger.commit(delta, self.tracker)
+            except Exception as exc:
+                if not _unstorable(exc):
+                    raise
+                self._reload()
+                self._skip(seq, f"its rows cannot be stored in the ledger: {_why(exc)}")
+                delta = drain(self.state)
+                self.ledger.commit(delta, self.tracker)
+            merge_into(written, delta)
+        self._settled = None
+        return written
 
     async def run(self, *, once: bool = False, stop: anyio.Event | None = None) -> None:
         """Fold until `stop` is set (checked between batches); with `once`, until the ledger holds

@@ -120,6 +120,16 @@ def from_file(path: str, at: int) -> list[JobSubmitted]:
     return jobs
 
 
+def _check_bounds(jobs: list[JobSubmitted]) -> None:
+    """Refuse a number muster cannot store (the core would reject the job; billing and snapshots skip it)."""
+    from muster.projections.validation import bounds_problem
+
+    for job in jobs:
+        problem = bounds_problem(job.podsets, job.runtime, job.checkpoint_every)
+        if problem is not None:
+            raise UsageError(f"job {job.job}: {problem}")
+
+
 def run(args: argparse.Namespace) -> int:
     import time
 
@@ -130,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
     now = int(time.time())
     try:
         jobs = from_file(args.file, now) if args.file else [from_flags(args, now)]
+        _check_bounds(jobs)
     except (ScenarioError, UsageError) as exc:
         print(f"muster submit: {exc}", file=sys.stderr)
         return 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from fractions import Fraction
 
 Resources = dict[str, int]
 
@@ -46,12 +47,13 @@ def parse_quantity(resource: str, value: object) -> int:
         raise ValueError(f"{resource}: {value!r} is not a quantity (examples: 8, 500m, 512Mi, 1Ti)")
     number, suffix = m.group(1), m.group(2) or ""
     scale_milli = resource == "cpu"
+    # exact arithmetic: a float would turn 10**23 into 99999999999999991611392 without a word
     if suffix == "m":
-        milli = float(number)
+        milli = Fraction(number)
         amount = milli if scale_milli else milli / 1000
     else:
-        amount = float(number) * _SUFFIX[suffix] * (1000 if scale_milli else 1)
-    if amount != int(amount):
+        amount = Fraction(number) * _SUFFIX[suffix] * (1000 if scale_milli else 1)
+    if amount.denominator != 1:
         raise ValueError(f"{resource}: {value!r} is not a whole number of {'milli-CPU' if scale_milli else 'units'}")
     return int(amount)
 

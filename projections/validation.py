@@ -2,15 +2,57 @@
 
 An invalid job is answered with `JobRejected` and never runs; a valid job that
 cannot run now stays pending with a `JobInadmissible` reason instead.
+
+This module also states the one bound on numbers, `MAX_QUANTITY`, that every
+edge applies (`muster submit`, `queues apply`, `muster sim`, the Kubernetes
+adapter): an edge refuses a number past it, and a job already on the log
+that carries one is rejected here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
+from muster.events.types import PodSet
 from muster.projections.cluster import ClusterState, JobState
 
 MAX_PODS_PER_JOB = 10_000
 MAX_PODSETS = 8
 HOST = "host"
+
+MAX_QUANTITY = 2**50
+"""The largest number muster accepts for a quantity (a pod's request, a job's total, a node's
+capacity, a quota) or a duration: about 10**15, i.e. 1 PiB of memory, 10**12 CPUs, 10**15 GPUs or
+35 million years, past any real cluster. Below it, sums over a cluster and GPU-seconds over an
+hour stay within the 64-bit integers of SQLite, PostgreSQL and msgpack (billing, snapshots)."""
+
+
+def quantity_problem(resources: Mapping[str, int]) -> str | None:
+    """`name=value is more than ...` for the first quantity past MAX_QUANTITY, or None."""
+    for name, value in sorted(resources.items()):
+        if abs(value) > MAX_QUANTITY:
+            return f"{name}={value} is more than muster accepts (at most {MAX_QUANTITY})"
+    return None
+
+
+def bounds_problem(podsets: Iterable[PodSet], runtime: int | None, checkpoint_every: int | None) -> str | None:
+    """Why a job's numbers are past MAX_QUANTITY (a request, a count, the gang's total, a duration), or None."""
+    totals: dict[str, int] = {}
+    for ps in podsets:
+        if ps.count > MAX_QUANTITY:
+            return f"podset {ps.name!r}: count {ps.count} is more than muster accepts (at most {MAX_QUANTITY})"
+        problem = quantity_problem(ps.requests)
+        if problem is not None:
+            return f"podset {ps.name!r}: request {problem}"
+        for name, amount in ps.requests.items():
+            totals[name] = totals.get(name, 0) + amount * max(ps.count, 0)
+    problem = quantity_problem(totals)
+    if problem is not None:
+        return f"the gang's total {problem}"
+    for what, seconds in (("runtime", runtime), ("checkpoint_every", checkpoint_every)):
+        if seconds is not None and abs(seconds) > MAX_QUANTITY:
+            return f"{what} {seconds} is more than muster accepts (at most {MAX_QUANTITY} seconds)"
+    return None
 
 
 def invalid_reason(state: ClusterState, job: JobState) -> str | None:
@@ -51,6 +93,9 @@ def invalid_reason(state: ClusterState, job: JobState) -> str | None:
                 return f"podset {ps.name!r}: topology level {level!r} does not exist (levels: {', '.join(levels)})"
     if pods > MAX_PODS_PER_JOB:
         return f"the job has {pods} pods; at most {MAX_PODS_PER_JOB} are allowed per job"
+    bounds = bounds_problem(job.podsets, job.runtime, job.checkpoint_every)
+    if bounds is not None:
+        return bounds
     if job.runtime is not None and job.runtime < 0:
         return f"runtime {job.runtime} is negative"
     if job.checkpoint_every is not None and job.checkpoint_every <= 0:

@@ -40,6 +40,7 @@ from muster.events.types import (
     WithinQueuePolicy,
 )
 from muster.projections.resources import parse_quantity, parse_resources
+from muster.projections.validation import MAX_QUANTITY, quantity_problem
 
 
 class ScenarioError(Exception):
@@ -129,12 +130,14 @@ class _Reader:
             raise self.fail(node, f"{what} must be a string")
         return str(v)
 
-    def integer(self, node: yaml.Node, what: str, minimum: int | None = 0) -> int:
+    def integer(self, node: yaml.Node, what: str, minimum: int | None = 0, maximum: int | None = MAX_QUANTITY) -> int:
         v = self.scalar(node, what)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
             raise self.fail(node, f"{what} must be a whole number, not {v!r}")
         if minimum is not None and v < minimum:
             raise self.fail(node, f"{what} must be at least {minimum}, not {v}")
+        if maximum is not None and abs(v) > maximum:
+            raise self.fail(node, f"{what} must be at most {maximum}, not {v}")
         return int(v)
 
     def number(self, node: yaml.Node, what: str, lo: float | None = None, hi: float | None = None) -> float:
@@ -166,6 +169,9 @@ class _Reader:
             except ValueError as exc:
                 raise self.fail(v, f"{what}: {exc}") from None
         parsed: dict[str, int] = parse_resources(raw)
+        problem = quantity_problem(parsed)
+        if problem is not None:
+            raise self.fail(node, f"{what}: {problem}")
         return parsed
 
     def choice(self, node: yaml.Node, what: str, options: tuple[str, ...]) -> str:
@@ -524,7 +530,7 @@ def _submit(r: _Reader, node: yaml.Node) -> dict[str, Any]:
         # a count or a request that is not a whole quantity (1.5 pods, 0.5 GPUs) makes the
         # job invalid, not the scenario: the job is rejected and the run goes on
         try:
-            count = r.integer(p["count"], f"podset {name!r}: count", minimum=None)
+            count = r.integer(p["count"], f"podset {name!r}: count", minimum=None, maximum=None)
             requests = _requests(r, p["requests"]) if "requests" in p else {}
         except ScenarioError as exc:
             invalid = invalid or exc.message
@@ -535,8 +541,8 @@ def _submit(r: _Reader, node: yaml.Node) -> dict[str, Any]:
         "queue": r.string(m["queue"], "queue"),
         "priority_class": r.string(m["priority_class"], "priority_class") if "priority_class" in m else None,
         "podsets": podsets,
-        "runtime": r.integer(m["runtime"], "runtime", minimum=None) if "runtime" in m else None,
-        "checkpoint_every": r.integer(m["checkpoint_every"], "checkpoint_every", minimum=None)
+        "runtime": r.integer(m["runtime"], "runtime", minimum=None, maximum=None) if "runtime" in m else None,
+        "checkpoint_every": r.integer(m["checkpoint_every"], "checkpoint_every", minimum=None, maximum=None)
         if "checkpoint_every" in m
         else None,
     }
@@ -615,6 +621,10 @@ def _csv_rows(name: str, reader: Any, start: int) -> list[Input]:
                 raise ScenarioError(name, lineno, f"column {c}: {text!r} is not a number") from None
             if not v.is_integer():
                 raise ScenarioError(name, lineno, f"column {c}: {text!r} is not a whole number")
+            if abs(v) > MAX_QUANTITY:
+                raise ScenarioError(
+                    name, lineno, f"column {c}: {text} is more than muster accepts (at most {MAX_QUANTITY})"
+                )
             return int(v)
 
         job = get("job")

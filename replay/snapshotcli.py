@@ -221,6 +221,12 @@ def run(args: argparse.Namespace) -> int:
         gate = None if leader is None else KvLeaderGate(store.js, holder, bucket=leader[0], key=leader[1])
 
         def progress(seq: int, meta: SnapshotMeta | None) -> None:
+            if meta is not None and meta.format != args.format:
+                print(
+                    f"muster snapshot: seq {seq:,}: the state holds a number past {args.format}'s 64-bit integers "
+                    f"(a job the scheduler rejects); written as {meta.format}",
+                    file=sys.stderr,
+                )
             if not args.follow:
                 return  # the summary says it all
             if args.output == "json":

@@ -421,14 +421,19 @@ class Snapshots:
     async def write(
         self, state: ClusterState, seq: int, *, fmt: str = "msgpack+zlib", verified_from: int | None = None
     ) -> SnapshotMeta:
-        """Store `state` as the fold of 1..seq.
+        """Store `state` as the fold of 1..seq (as JSON, the returned meta says, if `fmt` cannot hold it).
 
         With `verified_from`, mark it verified: the caller folded it from that trusted point.
         """
         raw = await self.source.raw(seq)
         if raw is None:
             raise ValueError(f"seq {seq} is past the end of the log {self.source.name}")
-        data = encode_state(state, fmt)
+        try:
+            data = encode_state(state, fmt)
+        except OverflowError:
+            # msgpack holds 64-bit integers only; a job past MAX_QUANTITY (rejected, but folded) needs JSON
+            fmt = "json"
+            data = encode_state(state, fmt)
         digest = sha256(data)
         meta = SnapshotMeta(
             seq=seq,

@@ -1,7 +1,9 @@
 """Reading Kubernetes Node and Pod objects (raw JSON dicts) into what muster needs.
 
 Pure functions, no I/O. Malformed fields never raise: a quantity that does
-not parse is left out and reported in the returned `problems`.
+not parse (or, in a node's capacity, is past `MAX_QUANTITY`) is left out and
+reported in the returned `problems`; a pod's request past it is kept, so the
+core rejects the job with a `JobRejected` that says why.
 
 - Capacity is the node's `status.allocatable` (what pods may use), in base
   units: `nvidia.com/gpu` is `gpu`, cpu is milli-CPU, memory is bytes. Only the
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from muster.projections.resources import GPU, K8S_GPU, parse_quantity
+from muster.projections.validation import MAX_QUANTITY
 
 __all__ = [
     "DEFAULT_TOLERATED_TAINTS",
@@ -48,8 +51,12 @@ def _tracked(name: str) -> bool:
     return name in ("cpu", "memory", K8S_GPU, GPU) or ("/" in name and not name.startswith("hugepages"))
 
 
-def tracked_resources(values: Mapping[str, Any] | None, problems: list[str] | None = None) -> Resources:
-    """Parse the resources muster tracks; unparsable quantities are skipped and reported."""
+def tracked_resources(
+    values: Mapping[str, Any] | None, problems: list[str] | None = None, *, bounded: bool = False
+) -> Resources:
+    """Parse the resources muster tracks; unparsable quantities are skipped and reported, and so are
+    quantities past MAX_QUANTITY when `bounded` (a node's capacity; a pod's request is kept, and the
+    core rejects its job)."""
     out: Resources = {}
     if not isinstance(values, Mapping):
         return out
@@ -58,10 +65,16 @@ def tracked_resources(values: Mapping[str, Any] | None, problems: list[str] | No
             continue
         key = GPU if name == K8S_GPU else str(name)
         try:
-            out[key] = parse_quantity(key, value)
+            amount = parse_quantity(key, value)
         except ValueError as exc:
             if problems is not None:
                 problems.append(str(exc))
+            continue
+        if bounded and amount > MAX_QUANTITY:
+            if problems is not None:
+                problems.append(f"{key}: {value!r} is more than muster accepts (at most {MAX_QUANTITY}); left out")
+            continue
+        out[key] = amount
     return out
 
 
@@ -147,7 +160,7 @@ def node_view(
     return NodeView(
         name=str(meta.get("name") or ""),
         labels={str(k): str(v) for k, v in sorted(labels.items())} if isinstance(labels, Mapping) else {},
-        capacity=dict(sorted(tracked_resources(allocatable, problems).items())),
+        capacity=dict(sorted(tracked_resources(allocatable, problems, bounded=True).items())),
         ready=ready,
         unschedulable=unschedulable,
         cordoned=bool(spec.get("unschedulable")),

@@ -103,6 +103,11 @@ def test_queues_apply_appends_the_configuration_events_of_the_file(tmp_path, log
         pytest.param("queues:\n  - name: a\n    nominal: {gpu: 8}\n    colour: red\n", ":4: ", id="unknown-field"),
         pytest.param("queues:\n  - {name: a, nominal: {gpu: 8}, cohort: nowhere}\n", "not defined", id="no-cohort"),
         pytest.param("nodes:\n  - {name: n0, capacity: {gpu: 8}}\n", "scenario", id="scenario-only-key"),
+        pytest.param(
+            "queues:\n  - {name: a, nominal: {gpu: 99999999999999999999}}\n",
+            "gpu=99999999999999999999 is more than muster accepts",
+            id="quota-past-the-bound",
+        ),
     ],
 )
 def test_queues_apply_refuses_a_bad_file_with_its_line_and_appends_nothing(tmp_path, log, capsys, text, message):
@@ -150,6 +155,22 @@ def test_submit_refuses_bad_flags_before_touching_the_log(log, capsys):
     assert "--queue is required" in capsys.readouterr().err
     assert main(["submit", "--queue", "q", "--gpus", "0.5", *log.flags]) == 2
     assert "gpu" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        pytest.param(["--gpus", "99999999999999999999"], id="gpus"),
+        pytest.param(["--memory", "2Ti", "--pods", "1000"], id="gang-total"),
+        pytest.param(["--runtime", "99999999999999999999"], id="runtime"),
+    ],
+)
+def test_submit_refuses_a_number_past_the_bound_and_appends_nothing(log, capsys, flags):
+    """A quantity past MAX_QUANTITY exits 2 naming it, before billing or snapshots could choke on it."""
+    anyio.run(_create, log)
+    assert main(["submit", "--queue", "team-a", "--job", "huge", *flags, *log.flags]) == 2
+    assert "is more than muster accepts" in capsys.readouterr().err
+    assert log.events() == []
 
 
 def test_submit_says_why_when_nats_cannot_be_reached(tmp_path, capsys):

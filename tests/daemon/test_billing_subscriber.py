@@ -263,6 +263,32 @@ async def test_malformed_event_is_skipped_reported_and_acked(store: EventStore, 
     assert (info.num_ack_pending, info.num_pending) == (0, 0)
 
 
+async def test_a_number_past_the_databases_integers_is_skipped_not_a_crash_loop(
+    store: EventStore, nats_url: str, tmp_path: Path
+) -> None:
+    """A job asking for 10**20 GPUs is skipped and recorded with its sequence; the rest is billed, restarts too."""
+    huge = JobSubmitted(at=T0 + 1800, job="huge", queue="team-a", podsets=_pods(1, 10**20))
+    log: list[Event | bytes] = [*scripted_log()]
+    log.insert(10, huge)
+    log.insert(9, BAD)  # in the same batch of 4: counted once, though the batch is folded twice
+    seqs = await publish(store, log)
+    sub = await Process(nats_url, store.stream, tmp_path / "l.db", batch=4).run_once()
+    assert sub.metrics.skipped._value.get() == 2
+    ledger = dump(tmp_path / "l.db")
+    assert [s for s, _ in ledger["skipped"]] == [seqs[9], seqs[11]]
+    assert "cannot be stored" in ledger["skipped"][1][1]
+    expected = new_billing_state()
+    for seq, item in zip(seqs, log, strict=True):
+        if item is huge or isinstance(item, bytes):
+            skip_bad(expected, seq, "skipped")
+        else:
+            fold_billing([(seq, item)], expected)
+    assert ledger["usage"] == sorted(expected.ledger.usage.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2]))
+    assert ledger["seq"] == seqs[-1]
+    again = await Process(nats_url, store.stream, tmp_path / "l.db", batch=4).run_once()  # a restart starts fine
+    assert again.tracker.seq == seqs[-1] and dump(tmp_path / "l.db") == ledger
+
+
 async def test_redelivered_messages_are_acked_and_ignored(store: EventStore, nats_url: str, tmp_path: Path) -> None:
     """Messages written to the ledger but not acked come back after ack_wait and change nothing."""
     await publish(store, scripted_log())

@@ -6,7 +6,7 @@ import pytest
 from kubernetes_asyncio.client import CoreV1Api
 
 from muster.daemon.k8s import manifests as m
-from muster.daemon.k8s.objects import pod_requests
+from muster.daemon.k8s.objects import node_view, pod_requests
 from muster.events.types import JobSubmitted, NodeAdded, NodeCordoned, NodeRemoved, NodeUpdated
 from muster.projections.cluster import fold
 
@@ -181,6 +181,16 @@ def test_pod_requests_count_what_the_kube_scheduler_counts(spec, expected):
     """Requests: sum of containers vs. largest init container, plus sidecars and overhead; limits stand in."""
     problems: list[str] = []
     assert pod_requests({"spec": spec}, problems) == expected
+
+
+def test_node_capacity_past_the_bound_is_left_out_and_reported():
+    """A node claiming 10**20 GPUs gets no GPUs (and a problem naming them); its other resources stay."""
+    node = m.node("odd")
+    node["status"]["allocatable"]["nvidia.com/gpu"] = "99999999999999999999"
+    problems: list[str] = []
+    view = node_view(node, problems=problems)
+    assert "gpu" not in view.capacity and view.capacity["memory"] == 2**40
+    assert problems == ["gpu: '99999999999999999999' is more than muster accepts (at most 1125899906842624); left out"]
 
 
 async def test_malformed_objects_are_skipped_and_the_adapter_goes_on(kube, start_adapter):

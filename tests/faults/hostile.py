@@ -154,7 +154,7 @@ NAMES = ["../../etc/passwd", "ジョブ-🚀", "a.b.*.>", "team a/train 1", "%2F
 ABSURD_KINDS = [
     *("unknown-queue", "unknown-class", "unknown-level", "million-pods", "billion-gpus", "negative"),
     *("zero-count", "no-podsets", "dup-podsets", "many-podsets", "both-topologies", "negative-runtime"),
-    *("zero-checkpoint", "odd-name", "wrong-level-preferred"),
+    *("zero-checkpoint", "odd-name", "wrong-level-preferred", "gpus-past-the-bound"),
 ]
 
 
@@ -176,7 +176,9 @@ def absurd_jobs(draw: st.DrawFn, index: int) -> tuple[JobSubmitted, str, str]:
     if kind == "million-pods":
         return _job(name, [_ps(count=draw(st.sampled_from([10_001, 10**6, 2**40])))]), "rejected", "pods"
     if kind == "billion-gpus":
-        return _job(name, [_ps(gpu=draw(st.sampled_from([10**9, 2**62])))]), "waits", "more than it may ever use"
+        return _job(name, [_ps(gpu=10**9)]), "waits", "more than it may ever use"
+    if kind == "gpus-past-the-bound":
+        return _job(name, [_ps(gpu=draw(st.sampled_from([2**50 + 1, 2**62, 10**20])))]), "rejected", "muster accepts"
     if kind == "negative":
         return _job(name, [_ps(gpu=draw(st.integers(-(2**62), -1)))]), "rejected", "negative"
     if kind == "zero-count":

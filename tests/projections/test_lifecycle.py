@@ -284,6 +284,16 @@ def test_rejected_job_does_not_stop_the_run() -> None:
             "podset 'w' appears twice",
             id="duplicate-podset",
         ),
+        pytest.param(
+            "[{name: w, count: 1, requests: {gpu: 99999999999999999999}}]",
+            "request gpu=99999999999999999999 is more than muster accepts",
+            id="gpus-past-the-bound",
+        ),
+        pytest.param(
+            "[{name: w, count: 4096, requests: {memory: 1Pi}}]",
+            "the gang's total memory=4611686018427387904 is more than muster accepts",
+            id="gang-total-past-the-bound",
+        ),
     ],
 )
 def test_invalid_spec_rejected_with_reason(podsets: str, reason: str) -> None:

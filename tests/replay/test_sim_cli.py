@@ -295,6 +295,21 @@ INVALID = [
     ),
     pytest.param("queues:\n  - {name: q, nominal: {gpu: 1.5}}\n", 2, "not a whole number", id="fractional-quota"),
     pytest.param(
+        "queues:\n  - {name: q, nominal: {gpu: 100000000000000000000000}}\n",
+        2,
+        "gpu=100000000000000000000000 is more than muster accepts",
+        id="quota-past-the-bound",
+    ),
+    pytest.param(
+        "nodes:\n  - {name: n0, capacity: {memory: 2048Pi}}\n" + GOOD_QUEUES,
+        2,
+        "memory=2305843009213693952 is more than muster accepts",
+        id="capacity-past-the-bound",
+    ),
+    pytest.param(
+        GOOD_QUEUES + "timeline:\n  - {at: 1.0e+23, cancel: a}\n", 4, "at must be at most", id="time-past-the-bound"
+    ),
+    pytest.param(
         GOOD_QUEUES + "timeline:\n  - {at: 0, utilization: {job: a, gpu: 1.5}}\n",
         4,
         "utilization.gpu must be between 0 and 1, not 1.5",

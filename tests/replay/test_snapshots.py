@@ -294,3 +294,21 @@ async def test_memory_log_reads_what_a_file_holds(tmp_path: Path) -> None:
     a = await state_at(MemoryLog(raws), Point(seq=77))
     b = await state_at(memory_log(EVENTS), Point(seq=77))
     assert a.state == b.state == fold(EVENTS[:77])
+
+
+def test_a_number_past_msgpack_is_written_as_json_not_a_crash(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job of 10**20 GPUs on the log (the core rejects it) makes `muster snapshot` write JSON, which loads back."""
+    from muster.events.types import JobSubmitted, PodSet
+
+    huge = JobSubmitted(at=0, job="huge", queue="q", podsets=[PodSet(name="w", count=1, requests={"gpu": 10**20})])
+    events = [*EVENTS[:50], huge, *EVENTS[50:]]
+    path = write_jsonl(tmp_path / "log.jsonl", events)
+    snaps = str(tmp_path / "snaps")
+    assert main(["snapshot", "--log", str(path), "--snapshots", snaps, "--every", "40", "--output", "json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["written"] == [40, 80, 120, 160]
+    assert "seq 80: the state holds a number past" in captured.err and "written as json" in captured.err
+    assert main(["snapshot", "--log", str(path), "--snapshots", snaps, "--verify", "--output", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["discarded"] == []
