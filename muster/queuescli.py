@@ -1,4 +1,4 @@
-"""`muster queues apply FILE`: append the queue configuration of a YAML file to the log.
+"""`muster queues apply FILE`: make the log's queue configuration what the file says, like `kubectl apply`.
 
 The file uses the field names of spec/scenario.md (and of the configuration
 events): `topology.levels`, `fair_sharing`, `idle_reclaim`, `priority_classes`,
@@ -6,11 +6,20 @@ events): `topology.levels`, `fair_sharing`, `idle_reclaim`, `priority_classes`,
 both accept exactly the same thing and report errors with file and line;
 scenario-only keys (`nodes`, `timeline`, `timeline_csv`, `until`) are refused.
 
-It appends one SchedulerConfigured, then every PriorityClassConfigured,
-CohortConfigured and QueueConfigured, in file order, stamped with the current
-time. Applying the same file again is harmless (a configuration event
-replaces the previous one of its name). A queue removed from the file is not
-deleted from the log.
+Apply is declarative: it reads the configuration the log folds to (the last
+event on each configuration subject) and appends only what differs, stamped
+with the current time: a SchedulerConfigured when a scheduler setting the
+file gives differs, then the PriorityClassConfigured, CohortConfigured and
+QueueConfigured whose object differs or is new, in file order. Each object
+the file names is replaced whole (a queue's unmentioned fields take their
+defaults). What the file does not mention is left as it is: a file holding
+only a queue leaves the topology levels, fair sharing and idle reclaim
+alone. With `--prune`, scheduler settings the file does not give go back to
+their defaults; queues, cohorts and priority classes the file leaves out stay
+(the log has no event that removes one), and apply says so. Applying the same
+file again appends nothing. `--dry-run` prints the differences and appends
+nothing. Reading the configuration needs direct gets on the configuration
+subjects (the admin identity has them, deploy/nats/accounts.conf).
 
 This lives in the `muster` (CLI) package because it reuses `muster.replay`'s
 reader, which the daemon layer may not import.
@@ -20,10 +29,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from muster.events.types import Event
+    from muster.events.store import EventStore
+    from muster.events.types import Event, SchedulerConfigured
+    from muster.replay.scenario import Scenario
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,67 +43,199 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     sub = parser.add_subparsers(dest="queues_command", metavar="SUBCOMMAND")
     sub.required = True
-    apply = sub.add_parser("apply", help="append the queues, cohorts and priority classes of FILE to the log")
+    apply = sub.add_parser(
+        "apply",
+        help="make the log's queues, cohorts, priority classes and settings what FILE says (appends what differs)",
+    )
     apply.add_argument("file", metavar="FILE", help="queues YAML (spec/scenario.md field names)")
-    apply.add_argument("--dry-run", action="store_true", help="print the events as JSON lines; append nothing")
+    apply.add_argument("--dry-run", action="store_true", help="print what differs from the log; append nothing")
+    apply.add_argument(
+        "--prune", action="store_true", help="reset the scheduler settings FILE does not give to their defaults"
+    )
     add_nats_arguments(apply)
 
 
 _SCENARIO_ONLY = "nodes, timeline, timeline_csv and until belong in a `muster sim` scenario, not a queues file"
+_SETTINGS = {"topology": "levels", "fair_sharing": "fair_sharing", "idle_reclaim": "idle_reclaim"}
+"""Top-level key of the file -> field of SchedulerConfigured."""
 
 
-def load_events(path: str, at: int) -> list[Event]:
-    """The configuration events of a queues file (raises ScenarioError naming file and line)."""
-    import msgspec
-
-    from muster.events.types import NodeAdded
+def load_file(path: str, known_cohorts: Any = ()) -> Scenario:
+    """The queues file as a scenario without nodes or timeline (raises ScenarioError naming file and line)."""
     from muster.replay.scenario import ScenarioError, load
 
-    scenario = load(path)
+    scenario = load(path, known_cohorts=known_cohorts)
     if scenario.nodes or scenario.inputs or scenario.until is not None:
         raise ScenarioError(path, None, _SCENARIO_ONLY)
-    return [msgspec.structs.replace(ev, at=at) for ev in scenario.config if not isinstance(ev, NodeAdded)]
+    return scenario
+
+
+@dataclass
+class Current:
+    """The configuration the log folds to, by kind and name."""
+
+    scheduler: SchedulerConfigured | None = None
+    objects: dict[tuple[str, str], Event] = field(default_factory=dict)
+    last_seq: int = 0
+
+
+_KINDS = ("scheduler", "priorityclass", "cohort", "queue")
+
+
+async def read_current(store: EventStore) -> Current:
+    """The last valid event of each configuration subject: what the fold of the log holds (each replaces
+    the previous one of its name). A subject whose last message is not a valid event counts as absent,
+    so apply writes the file's version again."""
+    from nats.js.errors import NotFoundError
+
+    from muster.events.codec import DecodeError, decode
+    from muster.events.store import subject_problem
+    from muster.events.types import SchedulerConfigured
+
+    out = Current()
+    for kind in _KINDS:
+        info = await store.js.stream_info(store.stream, subjects_filter=f"{store.prefix}.{kind}.>")
+        out.last_seq = max(out.last_seq, info.state.last_seq)
+        for subject in sorted(info.state.subjects or {}):
+            try:
+                msg = await store.js.get_msg(store.stream, subject=subject, direct=True)
+            except NotFoundError:
+                continue
+            try:
+                event = decode(msg.data or b"")
+            except DecodeError:
+                continue
+            if subject_problem(subject.encode(), event) is not None:
+                continue
+            if isinstance(event, SchedulerConfigured):
+                out.scheduler = event
+            else:
+                out.objects[(kind, str(getattr(event, "name", "")))] = event
+    return out
+
+
+def _kind_and_name(event: Event) -> tuple[str, str]:
+    from muster.events.types import CohortConfigured, PriorityClassConfigured
+
+    kind = "priorityclass" if isinstance(event, PriorityClassConfigured) else "queue"
+    if isinstance(event, CohortConfigured):
+        kind = "cohort"
+    return kind, str(getattr(event, "name", ""))
+
+
+_LABEL = {"priorityclass": "priority class", "cohort": "cohort", "queue": "queue"}
+
+
+def _fields(event: Event) -> dict[str, Any]:
+    import msgspec
+
+    d: dict[str, Any] = msgspec.to_builtins(event)
+    for k in ("type", "at", "v", "name"):
+        d.pop(k, None)
+    return d
+
+
+def _changes(old: Event, new: Event) -> list[str]:
+    """`field: old -> new` for each field that differs."""
+    import json
+
+    a, b = _fields(old), _fields(new)
+    return [f"{k}: {json.dumps(a.get(k))} -> {json.dumps(b.get(k))}" for k in b if a.get(k) != b.get(k)]
+
+
+def plan(scenario: Scenario, current: Current, at: int, *, prune: bool) -> tuple[list[Event], list[str], list[str]]:
+    """(events to append, a line per difference, a line per object pruning cannot remove)."""
+    import msgspec
+
+    from muster.events.types import SchedulerConfigured
+
+    events: list[Event] = []
+    lines: list[str] = []
+    file_scheduler = next(ev for ev in scenario.config if isinstance(ev, SchedulerConfigured))
+    have = current.scheduler or SchedulerConfigured(at=0)
+    given = {f: getattr(file_scheduler, f) for key, f in _SETTINGS.items() if key in scenario.keys}
+    want = msgspec.structs.replace(file_scheduler if prune else have, **given)
+    changes = _changes(have, want)
+    if changes:
+        events.append(msgspec.structs.replace(want, at=at))
+        lines += [f"~ scheduler: {c}" for c in changes]
+    named: set[tuple[str, str]] = set()
+    for ev in scenario.config:
+        if isinstance(ev, SchedulerConfigured):
+            continue
+        key = _kind_and_name(ev)
+        named.add(key)
+        label = f"{_LABEL[key[0]]} {key[1]}"
+        old = current.objects.get(key)
+        if old is None:
+            events.append(msgspec.structs.replace(ev, at=at))
+            lines.append(f"+ {label}")
+        elif changes := _changes(old, ev):
+            events.append(msgspec.structs.replace(ev, at=at))
+            lines += [f"~ {label}: {c}" for c in changes]
+    kept = []
+    if prune:
+        for kind, name in sorted(set(current.objects) - named):
+            kept.append(f"{_LABEL[kind]} {name} is kept: the log has no event that removes a {_LABEL[kind]}")
+    return events, lines, kept
 
 
 def run(args: argparse.Namespace) -> int:
-    import time
-
     import anyio
 
     from muster.replay.scenario import ScenarioError
 
     try:
-        events = load_events(args.file, int(time.time()))
+        load_file(args.file, known_cohorts=None)  # everything but cohorts defined on the log, before connecting
     except ScenarioError as exc:
         print(f"muster queues apply: {exc}", file=sys.stderr)
         return 2
-    if args.dry_run:
-        from muster.events.codec import encode
-
-        for ev in events:
-            print(encode(ev).decode())
-        return 0
     from muster.adminconnect import CommandFailed
 
     try:
-        code: int = anyio.run(_append, args, events)
+        code: int = anyio.run(_apply, args)
     except CommandFailed as exc:
         return exc.code
     return code
 
 
-async def _append(args: argparse.Namespace, events: list[Event]) -> int:
+async def _apply(args: argparse.Namespace) -> int:
     import collections
-    import uuid
+    import time
+
+    import nats.errors
 
     from muster.adminconnect import open_store
     from muster.events.store import StoreError
+    from muster.replay.scenario import ScenarioError
 
-    store = await open_store(args, command="queues apply")
+    store = await open_store(args, command="queues apply", create=not args.dry_run)
     try:
-        run_id = uuid.uuid4().hex[:12]
         try:
-            seqs = await store.append(events, msg_ids=[f"config:{run_id}:{i}" for i in range(len(events))])
+            current = await read_current(store)
+        except (nats.errors.Error, StoreError) as exc:
+            print(f"muster queues apply: cannot read the configuration on the log: {exc}", file=sys.stderr)
+            return 1
+        try:
+            scenario = load_file(args.file, known_cohorts={n for k, n in current.objects if k == "cohort"})
+        except ScenarioError as exc:
+            print(f"muster queues apply: {exc}", file=sys.stderr)
+            return 2
+        events, lines, kept = plan(scenario, current, int(time.time()), prune=args.prune)
+        for line in kept:
+            print(f"muster queues apply: {line}", file=sys.stderr)
+        for line in lines:
+            print(line)
+        if not events:
+            print(f"nothing to apply: {store.stream} already holds this configuration")
+            return 0
+        if args.dry_run:
+            print(f"dry run: {len(events)} events would be appended to {store.stream}")
+            return 0
+        try:
+            # a retried apply (same log, same differences) is stored once within the duplicate window
+            ids = [f"config:{current.last_seq}:{i}:{_digest(ev)}" for i, ev in enumerate(events)]
+            seqs = await store.append(events, msg_ids=ids)
         except StoreError as exc:
             print(f"muster queues apply: appending failed: {exc}", file=sys.stderr)
             return 1
@@ -99,6 +243,15 @@ async def _append(args: argparse.Namespace, events: list[Event]) -> int:
         await store.close()
     counts = collections.Counter(type(ev).__name__ for ev in events)
     what = ", ".join(f"{n} {name}" for name, n in counts.items())
-    where = f"{min(seqs)}..{max(seqs)}" if seqs else "-"
-    print(f"appended {len(events)} events to {store.stream} (sequences {where}): {what}")
+    print(f"appended {len(events)} events to {store.stream} (sequences {min(seqs)}..{max(seqs)}): {what}")
     return 0
+
+
+def _digest(event: Event) -> str:
+    import hashlib
+
+    import msgspec
+
+    from muster.events.codec import encode
+
+    return hashlib.sha256(encode(msgspec.structs.replace(event, at=0))).hexdigest()[:16]

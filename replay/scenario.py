@@ -14,6 +14,7 @@ import csv
 import io
 import itertools
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -74,6 +75,8 @@ class Scenario:
     levels: list[str]
     queues: dict[str, QueueConfigured] = field(default_factory=dict)
     nodes: dict[str, NodeAdded] = field(default_factory=dict)
+    keys: frozenset[str] = frozenset()
+    """The top-level keys the file gives (`queues apply` changes only what the file mentions)."""
 
 
 # ------------------------------------------------------------------ node helpers
@@ -197,8 +200,18 @@ _TOP = {
 }
 
 
-def load(path: str | Path) -> Scenario:
-    """Read and check a scenario file; raise ScenarioError naming file and line on anything wrong."""
+class _AnyName(set[str]):
+    """Every name is defined: checking a queues file's cohorts is left to the caller (`queues apply`)."""
+
+    def __contains__(self, item: object) -> bool:
+        return True
+
+
+def load(path: str | Path, known_cohorts: Collection[str] | None = ()) -> Scenario:
+    """Read and check a scenario file; raise ScenarioError naming file and line on anything wrong.
+
+    `known_cohorts` are defined besides the file's own (`queues apply`: those on the log); None
+    accepts any cohort name."""
     p = Path(path)
     name = str(path)
     try:
@@ -207,10 +220,12 @@ def load(path: str | Path) -> Scenario:
         raise ScenarioError(name, None, f"cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ScenarioError(name, None, "not UTF-8 text") from None
-    return loads(text, name, base=p.parent)
+    return loads(text, name, base=p.parent, known_cohorts=known_cohorts)
 
 
-def loads(text: str, name: str = "<scenario>", base: Path | None = None) -> Scenario:
+def loads(
+    text: str, name: str = "<scenario>", base: Path | None = None, known_cohorts: Collection[str] | None = ()
+) -> Scenario:
     r = _Reader(name)
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -248,9 +263,11 @@ def loads(text: str, name: str = "<scenario>", base: Path | None = None) -> Scen
     config: list[Event] = [SchedulerConfigured(at=0, levels=levels, fair_sharing=fair, idle_reclaim=idle)]
     classes = _priority_classes(r, top.get("priority_classes"))
     config.extend(classes)
-    cohorts = _cohorts(r, top.get("cohorts"))
+    cohorts = _cohorts(r, top.get("cohorts"), known_cohorts)
     config.extend(cohorts)
-    cohort_names: set[str] = {str(c.name) for c in cohorts}
+    cohort_names: set[str] = {str(c.name) for c in cohorts} | set(known_cohorts or ())
+    if known_cohorts is None:
+        cohort_names = _AnyName(cohort_names)
     queues = _queues(r, top.get("queues"), cohort_names)
     config.extend(queues.values())
     nodes = _nodes(r, top.get("nodes"), levels)
@@ -268,7 +285,7 @@ def loads(text: str, name: str = "<scenario>", base: Path | None = None) -> Scen
     # at equal times, timeline entries come before CSV rows (stable sort keeps file order)
     inputs.sort(key=lambda i: (i.at, i.order))
     until = r.integer(top["until"], "until") if "until" in top else None
-    return Scenario(name, config, inputs, until, levels, queues, nodes)
+    return Scenario(name, config, inputs, until, levels, queues, nodes, keys=frozenset(top))
 
 
 def _unique_jobs(path: str, inputs: list[Input], seen: dict[str, str]) -> None:
@@ -304,7 +321,7 @@ def _priority_classes(r: _Reader, node: yaml.Node | None) -> list[PriorityClassC
     return out
 
 
-def _cohorts(r: _Reader, node: yaml.Node | None) -> list[CohortConfigured]:
+def _cohorts(r: _Reader, node: yaml.Node | None, known: Collection[str] | None = ()) -> list[CohortConfigured]:
     if node is None:
         return []
     out: list[CohortConfigured] = []
@@ -321,7 +338,7 @@ def _cohorts(r: _Reader, node: yaml.Node | None) -> list[CohortConfigured]:
         )
     parents = {c.name: c.parent for c in out}
     for c in out:
-        if c.parent is not None and c.parent not in parents:
+        if c.parent is not None and c.parent not in parents and known is not None and c.parent not in known:
             raise r.fail(lines[c.name], f"cohort {c.name!r}: parent cohort {c.parent!r} is not defined")
     for c in out:
         seen = [c.name]

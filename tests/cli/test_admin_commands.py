@@ -97,6 +97,73 @@ def test_queues_apply_appends_the_configuration_events_of_the_file(tmp_path, log
     assert len({e.at for e in events}) == 1 and events[0].at > 0
 
 
+def _apply(path, log, *extra: str) -> int:
+    return main(["queues", "apply", str(path), *extra, *log.flags])
+
+
+def test_queues_apply_of_a_partial_file_keeps_what_it_does_not_mention(tmp_path, log, capsys):
+    """A file adding one queue appends that queue only: levels, fair sharing and idle reclaim stay."""
+    from muster.projections.cluster import fold
+
+    (tmp_path / "all.yaml").write_text(QUEUES.replace("fair_sharing: false", "fair_sharing: true"))
+    (tmp_path / "more.yaml").write_text("queues:\n  - {name: team-b, cohort: org, nominal: {gpu: 8}}\n")
+    assert _apply(tmp_path / "all.yaml", log) == 0
+    assert _apply(tmp_path / "more.yaml", log) == 0  # its cohort is defined on the log, not in the file
+    out = capsys.readouterr().out
+    assert "+ queue team-b" in out and "appended 1 events" in out
+    events = log.events()
+    assert isinstance(events[-1], QueueConfigured) and len(events) == 6
+    state = fold(events)
+    assert state.levels == ["topology.kubernetes.io/zone", "example.com/rack"]
+    assert state.fair_sharing and state.idle_reclaim is not None and state.idle_reclaim.after == 1800
+    assert sorted(state.queues) == ["team-a", "team-b"]
+
+
+def test_queues_apply_twice_appends_nothing_the_second_time(tmp_path, log, capsys):
+    """Re-applying the same file finds nothing that differs from the log and appends nothing."""
+    path = tmp_path / "queues.yaml"
+    path.write_text(QUEUES)
+    assert _apply(path, log) == 0
+    before = log.events()
+    capsys.readouterr()
+    assert _apply(path, log) == 0
+    assert "nothing to apply" in capsys.readouterr().out
+    assert log.events() == before
+
+
+def test_queues_apply_dry_run_prints_the_differences_and_appends_nothing(tmp_path, log, capsys):
+    """`--dry-run` lists the changed fields, new objects and the count it would append; the log is unchanged."""
+    path = tmp_path / "queues.yaml"
+    path.write_text(QUEUES)
+    assert _apply(path, log) == 0
+    before = log.events()
+    changed = QUEUES.replace("nominal: {gpu: 64}", "nominal: {gpu: 32}")
+    path.write_text(changed.replace("idle_reclaim:", "  - {name: team-c, nominal: {}}\nidle_reclaim:"))
+    capsys.readouterr()
+    assert _apply(path, log, "--dry-run") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        '~ queue team-a: nominal: {"gpu": 64} -> {"gpu": 32}',
+        "+ queue team-c",
+        f"dry run: 2 events would be appended to {log.flags[3]}",
+    ]
+    assert log.events() == before
+
+
+def test_queues_apply_prune_resets_settings_the_file_leaves_out(tmp_path, log, capsys):
+    """`--prune` puts unmentioned scheduler settings back to their defaults and says queues cannot be removed."""
+    from muster.projections.cluster import fold
+
+    (tmp_path / "all.yaml").write_text(QUEUES)
+    (tmp_path / "one.yaml").write_text("queues:\n  - {name: team-b, nominal: {gpu: 8}}\n")
+    assert _apply(tmp_path / "all.yaml", log) == 0
+    assert _apply(tmp_path / "one.yaml", log, "--prune") == 0
+    assert "queue team-a is kept: the log has no event that removes a queue" in capsys.readouterr().err
+    state = fold(log.events())
+    assert (state.levels, state.idle_reclaim) == ([], None)
+    assert sorted(state.queues) == ["team-a", "team-b"]
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

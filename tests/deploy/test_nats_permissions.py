@@ -20,6 +20,7 @@ from pathlib import Path
 import anyio
 import nats
 import pytest
+import yaml
 from nats.aio.client import Client as NatsClient
 from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError
@@ -256,6 +257,32 @@ async def test_submitters_read_back_only_their_own_submissions(connect: Connect)
     assert await team_a.refused_publish("$JS.API.DIRECT.GET.MUSTER.muster.submit.team-b.theirs")
     assert await team_a.refused_publish("$JS.API.DIRECT.GET.MUSTER.muster.job.mine")
     assert await team_a.refused_publish("$JS.API.CONSUMER.CREATE.MUSTER")  # no reading the whole log
+
+
+async def test_the_admin_applies_declaratively_reading_only_the_configuration(
+    server: EmbeddedNats, connect: Connect, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`queues apply` as the admin reads the configuration back (a second apply appends nothing), and no job."""
+    from muster.cli import main
+
+    daemon, admin = await connect("daemon"), await connect("admin")
+    await ensure_stream(daemon)
+    await daemon.js.publish("muster.submit.team-a.admin-probe", b'{"type":"JobSubmitted"}', stream="MUSTER")
+    user, inbox, var = IDENTITIES["admin"]
+    (tmp_path / "user").write_text(user)
+    (tmp_path / "password").write_text(PASSWORDS[var])
+    auth = {"username_file": str(tmp_path / "user"), "password_file": str(tmp_path / "password")}
+    config = tmp_path / "admin.yaml"
+    config.write_text(yaml.safe_dump({"nats": {"url": server.url, "inbox_prefix": inbox, "auth": auth}}))
+    path = tmp_path / "queues.yaml"
+    path.write_text("fair_sharing: true\nqueues:\n  - {name: team-admin-probe, nominal: {gpu: 8}}\n")
+    flags = ["queues", "apply", str(path), "--config", str(config)]
+    assert await anyio.to_thread.run_sync(main, flags) == 0
+    assert "appended" in capsys.readouterr().out
+    assert await anyio.to_thread.run_sync(main, flags) == 0
+    assert "nothing to apply" in capsys.readouterr().out
+    assert await admin.refused_publish("$JS.API.DIRECT.GET.MUSTER.muster.submit.team-a.admin-probe")
+    assert await admin.refused_publish("$JS.API.DIRECT.GET.MUSTER.muster.job.admin-probe")
 
 
 def _job(name: str, queue: str) -> JobSubmitted:
