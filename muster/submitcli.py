@@ -5,9 +5,10 @@
 
 A gang of `--pods` pods of `--gpus` GPUs each (plus `--cpu`/`--memory`), with
 an optional topology (`--topology required:block`). The job id defaults to
-`<queue>-<random>`. Each submission's msg id is `submit:<job>`, so a retried
-command stores it once (within the stream's duplicate window); a job id that
-is already on the log is ignored by the fold.
+`<queue>-<random>`. A job id the log already holds is refused (exit 2) with
+its queue and state: the fold keeps an id's first submission and ignores any
+later one. Each submission's msg id is `submit:<job>`, so a command retried
+after a lost acknowledgement stores it once.
 
 `--wait SECONDS` follows the log until the job is admitted or rejected and
 prints the decision. This lives in the `muster` (CLI) package because it
@@ -120,11 +121,15 @@ def from_file(path: str, at: int) -> list[JobSubmitted]:
     return jobs
 
 
-def _check_bounds(jobs: list[JobSubmitted]) -> None:
-    """Refuse a number muster cannot store (the core would reject the job; billing and snapshots skip it)."""
+def _check_jobs(jobs: list[JobSubmitted]) -> None:
+    """Refuse an id given twice, and a number muster cannot store (the core would reject the job)."""
     from muster.projections.validation import bounds_problem
 
+    seen: set[str] = set()
     for job in jobs:
+        if job.job in seen:
+            raise UsageError(f"job {job.job} appears twice (the log would keep only the first)")
+        seen.add(job.job)
         problem = bounds_problem(job.podsets, job.runtime, job.checkpoint_every)
         if problem is not None:
             raise UsageError(f"job {job.job}: {problem}")
@@ -140,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     now = int(time.time())
     try:
         jobs = from_file(args.file, now) if args.file else [from_flags(args, now)]
-        _check_bounds(jobs)
+        _check_jobs(jobs)
     except (ScenarioError, UsageError) as exc:
         print(f"muster submit: {exc}", file=sys.stderr)
         return 2
@@ -151,6 +156,54 @@ def run(args: argparse.Namespace) -> int:
     except CommandFailed as exc:
         return exc.code
     return code
+
+
+_STATES = {
+    "JobAdmitted": "admitted",
+    "JobStarted": "running",
+    "JobPreempted": "preempted, pending again",
+    "JobInadmissible": "pending",
+    "JobRejected": "rejected",
+    "JobFinished": "finished",
+    "JobFailed": "failed",
+    "JobCancelled": "cancelled",
+    "GpuUtilizationSampled": "running",
+}
+
+
+async def existing_job(store: Any, job: str) -> str | None:
+    """How the log already holds job id `job` (its queue, sequence and state), or None when it does not.
+
+    The log keeps the first submission of an id and ignores later ones, so a reused id must be
+    refused here. The subjects of submissions (`<prefix>.submit.<queue>.<job>`) are listed through
+    stream info, which every identity may ask; the job's state is its latest decision or fact, read
+    where the credentials allow it (a team's identity reads only its own submissions)."""
+    import anyio
+    import nats.errors
+    from nats.js.errors import NotFoundError
+
+    from muster.events.codec import DecodeError, decode
+    from muster.events.store import StoreError, subject_token
+
+    token = subject_token(job)
+    info = await store.js.stream_info(store.stream, subjects_filter=f"{store.prefix}.submit.*.{token}")
+    subjects = sorted(info.state.subjects or {})
+    if not subjects:
+        return None
+    queue = subjects[0].split(".")[-2]
+    what = f"submitted to queue {queue}"
+    state = "state not readable with these credentials"
+    with anyio.move_on_after(1.5):
+        try:
+            first = await store.js.get_msg(store.stream, subject=subjects[0], direct=True)
+            what = f"submitted to queue {queue} at sequence {first.seq}"
+            last = await store.js.get_msg(store.stream, subject=f"{store.prefix}.job.{token}", direct=True)
+            state = _STATES.get(type(decode(last.data or b"")).__name__, "pending")
+        except NotFoundError:
+            state = "pending, no decision yet"
+        except (nats.errors.Error, StoreError, DecodeError):
+            pass
+    return f"{what} ({state})"
 
 
 async def _submit_all(args: argparse.Namespace, jobs: list[JobSubmitted]) -> int:
@@ -164,6 +217,11 @@ async def _submit_all(args: argparse.Namespace, jobs: list[JobSubmitted]) -> int
 
     store = await open_store(args, command="submit", create=False)
     try:
+        for job in jobs:
+            taken = await existing_job(store, job.job)
+            if taken is not None:
+                print(f"muster submit: job id {job.job!r} is taken: {taken}; choose another --job", file=sys.stderr)
+                return 2
         try:
             seqs = await store.append(jobs, msg_ids=[f"submit:{j.job}" for j in jobs])
         except StoreError as exc:

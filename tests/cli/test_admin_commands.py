@@ -240,6 +240,33 @@ def test_submit_refuses_a_number_past_the_bound_and_appends_nothing(log, capsys,
     assert log.events() == []
 
 
+def test_submit_refuses_a_job_id_the_log_holds_naming_its_queue_and_state(log, capsys):
+    """A reused --job exits 2 naming the live job's queue and state, in any queue, and appends nothing."""
+    from muster.events.types import JobAdmitted
+
+    anyio.run(_create, log)
+    assert main(["submit", "--queue", "team-a", "--job", "train-1", *log.flags]) == 0
+    admitted = JobAdmitted(at=1, job="train-1", queue="team-a", placement={"worker-0": "n0"})
+    anyio.run(_append, log, admitted)
+    before = log.events()
+    capsys.readouterr()
+    for queue in ("team-a", "team-b"):
+        assert main(["submit", "--queue", queue, "--job", "train-1", *log.flags]) == 2
+        err = capsys.readouterr().err
+        assert "job id 'train-1' is taken: submitted to queue team-a at sequence 1 (admitted)" in err
+    assert log.events() == before
+
+
+def test_submit_refuses_a_file_giving_one_id_twice(tmp_path, log, capsys):
+    """Two jobs of one file with the same id exit 2 before anything is appended."""
+    path = tmp_path / "jobs.yaml"
+    path.write_text("- {job: a, queue: q, podsets: [{count: 1}]}\n- {job: a, queue: q, podsets: [{count: 2}]}\n")
+    anyio.run(_create, log)
+    assert main(["submit", "-f", str(path), *log.flags]) == 2
+    assert "job a appears twice" in capsys.readouterr().err
+    assert log.events() == []
+
+
 def test_submit_says_why_when_nats_cannot_be_reached(tmp_path, capsys):
     """An unreachable NATS exits 1 with a sentence, not a traceback."""
     from muster.events.embedded import free_port
@@ -255,3 +282,13 @@ async def _create(log: Any) -> None:
     flags = dict(zip(log.flags[::2], log.flags[1::2], strict=True))
     store = await EventStore.connect(flags["--nats"], stream=flags["--stream"], prefix=flags["--subject-prefix"])
     await store.close()
+
+
+async def _append(log: Any, event: Any) -> None:
+    """Append one event as the daemon would."""
+    flags = dict(zip(log.flags[::2], log.flags[1::2], strict=True))
+    store = await EventStore.connect(flags["--nats"], stream=flags["--stream"], prefix=flags["--subject-prefix"])
+    try:
+        await store.append([event])
+    finally:
+        await store.close()

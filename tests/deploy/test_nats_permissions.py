@@ -285,6 +285,32 @@ async def test_the_admin_applies_declaratively_reading_only_the_configuration(
     assert await admin.refused_publish("$JS.API.DIRECT.GET.MUSTER.muster.job.admin-probe")
 
 
+async def test_a_team_is_refused_a_job_id_another_team_holds(
+    server: EmbeddedNats, connect: Connect, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`muster submit` as team-b sees that team-a holds the id (subject names only) and exits 2, appending nothing."""
+    from muster.cli import main
+
+    daemon = await connect("daemon")
+    await ensure_stream(daemon)
+    team_a = await _store_as(server, "team-a")
+    try:
+        await team_a.append([_job("shared-id", "team-a")])
+    finally:
+        await team_a.close()
+    before = await last_seq(daemon)
+    user, inbox, var = IDENTITIES["team-b"]
+    (tmp_path / "user").write_text(user)
+    (tmp_path / "password").write_text(PASSWORDS[var])
+    auth = {"username_file": str(tmp_path / "user"), "password_file": str(tmp_path / "password")}
+    config = tmp_path / "team-b.yaml"
+    config.write_text(yaml.safe_dump({"nats": {"url": server.url, "inbox_prefix": inbox, "auth": auth}}))
+    flags = ["submit", "--queue", "team-b", "--job", "shared-id", "--config", str(config)]
+    assert await anyio.to_thread.run_sync(main, flags) == 2
+    assert "job id 'shared-id' is taken: submitted to queue team-a" in capsys.readouterr().err
+    assert await last_seq(daemon) == before
+
+
 def _job(name: str, queue: str) -> JobSubmitted:
     gang = [PodSet(name="main", count=1, requests={"gpu": 1})]
     return JobSubmitted(at=1_800_000_000, job=JobId(name), queue=QueueName(queue), podsets=gang)
