@@ -196,10 +196,28 @@ def render_plot(
     plt.close(fig)
 
 
+def plot_problem(path: str) -> str | None:
+    """Why a plot cannot be written to `path` (an unknown image type, a missing folder), or None."""
+    from matplotlib.figure import Figure
+
+    kinds = sorted(Figure().canvas.get_supported_filetypes())
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix not in kinds:
+        return f"--plot {path}: the file name must end in an image type ({', '.join('.' + k for k in kinds)})"
+    folder = Path(path).parent
+    if not folder.is_dir():
+        return f"--plot {path}: folder {folder} does not exist"
+    return None
+
+
 def report_command(args: Any) -> int:
     """Run `muster billing report` with parsed arguments."""
     from muster.daemon.billing_store import LedgerError
     from muster.projections.chargeback import RateCardError, parse_time
+
+    if args.plot and (problem := plot_problem(args.plot)) is not None:
+        print(f"muster billing report: {problem}", file=sys.stderr)
+        return 2
 
     try:
         rates = load_rate_card(args.rates) if args.rates else None
@@ -220,11 +238,18 @@ def report_command(args: Any) -> int:
             return 2
         if start is None or end is None:
             span = ledger.span()
-            lo, hi = span if span is not None else (0, 0)
-            start = lo if start is None else start
-            end = hi if end is None else end
+            if span is None:
+                seq = ledger.applied_seq()
+                print(
+                    f"muster billing report: the ledger holds no GPU usage or capacity yet (it has applied the log "
+                    f"up to sequence {seq}); nothing to report",
+                    file=sys.stderr,
+                )
+                return 0
+            start = span[0] if start is None else start
+            end = span[1] if end is None else end
         if end <= start:
-            print(f"muster billing report: --to ({end}) must be after --from ({start})", file=sys.stderr)
+            print(f"muster billing report: --to ({_when(end)}) must be after --from ({_when(start)})", file=sys.stderr)
             return 2
         usage, capacity, queues = ledger.read_window(start, end)
         skipped = len(ledger.skipped())
@@ -241,6 +266,12 @@ def report_command(args: Any) -> int:
     sys.stdout.write(out.getvalue())
     if args.plot:
         series = hourly_series(usage, capacity, start=start, end=end)
-        render_plot(series, args.plot, title=f"{_when(start)} to {_when(end)}")
+        try:
+            render_plot(series, args.plot, title=f"{_when(start)} to {_when(end)}")
+        except OSError as exc:
+            print(
+                f"muster billing report: cannot write the plot to {args.plot}: {exc.strerror or exc}", file=sys.stderr
+            )
+            return 1
         print(f"plot written to {args.plot}", file=sys.stderr)
     return 0

@@ -22,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from muster.replay.cliutil import point_arg, run_command
+    from muster.replay.cliutil import check_point, check_range, point_arg, run_command
 
     async def body(source: Any, store: Any) -> int:
         from muster.replay.audit import audit, report_document
@@ -30,6 +30,9 @@ def run(args: argparse.Namespace) -> int:
 
         start = point_arg(args.start, "--from") if args.start else None
         end = point_arg(args.end, "--to") if args.end else None
+        check_range(start, end)
+        await check_point(source, start, "--from")
+        await check_point(source, end, "--to")
         snapshots = await open_snapshots(args, source, store) if start is not None else None
         report = await audit(source, start=start, end=end, snapshots=snapshots, verify=args.verify)
         if args.output == "json":

@@ -13,8 +13,9 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import IO, Any
 
+from muster.events.codec import DecodeError, decode
 from muster.events.store import BadEvent, EventStore
-from muster.replay.points import Point, PointError, parse_point
+from muster.replay.points import Clock, Point, PointError, parse_point
 from muster.replay.snapshots import (
     DirSnapshots,
     Discarded,
@@ -36,6 +37,58 @@ def point_arg(text: str | None, what: str) -> Point:
         return parse_point(text)
     except PointError as exc:
         raise UsageError(f"{what}: {exc}") from None
+
+
+async def _edge(source: LogSource, forward: bool) -> tuple[int, int] | None:
+    """(seq, time) of the first (or last) event that decodes, looking at most 100 sequences in."""
+    last = await source.last_seq()
+    if last < 1:
+        return None
+    span = range(1, min(last, 100) + 1) if forward else range(last, max(0, last - 100), -1)
+    for seq in span:
+        raw = await source.raw(seq)
+        if not raw or not raw.strip():
+            continue
+        try:
+            return seq, decode(raw).at
+        except DecodeError:
+            continue
+    return None
+
+
+async def check_point(source: LogSource, point: Point | None, what: str) -> None:
+    """Refuse (UsageError, exit 2) a point before the log's first event or after its last one."""
+    if point is None or point.is_end:
+        return
+    first, last = await _edge(source, True), await _edge(source, False)
+    if first is None or last is None:
+        raise UsageError(f"{what} {point.text}: the log {source.name} holds no event")
+    clock = Clock.for_log(last[1])
+    if point.seq is not None:
+        if point.seq > last[0]:
+            raise UsageError(f"{what} {point.text} is past the end of {source.name}, which ends at seq {last[0]:,}")
+        if point.seq < first[0]:
+            raise UsageError(
+                f"{what} {point.text} is before the start of {source.name}, which starts at seq {first[0]:,}"
+            )
+    elif point.time is not None:
+        if point.time > last[1]:
+            raise UsageError(
+                f"{what} {point.text} is past the end of {source.name}: its last event is at {clock.at(last[1])}"
+            )
+        if point.time < first[1]:
+            raise UsageError(
+                f"{what} {point.text} is before the start of {source.name}: its first event is at {clock.at(first[1])}"
+            )
+
+
+def check_range(start: Point | None, end: Point | None) -> None:
+    """Refuse a --from that comes after --to (both sequences, or both times)."""
+    if start is None or end is None:
+        return
+    for a, b in ((start.seq, end.seq), (start.time, end.time)):
+        if a is not None and b is not None and a > b:
+            raise UsageError(f"--from {start.text} comes after --to {end.text}")
 
 
 def stderr_bad(bad: BadEvent) -> None:

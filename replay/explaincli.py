@@ -24,13 +24,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from muster.replay.cliutil import point_arg, run_command
+    from muster.replay.cliutil import check_point, point_arg, run_command
 
     async def body(source: Any, store: Any) -> int:
         from muster.replay.cliutil import dump_json
         from muster.replay.explain import explain
 
         point = point_arg(args.at, "--at")
+        await check_point(source, point, "--at")
         story, now = await explain(source, args.job, point)
         if story.status == "unknown":
             print(f"muster explain: no job {args.job!r} in {source.name} up to {point.text}", file=sys.stderr)

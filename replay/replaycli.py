@@ -23,13 +23,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from muster.replay.cliutil import point_arg, run_command
+    from muster.replay.cliutil import check_point, point_arg, run_command
 
     async def body(source: Any, store: Any) -> int:
         from muster.replay.cliutil import open_snapshots
         from muster.replay.rebuild import state_at
 
         point = point_arg(args.at, "--at")
+        await check_point(source, point, "--at")
         snapshots = await open_snapshots(args, source, store)
         replayed = await state_at(source, point, snapshots, verify=args.verify)
         doc = document(replayed, point.text)

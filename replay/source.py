@@ -112,6 +112,25 @@ class FileLog(MemoryLog):
             lines.pop()  # the newline that ends the last line starts no new one
         super().__init__([ln.rstrip(b"\r") for ln in lines], str(path), on_bad)
 
+    def not_a_log(self, look: int = 100) -> str | None:
+        """Why the file is no event log (none of its first `look` lines is an event), or None.
+
+        A log may hold bad lines (they are reported and skipped), but a file none of whose
+        first lines is an event is something else: a scenario, a queues file, a typo."""
+        lines = [(i, raw) for i, raw in enumerate(self.raws, start=1) if raw.strip()][:look]
+        if not lines:
+            return None
+        for _, raw in lines:
+            try:
+                decode(raw)
+                return None
+            except DecodeError:
+                continue
+        hint = ""
+        if self.name.endswith((".yaml", ".yml")):
+            hint = f"; a scenario? `muster sim {self.name} --output jsonl > log.jsonl` writes its log"
+        return f"{self.name} is not a JSONL event log: none of its first {len(lines)} lines is an event{hint}"
+
 
 class NatsLog:
     """A JetStream stream read through `EventStore` (bad messages are reported by the store)."""
@@ -160,6 +179,9 @@ async def open_source(
             log = FileLog(args.log, on_bad)
         except OSError as exc:
             raise SourceError(f"cannot read {args.log}: {exc.strerror or exc}") from None
+        problem = log.not_a_log()
+        if problem is not None:
+            raise SourceError(problem)
         yield log, None
         return
     from muster.events.store import StoreError

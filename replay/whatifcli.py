@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from muster.replay.cliutil import point_arg, run_command
+    from muster.replay.cliutil import check_point, check_range, point_arg, run_command
 
     async def body(source: Any, store: Any) -> int:
         from muster.replay.cliutil import dump_json, open_snapshots
@@ -42,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
 
         start = point_arg(args.start, "--from") if args.start else None
         end = point_arg(args.end, "--to") if args.end else None
+        check_range(start, end)
+        await check_point(source, start, "--from")
+        await check_point(source, end, "--to")
         try:
             text = read_config(args.config)
             snapshots = await open_snapshots(args, source, store) if start is not None else None

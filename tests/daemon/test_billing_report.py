@@ -187,3 +187,30 @@ def test_postgresql_url_without_driver_says_what_to_install(capsys: pytest.Captu
         pytest.skip("psycopg is installed here")
     assert main(["billing", "report", "--db", "postgresql://u@localhost/billing"]) == 2
     assert "psycopg" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        pytest.param("/nonexistent/x.png", "folder /nonexistent does not exist", id="missing-folder"),
+        pytest.param("x.txt", "must end in an image type", id="not-an-image-type"),
+    ],
+)
+def test_a_plot_that_cannot_be_written_exits_2_before_the_report(
+    capsys: pytest.CaptureFixture[str], ledger_url: str, tmp_path: Path, name: str, words: str
+) -> None:
+    """`--plot` to a missing folder or a non-image name exits 2 with a sentence, not a traceback, and prints nothing."""
+    path = name if name.startswith("/") else str(tmp_path / name)
+    assert main(["billing", "report", "--db", ledger_url, "--plot", path]) == 2
+    out, err = capsys.readouterr()
+    assert words in err and "Traceback" not in err and out == ""
+
+
+def test_an_empty_ledger_says_there_is_nothing_to_report(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A ledger that has billed no usage yet says so (exit 0), not "--to (0) must be after --from (0)"."""
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    with LedgerDB.open(url) as db:
+        db.load()
+    assert main(["billing", "report", "--db", url]) == 0
+    err = capsys.readouterr().err
+    assert "holds no GPU usage or capacity yet" in err and "--to" not in err

@@ -157,3 +157,33 @@ def test_replay_cli_bad_point_and_missing_log(tmp_path: Path, capsys: pytest.Cap
     assert "--at" in capsys.readouterr().err
     assert main(["replay", "--log", str(tmp_path / "nope.jsonl")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        pytest.param(["replay", "--at", "999"], "--at 999 is past the end of", id="replay-seq-past-the-end"),
+        pytest.param(["replay", "--at", "0"], "--at 0 is before the start of", id="replay-seq-before-the-start"),
+        pytest.param(["replay", "--at", "@99h"], "is past the end of", id="replay-time-past-the-end"),
+        pytest.param(["explain", "x", "--at", "999"], "--at 999 is past the end of", id="explain-past-the-end"),
+        pytest.param(["audit", "--from", "30", "--to", "10"], "--from 30 comes after --to 10", id="audit-reversed"),
+        pytest.param(["audit", "--from", "3000"], "--from 3000 is past the end of", id="audit-from-past-the-end"),
+    ],
+)
+def test_a_point_outside_the_log_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], words: str
+) -> None:
+    """A point past the end or before the start of the log, or a reversed window, exits 2 saying where the log ends."""
+    path = write_jsonl(tmp_path / "log.jsonl", sim(STORY).events)
+    assert main([*argv, "--log", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert words in err and out == ""
+
+
+def test_a_scenario_given_as_the_log_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`replay --log scenario.yaml` exits 2 saying it is no event log and how to make one."""
+    path = tmp_path / "scenario.yaml"
+    path.write_text("queues:\n  - {name: q, nominal: {gpu: 8}}\nnodes:\n  - {name: n0, capacity: {gpu: 8}}\n")
+    assert main(["replay", "--log", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "is not a JSONL event log" in err and "muster sim" in err
