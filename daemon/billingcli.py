@@ -132,10 +132,11 @@ async def _serve(args: argparse.Namespace, cfg: dict[str, Any]) -> int:
     import threading
 
     import anyio
-    import nats
 
     from muster.daemon.billing import BillingMetrics, BillingSubscriber, SubscriberOptions
     from muster.daemon.billing_store import LedgerDB
+    from muster.events.store import StoreError, connect_client, url_problem
+    from muster.events.wire import redact
 
     nats_cfg = cfg.get("nats") or {}
     billing_cfg = cfg.get("billing") or {}
@@ -154,22 +155,32 @@ async def _serve(args: argparse.Namespace, cfg: dict[str, Any]) -> int:
     metrics_port = args.metrics_port if args.metrics_port is not None else http_cfg.get("metrics_port")
     health_port = args.health_port if args.health_port is not None else http_cfg.get("health_port")
 
+    servers = [u.strip() for u in url.split(",")]
+    for server in servers:
+        if (problem := url_problem(server)) is not None:
+            print(f"muster billing run: {problem}", file=sys.stderr)
+            return 2
     ledger = LedgerDB.open(db_url or DEFAULT_DB)
     try:
-        # nats-py retries the first connection as long as later ones: bound it, and say why we give up
+        # a refused or unreachable server fails within seconds (the store's first-connection rule);
+        # once connected, the client reconnects for ever
         with anyio.fail_after(args.connect_timeout):
-            nc = await nats.connect(
-                servers=[u.strip() for u in url.split(",")],
-                name="muster-billing",
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=1.0,
-                error_cb=_nats_error,
-                **nats_options(cfg),
+            nc = await connect_client(
+                servers,
+                3,
+                {
+                    "name": "muster-billing",
+                    "max_reconnect_attempts": -1,
+                    "connect_timeout": 2,
+                    "error_cb": _nats_error,
+                    **nats_options(cfg),
+                },
             )
-    except Exception as exc:
+        nc.options["reconnect_time_wait"] = 1.0
+    except (StoreError, TimeoutError) as exc:
         ledger.close()
         why = f"no answer within {args.connect_timeout:g} s" if isinstance(exc, TimeoutError) else str(exc)
-        print(f"muster billing run: cannot connect to NATS at {url}: {why}", file=sys.stderr)
+        print(f"muster billing run: cannot use NATS at {redact(url)}: {why}", file=sys.stderr)
         return 1
     metrics = BillingMetrics()
     sub = BillingSubscriber(nc.jetstream(), ledger, options, metrics)

@@ -140,7 +140,7 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
     from muster.daemon.leader import KvElector
     from muster.daemon.loop import Elector, SchedulerLoop, Service, SoleElector
     from muster.daemon.metrics import DaemonMetrics
-    from muster.events.store import EventStore, StoreError
+    from muster.events.store import EventStore, StoreError, url_problem
 
     log = structlog.get_logger("muster.daemon")
     structlog.contextvars.bind_contextvars(replica=cfg.identity)
@@ -150,6 +150,10 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
     if cfg.namespaces:
         log.warning("kubernetes.namespaces is not supported yet: pods of every namespace are scheduled")
     options = nats_connect_options(cfg)
+    for url in cfg.nats_urls:
+        if (problem := url_problem(url)) is not None:
+            print(f"muster daemon: {problem}", file=sys.stderr)
+            return 2
     try:
         with anyio.fail_after(connect_timeout):
             store = await EventStore.connect(

@@ -141,6 +141,14 @@ class StoreError(Exception):
     """The event store cannot do what was asked (missing stream, server unreachable...)."""
 
 
+class StoreUnreachable(StoreError):
+    """No server of the URLs answered the first connection (a runtime failure, not bad input)."""
+
+
+class StreamMissing(StoreError):
+    """The stream does not exist and the caller did not ask to create it."""
+
+
 class ConcurrencyConflict(StoreError):
     """A fenced append found the stream ended elsewhere than expected.
 
@@ -439,7 +447,7 @@ class EventStore:
             try:
                 await self.js.stream_info(self.stream)
             except NotFoundError:
-                raise StoreError(f"stream {self.stream} does not exist (and create=False)") from None
+                raise StreamMissing(f"stream {self.stream} does not exist (and create=False)") from None
             return
         try:
             await self.js.add_stream(config)
@@ -785,14 +793,44 @@ class EventStore:
                     yield StoredEvent(seq, event)
 
 
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+
+
+def url_problem(url: str) -> str | None:
+    """Why `url` is no NATS server URL (`http://...`, a typo in the scheme), or None."""
+    scheme, sep, rest = url.strip().partition("://")
+    if not sep:
+        return None if url.strip() else "the NATS URL is empty"
+    if scheme.lower() not in NATS_SCHEMES:
+        host = rest.rpartition("@")[2].split("/", 1)[0] or "HOST:4222"
+        return (
+            f"{redact(url)} is not a NATS URL: NATS speaks its own protocol, not {scheme}; "
+            f"use nats://{host} (or {', '.join(s + '://' for s in NATS_SCHEMES[1:])})"
+        )
+    return None
+
+
+async def connect_client(servers: list[str], attempts: int, nats_options: dict[str, Any]) -> NatsClient:
+    """A nats-py client that fails fast on the first connection (StoreError naming the URLs) and
+    reconnects as `nats_options` say afterwards. Every long-running client connects through it."""
+    return await _connect(servers, attempts, nats_options)
+
+
 async def _connect(servers: list[str], attempts: int, nats_options: dict[str, Any]) -> NatsClient:
     """A nats-py client that fails fast on the first connection and reconnects as configured afterwards."""
+    for url in servers:
+        problem = url_problem(url)
+        if problem is not None:
+            raise StoreError(problem)
     last_error: list[Exception] = []
+    caller_cb = nats_options.get("error_cb")
 
     async def on_error(exc: Exception) -> None:
         last_error.append(exc)
         del last_error[:-10]  # the client lives long: keep only the latest few
         log.debug("nats client error", error=f"{type(exc).__name__}: {exc}")
+        if caller_cb is not None:
+            await caller_cb(exc)
 
     options: dict[str, Any] = {
         "name": "muster",
@@ -802,7 +840,7 @@ async def _connect(servers: list[str], attempts: int, nats_options: dict[str, An
         "disconnected_cb": _nats_disconnected,
         "reconnected_cb": _nats_reconnected,
     }
-    options.update(nats_options)
+    options.update({k: v for k, v in nats_options.items() if k != "error_cb"})
     reconnects = options.pop("max_reconnect_attempts", -1)
     # nats-py never gives up a first connection unless max_reconnect_attempts > 0, so
     # bound it for the first connection and switch to the caller's setting afterwards
@@ -817,7 +855,7 @@ async def _connect(servers: list[str], attempts: int, nats_options: dict[str, An
         said = [e for e in last_error if not isinstance(e, OSError)]
         reason = said[-1] if said else (last_error[-1] if last_error else exc)
         where = ", ".join(redact(u) for u in servers)  # never a password in a message or a log
-        raise StoreError(f"cannot connect to {where}: {type(reason).__name__}: {reason}") from None
+        raise StoreUnreachable(f"cannot connect to {where}: {type(reason).__name__}: {reason}") from None
     nc.options["max_reconnect_attempts"] = reconnects
     return nc
 

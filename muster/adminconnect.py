@@ -47,6 +47,13 @@ async def open_store(args: argparse.Namespace, *, command: str, create: bool = T
     except ConfigError as exc:
         print(f"muster {command}: {exc}", file=sys.stderr)
         raise CommandFailed(2) from None
+    from muster.events.store import url_problem
+
+    for url in cfg.nats_urls:
+        problem = url_problem(url)
+        if problem is not None:
+            print(f"muster {command}: {problem}", file=sys.stderr)
+            raise CommandFailed(2)
     try:
         with anyio.fail_after(args.connect_timeout):
             return await EventStore.connect(

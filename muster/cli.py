@@ -34,12 +34,25 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module_name)
         importlib.import_module(module_name).add_arguments(p)
+    _mark_leaves(parser)
     return parser
+
+
+def _mark_leaves(parser: argparse.ArgumentParser) -> None:
+    """Each (sub)command parser records itself, so a stray argument is reported with its own usage."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                child.set_defaults(_parser=child)
+                _mark_leaves(child)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        leaf: argparse.ArgumentParser = getattr(args, "_parser", parser)
+        leaf.error(f"unrecognized arguments: {' '.join(extra)}")  # exits 2
     module = importlib.import_module(args._module)
     try:
         code: int = module.run(args)

@@ -1,14 +1,16 @@
 """Plumbing shared by the replay commands: arguments, opening the log and snapshots, output.
 
-Exit status of every replay command: 0 done; 1 a finding (audit differences);
-2 bad arguments or a log that cannot be opened, with a one-line message and
-never a traceback.
+Exit status of every replay command: 0 done; 1 a finding (audit differences)
+or NATS not answering; 2 bad arguments or a log that cannot be opened (a
+missing file or stream, not a NATS URL), with a one-line message and never a
+traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Awaitable, Callable
 from typing import IO, Any
@@ -23,11 +25,14 @@ from muster.replay.snapshots import (
     Snapshots,
     default_bucket,
 )
-from muster.replay.source import LogSource, SourceError, open_source
+from muster.replay.source import LogSource, SourceError, SourceUnavailable, open_source
 
 
 class UsageError(Exception):
     """Bad arguments: printed, exit 2."""
+
+
+_BUCKET = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def point_arg(text: str | None, what: str) -> Point:
@@ -110,6 +115,11 @@ async def open_snapshots(
         if where is None:
             return None
         return Snapshots(DirSnapshots(where), source, report=stderr_discarded)
+    if where is not None and not _BUCKET.fullmatch(where):
+        raise UsageError(
+            f"--snapshots {where}: with a NATS log it names an object store bucket (letters, digits, - and _); "
+            "a directory goes with --log FILE"
+        )
     backend = await NatsSnapshots.open(store.js, where or default_bucket(store.stream), create=create)
     if backend is None:
         return None
@@ -130,11 +140,16 @@ def run_command(
         async with open_source(args, stderr_bad) as (source, store):
             return await body(source, store)
 
+    from nats.errors import Error as NatsError
+
     try:
         return anyio.run(main)
     except (SourceError, UsageError) as exc:
         print(f"muster {prog}: {exc}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(exc, SourceUnavailable) else 2
+    except NatsError as exc:  # a request refused or timed out mid-way: say so, no traceback
+        print(f"muster {prog}: NATS: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
 
 
 class _Stderr:

@@ -283,7 +283,7 @@ def _run_with_config(args: argparse.Namespace, settings: NatsSettings, body: Any
     import anyio
     from nats.errors import Error as NatsError
 
-    from muster.events.store import EventStore, StoreError
+    from muster.events.store import EventStore, StoreError, StoreUnreachable
     from muster.replay.cliutil import UsageError, _quiet_logs, stderr_bad
     from muster.replay.source import NatsLog
 
@@ -307,7 +307,10 @@ def _run_with_config(args: argparse.Namespace, settings: NatsSettings, body: Any
                 break
             except (StoreError, OSError) as exc:
                 if not args.follow:
-                    raise StoreError(f"cannot open stream {args.stream}: {exc}") from None
+                    unreachable = isinstance(exc, (StoreUnreachable, OSError))
+                    raise (StoreUnreachable if unreachable else StoreError)(
+                        f"cannot open stream {args.stream}: {exc}"
+                    ) from None
                 # a sidecar may start before NATS answers or before its daemon created the stream:
                 # wait for them rather than crash-loop
                 attempt += 1
@@ -329,10 +332,10 @@ def _run_with_config(args: argparse.Namespace, settings: NatsSettings, body: Any
         return anyio.run(main)
     except (StoreError, UsageError) as exc:
         print(f"muster snapshot: {exc}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(exc, StoreUnreachable) else 2
     except NatsError as exc:  # e.g. a request the identity may not make times out: say so, no traceback
         print(f"muster snapshot: NATS: {type(exc).__name__} {exc}", file=sys.stderr)
-        return 2
+        return 1
 
 
 def _size(n: int) -> str:

@@ -166,7 +166,11 @@ class NatsLog:
 
 
 class SourceError(Exception):
-    """The log cannot be opened (missing file, unreachable NATS, missing stream)."""
+    """The log cannot be opened (missing file, missing stream, not a NATS URL): exit 2."""
+
+
+class SourceUnavailable(SourceError):
+    """NATS did not answer: a runtime failure (exit 1), not bad input."""
 
 
 @contextlib.asynccontextmanager
@@ -184,11 +188,13 @@ async def open_source(
             raise SourceError(problem)
         yield log, None
         return
-    from muster.events.store import StoreError
+    from muster.events.store import StoreError, StoreUnreachable
 
     try:
         store = await EventStore.connect(args.nats, stream=args.stream, create=False, on_bad=on_bad, connect_attempts=1)
-    except (StoreError, OSError) as exc:
+    except (StoreUnreachable, OSError) as exc:
+        raise SourceUnavailable(f"cannot open stream {args.stream}: {exc}") from None
+    except StoreError as exc:
         raise SourceError(f"cannot open stream {args.stream}: {exc}") from None
     try:
         yield NatsLog(store), store
