@@ -73,6 +73,9 @@ def _load_config(path: str | None) -> dict[str, Any]:
         data = yaml.safe_load(f) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping")
+    from muster.daemon.config import check_keys
+
+    check_keys(data, path, top={"billing", "nats", "http", "log", "identity"})
     return data
 
 

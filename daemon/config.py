@@ -20,7 +20,7 @@ import copy
 import os
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,40 @@ _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 
 SECTIONS = ("leader_election", "kubernetes", "utilization", "http", "nats", "log")
 _TOP_KEYS = {*SECTIONS, "queues_file", "identity", "simulated_cluster"}
+
+KEYS: dict[str, frozenset[str]] = {
+    "nats": frozenset({"url", "stream", "subject_prefix", "inbox_prefix", "max_event_bytes", "auth", "tls"}),
+    "nats.auth": frozenset({"username_file", "password_file", "token_file", "nkey_seed_file", "creds_file"}),
+    "nats.tls": frozenset({"ca_file", "cert_file", "key_file", "server_name"}),
+    "leader_election": frozenset({"backend", "ttl_seconds", "kv_bucket", "lease_name", "lease_namespace"}),
+    "kubernetes": frozenset({"scheduler_name", "namespaces", "kubeconfig"}),
+    "utilization": frozenset({"url", "source", "interval_seconds"}),
+    "http": frozenset({"health_port", "metrics_port"}),
+    "log": frozenset({"level", "format"}),
+    "billing": frozenset({"consumer", "data_dir"}),
+}
+"""The keys each section of a config file may hold (deploy/README.md); a typo is an error, not a default."""
+
+
+def check_keys(data: Mapping[str, Any], path: str, top: Collection[str] = frozenset(_TOP_KEYS)) -> None:
+    """Raise ConfigError naming the first key of the file no muster command reads, and the valid ones."""
+
+    def fail(where: str, key: object, valid: Collection[str]) -> ConfigError:
+        return ConfigError(f"{path}: unknown key {where}{key!s} (valid: {', '.join(sorted(valid))})")
+
+    for key in data:
+        if key not in top:
+            raise fail("", key, top)
+    for section, allowed in sorted(KEYS.items()):
+        head, _, sub = section.partition(".")
+        value = data.get(head)
+        if sub:
+            value = value.get(sub) if isinstance(value, Mapping) else None
+        if not isinstance(value, Mapping):
+            continue  # absent, or a wrong type the typed views report
+        for key in value:
+            if key not in allowed:
+                raise fail(f"{section}.", key, allowed)
 
 
 class ConfigError(ValueError):
@@ -91,7 +125,7 @@ class DaemonConfig:
     raw: dict[str, Any] = field(default_factory=dict)
     """The merged configuration (file, environment, flags)."""
     unknown: list[str] = field(default_factory=list)
-    """Top-level keys of the file this daemon does not read (logged, not fatal: `extraConfig` may add some)."""
+    """Top-level keys of the file this daemon does not read (none: `check_keys` refuses them)."""
 
     def section(self, name: str) -> dict[str, Any]:
         value = self.raw.get(name) or {}
@@ -281,6 +315,7 @@ def load_config(
 ) -> DaemonConfig:
     """Merge the file, the environment and the flags' `overrides` (nested like the file; None = not given)."""
     merged = read_file(path)
+    check_keys(merged, str(path))
     unknown = sorted(set(merged) - _TOP_KEYS)
     merged = _deep_merge(merged, from_env(os.environ if env is None else env))
     merged = _deep_merge(merged, _prune(overrides or {}))

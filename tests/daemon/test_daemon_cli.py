@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import anyio
 import pytest
 import yaml
 
+from muster.cli import main
 from muster.daemon.config import ConfigError, load_config, nats_connect_options
 from muster.daemon.endpoints import serve_http
 from muster.daemon.loop import SchedulerLoop, SoleElector
@@ -185,3 +187,29 @@ def test_the_daemon_runs_from_the_chart_config_and_stops_cleanly_on_sigterm(tmp_
             await log.close()
 
     assert [(e.epoch, e.holder) for e in anyio.run(leaders)] == [(1, "muster-0")]
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        pytest.param(
+            {"nats": {"strem": "MUSTER"}}, "unknown key nats.strem (valid: auth, inbox_prefix,", id="nats-strem"
+        ),
+        pytest.param({"leader_elction": {}}, "unknown key leader_elction (valid: http, identity,", id="top-level"),
+        pytest.param({"nats": {"tls": {"ca": "x"}}}, "unknown key nats.tls.ca (valid: ca_file,", id="nested"),
+    ],
+)
+def test_a_config_key_typo_is_refused_naming_it_and_the_valid_keys(tmp_path, capsys, edit, words):
+    """A misspelt key (`strem:`) exits 2 with its name and the keys that section takes, instead of a default."""
+    path = chart_config(tmp_path, "nats://127.0.0.1:1", "S", "p")
+    raw = yaml.safe_load(path.read_text())
+    for key, value in edit.items():
+        if isinstance(value, dict) and isinstance(raw.get(key), dict):
+            raw[key].update(value)
+        else:
+            raw[key] = value
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        load_config(str(path), env={})
+    assert main(["daemon", "--config", str(path)]) == 2
+    assert words in capsys.readouterr().err
