@@ -58,6 +58,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def muster_command() -> str:
+    """How this shell runs muster: `muster` when PATH finds this very script, else its path
+    (`.venv/bin/muster` after `make demo`, which does not put the venv on PATH)."""
+    import shutil
+
+    script = Path(sys.executable).parent / "muster"
+    found = shutil.which("muster")
+    if not script.exists():
+        return "muster" if found else f"{sys.executable} -m muster.cli"
+    if found and Path(found).resolve() == script.resolve():
+        return "muster"
+    try:
+        return str(script.absolute().relative_to(Path.cwd()))
+    except ValueError:
+        return str(script.absolute())
+
+
 def print_summary(result: object, directory: Path) -> None:
     from muster.daemon.demo import DemoResult
     from muster.events.embedded import find_nats_server
@@ -87,17 +104,18 @@ def print_summary(result: object, directory: Path) -> None:
         binary = "nats-server"
     url = f"nats://127.0.0.1:{result.port}"
     source = f"--nats {url} --stream {result.stream}"
+    muster = muster_command()
     print()
     print("Replay, explain and audit it (serve the demo's store again first):")
     print(f"  {binary} -js -a 127.0.0.1 -p {result.port} -sd {result.store_dir} &")
-    print(f"  muster replay {source} --running")
+    print(f"  {muster} replay {source} --running")
     if result.sample_job:
-        print(f"  muster explain {source} '{result.sample_job}'")
-    print(f"  muster audit {source}")
+        print(f"  {muster} explain {source} '{result.sample_job}'")
+    print(f"  {muster} audit {source}")
     if result.rates is not None:
         db = f"sqlite:///{directory / 'billing.db'}"
         print()
         print("Bill it (allocated vs used GPU-hours per queue, with the demo's rate card):")
-        print(f"  muster billing run {source} --db {db} --once")
+        print(f"  {muster} billing run {source} --db {db} --once")
         rates, plot = directory / "rates.yaml", directory / "billing.png"
-        print(f"  muster billing report --db {db} --rates {rates} --plot {plot}")
+        print(f"  {muster} billing report --db {db} --rates {rates} --plot {plot}")

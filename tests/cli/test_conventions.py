@@ -86,3 +86,17 @@ def test_an_http_url_is_refused_as_no_nats_url(index: int, tmp_path: Path, capsy
     assert main([*argv, "--nats", "http://localhost:4222"]) == 2
     err = capsys.readouterr().err
     assert "http://localhost:4222 is not a NATS URL" in err and "nats://localhost:4222" in err
+
+
+def test_make_bench_runs_every_benchmark_at_modest_sizes() -> None:
+    """bench/run_all.py (`make bench`) lists every script of bench/, each with small arguments."""
+    import subprocess
+    import sys
+
+    bench = Path(__file__).resolve().parents[2] / "bench"
+    listed = subprocess.run(
+        [sys.executable, str(bench / "run_all.py"), "--list"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout.splitlines()
+    scripts = sorted(p.name for p in bench.glob("*.py") if p.name != "run_all.py")
+    assert sorted(line.split()[1].removeprefix("bench/") for line in listed) == scripts
+    assert all(len(line.split()) > 2 for line in listed), "every script gets modest arguments"

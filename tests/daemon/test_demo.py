@@ -119,3 +119,25 @@ def test_the_demo_workload_has_busy_and_idle_gangs_the_same_for_a_seed():
     idle = [p for p in training if p <= 0.05]
     assert 0 < len(idle) < len(training) / 3
     assert all(0.70 <= p <= 0.95 for p in training if p > 0.05)
+
+
+def test_the_closing_hints_name_a_muster_this_shell_can_run(tmp_path, monkeypatch, capsys):
+    """Without the venv on PATH (as after `make demo`), the hints say `.venv/bin/muster`, not a bare `muster`."""
+    import sys
+    from pathlib import Path
+
+    from muster.daemon.demo import DemoResult
+    from muster.daemon.democli import print_summary
+
+    venv_bin = Path(sys.executable).parent
+    monkeypatch.chdir(venv_bin.parent.parent)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no muster anywhere on it
+    result = DemoResult(url="nats://127.0.0.1:4222", port=4222, store_dir=tmp_path, stream="MUSTER", events=1)
+    print_summary(result, tmp_path)
+    hints = [line.strip() for line in capsys.readouterr().out.splitlines() if "replay --nats" in line]
+    assert hints == [
+        f"{venv_bin.relative_to(venv_bin.parent.parent)}/muster replay --nats {result.url} --stream MUSTER --running"
+    ]
+    monkeypatch.setenv("PATH", str(venv_bin))  # muster on PATH: the short name works
+    print_summary(result, tmp_path)
+    assert "  muster replay --nats" in capsys.readouterr().out
