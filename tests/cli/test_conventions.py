@@ -100,3 +100,13 @@ def test_make_bench_runs_every_benchmark_at_modest_sizes() -> None:
     scripts = sorted(p.name for p in bench.glob("*.py") if p.name != "run_all.py")
     assert sorted(line.split()[1].removeprefix("bench/") for line in listed) == scripts
     assert all(len(line.split()) > 2 for line in listed), "every script gets modest arguments"
+
+
+def test_version_prints_the_installed_version(capsys) -> None:
+    """`muster --version` prints the version of the installed package and exits 0."""
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"muster {version('muster-scheduler')}"
