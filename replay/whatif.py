@@ -11,10 +11,11 @@ How the log becomes a scenario:
   were pending or running at `t0` are submitted at 0, in their submission
   order, with the work they still had to do;
 - `JobSubmitted` in the window -> a submission at its time. Its runtime is
-  `JobSubmitted.runtime` when set, else the work it really did up to its
-  `JobFinished`/`JobFailed` (admission to finish, plus work saved at
-  checkpoints before a preemption), anywhere later in the log; a job that
-  never ended in the log runs until the end;
+  the work it really did up to its `JobFinished`/`JobFailed` (admission to
+  finish, plus work saved at checkpoints before a preemption), anywhere later
+  in the log; else `JobSubmitted.runtime` when set (a declared runtime is an
+  estimate, and `muster demo` runs jobs `--speed` times faster than they
+  declare); a job that did neither runs until the end;
 - `JobCancelled` -> a cancellation; node events -> the same node events;
   configuration events of a kind the new configuration does not replace ->
   the same events; cycle-0 rejections (input translation) -> the same;
@@ -23,7 +24,8 @@ How the log becomes a scenario:
 
 The configuration file holds the scenario sections `queues` (required),
 `cohorts`, `priority_classes`, `fair_sharing`, `idle_reclaim` (spec/scenario.md);
-a section it leaves out keeps the log's. Both sides are measured the same
+a section it leaves out keeps the log's, and so does a queue it does not name
+(a file changing one queue's quota need not repeat the others). Both sides are measured the same
 way (`Tally`): admission wait (submission to first admission), preemptions,
 GPU-seconds held and borrowed, utilization: the cluster's, and per queue its
 share of the cluster and its use of its own nominal quota.
@@ -40,6 +42,7 @@ import yaml
 
 from muster.events.types import (
     CohortConfigured,
+    CohortName,
     Event,
     JobAdmitted,
     JobCancelled,
@@ -55,6 +58,7 @@ from muster.events.types import (
     NodeUpdated,
     PriorityClassConfigured,
     QueueConfigured,
+    QueueName,
     SchedulerConfigured,
 )
 from muster.projections.cluster import ClusterState, evolve
@@ -334,6 +338,22 @@ def load_config(text: str, name: str, state: ClusterState) -> tuple[list[Event],
                 idle_reclaim=ev.idle_reclaim if "idle_reclaim" in root else state.idle_reclaim,
             )
         events.append(ev)
+    # a queue the file does not name keeps the log's configuration (as `queues apply` leaves it)
+    named = {ev.name for ev in events if isinstance(ev, QueueConfigured)}
+    for q in sorted(state.queues.values(), key=lambda q: q.name):
+        if q.name not in named:
+            events.append(
+                QueueConfigured(
+                    at=0,
+                    name=QueueName(q.name),
+                    cohort=CohortName(q.cohort) if q.cohort is not None else None,
+                    nominal=dict(q.nominal),
+                    borrowing_limit=dict(q.borrowing_limit) if q.borrowing_limit is not None else None,
+                    lending_limit=dict(q.lending_limit) if q.lending_limit is not None else None,
+                    weight=q.weight,
+                    preemption=q.preemption,
+                )
+            )
     replaced = {"QueueConfigured"}
     if "cohorts" in root:
         replaced.add("CohortConfigured")
@@ -437,9 +457,9 @@ async def whatif(
     result = simulate(scenario, on_event=on_event, keep_events=False)
     alt.advance(result.end)
     notes = []
-    unknown_queues = sorted({j.queue for j in state.jobs.values()} - {q.name for q in _queues(config)})
-    if unknown_queues:
-        notes.append(f"jobs of queues absent from the configuration are rejected: {', '.join(unknown_queues)}")
+    kept = sorted(set(state.queues) - _named_queues(config_text))
+    if kept:
+        notes.append(f"queues the configuration does not name keep the log's configuration: {', '.join(kept)}")
     if not runtimes and any(isinstance(ev, JobSubmitted) and ev.runtime is None for _, ev in window):
         notes.append("no job finished in the log: jobs without a declared runtime run until the end")
     changed = _changed_queues(state, config)
@@ -452,6 +472,13 @@ async def whatif(
         queues_changed=changed,
         notes=notes,
     )
+
+
+def _named_queues(text: str) -> set[str]:
+    """The queue names a (valid) configuration file gives."""
+    root = yaml.safe_load(text) or {}
+    queues = root.get("queues") if isinstance(root, dict) else None
+    return {str(q["name"]) for q in queues or [] if isinstance(q, dict) and "name" in q}
 
 
 def _queues(config: list[Event]) -> list[QueueConfigured]:
@@ -501,12 +528,12 @@ def _scenario(
     for job in sorted(state.jobs.values(), key=lambda j: j.seq):
         if job.status not in ("pending", "admitted"):
             continue
-        total = job.runtime if job.runtime is not None else runtimes.get(job.id)
+        total = runtimes.get(job.id, job.runtime)
         remaining = None if total is None else max(1, total - job.progress(t0))
         add(t0, "submit", _submit(job.id, job.queue, job.priority_class, job.podsets, remaining, job.checkpoint_every))
     for _, ev in window:
         if isinstance(ev, JobSubmitted):
-            runtime = ev.runtime if ev.runtime is not None else runtimes.get(ev.job)
+            runtime = runtimes.get(ev.job, ev.runtime)
             add(ev.at, "submit", _submit(ev.job, ev.queue, ev.priority_class, ev.podsets, runtime, ev.checkpoint_every))
         elif isinstance(ev, JobCancelled):
             add(ev.at, "cancel", {"name": ev.job})

@@ -92,6 +92,31 @@ async def test_runtimes_are_derived_from_admission_to_finish() -> None:
     assert all(j["whatif"]["gpu_seconds"] == j["real"]["gpu_seconds"] for j in rows.values())
 
 
+async def test_observed_work_beats_a_declared_runtime_the_jobs_did_not_take() -> None:
+    """Jobs that declared 4x the time they ran (`muster demo --speed 4`) run again as long as they really did."""
+    events = [
+        msgspec.structs.replace(e, runtime=e.runtime * 4) if isinstance(e, JobSubmitted) and e.runtime else e
+        for e in sim(STORY).events
+    ]
+    result = await whatif(memory_log(events), STORY_CONFIG)
+    for job in result.job_rows():
+        real, alt = job["real"], job["whatif"]
+        assert (alt["wait"], alt["gpu_seconds"], alt["finished"]) == (
+            real["wait"],
+            real["gpu_seconds"],
+            real["finished"],
+        )
+
+
+async def test_a_queue_the_configuration_leaves_out_keeps_the_logs() -> None:
+    """A file naming only qa changes qa; qb runs as it did (not rejected), and a note says qb was kept."""
+    only_qa = "queues:\n  - {name: qa, nominal: {gpu: 16}}\n"
+    result = await whatif(memory_log(sim(BUSY).events), only_qa)
+    full = await whatif(memory_log(sim(BUSY).events), BUSY_DOUBLED)
+    assert result.job_rows() == full.job_rows() and result.queue_rows() == full.queue_rows()
+    assert result.notes == ["queues the configuration does not name keep the log's configuration: qb"]
+
+
 async def test_a_doubled_quota_lowers_the_waits_of_its_queue() -> None:
     """Doubling qa's quota admits its queued jobs sooner; qb, unchanged and without a cohort, waits as before."""
     result = await whatif(memory_log(sim(BUSY).events), BUSY_DOUBLED)
