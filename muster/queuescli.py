@@ -115,12 +115,10 @@ async def read_current(store: EventStore) -> Current:
 
 
 def _kind_and_name(event: Event) -> tuple[str, str]:
-    from muster.events.types import CohortConfigured, PriorityClassConfigured
+    """(subject kind, name) of a class, cohort or queue event: its key in `Current.objects`."""
+    from muster.events.store import subject_for
 
-    kind = "priorityclass" if isinstance(event, PriorityClassConfigured) else "queue"
-    if isinstance(event, CohortConfigured):
-        kind = "cohort"
-    return kind, str(getattr(event, "name", ""))
+    return subject_for(event).split(".")[1], str(getattr(event, "name", ""))
 
 
 _LABEL = {"priorityclass": "priority class", "cohort": "cohort", "queue": "queue"}
