@@ -193,6 +193,19 @@ def test_node_capacity_past_the_bound_is_left_out_and_reported():
     assert problems == ["gpu: '99999999999999999999' is more than muster accepts (at most 1125899906842624); left out"]
 
 
+def test_a_pod_request_past_the_bound_is_kept_exactly_for_the_core_to_reject():
+    """A pod asking 99999999999999999999 GPUs keeps that exact number (no float); the core rejects it by name."""
+    from muster.events.types import PodSet, QueueConfigured
+    from muster.projections.validation import invalid_reason
+
+    spec = {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "99999999999999999999"}}}]}
+    requests = pod_requests({"spec": spec}, [])
+    assert requests == {"gpu": 99999999999999999999}
+    gang = JobSubmitted(at=0, job="j", queue="q", podsets=[PodSet(name="w", count=1, requests=requests)])
+    state = fold([QueueConfigured(at=0, name="q", nominal={"gpu": 8}), gang])
+    assert "gpu=99999999999999999999 is more than muster accepts" in (invalid_reason(state, state.jobs["j"]) or "")
+
+
 async def test_malformed_objects_are_skipped_and_the_adapter_goes_on(kube, start_adapter):
     """A pod with labels that are not a map and a node with an unparsable quantity do not stop the adapter."""
     emulator, api = kube
