@@ -210,6 +210,7 @@ async def _submit_all(args: argparse.Namespace, jobs: list[JobSubmitted]) -> int
     import contextlib
 
     import anyio
+    import nats.errors
 
     from muster.adminconnect import open_store
     from muster.events.store import StoreError
@@ -218,7 +219,11 @@ async def _submit_all(args: argparse.Namespace, jobs: list[JobSubmitted]) -> int
     store = await open_store(args, command="submit", create=False)
     try:
         for job in jobs:
-            taken = await existing_job(store, job.job)
+            try:
+                taken = await existing_job(store, job.job)
+            except nats.errors.Error as exc:
+                print(f"muster submit: cannot check whether job id {job.job!r} is taken: {exc!r}", file=sys.stderr)
+                return 1
             if taken is not None:
                 print(f"muster submit: job id {job.job!r} is taken: {taken}; choose another --job", file=sys.stderr)
                 return 2
