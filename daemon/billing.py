@@ -92,8 +92,9 @@ class NoCrash:
 
 def _unstorable(exc: BaseException) -> bool:
     """Whether a failed write is the data's fault (a number SQLite, PostgreSQL or msgpack cannot hold),
-    not the database's (those stop the subscriber, which resumes at its cursor)."""
-    if isinstance(exc, (OverflowError, ValueError, TypeError)):
+    not the database's or the code's (those stop the subscriber, which resumes at its cursor: a bug
+    must not turn into skipped events)."""
+    if isinstance(exc, OverflowError):
         return True
     return any(cls.__name__ == "DataError" for cls in type(exc).__mro__)
 
