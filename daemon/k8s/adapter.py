@@ -17,6 +17,9 @@ Invariants:
   whole cluster.
 - Kubernetes errors never escape `run` (they are retried with backoff, see
   `watching`); an exception from `sink` does, and ends `run`.
+- With a view of the log (`state`), `run` reconciles it with the cluster
+  (`reconciling`) before it reports started, and then every `reconcile_seconds`:
+  a job whose workload went while no adapter watched is ended on the log.
 - The work of a (re)list is cut into pieces that give the event loop back in
   between (the lease is refreshed on it): lists come in pages, at most
   `batch_limit` objects are translated at a time, and at most `lookups` owner
@@ -43,6 +46,7 @@ from muster.daemon.k8s.errors import KubeError
 from muster.daemon.k8s.gangs import Owner
 from muster.daemon.k8s.objects import DEFAULT_TOLERATED_TAINTS
 from muster.daemon.k8s.owners import fetch_size
+from muster.daemon.k8s.reconciling import find_vanished, live_jobs
 from muster.daemon.k8s.translating import Translator
 from muster.daemon.k8s.watching import Backoff, Synced, WatchEvent, watch_objects
 from muster.events.types import Event
@@ -96,11 +100,14 @@ class KubernetesAdapter:
         request_seconds: float = 30.0,
         lookups: int = 8,
         page_size: int = 500,
+        reconcile_seconds: float = 60.0,
     ) -> None:
         """`state`, when given, is the fold of the log; the first batch then writes only what the log lacks."""
         self.client = KubeClient(api_client, request_seconds=request_seconds)
         self.translator = Translator(scheduler_name=scheduler_name, tolerated_taints=tolerated_taints, state=state)
         self.scheduler_name = scheduler_name
+        self._state = state
+        self._reconcile_seconds = reconcile_seconds
         self._clock = clock
         self._backoff = backoff or Backoff()
         self._watch_seconds = watch_seconds
@@ -170,9 +177,11 @@ class KubernetesAdapter:
                     self._notify()
                 if not started:
                     started = True
+                    await self.reconcile(sink)
                     self._sink = sink
                     self._synced.set()
                     log.info("cluster synced", nodes=len(self.translator.node_names()))
+                    tg.start_soon(self._reconcile_every, sink)
                     task_status.started()
 
     async def apply(self, event: Event) -> ApplyResult:
@@ -195,6 +204,35 @@ class KubernetesAdapter:
             detail=result.detail,
         )
         return result
+
+    async def reconcile(self, sink: Sink | None = None) -> list[Event]:
+        """Compare the log's live jobs with the cluster and end those whose workload is gone (see `reconciling`).
+
+        Returns the events pushed to `sink` (the sink of `run` when None). Without a view of the log: nothing.
+        """
+        sink = sink or self._sink
+        if self._state is None or sink is None:
+            return []
+        gangs = self.translator.gangs
+        jobs = live_jobs(self._state().jobs.values())  # taken now: the log folds on while owners are read
+        verdicts = await find_vanished(self.client, jobs, gangs.has_pod, int(self._clock()), limiter=self._lookups)
+        if not verdicts:
+            return []
+        async with self._lock:
+            events: list[Event] = []
+            for verdict in verdicts:
+                events += gangs.vanished(verdict.job, verdict.remaining, verdict.event)
+                reason = getattr(verdict.event, "reason", "")
+                log.info("workload gone; ending its job", job=verdict.job, reason=reason)
+            events += self.translator.flush(int(self._clock()))
+            if events:
+                await sink(events)
+        return events
+
+    async def _reconcile_every(self, sink: Sink) -> None:
+        while True:
+            await anyio.sleep(self._reconcile_seconds)
+            await self.reconcile(sink)
 
     def resource_version(self, resource: str) -> int:
         """The newest resourceVersion of `resource` ("nodes", "pods") translated and pushed so far (0: none)."""

@@ -58,6 +58,7 @@ __all__ = [
     "Owner",
     "PodInfo",
     "pod_info",
+    "recreated",
 ]
 
 Obj = dict[str, Any]
@@ -103,6 +104,15 @@ class Owner:
         base = f"{self.namespace}/{self.kind.lower()}/{self.name}"
         suffix = (self.uid or salt)[:8]
         return JobId(f"{base}-{suffix}" if suffix else base)
+
+
+def recreated(owner: Owner) -> bool:
+    """Whether a controller recreates the gang's pods when they are lost (evicted, their node gone).
+
+    A Job, JobSet or Kubeflow job has one; bare pods and a labelled pod group have none: once
+    their pods are gone, the job can never run again.
+    """
+    return owner.kind not in ("Pod", "Gang")
 
 
 @dataclass(frozen=True)
@@ -424,6 +434,10 @@ class Gangs:
             return None
         return {name: gang.pods[key] for name, key in gang.mapping.items() if key in gang.pods}
 
+    def has_pod(self, key: str) -> bool:
+        """Whether the pod `namespace/name` exists (seen and not deleted)."""
+        return key in self._by_pod
+
     def pod(self, key: str) -> PodInfo | None:
         owner = self._by_pod.get(key)
         gang = self._gangs.get(owner) if owner is not None else None
@@ -483,6 +497,26 @@ class Gangs:
             self._ended.add(job)
             return [JobFailed(at=at, job=job, reason=reason)]
         return self._end(gang, JobFailed(at=at, job=job, reason=reason))
+
+    def vanished(self, job: JobId, remaining: Iterable[str], event: Event) -> list[Event]:
+        """End `job` with `event`, found by reconciliation (its workload went while nobody watched).
+
+        Whatever is left of it (`remaining` pod keys) holds its nodes outside the job's
+        accounting from now on, like the survivors of a failed gang.
+        """
+        if job in self._ended:
+            return []
+        self._ended.add(job)
+        owners = {self._by_pod[k] for k in remaining if k in self._by_pod}
+        if job in self._by_job:
+            owners.add(self._by_job[job])
+        for owner in sorted(owners, key=lambda o: o.source):
+            gang = self._gangs.get(owner)
+            if gang is not None:
+                gang.done = True
+                self.recheck.update(gang.pods)
+                self._unsized.discard(owner)
+        return [event]
 
     def forget(self, job: JobId) -> None:
         """The log ended the job (rejected, cancelled): report nothing more about it."""

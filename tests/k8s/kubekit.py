@@ -19,11 +19,21 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
-from kubernetes_asyncio.client import ApiClient, BatchV1Api, CoreV1Api, RbacAuthorizationV1Api
+from kubernetes_asyncio.client import (
+    ApiClient,
+    ApiextensionsV1Api,
+    BatchV1Api,
+    CoreV1Api,
+    CustomObjectsApi,
+    RbacAuthorizationV1Api,
+)
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from muster.daemon.cluster import KubeCluster
 from muster.daemon.k8s import Backoff, KubernetesAdapter
 from muster.daemon.k8s import manifests as m
+from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
+from muster.events.store import EventStore, StoredEvent
 from muster.events.types import Event
 
 Obj = dict[str, Any]
@@ -78,6 +88,47 @@ async def running_adapter(api: ApiClient, **options: Any) -> AsyncIterator[tuple
             await tg.start(adapter.run, log)
         yield adapter, log
         tg.cancel_scope.cancel()
+
+
+@contextlib.asynccontextmanager
+async def running_daemon(store: EventStore, api: ApiClient, **adapter_options: Any) -> AsyncIterator[SchedulerLoop]:
+    """The scheduler loop leading alone, its cluster the Kubernetes adapter on `api`, until the block ends."""
+    adapter_options.setdefault("backoff", FAST)
+    loop = SchedulerLoop(
+        store, elector=SoleElector("daemon"), cluster=KubeCluster.factory(api, **adapter_options), options=LoopOptions()
+    )
+    async with anyio.create_task_group() as tg:
+        await tg.start(loop.run)
+        with anyio.fail_after(30):
+            await loop.first_term.wait()
+        yield loop
+        loop.stop()
+
+
+async def log_of(store: EventStore, cls: type[Any]) -> list[Any]:
+    """The events of type `cls` on the log."""
+    stored: list[StoredEvent] = await store.read()
+    return [s.event for s in stored if isinstance(s.event, cls)]
+
+
+JOBSET_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "jobsets.jobset.x-k8s.io"},
+    "spec": {
+        "group": "jobset.x-k8s.io",
+        "scope": "Namespaced",
+        "names": {"kind": "JobSet", "plural": "jobsets", "singular": "jobset", "listKind": "JobSetList"},
+        "versions": [
+            {
+                "name": "v1alpha2",
+                "served": True,
+                "storage": True,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+            }
+        ],
+    },
+}
 
 
 class Kube:
@@ -168,6 +219,39 @@ class Kube:
             for p in m.job_pods(job, gpus=gpus, grace_seconds=0, labels={"muster.dev/queue": queue})
         ]
         return job, pods
+
+    async def jobset(self, name: str, replicas: int, parallelism: int, *, gpus: int = 1) -> tuple[Obj, list[Obj]]:
+        """A JobSet (its CRD installed if need be) and the pods its controller's child Jobs would create."""
+        try:
+            await ApiextensionsV1Api(self.api).create_custom_resource_definition(JOBSET_CRD)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        custom = CustomObjectsApi(self.api)
+        manifest = m.jobset(name, self.ns, replicated=[("workers", replicas, parallelism)])
+        del manifest["metadata"]["uid"]
+
+        async def create() -> Obj | None:
+            try:
+                return dict(
+                    await custom.create_namespaced_custom_object(
+                        "jobset.x-k8s.io", "v1alpha2", self.ns, "jobsets", manifest
+                    )
+                )
+            except ApiException as exc:
+                if exc.status == 404:  # the CRD is not served yet
+                    return None
+                raise
+
+        obj: Obj = await eventually(create)
+        labels = {"muster.dev/queue": "q"}
+        pods = [await self.create_pod(p) for p in m.jobset_pods(obj, gpus=gpus, grace_seconds=0, labels=labels)]
+        return obj, pods
+
+    async def delete_jobset(self, name: str) -> None:
+        await CustomObjectsApi(self.api).delete_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", self.ns, "jobsets", name
+        )
 
     async def get_pod(self, name: str) -> Obj | None:
         try:
