@@ -234,6 +234,11 @@ class KubernetesAdapter:
             await anyio.sleep(self._reconcile_seconds)
             await self.reconcile(sink)
 
+    async def ready(self, event: Event) -> None:
+        """Wait (bounded) until `event` can be applied: an admission's pods exist (see `Applier.ready`)."""
+        await self._synced.wait()
+        await self.applier.ready(event)
+
     def resource_version(self, resource: str) -> int:
         """The newest resourceVersion of `resource` ("nodes", "pods") translated and pushed so far (0: none)."""
         return self._versions.get(resource, 0)

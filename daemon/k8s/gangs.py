@@ -487,6 +487,11 @@ class Gangs:
         gang.requeued = True
         return victims
 
+    def recreates(self, job: JobId) -> bool:
+        """Whether lost pods of `job` come back (see `recreated`); True for a job unknown here (no verdict)."""
+        owner = self._by_job.get(job)
+        return owner is None or recreated(owner)
+
     def fail(self, job: JobId, reason: str, at: int) -> list[Event]:
         """End the job with JobFailed unless it already ended."""
         owner = self._by_job.get(job)
