@@ -286,6 +286,9 @@ class KnownJob(Protocol):
     @property
     def podsets(self) -> list[PodSet]: ...
 
+    @property
+    def placement(self) -> dict[str, str]: ...
+
 
 @dataclass
 class Gang:
@@ -444,11 +447,12 @@ class Gangs:
         return gang.pods.get(key) if gang is not None else None
 
     def holds_capacity(self, info: PodInfo) -> bool:
-        """Whether this bound pod holds capacity the log no longer counts for its job.
+        """Whether this bound pod holds capacity the log does not count for its job.
 
         The fold stops counting a job's pods at its JobPreempted/JobFinished/JobFailed,
         but an evicted pod holds its node until it is gone, and the other pods of a
         failed gang may run on: those count like other schedulers' pods (`reserved`).
+        With a view of the log, so does a pod bound where the log did not place it.
         """
         if not info.node or info.phase in TERMINATED:
             return False
@@ -456,7 +460,18 @@ class Gangs:
         gang = self._gangs.get(owner) if owner is not None else None
         if gang is None:
             return False
-        return gang.done or info.uid in gang.evicting
+        if gang.done or info.uid in gang.evicting:
+            return True
+        if self._known is None:
+            return False
+        # Bound by nobody we know (a user's nodeName, another tool, a leader whose decision never
+        # reached the log): unless the log places this very pod on this node, the log does not
+        # count it, so it counts as foreign usage.
+        known = self._known(gang.job_id) if gang.job_id is not None else None
+        if known is None or known.status != "admitted":
+            return True
+        names = [name for name, key in gang.mapping.items() if key == info.key]
+        return not names or known.placement.get(names[0]) != info.node
 
     def ended(self, job: JobId) -> bool:
         """Whether this adapter saw the job end (or was told it ended)."""

@@ -25,8 +25,10 @@ from muster.events.types import (
     NodeAdded,
     NodeName,
     NodeUpdated,
+    QueueConfigured,
     QueueName,
 )
+from muster.projections.cluster import fold
 
 
 def admitted(sub: JobSubmitted, node: str) -> JobAdmitted:
@@ -129,3 +131,14 @@ async def test_pods_of_other_schedulers_hold_capacity(api: ApiClient, kube: Kube
         await kube.delete_pod("other")
         await events.wait_for(lambda e: any(u.node == node and not u.reserved for u in e.of(NodeUpdated)))
     assert not events.of(JobSubmitted)  # not muster's pod
+
+
+async def test_a_muster_pod_bound_by_nobody_we_know_holds_capacity(api: ApiClient, kube: Kube) -> None:
+    """A muster pod created with its nodeName set (no admission on the log places it) reserves its requests."""
+    node = await kube.node("n1", gpus=8)
+    await kube.gang("placed-by-hand", 1, gpus=4, node_name=node)
+    state = fold([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})])
+    async with running_adapter(api, state=lambda: state) as (_, events):
+        await events.wait_for(lambda e: bool(e.of(JobSubmitted)) and any(n.node == node for n in e.of(NodeAdded)))
+    [added] = [n for n in events.of(NodeAdded) if n.node == node]
+    assert added.reserved == {"gpu": 4}
