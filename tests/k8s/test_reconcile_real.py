@@ -14,11 +14,22 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from kubekit import Kube, eventually, log_of, running_daemon
+from kubekit import Kube, eventually, log_of, running_adapter, running_daemon
 from kubernetes_asyncio.client import ApiClient
 
 from muster.events.store import EventStore
-from muster.events.types import JobAdmitted, JobCancelled, JobSubmitted, QueueConfigured, QueueName
+from muster.events.types import (
+    Event,
+    JobAdmitted,
+    JobCancelled,
+    JobFailed,
+    JobPreempted,
+    JobSubmitted,
+    NodeName,
+    QueueConfigured,
+    QueueName,
+)
+from muster.projections.cluster import fold
 
 Pods = list[dict[str, Any]]
 
@@ -99,3 +110,26 @@ async def test_a_job_whose_pods_went_but_whose_owner_remains_is_kept(
         [job] = [j for j in loop.state.jobs.values()]
         assert job.status == "admitted"
     assert not await log_of(store, JobCancelled)
+
+
+async def test_a_requeued_jobs_owner_deleted_while_watched_is_found_by_the_periodic_pass(
+    api: ApiClient, kube: Kube
+) -> None:
+    """A preempted Job's gang waits for replacements; its Job deleted meanwhile, a later pass cancels the job."""
+    node = await kube.node("n1", gpus=8)
+    _, pods = await kube.job("train", 2, gpus=4)
+    log: list[Event] = [QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})]
+    async with running_adapter(api, state=lambda: fold(log), reconcile_seconds=0.2) as (adapter, events):
+        await events.wait_for(lambda e: bool(e.of(JobSubmitted)))
+        [sub] = events.of(JobSubmitted)
+        admitted = JobAdmitted(at=1, job=sub.job, queue=QueueName("q"), placement={p: NodeName(node) for p in sub.pods})
+        preempted = JobPreempted(at=2, job=sub.job, preemptor=None, reason="WithinQueue")
+        log += [sub, admitted, preempted]
+        assert (await adapter.apply(admitted)).ok
+        assert (await adapter.apply(preempted)).ok  # evicted: no JobFailed, the Job's controller recreates them
+        await eventually(lambda: kube.gone(*(p["metadata"]["name"] for p in pods)))
+        await kube.batch.delete_namespaced_job("train", kube.ns, propagation_policy="Background")
+        await events.wait_for(lambda e: bool(e.of(JobCancelled)))
+    [cancelled] = events.of(JobCancelled)
+    assert (cancelled.job, cancelled.reason) == (sub.job, f"WorkloadDeleted: Job/{kube.ns}/train is gone")
+    assert not events.of(JobFailed)
