@@ -47,9 +47,10 @@ from muster.daemon.k8s.gangs import Owner
 from muster.daemon.k8s.objects import DEFAULT_TOLERATED_TAINTS
 from muster.daemon.k8s.owners import fetch_size
 from muster.daemon.k8s.reconciling import find_vanished, live_jobs
+from muster.daemon.k8s.reporting import Reporter, reports_for
 from muster.daemon.k8s.translating import Translator
 from muster.daemon.k8s.watching import Backoff, Synced, WatchEvent, watch_objects
-from muster.events.types import Event
+from muster.events.types import Event, JobAdmitted, JobPreempted
 from muster.projections.cluster import ClusterState
 
 __all__ = ["KubernetesAdapter", "Sink"]
@@ -81,6 +82,8 @@ def _version(obj: dict[str, object], current: int) -> int:
 
 
 _Item: TypeAlias = WatchEvent | Synced | _OwnerSize
+_APPLIED = (JobAdmitted, JobPreempted)
+"""Decisions reported only when applying them changed the cluster (a re-applied one says nothing new)."""
 
 
 class KubernetesAdapter:
@@ -101,13 +104,20 @@ class KubernetesAdapter:
         lookups: int = 8,
         page_size: int = 500,
         reconcile_seconds: float = 60.0,
+        report: bool = True,
+        pod_conditions: bool = True,
     ) -> None:
-        """`state`, when given, is the fold of the log; the first batch then writes only what the log lacks."""
+        """`state`, when given, is the fold of the log; the first batch then writes only what the log lacks.
+
+        `report`: write Kubernetes Events about decisions (`reporting`); `pod_conditions`: also set
+        `PodScheduled=False` on the pods of a waiting gang.
+        """
         self.client = KubeClient(api_client, request_seconds=request_seconds)
         self.translator = Translator(scheduler_name=scheduler_name, tolerated_taints=tolerated_taints, state=state)
         self.scheduler_name = scheduler_name
         self._state = state
         self._reconcile_seconds = reconcile_seconds
+        self.reporter = Reporter(self.client, pod_conditions=pod_conditions, clock=clock) if report else None
         self._clock = clock
         self._backoff = backoff or Backoff()
         self._watch_seconds = watch_seconds
@@ -136,6 +146,8 @@ class KubernetesAdapter:
         """Watch the cluster and push translated events to `sink` until cancelled."""
         send, receive = anyio.create_memory_object_stream[_Item](max_buffer_size=self._batch_limit)
         async with anyio.create_task_group() as tg, receive, send:
+            if self.reporter is not None:
+                await tg.start(self.reporter.run)
             for resource in RESOURCES:
                 tg.start_soon(self._pump, resource, send.clone())
             synced: set[str] = set()
@@ -190,7 +202,13 @@ class KubernetesAdapter:
         Waits for `run` to have synced, so decisions are applied against a known cluster.
         """
         await self._synced.wait()
+        job = getattr(event, "job", None)
+        gangs = self.translator.gangs
+        # who to tell, taken before applying (an eviction takes the pods away)
+        pods, owner = (gangs.pods_of(job) or {}, gangs.owner_of(job)) if job is not None else ({}, None)
         result = await self.applier.apply(event)
+        if self.reporter is not None and (result.outcome == "applied" or not isinstance(event, _APPLIED)):
+            self.reporter.report(reports_for(event, pods, owner))
         async with self._lock:
             # Evictions and failures change what muster's own pods hold (reserved capacity).
             events = list(result.events) + self.translator.flush(int(self._clock()))

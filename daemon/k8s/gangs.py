@@ -502,6 +502,10 @@ class Gangs:
         gang.requeued = True
         return victims
 
+    def owner_of(self, job: JobId) -> Owner | None:
+        """The owner of `job`'s gang, when the job is known here."""
+        return self._by_job.get(job)
+
     def recreates(self, job: JobId) -> bool:
         """Whether lost pods of `job` come back (see `recreated`); True for a job unknown here (no verdict)."""
         owner = self._by_job.get(job)
