@@ -102,7 +102,7 @@ class Applier:
         backoff: Backoff | None = None,
         deadline_seconds: float = 60.0,
         pod_wait_seconds: float = 10.0,
-        concurrency: int = 16,
+        concurrency: int = 64,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.client = client
@@ -111,7 +111,9 @@ class Applier:
         self.backoff = backoff or Backoff(initial=0.1, maximum=5.0)
         self.deadline_seconds = deadline_seconds
         self.pod_wait_seconds = pod_wait_seconds
-        self._limit = anyio.CapacityLimiter(concurrency)
+        # one limit per kind: a burst of evictions (a lost rack) never queues new gangs' bindings
+        self._bind_limit = anyio.CapacityLimiter(concurrency)
+        self._evict_limit = anyio.CapacityLimiter(concurrency)
         self._clock = clock
 
     async def apply(self, event: Event) -> ApplyResult:
@@ -169,7 +171,7 @@ class Applier:
         deadline = anyio.current_time() + self.deadline_seconds
 
         async def bind(name: str, pod: PodInfo, node: str) -> None:
-            async with self._limit:
+            async with self._bind_limit:
                 results[pod.key] = await self._bind_one(pod, node, deadline)
 
         async with anyio.create_task_group() as tg:
@@ -241,7 +243,7 @@ class Applier:
         deadline = anyio.current_time() + self.deadline_seconds
 
         async def evict(pod: PodInfo) -> None:
-            async with self._limit:
+            async with self._evict_limit:
                 results[pod.key] = await self._evict_one(pod, deadline)
 
         async with anyio.create_task_group() as tg:

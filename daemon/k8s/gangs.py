@@ -506,6 +506,23 @@ class Gangs:
         """The owner of `job`'s gang, when the job is known here."""
         return self._by_job.get(job)
 
+    def nodes_lost(self, nodes: set[str], at: int) -> list[Event]:
+        """These nodes were deleted: end the gangs running there whose pods nothing recreates (`recreated`)."""
+        if not nodes:
+            return []
+        events: list[Event] = []
+        for owner in sorted(self._gangs, key=lambda o: o.source):
+            gang = self._gangs[owner]
+            if gang.job_id is None or gang.done or gang.requeued or recreated(owner):
+                continue
+            lost = sorted(p.key for p in gang.pods.values() if p.node in nodes and p.active)
+            if lost:
+                shown = ", ".join(lost[:5]) + (f" and {len(lost) - 5} more" if len(lost) > 5 else "")
+                where = ", ".join(sorted({gang.pods[k].node for k in lost}))
+                reason = f"node {where} was deleted with pods {shown}; nothing recreates them"
+                events += self._end(gang, JobFailed(at=at, job=gang.job_id, reason=reason))
+        return events
+
     def recreates(self, job: JobId) -> bool:
         """Whether lost pods of `job` come back (see `recreated`); True for a job unknown here (no verdict)."""
         owner = self._by_job.get(job)
