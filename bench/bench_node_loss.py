@@ -157,7 +157,7 @@ async def run(api: ApiClient, url: str, args: argparse.Namespace) -> None:
             t = time.perf_counter()
             await tg.start(loop.run)
             total = args.gangs * args.pods
-            while sum(1 for n in (await bound(core)).values() if n) < total:
+            while sum(1 for n in (await bound(core)).values() if n) < total:  # noqa: ASYNC110 - polling the server
                 await anyio.sleep(1.0)
             print(f"all {total} pods bound {time.perf_counter() - t:.1f} s after the daemon started")
 
@@ -183,7 +183,7 @@ async def run(api: ApiClient, url: str, args: argparse.Namespace) -> None:
             new_bound = time.perf_counter() - created_at
             # wait until every affected gang is settled: bare ones failed, Job ones evicted (pods gone)
             with anyio.move_on_after(60):
-                while loop.metrics.registry.get_sample_value("muster_apply_backlog") or 0:
+                while loop.metrics.registry.get_sample_value("muster_apply_backlog") or 0:  # noqa: ASYNC110 - a gauge
                     await anyio.sleep(0.1)
             after = [s.event for s in await store.read(seq_before + 1)]
             tg.cancel_scope.cancel()
