@@ -17,6 +17,9 @@ Invariants:
   whole cluster.
 - Kubernetes errors never escape `run` (they are retried with backoff, see
   `watching`); an exception from `sink` does, and ends `run`.
+- What users should see of a decision (Events, a waiting pod's PodScheduled
+  condition) is queued once it is applied and written by its own task
+  (`reporting`): feedback never delays a binding.
 - With a view of the log (`state`), `run` reconciles it with the cluster
   (`reconciling`) before it reports started, and then every `reconcile_seconds`:
   a job whose workload went while no adapter watched is ended on the log.
