@@ -606,6 +606,7 @@ class Gangs:
             gang.podsets, gang.mapping = _podsets(chosen)
             gang.job_id = gang.owner.job_id(_salt(gang, chosen))
             self._by_job[gang.job_id] = gang.owner
+            self.recheck.update(gang.pods)  # now the log can say whether it counts them (holds_capacity)
             known = self._known(gang.job_id) if self._known is not None else None
             if known is None:
                 events.append(self._submission(gang, chosen, at))

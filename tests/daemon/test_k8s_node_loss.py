@@ -1,4 +1,4 @@
-"""A deleted node, in the adapter's pure part: gangs whose pods nothing recreates end with it, others are left.
+"""Lost nodes and held capacity in the adapter's pure part (the Translator): what a node's loss ends, what a pod holds.
 
 The same on a real API server, with the whole daemon: tests/k8s/test_node_loss_real.py.
 """
@@ -8,7 +8,8 @@ from __future__ import annotations
 from muster.daemon.k8s import manifests as m
 from muster.daemon.k8s.translating import Translator
 from muster.daemon.k8s.watching import WatchEvent
-from muster.events.types import JobFailed, JobSubmitted, NodeRemoved
+from muster.events.types import JobAdmitted, JobFailed, JobSubmitted, NodeName, NodeRemoved, QueueConfigured, QueueName
+from muster.projections.cluster import fold
 
 
 def running_on(pod: dict, node: str) -> dict:
@@ -57,3 +58,25 @@ def test_a_node_deleted_and_back_within_one_flush_ends_nothing() -> None:
     t.on_node(WatchEvent("nodes", "DELETED", m.node("n1")))
     t.on_node(WatchEvent("nodes", "ADDED", m.node("n1")))
     assert not [e for e in t.flush(2) if isinstance(e, JobFailed)]
+
+
+def test_a_relisted_gang_the_log_placed_holds_nothing_outside_its_job() -> None:
+    """A new leader lists the bound pods of an admitted gang one by one: none counts as foreign usage (reserved)."""
+    first = Translator()
+    first.on_node(WatchEvent("nodes", "ADDED", m.node("n1")))
+    labels = {"muster.dev/gang": "g", "muster.dev/gang-size": "2", "muster.dev/queue": "q"}
+    pods = [m.pod(f"g-{i}", "ns", gpus=1, labels=labels) for i in range(2)]
+    for pod in pods:
+        pod["metadata"]["uid"] = pod["metadata"]["name"] + "-uid"
+        first.on_pod(WatchEvent("pods", "ADDED", pod), 1)
+    log = first.flush(1)
+    [sub] = [e for e in log if isinstance(e, JobSubmitted)]
+    admitted = JobAdmitted(at=2, job=sub.job, queue=QueueName("q"), placement={p: NodeName("n1") for p in sub.pods})
+    state = fold([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8}), *log, admitted])
+
+    second = Translator(state=lambda: state)
+    second.on_node(WatchEvent("nodes", "ADDED", m.node("n1")))
+    for pod in pods:
+        second.on_pod(WatchEvent("pods", "ADDED", running_on(pod, "n1")), 3)
+    events = second.flush(3)
+    assert not [e for e in events if getattr(e, "reserved", None)], events
