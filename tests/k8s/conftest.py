@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import signal
 import subprocess
 import time
@@ -53,6 +54,9 @@ def _missing() -> str | None:
         path = START.parent / "bin" / binary
         if not (path.is_file() and os.access(path, os.X_OK)):
             return f"no real API server: {path} is absent or not executable"
+    for tool in ("bash", "openssl", "curl"):  # what the start script calls
+        if shutil.which(tool) is None:
+            return f"no real API server: {START} needs {tool}, which is not on PATH"
     return None
 
 
