@@ -7,7 +7,10 @@ died before applying it). This module makes them true in the cluster.
 
 Invariants:
 - Decisions of one job are applied in log order; different jobs in parallel
-  (at most `concurrency` at once).
+  (at most `concurrency` at once in `Cluster.apply`; their bounded waits in
+  `Cluster.ready` run side by side, holding no slot).
+- `backlog` (decisions handed over and not yet applied) is the gauge
+  `muster_apply_backlog`.
 - Nothing is applied while the lease is not held (`leading()`): a decision
   waits until it is valid again (a slow refresh), and the term's end (the
   lease lost, a deposed or paused leader waking up) cancels the wait, so
@@ -59,6 +62,8 @@ class DecisionApplier:
         self._limit = anyio.CapacityLimiter(concurrency)
         self._queues: dict[str, deque[Event]] = {}
         self._tg: TaskGroup | None = None
+        if metrics is not None:
+            metrics.apply_backlog.set_function(lambda: self.backlog)
         self.applied = 0
         self.waits = 0
         """Times a decision had to wait for the lease to be valid again."""
@@ -105,13 +110,15 @@ class DecisionApplier:
             log.info("applying waits for the lease", type=kind, job=job)
             while not self.leading():  # noqa: ASYNC110 - the lease has no "renewed" notification
                 await anyio.sleep(self.poll)
-        async with self._limit:
-            try:
+        try:
+            # waits for the cluster (an admission's pods) hold no slot: a slow gang stalls no other
+            await self.cluster.ready(event)
+            async with self._limit:
                 result = await self.cluster.apply(event)
-                outcome = result.outcome
-            except Exception:
-                log.exception("applying a decision failed", type=kind, job=job)
-                outcome = "error"
+            outcome = result.outcome
+        except Exception:
+            log.exception("applying a decision failed", type=kind, job=job)
+            outcome = "error"
         self.applied += 1
         if self.metrics is not None:
             self.metrics.applied.labels(kind, outcome).inc()

@@ -3,7 +3,9 @@
 The loop talks to a cluster through `Cluster`: `run(sink)` pushes the facts it
 observes (nodes, gangs, pods started and ended) to `sink` until cancelled,
 reporting started once its initial view is in the sink; `apply(decision)`
-makes one decision true (bindings, evictions) and is idempotent; `holds(job)`
+makes one decision true (bindings, evictions) and is idempotent; `ready(decision)`
+waits, bounded, until the cluster can apply it (an admission's pods exist) and
+is awaited before `apply` holding no slot of the applier's limit; `holds(job)`
 says whether pods of `job` still occupy nodes (a preemptor is bound only once
 its victims' pods are gone).
 
@@ -44,6 +46,8 @@ class Applied(Protocol):
 class Cluster(Protocol):
     async def run(self, sink: Sink, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None: ...
 
+    async def ready(self, event: Event) -> None: ...
+
     async def apply(self, event: Event) -> Applied: ...
 
     def holds(self, job: str) -> bool: ...
@@ -63,6 +67,9 @@ class KubeCluster:
 
     async def run(self, sink: Sink, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         await self.adapter.run(sink, task_status=task_status)
+
+    async def ready(self, event: Event) -> None:
+        await self.adapter.ready(event)
 
     async def apply(self, event: Event) -> Applied:
         result: Applied = await self.adapter.apply(event)

@@ -191,6 +191,11 @@ class DaemonConfig:
         return str(self.get("kubernetes", "scheduler_name", "muster"))
 
     @property
+    def pod_conditions(self) -> bool:
+        """Set PodScheduled=False with muster's reason on a waiting gang's pods (kubernetes.pod_conditions)."""
+        return bool(self.get("kubernetes", "pod_conditions", True))
+
+    @property
     def namespaces(self) -> list[str]:
         value = self.get("kubernetes", "namespaces", [])
         return [str(v) for v in value] if isinstance(value, list) else [str(value)]
@@ -284,7 +289,11 @@ class DaemonConfig:
                 "tls": bool(nats.get("tls")),
             },
             "leader_election": self._describe_election(),
-            "kubernetes": {"scheduler_name": self.scheduler_name, "namespaces": self.namespaces},
+            "kubernetes": {
+                "scheduler_name": self.scheduler_name,
+                "namespaces": self.namespaces,
+                "pod_conditions": self.pod_conditions,
+            },
             "utilization": {"url": _without_userinfo(self.utilization_url), "source": self.utilization_source},
             "http": {"health_port": self.health_port, "metrics_port": self.metrics_port},
             "simulated_cluster": self.simulated_cluster,

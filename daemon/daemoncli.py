@@ -193,7 +193,9 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
         else:
             from muster.daemon.cluster import KubeCluster
 
-            cluster = KubeCluster.factory(api_client, scheduler_name=cfg.scheduler_name)
+            cluster = KubeCluster.factory(
+                api_client, scheduler_name=cfg.scheduler_name, pod_conditions=cfg.pod_conditions
+            )
         services: list[Service] = []
         if cfg.utilization_url:
             from muster.daemon.utilization import UtilizationScraper

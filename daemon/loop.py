@@ -83,6 +83,8 @@ log = structlog.get_logger("muster.loop")
 
 _DECISIONS = (JobAdmitted, JobPreempted, JobInadmissible, JobRejected)
 _ENDS = (JobFinished, JobFailed, JobCancelled, JobRejected)
+_APPLIED = (JobAdmitted, JobPreempted, JobRejected, JobInadmissible)
+"""Decisions handed to the cluster: bindings, evictions, and what to tell users (why a job waits)."""
 
 
 def fact_id(event: Event) -> str | None:
@@ -372,12 +374,7 @@ class SchedulerLoop:
         if isinstance(event, _ENDS):
             self.last_decision.pop(event.job, None)
             self.victims.pop(event.job, None)
-        if (
-            isinstance(event, (JobAdmitted, JobPreempted, JobRejected))
-            and term is not None
-            and term.applier is not None
-            and event.epoch == term.epoch
-        ):
+        if isinstance(event, _APPLIED) and term is not None and term.applier is not None and event.epoch == term.epoch:
             term.applier.submit(event)
 
     def _take(self, item: StoredEvent | None) -> None:

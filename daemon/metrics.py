@@ -39,6 +39,9 @@ class DaemonMetrics:
         self.applied = Counter(
             "muster_applied_decisions", "Decisions applied to the cluster", ["type", "outcome"], registry=r
         )
+        self.apply_backlog = Gauge(
+            "muster_apply_backlog", "Decisions on the log handed to the applier and not yet applied", registry=r
+        )
         self.facts = Counter("muster_facts_appended", "Cluster facts this replica appended", ["type"], registry=r)
         self.bad_events = Counter("muster_bad_events", "Log messages that are not valid events, skipped", registry=r)
         self.fold_errors = Counter("muster_fold_errors", "Events the fold raised on, skipped", registry=r)

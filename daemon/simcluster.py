@@ -121,6 +121,9 @@ class SimulatedCluster:
                 del self.running[job]
                 await self._push([JobFinished(at=int(self._clock()), job=JobId(job))])
 
+    async def ready(self, event: Event) -> None:
+        """Nothing to wait for: the simulated cluster's jobs need no pods."""
+
     async def apply(self, event: Event) -> SimApplied:
         self.applied.append(event)
         if isinstance(event, JobAdmitted):

@@ -172,7 +172,13 @@ class JobSubmitted(Event, frozen=True, kw_only=True, tag="JobSubmitted"):
 
 
 class JobCancelled(Event, frozen=True, kw_only=True, tag="JobCancelled"):
+    """The job will not run (any more): withdrawn by its user, or its workload is gone from the cluster.
+
+    `reason` (added later, so last and defaulted) says which, e.g. `WorkloadDeleted: ...`.
+    """
+
     job: JobId
+    reason: str = ""
 
 
 class JobStarted(Event, frozen=True, kw_only=True, tag="JobStarted"):

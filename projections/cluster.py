@@ -112,6 +112,8 @@ class JobState(msgspec.Struct, kw_only=True):
     pods: dict[str, str] = {}
     requests: dict[str, int] = {}
     """Total requests of the whole gang."""
+    source: str = ""
+    """Where a cluster's job came from (`Kind/namespace/name`, `JobSubmitted.source`); reconciliation reads it."""
     status: JobStatus = "pending"
     placement: dict[str, str] = {}
     borrowed: dict[str, int] = {}
@@ -373,6 +375,7 @@ def _on_submitted(state: ClusterState, ev: JobSubmitted) -> ClusterState:
         submitted_at=ev.at,
         pods=ev.pods,
         requests=_podset_requests(ev.podsets),
+        source=ev.source,
     )
     state.dirty_jobs.add(ev.job)
     return state
@@ -611,7 +614,7 @@ def _on_failed(state: ClusterState, ev: JobFailed) -> ClusterState:
 
 
 def _on_cancelled(state: ClusterState, ev: JobCancelled) -> ClusterState:
-    return _end(state, ev.job, ev.at, "cancelled")
+    return _end(state, ev.job, ev.at, "cancelled", ev.reason)
 
 
 _HANDLERS: dict[type[Event], object] = {

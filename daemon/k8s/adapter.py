@@ -17,6 +17,12 @@ Invariants:
   whole cluster.
 - Kubernetes errors never escape `run` (they are retried with backoff, see
   `watching`); an exception from `sink` does, and ends `run`.
+- What users should see of a decision (Events, a waiting pod's PodScheduled
+  condition) is queued once it is applied and written by its own task
+  (`reporting`): feedback never delays a binding.
+- With a view of the log (`state`), `run` reconciles it with the cluster
+  (`reconciling`) before it reports started, and then every `reconcile_seconds`:
+  a job whose workload went while no adapter watched is ended on the log.
 - The work of a (re)list is cut into pieces that give the event loop back in
   between (the lease is refreshed on it): lists come in pages, at most
   `batch_limit` objects are translated at a time, and at most `lookups` owner
@@ -43,9 +49,11 @@ from muster.daemon.k8s.errors import KubeError
 from muster.daemon.k8s.gangs import Owner
 from muster.daemon.k8s.objects import DEFAULT_TOLERATED_TAINTS
 from muster.daemon.k8s.owners import fetch_size
+from muster.daemon.k8s.reconciling import find_vanished, live_jobs
+from muster.daemon.k8s.reporting import Reporter, reports_for
 from muster.daemon.k8s.translating import Translator
 from muster.daemon.k8s.watching import Backoff, Synced, WatchEvent, watch_objects
-from muster.events.types import Event
+from muster.events.types import Event, JobAdmitted, JobPreempted
 from muster.projections.cluster import ClusterState
 
 __all__ = ["KubernetesAdapter", "Sink"]
@@ -77,6 +85,8 @@ def _version(obj: dict[str, object], current: int) -> int:
 
 
 _Item: TypeAlias = WatchEvent | Synced | _OwnerSize
+_APPLIED = (JobAdmitted, JobPreempted)
+"""Decisions reported only when applying them changed the cluster (a re-applied one says nothing new)."""
 
 
 class KubernetesAdapter:
@@ -96,11 +106,21 @@ class KubernetesAdapter:
         request_seconds: float = 30.0,
         lookups: int = 8,
         page_size: int = 500,
+        reconcile_seconds: float = 60.0,
+        report: bool = True,
+        pod_conditions: bool = True,
     ) -> None:
-        """`state`, when given, is the fold of the log; the first batch then writes only what the log lacks."""
+        """`state`, when given, is the fold of the log; the first batch then writes only what the log lacks.
+
+        `report`: write Kubernetes Events about decisions (`reporting`); `pod_conditions`: also set
+        `PodScheduled=False` on the pods of a waiting gang.
+        """
         self.client = KubeClient(api_client, request_seconds=request_seconds)
         self.translator = Translator(scheduler_name=scheduler_name, tolerated_taints=tolerated_taints, state=state)
         self.scheduler_name = scheduler_name
+        self._state = state
+        self._reconcile_seconds = reconcile_seconds
+        self.reporter = Reporter(self.client, pod_conditions=pod_conditions, clock=clock) if report else None
         self._clock = clock
         self._backoff = backoff or Backoff()
         self._watch_seconds = watch_seconds
@@ -129,6 +149,8 @@ class KubernetesAdapter:
         """Watch the cluster and push translated events to `sink` until cancelled."""
         send, receive = anyio.create_memory_object_stream[_Item](max_buffer_size=self._batch_limit)
         async with anyio.create_task_group() as tg, receive, send:
+            if self.reporter is not None:
+                await tg.start(self.reporter.run)
             for resource in RESOURCES:
                 tg.start_soon(self._pump, resource, send.clone())
             synced: set[str] = set()
@@ -170,9 +192,11 @@ class KubernetesAdapter:
                     self._notify()
                 if not started:
                     started = True
+                    await self.reconcile(sink)
                     self._sink = sink
                     self._synced.set()
                     log.info("cluster synced", nodes=len(self.translator.node_names()))
+                    tg.start_soon(self._reconcile_every, sink)
                     task_status.started()
 
     async def apply(self, event: Event) -> ApplyResult:
@@ -181,7 +205,13 @@ class KubernetesAdapter:
         Waits for `run` to have synced, so decisions are applied against a known cluster.
         """
         await self._synced.wait()
+        job = getattr(event, "job", None)
+        gangs = self.translator.gangs
+        # who to tell, taken before applying (an eviction takes the pods away)
+        pods, owner = (gangs.pods_of(job) or {}, gangs.owner_of(job)) if job is not None else ({}, None)
         result = await self.applier.apply(event)
+        if self.reporter is not None and (result.outcome == "applied" or not isinstance(event, _APPLIED)):
+            self.reporter.report(reports_for(event, pods, owner))
         async with self._lock:
             # Evictions and failures change what muster's own pods hold (reserved capacity).
             events = list(result.events) + self.translator.flush(int(self._clock()))
@@ -195,6 +225,40 @@ class KubernetesAdapter:
             detail=result.detail,
         )
         return result
+
+    async def reconcile(self, sink: Sink | None = None) -> list[Event]:
+        """Compare the log's live jobs with the cluster and end those whose workload is gone (see `reconciling`).
+
+        Returns the events pushed to `sink` (the sink of `run` when None). Without a view of the log: nothing.
+        """
+        sink = sink or self._sink
+        if self._state is None or sink is None:
+            return []
+        gangs = self.translator.gangs
+        jobs = live_jobs(self._state().jobs.values())  # taken now: the log folds on while owners are read
+        verdicts = await find_vanished(self.client, jobs, gangs.has_pod, int(self._clock()), limiter=self._lookups)
+        if not verdicts:
+            return []
+        async with self._lock:
+            events: list[Event] = []
+            for verdict in verdicts:
+                events += gangs.vanished(verdict.job, verdict.remaining, verdict.event)
+                reason = getattr(verdict.event, "reason", "")
+                log.info("workload gone; ending its job", job=verdict.job, reason=reason)
+            events += self.translator.flush(int(self._clock()))
+            if events:
+                await sink(events)
+        return events
+
+    async def _reconcile_every(self, sink: Sink) -> None:
+        while True:
+            await anyio.sleep(self._reconcile_seconds)
+            await self.reconcile(sink)
+
+    async def ready(self, event: Event) -> None:
+        """Wait (bounded) until `event` can be applied: an admission's pods exist (see `Applier.ready`)."""
+        await self._synced.wait()
+        await self.applier.ready(event)
 
     def resource_version(self, resource: str) -> int:
         """The newest resourceVersion of `resource` ("nodes", "pods") translated and pushed so far (0: none)."""

@@ -13,7 +13,11 @@
   leave its other pods pending forever).
 - `JobPreempted`: evict every pod of the victim through the Eviction API with
   the pod's own terminationGracePeriodSeconds. 404 means already gone (fine),
-  429 (a PodDisruptionBudget) and 5xx/timeouts are retried with backoff.
+  429 (a PodDisruptionBudget) and 5xx/timeouts are retried with backoff. A
+  victim whose pods no controller recreates (bare pods, a pod group) ends with
+  JobFailed: requeued, it would be readmitted for pods that never come back.
+- `ready(event)`: the bounded wait for an admission's pods, which a caller may
+  run before taking a slot of its own concurrency limit.
 - `JobRejected`: nothing to change in the cluster; the gang is forgotten so
   its pods' later deletion reports nothing.
 - Anything else: nothing to do (`skipped`).
@@ -77,6 +81,8 @@ class GangView(Protocol):
 
     def evicting(self, job: JobId) -> list[PodInfo]: ...
 
+    def recreates(self, job: JobId) -> bool: ...
+
     def fail(self, job: JobId, reason: str, at: int) -> list[Event]: ...
 
     def forget(self, job: JobId) -> None: ...
@@ -96,7 +102,7 @@ class Applier:
         backoff: Backoff | None = None,
         deadline_seconds: float = 60.0,
         pod_wait_seconds: float = 10.0,
-        concurrency: int = 16,
+        concurrency: int = 64,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.client = client
@@ -105,7 +111,9 @@ class Applier:
         self.backoff = backoff or Backoff(initial=0.1, maximum=5.0)
         self.deadline_seconds = deadline_seconds
         self.pod_wait_seconds = pod_wait_seconds
-        self._limit = anyio.CapacityLimiter(concurrency)
+        # one limit per kind: a burst of evictions (a lost rack) never queues new gangs' bindings
+        self._bind_limit = anyio.CapacityLimiter(concurrency)
+        self._evict_limit = anyio.CapacityLimiter(concurrency)
         self._clock = clock
 
     async def apply(self, event: Event) -> ApplyResult:
@@ -120,15 +128,30 @@ class Applier:
 
     # ------------------------------------------------------------ admission
 
+    async def ready(self, event: Event) -> None:
+        """Wait, at most `pod_wait_seconds`, until the pods `event` binds exist; at once for anything else.
+
+        Replacement pods of a preempted gang may still be on their way; and a new leader's
+        adapter knows a gang only once its owner's size is fetched (re-applied admissions).
+        The caller waits here holding no slot of its concurrency limit: a gang whose pods
+        are slow to come stalls nobody else's bindings.
+        """
+        if not isinstance(event, JobAdmitted):
+            return
+        job = event.job
+        with anyio.move_on_after(self.pod_wait_seconds):
+            while (
+                not self.gangs.ended(job)
+                and not self.gangs.complete(job)
+                and (self.gangs.pods_of(job) is not None or self.gangs.sizing())
+            ):
+                await self._changed()
+
     async def _admit(self, event: JobAdmitted) -> ApplyResult:
         job = event.job
+        await self.ready(event)  # at once when the caller already waited
         if self.gangs.ended(job):
             return ApplyResult(True, "skipped", "the job already ended")
-        # Replacement pods of a preempted gang may still be on their way; and a new leader's
-        # adapter knows a gang only once its owner's size is fetched (re-applied admissions).
-        with anyio.move_on_after(self.pod_wait_seconds):
-            while not self.gangs.complete(job) and (self.gangs.pods_of(job) is not None or self.gangs.sizing()):
-                await self._changed()
         pods = self.gangs.pods_of(job)
         if pods is None:
             return ApplyResult(True, "skipped", "no pods of this job in the cluster")
@@ -148,7 +171,7 @@ class Applier:
         deadline = anyio.current_time() + self.deadline_seconds
 
         async def bind(name: str, pod: PodInfo, node: str) -> None:
-            async with self._limit:
+            async with self._bind_limit:
                 results[pod.key] = await self._bind_one(pod, node, deadline)
 
         async with anyio.create_task_group() as tg:
@@ -220,7 +243,7 @@ class Applier:
         deadline = anyio.current_time() + self.deadline_seconds
 
         async def evict(pod: PodInfo) -> None:
-            async with self._limit:
+            async with self._evict_limit:
                 results[pod.key] = await self._evict_one(pod, deadline)
 
         async with anyio.create_task_group() as tg:
@@ -229,9 +252,15 @@ class Applier:
         errors = sorted(f"{k} ({r})" for k, r in results.items() if r.startswith("error"))
         if errors:
             return ApplyResult(False, "error", "eviction failed: " + ", ".join(errors), (), results)
+        ended: tuple[Event, ...] = ()
+        if not self.gangs.recreates(event.job):
+            # bare pods, a pod group: nothing brings them back, so requeueing the job would only
+            # readmit a gang that can never bind (issue 11's storm after a node loss)
+            reason = f"evicted ({event.reason}) and nothing recreates its pods"
+            ended = tuple(self.gangs.fail(event.job, reason, int(self._clock())))
         if all(r == "gone" for r in results.values()):
-            return ApplyResult(True, "noop", "every pod was already gone", (), results)
-        return ApplyResult(True, "applied", f"evicted {len(results)} pods", (), results)
+            return ApplyResult(True, "noop", "every pod was already gone", ended, results)
+        return ApplyResult(True, "applied", f"evicted {len(results)} pods", ended, results)
 
     async def _evict_one(self, pod: PodInfo, deadline: float) -> str:
         async def evict() -> str:

@@ -185,6 +185,16 @@ class KubeClient:
         _, data = await self._call(self.core.patch_namespaced_pod_status, name, namespace, patch)
         return dict(data)
 
+    async def create_event(self, namespace: str, body: Obj) -> None:
+        await self._call(self.core.create_namespaced_event, namespace, body)
+
+    async def read_event(self, namespace: str, name: str) -> Obj:
+        _, data = await self._call(self.core.read_namespaced_event, name, namespace)
+        return dict(data)
+
+    async def patch_event(self, namespace: str, name: str, patch: Obj) -> None:
+        await self._call(self.core.patch_namespaced_event, name, namespace, patch)
+
     async def delete_pod(self, namespace: str, name: str, *, grace_seconds: int | None = None) -> None:
         kwargs: dict[str, Any] = {}
         if grace_seconds is not None:

@@ -58,6 +58,7 @@ __all__ = [
     "Owner",
     "PodInfo",
     "pod_info",
+    "recreated",
 ]
 
 Obj = dict[str, Any]
@@ -103,6 +104,15 @@ class Owner:
         base = f"{self.namespace}/{self.kind.lower()}/{self.name}"
         suffix = (self.uid or salt)[:8]
         return JobId(f"{base}-{suffix}" if suffix else base)
+
+
+def recreated(owner: Owner) -> bool:
+    """Whether a controller recreates the gang's pods when they are lost (evicted, their node gone).
+
+    A Job, JobSet or Kubeflow job has one; bare pods and a labelled pod group have none: once
+    their pods are gone, the job can never run again.
+    """
+    return owner.kind not in ("Pod", "Gang")
 
 
 @dataclass(frozen=True)
@@ -276,6 +286,9 @@ class KnownJob(Protocol):
     @property
     def podsets(self) -> list[PodSet]: ...
 
+    @property
+    def placement(self) -> dict[str, str]: ...
+
 
 @dataclass
 class Gang:
@@ -424,17 +437,22 @@ class Gangs:
             return None
         return {name: gang.pods[key] for name, key in gang.mapping.items() if key in gang.pods}
 
+    def has_pod(self, key: str) -> bool:
+        """Whether the pod `namespace/name` exists (seen and not deleted)."""
+        return key in self._by_pod
+
     def pod(self, key: str) -> PodInfo | None:
         owner = self._by_pod.get(key)
         gang = self._gangs.get(owner) if owner is not None else None
         return gang.pods.get(key) if gang is not None else None
 
     def holds_capacity(self, info: PodInfo) -> bool:
-        """Whether this bound pod holds capacity the log no longer counts for its job.
+        """Whether this bound pod holds capacity the log does not count for its job.
 
         The fold stops counting a job's pods at its JobPreempted/JobFinished/JobFailed,
         but an evicted pod holds its node until it is gone, and the other pods of a
         failed gang may run on: those count like other schedulers' pods (`reserved`).
+        With a view of the log, so does a pod bound where the log did not place it.
         """
         if not info.node or info.phase in TERMINATED:
             return False
@@ -442,7 +460,18 @@ class Gangs:
         gang = self._gangs.get(owner) if owner is not None else None
         if gang is None:
             return False
-        return gang.done or info.uid in gang.evicting
+        if gang.done or info.uid in gang.evicting:
+            return True
+        if self._known is None:
+            return False
+        # Bound by nobody we know (a user's nodeName, another tool, a leader whose decision never
+        # reached the log): unless the log places this very pod on this node, the log does not
+        # count it, so it counts as foreign usage.
+        known = self._known(gang.job_id) if gang.job_id is not None else None
+        if known is None or known.status != "admitted":
+            return True
+        names = [name for name, key in gang.mapping.items() if key == info.key]
+        return not names or known.placement.get(names[0]) != info.node
 
     def ended(self, job: JobId) -> bool:
         """Whether this adapter saw the job end (or was told it ended)."""
@@ -473,6 +502,32 @@ class Gangs:
         gang.requeued = True
         return victims
 
+    def owner_of(self, job: JobId) -> Owner | None:
+        """The owner of `job`'s gang, when the job is known here."""
+        return self._by_job.get(job)
+
+    def nodes_lost(self, nodes: set[str], at: int) -> list[Event]:
+        """These nodes were deleted: end the gangs running there whose pods nothing recreates (`recreated`)."""
+        if not nodes:
+            return []
+        events: list[Event] = []
+        for owner in sorted(self._gangs, key=lambda o: o.source):
+            gang = self._gangs[owner]
+            if gang.job_id is None or gang.done or gang.requeued or recreated(owner):
+                continue
+            lost = sorted(p.key for p in gang.pods.values() if p.node in nodes and p.active)
+            if lost:
+                shown = ", ".join(lost[:5]) + (f" and {len(lost) - 5} more" if len(lost) > 5 else "")
+                where = ", ".join(sorted({gang.pods[k].node for k in lost}))
+                reason = f"node {where} was deleted with pods {shown}; nothing recreates them"
+                events += self._end(gang, JobFailed(at=at, job=gang.job_id, reason=reason))
+        return events
+
+    def recreates(self, job: JobId) -> bool:
+        """Whether lost pods of `job` come back (see `recreated`); True for a job unknown here (no verdict)."""
+        owner = self._by_job.get(job)
+        return owner is None or recreated(owner)
+
     def fail(self, job: JobId, reason: str, at: int) -> list[Event]:
         """End the job with JobFailed unless it already ended."""
         owner = self._by_job.get(job)
@@ -483,6 +538,26 @@ class Gangs:
             self._ended.add(job)
             return [JobFailed(at=at, job=job, reason=reason)]
         return self._end(gang, JobFailed(at=at, job=job, reason=reason))
+
+    def vanished(self, job: JobId, remaining: Iterable[str], event: Event) -> list[Event]:
+        """End `job` with `event`, found by reconciliation (its workload went while nobody watched).
+
+        Whatever is left of it (`remaining` pod keys) holds its nodes outside the job's
+        accounting from now on, like the survivors of a failed gang.
+        """
+        if job in self._ended:
+            return []
+        self._ended.add(job)
+        owners = {self._by_pod[k] for k in remaining if k in self._by_pod}
+        if job in self._by_job:
+            owners.add(self._by_job[job])
+        for owner in sorted(owners, key=lambda o: o.source):
+            gang = self._gangs.get(owner)
+            if gang is not None:
+                gang.done = True
+                self.recheck.update(gang.pods)
+                self._unsized.discard(owner)
+        return [event]
 
     def forget(self, job: JobId) -> None:
         """The log ended the job (rejected, cancelled): report nothing more about it."""
@@ -531,6 +606,7 @@ class Gangs:
             gang.podsets, gang.mapping = _podsets(chosen)
             gang.job_id = gang.owner.job_id(_salt(gang, chosen))
             self._by_job[gang.job_id] = gang.owner
+            self.recheck.update(gang.pods)  # now the log can say whether it counts them (holds_capacity)
             known = self._known(gang.job_id) if self._known is not None else None
             if known is None:
                 events.append(self._submission(gang, chosen, at))

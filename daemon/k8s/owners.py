@@ -14,7 +14,7 @@ from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import NotFound
 from muster.daemon.k8s.gangs import Owner
 
-__all__ = ["KUBEFLOW_GROUP", "fetch_size", "job_pods", "jobset_size", "kubeflow_size"]
+__all__ = ["KUBEFLOW_GROUP", "fetch_owner", "fetch_size", "job_pods", "jobset_size", "kubeflow_size"]
 
 JOBSET_GROUP, JOBSET_VERSION = "jobset.x-k8s.io", "v1alpha2"
 KUBEFLOW_GROUP, KUBEFLOW_VERSION = "kubeflow.org", "v1"
@@ -56,22 +56,29 @@ def kubeflow_size(job: Mapping[str, Any]) -> int:
     return total
 
 
-async def fetch_size(client: KubeClient, owner: Owner) -> int | None:
-    """The owner's gang size; None when the owner is gone. Raises KubeError for anything else."""
+async def fetch_owner(client: KubeClient, owner: Owner) -> dict[str, Any] | None:
+    """The owner object as the API has it; None when it is gone (404). Raises KubeError for anything else."""
     try:
         if owner.kind == "Job":
-            obj = await client.get_job(owner.namespace, owner.name)
-            size = job_pods(obj.get("spec") or {})
-        elif owner.kind == "JobSet":
-            obj = await client.get_custom(JOBSET_GROUP, JOBSET_VERSION, owner.namespace, "jobsets", owner.name)
-            size = jobset_size(obj)
-        else:
-            plural = owner.kind.lower() + "s"
-            obj = await client.get_custom(KUBEFLOW_GROUP, KUBEFLOW_VERSION, owner.namespace, plural, owner.name)
-            size = kubeflow_size(obj)
+            return await client.get_job(owner.namespace, owner.name)
+        if owner.kind == "JobSet":
+            return await client.get_custom(JOBSET_GROUP, JOBSET_VERSION, owner.namespace, "jobsets", owner.name)
+        plural = owner.kind.lower() + "s"
+        return await client.get_custom(KUBEFLOW_GROUP, KUBEFLOW_VERSION, owner.namespace, plural, owner.name)
     except NotFound:
+        return None
+
+
+async def fetch_size(client: KubeClient, owner: Owner) -> int | None:
+    """The owner's gang size; None when the owner is gone. Raises KubeError for anything else."""
+    obj = await fetch_owner(client, owner)
+    if obj is None:
         return None
     uid = (obj.get("metadata") or {}).get("uid")
     if owner.uid and uid and uid != owner.uid:
         return None
-    return size
+    if owner.kind == "Job":
+        return job_pods(obj.get("spec") or {})
+    if owner.kind == "JobSet":
+        return jobset_size(obj)
+    return kubeflow_size(obj)

@@ -13,6 +13,9 @@ Invariants:
   other schedulers (kube-scheduler, DaemonSets) that have not terminated, and
   of muster's own pods the log no longer counts but that still hold the node
   (evicted pods in their grace period, the survivors of a failed gang).
+- A deleted node ends the jobs of the gangs it ran whose pods nothing recreates
+  (bare pods, pod groups: JobFailed); gangs with a controller are left to the
+  core, which evicts and requeues them.
 - With a view of the log (`state`), the first flush writes only what differs
   from it: unchanged nodes are not re-added, nodes that vanished while no
   adapter ran are removed, known jobs are not resubmitted.
@@ -80,6 +83,8 @@ class Translator:
         self._reserved: dict[str, Resources] = {}
         self._dirty: set[str] = set()
         self._jobs: list[Event] = []
+        self._lost: set[str] = set()
+        """Nodes deleted since the last flush."""
         self._primed = False
         self.gangs = Gangs(known=self._known_job if state is not None else None)
         self.problems: list[str] = []
@@ -90,6 +95,9 @@ class Translator:
         name = object_key(event.obj)
         if event.type == "DELETED":
             self._nodes.pop(name, None)
+            # judged at the flush, which writes them with the node's removal: the core then never
+            # evicts and requeues a gang whose pods can never come back
+            self._lost.add(name)
         else:
             problems: list[str] = []
             self._nodes[name] = node_view(event.obj, self.tolerated_taints, problems)
@@ -135,6 +143,10 @@ class Translator:
         if not self._primed:
             self._primed = True
             self._prime_from_log()
+        if self._lost:
+            lost = {name for name in self._lost if name not in self._nodes}  # not re-created meanwhile
+            self._lost.clear()
+            self._jobs += self.gangs.nodes_lost(lost, at)
         self._recheck()
         out: list[Event] = []
         for name in sorted(self._dirty):

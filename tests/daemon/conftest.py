@@ -64,6 +64,10 @@ async def kube() -> AsyncIterator[tuple[KubeEmulator, ApiClient]]:
 async def _adapter(api: ApiClient, **options: Any) -> AsyncIterator[tuple[KubernetesAdapter, EventLog]]:
     log = EventLog()
     options.setdefault("backoff", FAST)
+    # No Events by default: tests wait on `caught_up("pods", emulator.resource_version)`, and the
+    # emulator's one counter would also count Event writes no pod watch ever brings back.
+    # Reporting is tested against the real API server (tests/k8s/test_feedback_real.py).
+    options.setdefault("report", False)
     adapter = KubernetesAdapter(api, **options)
     async with anyio.create_task_group() as tg:
         with anyio.fail_after(30):

@@ -8,6 +8,7 @@ import anyio
 import anyio.lowlevel
 
 from muster.daemon.applier import DecisionApplier
+from muster.daemon.metrics import DaemonMetrics
 from muster.events.types import Event, JobAdmitted, JobId, JobPreempted, NodeName, QueueName
 
 
@@ -17,9 +18,16 @@ class Recorder:
     def __init__(self) -> None:
         self.applied: list[tuple[str, str]] = []
         self.holding: set[str] = set()
+        self.unready: dict[str, anyio.Event] = {}
+        """Jobs whose decisions the cluster cannot apply yet (their pods are not there) until the event is set."""
 
     async def run(self, sink: Any, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
+
+    async def ready(self, event: Event) -> None:
+        gate = self.unready.get(str(getattr(event, "job", "")))
+        if gate is not None:
+            await gate.wait()
 
     async def apply(self, event: Event) -> Any:
         await anyio.lowlevel.checkpoint()
@@ -114,3 +122,26 @@ async def test_nothing_is_applied_without_the_lease():
         await anyio.sleep(0.1)
         tg.cancel_scope.cancel()  # the term ends: the lease was really lost
     assert cluster.applied == [("JobAdmitted", "blip")]
+
+
+async def test_admissions_waiting_for_their_pods_hold_no_slot():
+    """With one slot, two gangs whose pods are slow to come do not keep a third gang's binding waiting."""
+    cluster = Recorder()
+    cluster.unready = {"slow-1": anyio.Event(), "slow-2": anyio.Event()}
+    metrics = DaemonMetrics()
+    applier = DecisionApplier(cluster, leading=lambda: True, victims={}, concurrency=1, metrics=metrics)
+    async with anyio.create_task_group() as tg:
+        await tg.start(applier.run)
+        for job in ("slow-1", "slow-2", "fast"):
+            applier.submit(admitted(job))
+        with anyio.fail_after(30):
+            while ("JobAdmitted", "fast") not in cluster.applied:  # noqa: ASYNC110 - observing a fake
+                await anyio.sleep(0.01)
+        assert metrics.registry.get_sample_value("muster_apply_backlog") == 2  # the two still waiting
+        for gate in cluster.unready.values():
+            gate.set()
+        with anyio.fail_after(30):
+            while len(cluster.applied) < 3:  # noqa: ASYNC110 - observing a fake
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+    assert metrics.registry.get_sample_value("muster_apply_backlog") == 0

@@ -78,6 +78,9 @@ class FrozenView:
     def evicting(self, job: JobId) -> list[PodInfo]:
         return list(self.pods.values())
 
+    def recreates(self, job: JobId) -> bool:
+        return True
+
     def fail(self, job: JobId, reason: str, at: int) -> list[Event]:
         self.failed.append(reason)
         return [JobFailed(at=at, job=job, reason=reason)]

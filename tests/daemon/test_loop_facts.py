@@ -38,6 +38,9 @@ class FactCluster:
     def push(self, events: list[Event]) -> None:
         self._send.send_nowait(events)
 
+    async def ready(self, event: Event) -> None:
+        pass
+
     async def apply(self, event: Event) -> Any:
         return None
 

@@ -51,6 +51,7 @@ CASES: dict[str, dict[str, Any]] = {
     "no-queues-apply": {"queuesApply": {"enabled": False}},
     "one-replica": {"replicaCount": 1},
     "no-snapshots": {"snapshots": {"enabled": False}},
+    "no-pod-conditions": {"podConditions": False},
     "snapshots-tuned": {"snapshots": {"every": 1000}, "leaderElection": {"kvBucket": "leases"}},
 }
 BAD_CASES: dict[str, tuple[dict[str, Any], str]] = {
@@ -93,6 +94,7 @@ LEAST_PRIVILEGE = {
     ("", "pods", "watch"),
     ("", "pods/binding", "create"),
     ("", "pods/eviction", "create"),
+    ("", "pods/status", "patch"),
     ("", "nodes", "get"),
     ("", "nodes", "list"),
     ("", "nodes", "watch"),
@@ -254,14 +256,17 @@ def test_manifests_validate_against_kubernetes_schemas(run: ChartRun) -> None:
 
 
 def test_rbac_is_exactly_the_least_privilege_set(run: ChartRun) -> None:
-    """The ClusterRole grants exactly what a gang scheduler needs: no wildcard, no secrets, no pod writes, no leases."""
+    """The ClusterRole grants exactly what a gang scheduler needs: no wildcard, no secrets, no pod writes but
+    the PodScheduled condition, no leases."""
     rendered = run.rendered["default"]
     granted = rules_of(rendered, "ClusterRole")
     assert granted == LEAST_PRIVILEGE
     assert not rendered.of_kind("Role") and not rendered.of_kind("RoleBinding")
     for group, resource, verb in granted:
         assert "*" not in (group, resource, verb)
-        assert resource not in {"secrets", "configmaps", "leases", "pods/exec", "pods/status", "nodes/status"}
+        assert resource not in {"secrets", "configmaps", "leases", "pods/exec", "nodes/status"}
+        if resource == "pods/status":
+            assert verb == "patch"  # the PodScheduled condition (podConditions, on by default)
         if resource in {"pods", "nodes"}:
             assert verb in {"get", "list", "watch"}, (resource, verb)
     binding = rendered.one("ClusterRoleBinding")
@@ -269,6 +274,14 @@ def test_rbac_is_exactly_the_least_privilege_set(run: ChartRun) -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "muster", "namespace": NAMESPACE},
     ]
+
+
+def test_pod_conditions_off_drops_the_pods_status_right_and_tells_the_daemon(run: ChartRun) -> None:
+    """`podConditions: false` renders no pods/status right and `kubernetes.pod_conditions: false` for the daemon."""
+    rendered = run.rendered["no-pod-conditions"]
+    assert rules_of(rendered, "ClusterRole") == LEAST_PRIVILEGE - {("", "pods/status", "patch")}
+    assert config_of(rendered, "config.yaml")["kubernetes"]["pod_conditions"] is False
+    assert config_of(run.rendered["default"], "config.yaml")["kubernetes"]["pod_conditions"] is True
 
 
 def test_lease_election_adds_one_namespaced_lease_role(run: ChartRun, tmp_path: Path) -> None:
@@ -378,7 +391,7 @@ def test_config_map_holds_the_daemon_config(run: ChartRun) -> None:
         "max_event_bytes": 1048576,
     }
     assert config["leader_election"] == {"backend": "nats-kv", "kv_bucket": "muster-leader", "ttl_seconds": 10}
-    assert config["kubernetes"] == {"scheduler_name": "muster", "namespaces": []}
+    assert config["kubernetes"] == {"scheduler_name": "muster", "namespaces": [], "pod_conditions": True}
     assert config["http"] == {"health_port": 8080, "metrics_port": 9090}
     assert config["queues_file"] == "/etc/muster/queues.yaml"
 

@@ -89,7 +89,7 @@ def one_of_each() -> list[Event]:
             pods={"worker-0": "ns/train-1-worker-0"},
             source="k8s",
         ),
-        JobCancelled(at=10, job="train-1"),
+        JobCancelled(at=10, job="train-1", reason="WorkloadDeleted: Job ns/train-1 is gone"),
         JobStarted(at=11, job="train-1"),
         JobFinished(at=12, job="train-1"),
         JobFailed(at=13, job="train-1", reason="OOMKilled"),
@@ -141,3 +141,8 @@ def test_stored_v1_job_submitted_is_upcast_to_podsets() -> None:
     assert event == JobSubmitted(
         at=5, job="j1", queue="q", podsets=[PodSet(name="worker", count=4, requests={"gpu": 8})], v=2
     )
+
+
+def test_a_job_cancelled_stored_before_it_had_a_reason_decodes_with_none() -> None:
+    """`JobCancelled.reason` was added last with a default: bytes written without it decode, reason empty."""
+    assert codec.decode(b'{"type":"JobCancelled","at":10,"v":1,"job":"j1"}') == JobCancelled(at=10, job="j1")

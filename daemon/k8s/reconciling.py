@@ -1,0 +1,150 @@
+"""Reconciliation: the log's live jobs against the workloads and pods the cluster holds.
+
+While an adapter watches, a gang's pods report its life as it happens (`gangs`). What
+happened while none watched (a Job deleted with its pods, a pod group removed, the
+daemon down for a day) is found here, by comparing every job the log holds as pending
+or admitted, and that came from this cluster (`JobSubmitted.pods`/`source`), with the
+pods and owner objects that exist. The adapter runs it once before its term starts
+deciding (so a phantom job never holds its quota into the first cycle) and then every
+`reconcile_seconds`.
+
+`judge` is the policy, in one pure function:
+- every pod of the job exists: nothing to say (the gang reports its own end);
+- pods are missing and the job has an owner whose controller recreates them (Job,
+  JobSet, a Kubeflow job): while that owner exists with the job's uid, nothing (its
+  controller brings them back and the gang maps the replacements); once it is gone, being
+  deleted, or re-created under the same name, `JobCancelled` with reason `WorkloadDeleted`;
+- pods are missing and nothing recreates them (bare pods, a labelled pod group): all
+  gone is `JobCancelled` (`WorkloadDeleted`), some gone is `JobFailed` (the gang can
+  never be whole again).
+
+Invariants:
+- An owner that cannot be read (an API error other than 404) gives no verdict; the next
+  pass asks again. Lookups share the adapter's limit on requests in flight.
+- A verdict is a fact about the job (`fact:ended:<job>` on the log): the same end found by
+  two passes, two terms, or the gang's own tracking is stored once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import anyio
+import structlog
+
+from muster.daemon.k8s.client import KubeClient
+from muster.daemon.k8s.errors import KubeError
+from muster.daemon.k8s.gangs import Owner, recreated
+from muster.daemon.k8s.owners import fetch_owner
+from muster.events.types import Event, JobCancelled, JobFailed, JobId
+
+__all__ = ["LiveJob", "Verdict", "find_vanished", "judge", "owner_of"]
+
+log = structlog.get_logger("muster.k8s.reconcile")
+
+WORKLOAD_DELETED = "WorkloadDeleted"
+
+
+class LiveJob(Protocol):
+    """A job as the log holds it (`projections.cluster.JobState` fits)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def pods(self) -> dict[str, str]: ...
+
+    @property
+    def source(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A job found gone: the event that ends it and the pods of it that still exist."""
+
+    job: JobId
+    event: Event
+    remaining: tuple[str, ...]
+
+
+def owner_of(source: str) -> Owner | None:
+    """The owner named by a `JobSubmitted.source` (`Kind/namespace/name`), or None when it names none."""
+    parts = source.split("/")
+    if len(parts) != 3 or not all(parts):
+        return None
+    return Owner(parts[0], parts[1], parts[2])
+
+
+def judge(job: LiveJob, present: Callable[[str], bool], owner_alive: bool | None, at: int) -> Verdict | None:
+    """Whether `job` lost its workload (see the module docstring). `owner_alive` is None when unknown."""
+    keys = sorted(set(job.pods.values()))
+    missing = [k for k in keys if not present(k)]
+    if not missing:
+        return None
+    remaining = tuple(k for k in keys if present(k))
+    owner = owner_of(job.source)
+    job_id = JobId(job.id)
+    if owner is not None and recreated(owner):
+        if owner_alive is None or owner_alive:
+            return None
+        reason = f"{WORKLOAD_DELETED}: {owner.source} is gone"
+        return Verdict(job_id, JobCancelled(at=at, job=job_id, reason=reason), remaining)
+    if not remaining:
+        reason = f"{WORKLOAD_DELETED}: its pods are gone"
+        return Verdict(job_id, JobCancelled(at=at, job=job_id, reason=reason), ())
+    shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+    reason = f"pods deleted while no scheduler watched, and nothing recreates them: {shown}"
+    return Verdict(job_id, JobFailed(at=at, job=job_id, reason=reason), remaining)
+
+
+def live_jobs(jobs: Iterable[LiveJob]) -> list[LiveJob]:
+    """The jobs reconciliation looks at: pending or admitted, and made of this cluster's pods."""
+    return [j for j in jobs if j.status in ("pending", "admitted") and j.pods]
+
+
+async def find_vanished(
+    client: KubeClient,
+    jobs: list[LiveJob],
+    present: Callable[[str], bool],
+    at: int,
+    *,
+    limiter: anyio.CapacityLimiter,
+) -> list[Verdict]:
+    """Judge `jobs` (already taken from the log, so no fold runs in between), reading owners where needed."""
+    suspects = [j for j in jobs if any(not present(k) for k in j.pods.values())]
+    alive: dict[str, bool | None] = {}
+
+    async def look(job: LiveJob, owner: Owner) -> None:
+        try:
+            async with limiter:
+                obj = await fetch_owner(client, owner)
+        except KubeError as exc:
+            log.warning("cannot read a gang's owner; judging it next time", owner=owner.source, error=exc.message)
+            alive[job.id] = None
+            return
+        meta = (obj or {}).get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        # being deleted (a finalizer, e.g. the orphan one, holds it): its controller recreates nothing;
+        # same name, other uid: deleted and re-created, a new job of its own (its id carries the uid)
+        alive[job.id] = (
+            obj is not None
+            and not meta.get("deletionTimestamp")
+            and Owner(owner.kind, owner.namespace, owner.name, uid).job_id() == job.id
+        )
+
+    async with anyio.create_task_group() as tg:
+        for job in suspects:
+            owner = owner_of(job.source)
+            if owner is not None and recreated(owner):
+                tg.start_soon(look, job, owner)
+    verdicts = []
+    for job in suspects:
+        verdict = judge(job, present, alive.get(job.id), at)
+        if verdict is not None:
+            verdicts.append(verdict)
+    return verdicts

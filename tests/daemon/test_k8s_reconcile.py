@@ -1,0 +1,93 @@
+"""Reconciliation's policy: which of the log's live jobs lost their workload, and how each ends.
+
+The pure `judge` as a table; the adapter running it against the emulator (a job whose pods
+were deleted while no adapter ran is ended before the adapter reports started). The same
+against a real API server, with the whole daemon: tests/k8s/test_reconcile_real.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from muster.daemon.k8s import manifests as m
+from muster.daemon.k8s.reconciling import judge, owner_of
+from muster.events.types import (
+    JobAdmitted,
+    JobCancelled,
+    JobFailed,
+    JobId,
+    JobSubmitted,
+    NodeName,
+    PodSet,
+    QueueConfigured,
+    QueueName,
+)
+from muster.projections.cluster import fold
+
+
+@dataclass
+class Job:
+    id: str
+    source: str
+    pods: dict[str, str] = field(default_factory=dict)
+    status: str = "admitted"
+
+
+GANG = Job("ns/gang/g-1234", "Gang/ns/g", {"w-0": "ns/g-0", "w-1": "ns/g-1"})
+BATCH = Job("ns/job/train-abcdef12", "Job/ns/train", {"w-0": "ns/train-0-x", "w-1": "ns/train-1-y"})
+
+
+@pytest.mark.parametrize(
+    ("job", "present", "owner_alive", "expected"),
+    [
+        pytest.param(GANG, {"ns/g-0", "ns/g-1"}, None, None, id="all-pods-there"),
+        pytest.param(GANG, set(), None, ("JobCancelled", "WorkloadDeleted: its pods are gone"), id="group-gone"),
+        pytest.param(GANG, {"ns/g-1"}, None, ("JobFailed", "pods deleted while no scheduler"), id="group-half-gone"),
+        pytest.param(BATCH, set(), True, None, id="job-alive-recreates-its-pods"),
+        pytest.param(BATCH, set(), None, None, id="job-owner-unknown-no-verdict"),
+        pytest.param(BATCH, set(), False, ("JobCancelled", "WorkloadDeleted: Job/ns/train is gone"), id="job-gone"),
+        pytest.param(BATCH, {"ns/train-0-x"}, False, ("JobCancelled", "WorkloadDeleted: Job"), id="job-gone-pod-left"),
+    ],
+)
+def test_judge(job: Job, present: set[str], owner_alive: bool | None, expected: tuple[str, str] | None) -> None:
+    """A job is ended only when its pods are missing and nothing will bring them back, cancelled when all are gone."""
+    verdict = judge(job, present.__contains__, owner_alive, at=7)
+    if expected is None:
+        assert verdict is None
+        return
+    assert verdict is not None
+    kind, reason = expected
+    assert type(verdict.event).__name__ == kind
+    assert verdict.event.reason.startswith(reason)  # type: ignore[attr-defined]
+    assert verdict.remaining == tuple(sorted(present & set(job.pods.values())))
+
+
+def test_owner_of_reads_a_submission_source() -> None:
+    """`Kind/namespace/name` names an owner; anything else (a CLI submission) names none."""
+    owner = owner_of("JobSet/ns/big")
+    assert owner is not None and (owner.kind, owner.namespace, owner.name) == ("JobSet", "ns", "big")
+    assert owner_of("") is None and owner_of("cli") is None and owner_of("a/b") is None
+
+
+async def test_a_gang_deleted_while_no_adapter_ran_is_cancelled_before_the_adapter_starts(kube, start_adapter):
+    """The log holds a gang admitted whose pods are gone: the adapter's first push ends it, WorkloadDeleted."""
+    emulator, api = kube
+    emulator.put_object("v1/nodes", m.node("n1"))
+    sub = JobSubmitted(
+        at=1,
+        job=JobId("ns/gang/g-1"),
+        queue=QueueName("q"),
+        podsets=[PodSet(name="w", count=2, requests={"gpu": 1})],
+        pods={"w-0": "ns/g-0", "w-1": "ns/g-1"},
+        source="Gang/ns/g",
+    )
+    placement = {p: NodeName("n1") for p in sub.pods}
+    admitted = JobAdmitted(at=2, job=sub.job, queue=QueueName("q"), placement=placement)
+    state = fold([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8}), sub, admitted])
+    async with start_adapter(api, state=lambda: state) as (adapter, events):
+        cancelled = events.of(JobCancelled)  # pushed before `run` reported started
+        assert [(c.job, c.reason) for c in cancelled] == [(sub.job, "WorkloadDeleted: its pods are gone")]
+        assert adapter.translator.gangs.ended(sub.job)
+        assert not events.of(JobFailed)

@@ -1,0 +1,285 @@
+"""Acting as the controllers and kubelets a bare API server lacks, for the real-server tests.
+
+`Kube(api, namespace)` creates what a cluster's other components would: Ready nodes
+(created, then status patched Ready and the `not-ready` taint removed, as the node
+lifecycle controller does once the kubelet reports), pods as a Job controller or a user
+creates them (with ownerReferences carrying the server's uids), deletions as a kubelet
+confirms them (grace period 0). Nodes are named `<namespace>-<name>` and labelled with
+the namespace, so `cleanup()` finds what one test made on a server shared by the session.
+
+`eventually(check)` polls an async or plain predicate until it holds or a deadline passes
+(no fixed sleeps in the tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+from kubernetes_asyncio.client import (
+    ApiClient,
+    ApiextensionsV1Api,
+    BatchV1Api,
+    CoreV1Api,
+    CustomObjectsApi,
+    RbacAuthorizationV1Api,
+)
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from muster.daemon.cluster import KubeCluster
+from muster.daemon.k8s import Backoff, KubernetesAdapter
+from muster.daemon.k8s import manifests as m
+from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
+from muster.events.store import EventStore, StoredEvent
+from muster.events.types import Event
+
+Obj = dict[str, Any]
+TEST_LABEL = "muster.dev/test"
+MERGE = "application/merge-patch+json"
+
+
+async def eventually(check: Callable[[], Any], seconds: float = 20.0, every: float = 0.05) -> Any:
+    """Poll `check()` (sync or async) until it returns something truthy; fail after `seconds`."""
+    with anyio.fail_after(seconds):
+        while True:
+            value = check()
+            if inspect.isawaitable(value):
+                value = await value
+            if value:
+                return value
+            await anyio.sleep(every)
+
+
+FAST = Backoff(initial=0.01, maximum=0.2, jitter=0.0)
+
+
+class EventLog:
+    """A sink that keeps every event it is given and lets a test wait for some."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self._changed = anyio.Event()
+
+    async def __call__(self, events: list[Event]) -> None:
+        self.events.extend(events)
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    def of(self, cls: type[Any]) -> list[Any]:
+        return [e for e in self.events if isinstance(e, cls)]
+
+    async def wait_for(self, predicate: Callable[[EventLog], bool], seconds: float = 20.0) -> None:
+        with anyio.fail_after(seconds):
+            while not predicate(self):
+                await self._changed.wait()
+
+
+@contextlib.asynccontextmanager
+async def running_adapter(api: ApiClient, **options: Any) -> AsyncIterator[tuple[KubernetesAdapter, EventLog]]:
+    """A KubernetesAdapter running against `api` until the block ends; its sink is the EventLog."""
+    log = EventLog()
+    options.setdefault("backoff", FAST)
+    adapter = KubernetesAdapter(api, **options)
+    async with anyio.create_task_group() as tg:
+        with anyio.fail_after(30):
+            await tg.start(adapter.run, log)
+        yield adapter, log
+        tg.cancel_scope.cancel()
+
+
+@contextlib.asynccontextmanager
+async def running_daemon(store: EventStore, api: ApiClient, **adapter_options: Any) -> AsyncIterator[SchedulerLoop]:
+    """The scheduler loop leading alone, its cluster the Kubernetes adapter on `api`, until the block ends."""
+    adapter_options.setdefault("backoff", FAST)
+    loop = SchedulerLoop(
+        store, elector=SoleElector("daemon"), cluster=KubeCluster.factory(api, **adapter_options), options=LoopOptions()
+    )
+    async with anyio.create_task_group() as tg:
+        await tg.start(loop.run)
+        with anyio.fail_after(30):
+            await loop.first_term.wait()
+        yield loop
+        loop.stop()
+
+
+async def log_of(store: EventStore, cls: type[Any]) -> list[Any]:
+    """The events of type `cls` on the log."""
+    stored: list[StoredEvent] = await store.read()
+    return [s.event for s in stored if isinstance(s.event, cls)]
+
+
+JOBSET_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "jobsets.jobset.x-k8s.io"},
+    "spec": {
+        "group": "jobset.x-k8s.io",
+        "scope": "Namespaced",
+        "names": {"kind": "JobSet", "plural": "jobsets", "singular": "jobset", "listKind": "JobSetList"},
+        "versions": [
+            {
+                "name": "v1alpha2",
+                "served": True,
+                "storage": True,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+            }
+        ],
+    },
+}
+
+
+class Kube:
+    def __init__(self, api: ApiClient, namespace: str) -> None:
+        self.api = api
+        self.ns = namespace
+        self.core = CoreV1Api(api)
+        self.batch = BatchV1Api(api)
+        self.rbac = RbacAuthorizationV1Api(api)
+        self.cluster_objects: list[tuple[str, str]] = []
+        """(kind, name) of cluster-scoped RBAC objects to delete after the test."""
+
+    # ------------------------------------------------------------ namespace
+
+    async def create_namespace(self) -> None:
+        await self.core.create_namespace({"metadata": {"name": self.ns, "labels": {TEST_LABEL: self.ns}}})
+        # the ServiceAccount admission refuses pods in a namespace without one, and no controller makes it
+        await self.core.create_namespaced_service_account(self.ns, {"metadata": {"name": "default"}})
+
+    async def cleanup(self) -> None:
+        """Delete what the test made: its pods (at once), its nodes, its jobs, its cluster-wide RBAC, its namespace."""
+        await _quiet(self.core.delete_collection_namespaced_pod(self.ns, grace_period_seconds=0))
+        await _quiet(self.batch.delete_collection_namespaced_job(self.ns))
+        await _quiet(self.core.delete_collection_node(label_selector=f"{TEST_LABEL}={self.ns}"))
+        for kind, name in self.cluster_objects:
+            if kind == "ClusterRole":
+                await _quiet(self.rbac.delete_cluster_role(name))
+            else:
+                await _quiet(self.rbac.delete_cluster_role_binding(name))
+        await _quiet(self.core.delete_namespace(self.ns))
+
+    # ------------------------------------------------------------ nodes
+
+    def node_name(self, name: str) -> str:
+        return f"{self.ns}-{name}"
+
+    async def node(self, name: str, *, gpus: int = 8, labels: dict[str, str] | None = None) -> str:
+        """A Ready node as a kubelet registers it and the node lifecycle controller clears it; returns its name."""
+        full = self.node_name(name)
+        obj = m.node(full, gpus=gpus, labels={TEST_LABEL: self.ns, **(labels or {})})
+        status = obj.pop("status")
+        await self.core.create_node(obj)
+        await self.core.patch_node_status(full, {"status": status}, _content_type=MERGE)
+        await self.core.patch_node(full, {"spec": {"taints": None}}, _content_type=MERGE)
+        return full
+
+    async def delete_node(self, name: str) -> None:
+        await self.core.delete_node(name)
+
+    # ------------------------------------------------------------ pods
+
+    async def pod(self, name: str, **args: Any) -> Obj:
+        """Create a pod as a user would (`manifests.pod` arguments); returns the server's object."""
+        args.setdefault("grace_seconds", 0)
+        return await self.create_pod(m.pod(name, self.ns, **args))
+
+    async def create_pod(self, obj: Obj) -> Obj:
+        created = await self.core.create_namespaced_pod(self.ns, obj)
+        return dict(self.api.sanitize_for_serialization(created))
+
+    async def gang(self, name: str, size: int, *, gpus: int = 1, queue: str = "q", **args: Any) -> list[Obj]:
+        """A labelled pod group of `size` pods (`muster.dev/gang`, `muster.dev/gang-size`)."""
+        labels = {"muster.dev/gang": name, "muster.dev/gang-size": str(size), "muster.dev/queue": queue}
+        return [await self.pod(f"{name}-{i}", gpus=gpus, labels=labels, **args) for i in range(size)]
+
+    async def job(self, name: str, parallelism: int, *, gpus: int = 1, queue: str = "q") -> tuple[Obj, list[Obj]]:
+        """A batch Job and the pods its controller would create (ownerReferences to the Job's real uid)."""
+        manifest = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name, "namespace": self.ns},
+            "spec": {
+                "parallelism": parallelism,
+                "completions": parallelism,
+                "completionMode": "Indexed",
+                "template": {
+                    "spec": {
+                        "schedulerName": "muster",
+                        "restartPolicy": "Never",
+                        "containers": [{"name": "main", "image": "busybox"}],
+                    }
+                },
+            },
+        }
+        job = dict(self.api.sanitize_for_serialization(await self.batch.create_namespaced_job(self.ns, manifest)))
+        pods = [
+            await self.create_pod(p)
+            for p in m.job_pods(job, gpus=gpus, grace_seconds=0, labels={"muster.dev/queue": queue})
+        ]
+        return job, pods
+
+    async def jobset(self, name: str, replicas: int, parallelism: int, *, gpus: int = 1) -> tuple[Obj, list[Obj]]:
+        """A JobSet (its CRD installed if need be) and the pods its controller's child Jobs would create."""
+        try:
+            await ApiextensionsV1Api(self.api).create_custom_resource_definition(JOBSET_CRD)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        custom = CustomObjectsApi(self.api)
+        manifest = m.jobset(name, self.ns, replicated=[("workers", replicas, parallelism)])
+        del manifest["metadata"]["uid"]
+
+        async def create() -> Obj | None:
+            try:
+                return dict(
+                    await custom.create_namespaced_custom_object(
+                        "jobset.x-k8s.io", "v1alpha2", self.ns, "jobsets", manifest
+                    )
+                )
+            except ApiException as exc:
+                if exc.status == 404:  # the CRD is not served yet
+                    return None
+                raise
+
+        obj: Obj = await eventually(create)
+        labels = {"muster.dev/queue": "q"}
+        pods = [await self.create_pod(p) for p in m.jobset_pods(obj, gpus=gpus, grace_seconds=0, labels=labels)]
+        return obj, pods
+
+    async def delete_jobset(self, name: str) -> None:
+        await CustomObjectsApi(self.api).delete_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", self.ns, "jobsets", name
+        )
+
+    async def get_pod(self, name: str) -> Obj | None:
+        try:
+            return dict(self.api.sanitize_for_serialization(await self.core.read_namespaced_pod(name, self.ns)))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def pod_node(self, name: str) -> str:
+        pod = await self.get_pod(name)
+        return str(((pod or {}).get("spec") or {}).get("nodeName") or "")
+
+    async def delete_pod(self, name: str) -> None:
+        """Delete a pod at once, as its kubelet confirming (or a user forcing) it."""
+        await self.core.delete_namespaced_pod(name, self.ns, grace_period_seconds=0)
+
+    async def set_phase(self, name: str, phase: str) -> None:
+        """Report the pod's phase, as its kubelet would."""
+        await self.core.patch_namespaced_pod_status(name, self.ns, {"status": {"phase": phase}}, _content_type=MERGE)
+
+    async def gone(self, *names: str) -> bool:
+        for name in names:
+            if await self.get_pod(name) is not None:
+                return False
+        return True
+
+
+async def _quiet(call: Awaitable[Any]) -> None:
+    with contextlib.suppress(ApiException):
+        await call

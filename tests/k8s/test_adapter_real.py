@@ -1,0 +1,144 @@
+"""The Kubernetes adapter against a real kube-apiserver: what it reads, binds and evicts is what the server does.
+
+Ported from the emulator tests where the real server's answer is the point: bindings and
+their 409s, evictions of bound pods with and without a grace period, and the capacity
+held by pods of other schedulers. Faults the server cannot be made to inject stay with the
+emulator (tests/daemon, tests/faults): dropped streams, 5xx, slow answers, and the 410 of an
+expired watch (the watch cache answers an old resourceVersion with the current state, not
+410, until it has dropped events, which takes minutes of churn).
+"""
+
+from __future__ import annotations
+
+import pytest
+from kubekit import Kube, eventually, running_adapter
+from kubernetes_asyncio.client import ApiClient
+
+from muster.daemon.k8s.applying import _ASSIGNED
+from muster.daemon.k8s.client import KubeClient
+from muster.daemon.k8s.errors import Conflict
+from muster.events.types import (
+    JobAdmitted,
+    JobFailed,
+    JobPreempted,
+    JobSubmitted,
+    NodeAdded,
+    NodeName,
+    NodeUpdated,
+    QueueConfigured,
+    QueueName,
+)
+from muster.projections.cluster import fold
+
+
+def admitted(sub: JobSubmitted, node: str) -> JobAdmitted:
+    return JobAdmitted(at=1, job=sub.job, queue=QueueName("q"), placement={p: NodeName(node) for p in sub.pods})
+
+
+async def test_a_ready_node_is_added_without_the_not_ready_taint(api: ApiClient, kube: Kube) -> None:
+    """A node registered, reported Ready and untainted as the controllers would is a schedulable NodeAdded."""
+    name = await kube.node("n1", gpus=8)
+    async with running_adapter(api) as (_, events):
+        await events.wait_for(lambda e: any(n.node == name for n in e.of(NodeAdded)))
+    [added] = [n for n in events.of(NodeAdded) if n.node == name]
+    assert added.ready and not added.unschedulable
+    assert added.capacity["gpu"] == 8
+
+
+async def test_a_gang_is_bound_and_a_second_binding_is_a_noop(api: ApiClient, kube: Kube) -> None:
+    """Binding a gang sets every pod's node; applying it again answers 409 naming that node, taken as done."""
+    node = await kube.node("n1")
+    await kube.gang("g", 2)
+    async with running_adapter(api) as (adapter, events):
+        await events.wait_for(lambda e: bool(e.of(JobSubmitted)))
+        [sub] = events.of(JobSubmitted)
+        first = await adapter.apply(admitted(sub, node))
+        assert (first.ok, first.outcome) == (True, "applied"), first
+        assert [await kube.pod_node(f"g-{i}") for i in range(2)] == [node, node]
+        # the adapter's view may lag the server: a second binding is answered 409 naming the node
+        with pytest.raises(Conflict) as conflict:
+            await KubeClient(api).bind(kube.ns, "g-0", node)
+        assert _ASSIGNED.search(conflict.value.message).group(1) == node  # type: ignore[union-attr]
+        await eventually(lambda: all(p.node == node for p in adapter.translator.gangs.pods_of(sub.job).values()))  # type: ignore[union-attr]
+        again = await adapter.apply(admitted(sub, node))
+    assert (again.ok, again.outcome) == (True, "noop"), again
+
+
+async def test_binding_a_pod_bound_elsewhere_is_a_conflict(api: ApiClient, kube: Kube) -> None:
+    """A 409 naming another node is reported as a conflict, and the pod stays where it is."""
+    n1, n2 = await kube.node("n1"), await kube.node("n2")
+    await kube.gang("g", 1)
+    async with running_adapter(api) as (adapter, events):
+        await events.wait_for(lambda e: bool(e.of(JobSubmitted)))
+        [sub] = events.of(JobSubmitted)
+        assert (await adapter.apply(admitted(sub, n1))).outcome == "applied"
+        # the adapter's view of the binding (no event of its own to wait for)
+        await eventually(lambda: adapter.translator.gangs.pod(f"{kube.ns}/g-0").node == n1)  # type: ignore[union-attr]
+        other = await adapter.apply(admitted(sub, n2))
+    assert (other.ok, other.outcome) == (False, "conflict"), other
+    assert await kube.pod_node("g-0") == n1
+
+
+async def test_evicting_a_bound_gang_deletes_its_pods_and_reports_nothing(api: ApiClient, kube: Kube) -> None:
+    """A preemption evicts every pod (grace 0: gone at once); the adapter expects their end and fails nothing."""
+    node = await kube.node("n1")
+    await kube.job("train", 2)
+    async with running_adapter(api) as (adapter, events):
+        await events.wait_for(lambda e: bool(e.of(JobSubmitted)))
+        [sub] = events.of(JobSubmitted)
+        assert (await adapter.apply(admitted(sub, node))).ok
+        result = await adapter.apply(JobPreempted(at=2, job=sub.job, preemptor=None, reason="WithinQueue"))
+        assert (result.ok, result.outcome) == (True, "applied"), result
+        pods = list(sub.pods.values())
+        await eventually(lambda: kube.gone(*(p.split("/")[1] for p in pods)))
+        await eventually(lambda: not adapter.translator.gangs.pods_of(sub.job))
+    assert not events.of(JobFailed)
+
+
+async def test_an_evicted_pod_with_a_grace_period_holds_its_node_until_the_kubelet_lets_go(
+    api: ApiClient, kube: Kube
+) -> None:
+    """An evicted pod with a grace period is only marked for deletion; its requests stay reserved until it is gone."""
+    node = await kube.node("n1", gpus=8)
+    await kube.gang("g", 1, gpus=4, grace_seconds=30)
+    async with running_adapter(api) as (adapter, events):
+        await events.wait_for(lambda e: bool(e.of(JobSubmitted)))
+        [sub] = events.of(JobSubmitted)
+        assert (await adapter.apply(admitted(sub, node))).ok
+        assert (await adapter.apply(JobPreempted(at=2, job=sub.job, preemptor=None, reason="WithinQueue"))).ok
+        pod = await eventually(lambda: _deleting(kube, "g-0"))
+        assert pod["spec"]["nodeName"] == node
+        await events.wait_for(lambda e: any(u.node == node and u.reserved.get("gpu") == 4 for u in e.of(NodeUpdated)))
+        await kube.delete_pod("g-0")  # the kubelet confirms
+        await events.wait_for(lambda e: e.of(NodeUpdated)[-1].reserved.get("gpu", 0) == 0)
+    # a bare pod is not recreated: its job ends rather than wait in the queue for it
+    assert [f.reason for f in events.of(JobFailed)] == ["evicted (WithinQueue) and nothing recreates its pods"]
+
+
+async def _deleting(kube: Kube, name: str) -> dict | None:
+    pod = await kube.get_pod(name)
+    return pod if pod is not None and pod["metadata"].get("deletionTimestamp") else None
+
+
+async def test_pods_of_other_schedulers_hold_capacity(api: ApiClient, kube: Kube) -> None:
+    """A pod bound by another scheduler (kube-scheduler, a DaemonSet) reserves its requests on its node."""
+    node = await kube.node("n1", gpus=8)
+    await kube.pod("other", scheduler="default-scheduler", gpus=3, node_name=node)
+    async with running_adapter(api) as (_, events):
+        await events.wait_for(lambda e: any(n.node == node for n in e.of(NodeAdded)))
+        [added] = [n for n in events.of(NodeAdded) if n.node == node]
+        assert added.reserved == {"gpu": 3}
+        await kube.delete_pod("other")
+        await events.wait_for(lambda e: any(u.node == node and not u.reserved for u in e.of(NodeUpdated)))
+    assert not events.of(JobSubmitted)  # not muster's pod
+
+
+async def test_a_muster_pod_bound_by_nobody_we_know_holds_capacity(api: ApiClient, kube: Kube) -> None:
+    """A muster pod created with its nodeName set (no admission on the log places it) reserves its requests."""
+    node = await kube.node("n1", gpus=8)
+    await kube.gang("placed-by-hand", 1, gpus=4, node_name=node)
+    state = fold([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})])
+    async with running_adapter(api, state=lambda: state) as (_, events):
+        await events.wait_for(lambda e: bool(e.of(JobSubmitted)) and any(n.node == node for n in e.of(NodeAdded)))
+    [added] = [n for n in events.of(NodeAdded) if n.node == node]
+    assert added.reserved == {"gpu": 4}

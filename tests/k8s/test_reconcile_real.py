@@ -1,0 +1,135 @@
+"""Reconciliation on a real API server: a workload deleted while no daemon ran ends its job, and its room is used.
+
+Each case runs the whole daemon (the loop on the session's NATS, the Kubernetes adapter on
+the real server): a first daemon admits and binds a gang filling the only node; it stops;
+the gang's workload is deleted as its user and the garbage collector would; a second gang
+is created; a new daemon starts. Before issue 11 the first job stayed admitted forever
+("re-applying decisions of earlier terms", skipped: "no pods of this job in the cluster")
+and the second gang never bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from kubekit import Kube, eventually, log_of, running_adapter, running_daemon
+from kubernetes_asyncio.client import ApiClient
+
+from muster.events.store import EventStore
+from muster.events.types import (
+    Event,
+    JobAdmitted,
+    JobCancelled,
+    JobFailed,
+    JobPreempted,
+    JobSubmitted,
+    NodeName,
+    QueueConfigured,
+    QueueName,
+)
+from muster.projections.cluster import fold
+
+Pods = list[dict[str, Any]]
+
+
+async def make_group(kube: Kube, name: str) -> tuple[Pods, Callable[[], Awaitable[None]]]:
+    pods = await kube.gang(name, 2, gpus=4)
+
+    async def delete() -> None:
+        for p in pods:
+            await kube.delete_pod(p["metadata"]["name"])
+
+    return pods, delete
+
+
+async def make_job(kube: Kube, name: str) -> tuple[Pods, Callable[[], Awaitable[None]]]:
+    _, pods = await kube.job(name, 2, gpus=4)
+
+    async def delete() -> None:  # the user deletes the Job; the garbage collector its pods
+        await kube.batch.delete_namespaced_job(name, kube.ns)
+        for p in pods:
+            await kube.delete_pod(p["metadata"]["name"])
+
+    return pods, delete
+
+
+async def make_jobset(kube: Kube, name: str) -> tuple[Pods, Callable[[], Awaitable[None]]]:
+    _, pods = await kube.jobset(name, 2, 1, gpus=4)
+
+    async def delete() -> None:
+        await kube.delete_jobset(name)
+        for p in pods:
+            await kube.delete_pod(p["metadata"]["name"])
+
+    return pods, delete
+
+
+async def all_bound(kube: Kube, pods: Pods, node: str) -> bool:
+    return all([await kube.pod_node(p["metadata"]["name"]) == node for p in pods])
+
+
+@pytest.mark.parametrize("make", [make_group, make_job, make_jobset], ids=["pod-group", "job", "jobset"])
+async def test_a_workload_deleted_while_no_daemon_ran_ends_its_job_and_frees_its_room(
+    api: ApiClient, kube: Kube, store: EventStore, make: Callable[..., Any]
+) -> None:
+    """Its job is cancelled (WorkloadDeleted) when the next daemon starts, and a new gang binds in its place."""
+    await store.append([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})])
+    node = await kube.node("n1", gpus=8)
+    first, delete_first = await make(kube, "first")
+    async with running_daemon(store, api):
+        await eventually(lambda: all_bound(kube, first, node))
+    [old] = await log_of(store, JobSubmitted)
+
+    await delete_first()
+    second, _ = await make(kube, "second")
+    async with running_daemon(store, api):
+        await eventually(lambda: all_bound(kube, second, node))
+    cancelled = await log_of(store, JobCancelled)
+    assert [c.job for c in cancelled] == [old.job]
+    assert cancelled[0].reason.startswith("WorkloadDeleted")
+    assert {a.job for a in await log_of(store, JobAdmitted)} == {old.job} | {
+        s.job for s in await log_of(store, JobSubmitted) if s.job != old.job
+    }
+
+
+async def test_a_job_whose_pods_went_but_whose_owner_remains_is_kept(
+    api: ApiClient, kube: Kube, store: EventStore
+) -> None:
+    """Pods gone while their Job still exists are its controller's to recreate: the job is not ended."""
+    await store.append([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})])
+    node = await kube.node("n1", gpus=8)
+    _, pods = await kube.job("train", 2, gpus=4)
+    async with running_daemon(store, api):
+        await eventually(lambda: all_bound(kube, pods, node))
+    for p in pods:
+        await kube.delete_pod(p["metadata"]["name"])
+    async with running_daemon(store, api) as loop:
+        await eventually(lambda: loop.term is not None and loop.term.synced_seq is not None)
+        [job] = [j for j in loop.state.jobs.values()]
+        assert job.status == "admitted"
+    assert not await log_of(store, JobCancelled)
+
+
+async def test_a_requeued_jobs_owner_deleted_while_watched_is_found_by_the_periodic_pass(
+    api: ApiClient, kube: Kube
+) -> None:
+    """A preempted Job's gang waits for replacements; its Job deleted meanwhile, a later pass cancels the job."""
+    node = await kube.node("n1", gpus=8)
+    _, pods = await kube.job("train", 2, gpus=4)
+    log: list[Event] = [QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})]
+    async with running_adapter(api, state=lambda: fold(log), reconcile_seconds=0.2) as (adapter, events):
+        await events.wait_for(lambda e: bool(e.of(JobSubmitted)))
+        [sub] = events.of(JobSubmitted)
+        admitted = JobAdmitted(at=1, job=sub.job, queue=QueueName("q"), placement={p: NodeName(node) for p in sub.pods})
+        preempted = JobPreempted(at=2, job=sub.job, preemptor=None, reason="WithinQueue")
+        log += [sub, admitted, preempted]
+        assert (await adapter.apply(admitted)).ok
+        assert (await adapter.apply(preempted)).ok  # evicted: no JobFailed, the Job's controller recreates them
+        await eventually(lambda: kube.gone(*(p["metadata"]["name"] for p in pods)))
+        await kube.batch.delete_namespaced_job("train", kube.ns, propagation_policy="Background")
+        await events.wait_for(lambda e: bool(e.of(JobCancelled)))
+    [cancelled] = events.of(JobCancelled)
+    assert (cancelled.job, cancelled.reason) == (sub.job, f"WorkloadDeleted: Job/{kube.ns}/train is gone")
+    assert not events.of(JobFailed)
