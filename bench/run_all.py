@@ -30,6 +30,7 @@ BENCHES: dict[str, tuple[str, list[str]]] = {
     "daemon": ("bench_daemon.py", ["--nodes", "100", "--rate", "50", "--seconds", "5"]),
     "k8s": ("bench_k8s.py", ["--nodes", "100", "--gangs", "20", "--pods", "4"]),
     "reliability": ("reliability.py", ["--quick"]),
+    "node_loss": ("bench_node_loss.py", ["--nodes", "100", "--gangs", "40", "--delete", "20"]),
 }
 """name -> (script, its modest arguments)."""
 
