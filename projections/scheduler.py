@@ -38,7 +38,8 @@ from muster.events.types import (
     QueueName,
 )
 from muster.projections.cluster import ClusterState, JobState, node_pods
-from muster.projections.index import SchedulerIndex, Wake, index_of, take_new_jobs
+from muster.projections.index import SchedulerIndex, index_of, take_new_jobs
+from muster.projections.parking import Wake
 from muster.projections.preemption import Result, Victim, find_victims, overlaps
 from muster.projections.resources import fmt
 from muster.projections.topology import Transaction
@@ -65,8 +66,6 @@ class Cycle:
         """Usage taken in this cycle, per (tree, resource)."""
         self.failed_classes: dict[tuple[object, ...], tuple[str, Wake]] = {}
         """Verdicts of jobs that failed on the current view, by job class (cleared on any change)."""
-        self.consumed_any: dict[str, int] = {}
-        """Jobs admitted in this cycle, per tree."""
         self.admitted_by_root: dict[str, list[JobState]] = {}
         """Jobs admitted (or holding room as preemptors) in this cycle, per tree: new victims next cycle."""
         self.removed: set[str] = set()
@@ -75,8 +74,6 @@ class Cycle:
         """Jobs admitted or reserved (tentatively) in this cycle, with their placement."""
         self.reserved = False
         """Whether room was held for a preemptor (a change no decision event will fold)."""
-        self.parked_on_tentative: list[str] = []
-        """Jobs parked on a view that only the cycle's own decisions explain."""
         self.parked_on_reserved: list[str] = []
         """Jobs parked on a view that holds room for a preemptor: judged again next cycle."""
         self.events: list[Event] = []
@@ -149,53 +146,52 @@ class Cycle:
         # turn in this cycle's order has not come yet, are tried in this cycle,
         # exactly as they would be had they never been parked.
         root = idx.roots.get(job.queue, job.queue)
-        self.consumed_any[root] = self.consumed_any.get(root, 0) + 1
         self.admitted_by_root.setdefault(root, []).append(job)
         due: list[str] = []
         if (quota.is_borrowing(job.queue) and not was_borrowing) or self.state.fair_sharing:
-            due.extend(sorted(idx.parked_by_root.get(root, ())))
+            due.extend(sorted(idx.parking.by_root.get(root, ())))
         for r, v in sorted(job.requests.items()):
             if v > 0:
                 key = (root, r)
                 self.consumed[key] = self.consumed.get(key, 0) + v
-                due.extend(idx.due_on_consumption(key, idx.consumed_total.get(key, 0) + self.consumed[key]))
+                due.extend(
+                    idx.parking.due_on_consumption(key, idx.parking.consumed_total.get(key, 0) + self.consumed[key])
+                )
         if not due:
             return
         # whose turn came before this admission is judged on the keys as they were before it
         # (keys only grow within a cycle: a job whose key now exceeds the current one may
         # still have come up, and been judged, before it)
         quota.add(job.queue, job.requests, -1, record=False)
-        before = {j: _lowest_key(self, self.state.jobs[j]) for j in due if j in self.idx.parked}
+        before = {j: _lowest_key(self, self.state.jobs[j]) for j in due if j in self.idx.parking.parked}
         quota.add(job.queue, job.requests, 1, record=False)
         for job_id in due:
             self._wake(job_id, before.get(job_id))
 
     def _wake(self, job_id: str, before: tuple[int, int, int, int] | None) -> None:
-        if job_id not in self.idx.parked or job_id in self.tried:
+        if job_id not in self.idx.parking.parked or job_id in self.tried:
             return
         if self.current is not None and before is not None and before < self.current:
             return  # its turn came before the change: it stays as judged
         job = self.state.jobs[job_id]
         key = _lowest_key(self, job)
-        self.idx.unpark(job_id, state=self.state)
+        self.idx.parking.wake(job_id)
         if self.heap is not None:
             heapq.heappush(self.heap, (key, job_id))
 
     def finish(self) -> None:
-        """Undo every tentative change, and say which parking verdicts still stand.
+        """Undo every tentative change, and hand the cycle's parks to the memo as a proposal.
 
-        Jobs parked before any change were judged on the state itself: their
-        verdict stands. Jobs parked on a view changed only by this cycle's
-        admissions and evictions were judged on the state the caller gets by
-        folding the decisions: provisional until the next sync checks that it
-        did. Jobs parked while room was held for a preemptor are tried again.
+        The parks stand once the cycle's decisions are folded as decided (see
+        `parking`). Jobs parked while room was held for a preemptor are tried
+        again whatever happens.
         """
         self.topo.rollback()
         self.idx.quota.rollback(self.quota_mark)
         for job_id in self.parked_on_reserved:
-            self.idx.unpark(job_id, state=self.state)
+            self.idx.parking.wake(job_id)
         decisions = sum(1 for ev in self.events if getattr(ev, "cycle", 0) == self.number)
-        self.idx.provisional = (self.number, decisions, self.parked_on_tentative) if self.parked_on_tentative else None
+        self.idx.parking.end_cycle(self.number, decisions)
 
     def victim_order(self, queue: str, upto: int) -> list[tuple[int, int, int, int, JobState]]:
         """A queue's preemptible running jobs of priority <= `upto` in victim order (priority,
@@ -340,10 +336,6 @@ def _park(cycle: Cycle, job: JobState, reason: str, wake: Wake) -> None:
     if cycle.reserved or _may_evict_new(cycle, job):
         # judged without the jobs just admitted in its tree as possible victims
         cycle.parked_on_reserved.append(job.id)
-    elif cycle.placed or cycle.removed:
-        # judged on a view that only this cycle's decisions explain (probes that
-        # removed and restored victims leave the view as the state is)
-        cycle.parked_on_tentative.append(job.id)
 
 
 def _may_evict_new(cycle: Cycle, job: JobState) -> bool:
@@ -384,7 +376,6 @@ def _wake_rule(
     wake = Wake()
     if job.chained_eviction(cycle.now) or result.order_matters:
         wake.at_time = cycle.now + 1
-    wake.consumed_in_cycle = cycle.consumed.get((cycle.idx.roots.get(job.queue, job.queue), "gpu"), 0)
     headroom = cycle.idx.quota.headroom(job.queue, job.requests, allow_borrow)
     if quota_blocked:
         # quota fits only once every short resource has been given back in the
@@ -396,10 +387,10 @@ def _wake_rule(
         elif headroom:  # pragma: no cover - blocking and headroom agree; never park for good
             wake.released[min(headroom)] = 1
         if quota_possible:
-            wake.capacity_below = job.gpus - result.candidate_gpus
+            wake.freed_short = job.gpus - result.candidate_gpus
     else:
         # placement blocked: wake when GPUs free up, or when quota would block instead
-        wake.capacity_below = job.gpus - result.candidate_gpus
+        wake.freed_short = job.gpus - result.candidate_gpus
         for r, h in headroom.items():
             wake.consumed[r] = h + 1
     # back within nominal quota, the queue may reclaim what its cohort borrowed
@@ -437,7 +428,7 @@ def decide(state: ClusterState, now: int) -> list[Event]:
     """One scheduling cycle at time `now`: the decisions to append, in order."""
     # 1. sync the derived index
     idx = index_of(state)
-    idx.wake_at(state, now)
+    idx.parking.wake_at(now)
     cycle = Cycle(state, idx, now)
     try:
         # 2. reject invalid specs
@@ -523,7 +514,7 @@ def _reclaim_idle(cycle: Cycle) -> None:
     if not idle:
         return
     idle.sort(key=lambda j: (j.idle_since or 0, j.seq))
-    candidates = (set(idx.keys) | set(idx.parked)) - set(cycle.placed)
+    candidates = (set(idx.keys) | set(idx.parking.parked)) - set(cycle.placed)
     waiting = sorted((state.jobs[j] for j in candidates), key=lambda j: (-state.priority_of(j), j.seq))
     for job in idle:
         cycle.remove(job)
