@@ -255,10 +255,6 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
             name = parent
 
 
-def new_state() -> ClusterState:
-    return ClusterState()
-
-
 # ---------------------------------------------------------------- evolve
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from collections.abc import Mapping
+from typing import Literal
 
 from muster.events.types import (
     Event,
@@ -66,6 +67,8 @@ class Cycle:
         """Usage taken in this cycle, per (tree, resource)."""
         self.failed_classes: dict[tuple[object, ...], tuple[str, Wake]] = {}
         """Verdicts of jobs that failed on the current view, by job class (cleared on any change)."""
+        self.may_evict_new: dict[tuple[str, int, tuple[str, ...]], tuple[int, bool]] = {}
+        """`_may_evict_new` by (queue, priority, resources): (admitted jobs in the tree when asked, answer)."""
         self.admitted_by_root: dict[str, list[JobState]] = {}
         """Jobs admitted (or holding room as preemptors) in this cycle, per tree: new victims next cycle."""
         self.removed: set[str] = set()
@@ -271,7 +274,11 @@ def _job_class(cycle: Cycle, job: JobState) -> tuple[object, ...] | None:
     return (job.queue, state.priority_of(job), state.preemptible(job), shape)
 
 
-def _try(cycle: Cycle, job: JobState) -> str:
+Outcome = Literal["admitted", "preempting", "parked"]
+"""What `_try` did with a job: admitted it, evicted victims for it (the cycle ends), or set it aside."""
+
+
+def _try(cycle: Cycle, job: JobState) -> Outcome:
     """Admit, preempt for, or park one job. Returns what happened."""
     cls = _job_class(cycle, job)
     if cls is not None:
@@ -349,6 +356,19 @@ def _may_evict_new(cycle: Cycle, job: JobState) -> bool:
     admitted = cycle.admitted_by_root.get(idx.roots.get(job.queue, job.queue))
     if not admitted:
         return False
+    # the answer depends on the queue, the priority and the resources asked for, and on
+    # the admitted list, which only grows: a backlog of one shape asks once per admission
+    key = (job.queue, state.priority_of(job), tuple(sorted(r for r, v in job.requests.items() if v > 0)))
+    known = cycle.may_evict_new.get(key)
+    if known is not None and known[0] == len(admitted):
+        return known[1]
+    answer = _may_evict_any(cycle, job, admitted)
+    cycle.may_evict_new[key] = (len(admitted), answer)
+    return answer
+
+
+def _may_evict_any(cycle: Cycle, job: JobState, admitted: list[JobState]) -> bool:
+    state = cycle.state
     queue = state.queues[job.queue]
     policy = queue.preemption
     within = policy.within_queue
