@@ -8,6 +8,8 @@ woken from the same sync, from counters the fold keeps (see `parking`).
 
 from __future__ import annotations
 
+import bisect
+
 from muster.projections import parking
 from muster.projections.cluster import TERMINAL, ClusterState, JobState
 from muster.projections.parking import Parking
@@ -17,8 +19,10 @@ from muster.projections.validation import invalid_reason
 
 _ATTR = "_scheduler_index"
 
-QueueKey = tuple[int, int, str]
-"""A pending job's place among the jobs to try: (-priority, seq, id)."""
+Shape = tuple[str, tuple[tuple[str, int], ...]]
+"""(queue, requests): jobs with the same one weigh the same on quota."""
+Group = tuple[Shape, int]
+"""(shape, priority): pending jobs whose admission order keys differ only by their seq."""
 
 
 class SchedulerIndex:
@@ -32,8 +36,12 @@ class SchedulerIndex:
         """Cohort-tree root -> its queues, sorted."""
         for q in sorted(state.queues):
             self.tree_queues.setdefault(self.roots[q], []).append(q)
-        self.keys: dict[str, QueueKey] = {}
-        """The validated pending jobs to try (not parked), with their queue order key."""
+        self._prio: dict[str, int] = {}
+        self._shape: dict[str, Shape] = {}
+        self.keys: dict[str, Group] = {}
+        """The validated pending jobs to try (not parked), with their group."""
+        self.groups: dict[Group, list[tuple[int, str]]] = {}
+        """The jobs to try by group, as (-seq, id) sorted: the first in queue order last."""
         self.parking = Parking(self._woken)
         self.parking.freed_seen = state.gpus_freed
         self.seen_released: dict[str, dict[str, int]] = {q: dict(v) for q, v in state.queue_released.items()}
@@ -64,7 +72,9 @@ class SchedulerIndex:
     # ------------------------------------------------------------ job tracking
 
     def _untrack(self, job: JobState) -> None:
-        self.keys.pop(job.id, None)
+        self._deactivate(job)
+        self._prio.pop(job.id, None)
+        self._shape.pop(job.id, None)
         self.parking.unpark(job.id)
         self.new_jobs.discard(job.id)
         self.nominated.discard(job.id)
@@ -84,14 +94,39 @@ class SchedulerIndex:
             self.running.setdefault(job.queue, set()).add(job.id)
             self.running_version[job.queue] = self.running_version.get(job.queue, 0) + 1
 
+    def priority(self, job: JobState) -> int:
+        """The job's priority value (classes change only with the index's structure)."""
+        p = self._prio.get(job.id)
+        if p is None:
+            p = self._prio[job.id] = self.state.priority_of(job)
+        return p
+
+    def shape(self, job: JobState) -> Shape:
+        """(queue, requests) as a key: jobs with the same one weigh the same on quota."""
+        k = self._shape.get(job.id)
+        if k is None:
+            k = self._shape[job.id] = (job.queue, tuple(sorted(job.requests.items())))
+        return k
+
     def activate(self, state: ClusterState, job: JobState) -> None:
         """Make a validated pending job one to try."""
         if job.id not in self.keys:
-            self.keys[job.id] = (-state.priority_of(job), job.seq, job.id)
+            group = self.keys[job.id] = (self.shape(job), self.priority(job))
+            bisect.insort(self.groups.setdefault(group, []), (-job.seq, job.id))
+
+    def _deactivate(self, job: JobState) -> None:
+        group = self.keys.pop(job.id, None)
+        if group is None:
+            return
+        members = self.groups[group]
+        i = bisect.bisect_left(members, (-job.seq, job.id))
+        del members[i]
+        if not members:
+            del self.groups[group]
 
     def park(self, job: JobState, wake: parking.Wake) -> None:
         """Set a job aside (see `parking`); it is no longer one to try."""
-        self.keys.pop(job.id, None)
+        self._deactivate(job)
         root = self.roots.get(job.queue, job.queue)
         self.parking.park(job.id, job.seq, job.queue, root, wake, self.topology.gpu_free_total)
 

@@ -23,6 +23,7 @@ Nothing here reads a clock: time is `now`. Iteration is over sorted keys.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections import Counter
 from collections.abc import Mapping
@@ -39,13 +40,18 @@ from muster.events.types import (
     QueueName,
 )
 from muster.projections.cluster import ClusterState, JobState, node_pods
-from muster.projections.index import SchedulerIndex, index_of, take_new_jobs
+from muster.projections.index import Group, SchedulerIndex, Shape, index_of, take_new_jobs
 from muster.projections.parking import Wake
 from muster.projections.preemption import Result, Victim, find_victims, overlaps
 from muster.projections.resources import fmt
 from muster.projections.topology import Transaction
 
 POLICY_VERSION = "muster/1"
+
+OrderKey = tuple[int, int, int, int]
+"""Admission order (see `_lowest_key`): (over nominal, fair share, -priority, seq)."""
+_HeapEntry = tuple[OrderKey, str, Group | None]
+"""(order key when pushed, job, its group in the cycle's heap or None for a job woken mid-cycle)."""
 
 
 class Cycle:
@@ -62,11 +68,13 @@ class Cycle:
         self.tried: set[str] = set()
         self.current: tuple[int, int, int, int] | None = None
         """Order key of the job being tried (None while nominated preemptors go first)."""
-        self.heap: list[tuple[tuple[int, int, int, int], str]] | None = None
+        self.heap: list[_HeapEntry] | None = None
         self.consumed: dict[tuple[str, str], int] = {}
         """Usage taken in this cycle, per (tree, resource)."""
         self.failed_classes: dict[tuple[object, ...], tuple[str, Wake]] = {}
         """Verdicts of jobs that failed on the current view, by job class (cleared on any change)."""
+        self.quota_keys: dict[Shape, tuple[int, int, int]] = {}
+        """`_lowest_key`'s quota part by (queue, requests): (quota version it was computed at, borrows, share)."""
         self.may_evict_new: dict[tuple[str, int, tuple[str, ...]], tuple[int, bool]] = {}
         """`_may_evict_new` by (queue, priority, resources): (admitted jobs in the tree when asked, answer)."""
         self.admitted_by_root: dict[str, list[JobState]] = {}
@@ -180,7 +188,7 @@ class Cycle:
         key = _lowest_key(self, job)
         self.idx.parking.wake(job_id)
         if self.heap is not None:
-            heapq.heappush(self.heap, (key, job_id))
+            heapq.heappush(self.heap, (key, job_id, None))
 
     def finish(self) -> None:
         """Undo every tentative change, and hand the cycle's parks to the memo as a proposal.
@@ -255,10 +263,17 @@ class Cycle:
 
 def _lowest_key(cycle: Cycle, job: JobState) -> tuple[int, int, int, int]:
     """Admission order: within nominal first, then fair share, then priority, then FIFO (seq is unique)."""
-    quota = cycle.idx.quota
-    borrows = 0 if quota.within_nominal(job.queue, job.requests) else 1
-    share = quota.share(job.queue, job.requests) if cycle.state.fair_sharing else 0
-    return (borrows, share, -cycle.state.priority_of(job), job.seq)
+    idx = cycle.idx
+    quota = idx.quota
+    shape = idx.shape(job)
+    known = cycle.quota_keys.get(shape)
+    if known is not None and known[0] == quota.version:
+        borrows, share = known[1], known[2]
+    else:
+        borrows = 0 if quota.within_nominal(job.queue, job.requests) else 1
+        share = quota.share(job.queue, job.requests) if cycle.state.fair_sharing else 0
+        cycle.quota_keys[shape] = (quota.version, borrows, share)
+    return (borrows, share, -idx.priority(job), job.seq)
 
 
 def _job_class(cycle: Cycle, job: JobState) -> tuple[object, ...] | None:
@@ -494,17 +509,47 @@ def _admit(cycle: Cycle) -> None:
     # One order over every job to try: its key is judged when the job comes up
     # (keys only grow within a cycle, so a stale key is a lower bound and the
     # lazy heap still yields the job with the smallest current key). Parked jobs
-    # are absent, and would only have failed without changing anything.
-    heap = [(_lowest_key(cycle, state.jobs[j]), j) for j in sorted(idx.keys) if j not in cycle.tried]
+    # are absent, and would only have failed without changing anything. Jobs of
+    # one queue, priority and requests always have the same key but for their
+    # seq, so only the first of each such group is in the heap at a time.
+    jobs = state.jobs
+    groups = idx.groups
+    visited: dict[Group, tuple[int, str]] = {}
+    """Per group, the last of its jobs taken from it (the groups change as jobs are parked or woken)."""
+
+    def next_of(group: Group) -> str | None:
+        members = groups.get(group)
+        if not members:
+            return None
+        last = visited.get(group)
+        i = len(members) if last is None else bisect.bisect_left(members, last)
+        while i > 0:
+            i -= 1
+            job_id = members[i][1]
+            if job_id not in cycle.tried:
+                visited[group] = members[i]
+                return job_id
+        return None
+
+    heap: list[_HeapEntry] = []
+    for g in sorted(groups):
+        head = next_of(g)
+        if head is not None:
+            heap.append((_lowest_key(cycle, jobs[head]), head, g))
     heapq.heapify(heap)
     cycle.heap = heap
     while heap:
-        key, job_id = heapq.heappop(heap)
-        job = state.jobs[job_id]
+        key, job_id, group = heapq.heappop(heap)
+        job = jobs[job_id]
         fresh = _lowest_key(cycle, job)
         if fresh != key and heap and fresh > heap[0][0]:
-            heapq.heappush(heap, (fresh, job_id))
+            heapq.heappush(heap, (fresh, job_id, group))
             continue
+        if group is not None:
+            # the group's next job takes its place in the heap
+            nxt = next_of(group)
+            if nxt is not None:
+                heapq.heappush(heap, (_lowest_key(cycle, jobs[nxt]), nxt, group))
         if job_id in cycle.tried:
             continue
         cycle.tried.add(job_id)
