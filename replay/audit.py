@@ -186,8 +186,10 @@ async def audit(
 
         `muster sim` and the daemon decide again after a cycle that admits or
         preempts; the next recorded batch at that instant is that cycle.
-        Otherwise it decided nothing, and so must the code. Running it also
-        keeps the scheduler index in step exactly as theirs was.
+        Otherwise it decided nothing, and so must the code. The daemon first
+        folds the facts that arrived meanwhile (pods terminating, a new job):
+        facts of the same instant are folded before that cycle is run, and a
+        batch after them is that cycle.
         """
         nonlocal settle_at
         at = settle_at
@@ -196,6 +198,8 @@ async def audit(
         if ev is not None and isinstance(ev, _DECISIONS) and ev.cycle != 0 and ev.at == at:
             settle_at = None  # this batch is that cycle
             return
+        if ev is not None and not isinstance(ev, _DECISIONS) and ev.at == at:
+            return  # a fact the caller may have folded before its next cycle
         settle_at = None
         try:
             derived = decide(state, at)

@@ -18,7 +18,7 @@ from replaykit import IDLE, STORY, memory_log, mixed, sim, write_jsonl
 
 from muster.cli import main
 from muster.events.store import EventStore
-from muster.events.types import Event, JobAdmitted, JobPreempted, LeaderElected
+from muster.events.types import Event, JobAdmitted, JobPreempted, LeaderElected, NodeAdded, NodeUpdated
 from muster.replay.audit import audit
 from muster.replay.points import Point
 from muster.replay.source import NatsLog
@@ -189,3 +189,17 @@ def test_audit_cli_reports_and_exits_non_zero_on_a_difference(
     assert doc["differ"] >= 1 and doc["differences"][0]["recorded"][0]["seq"] == i + 1
     counts = Counter(d["derived"][0]["type"] for d in doc["differences"] if d["derived"])
     assert counts["JobAdmitted"] >= 1
+
+
+async def test_facts_between_a_cycle_and_the_next_one_at_that_instant_are_no_settling_difference() -> None:
+    """A daemon folds same-instant facts before its next cycle: the audit does too, and reports no settling cycle."""
+    events = sim(STORY).events
+    i = next(k for k, e in enumerate(events) if isinstance(e, JobPreempted))
+    while isinstance(events[i + 1], JobPreempted):
+        i += 1
+    node = next(e for e in events if isinstance(e, NodeAdded))
+    # the kubelet reporting a node again (as when an evicted pod is gone), at the preemption's instant
+    fact = NodeUpdated(at=events[i].at, node=node.node, labels=node.labels, capacity=node.capacity)
+    assert isinstance(events[i + 1], JobAdmitted) and events[i + 1].at == fact.at  # the preemptor's cycle
+    report = await audit(memory_log([*events[: i + 1], fact, *events[i + 1 :]]))
+    assert report.differ == 0 and report.unrecorded == []
