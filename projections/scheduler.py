@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 from collections import Counter
 from collections.abc import Mapping
 from typing import Literal
@@ -50,8 +51,10 @@ POLICY_VERSION = "muster/1"
 
 OrderKey = tuple[int, int, int, int]
 """Admission order (see `_lowest_key`): (over nominal, fair share, -priority, seq)."""
-_HeapEntry = tuple[OrderKey, str, Group | None]
-"""(order key when pushed, job, its group in the cycle's heap or None for a job woken mid-cycle)."""
+_HeapEntry = tuple[OrderKey, str, int, Group | None]
+"""(order key when pushed, job, push number, its group or None for a job woken mid-cycle). A job
+woken mid-cycle can be in the heap twice with one key (its group's entry and its own): the push
+number keeps the comparison off the last field."""
 
 
 class Cycle:
@@ -69,6 +72,7 @@ class Cycle:
         self.current: tuple[int, int, int, int] | None = None
         """Order key of the job being tried (None while nominated preemptors go first)."""
         self.heap: list[_HeapEntry] | None = None
+        self.pushes = itertools.count()
         self.consumed: dict[tuple[str, str], int] = {}
         """Usage taken in this cycle, per (tree, resource)."""
         self.failed_classes: dict[tuple[object, ...], tuple[str, Wake]] = {}
@@ -188,7 +192,7 @@ class Cycle:
         key = _lowest_key(self, job)
         self.idx.parking.wake(job_id)
         if self.heap is not None:
-            heapq.heappush(self.heap, (key, job_id, None))
+            heapq.heappush(self.heap, (key, job_id, next(self.pushes), None))
 
     def finish(self) -> None:
         """Undo every tentative change, and hand the cycle's parks to the memo as a proposal.
@@ -535,21 +539,21 @@ def _admit(cycle: Cycle) -> None:
     for g in sorted(groups):
         head = next_of(g)
         if head is not None:
-            heap.append((_lowest_key(cycle, jobs[head]), head, g))
+            heap.append((_lowest_key(cycle, jobs[head]), head, next(cycle.pushes), g))
     heapq.heapify(heap)
     cycle.heap = heap
     while heap:
-        key, job_id, group = heapq.heappop(heap)
+        key, job_id, _, group = heapq.heappop(heap)
         job = jobs[job_id]
         fresh = _lowest_key(cycle, job)
         if fresh != key and heap and fresh > heap[0][0]:
-            heapq.heappush(heap, (fresh, job_id, group))
+            heapq.heappush(heap, (fresh, job_id, next(cycle.pushes), group))
             continue
         if group is not None:
             # the group's next job takes its place in the heap
             nxt = next_of(group)
             if nxt is not None:
-                heapq.heappush(heap, (_lowest_key(cycle, jobs[nxt]), nxt, group))
+                heapq.heappush(heap, (_lowest_key(cycle, jobs[nxt]), nxt, next(cycle.pushes), group))
         if job_id in cycle.tried:
             continue
         cycle.tried.add(job_id)

@@ -60,3 +60,9 @@ def test_every_scenario_and_bench_shape_decides_the_same_bytes_with_the_memo_off
         parking.PARKING = True
     for name in on:
         assert off[name] == on[name], f"{name}: the memo changed a decision"
+
+
+def test_a_job_woken_mid_cycle_beside_its_group_in_the_heap(tmp_path: Path) -> None:
+    """Bench shape (a) at 6,000 jobs runs to its end: there a woken job sits in the heap twice with one key."""
+    result = simulate(load(_bench().case_a(tmp_path, 0.4)), keep_events=False)
+    assert result.cycles > 10_000 and all(j.status == "finished" for j in result.state.jobs.values())
