@@ -203,3 +203,17 @@ async def test_facts_between_a_cycle_and_the_next_one_at_that_instant_are_no_set
     assert isinstance(events[i + 1], JobAdmitted) and events[i + 1].at == fact.at  # the preemptor's cycle
     report = await audit(memory_log([*events[: i + 1], fact, *events[i + 1 :]]))
     assert report.differ == 0 and report.unrecorded == []
+
+
+async def test_a_daemon_cycle_one_second_after_the_cycle_before_is_that_cycle() -> None:
+    """The daemon's clock may tick between a preemption and the preemptor's cycle: no settling cycle is reported."""
+    events = sim(STORY).events
+    i = next(k for k, e in enumerate(events) if isinstance(e, JobPreempted))
+    while isinstance(events[i + 1], JobPreempted):
+        i += 1
+    j = i + 1
+    while j < len(events) and getattr(events[j], "cycle", None) == getattr(events[i + 1], "cycle", None):
+        j += 1
+    later = [msgspec.structs.replace(e, at=e.at + 1) for e in events[i + 1 : j]]
+    report = await audit(memory_log([*events[: i + 1], *later]))
+    assert report.differ == 0 and report.unrecorded == []
