@@ -4,14 +4,25 @@ Generates scenario files and runs them with the simulator in this process
 (the same code path as `muster sim`, minus printing), then prints decisions/s
 and wall time:
 
-  (a) Kueue's perf shape: 5 cohorts x 6 queues, 15,000 jobs        target < 15 s
+  (a) 5 cohorts x 6 queues, 15,000 Poisson arrivals at 90 % load    target < 15 s
+  (kueue) Kueue's test/performance/scheduler baseline, 1 CPU -> 1 GPU and
+      1 ms -> 1 s: 5 cohorts x 6 queues (nominal 20, borrowing limit 100,
+      reclaim_within_cohort Any, within_queue LowerPriority); per queue 350
+      small 1-GPU jobs every 100 s running 200 s at priority 50, 100 medium
+      5-GPU every 500 s running 500 s at 100, 50 large 20-GPU every 1,200 s
+      running 1,000 s at 200, in pods of 1 GPU (Kueue's have no nodes);
+      76 nodes of 8 GPUs                                           target < 15 s CPU
   (b) 1,000 queues in 10 cohorts, 50,000 jobs                       target < 60 s
   (c) 10,000 nodes of 8 GPUs in blocks and racks, 20,000 gangs of
       1-64 pods, half with a required topology                      target >= 1,000 admissions/s
   scaling: (c)-shaped runs at 1,000 vs 10,000 nodes (cost per decision)
+  depth: 100,000 pending jobs that do not fit, one release: the next cycle   target < 5 ms
   philly: the Microsoft Philly trace (if ../shared/traces/philly is present)
 
-Usage: python bench/bench_sim.py [--only a,b,c,scale,philly] [--jobs-scale 0.1] [--keep DIR]
+Every shape prints CPU seconds, evictions per admitted gang and the GPU-hours
+of work lost to preemption (since each victim's last checkpoint).
+
+Usage: python bench/bench_sim.py [--only a,kueue,b,c,scale,depth,philly] [--jobs-scale 0.1] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -142,7 +153,7 @@ def _jobs(
 
 
 def run(path: Path) -> dict[str, float]:
-    counts = {"admitted": 0, "preempted": 0, "inadmissible": 0, "rejected": 0, "events": 0}
+    counts = {"admitted": 0, "preempted": 0, "inadmissible": 0, "rejected": 0, "events": 0, "lost_gpu_s": 0}
 
     def count(ev: Event) -> None:
         counts["events"] += 1
@@ -150,6 +161,7 @@ def run(path: Path) -> dict[str, float]:
             counts["admitted"] += 1
         elif isinstance(ev, JobPreempted):
             counts["preempted"] += 1
+            counts["lost_gpu_s"] += ev.lost_gpu_seconds
         elif isinstance(ev, JobInadmissible):
             counts["inadmissible"] += 1
         elif isinstance(ev, JobRejected):
@@ -158,7 +170,9 @@ def run(path: Path) -> dict[str, float]:
     t0 = time.perf_counter()
     scenario = load(path)
     t1 = time.perf_counter()
+    c1 = time.process_time()
     result = simulate(scenario, on_event=count, keep_events=False)
+    c2 = time.process_time()
     t2 = time.perf_counter()
     decisions = counts["admitted"] + counts["preempted"] + counts["inadmissible"] + counts["rejected"]
     acct = result.accounting
@@ -169,6 +183,9 @@ def run(path: Path) -> dict[str, float]:
         "cycles": result.cycles,
         "load_s": t1 - t0,
         "sim_s": t2 - t1,
+        "cpu_s": c2 - c1,
+        "evictions_per_gang": counts["preempted"] / counts["admitted"] if counts["admitted"] else 0.0,
+        "lost_gpu_h": counts["lost_gpu_s"] / 3600,
         "wall_s": t2 - t0,
         "decisions_per_s": decisions / (t2 - t1) if t2 > t1 else 0.0,
         "admissions_per_s": counts["admitted"] / (t2 - t1) if t2 > t1 else 0.0,
@@ -195,6 +212,88 @@ def case_a(d: Path, scale: float) -> Path:
     return _scenario(
         d, "a", nodes_yaml=nodes, levels=["block", "rack"], cohorts=cohorts, queues=queues, nominal=16, rows=rows
     )
+
+
+def case_kueue(d: Path, scale: float) -> Path:
+    """Kueue's scheduler perf baseline (see the module docstring); `scale` shrinks the job counts."""
+    cohorts = [f"c{i}" for i in range(5)]
+    queues = [(f"c{i}-q{j}", f"c{i}") for i in range(5) for j in range(6)]
+    classes = [
+        # (name, count, every s, runtime s, priority class, GPUs, GPUs per pod)
+        ("small", 350, 100, 200, "p50", 1, 1),
+        ("medium", 100, 500, 500, "p100", 5, 1),
+        ("large", 50, 1200, 1000, "p200", 20, 1),
+    ]
+    rows: list[dict[str, object]] = []
+    for q, _ in queues:
+        for name, count, every, runtime, prio, gpus, per_pod in classes:
+            for i in range(max(1, int(count * scale))):
+                row = {"job": f"{q}-{name}-{i}", "submit": i * every, "queue": q, "gpus": gpus}
+                row |= {"gpus_per_pod": per_pod, "runtime": runtime, "priority_class": prio}
+                rows.append(row)
+    rows.sort(key=lambda r: (int(str(r["submit"])), str(r["job"])))
+    csv_path = d / "kueue.csv"
+    _write_csv(csv_path, rows)
+    lines = ["queues:"]
+    for name, cohort in queues:
+        lines.append(f"  - {{name: {name}, cohort: {cohort}, nominal: {{gpu: 20}}, borrowing_limit: {{gpu: 100}},")
+        lines.append("     preemption: {within_queue: LowerPriority, reclaim_within_cohort: Any}}")
+    text = (
+        "topology:\n  levels: [block, rack]\n"
+        + _nodes(1, 19, 4)  # 76 nodes, 608 GPUs; 30 queues x 20 nominal
+        + "priority_classes:\n  - {name: p50, value: 50}\n  - {name: p100, value: 100}\n  - {name: p200, value: 200}\n"
+        + "cohorts:\n"
+        + "".join(f"  - {{name: {c}}}\n" for c in cohorts)
+        + "\n".join(lines)
+        + f"\ntimeline_csv: {csv_path.name}\n"
+    )
+    path = d / "kueue.yaml"
+    path.write_text(text)
+    return path
+
+
+def depth(pending: int = 100_000) -> dict[str, float]:
+    """`pending` jobs that cannot fit wait in one queue; one job finishes: how long the next cycle takes."""
+    from muster.events.types import JobFinished, JobSubmitted, NodeAdded, PodSet, QueueConfigured, SchedulerConfigured
+    from muster.projections.cluster import ClusterState, evolve
+    from muster.projections.scheduler import decide
+
+    state = ClusterState()
+    setup: list[Event] = [
+        SchedulerConfigured(at=0, levels=["rack"]),
+        QueueConfigured(at=0, name="q", nominal={"gpu": 64}),
+    ]
+    setup += [NodeAdded(at=0, node=f"n{i}", labels={"rack": f"r{i // 4}"}, capacity={"gpu": 8}) for i in range(8)]
+    setup.append(JobSubmitted(at=0, job="runner", queue="q", podsets=[PodSet(name="w", count=8, requests={"gpu": 8})]))
+    for ev in setup:
+        evolve(state, ev)
+    for ev in decide(state, 0):
+        evolve(state, ev)
+    for i in range(pending):
+        evolve(
+            state, JobSubmitted(at=1, job=f"w{i}", queue="q", podsets=[PodSet(name="w", count=1, requests={"gpu": 8})])
+        )
+    t0 = time.perf_counter()
+    first = decide(state, 1)
+    t1 = time.perf_counter()
+    for ev in first:
+        evolve(state, ev)
+    t2 = time.perf_counter()
+    idle = decide(state, 1)
+    t3 = time.perf_counter()
+    evolve(state, JobFinished(at=2, job="runner"))
+    t4 = time.perf_counter()
+    after = decide(state, 2)
+    t5 = time.perf_counter()
+    return {
+        "pending": pending,
+        "first_s": t1 - t0,
+        "idle_ms": (t3 - t2) * 1000,
+        "after_release_ms": (t5 - t4) * 1000,
+        "first_decisions": len(first),
+        "idle_decisions": len(idle),
+        "after_decisions": len(after),
+    }
 
 
 def case_b(d: Path, scale: float) -> Path:
@@ -298,13 +397,14 @@ def fmt_row(name: str, r: dict[str, float], target: str) -> str:
         f"{name:<14} jobs={int(r['jobs']):>6} nodes={int(r['nodes']):>6} admitted={int(r['admitted']):>6} "
         f"preempted={int(r['preempted']):>5} decisions={int(r['decisions']):>7} cycles={int(r['cycles']):>7} "
         f"sim={r['sim_s']:7.2f}s wall={r['wall_s']:7.2f}s decisions/s={r['decisions_per_s']:9.0f} "
-        f"admissions/s={r['admissions_per_s']:8.0f} util={r['utilization'] * 100:5.1f}%  {target}"
+        f"admissions/s={r['admissions_per_s']:8.0f} util={r['utilization'] * 100:5.1f}% cpu={r['cpu_s']:7.2f}s "
+        f"evictions/gang={r['evictions_per_gang']:.3f} lost={r['lost_gpu_h']:.1f} GPU-h  {target}"
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", default="a,b,c,scale,philly")
+    ap.add_argument("--only", default="a,kueue,b,c,scale,depth,philly")
     ap.add_argument("--jobs-scale", type=float, default=1.0, help="fraction of the job counts (for a quick look)")
     ap.add_argument("--keep", help="write the generated scenarios here instead of a temp dir")
     ap.add_argument("--load", type=float, default=0.9, help="offered load of (a) and (b) (1.1 = overload)")
@@ -316,7 +416,9 @@ def main(argv: list[str] | None = None) -> int:
         d = Path(args.keep) if args.keep else Path(tmp)
         d.mkdir(parents=True, exist_ok=True)
         if "a" in only:
-            print(fmt_row("(a) kueue", run(case_a(d, args.jobs_scale)), "target wall < 15 s"), flush=True)
+            print(fmt_row("(a) 30 queues", run(case_a(d, args.jobs_scale)), "target wall < 15 s"), flush=True)
+        if "kueue" in only:
+            print(fmt_row("kueue baseline", run(case_kueue(d, args.jobs_scale)), "target cpu < 15 s"), flush=True)
         if "b" in only:
             print(fmt_row("(b) 1k queues", run(case_b(d, args.jobs_scale)), "target wall < 60 s"), flush=True)
         if "c" in only:
@@ -331,6 +433,15 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"cost per decision: {per_small:.0f} us at 1k nodes, {per_large:.0f} us at 10k nodes "
                 f"(x{per_large / per_small:.2f} for x10 nodes)",
+                flush=True,
+            )
+        if "depth" in only:
+            r = depth(max(1, int(100_000 * args.jobs_scale)))
+            print(
+                f"depth          pending={int(r['pending'])} first cycle {r['first_s']:.2f}s "
+                f"({int(r['first_decisions'])} decisions), idle cycle {r['idle_ms']:.2f} ms "
+                f"({int(r['idle_decisions'])}), cycle after one release {r['after_release_ms']:.2f} ms "
+                f"({int(r['after_decisions'])} decisions)  target < 5 ms",
                 flush=True,
             )
         if "philly" in only:

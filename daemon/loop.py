@@ -74,7 +74,6 @@ from muster.events.types import (
     LeaderElected,
 )
 from muster.projections.cluster import ClusterState, evolve
-from muster.projections.index import forget_verdicts
 from muster.projections.scheduler import decide, next_wakeup
 
 __all__ = ["Elector", "Hooks", "LoopOptions", "NoHooks", "SchedulerLoop", "SoleElector"]
@@ -654,7 +653,6 @@ class SchedulerLoop:
                 except Exception:
                     log.exception("decide failed; waiting for the next change", seq=self.folded_seq)
                     self.metrics.cycles.labels("error").inc()
-                    forget_verdicts(self.state)
                     return
                 self._cycle_seconds = time.perf_counter() - started
                 self.metrics.cycle_seconds.observe(self._cycle_seconds)
@@ -664,9 +662,8 @@ class SchedulerLoop:
                     return
                 outcome = await self._append(events, expected)
             if isinstance(outcome, int):
-                # refused or unsure: the verdicts the core parked jobs on may not be on the log;
-                # fold what the log holds up to there, then decide again, judging every job
-                forget_verdicts(self.state)
+                # refused or unsure: fold what the log holds up to there, then decide again
+                # (the core keeps a cycle's parked verdicts only once its decisions are folded)
                 await self._catch_up(outcome)
                 await self._leadership()
                 if self._stop.is_set() or not self._may_decide():

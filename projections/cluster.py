@@ -217,6 +217,11 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
         """Per queue and resource, all usage ever given back (an admission and a release
         between two looks at the state must not cancel out for whoever waits)."""
         self.queue_consumed: dict[str, dict[str, int]] = {}
+        self.gpus_freed = 0
+        """GPUs ever given back or added to the schedulable nodes, an upper bound of every rise
+        of the free GPUs (it only grows, so whoever waits for N more GPUs need not look often)."""
+        self.borrow_starts: dict[str, int] = {}
+        """Per queue, how many times an admission took it over its nominal quota."""
 
     def priority_of(self, job: JobState) -> int:
         """The job's priority value; no class (or an unknown one) is the lowest class."""
@@ -250,10 +255,6 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
                 return f"cohort:{name}"
             seen.add(parent)
             name = parent
-
-
-def new_state() -> ClusterState:
-    return ClusterState()
 
 
 # ---------------------------------------------------------------- evolve
@@ -337,12 +338,17 @@ def _release(state: ClusterState, job: JobState) -> None:
             usage[k] = usage.get(k, 0) - v
             moved[k] = moved.get(k, 0) + v
         state.dirty_queues.add(job.queue)
+    state.gpus_freed += job.requests.get("gpu", 0)
     job.placement = {}
     job.borrowed = {}
     job.utilization = None
     job.idle_since = None
     state.released += 1
     state.dirty_jobs.add(job.id)
+
+
+def _borrowing(queue: QueueState) -> bool:
+    return any(v > queue.nominal[r] for r, v in queue.usage.items() if r in queue.nominal)
 
 
 def _count_decision(state: ClusterState, cycle: int) -> None:
@@ -404,10 +410,13 @@ def _on_admitted(state: ClusterState, ev: JobAdmitted) -> ClusterState:
     queue = state.queues.get(job.queue)
     if queue is not None:
         usage = queue.usage
+        was_borrowing = _borrowing(queue)
         moved = state.queue_consumed.setdefault(job.queue, {})
         for k, v in job.requests.items():
             usage[k] = usage.get(k, 0) + v
             moved[k] = moved.get(k, 0) + v
+        if not was_borrowing and _borrowing(queue):
+            state.borrow_starts[job.queue] = state.borrow_starts.get(job.queue, 0) + 1
         state.dirty_queues.add(job.queue)
     job.status = "admitted"
     job.placement = dict(ev.placement)
@@ -490,8 +499,17 @@ def _on_node(state: ClusterState, ev: NodeAdded | NodeUpdated) -> ClusterState:
     state.dirty_nodes.add(ev.node)
     if old is None or old.labels != node.labels:
         state.structure += 1
-    if old is None or (node.schedulable and not old.schedulable) or node.capacity != old.capacity:
+    if (
+        old is None
+        or (node.schedulable and not old.schedulable)
+        or node.capacity != old.capacity
+        or any(v < old.reserved.get(k, 0) for k, v in node.reserved.items())
+        or any(k not in node.reserved for k in old.reserved)
+    ):
+        # more room: a new node, one back in service, more capacity, or fewer
+        # GPUs held by pods muster does not place (terminating or foreign pods)
         state.released += 1
+        state.gpus_freed += node.capacity.get("gpu", 0)
     return state
 
 
@@ -510,6 +528,7 @@ def _on_cordoned(state: ClusterState, ev: NodeCordoned) -> ClusterState:
         return _skip(state)
     if node.cordoned and not ev.cordoned:
         state.released += 1
+        state.gpus_freed += node.capacity.get("gpu", 0)
     node.cordoned = ev.cordoned
     state.dirty_nodes.add(ev.node)
     return state

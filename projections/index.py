@@ -1,72 +1,33 @@
-"""The scheduler's derived index of a `ClusterState`: topology, quota tree, queues.
+"""The scheduler's derived index of a `ClusterState`: topology, quota tree, queues, parked jobs.
 
 Derived means rebuildable: everything here is a function of the state, kept
 in step incrementally from the state's dirty sets so a cycle does not pay for
-the whole cluster. It also holds the *parking* memo: a job found inadmissible
-is not tried again until something happens that could change the verdict or
-the words of its reason:
-- quota blocked it: usage in its cohort tree went down by at least its
-  deficit (a release of d raises any queue's available quota by at most d);
-- placement blocked it: the cluster's free GPUs reach its GPUs minus what
-  preemption could free, or usage in its tree went up by more than its quota
-  slack (then quota would block it, and the reason would read differently);
-- a queue of its tree started borrowing (new victims), fair sharing is on and
-  usage moved, or any configuration changed (the index is rebuilt);
-- time moved on, for a job evicted at this instant (it may preempt later) and
-  for one whose failed victim search depended on the candidates' order (lost
-  work, which orders them, grows with time);
-- its tree admitted, in the same cycle, a job that could be its victim.
-While none of these happens the same job is inadmissible for the same reason,
-so skipping it changes no event: `decide` on a fresh index (replay, audit)
-gives the same bytes as on a long-lived one, which tests check.
+the whole cluster. The parking memo (`parking.Parking`) lives here and is
+woken from the same sync, from counters the fold keeps (see `parking`).
 """
 
 from __future__ import annotations
 
 import bisect
-import heapq
 
+from muster.projections import parking
 from muster.projections.cluster import TERMINAL, ClusterState, JobState
+from muster.projections.parking import Parking
 from muster.projections.quota import QuotaTree
 from muster.projections.topology import TopologyIndex
 from muster.projections.validation import invalid_reason
 
 _ATTR = "_scheduler_index"
 
-PARKING = True
-"""Switch for the parking memo; off, every pending job is tried every cycle (tests prove both agree)."""
-
-
-class Parked:
-    __slots__ = ("root", "stamp")
-
-    def __init__(self, root: str, stamp: int) -> None:
-        self.root = root
-        self.stamp = stamp
-
-
-class Wake:
-    """When a parked job must be tried again (see the module docstring)."""
-
-    __slots__ = ("at_time", "capacity_below", "consumed", "consumed_in_cycle", "own_released", "released")
-
-    def __init__(self) -> None:
-        self.capacity_below: int | None = None
-        """Try again once the cluster has at least this many free GPUs (less new victims)."""
-        self.consumed_in_cycle = 0
-        """GPUs taken in the job's tree earlier in the cycle that judged it."""
-        self.at_time: int | None = None
-        """Try again in the first cycle at or after this time (the verdict may change with time)."""
-        self.released: dict[str, int] = {}
-        """Resource -> usage decrease in the tree after which to try again."""
-        self.consumed: dict[str, int] = {}
-        """Resource -> usage increase in the tree after which to try again."""
-        self.own_released: dict[str, int] = {}
-        """Resource -> usage decrease in the job's own queue after which to try again."""
+Shape = tuple[str, tuple[tuple[str, int], ...]]
+"""(queue, requests): jobs with the same one weigh the same on quota."""
+Group = tuple[Shape, int]
+"""(shape, priority): pending jobs whose admission order keys differ only by their seq."""
 
 
 class SchedulerIndex:
     def __init__(self, state: ClusterState) -> None:
+        self.state = state
         self.structure = state.structure
         self.topology = TopologyIndex(state)
         self.quota = QuotaTree(state)
@@ -75,30 +36,18 @@ class SchedulerIndex:
         """Cohort-tree root -> its queues, sorted."""
         for q in sorted(state.queues):
             self.tree_queues.setdefault(self.roots[q], []).append(q)
-        self.released_seen = state.released
-        self.active: dict[str, list[tuple[int, int, str]]] = {q: [] for q in state.queues}
-        """Per queue, the pending jobs to try, in queue order (-priority, seq, id)."""
-        self.keys: dict[str, tuple[int, int, str]] = {}
-        self.parked: dict[str, Parked] = {}
-        self.parked_by_root: dict[str, set[str]] = {}
-        self.capacity_heaps: dict[str, list[tuple[int, int, str, int]]] = {}
-        """Per tree: (GPUs needed - candidate GPUs + tree consumption at park, ...)."""
-        self.released_total: dict[tuple[str, str], int] = {}
-        """(root, resource) -> cumulative usage decrease in that tree."""
-        self.consumed_total: dict[tuple[str, str], int] = {}
-        self.release_heaps: dict[tuple[str, str], list[tuple[int, int, str, int]]] = {}
-        self.consume_heaps: dict[tuple[str, str], list[tuple[int, int, str, int]]] = {}
+        self._prio: dict[str, int] = {}
+        self._shape: dict[str, Shape] = {}
+        self.keys: dict[str, Group] = {}
+        """The validated pending jobs to try (not parked), with their group."""
+        self.groups: dict[Group, list[tuple[int, str]]] = {}
+        """The jobs to try by group, as (-seq, id) sorted: the first in queue order last."""
+        self.parking = Parking(self._woken)
+        self.parking.freed_seen = state.gpus_freed
+        self.seen_released: dict[str, dict[str, int]] = {q: dict(v) for q, v in state.queue_released.items()}
+        self.seen_consumed: dict[str, dict[str, int]] = {q: dict(v) for q, v in state.queue_consumed.items()}
+        self.seen_borrow_starts: dict[str, int] = dict(state.borrow_starts)
         self.nominated: set[str] = set()
-        self.time_heap: list[tuple[int, int, str, int]] = []
-        self.seen_released: dict[str, dict[str, int]] = {
-            q: dict(v) for q, v in getattr(state, "queue_released", {}).items()
-        }
-        self.seen_consumed: dict[str, dict[str, int]] = {
-            q: dict(v) for q, v in getattr(state, "queue_consumed", {}).items()
-        }
-        self.provisional: tuple[int, int, list[str]] | None = None
-        """(cycle, decisions, jobs): jobs parked on a cycle's view, valid once its decisions are folded."""
-        self.stamp = 0
         self.new_jobs: set[str] = set()
         """Pending jobs not yet validated."""
         self.running: dict[str, set[str]] = {q: set() for q in state.queues}
@@ -123,8 +72,10 @@ class SchedulerIndex:
     # ------------------------------------------------------------ job tracking
 
     def _untrack(self, job: JobState) -> None:
-        self.deactivate(job)
-        self.unpark(job.id, reactivate=False)
+        self._deactivate(job)
+        self._prio.pop(job.id, None)
+        self._shape.pop(job.id, None)
+        self.parking.unpark(job.id)
         self.new_jobs.discard(job.id)
         self.nominated.discard(job.id)
         self.victim_entries.pop(job.id, None)
@@ -143,127 +94,54 @@ class SchedulerIndex:
             self.running.setdefault(job.queue, set()).add(job.id)
             self.running_version[job.queue] = self.running_version.get(job.queue, 0) + 1
 
-    def activate(self, state: ClusterState, job: JobState) -> None:
-        """Put a validated pending job in its queue's list of jobs to try."""
-        if job.id in self.keys:
-            return
-        key = (-state.priority_of(job), job.seq, job.id)
-        self.keys[job.id] = key
-        bisect.insort(self.active.setdefault(job.queue, []), key)
-
-    def deactivate(self, job: JobState) -> None:
-        key = self.keys.pop(job.id, None)
-        if key is None:
-            return
-        lst = self.active.get(job.queue, [])
-        i = bisect.bisect_left(lst, key)
-        if i < len(lst) and lst[i] == key:
-            del lst[i]
-
-    # ------------------------------------------------------------ parking
-
-    def park(self, job: JobState, wake: Wake) -> None:
-        root = self.roots.get(job.queue, job.queue)
-        self.stamp += 1
-        stamp = self.stamp
-        self.parked[job.id] = Parked(root, stamp)
-        self.parked_by_root.setdefault(root, set()).add(job.id)
-        if wake.capacity_below is not None:
-            # compared with free GPUs + the tree's consumption: an admission in the
-            # tree leaves that level as it was (it may be a new victim for this job),
-            # a release anywhere raises it, an admission elsewhere lowers it
-            target = wake.capacity_below + self.consumed_total.get((root, "gpu"), 0) + wake.consumed_in_cycle
-            heapq.heappush(self.capacity_heaps.setdefault(root, []), (target, job.seq, job.id, stamp))
-        for r, amount in wake.released.items():
-            key = (root, r)
-            target = self.released_total.get(key, 0) + amount
-            heapq.heappush(self.release_heaps.setdefault(key, []), (target, job.seq, job.id, stamp))
-        if wake.at_time is not None:
-            heapq.heappush(self.time_heap, (wake.at_time, job.seq, job.id, stamp))
-        for r, amount in wake.own_released.items():
-            key = (f"own:{job.queue}", r)
-            target = self.released_total.get(key, 0) + amount
-            heapq.heappush(self.release_heaps.setdefault(key, []), (target, job.seq, job.id, stamp))
-        for r, amount in wake.consumed.items():
-            key = (root, r)
-            target = self.consumed_total.get(key, 0) + amount
-            heapq.heappush(self.consume_heaps.setdefault(key, []), (target, job.seq, job.id, stamp))
-        self.deactivate(job)
-
-    def _pop_due(self, state: ClusterState, heap: list[tuple[int, int, str, int]], level: int) -> None:
-        while heap and heap[0][0] <= level:
-            _, _, job_id, stamp = heapq.heappop(heap)
-            p = self.parked.get(job_id)
-            if p is not None and p.stamp == stamp:
-                self.unpark(job_id, state=state)
-
-    def usage_moved(self, state: ClusterState, queue: str, root: str, diff: dict[str, int]) -> None:
-        """Count a queue's usage change (in its tree and itself) and wake the jobs it concerns."""
-        for r, d in sorted(diff.items()):
-            key = (root, r)
-            if d < 0:
-                total = self.released_total[key] = self.released_total.get(key, 0) - d
-                self._pop_due(state, self.release_heaps.get(key, []), total)
-                own = (f"own:{queue}", r)
-                total = self.released_total[own] = self.released_total.get(own, 0) - d
-                self._pop_due(state, self.release_heaps.get(own, []), total)
-            elif d > 0:
-                total = self.consumed_total[key] = self.consumed_total.get(key, 0) + d
-                self._pop_due(state, self.consume_heaps.get(key, []), total)
-
-    def unpark(self, job_id: str, reactivate: bool = True, state: ClusterState | None = None) -> None:
-        p = self.parked.pop(job_id, None)
+    def priority(self, job: JobState) -> int:
+        """The job's priority value (classes change only with the index's structure)."""
+        p = self._prio.get(job.id)
         if p is None:
+            p = self._prio[job.id] = self.state.priority_of(job)
+        return p
+
+    def shape(self, job: JobState) -> Shape:
+        """(queue, requests) as a key: jobs with the same one weigh the same on quota."""
+        k = self._shape.get(job.id)
+        if k is None:
+            k = self._shape[job.id] = (job.queue, tuple(sorted(job.requests.items())))
+        return k
+
+    def activate(self, state: ClusterState, job: JobState) -> None:
+        """Make a validated pending job one to try."""
+        if job.id not in self.keys:
+            group = self.keys[job.id] = (self.shape(job), self.priority(job))
+            bisect.insort(self.groups.setdefault(group, []), (-job.seq, job.id))
+
+    def _deactivate(self, job: JobState) -> None:
+        group = self.keys.pop(job.id, None)
+        if group is None:
             return
-        s = self.parked_by_root.get(p.root)
-        if s is not None:
-            s.discard(job_id)
-        if reactivate and state is not None:
-            job = state.jobs.get(job_id)
-            if job is not None and job.status == "pending":
-                self.activate(state, job)
+        members = self.groups[group]
+        i = bisect.bisect_left(members, (-job.seq, job.id))
+        del members[i]
+        if not members:
+            del self.groups[group]
 
-    def due_on_consumption(self, key: tuple[str, str], level: int) -> list[str]:
-        """Parked jobs whose consumption wake is due at `level`; the entries stay for the next sync."""
-        heap = self.consume_heaps.get(key)
-        out: list[str] = []
-        if not heap:
-            return out
-        popped = []
-        while heap and heap[0][0] <= level:
-            entry = heapq.heappop(heap)
-            popped.append(entry)
-            p = self.parked.get(entry[2])
-            if p is not None and p.stamp == entry[3]:
-                out.append(entry[2])
-        for entry in popped:
-            heapq.heappush(heap, entry)
-        return out
+    def park(self, job: JobState, wake: parking.Wake) -> None:
+        """Set a job aside (see `parking`); it is no longer one to try."""
+        self._deactivate(job)
+        root = self.roots.get(job.queue, job.queue)
+        self.parking.park(job.id, job.seq, job.queue, root, wake, self.topology.gpu_free_total)
 
-    def wake_tree(self, state: ClusterState, root: str) -> None:
-        for job_id in sorted(self.parked_by_root.get(root, ())):
-            self.unpark(job_id, state=state)
-
-    def wake_at(self, state: ClusterState, now: int) -> None:
-        """Try again the jobs whose wake time has come."""
-        self._pop_due(state, self.time_heap, now)
-
-    def wake_capacity(self, state: ClusterState) -> None:
-        free = self.topology.gpu_free_total
-        for root in sorted(self.capacity_heaps):
-            self._pop_due(state, self.capacity_heaps[root], free + self.consumed_total.get((root, "gpu"), 0))
+    def _woken(self, job_id: str) -> None:
+        job = self.state.jobs.get(job_id)
+        if job is not None and job.status == "pending" and job_id not in self.new_jobs:
+            self.activate(self.state, job)
 
     # ------------------------------------------------------------ sync
 
     def sync(self, state: ClusterState) -> None:
         """Bring the index in line with the state's changes since the last sync."""
-        if self.provisional is not None:
-            cycle, decisions, jobs = self.provisional
-            self.provisional = None
-            if state.cycle != cycle or state.cycle_decisions != decisions:
-                # the cycle's decisions were not folded as decided: judge those jobs again
-                for job_id in jobs:
-                    self.unpark(job_id, state=state)
+        self.state = state
+        memo = self.parking
+        memo.settle(state.cycle, state.cycle_decisions)
         topo = self.topology
         for name in sorted(state.dirty_nodes):
             node = state.nodes.get(name)
@@ -285,42 +163,41 @@ class SchedulerIndex:
             q = state.queues.get(name)
             if q is None:
                 continue
-            root = self.roots.get(name, name)
-            net, started_borrowing = self.quota.set_usage(q)
+            self.quota.set_usage(q)
             # wake on every release and consumption since the last look, not their net
-            diff: dict[str, int] = {}
-            for r, total in state.queue_released.get(name, {}).items():
-                seen = self.seen_released.setdefault(name, {})
-                if total != seen.get(r, 0):
-                    diff[r] = -(total - seen.get(r, 0))
-                    seen[r] = total
-            if diff:
-                self.usage_moved(state, name, root, diff)
-            grown: dict[str, int] = {}
-            for r, total in state.queue_consumed.get(name, {}).items():
-                seen = self.seen_consumed.setdefault(name, {})
-                if total != seen.get(r, 0):
-                    grown[r] = total - seen.get(r, 0)
-                    seen[r] = total
-            if grown:
-                self.usage_moved(state, name, root, grown)
-            diff = net
+            released = _moved(state.queue_released.get(name, {}), self.seen_released.setdefault(name, {}))
+            consumed = _moved(state.queue_consumed.get(name, {}), self.seen_consumed.setdefault(name, {}))
+            if not released and not consumed:
+                continue
+            root = self.roots.get(name, name)
+            memo.usage_moved(name, root, released, consumed)
             # a new borrower brings new victims; fair shares move with any usage
-            if started_borrowing or (diff and state.fair_sharing):
-                self.wake_tree(state, root)
+            starts = state.borrow_starts.get(name, 0)
+            if starts != self.seen_borrow_starts.get(name, 0) or state.fair_sharing:
+                self.seen_borrow_starts[name] = starts
+                memo.wake_tree(root)
         state.dirty_queues.clear()
         for job_id in sorted(state.dirty_jobs):
             dirty = state.jobs.get(job_id)
             if dirty is None:
                 continue
-            job = dirty
-            self._untrack(job)
-            if job.status not in TERMINAL:
-                self._track(state, job)
+            self._untrack(dirty)
+            if dirty.status not in TERMINAL:
+                self._track(state, dirty)
         state.dirty_jobs.clear()
-        if state.released != self.released_seen:
-            self.released_seen = state.released
-            self.wake_capacity(state)
+        if state.gpus_freed != memo.freed_seen:
+            memo.gpus_freed(state.gpus_freed)
+
+
+def _moved(totals: dict[str, int], seen: dict[str, int]) -> dict[str, int]:
+    """What grew in `totals` since `seen` (which is brought up to date)."""
+    out: dict[str, int] = {}
+    for r, total in totals.items():
+        d = total - seen.get(r, 0)
+        if d:
+            out[r] = d
+            seen[r] = total
+    return out
 
 
 def index_of(state: ClusterState) -> SchedulerIndex:
@@ -331,25 +208,9 @@ def index_of(state: ClusterState) -> SchedulerIndex:
         state.__dict__[_ATTR] = idx
     else:
         idx.sync(state)
-    if not PARKING:
-        for job_id in sorted(idx.parked):
-            idx.unpark(job_id, state=state)
+    if not parking.PARKING:
+        idx.parking.wake_all()
     return idx
-
-
-def forget_verdicts(state: ClusterState) -> None:
-    """The last cycle's decisions never reached the fold (refused by the fence, failed, dropped).
-
-    Parking assumes a cycle's decisions are folded: a job parked on a verdict
-    whose JobInadmissible was never stored would wait, unanswered, for a wake
-    that only that verdict's reason justified. So every parked job is judged
-    again at the next cycle, as a run without the memo would.
-    """
-    idx: SchedulerIndex | None = state.__dict__.get(_ATTR)
-    if idx is None:
-        return
-    for job_id in sorted(idx.parked):
-        idx.unpark(job_id, state=state)
 
 
 def take_new_jobs(state: ClusterState, idx: SchedulerIndex) -> list[tuple[JobState, str]]:

@@ -59,6 +59,8 @@ class QuotaTree:
     """Cohorts and queues with their quotas and usage."""
 
     def __init__(self, state: ClusterState) -> None:
+        self.version = 0
+        """Bumped by every change of usage: what was computed from usage at one version holds while it stays."""
         self.queues: dict[str, QNode] = {}
         self.cohorts: dict[str, QNode] = {}
         for name in sorted(state.cohorts):
@@ -261,6 +263,7 @@ class QuotaTree:
         node: QNode | None = self.queues.get(queue)
         if node is None:
             return
+        self.version += 1
         delta = {r: sign * v for r, v in req.items() if v}
         if record:
             self.undo.append((queue, dict(req), sign))

@@ -23,9 +23,12 @@ Nothing here reads a clock: time is `now`. Iteration is over sorted keys.
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import itertools
 from collections import Counter
 from collections.abc import Mapping
+from typing import Literal
 
 from muster.events.types import (
     Event,
@@ -38,12 +41,20 @@ from muster.events.types import (
     QueueName,
 )
 from muster.projections.cluster import ClusterState, JobState, node_pods
-from muster.projections.index import SchedulerIndex, Wake, index_of, take_new_jobs
+from muster.projections.index import Group, SchedulerIndex, Shape, index_of, take_new_jobs
+from muster.projections.parking import Wake
 from muster.projections.preemption import Result, Victim, find_victims, overlaps
 from muster.projections.resources import fmt
 from muster.projections.topology import Transaction
 
 POLICY_VERSION = "muster/1"
+
+OrderKey = tuple[int, int, int, int]
+"""Admission order (see `_lowest_key`): (over nominal, fair share, -priority, seq)."""
+_HeapEntry = tuple[OrderKey, str, int, Group | None]
+"""(order key when pushed, job, push number, its group or None for a job woken mid-cycle). A job
+woken mid-cycle can be in the heap twice with one key (its group's entry and its own): the push
+number keeps the comparison off the last field."""
 
 
 class Cycle:
@@ -60,13 +71,16 @@ class Cycle:
         self.tried: set[str] = set()
         self.current: tuple[int, int, int, int] | None = None
         """Order key of the job being tried (None while nominated preemptors go first)."""
-        self.heap: list[tuple[tuple[int, int, int, int], str]] | None = None
+        self.heap: list[_HeapEntry] | None = None
+        self.pushes = itertools.count()
         self.consumed: dict[tuple[str, str], int] = {}
         """Usage taken in this cycle, per (tree, resource)."""
         self.failed_classes: dict[tuple[object, ...], tuple[str, Wake]] = {}
         """Verdicts of jobs that failed on the current view, by job class (cleared on any change)."""
-        self.consumed_any: dict[str, int] = {}
-        """Jobs admitted in this cycle, per tree."""
+        self.quota_keys: dict[Shape, tuple[int, int, int]] = {}
+        """`_lowest_key`'s quota part by (queue, requests): (quota version it was computed at, borrows, share)."""
+        self.may_evict_new: dict[tuple[str, int, tuple[str, ...]], tuple[int, bool]] = {}
+        """`_may_evict_new` by (queue, priority, resources): (admitted jobs in the tree when asked, answer)."""
         self.admitted_by_root: dict[str, list[JobState]] = {}
         """Jobs admitted (or holding room as preemptors) in this cycle, per tree: new victims next cycle."""
         self.removed: set[str] = set()
@@ -75,8 +89,6 @@ class Cycle:
         """Jobs admitted or reserved (tentatively) in this cycle, with their placement."""
         self.reserved = False
         """Whether room was held for a preemptor (a change no decision event will fold)."""
-        self.parked_on_tentative: list[str] = []
-        """Jobs parked on a view that only the cycle's own decisions explain."""
         self.parked_on_reserved: list[str] = []
         """Jobs parked on a view that holds room for a preemptor: judged again next cycle."""
         self.events: list[Event] = []
@@ -149,53 +161,52 @@ class Cycle:
         # turn in this cycle's order has not come yet, are tried in this cycle,
         # exactly as they would be had they never been parked.
         root = idx.roots.get(job.queue, job.queue)
-        self.consumed_any[root] = self.consumed_any.get(root, 0) + 1
         self.admitted_by_root.setdefault(root, []).append(job)
         due: list[str] = []
         if (quota.is_borrowing(job.queue) and not was_borrowing) or self.state.fair_sharing:
-            due.extend(sorted(idx.parked_by_root.get(root, ())))
+            due.extend(sorted(idx.parking.by_root.get(root, ())))
         for r, v in sorted(job.requests.items()):
             if v > 0:
                 key = (root, r)
                 self.consumed[key] = self.consumed.get(key, 0) + v
-                due.extend(idx.due_on_consumption(key, idx.consumed_total.get(key, 0) + self.consumed[key]))
+                due.extend(
+                    idx.parking.due_on_consumption(key, idx.parking.consumed_total.get(key, 0) + self.consumed[key])
+                )
         if not due:
             return
         # whose turn came before this admission is judged on the keys as they were before it
         # (keys only grow within a cycle: a job whose key now exceeds the current one may
         # still have come up, and been judged, before it)
         quota.add(job.queue, job.requests, -1, record=False)
-        before = {j: _lowest_key(self, self.state.jobs[j]) for j in due if j in self.idx.parked}
+        before = {j: _lowest_key(self, self.state.jobs[j]) for j in due if j in self.idx.parking.parked}
         quota.add(job.queue, job.requests, 1, record=False)
         for job_id in due:
             self._wake(job_id, before.get(job_id))
 
     def _wake(self, job_id: str, before: tuple[int, int, int, int] | None) -> None:
-        if job_id not in self.idx.parked or job_id in self.tried:
+        if job_id not in self.idx.parking.parked or job_id in self.tried:
             return
         if self.current is not None and before is not None and before < self.current:
             return  # its turn came before the change: it stays as judged
         job = self.state.jobs[job_id]
         key = _lowest_key(self, job)
-        self.idx.unpark(job_id, state=self.state)
+        self.idx.parking.wake(job_id)
         if self.heap is not None:
-            heapq.heappush(self.heap, (key, job_id))
+            heapq.heappush(self.heap, (key, job_id, next(self.pushes), None))
 
     def finish(self) -> None:
-        """Undo every tentative change, and say which parking verdicts still stand.
+        """Undo every tentative change, and hand the cycle's parks to the memo as a proposal.
 
-        Jobs parked before any change were judged on the state itself: their
-        verdict stands. Jobs parked on a view changed only by this cycle's
-        admissions and evictions were judged on the state the caller gets by
-        folding the decisions: provisional until the next sync checks that it
-        did. Jobs parked while room was held for a preemptor are tried again.
+        The parks stand once the cycle's decisions are folded as decided (see
+        `parking`). Jobs parked while room was held for a preemptor are tried
+        again whatever happens.
         """
         self.topo.rollback()
         self.idx.quota.rollback(self.quota_mark)
         for job_id in self.parked_on_reserved:
-            self.idx.unpark(job_id, state=self.state)
+            self.idx.parking.wake(job_id)
         decisions = sum(1 for ev in self.events if getattr(ev, "cycle", 0) == self.number)
-        self.idx.provisional = (self.number, decisions, self.parked_on_tentative) if self.parked_on_tentative else None
+        self.idx.parking.end_cycle(self.number, decisions)
 
     def victim_order(self, queue: str, upto: int) -> list[tuple[int, int, int, int, JobState]]:
         """A queue's preemptible running jobs of priority <= `upto` in victim order (priority,
@@ -256,10 +267,17 @@ class Cycle:
 
 def _lowest_key(cycle: Cycle, job: JobState) -> tuple[int, int, int, int]:
     """Admission order: within nominal first, then fair share, then priority, then FIFO (seq is unique)."""
-    quota = cycle.idx.quota
-    borrows = 0 if quota.within_nominal(job.queue, job.requests) else 1
-    share = quota.share(job.queue, job.requests) if cycle.state.fair_sharing else 0
-    return (borrows, share, -cycle.state.priority_of(job), job.seq)
+    idx = cycle.idx
+    quota = idx.quota
+    shape = idx.shape(job)
+    known = cycle.quota_keys.get(shape)
+    if known is not None and known[0] == quota.version:
+        borrows, share = known[1], known[2]
+    else:
+        borrows = 0 if quota.within_nominal(job.queue, job.requests) else 1
+        share = quota.share(job.queue, job.requests) if cycle.state.fair_sharing else 0
+        cycle.quota_keys[shape] = (quota.version, borrows, share)
+    return (borrows, share, -idx.priority(job), job.seq)
 
 
 def _job_class(cycle: Cycle, job: JobState) -> tuple[object, ...] | None:
@@ -275,7 +293,11 @@ def _job_class(cycle: Cycle, job: JobState) -> tuple[object, ...] | None:
     return (job.queue, state.priority_of(job), state.preemptible(job), shape)
 
 
-def _try(cycle: Cycle, job: JobState) -> str:
+Outcome = Literal["admitted", "preempting", "parked"]
+"""What `_try` did with a job: admitted it, evicted victims for it (the cycle ends), or set it aside."""
+
+
+def _try(cycle: Cycle, job: JobState) -> Outcome:
     """Admit, preempt for, or park one job. Returns what happened."""
     cls = _job_class(cycle, job)
     if cls is not None:
@@ -340,10 +362,6 @@ def _park(cycle: Cycle, job: JobState, reason: str, wake: Wake) -> None:
     if cycle.reserved or _may_evict_new(cycle, job):
         # judged without the jobs just admitted in its tree as possible victims
         cycle.parked_on_reserved.append(job.id)
-    elif cycle.placed or cycle.removed:
-        # judged on a view that only this cycle's decisions explain (probes that
-        # removed and restored victims leave the view as the state is)
-        cycle.parked_on_tentative.append(job.id)
 
 
 def _may_evict_new(cycle: Cycle, job: JobState) -> bool:
@@ -357,6 +375,19 @@ def _may_evict_new(cycle: Cycle, job: JobState) -> bool:
     admitted = cycle.admitted_by_root.get(idx.roots.get(job.queue, job.queue))
     if not admitted:
         return False
+    # the answer depends on the queue, the priority and the resources asked for, and on
+    # the admitted list, which only grows: a backlog of one shape asks once per admission
+    key = (job.queue, state.priority_of(job), tuple(sorted(r for r, v in job.requests.items() if v > 0)))
+    known = cycle.may_evict_new.get(key)
+    if known is not None and known[0] == len(admitted):
+        return known[1]
+    answer = _may_evict_any(cycle, job, admitted)
+    cycle.may_evict_new[key] = (len(admitted), answer)
+    return answer
+
+
+def _may_evict_any(cycle: Cycle, job: JobState, admitted: list[JobState]) -> bool:
+    state = cycle.state
     queue = state.queues[job.queue]
     policy = queue.preemption
     within = policy.within_queue
@@ -384,7 +415,6 @@ def _wake_rule(
     wake = Wake()
     if job.chained_eviction(cycle.now) or result.order_matters:
         wake.at_time = cycle.now + 1
-    wake.consumed_in_cycle = cycle.consumed.get((cycle.idx.roots.get(job.queue, job.queue), "gpu"), 0)
     headroom = cycle.idx.quota.headroom(job.queue, job.requests, allow_borrow)
     if quota_blocked:
         # quota fits only once every short resource has been given back in the
@@ -396,10 +426,10 @@ def _wake_rule(
         elif headroom:  # pragma: no cover - blocking and headroom agree; never park for good
             wake.released[min(headroom)] = 1
         if quota_possible:
-            wake.capacity_below = job.gpus - result.candidate_gpus
+            wake.freed_short = job.gpus - result.candidate_gpus
     else:
         # placement blocked: wake when GPUs free up, or when quota would block instead
-        wake.capacity_below = job.gpus - result.candidate_gpus
+        wake.freed_short = job.gpus - result.candidate_gpus
         for r, h in headroom.items():
             wake.consumed[r] = h + 1
     # back within nominal quota, the queue may reclaim what its cohort borrowed
@@ -437,7 +467,7 @@ def decide(state: ClusterState, now: int) -> list[Event]:
     """One scheduling cycle at time `now`: the decisions to append, in order."""
     # 1. sync the derived index
     idx = index_of(state)
-    idx.wake_at(state, now)
+    idx.parking.wake_at(now)
     cycle = Cycle(state, idx, now)
     try:
         # 2. reject invalid specs
@@ -483,17 +513,47 @@ def _admit(cycle: Cycle) -> None:
     # One order over every job to try: its key is judged when the job comes up
     # (keys only grow within a cycle, so a stale key is a lower bound and the
     # lazy heap still yields the job with the smallest current key). Parked jobs
-    # are absent, and would only have failed without changing anything.
-    heap = [(_lowest_key(cycle, state.jobs[j]), j) for j in sorted(idx.keys) if j not in cycle.tried]
+    # are absent, and would only have failed without changing anything. Jobs of
+    # one queue, priority and requests always have the same key but for their
+    # seq, so only the first of each such group is in the heap at a time.
+    jobs = state.jobs
+    groups = idx.groups
+    visited: dict[Group, tuple[int, str]] = {}
+    """Per group, the last of its jobs taken from it (the groups change as jobs are parked or woken)."""
+
+    def next_of(group: Group) -> str | None:
+        members = groups.get(group)
+        if not members:
+            return None
+        last = visited.get(group)
+        i = len(members) if last is None else bisect.bisect_left(members, last)
+        while i > 0:
+            i -= 1
+            job_id = members[i][1]
+            if job_id not in cycle.tried:
+                visited[group] = members[i]
+                return job_id
+        return None
+
+    heap: list[_HeapEntry] = []
+    for g in sorted(groups):
+        head = next_of(g)
+        if head is not None:
+            heap.append((_lowest_key(cycle, jobs[head]), head, next(cycle.pushes), g))
     heapq.heapify(heap)
     cycle.heap = heap
     while heap:
-        key, job_id = heapq.heappop(heap)
-        job = state.jobs[job_id]
+        key, job_id, _, group = heapq.heappop(heap)
+        job = jobs[job_id]
         fresh = _lowest_key(cycle, job)
         if fresh != key and heap and fresh > heap[0][0]:
-            heapq.heappush(heap, (fresh, job_id))
+            heapq.heappush(heap, (fresh, job_id, next(cycle.pushes), group))
             continue
+        if group is not None:
+            # the group's next job takes its place in the heap
+            nxt = next_of(group)
+            if nxt is not None:
+                heapq.heappush(heap, (_lowest_key(cycle, jobs[nxt]), nxt, next(cycle.pushes), group))
         if job_id in cycle.tried:
             continue
         cycle.tried.add(job_id)
@@ -523,7 +583,7 @@ def _reclaim_idle(cycle: Cycle) -> None:
     if not idle:
         return
     idle.sort(key=lambda j: (j.idle_since or 0, j.seq))
-    candidates = (set(idx.keys) | set(idx.parked)) - set(cycle.placed)
+    candidates = (set(idx.keys) | set(idx.parking.parked)) - set(cycle.placed)
     waiting = sorted((state.jobs[j] for j in candidates), key=lambda j: (-state.priority_of(j), j.seq))
     for job in idle:
         cycle.remove(job)

@@ -186,16 +186,22 @@ async def audit(
 
         `muster sim` and the daemon decide again after a cycle that admits or
         preempts; the next recorded batch at that instant is that cycle.
-        Otherwise it decided nothing, and so must the code. Running it also
-        keeps the scheduler index in step exactly as theirs was.
+        Otherwise it decided nothing, and so must the code. The daemon first
+        folds the facts that arrived meanwhile (pods terminating, a new job),
+        and its clock is wall-clock seconds, which may tick between two
+        cycles: facts up to one second later are folded before that cycle is
+        run, and a batch up to one second later is that cycle. (A sim log's
+        settling cycles are checked exactly by tests/projections/test_invariants.)
         """
         nonlocal settle_at
         at = settle_at
         if at is None:
             return
-        if ev is not None and isinstance(ev, _DECISIONS) and ev.cycle != 0 and ev.at == at:
+        if ev is not None and isinstance(ev, _DECISIONS) and ev.cycle != 0 and at <= ev.at <= at + 1:
             settle_at = None  # this batch is that cycle
             return
+        if ev is not None and not isinstance(ev, _DECISIONS) and ev.at <= at + 1:
+            return  # a fact the caller may have folded before its next cycle
         settle_at = None
         try:
             derived = decide(state, at)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from muster.events.types import JobSubmitted, NodeAdded, PodSet, QueueConfigured, SchedulerConfigured
 from muster.projections.cluster import fold
-from muster.projections.index import forget_verdicts
+from muster.projections.index import index_of
 from muster.projections.scheduler import decide
 
 
@@ -18,10 +18,19 @@ def _log() -> list[object]:
     ]
 
 
-def test_forgetting_a_refused_cycle_gives_the_same_decisions_again() -> None:
-    """After `forget_verdicts`, deciding again on the unchanged state repeats every decision, waits included."""
+def test_a_refused_cycle_leaves_no_parked_verdict() -> None:
+    """Deciding again on the state a refused cycle left (nothing folded) repeats every decision, waits included."""
     state = fold(_log())  # type: ignore[arg-type]
     first = decide(state, 2)
     assert [(type(e).__name__, e.job) for e in first] == [("JobInadmissible", "huge")]
-    forget_verdicts(state)
     assert decide(state, 2) == first
+    assert [(type(e).__name__, e.job, e.at) for e in decide(state, 3)] == [("JobInadmissible", "huge", 3)]
+
+
+def test_a_folded_cycle_keeps_its_parked_verdict() -> None:
+    """Once a cycle's JobInadmissible is folded, the job stays parked: the next cycle decides nothing."""
+    state = fold(_log())  # type: ignore[arg-type]
+    first = decide(state, 2)
+    fold(first, state)  # type: ignore[arg-type]
+    assert decide(state, 3) == []
+    assert "huge" in index_of(state).parking.parked

@@ -18,7 +18,7 @@ from replaykit import IDLE, STORY, memory_log, mixed, sim, write_jsonl
 
 from muster.cli import main
 from muster.events.store import EventStore
-from muster.events.types import Event, JobAdmitted, JobPreempted, LeaderElected
+from muster.events.types import Event, JobAdmitted, JobPreempted, LeaderElected, NodeAdded, NodeUpdated
 from muster.replay.audit import audit
 from muster.replay.points import Point
 from muster.replay.source import NatsLog
@@ -189,3 +189,31 @@ def test_audit_cli_reports_and_exits_non_zero_on_a_difference(
     assert doc["differ"] >= 1 and doc["differences"][0]["recorded"][0]["seq"] == i + 1
     counts = Counter(d["derived"][0]["type"] for d in doc["differences"] if d["derived"])
     assert counts["JobAdmitted"] >= 1
+
+
+async def test_facts_between_a_cycle_and_the_next_one_at_that_instant_are_no_settling_difference() -> None:
+    """A daemon folds same-instant facts before its next cycle: the audit does too, and reports no settling cycle."""
+    events = sim(STORY).events
+    i = next(k for k, e in enumerate(events) if isinstance(e, JobPreempted))
+    while isinstance(events[i + 1], JobPreempted):
+        i += 1
+    node = next(e for e in events if isinstance(e, NodeAdded))
+    # the kubelet reporting a node again (as when an evicted pod is gone), at the preemption's instant
+    fact = NodeUpdated(at=events[i].at, node=node.node, labels=node.labels, capacity=node.capacity)
+    assert isinstance(events[i + 1], JobAdmitted) and events[i + 1].at == fact.at  # the preemptor's cycle
+    report = await audit(memory_log([*events[: i + 1], fact, *events[i + 1 :]]))
+    assert report.differ == 0 and report.unrecorded == []
+
+
+async def test_a_daemon_cycle_one_second_after_the_cycle_before_is_that_cycle() -> None:
+    """The daemon's clock may tick between a preemption and the preemptor's cycle: no settling cycle is reported."""
+    events = sim(STORY).events
+    i = next(k for k, e in enumerate(events) if isinstance(e, JobPreempted))
+    while isinstance(events[i + 1], JobPreempted):
+        i += 1
+    j = i + 1
+    while j < len(events) and getattr(events[j], "cycle", None) == getattr(events[i + 1], "cycle", None):
+        j += 1
+    later = [msgspec.structs.replace(e, at=e.at + 1) for e in events[i + 1 : j]]
+    report = await audit(memory_log([*events[: i + 1], *later]))
+    assert report.differ == 0 and report.unrecorded == []
