@@ -48,7 +48,7 @@ from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import KubeError
 from muster.daemon.k8s.gangs import Owner
 from muster.daemon.k8s.objects import DEFAULT_TOLERATED_TAINTS
-from muster.daemon.k8s.owners import fetch_size
+from muster.daemon.k8s.owners import Sizing, fetch_sizing
 from muster.daemon.k8s.reconciling import find_vanished, live_jobs
 from muster.daemon.k8s.reporting import Reporter, reports_for
 from muster.daemon.k8s.translating import Translator
@@ -67,7 +67,7 @@ RESOURCES = ("nodes", "pods")
 @dataclass(frozen=True)
 class _OwnerSize:
     owner: Owner
-    size: int | None
+    sizing: Sizing
 
 
 def _int(text: str) -> int:
@@ -273,7 +273,8 @@ class KubernetesAdapter:
 
     def _translate(self, item: WatchEvent | _OwnerSize, at: int) -> None:
         if isinstance(item, _OwnerSize):
-            self.translator.on_owner_size(item.owner, item.size, at)
+            sizing = item.sizing
+            self.translator.on_owner_size(item.owner, sizing.size, at, uid=sizing.uid, queue=sizing.queue)
             return
         if item.resource == "nodes":
             self.translator.on_node(item)
@@ -310,17 +311,20 @@ class KubernetesAdapter:
             while True:
                 try:
                     async with self._lookups:
-                        size = await fetch_size(self.client, owner)
+                        sizing = await fetch_sizing(self.client, owner)
                     break
                 except KubeError as exc:
                     if not exc.retryable:
                         log.error("cannot size gang; its pods stay pending", owner=owner.source, error=exc.message)
-                        size = None
+                        sizing = Sizing(None)
                         break
                     delay = self._backoff.delay(attempt, exc.delay if exc.status == 429 else None)
                     attempt += 1
                     log.warning("owner lookup failed, retrying", owner=owner.source, error=exc.message)
                     await anyio.sleep(delay)
-            if size is None:
+            if sizing.problem:
+                # bad input never stops the adapter: say why the pods are left alone
+                log.warning("gang owner cannot be gang-scheduled", owner=owner.source, problem=sizing.problem)
+            elif sizing.size is None:
                 log.info("gang owner is gone; ignoring its pods", owner=owner.source)
-            await send.send(_OwnerSize(owner, size))
+            await send.send(_OwnerSize(owner, sizing))

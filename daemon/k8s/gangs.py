@@ -4,17 +4,27 @@ Pure bookkeeping, no I/O: the adapter feeds pod changes in and gets events out.
 
 A pod belongs to one gang, decided at first sight, by (first match wins):
 1. the labels `muster.dev/gang` (+ `muster.dev/gang-size`): an explicit pod group;
-2. the label `jobset.sigs.k8s.io/jobset-name`: a JobSet (podset per replicated job);
-3. the label `training.kubeflow.org/job-name`: a Kubeflow job such as a
-   PyTorchJob (podset per replica type, master and worker);
-4. a controller ownerReference of kind Job: a batch Job;
-5. otherwise the pod alone is a gang of one.
+2. the annotation (or label) `scheduling.k8s.io/group-name`: a Volcano PodGroup;
+3. the label `scheduling.x-k8s.io/pod-group`: a scheduler-plugins (coscheduling) PodGroup;
+4. the label `jobset.sigs.k8s.io/jobset-name`: a JobSet (podset per replicated job);
+5. the label `training.kubeflow.org/job-name`: a Kubeflow job such as a
+   PyTorchJob (podset per replica type, master and worker), or an MPIJob
+   (`training.kubeflow.org/operator-name: mpi-operator`, or owned by one: the
+   launcher pod is owned by the launcher Job, the workers by the MPIJob);
+6. a controller ownerReference of kind Job: a batch Job;
+7. otherwise the pod alone is a gang of one.
+
+The queue is the label `muster.dev/queue`, else Kueue's `kueue.x-k8s.io/queue-name`,
+else the owner's (a Volcano PodGroup's `spec.queue`), so a team moving from those
+changes only `schedulerName`.
 
 The size of a gang is the label `muster.dev/gang-size` when present, else, for
 a job the log already knows (a new leader relisting the cluster), the number
 of pods it was submitted with, else its owner's (Job parallelism, JobSet
-replicas x parallelism, sum of the PyTorchJob replicas), which the adapter
-fetches and hands back with `set_size`. Only unknown gangs cost a lookup: a
+replicas x parallelism, sum of the PyTorchJob or MPIJob replicas, a PodGroup's
+`minMember`), which the adapter fetches and hands back with `set_size`. Owners
+whose pods do not carry the owner's uid (PodGroups, MPIJobs) get it from that
+lookup, so a re-created owner is still a new job. Only unknown gangs cost a lookup: a
 relist of a cluster holding thousands of gangs must not fire thousands of
 requests (they starved the new leader's event loop, and its lease lapsed).
 
@@ -80,10 +90,18 @@ JOBSET_JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 KUBEFLOW_JOB_LABEL = "training.kubeflow.org/job-name"
 KUBEFLOW_TYPE_LABEL = "training.kubeflow.org/replica-type"
 KUBEFLOW_INDEX_LABEL = "training.kubeflow.org/replica-index"
+KUBEFLOW_ROLE_LABEL = "training.kubeflow.org/job-role"
+KUBEFLOW_OPERATOR_LABEL = "training.kubeflow.org/operator-name"
+MPI_OPERATOR = "mpi-operator"
+VOLCANO_GROUP_KEY = "scheduling.k8s.io/group-name"
+COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
 TERMINATED = ("Succeeded", "Failed")
-OWNER_KINDS_TO_FETCH = ("Job", "JobSet", "PyTorchJob")
+VOLCANO_POD_GROUP = "VolcanoPodGroup"
+COSCHEDULING_POD_GROUP = "CoschedulingPodGroup"
+OWNER_KINDS_TO_FETCH = ("Job", "JobSet", "PyTorchJob", "MPIJob", VOLCANO_POD_GROUP, COSCHEDULING_POD_GROUP)
 
 
 @dataclass(frozen=True)
@@ -210,15 +228,24 @@ def pod_info(pod: Obj) -> PodInfo:
     ref = _controller(meta)
 
     hint = str(labels.get(PODSET_LABEL) or "")
+    volcano_group = annotations.get(VOLCANO_GROUP_KEY) or labels.get(VOLCANO_GROUP_KEY)
     if labels.get(GANG_LABEL):
         owner = Owner("Gang", ns, str(labels[GANG_LABEL]))
+    elif volcano_group:
+        owner = Owner(VOLCANO_POD_GROUP, ns, str(volcano_group))
+    elif labels.get(COSCHEDULING_GROUP_LABEL):
+        owner = Owner(COSCHEDULING_POD_GROUP, ns, str(labels[COSCHEDULING_GROUP_LABEL]))
     elif labels.get(JOBSET_NAME_LABEL):
         owner = Owner("JobSet", ns, str(labels[JOBSET_NAME_LABEL]), str(labels.get(JOBSET_UID_LABEL) or ""))
         hint = hint or str(labels.get(JOBSET_RJOB_LABEL) or "")
     elif labels.get(KUBEFLOW_JOB_LABEL):
         kind = str(ref.get("kind")) if ref is not None and ref.get("kind") else "PyTorchJob"
-        owner = Owner(kind, ns, str(labels[KUBEFLOW_JOB_LABEL]), str(ref.get("uid") or "") if ref else "")
-        hint = hint or str(labels.get(KUBEFLOW_TYPE_LABEL) or "")
+        if kind == "MPIJob" or labels.get(KUBEFLOW_OPERATOR_LABEL) == MPI_OPERATOR:
+            # the launcher pod's controller is the launcher Job, whose uid is not the MPIJob's
+            owner = Owner("MPIJob", ns, str(labels[KUBEFLOW_JOB_LABEL]))
+        else:
+            owner = Owner(kind, ns, str(labels[KUBEFLOW_JOB_LABEL]), str(ref.get("uid") or "") if ref else "")
+        hint = hint or str(labels.get(KUBEFLOW_TYPE_LABEL) or labels.get(KUBEFLOW_ROLE_LABEL) or "")
     elif ref is not None and ref.get("kind") == "Job":
         owner = Owner("Job", ns, str(ref.get("name") or ""), str(ref.get("uid") or ""))
     else:
@@ -263,7 +290,7 @@ def pod_info(pod: Obj) -> PodInfo:
         hint=_name(hint, "pod"),
         order=order,
         size_label=size_label,
-        queue=str(labels.get(QUEUE_LABEL) or ""),
+        queue=str(labels.get(QUEUE_LABEL) or labels.get(KUEUE_QUEUE_LABEL) or ""),
         priority_class=str(spec["priorityClassName"]) if spec.get("priorityClassName") else None,
         runtime=_seconds(annotations.get(RUNTIME_ANNOTATION), RUNTIME_ANNOTATION, problems),
         checkpoint_every=_seconds(annotations.get(CHECKPOINT_ANNOTATION), CHECKPOINT_ANNOTATION, problems),
@@ -306,6 +333,10 @@ class Gang:
     """Preempted: waiting for replacement pods to map onto the same podsets."""
     evicting: set[str] = field(default_factory=set)
     """Uids of pods muster evicted; their end is expected."""
+    uid: str = ""
+    """The owner's uid, learned from its lookup when its pods do not carry it."""
+    queue: str = ""
+    """The owner's queue (a Volcano PodGroup's), for pods that name none."""
 
 
 def _podsets(pods: list[PodInfo]) -> tuple[list[PodSet], dict[str, str]]:
@@ -329,7 +360,7 @@ def _podsets(pods: list[PodInfo]) -> tuple[list[PodSet], dict[str, str]]:
 def _salt(gang: Gang, chosen: list[PodInfo]) -> str:
     """A pod group has no owner uid; its pods' uids tell a re-created group apart."""
     if gang.owner.kind != "Gang":
-        return ""
+        return gang.uid
     return hashlib.sha256("".join(sorted(p.uid for p in chosen)).encode()).hexdigest()
 
 
@@ -406,8 +437,12 @@ class Gangs:
         self._collect(gang)
         return events
 
-    def set_size(self, owner: Owner, size: int | None, at: int) -> list[Event]:
-        """The owner's gang size, or None when the owner is gone (its pods will be garbage-collected)."""
+    def set_size(self, owner: Owner, size: int | None, at: int, *, uid: str = "", queue: str = "") -> list[Event]:
+        """The owner's gang size, or None when the owner is gone (its pods will be garbage-collected).
+
+        `uid` and `queue` are the owner's as its lookup found them (used when the pods lack them).
+        A size below 1 (a PodGroup with `minMember: 0`) leaves the pods alone, like a gone owner.
+        """
         self._unsized.discard(owner)
         gang = self._gangs.get(owner)
         if gang is None or gang.size is not None:
@@ -417,6 +452,9 @@ class Gangs:
             self.recheck.update(gang.pods)
             return []
         gang.size = size
+        if not owner.uid:
+            gang.uid = uid
+        gang.queue = queue
         return self._evaluate(gang, at)
 
     def owners_to_fetch(self) -> list[Owner]:
@@ -654,7 +692,7 @@ class Gangs:
         return JobSubmitted(
             at=at,
             job=gang.job_id,
-            queue=QueueName(_first(p.queue or None for p in chosen) or ""),
+            queue=QueueName(_first(p.queue or None for p in chosen) or gang.queue),
             priority_class=_first(p.priority_class for p in chosen),
             podsets=gang.podsets,
             runtime=_first(p.runtime for p in chosen),

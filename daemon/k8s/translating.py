@@ -131,8 +131,8 @@ class Translator:
             else:
                 self._unreserve(key)
 
-    def on_owner_size(self, owner: Owner, size: int | None, at: int) -> None:
-        self._jobs += self.gangs.set_size(owner, size, at)
+    def on_owner_size(self, owner: Owner, size: int | None, at: int, *, uid: str = "", queue: str = "") -> None:
+        self._jobs += self.gangs.set_size(owner, size, at, uid=uid, queue=queue)
         self._recheck()
 
     def add_job_events(self, events: list[Event]) -> None:

@@ -1,0 +1,116 @@
+"""The gang kinds teams already run, on a real API server with the whole daemon: only `schedulerName` changes.
+
+Each case makes the owner object (its CRD installed from a permissive schema) and the pods
+as that project's controller would (labels, annotations, ownerReferences with the server's
+uids), starts the daemon (the loop on the session's NATS, the adapter on the real server),
+and checks the gang is submitted from the owner's size and bound whole. The pure part of the
+same recognition: tests/daemon/test_k8s_gang_kinds.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kubekit import Kube, eventually, log_of, running_adapter, running_daemon
+from kubernetes_asyncio.client import ApiClient
+from test_rbac_lease_real import bind_chart_rbac_to_tester
+
+from muster.events.store import EventStore
+from muster.events.types import JobAdmitted, JobRejected, JobSubmitted, QueueConfigured, QueueName
+
+Pods = list[dict[str, Any]]
+
+
+async def bound(kube: Kube, pods: Pods) -> bool:
+    return all([await kube.pod_node(p["metadata"]["name"]) for p in pods])
+
+
+async def queues(store: EventStore, *names: str) -> None:
+    await store.append([QueueConfigured(at=0, name=QueueName(n), nominal={"gpu": 64}) for n in names])
+
+
+async def test_an_mpijob_launcher_and_workers_are_bound_as_one_gang(
+    api: ApiClient, kube: Kube, store: EventStore
+) -> None:
+    """An MPIJob's launcher pod (owned by its launcher Job) and 3 workers are one gang of 4, all bound."""
+    await queues(store, "q")
+    await kube.node("n1", gpus=8)
+    mpi, pods = await kube.mpijob("allreduce", 3, gpus=2)
+    async with running_daemon(store, api):
+        await eventually(lambda: bound(kube, pods), seconds=30)
+    [sub] = await log_of(store, JobSubmitted)
+    assert sub.source == f"MPIJob/{kube.ns}/allreduce"
+    assert sub.job == f"{kube.ns}/mpijob/allreduce-{mpi['metadata']['uid'][:8]}"
+    assert sorted((ps.name, ps.count) for ps in sub.podsets) == [("launcher", 1), ("worker", 3)]
+    assert len(await log_of(store, JobAdmitted)) == 1
+
+
+async def test_a_volcano_pod_group_is_bound_whole_in_the_queue_it_names(
+    api: ApiClient, kube: Kube, store: EventStore
+) -> None:
+    """Pods annotated scheduling.k8s.io/group-name form a gang of the PodGroup's minMember, queued in spec.queue."""
+    await queues(store, "research")
+    await kube.node("n1", gpus=8)
+    group, pods = await kube.pod_group("sweep", 3, volcano=True, queue="research")
+    async with running_daemon(store, api):
+        await eventually(lambda: bound(kube, pods), seconds=30)
+    [sub] = await log_of(store, JobSubmitted)
+    assert (sub.source, sub.queue) == (f"VolcanoPodGroup/{kube.ns}/sweep", "research")
+    assert sub.job.endswith(group["metadata"]["uid"][:8])
+    assert [(ps.name, ps.count) for ps in sub.podsets] == [("pod", 3)]
+
+
+async def test_a_coscheduling_pod_group_is_bound_whole(api: ApiClient, kube: Kube, store: EventStore) -> None:
+    """Pods labelled scheduling.x-k8s.io/pod-group form a gang of the (scheduler-plugins) PodGroup's minMember."""
+    await queues(store, "q")
+    await kube.node("n1", gpus=8)
+    _, pods = await kube.pod_group("pairs", 2, volcano=False, gpus=4, labels={"muster.dev/queue": "q"})
+    async with running_daemon(store, api):
+        await eventually(lambda: bound(kube, pods), seconds=30)
+    [sub] = await log_of(store, JobSubmitted)
+    assert (sub.source, sub.queue) == (f"CoschedulingPodGroup/{kube.ns}/pairs", "q")
+    assert [(ps.name, ps.count) for ps in sub.podsets] == [("pod", 2)]
+
+
+async def test_a_pod_group_with_min_member_zero_is_left_alone_and_the_daemon_goes_on(
+    api: ApiClient, kube: Kube, store: EventStore
+) -> None:
+    """A Volcano PodGroup with minMember 0 is never submitted; a good gang created after it is still bound."""
+    await queues(store, "q")
+    await kube.node("n1", gpus=8)
+    _, bad = await kube.pod_group("bad", 2, volcano=True, min_member=0, queue="q")
+    async with running_daemon(store, api):
+        good = await kube.gang("good", 2, gpus=1)
+        await eventually(lambda: bound(kube, good), seconds=30)
+        assert not await bound(kube, bad[:1])
+    subs = await log_of(store, JobSubmitted)
+    assert [s.source for s in subs] == [f"Gang/{kube.ns}/good"]
+    assert not await log_of(store, JobRejected)
+
+
+async def test_a_kueue_queue_label_puts_a_job_in_that_muster_queue(
+    api: ApiClient, kube: Kube, store: EventStore
+) -> None:
+    """A Job whose pods carry only kueue.x-k8s.io/queue-name is queued there and bound."""
+    await queues(store, "team-queue")
+    await kube.node("n1", gpus=8)
+    _, pods = await kube.job("train", 2, gpus=2, queue="", labels={"kueue.x-k8s.io/queue-name": "team-queue"})
+    async with running_daemon(store, api):
+        await eventually(lambda: bound(kube, pods), seconds=30)
+    [sub] = await log_of(store, JobSubmitted)
+    assert sub.queue == "team-queue"
+
+
+async def test_the_charts_roles_let_the_adapter_size_every_new_kind(
+    user_api: ApiClient, kube: Kube, tmp_path: Path
+) -> None:
+    """As `tester` with the chart's roles only, an MPIJob and both PodGroup kinds are looked up and submitted."""
+    await bind_chart_rbac_to_tester(kube, tmp_path)
+    await kube.mpijob("mpi", 1)
+    await kube.pod_group("volcano", 2, volcano=True, queue="q")
+    await kube.pod_group("cosched", 2, volcano=False)
+    async with running_adapter(user_api) as (_, events):
+        await events.wait_for(lambda e: len(e.of(JobSubmitted)) == 3)
+    kinds = sorted(s.source.split("/")[0] for s in events.of(JobSubmitted))
+    assert kinds == ["CoschedulingPodGroup", "MPIJob", "VolcanoPodGroup"]
