@@ -41,7 +41,7 @@ KEYS: dict[str, frozenset[str]] = {
     "nats.auth": frozenset({"username_file", "password_file", "token_file", "nkey_seed_file", "creds_file"}),
     "nats.tls": frozenset({"ca_file", "cert_file", "key_file", "server_name"}),
     "leader_election": frozenset({"backend", "ttl_seconds", "kv_bucket", "lease_name", "lease_namespace"}),
-    "kubernetes": frozenset({"scheduler_name", "namespaces", "kubeconfig"}),
+    "kubernetes": frozenset({"scheduler_name", "namespaces", "kubeconfig", "pod_conditions"}),
     "utilization": frozenset({"url", "source", "interval_seconds"}),
     "http": frozenset({"health_port", "metrics_port"}),
     "log": frozenset({"level", "format"}),
