@@ -16,7 +16,9 @@ A pod belongs to one gang, decided at first sight, by (first match wins):
 
 The queue is the label `muster.dev/queue`, else Kueue's `kueue.x-k8s.io/queue-name`,
 else the owner's (a Volcano PodGroup's `spec.queue`), so a team moving from those
-changes only `schedulerName`.
+changes only `schedulerName`; else, with `namespace_queues`, the namespace's default
+(its label or annotation `muster.dev/default-queue`): a gang with no queue of its own
+waits for its namespace to be read once (`namespaces_to_fetch`, `set_namespace_queue`).
 
 The size of a gang is the label `muster.dev/gang-size` when present, else, for
 a job the log already knows (a new leader relisting the cluster), the number
@@ -77,6 +79,7 @@ Resources = dict[str, int]
 GANG_LABEL = "muster.dev/gang"
 GANG_SIZE_LABEL = "muster.dev/gang-size"
 QUEUE_LABEL = "muster.dev/queue"
+DEFAULT_QUEUE_KEY = "muster.dev/default-queue"
 PODSET_LABEL = "muster.dev/podset"
 CHECKPOINT_ANNOTATION = "muster.dev/checkpoint-every"
 RUNTIME_ANNOTATION = "muster.dev/runtime"
@@ -374,7 +377,9 @@ def _first(values: Iterable[Any]) -> Any:
 class Gangs:
     """All gangs of muster pods; every method returns the events the change produced."""
 
-    def __init__(self, *, known: Callable[[JobId], KnownJob | None] | None = None) -> None:
+    def __init__(
+        self, *, known: Callable[[JobId], KnownJob | None] | None = None, namespace_queues: bool = False
+    ) -> None:
         self._gangs: dict[Owner, Gang] = {}
         self._by_pod: dict[str, Owner] = {}
         self._by_job: dict[JobId, Owner] = {}
@@ -387,6 +392,11 @@ class Gangs:
         """Gangs waiting for their owner's size (`sizing()` is asked often, by every admission waiting)."""
         self.problems: list[str] = []
         """Reports of malformed pods, drained by the adapter's logger."""
+        self._namespace_queues = namespace_queues
+        self._ns_queue: dict[str, str] = {}
+        """Namespace -> its default queue ("" for none), once read."""
+        self._ns_wanted: list[str] = []
+        self._ns_asked: set[str] = set()
 
     # ------------------------------------------------------------ inputs
 
@@ -456,6 +466,20 @@ class Gangs:
             gang.uid = uid
         gang.queue = queue
         return self._evaluate(gang, at)
+
+    def set_namespace_queue(self, namespace: str, queue: str, at: int) -> list[Event]:
+        """The namespace's default queue ("" for none, or when it cannot be read): its waiting gangs go on."""
+        self._ns_queue[namespace] = queue
+        events: list[Event] = []
+        for owner in sorted(self._gangs, key=lambda o: o.source):
+            if owner.namespace == namespace and self._gangs[owner].job_id is None:
+                events += self._evaluate(self._gangs[owner], at)
+        return events
+
+    def namespaces_to_fetch(self) -> list[str]:
+        """Namespaces whose default queue a waiting gang needs, not asked for yet (each is returned once)."""
+        out, self._ns_wanted = self._ns_wanted, []
+        return out
 
     def owners_to_fetch(self) -> list[Owner]:
         """Owners whose size is needed and not asked for yet (each is returned once)."""
@@ -641,6 +665,8 @@ class Gangs:
                 chosen = every[: gang.size]
                 if self._known(gang.owner.job_id(_salt(gang, chosen))) is None:
                     return []
+            if self._needs_namespace(gang, chosen):
+                return []
             gang.podsets, gang.mapping = _podsets(chosen)
             gang.job_id = gang.owner.job_id(_salt(gang, chosen))
             self._by_job[gang.job_id] = gang.owner
@@ -686,13 +712,27 @@ class Gangs:
             events.append(JobStarted(at=at, job=gang.job_id))
         return events
 
+    def _needs_namespace(self, gang: Gang, chosen: list[PodInfo]) -> bool:
+        """Whether the gang names no queue and waits for its namespace's default (asked for here once)."""
+        ns = gang.owner.namespace
+        if not self._namespace_queues or ns in self._ns_queue or gang.queue or any(p.queue for p in chosen):
+            return False
+        if self._known is not None and self._known(gang.owner.job_id(_salt(gang, chosen))) is not None:
+            return False  # already on the log: its queue is settled
+        if ns not in self._ns_asked:
+            self._ns_asked.add(ns)
+            self._ns_wanted.append(ns)
+        return True
+
     def _submission(self, gang: Gang, chosen: list[PodInfo], at: int) -> JobSubmitted:
         assert gang.job_id is not None
         first = chosen[0]
         return JobSubmitted(
             at=at,
             job=gang.job_id,
-            queue=QueueName(_first(p.queue or None for p in chosen) or gang.queue),
+            queue=QueueName(
+                _first(p.queue or None for p in chosen) or gang.queue or self._ns_queue.get(first.namespace, "")
+            ),
             priority_class=_first(p.priority_class for p in chosen),
             podsets=gang.podsets,
             runtime=_first(p.runtime for p in chosen),

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from muster.daemon.k8s.client import KubeClient
+from muster.daemon.k8s.client import KubeClient, call_json
 from muster.daemon.k8s.errors import NotFound
-from muster.daemon.k8s.gangs import COSCHEDULING_POD_GROUP, VOLCANO_POD_GROUP, Owner
+from muster.daemon.k8s.gangs import COSCHEDULING_POD_GROUP, DEFAULT_QUEUE_KEY, VOLCANO_POD_GROUP, Owner
 
 __all__ = [
     "API",
@@ -23,11 +23,13 @@ __all__ = [
     "OwnerApi",
     "Sizing",
     "api_of",
+    "fetch_namespace_queue",
     "fetch_owner",
     "fetch_sizing",
     "job_pods",
     "jobset_size",
     "kubeflow_size",
+    "namespace_queue",
     "owner_sizing",
 ]
 
@@ -159,3 +161,24 @@ async def fetch_sizing(client: KubeClient, owner: Owner) -> Sizing:
     if owner.uid and uid and uid != owner.uid:
         return Sizing(None)
     return owner_sizing(owner, obj)
+
+
+def namespace_queue(namespace: Mapping[str, Any]) -> str:
+    """A namespace's default queue: its label, else its annotation, `muster.dev/default-queue` ("" for none)."""
+    meta = namespace.get("metadata") or {}
+    if not isinstance(meta, Mapping):
+        return ""
+    for key in ("labels", "annotations"):
+        values = meta.get(key) or {}
+        if isinstance(values, Mapping) and values.get(DEFAULT_QUEUE_KEY):
+            return str(values[DEFAULT_QUEUE_KEY])
+    return ""
+
+
+async def fetch_namespace_queue(client: KubeClient, namespace: str) -> str:
+    """The default queue of `namespace` ("" when it names none or is gone). Raises KubeError for anything else."""
+    try:
+        _, obj = await call_json(client.core.read_namespace, namespace, _request_timeout=client.request_seconds)
+    except NotFound:
+        return ""
+    return namespace_queue(obj) if isinstance(obj, Mapping) else ""

@@ -14,7 +14,7 @@ import pytest
 
 from muster.daemon.k8s import manifests as m
 from muster.daemon.k8s.gangs import pod_info
-from muster.daemon.k8s.owners import api_of, owner_sizing
+from muster.daemon.k8s.owners import api_of, namespace_queue, owner_sizing
 from muster.daemon.k8s.translating import Translator
 from muster.daemon.k8s.watching import WatchEvent
 from muster.events.types import JobSubmitted, PodSet
@@ -120,3 +120,58 @@ def test_malformed_owner_objects_give_no_size_and_never_raise() -> None:
     owner = pod_info(m.pod_group_pods(m.pod_group("g", "ns"), 1)[0]).owner
     assert owner_sizing(owner, {"spec": "nonsense"}).size == 0
     assert owner_sizing(owner, {"metadata": ["x"], "spec": {"minMember": 2}}).size == 0
+
+
+def test_a_gang_naming_no_queue_waits_for_its_namespaces_default_queue() -> None:
+    """With namespace queues on, a queue-less gang is submitted once its namespace is read, in the default it names."""
+    t = Translator(namespace_queues=True)
+    group = {"muster.dev/gang": "g", "muster.dev/gang-size": "2"}
+    assert feed(t, [m.pod(f"g-{i}", "team", gpus=1, labels=group) for i in range(2)]) == []
+    assert t.gangs.namespaces_to_fetch() == ["team"]
+    assert t.gangs.namespaces_to_fetch() == []  # asked once
+    namespace = {"metadata": {"name": "team", "annotations": {"muster.dev/default-queue": "team-q"}}}
+    t.on_namespace_queue("team", namespace_queue(namespace), 2)
+    [sub] = [e for e in t.flush(2) if isinstance(e, JobSubmitted)]
+    assert sub.queue == "team-q"
+    # the namespace is known now: the next queue-less gang there is submitted at once
+    [lone] = feed(t, [m.pod("lone", "team", gpus=1)])
+    assert lone.queue == "team-q"
+
+
+def test_a_gangs_own_queue_needs_no_namespace_lookup() -> None:
+    """Pods naming a queue (muster's or Kueue's label) are submitted at once, whatever their namespace says."""
+    t = Translator(namespace_queues=True)
+    [a, b] = feed(
+        t,
+        [
+            m.pod("a", "team", labels={"muster.dev/queue": "mine"}),
+            m.pod("b", "team", labels={"kueue.x-k8s.io/queue-name": "kq"}),
+        ],
+    )
+    assert (a.queue, b.queue) == ("mine", "kq")
+    assert t.gangs.namespaces_to_fetch() == []
+
+
+@pytest.mark.parametrize(
+    ("namespace", "queue"),
+    [
+        pytest.param({"metadata": {"labels": {"muster.dev/default-queue": "l"}}}, "l", id="label"),
+        pytest.param({"metadata": {"annotations": {"muster.dev/default-queue": "a"}}}, "a", id="annotation"),
+        pytest.param({"metadata": {"labels": {"other": "x"}}}, "", id="none"),
+        pytest.param({"metadata": ["not", "an", "object"]}, "", id="malformed"),
+        pytest.param({}, "", id="empty"),
+    ],
+)
+def test_a_namespaces_default_queue_is_its_label_or_annotation(namespace: dict[str, Any], queue: str) -> None:
+    """muster.dev/default-queue as a label or an annotation names the default; anything else names none."""
+    assert namespace_queue(namespace) == queue
+
+
+def test_a_namespace_naming_no_default_lets_the_gang_go_with_no_queue() -> None:
+    """A namespace without a default (or unreadable: "") submits the gang with queue "", which the core rejects."""
+    t = Translator(namespace_queues=True)
+    feed(t, [m.pod("p", "bare", gpus=1)])
+    [ns] = t.gangs.namespaces_to_fetch()
+    t.on_namespace_queue(ns, "", 2)
+    [sub] = [e for e in t.flush(2) if isinstance(e, JobSubmitted)]
+    assert sub.queue == ""

@@ -98,6 +98,7 @@ LEAST_PRIVILEGE = {
     ("", "nodes", "get"),
     ("", "nodes", "list"),
     ("", "nodes", "watch"),
+    ("", "namespaces", "get"),
     ("", "events", "create"),
     ("", "events", "patch"),
     ("events.k8s.io", "events", "create"),

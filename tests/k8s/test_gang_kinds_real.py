@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kubekit import Kube, eventually, log_of, running_adapter, running_daemon
+from kubekit import MERGE, Kube, eventually, log_of, running_adapter, running_daemon
 from kubernetes_asyncio.client import ApiClient
 from test_rbac_lease_real import bind_chart_rbac_to_tester
 
@@ -105,12 +105,33 @@ async def test_a_kueue_queue_label_puts_a_job_in_that_muster_queue(
 async def test_the_charts_roles_let_the_adapter_size_every_new_kind(
     user_api: ApiClient, kube: Kube, tmp_path: Path
 ) -> None:
-    """As `tester` with the chart's roles only, an MPIJob and both PodGroup kinds are looked up and submitted."""
+    """As `tester` with the chart's roles only, an MPIJob, both PodGroup kinds and a namespace are looked up."""
     await bind_chart_rbac_to_tester(kube, tmp_path)
+    await default_queue(kube, "ns-q")
     await kube.mpijob("mpi", 1)
     await kube.pod_group("volcano", 2, volcano=True, queue="q")
-    await kube.pod_group("cosched", 2, volcano=False)
+    await kube.pod_group("cosched", 2, volcano=False)  # no queue: the namespace's default
     async with running_adapter(user_api) as (_, events):
         await events.wait_for(lambda e: len(e.of(JobSubmitted)) == 3)
-    kinds = sorted(s.source.split("/")[0] for s in events.of(JobSubmitted))
-    assert kinds == ["CoschedulingPodGroup", "MPIJob", "VolcanoPodGroup"]
+    queues = sorted((s.source.split("/")[0], s.queue) for s in events.of(JobSubmitted))
+    assert queues == [("CoschedulingPodGroup", "ns-q"), ("MPIJob", "q"), ("VolcanoPodGroup", "q")]
+
+
+async def default_queue(kube: Kube, queue: str) -> None:
+    """Name the test namespace's default queue, as a cluster admin would label it."""
+    labels = {"muster.dev/default-queue": queue}
+    await kube.core.patch_namespace(kube.ns, {"metadata": {"labels": labels}}, _content_type=MERGE)
+
+
+async def test_a_namespaces_default_queue_takes_gangs_that_name_none(
+    api: ApiClient, kube: Kube, store: EventStore
+) -> None:
+    """A Job whose pods name no queue, in a namespace labelled muster.dev/default-queue, is queued there and bound."""
+    await queues(store, "ns-default")
+    await default_queue(kube, "ns-default")
+    await kube.node("n1", gpus=8)
+    _, pods = await kube.job("train", 2, gpus=2, queue="")
+    async with running_daemon(store, api):
+        await eventually(lambda: bound(kube, pods), seconds=30)
+    [sub] = await log_of(store, JobSubmitted)
+    assert sub.queue == "ns-default"
