@@ -313,6 +313,13 @@ class Kube:
         pods = m.pod_group_pods(group, count, gpus=gpus, labels=labels, grace_seconds=0)
         return group, [await self.create_pod(p) for p in pods]
 
+    async def delete_custom(self, obj: Obj) -> None:
+        """Delete a custom object made by `custom` (its user deleting it; no garbage collector runs here)."""
+        group, version = obj["apiVersion"].split("/")
+        await CustomObjectsApi(self.api).delete_namespaced_custom_object(
+            group, version, self.ns, obj["kind"].lower() + "s", obj["metadata"]["name"]
+        )
+
     async def delete_jobset(self, name: str) -> None:
         await CustomObjectsApi(self.api).delete_namespaced_custom_object(
             "jobset.x-k8s.io", "v1alpha2", self.ns, "jobsets", name

@@ -9,15 +9,17 @@ same recognition: tests/daemon/test_k8s_gang_kinds.py.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kubekit import MERGE, Kube, eventually, log_of, running_adapter, running_daemon
 from kubernetes_asyncio.client import ApiClient
 from test_rbac_lease_real import bind_chart_rbac_to_tester
 
 from muster.events.store import EventStore
-from muster.events.types import JobAdmitted, JobRejected, JobSubmitted, QueueConfigured, QueueName
+from muster.events.types import JobAdmitted, JobCancelled, JobRejected, JobSubmitted, QueueConfigured, QueueName
 
 Pods = list[dict[str, Any]]
 
@@ -135,3 +137,51 @@ async def test_a_namespaces_default_queue_takes_gangs_that_name_none(
         await eventually(lambda: bound(kube, pods), seconds=30)
     [sub] = await log_of(store, JobSubmitted)
     assert sub.queue == "ns-default"
+
+
+async def make_mpijob(kube: Kube, name: str) -> tuple[Pods, Callable[[], Awaitable[None]]]:
+    mpi, pods = await kube.mpijob(name, 1, gpus=4)
+
+    async def delete() -> None:  # the user deletes the MPIJob; the garbage collector its launcher Job and pods
+        await kube.delete_custom(mpi)
+        await kube.batch.delete_namespaced_job(f"{name}-launcher", kube.ns)
+        for p in pods:
+            await kube.delete_pod(p["metadata"]["name"])
+
+    return pods, delete
+
+
+def make_pod_group(volcano: bool) -> Callable[[Kube, str], Awaitable[tuple[Pods, Callable[[], Awaitable[None]]]]]:
+    async def make(kube: Kube, name: str) -> tuple[Pods, Callable[[], Awaitable[None]]]:
+        group, pods = await kube.pod_group(name, 2, volcano=volcano, gpus=4, labels={"muster.dev/queue": "q"})
+
+        async def delete() -> None:
+            await kube.delete_custom(group)
+            for p in pods:
+                await kube.delete_pod(p["metadata"]["name"])
+
+        return pods, delete
+
+    return make
+
+
+@pytest.mark.parametrize(
+    "make", [make_mpijob, make_pod_group(True), make_pod_group(False)], ids=["mpijob", "volcano", "coscheduling"]
+)
+async def test_a_new_kinds_workload_deleted_while_no_daemon_ran_ends_its_job(
+    api: ApiClient, kube: Kube, store: EventStore, make: Callable[..., Any]
+) -> None:
+    """Its owner (MPIJob, PodGroup) and pods deleted while no daemon ran: WorkloadDeleted, and a new gang binds."""
+    await queues(store, "q")
+    await kube.node("n1", gpus=8)
+    first, delete_first = await make(kube, "first")
+    async with running_daemon(store, api):
+        await eventually(lambda: bound(kube, first), seconds=30)
+    [old] = await log_of(store, JobSubmitted)
+    await delete_first()
+    second, _ = await make(kube, "second")
+    async with running_daemon(store, api):
+        await eventually(lambda: bound(kube, second), seconds=30)
+    [cancelled] = await log_of(store, JobCancelled)
+    assert cancelled.job == old.job
+    assert cancelled.reason.startswith("WorkloadDeleted")
