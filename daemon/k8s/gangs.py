@@ -14,8 +14,9 @@ A pod belongs to one gang, decided at first sight, by (first match wins):
 6. a controller ownerReference of kind Job: a batch Job;
 7. otherwise the pod alone is a gang of one.
 
-The queue is the label `muster.dev/queue`, else Kueue's `kueue.x-k8s.io/queue-name`,
-else the owner's (a Volcano PodGroup's `spec.queue`), so a team moving from those
+The queue is the pods' label `muster.dev/queue`, else Kueue's `kueue.x-k8s.io/queue-name`,
+else the owner's (the same labels on the Job, JobSet, MPIJob..., or a Volcano PodGroup's
+`spec.queue`, read with its size), so a team moving from those
 changes only `schedulerName`; else, with `namespace_queues`, the namespace's default
 (its label or annotation `muster.dev/default-queue`): a gang with no queue of its own
 waits for its namespace to be read once (`namespaces_to_fetch`, `set_namespace_queue`).
@@ -104,7 +105,8 @@ COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 TERMINATED = ("Succeeded", "Failed")
 VOLCANO_POD_GROUP = "VolcanoPodGroup"
 COSCHEDULING_POD_GROUP = "CoschedulingPodGroup"
-OWNER_KINDS_TO_FETCH = ("Job", "JobSet", "PyTorchJob", "MPIJob", VOLCANO_POD_GROUP, COSCHEDULING_POD_GROUP)
+UNOWNED = ("Pod", "Gang")
+"""Owner kinds with no object to read: every other kind is sized by a lookup of its owner."""
 
 
 @dataclass(frozen=True)
@@ -133,7 +135,7 @@ def recreated(owner: Owner) -> bool:
     A Job, JobSet or Kubeflow job has one; bare pods and a labelled pod group have none: once
     their pods are gone, the job can never run again.
     """
-    return owner.kind not in ("Pod", "Gang")
+    return owner.kind not in UNOWNED
 
 
 @dataclass(frozen=True)
@@ -339,7 +341,7 @@ class Gang:
     uid: str = ""
     """The owner's uid, learned from its lookup when its pods do not carry it."""
     queue: str = ""
-    """The owner's queue (a Volcano PodGroup's), for pods that name none."""
+    """The owner's queue (its queue label, a Volcano PodGroup's spec.queue), for pods that name none."""
 
 
 def _podsets(pods: list[PodInfo]) -> tuple[list[PodSet], dict[str, str]]:
@@ -414,7 +416,7 @@ class Gangs:
                 gang.size = info.size_label
             elif owner.kind == "Pod":
                 gang.size = 1
-            elif owner.kind in OWNER_KINDS_TO_FETCH:
+            elif owner.kind not in UNOWNED:
                 known = self._known(owner.job_id()) if self._known is not None else None
                 if known is not None:
                     gang.size = sum(ps.count for ps in known.podsets)  # as submitted: no lookup

@@ -15,7 +15,14 @@ from typing import Any
 
 from muster.daemon.k8s.client import KubeClient, call_json
 from muster.daemon.k8s.errors import NotFound
-from muster.daemon.k8s.gangs import COSCHEDULING_POD_GROUP, DEFAULT_QUEUE_KEY, VOLCANO_POD_GROUP, Owner
+from muster.daemon.k8s.gangs import (
+    COSCHEDULING_POD_GROUP,
+    DEFAULT_QUEUE_KEY,
+    KUEUE_QUEUE_LABEL,
+    QUEUE_LABEL,
+    VOLCANO_POD_GROUP,
+    Owner,
+)
 
 __all__ = [
     "API",
@@ -112,19 +119,27 @@ def kubeflow_size(job: Mapping[str, Any]) -> int:
 
 
 def owner_sizing(owner: Owner, obj: Mapping[str, Any]) -> Sizing:
-    """The gang size, uid and queue `obj` (the owner as the API has it) gives; never raises on malformed input."""
+    """The gang size, uid and queue `obj` (the owner as the API has it) gives; never raises on malformed input.
+
+    The owner's queue: its label `muster.dev/queue`, else Kueue's `kueue.x-k8s.io/queue-name` (Kueue
+    users label the Job, JobSet or MPIJob, not its pods), else a Volcano PodGroup's `spec.queue`.
+    """
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
         return Sizing(0, problem=f"{owner.source}: malformed object")
     uid = str(meta.get("uid") or "")
+    labels = meta.get("labels") or {}
+    labels = labels if isinstance(labels, Mapping) else {}
+    queue = str(labels.get(QUEUE_LABEL) or labels.get(KUEUE_QUEUE_LABEL) or "")
+    if owner.kind == VOLCANO_POD_GROUP:
+        queue = queue or str(spec.get("queue") or "")
     if owner.kind == "Job":
-        return Sizing(job_pods(spec), uid)
+        return Sizing(job_pods(spec), uid, queue)
     if owner.kind == "JobSet":
-        return Sizing(jobset_size(obj), uid)
+        return Sizing(jobset_size(obj), uid, queue)
     if owner.kind in (VOLCANO_POD_GROUP, COSCHEDULING_POD_GROUP):
         size = _count(spec.get("minMember"), 0)
-        queue = str(spec.get("queue") or "") if owner.kind == VOLCANO_POD_GROUP else ""
         if size < 1:
             why = f"spec.minMember {spec.get('minMember')!r} is not a positive gang size; its pods are ignored"
             return Sizing(0, uid, queue, f"{owner.source}: {why}")
@@ -134,11 +149,11 @@ def owner_sizing(owner: Owner, obj: Mapping[str, Any]) -> Sizing:
             "launcherCreationPolicy WaitForWorkersReady: its launcher waits for running workers,"
             " so it can never be one gang (use AtStartup); its pods are ignored"
         )
-        return Sizing(0, uid, problem=f"{owner.source}: {why}")
+        return Sizing(0, uid, queue, f"{owner.source}: {why}")
     size = kubeflow_size(obj)
     if size < 1:
-        return Sizing(0, uid, problem=f"{owner.source}: no replicas in its replica specs; its pods are ignored")
-    return Sizing(size, uid)
+        return Sizing(0, uid, queue, f"{owner.source}: no replicas in its replica specs; its pods are ignored")
+    return Sizing(size, uid, queue)
 
 
 async def fetch_owner(client: KubeClient, owner: Owner) -> dict[str, Any] | None:

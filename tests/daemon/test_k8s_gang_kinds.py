@@ -115,6 +115,59 @@ def test_kueue_queue_label_is_the_muster_queue_unless_musters_own_is_set() -> No
     assert sub.queue == "team-queue"
 
 
+@pytest.mark.parametrize(
+    ("owner_labels", "pod_labels", "queue"),
+    [
+        pytest.param({"kueue.x-k8s.io/queue-name": "kq"}, {}, "kq", id="kueue-on-the-job"),
+        pytest.param({"muster.dev/queue": "mq", "kueue.x-k8s.io/queue-name": "kq"}, {}, "mq", id="muster-on-the-job"),
+        pytest.param({"kueue.x-k8s.io/queue-name": "kq"}, {"muster.dev/queue": "pq"}, "pq", id="the-pods-win"),
+    ],
+)
+def test_a_jobs_own_queue_label_is_the_queue_of_pods_that_name_none(
+    owner_labels: dict[str, str], pod_labels: dict[str, str], queue: str
+) -> None:
+    """Kueue users label the Job, not its pods: the owner's queue label (read with its size) applies."""
+    job = m.job("train", "team", parallelism=2)
+    job["metadata"]["labels"] = owner_labels
+    t = Translator()
+    feed(t, m.job_pods(job, gpus=1, labels=pod_labels))
+    [sub] = answer_lookups(t, {"train": job})
+    assert sub.queue == queue
+
+
+def test_any_kubeflow_jobs_pods_are_sized_from_its_owner() -> None:
+    """A TFJob (not only a PyTorchJob) is looked up in kubeflow.org/v1 and sized from its replica specs."""
+    tf = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "TFJob",
+        "metadata": {"name": "tf", "namespace": "team", "uid": "tf-uid-0123"},
+        "spec": {"tfReplicaSpecs": {"PS": {"replicas": 1}, "Worker": {"replicas": 2}}},
+    }
+    pods = [
+        m.pod(
+            f"tf-{t}-{i}",
+            "team",
+            labels={"training.kubeflow.org/job-name": "tf", "training.kubeflow.org/replica-type": t},
+            owner={
+                "apiVersion": "kubeflow.org/v1",
+                "kind": "TFJob",
+                "name": "tf",
+                "uid": "tf-uid-0123",
+                "controller": True,
+            },
+        )
+        for t, n in (("ps", 1), ("worker", 2))
+        for i in range(n)
+    ]
+    t = Translator()
+    feed(t, pods)
+    [owner] = t.gangs.owners_to_fetch()
+    assert api_of(owner).plural == "tfjobs"
+    t.on_owner_size(owner, owner_sizing(owner, tf).size, 2)
+    [sub] = [e for e in t.flush(2) if isinstance(e, JobSubmitted)]
+    assert (sub.source, sorted((p.name, p.count) for p in sub.podsets)) == ("TFJob/team/tf", [("ps", 1), ("worker", 2)])
+
+
 def test_malformed_owner_objects_give_no_size_and_never_raise() -> None:
     """An owner whose spec or metadata is not an object is sized 0 with a problem, not an exception."""
     owner = pod_info(m.pod_group_pods(m.pod_group("g", "ns"), 1)[0]).owner

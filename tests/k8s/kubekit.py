@@ -200,16 +200,23 @@ class Kube:
         return [await self.pod(f"{name}-{i}", gpus=gpus, labels=labels, **args) for i in range(size)]
 
     async def job(
-        self, name: str, parallelism: int, *, gpus: int = 1, queue: str = "q", labels: dict[str, str] | None = None
+        self,
+        name: str,
+        parallelism: int,
+        *,
+        gpus: int = 1,
+        queue: str = "q",
+        labels: dict[str, str] | None = None,
+        job_labels: dict[str, str] | None = None,
     ) -> tuple[Obj, list[Obj]]:
         """A batch Job and the pods its controller would create (ownerReferences to the Job's real uid).
 
-        The pods carry `muster.dev/queue: queue` (none when empty) and `labels`.
+        The pods carry `muster.dev/queue: queue` (none when empty) and `labels`; the Job `job_labels`.
         """
         manifest = {
             "apiVersion": "batch/v1",
             "kind": "Job",
-            "metadata": {"name": name, "namespace": self.ns},
+            "metadata": {"name": name, "namespace": self.ns, "labels": dict(job_labels or {})},
             "spec": {
                 "parallelism": parallelism,
                 "completions": parallelism,

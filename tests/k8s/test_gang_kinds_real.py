@@ -94,10 +94,10 @@ async def test_a_pod_group_with_min_member_zero_is_left_alone_and_the_daemon_goe
 async def test_a_kueue_queue_label_puts_a_job_in_that_muster_queue(
     api: ApiClient, kube: Kube, store: EventStore
 ) -> None:
-    """A Job whose pods carry only kueue.x-k8s.io/queue-name is queued there and bound."""
+    """A Job labelled kueue.x-k8s.io/queue-name (as Kueue users do; not its pods) is queued there and bound."""
     await queues(store, "team-queue")
     await kube.node("n1", gpus=8)
-    _, pods = await kube.job("train", 2, gpus=2, queue="", labels={"kueue.x-k8s.io/queue-name": "team-queue"})
+    _, pods = await kube.job("train", 2, gpus=2, queue="", job_labels={"kueue.x-k8s.io/queue-name": "team-queue"})
     async with running_daemon(store, api):
         await eventually(lambda: bound(kube, pods), seconds=30)
     [sub] = await log_of(store, JobSubmitted)
