@@ -48,7 +48,7 @@ from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import KubeError
 from muster.daemon.k8s.gangs import Owner
 from muster.daemon.k8s.objects import DEFAULT_TOLERATED_TAINTS
-from muster.daemon.k8s.owners import fetch_size
+from muster.daemon.k8s.owners import Sizing, fetch_namespace_queue, fetch_sizing
 from muster.daemon.k8s.reconciling import find_vanished, live_jobs
 from muster.daemon.k8s.reporting import Reporter, reports_for
 from muster.daemon.k8s.translating import Translator
@@ -67,7 +67,7 @@ RESOURCES = ("nodes", "pods")
 @dataclass(frozen=True)
 class _OwnerSize:
     owner: Owner
-    size: int | None
+    sizing: Sizing
 
 
 def _int(text: str) -> int:
@@ -84,7 +84,13 @@ def _version(obj: dict[str, object], current: int) -> int:
     return max(current, _int(str(rv))) if rv else current
 
 
-_Item: TypeAlias = WatchEvent | Synced | _OwnerSize
+@dataclass(frozen=True)
+class _NamespaceQueue:
+    namespace: str
+    queue: str
+
+
+_Item: TypeAlias = WatchEvent | Synced | _OwnerSize | _NamespaceQueue
 _APPLIED = (JobAdmitted, JobPreempted)
 """Decisions reported only when applying them changed the cluster (a re-applied one says nothing new)."""
 
@@ -109,14 +115,21 @@ class KubernetesAdapter:
         reconcile_seconds: float = 60.0,
         report: bool = True,
         pod_conditions: bool = True,
+        namespace_queues: bool = True,
     ) -> None:
         """`state`, when given, is the fold of the log; the first batch then writes only what the log lacks.
 
         `report`: write Kubernetes Events about decisions (`reporting`); `pod_conditions`: also set
-        `PodScheduled=False` on the pods of a waiting gang.
+        `PodScheduled=False` on the pods of a waiting gang. `namespace_queues`: a gang naming no
+        queue takes its namespace's `muster.dev/default-queue` (one `get` per namespace).
         """
         self.client = KubeClient(api_client, request_seconds=request_seconds)
-        self.translator = Translator(scheduler_name=scheduler_name, tolerated_taints=tolerated_taints, state=state)
+        self.translator = Translator(
+            scheduler_name=scheduler_name,
+            tolerated_taints=tolerated_taints,
+            state=state,
+            namespace_queues=namespace_queues,
+        )
         self.scheduler_name = scheduler_name
         self._state = state
         self._reconcile_seconds = reconcile_seconds
@@ -185,6 +198,8 @@ class KubernetesAdapter:
                     self.translator.problems.clear()
                     for owner in self.translator.gangs.owners_to_fetch():
                         tg.start_soon(self._resolve, owner, send.clone())
+                    for namespace in self.translator.gangs.namespaces_to_fetch():
+                        tg.start_soon(self._resolve_namespace, namespace, send.clone())
                     if events:
                         await sink(events)
                     # Only now are these versions "pushed" (see caught_up).
@@ -271,9 +286,13 @@ class KubernetesAdapter:
 
     # ------------------------------------------------------------ internals
 
-    def _translate(self, item: WatchEvent | _OwnerSize, at: int) -> None:
+    def _translate(self, item: WatchEvent | _OwnerSize | _NamespaceQueue, at: int) -> None:
+        if isinstance(item, _NamespaceQueue):
+            self.translator.on_namespace_queue(item.namespace, item.queue, at)
+            return
         if isinstance(item, _OwnerSize):
-            self.translator.on_owner_size(item.owner, item.size, at)
+            sizing = item.sizing
+            self.translator.on_owner_size(item.owner, sizing.size, at, uid=sizing.uid, queue=sizing.queue)
             return
         if item.resource == "nodes":
             self.translator.on_node(item)
@@ -310,17 +329,40 @@ class KubernetesAdapter:
             while True:
                 try:
                     async with self._lookups:
-                        size = await fetch_size(self.client, owner)
+                        sizing = await fetch_sizing(self.client, owner)
                     break
                 except KubeError as exc:
                     if not exc.retryable:
                         log.error("cannot size gang; its pods stay pending", owner=owner.source, error=exc.message)
-                        size = None
+                        sizing = Sizing(None)
                         break
                     delay = self._backoff.delay(attempt, exc.delay if exc.status == 429 else None)
                     attempt += 1
                     log.warning("owner lookup failed, retrying", owner=owner.source, error=exc.message)
                     await anyio.sleep(delay)
-            if size is None:
+            if sizing.problem:
+                # bad input never stops the adapter: say why the pods are left alone
+                log.warning("gang owner cannot be gang-scheduled", owner=owner.source, problem=sizing.problem)
+            elif sizing.size is None:
                 log.info("gang owner is gone; ignoring its pods", owner=owner.source)
-            await send.send(_OwnerSize(owner, size))
+            await send.send(_OwnerSize(owner, sizing))
+
+    async def _resolve_namespace(self, namespace: str, send: MemoryObjectSendStream[_Item]) -> None:
+        """Read the namespace's default queue, retrying what is worth retrying; "" when it cannot be read."""
+        async with send:
+            attempt = 0
+            while True:
+                try:
+                    async with self._lookups:
+                        queue = await fetch_namespace_queue(self.client, namespace)
+                    break
+                except KubeError as exc:
+                    if not exc.retryable:
+                        log.warning("cannot read a namespace's default queue", namespace=namespace, error=exc.message)
+                        queue = ""
+                        break
+                    delay = self._backoff.delay(attempt, exc.delay if exc.status == 429 else None)
+                    attempt += 1
+                    log.warning("namespace lookup failed, retrying", namespace=namespace, error=exc.message)
+                    await anyio.sleep(delay)
+            await send.send(_NamespaceQueue(namespace, queue))

@@ -4,17 +4,30 @@ Pure bookkeeping, no I/O: the adapter feeds pod changes in and gets events out.
 
 A pod belongs to one gang, decided at first sight, by (first match wins):
 1. the labels `muster.dev/gang` (+ `muster.dev/gang-size`): an explicit pod group;
-2. the label `jobset.sigs.k8s.io/jobset-name`: a JobSet (podset per replicated job);
-3. the label `training.kubeflow.org/job-name`: a Kubeflow job such as a
-   PyTorchJob (podset per replica type, master and worker);
-4. a controller ownerReference of kind Job: a batch Job;
-5. otherwise the pod alone is a gang of one.
+2. the annotation (or label) `scheduling.k8s.io/group-name`: a Volcano PodGroup;
+3. the label `scheduling.x-k8s.io/pod-group`: a scheduler-plugins (coscheduling) PodGroup;
+4. the label `jobset.sigs.k8s.io/jobset-name`: a JobSet (podset per replicated job);
+5. the label `training.kubeflow.org/job-name`: a Kubeflow job such as a
+   PyTorchJob (podset per replica type, master and worker), or an MPIJob
+   (`training.kubeflow.org/operator-name: mpi-operator`, or owned by one: the
+   launcher pod is owned by the launcher Job, the workers by the MPIJob);
+6. a controller ownerReference of kind Job: a batch Job;
+7. otherwise the pod alone is a gang of one.
+
+The queue is the pods' label `muster.dev/queue`, else Kueue's `kueue.x-k8s.io/queue-name`,
+else the owner's (the same labels on the Job, JobSet, MPIJob..., or a Volcano PodGroup's
+`spec.queue`, read with its size), so a team moving from those
+changes only `schedulerName`; else, with `namespace_queues`, the namespace's default
+(its label or annotation `muster.dev/default-queue`): a gang with no queue of its own
+waits for its namespace to be read once (`namespaces_to_fetch`, `set_namespace_queue`).
 
 The size of a gang is the label `muster.dev/gang-size` when present, else, for
 a job the log already knows (a new leader relisting the cluster), the number
 of pods it was submitted with, else its owner's (Job parallelism, JobSet
-replicas x parallelism, sum of the PyTorchJob replicas), which the adapter
-fetches and hands back with `set_size`. Only unknown gangs cost a lookup: a
+replicas x parallelism, sum of the PyTorchJob or MPIJob replicas, a PodGroup's
+`minMember`), which the adapter fetches and hands back with `set_size`. Owners
+whose pods do not carry the owner's uid (PodGroups, MPIJobs) get it from that
+lookup, so a re-created owner is still a new job. Only unknown gangs cost a lookup: a
 relist of a cluster holding thousands of gangs must not fire thousands of
 requests (they starved the new leader's event loop, and its lease lapsed).
 
@@ -67,6 +80,7 @@ Resources = dict[str, int]
 GANG_LABEL = "muster.dev/gang"
 GANG_SIZE_LABEL = "muster.dev/gang-size"
 QUEUE_LABEL = "muster.dev/queue"
+DEFAULT_QUEUE_KEY = "muster.dev/default-queue"
 PODSET_LABEL = "muster.dev/podset"
 CHECKPOINT_ANNOTATION = "muster.dev/checkpoint-every"
 RUNTIME_ANNOTATION = "muster.dev/runtime"
@@ -80,10 +94,19 @@ JOBSET_JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 KUBEFLOW_JOB_LABEL = "training.kubeflow.org/job-name"
 KUBEFLOW_TYPE_LABEL = "training.kubeflow.org/replica-type"
 KUBEFLOW_INDEX_LABEL = "training.kubeflow.org/replica-index"
+KUBEFLOW_ROLE_LABEL = "training.kubeflow.org/job-role"
+KUBEFLOW_OPERATOR_LABEL = "training.kubeflow.org/operator-name"
+MPI_OPERATOR = "mpi-operator"
+VOLCANO_GROUP_KEY = "scheduling.k8s.io/group-name"
+COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
 TERMINATED = ("Succeeded", "Failed")
-OWNER_KINDS_TO_FETCH = ("Job", "JobSet", "PyTorchJob")
+VOLCANO_POD_GROUP = "VolcanoPodGroup"
+COSCHEDULING_POD_GROUP = "CoschedulingPodGroup"
+UNOWNED = ("Pod", "Gang")
+"""Owner kinds with no object to read: every other kind is sized by a lookup of its owner."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +135,7 @@ def recreated(owner: Owner) -> bool:
     A Job, JobSet or Kubeflow job has one; bare pods and a labelled pod group have none: once
     their pods are gone, the job can never run again.
     """
-    return owner.kind not in ("Pod", "Gang")
+    return owner.kind not in UNOWNED
 
 
 @dataclass(frozen=True)
@@ -210,15 +233,24 @@ def pod_info(pod: Obj) -> PodInfo:
     ref = _controller(meta)
 
     hint = str(labels.get(PODSET_LABEL) or "")
+    volcano_group = annotations.get(VOLCANO_GROUP_KEY) or labels.get(VOLCANO_GROUP_KEY)
     if labels.get(GANG_LABEL):
         owner = Owner("Gang", ns, str(labels[GANG_LABEL]))
+    elif volcano_group:
+        owner = Owner(VOLCANO_POD_GROUP, ns, str(volcano_group))
+    elif labels.get(COSCHEDULING_GROUP_LABEL):
+        owner = Owner(COSCHEDULING_POD_GROUP, ns, str(labels[COSCHEDULING_GROUP_LABEL]))
     elif labels.get(JOBSET_NAME_LABEL):
         owner = Owner("JobSet", ns, str(labels[JOBSET_NAME_LABEL]), str(labels.get(JOBSET_UID_LABEL) or ""))
         hint = hint or str(labels.get(JOBSET_RJOB_LABEL) or "")
     elif labels.get(KUBEFLOW_JOB_LABEL):
         kind = str(ref.get("kind")) if ref is not None and ref.get("kind") else "PyTorchJob"
-        owner = Owner(kind, ns, str(labels[KUBEFLOW_JOB_LABEL]), str(ref.get("uid") or "") if ref else "")
-        hint = hint or str(labels.get(KUBEFLOW_TYPE_LABEL) or "")
+        if kind == "MPIJob" or labels.get(KUBEFLOW_OPERATOR_LABEL) == MPI_OPERATOR:
+            # the launcher pod's controller is the launcher Job, whose uid is not the MPIJob's
+            owner = Owner("MPIJob", ns, str(labels[KUBEFLOW_JOB_LABEL]))
+        else:
+            owner = Owner(kind, ns, str(labels[KUBEFLOW_JOB_LABEL]), str(ref.get("uid") or "") if ref else "")
+        hint = hint or str(labels.get(KUBEFLOW_TYPE_LABEL) or labels.get(KUBEFLOW_ROLE_LABEL) or "")
     elif ref is not None and ref.get("kind") == "Job":
         owner = Owner("Job", ns, str(ref.get("name") or ""), str(ref.get("uid") or ""))
     else:
@@ -263,7 +295,7 @@ def pod_info(pod: Obj) -> PodInfo:
         hint=_name(hint, "pod"),
         order=order,
         size_label=size_label,
-        queue=str(labels.get(QUEUE_LABEL) or ""),
+        queue=str(labels.get(QUEUE_LABEL) or labels.get(KUEUE_QUEUE_LABEL) or ""),
         priority_class=str(spec["priorityClassName"]) if spec.get("priorityClassName") else None,
         runtime=_seconds(annotations.get(RUNTIME_ANNOTATION), RUNTIME_ANNOTATION, problems),
         checkpoint_every=_seconds(annotations.get(CHECKPOINT_ANNOTATION), CHECKPOINT_ANNOTATION, problems),
@@ -306,6 +338,10 @@ class Gang:
     """Preempted: waiting for replacement pods to map onto the same podsets."""
     evicting: set[str] = field(default_factory=set)
     """Uids of pods muster evicted; their end is expected."""
+    uid: str = ""
+    """The owner's uid, learned from its lookup when its pods do not carry it."""
+    queue: str = ""
+    """The owner's queue (its queue label, a Volcano PodGroup's spec.queue), for pods that name none."""
 
 
 def _podsets(pods: list[PodInfo]) -> tuple[list[PodSet], dict[str, str]]:
@@ -329,7 +365,7 @@ def _podsets(pods: list[PodInfo]) -> tuple[list[PodSet], dict[str, str]]:
 def _salt(gang: Gang, chosen: list[PodInfo]) -> str:
     """A pod group has no owner uid; its pods' uids tell a re-created group apart."""
     if gang.owner.kind != "Gang":
-        return ""
+        return gang.uid
     return hashlib.sha256("".join(sorted(p.uid for p in chosen)).encode()).hexdigest()
 
 
@@ -343,7 +379,9 @@ def _first(values: Iterable[Any]) -> Any:
 class Gangs:
     """All gangs of muster pods; every method returns the events the change produced."""
 
-    def __init__(self, *, known: Callable[[JobId], KnownJob | None] | None = None) -> None:
+    def __init__(
+        self, *, known: Callable[[JobId], KnownJob | None] | None = None, namespace_queues: bool = False
+    ) -> None:
         self._gangs: dict[Owner, Gang] = {}
         self._by_pod: dict[str, Owner] = {}
         self._by_job: dict[JobId, Owner] = {}
@@ -356,6 +394,11 @@ class Gangs:
         """Gangs waiting for their owner's size (`sizing()` is asked often, by every admission waiting)."""
         self.problems: list[str] = []
         """Reports of malformed pods, drained by the adapter's logger."""
+        self._namespace_queues = namespace_queues
+        self._ns_queue: dict[str, str] = {}
+        """Namespace -> its default queue ("" for none), once read."""
+        self._ns_wanted: list[str] = []
+        self._ns_asked: set[str] = set()
 
     # ------------------------------------------------------------ inputs
 
@@ -373,7 +416,7 @@ class Gangs:
                 gang.size = info.size_label
             elif owner.kind == "Pod":
                 gang.size = 1
-            elif owner.kind in OWNER_KINDS_TO_FETCH:
+            elif owner.kind not in UNOWNED:
                 known = self._known(owner.job_id()) if self._known is not None else None
                 if known is not None:
                     gang.size = sum(ps.count for ps in known.podsets)  # as submitted: no lookup
@@ -406,8 +449,12 @@ class Gangs:
         self._collect(gang)
         return events
 
-    def set_size(self, owner: Owner, size: int | None, at: int) -> list[Event]:
-        """The owner's gang size, or None when the owner is gone (its pods will be garbage-collected)."""
+    def set_size(self, owner: Owner, size: int | None, at: int, *, uid: str = "", queue: str = "") -> list[Event]:
+        """The owner's gang size, or None when the owner is gone (its pods will be garbage-collected).
+
+        `uid` and `queue` are the owner's as its lookup found them (used when the pods lack them).
+        A size below 1 (a PodGroup with `minMember: 0`) leaves the pods alone, like a gone owner.
+        """
         self._unsized.discard(owner)
         gang = self._gangs.get(owner)
         if gang is None or gang.size is not None:
@@ -417,7 +464,24 @@ class Gangs:
             self.recheck.update(gang.pods)
             return []
         gang.size = size
+        if not owner.uid:
+            gang.uid = uid
+        gang.queue = queue
         return self._evaluate(gang, at)
+
+    def set_namespace_queue(self, namespace: str, queue: str, at: int) -> list[Event]:
+        """The namespace's default queue ("" for none, or when it cannot be read): its waiting gangs go on."""
+        self._ns_queue[namespace] = queue
+        events: list[Event] = []
+        for owner in sorted(self._gangs, key=lambda o: o.source):
+            if owner.namespace == namespace and self._gangs[owner].job_id is None:
+                events += self._evaluate(self._gangs[owner], at)
+        return events
+
+    def namespaces_to_fetch(self) -> list[str]:
+        """Namespaces whose default queue a waiting gang needs, not asked for yet (each is returned once)."""
+        out, self._ns_wanted = self._ns_wanted, []
+        return out
 
     def owners_to_fetch(self) -> list[Owner]:
         """Owners whose size is needed and not asked for yet (each is returned once)."""
@@ -603,6 +667,8 @@ class Gangs:
                 chosen = every[: gang.size]
                 if self._known(gang.owner.job_id(_salt(gang, chosen))) is None:
                     return []
+            if self._needs_namespace(gang, chosen):
+                return []
             gang.podsets, gang.mapping = _podsets(chosen)
             gang.job_id = gang.owner.job_id(_salt(gang, chosen))
             self._by_job[gang.job_id] = gang.owner
@@ -648,13 +714,27 @@ class Gangs:
             events.append(JobStarted(at=at, job=gang.job_id))
         return events
 
+    def _needs_namespace(self, gang: Gang, chosen: list[PodInfo]) -> bool:
+        """Whether the gang names no queue and waits for its namespace's default (asked for here once)."""
+        ns = gang.owner.namespace
+        if not self._namespace_queues or ns in self._ns_queue or gang.queue or any(p.queue for p in chosen):
+            return False
+        if self._known is not None and self._known(gang.owner.job_id(_salt(gang, chosen))) is not None:
+            return False  # already on the log: its queue is settled
+        if ns not in self._ns_asked:
+            self._ns_asked.add(ns)
+            self._ns_wanted.append(ns)
+        return True
+
     def _submission(self, gang: Gang, chosen: list[PodInfo], at: int) -> JobSubmitted:
         assert gang.job_id is not None
         first = chosen[0]
         return JobSubmitted(
             at=at,
             job=gang.job_id,
-            queue=QueueName(_first(p.queue or None for p in chosen) or ""),
+            queue=QueueName(
+                _first(p.queue or None for p in chosen) or gang.queue or self._ns_queue.get(first.namespace, "")
+            ),
             priority_class=_first(p.priority_class for p in chosen),
             podsets=gang.podsets,
             runtime=_first(p.runtime for p in chosen),

@@ -1,11 +1,15 @@
 """Kubernetes objects as their controllers would write them, for the demo and the tests.
 
-Builders of Nodes, Pods and gang owners (batch Job, JobSet, PyTorchJob), and
-of the pods each owner's controller creates, with the labels, annotations and
-ownerReferences the real controllers set (Job: controller ownerReference and
-`batch.kubernetes.io/job-completion-index`; JobSet: `jobset.sigs.k8s.io/*`
-labels, pods owned by child Jobs; Kubeflow training operator:
-`training.kubeflow.org/*` labels, pods owned by the PyTorchJob).
+Builders of Nodes, Pods and gang owners (batch Job, JobSet, PyTorchJob, MPIJob,
+Volcano and coscheduling PodGroups), and of the pods each owner's controller
+creates, with the labels, annotations and ownerReferences the real controllers
+set (Job: controller ownerReference and `batch.kubernetes.io/job-completion-index`;
+JobSet: `jobset.sigs.k8s.io/*` labels, pods owned by child Jobs; Kubeflow
+training operator: `training.kubeflow.org/*` labels, pods owned by the
+PyTorchJob; mpi-operator v2beta1: `training.kubeflow.org/job-role`, workers
+owned by the MPIJob, the launcher pod by the launcher Job; PodGroups: the
+Volcano annotation `scheduling.k8s.io/group-name` or the coscheduling label
+`scheduling.x-k8s.io/pod-group` on pods a user's own controller owns).
 Plain dicts; nothing here talks to an API server.
 """
 
@@ -20,8 +24,13 @@ __all__ = [
     "job_pods",
     "jobset",
     "jobset_pods",
+    "mpijob",
+    "mpijob_launcher",
+    "mpijob_pods",
     "node",
     "pod",
+    "pod_group",
+    "pod_group_pods",
     "pytorchjob",
     "pytorchjob_pods",
 ]
@@ -233,3 +242,87 @@ def pytorchjob_pods(
             args = {**pod_args, **(requests or {}).get(kind, {}), "labels": labels}
             out.append(pod(f"{name}-{kind}-{i}", ns, owner=_ref(owner), **args))
     return out
+
+
+def mpijob(name: str, namespace: str = "default", *, workers: int = 1, policy: str | None = None) -> Obj:
+    """A Kubeflow MPIJob (v2beta1): one launcher and `workers` workers; `policy` its launcherCreationPolicy."""
+    spec: Obj = {
+        "slotsPerWorker": 1,
+        "mpiReplicaSpecs": {"Launcher": {"replicas": 1}, "Worker": {"replicas": workers}},
+    }
+    if policy is not None:
+        spec["launcherCreationPolicy"] = policy
+    return {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": _meta(name, namespace), "spec": spec}
+
+
+def mpijob_launcher(owner: Obj) -> Obj:
+    """The launcher Job the mpi-operator creates (`<mpijob>-launcher`, controlled by the MPIJob)."""
+    name, ns = owner["metadata"]["name"], owner["metadata"]["namespace"]
+    meta = {**_meta(f"{name}-launcher", ns, {"app": name}), "ownerReferences": [_ref(owner)]}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": {"parallelism": 1, "completions": 1}}
+
+
+def mpijob_pods(
+    owner: Obj,
+    launcher_job: Obj | None = None,
+    *,
+    requests: Mapping[str, Mapping[str, Any]] | None = None,
+    **pod_args: Any,
+) -> list[Obj]:
+    """The pods of an MPIJob as the mpi-operator creates them: the launcher's (owned by `launcher_job`) and workers.
+
+    Labels `training.kubeflow.org/{operator-name,job-name,job-role}` on every pod, `replica-index` on workers;
+    workers `<mpijob>-worker-N` owned by the MPIJob. `requests` per role (`launcher`, `worker`).
+    """
+    name, ns = owner["metadata"]["name"], owner["metadata"]["namespace"]
+    launcher_job = launcher_job or mpijob_launcher(owner)
+    extra = dict(pod_args.pop("labels", None) or {})
+
+    def labels(role: str) -> dict[str, str]:
+        return {
+            "training.kubeflow.org/operator-name": "mpi-operator",
+            "training.kubeflow.org/job-name": name,
+            "training.kubeflow.org/job-role": role,
+            **extra,
+        }
+
+    launcher_labels = {
+        **labels("launcher"),
+        "batch.kubernetes.io/job-name": launcher_job["metadata"]["name"],
+        "batch.kubernetes.io/controller-uid": launcher_job["metadata"]["uid"],
+    }
+    args = {**pod_args, **(requests or {}).get("launcher", {})}
+    out = [pod(f"{name}-launcher-{uuid.uuid4().hex[:5]}", ns, labels=launcher_labels, owner=_ref(launcher_job), **args)]
+    for i in range(owner["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"]):
+        worker = {**labels("worker"), "training.kubeflow.org/replica-index": str(i)}
+        args = {**pod_args, **(requests or {}).get("worker", {})}
+        out.append(pod(f"{name}-worker-{i}", ns, labels=worker, owner=_ref(owner), **args))
+    return out
+
+
+def pod_group(
+    name: str, namespace: str = "default", *, min_member: Any = 1, queue: str | None = None, volcano: bool = True
+) -> Obj:
+    """A PodGroup: Volcano's (`scheduling.volcano.sh/v1beta1`, with `spec.queue`) or coscheduling's (x-k8s.io)."""
+    spec: Obj = {"minMember": min_member}
+    if volcano and queue is not None:
+        spec["queue"] = queue
+    api = "scheduling.volcano.sh/v1beta1" if volcano else "scheduling.x-k8s.io/v1alpha1"
+    return {"apiVersion": api, "kind": "PodGroup", "metadata": _meta(name, namespace), "spec": spec}
+
+
+def pod_group_pods(group: Obj, count: int, *, owner: Obj | None = None, **pod_args: Any) -> list[Obj]:
+    """`count` pods in `group`, as a user's controller (`owner`, e.g. a Job) or the user makes them.
+
+    Volcano's pods carry the annotation `scheduling.k8s.io/group-name`; coscheduling's the label
+    `scheduling.x-k8s.io/pod-group`. Neither names the PodGroup in an ownerReference.
+    """
+    name, ns = group["metadata"]["name"], group["metadata"]["namespace"]
+    labels = dict(pod_args.pop("labels", None) or {})
+    annotations = dict(pod_args.pop("annotations", None) or {})
+    if group["apiVersion"].startswith("scheduling.volcano.sh/"):
+        annotations["scheduling.k8s.io/group-name"] = name
+    else:
+        labels["scheduling.x-k8s.io/pod-group"] = name
+    ref = _ref(owner) if owner is not None else None
+    return [pod(f"{name}-{i}", ns, labels=labels, annotations=annotations, owner=ref, **pod_args) for i in range(count)]

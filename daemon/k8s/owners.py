@@ -1,23 +1,85 @@
-"""The size of a gang from its owner object: Job, JobSet or Kubeflow job (PyTorchJob and kin).
+"""The size of a gang from its owner object: Job, JobSet, Kubeflow job (PyTorchJob, MPIJob, ...) or PodGroup.
 
-`gang_size(owner_object)` is pure; `fetch_size(client, owner)` reads the owner
+`owner_sizing(owner, obj)` is pure; `fetch_sizing(client, owner)` reads the owner
 from the API. A missing owner (404), or one with another uid than the pods
-name (deleted and re-created), has no size: None.
+name (deleted and re-created), has no size: None. An owner whose size cannot
+be gang-scheduled (a PodGroup with `minMember: 0`, an MPIJob whose launcher
+waits for running workers) has size 0 and a `problem` saying why.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from muster.daemon.k8s.client import KubeClient
+from muster.daemon.k8s.client import KubeClient, call_json
 from muster.daemon.k8s.errors import NotFound
-from muster.daemon.k8s.gangs import Owner
+from muster.daemon.k8s.gangs import (
+    COSCHEDULING_POD_GROUP,
+    DEFAULT_QUEUE_KEY,
+    KUEUE_QUEUE_LABEL,
+    QUEUE_LABEL,
+    VOLCANO_POD_GROUP,
+    Owner,
+)
 
-__all__ = ["KUBEFLOW_GROUP", "fetch_owner", "fetch_size", "job_pods", "jobset_size", "kubeflow_size"]
+__all__ = [
+    "API",
+    "KUBEFLOW_GROUP",
+    "OwnerApi",
+    "Sizing",
+    "api_of",
+    "fetch_namespace_queue",
+    "fetch_owner",
+    "fetch_sizing",
+    "job_pods",
+    "jobset_size",
+    "kubeflow_size",
+    "namespace_queue",
+    "owner_sizing",
+]
 
 JOBSET_GROUP, JOBSET_VERSION = "jobset.x-k8s.io", "v1alpha2"
 KUBEFLOW_GROUP, KUBEFLOW_VERSION = "kubeflow.org", "v1"
+
+
+@dataclass(frozen=True)
+class OwnerApi:
+    """Where an owner kind is served: group, version, plural, and its kind in that group."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+API: dict[str, OwnerApi] = {
+    "Job": OwnerApi("batch", "v1", "jobs", "Job"),
+    "JobSet": OwnerApi(JOBSET_GROUP, JOBSET_VERSION, "jobsets", "JobSet"),
+    "MPIJob": OwnerApi(KUBEFLOW_GROUP, "v2beta1", "mpijobs", "MPIJob"),
+    VOLCANO_POD_GROUP: OwnerApi("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup"),
+    COSCHEDULING_POD_GROUP: OwnerApi("scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup"),
+}
+
+
+def api_of(owner: Owner) -> OwnerApi:
+    """The API of `owner`'s kind; other Kubeflow jobs (PyTorchJob, TFJob, ...) are `kubeflow.org/v1`."""
+    return API.get(owner.kind) or OwnerApi(KUBEFLOW_GROUP, KUBEFLOW_VERSION, owner.kind.lower() + "s", owner.kind)
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """What an owner lookup tells a gang: its size (None: the owner is gone), uid, queue, and any problem."""
+
+    size: int | None
+    uid: str = ""
+    queue: str = ""
+    problem: str = ""
 
 
 def _count(value: Any, default: int) -> int:
@@ -45,7 +107,7 @@ def jobset_size(jobset: Mapping[str, Any]) -> int:
 
 
 def kubeflow_size(job: Mapping[str, Any]) -> int:
-    """Sum of the replicas of every replica type (`pytorchReplicaSpecs`, `tfReplicaSpecs`, ...)."""
+    """Sum of the replicas of every replica type (`pytorchReplicaSpecs`, `mpiReplicaSpecs`, ...)."""
     spec = job.get("spec") or {}
     total = 0
     for key, replicas in spec.items():
@@ -56,29 +118,82 @@ def kubeflow_size(job: Mapping[str, Any]) -> int:
     return total
 
 
+def owner_sizing(owner: Owner, obj: Mapping[str, Any]) -> Sizing:
+    """The gang size, uid and queue `obj` (the owner as the API has it) gives; never raises on malformed input.
+
+    The owner's queue: its label `muster.dev/queue`, else Kueue's `kueue.x-k8s.io/queue-name` (Kueue
+    users label the Job, JobSet or MPIJob, not its pods), else a Volcano PodGroup's `spec.queue`.
+    """
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
+        return Sizing(0, problem=f"{owner.source}: malformed object")
+    uid = str(meta.get("uid") or "")
+    labels = meta.get("labels") or {}
+    labels = labels if isinstance(labels, Mapping) else {}
+    queue = str(labels.get(QUEUE_LABEL) or labels.get(KUEUE_QUEUE_LABEL) or "")
+    if owner.kind == VOLCANO_POD_GROUP:
+        queue = queue or str(spec.get("queue") or "")
+    if owner.kind == "Job":
+        return Sizing(job_pods(spec), uid, queue)
+    if owner.kind == "JobSet":
+        return Sizing(jobset_size(obj), uid, queue)
+    if owner.kind in (VOLCANO_POD_GROUP, COSCHEDULING_POD_GROUP):
+        size = _count(spec.get("minMember"), 0)
+        if size < 1:
+            why = f"spec.minMember {spec.get('minMember')!r} is not a positive gang size; its pods are ignored"
+            return Sizing(0, uid, queue, f"{owner.source}: {why}")
+        return Sizing(size, uid, queue)
+    if owner.kind == "MPIJob" and spec.get("launcherCreationPolicy") == "WaitForWorkersReady":
+        why = (
+            "launcherCreationPolicy WaitForWorkersReady: its launcher waits for running workers,"
+            " so it can never be one gang (use AtStartup); its pods are ignored"
+        )
+        return Sizing(0, uid, queue, f"{owner.source}: {why}")
+    size = kubeflow_size(obj)
+    if size < 1:
+        return Sizing(0, uid, queue, f"{owner.source}: no replicas in its replica specs; its pods are ignored")
+    return Sizing(size, uid, queue)
+
+
 async def fetch_owner(client: KubeClient, owner: Owner) -> dict[str, Any] | None:
     """The owner object as the API has it; None when it is gone (404). Raises KubeError for anything else."""
     try:
         if owner.kind == "Job":
             return await client.get_job(owner.namespace, owner.name)
-        if owner.kind == "JobSet":
-            return await client.get_custom(JOBSET_GROUP, JOBSET_VERSION, owner.namespace, "jobsets", owner.name)
-        plural = owner.kind.lower() + "s"
-        return await client.get_custom(KUBEFLOW_GROUP, KUBEFLOW_VERSION, owner.namespace, plural, owner.name)
+        api = api_of(owner)
+        return await client.get_custom(api.group, api.version, owner.namespace, api.plural, owner.name)
     except NotFound:
         return None
 
 
-async def fetch_size(client: KubeClient, owner: Owner) -> int | None:
-    """The owner's gang size; None when the owner is gone. Raises KubeError for anything else."""
+async def fetch_sizing(client: KubeClient, owner: Owner) -> Sizing:
+    """The owner's gang size (None when the owner is gone). Raises KubeError for anything else."""
     obj = await fetch_owner(client, owner)
     if obj is None:
-        return None
+        return Sizing(None)
     uid = (obj.get("metadata") or {}).get("uid")
     if owner.uid and uid and uid != owner.uid:
-        return None
-    if owner.kind == "Job":
-        return job_pods(obj.get("spec") or {})
-    if owner.kind == "JobSet":
-        return jobset_size(obj)
-    return kubeflow_size(obj)
+        return Sizing(None)
+    return owner_sizing(owner, obj)
+
+
+def namespace_queue(namespace: Mapping[str, Any]) -> str:
+    """A namespace's default queue: its label, else its annotation, `muster.dev/default-queue` ("" for none)."""
+    meta = namespace.get("metadata") or {}
+    if not isinstance(meta, Mapping):
+        return ""
+    for key in ("labels", "annotations"):
+        values = meta.get(key) or {}
+        if isinstance(values, Mapping) and values.get(DEFAULT_QUEUE_KEY):
+            return str(values[DEFAULT_QUEUE_KEY])
+    return ""
+
+
+async def fetch_namespace_queue(client: KubeClient, namespace: str) -> str:
+    """The default queue of `namespace` ("" when it names none or is gone). Raises KubeError for anything else."""
+    try:
+        _, obj = await call_json(client.core.read_namespace, namespace, _request_timeout=client.request_seconds)
+    except NotFound:
+        return ""
+    return namespace_queue(obj) if isinstance(obj, Mapping) else ""

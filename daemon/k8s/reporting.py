@@ -39,7 +39,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import Conflict, KubeError
 from muster.daemon.k8s.gangs import Owner, PodInfo
-from muster.daemon.k8s.owners import JOBSET_GROUP, JOBSET_VERSION, KUBEFLOW_GROUP, KUBEFLOW_VERSION
+from muster.daemon.k8s.owners import api_of
 from muster.events.types import Event, JobAdmitted, JobInadmissible, JobPreempted, JobRejected
 
 __all__ = ["Report", "Reporter", "reports_for"]
@@ -73,13 +73,10 @@ class Report:
 
 
 def _workload(owner: Owner) -> Target | None:
-    if owner.kind == "Job":
-        return Target("batch/v1", "Job", owner.namespace, owner.name, owner.uid)
-    if owner.kind == "JobSet":
-        return Target(f"{JOBSET_GROUP}/{JOBSET_VERSION}", "JobSet", owner.namespace, owner.name, owner.uid)
     if owner.kind in ("Pod", "Gang"):
         return None
-    return Target(f"{KUBEFLOW_GROUP}/{KUBEFLOW_VERSION}", owner.kind, owner.namespace, owner.name, owner.uid)
+    api = api_of(owner)
+    return Target(api.api_version, api.kind, owner.namespace, owner.name, owner.uid)
 
 
 def _pod(p: PodInfo) -> Target:

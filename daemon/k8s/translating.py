@@ -72,6 +72,7 @@ class Translator:
         scheduler_name: str = "muster",
         tolerated_taints: frozenset[str] = DEFAULT_TOLERATED_TAINTS,
         state: Callable[[], ClusterState] | None = None,
+        namespace_queues: bool = False,
     ) -> None:
         self.scheduler_name = scheduler_name
         self.tolerated_taints = tolerated_taints
@@ -86,7 +87,7 @@ class Translator:
         self._lost: set[str] = set()
         """Nodes deleted since the last flush."""
         self._primed = False
-        self.gangs = Gangs(known=self._known_job if state is not None else None)
+        self.gangs = Gangs(known=self._known_job if state is not None else None, namespace_queues=namespace_queues)
         self.problems: list[str] = []
 
     # ------------------------------------------------------------ inputs
@@ -131,8 +132,13 @@ class Translator:
             else:
                 self._unreserve(key)
 
-    def on_owner_size(self, owner: Owner, size: int | None, at: int) -> None:
-        self._jobs += self.gangs.set_size(owner, size, at)
+    def on_owner_size(self, owner: Owner, size: int | None, at: int, *, uid: str = "", queue: str = "") -> None:
+        self._jobs += self.gangs.set_size(owner, size, at, uid=uid, queue=queue)
+        self._recheck()
+
+    def on_namespace_queue(self, namespace: str, queue: str, at: int) -> None:
+        """A namespace's default queue (`muster.dev/default-queue`), "" for none."""
+        self._jobs += self.gangs.set_namespace_queue(namespace, queue, at)
         self._recheck()
 
     def add_job_events(self, events: list[Event]) -> None:

@@ -132,7 +132,7 @@ async def test_pytorchjob_pods_become_one_gang_of_master_and_workers(kube, start
 
 
 async def test_labelled_pod_group_is_one_gang_and_a_missing_queue_is_submitted_empty(kube, start_adapter):
-    """Pods labelled muster.dev/gang + gang-size form one gang; without a queue label it is submitted with queue ""."""
+    """Pods labelled muster.dev/gang + gang-size form one gang; with no queue anywhere it is submitted with queue ""."""
     _, api = kube
     group = {"muster.dev/gang": "sweep", "muster.dev/gang-size": "3"}
     pods = [m.pod(f"sweep-{i}", "lab", gpus=2, labels=group) for i in range(3)]
@@ -140,6 +140,8 @@ async def test_labelled_pod_group_is_one_gang_and_a_missing_queue_is_submitted_e
         await adapter.caught_up("pods", await create(api, pods[:2]))
         assert events.of(JobSubmitted) == []
         await adapter.caught_up("pods", await create(api, pods[2:]))
+        # no queue label: submitted once its namespace was read (it names no default queue either)
+        await events.wait_for(lambda e: bool(e.of(JobSubmitted)))
         [sub] = events.of(JobSubmitted)
         assert sub.queue == ""
         assert sub.source == "Gang/lab/sweep"

@@ -98,6 +98,7 @@ LEAST_PRIVILEGE = {
     ("", "nodes", "get"),
     ("", "nodes", "list"),
     ("", "nodes", "watch"),
+    ("", "namespaces", "get"),
     ("", "events", "create"),
     ("", "events", "patch"),
     ("events.k8s.io", "events", "create"),
@@ -111,6 +112,15 @@ LEAST_PRIVILEGE = {
     ("kubeflow.org", "pytorchjobs", "get"),
     ("kubeflow.org", "pytorchjobs", "list"),
     ("kubeflow.org", "pytorchjobs", "watch"),
+    ("kubeflow.org", "mpijobs", "get"),
+    ("kubeflow.org", "mpijobs", "list"),
+    ("kubeflow.org", "mpijobs", "watch"),
+    ("scheduling.volcano.sh", "podgroups", "get"),
+    ("scheduling.volcano.sh", "podgroups", "list"),
+    ("scheduling.volcano.sh", "podgroups", "watch"),
+    ("scheduling.x-k8s.io", "podgroups", "get"),
+    ("scheduling.x-k8s.io", "podgroups", "list"),
+    ("scheduling.x-k8s.io", "podgroups", "watch"),
 }
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 

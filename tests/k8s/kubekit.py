@@ -111,24 +111,29 @@ async def log_of(store: EventStore, cls: type[Any]) -> list[Any]:
     return [s.event for s in stored if isinstance(s.event, cls)]
 
 
-JOBSET_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "jobsets.jobset.x-k8s.io"},
-    "spec": {
-        "group": "jobset.x-k8s.io",
-        "scope": "Namespaced",
-        "names": {"kind": "JobSet", "plural": "jobsets", "singular": "jobset", "listKind": "JobSetList"},
-        "versions": [
-            {
-                "name": "v1alpha2",
-                "served": True,
-                "storage": True,
-                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
-            }
-        ],
-    },
-}
+def crd(group: str, version: str, kind: str, plural: str) -> Obj:
+    """A namespaced CRD that keeps any fields (the controllers' own schemas are not the point here)."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": f"{kind}List"},
+            "versions": [
+                {
+                    "name": version,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+                }
+            ],
+        },
+    }
+
+
+JOBSET_CRD = crd("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets")
 
 
 class Kube:
@@ -194,12 +199,24 @@ class Kube:
         labels = {"muster.dev/gang": name, "muster.dev/gang-size": str(size), "muster.dev/queue": queue}
         return [await self.pod(f"{name}-{i}", gpus=gpus, labels=labels, **args) for i in range(size)]
 
-    async def job(self, name: str, parallelism: int, *, gpus: int = 1, queue: str = "q") -> tuple[Obj, list[Obj]]:
-        """A batch Job and the pods its controller would create (ownerReferences to the Job's real uid)."""
+    async def job(
+        self,
+        name: str,
+        parallelism: int,
+        *,
+        gpus: int = 1,
+        queue: str = "q",
+        labels: dict[str, str] | None = None,
+        job_labels: dict[str, str] | None = None,
+    ) -> tuple[Obj, list[Obj]]:
+        """A batch Job and the pods its controller would create (ownerReferences to the Job's real uid).
+
+        The pods carry `muster.dev/queue: queue` (none when empty) and `labels`; the Job `job_labels`.
+        """
         manifest = {
             "apiVersion": "batch/v1",
             "kind": "Job",
-            "metadata": {"name": name, "namespace": self.ns},
+            "metadata": {"name": name, "namespace": self.ns, "labels": dict(job_labels or {})},
             "spec": {
                 "parallelism": parallelism,
                 "completions": parallelism,
@@ -214,10 +231,8 @@ class Kube:
             },
         }
         job = dict(self.api.sanitize_for_serialization(await self.batch.create_namespaced_job(self.ns, manifest)))
-        pods = [
-            await self.create_pod(p)
-            for p in m.job_pods(job, gpus=gpus, grace_seconds=0, labels={"muster.dev/queue": queue})
-        ]
+        pod_labels = {**({"muster.dev/queue": queue} if queue else {}), **(labels or {})}
+        pods = [await self.create_pod(p) for p in m.job_pods(job, gpus=gpus, grace_seconds=0, labels=pod_labels)]
         return job, pods
 
     async def jobset(self, name: str, replicas: int, parallelism: int, *, gpus: int = 1) -> tuple[Obj, list[Obj]]:
@@ -247,6 +262,70 @@ class Kube:
         labels = {"muster.dev/queue": "q"}
         pods = [await self.create_pod(p) for p in m.jobset_pods(obj, gpus=gpus, grace_seconds=0, labels=labels)]
         return obj, pods
+
+    async def custom(self, manifest: Obj) -> Obj:
+        """Create a custom object (its CRD installed if need be, from its apiVersion and kind); the server's object."""
+        group, version = manifest["apiVersion"].split("/")
+        kind = manifest["kind"]
+        plural = kind.lower() + "s"
+        try:
+            await ApiextensionsV1Api(self.api).create_custom_resource_definition(crd(group, version, kind, plural))
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        body = {**manifest, "metadata": {k: v for k, v in manifest["metadata"].items() if k != "uid"}}
+        custom = CustomObjectsApi(self.api)
+
+        async def create() -> Obj | None:
+            try:
+                return dict(await custom.create_namespaced_custom_object(group, version, self.ns, plural, body))
+            except ApiException as exc:
+                if exc.status == 404:  # the CRD is not served yet
+                    return None
+                raise
+
+        created: Obj = await eventually(create)
+        return created
+
+    async def mpijob(self, name: str, workers: int, *, gpus: int = 1, queue: str = "q") -> tuple[Obj, list[Obj]]:
+        """An MPIJob (v2beta1), its launcher Job and the pods the mpi-operator and the Job controller would create."""
+        mpi = await self.custom(m.mpijob(name, self.ns, workers=workers))
+        launcher = m.mpijob_launcher(mpi)
+        del launcher["metadata"]["uid"]
+        launcher["spec"]["template"] = {
+            "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox"}]}
+        }
+        job = dict(self.api.sanitize_for_serialization(await self.batch.create_namespaced_job(self.ns, launcher)))
+        labels = {"muster.dev/queue": queue}
+        pods = m.mpijob_pods(mpi, job, requests={"worker": {"gpus": gpus}}, labels=labels, grace_seconds=0)
+        return mpi, [await self.create_pod(p) for p in pods]
+
+    async def pod_group(
+        self,
+        name: str,
+        count: int,
+        *,
+        volcano: bool,
+        min_member: Any = None,
+        gpus: int = 1,
+        labels: dict[str, str] | None = None,
+        **group_args: Any,
+    ) -> tuple[Obj, list[Obj]]:
+        """A PodGroup (Volcano's or coscheduling's) of `min_member` (default `count`) and `count` bare pods in it."""
+        group = await self.custom(
+            m.pod_group(
+                name, self.ns, min_member=count if min_member is None else min_member, volcano=volcano, **group_args
+            )
+        )
+        pods = m.pod_group_pods(group, count, gpus=gpus, labels=labels, grace_seconds=0)
+        return group, [await self.create_pod(p) for p in pods]
+
+    async def delete_custom(self, obj: Obj) -> None:
+        """Delete a custom object made by `custom` (its user deleting it; no garbage collector runs here)."""
+        group, version = obj["apiVersion"].split("/")
+        await CustomObjectsApi(self.api).delete_namespaced_custom_object(
+            group, version, self.ns, obj["kind"].lower() + "s", obj["metadata"]["name"]
+        )
 
     async def delete_jobset(self, name: str) -> None:
         await CustomObjectsApi(self.api).delete_namespaced_custom_object(
