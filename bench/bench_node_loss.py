@@ -14,100 +14,23 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
-import select
 import signal
-import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import anyio
-from kubernetes_asyncio.client import ApiClient, BatchV1Api, Configuration, CoreV1Api
+from kubereal import bound, gather, make_gang, make_node, namespace, start_server
+from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
 from kubernetes_asyncio.config import load_kube_config
 
 from muster.daemon.cluster import KubeCluster
-from muster.daemon.k8s import manifests as m
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
 from muster.events.embedded import EmbeddedNats
 from muster.events.store import EventStore
 from muster.events.types import JobAdmitted, JobFailed, JobPreempted, JobSubmitted, QueueConfigured, QueueName
 
-ROOT = Path(__file__).resolve().parents[1]
-START = ROOT.parent / "shared" / "k8s" / "start"
-MERGE = "application/merge-patch+json"
 NS = "bench"
-
-
-def start_server(folder: Path) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, APISERVER_EXTRA="--max-requests-inflight=2000 --max-mutating-requests-inflight=1000")
-    proc = subprocess.Popen(["bash", str(START), str(folder)], stdout=subprocess.PIPE, env=env, start_new_session=True)
-    assert proc.stdout is not None
-    out = b""
-    deadline = time.monotonic() + 90
-    while b"ready" not in out.splitlines():
-        if time.monotonic() > deadline or proc.poll() is not None:
-            raise SystemExit(f"the API server did not start: {out!r}")
-        if select.select([proc.stdout], [], [], 1.0)[0]:
-            out += os.read(proc.stdout.fileno(), 4096)
-    return proc
-
-
-async def gather(limit: int, calls: list[Any]) -> None:
-    sem = anyio.Semaphore(limit)
-
-    async def one(call: Any) -> None:
-        async with sem:
-            await call()
-
-    async with anyio.create_task_group() as tg:
-        for call in calls:
-            tg.start_soon(one, call)
-
-
-async def make_node(core: CoreV1Api, name: str, gpus: int) -> None:
-    obj = m.node(name, gpus=gpus)
-    status = obj.pop("status")
-    await core.create_node(obj)
-    await core.patch_node_status(name, {"status": status}, _content_type=MERGE)
-    await core.patch_node(name, {"spec": {"taints": None}}, _content_type=MERGE)
-
-
-async def make_gang(api: ApiClient, name: str, pods: int, bare: bool) -> list[str]:
-    core, batch = CoreV1Api(api), BatchV1Api(api)
-    if bare:
-        labels = {"muster.dev/gang": name, "muster.dev/gang-size": str(pods), "muster.dev/queue": "q"}
-        objs = [m.pod(f"{name}-{i}", NS, gpus=1, labels=labels, grace_seconds=0) for i in range(pods)]
-    else:
-        manifest = {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {
-                "parallelism": pods,
-                "completions": pods,
-                "completionMode": "Indexed",
-                "template": {
-                    "spec": {
-                        "schedulerName": "muster",
-                        "restartPolicy": "Never",
-                        "containers": [{"name": "main", "image": "busybox"}],
-                    }
-                },
-            },
-        }
-        job = api.sanitize_for_serialization(await batch.create_namespaced_job(NS, manifest))
-        objs = m.job_pods(job, gpus=1, grace_seconds=0, labels={"muster.dev/queue": "q"})
-    for obj in objs:
-        await core.create_namespaced_pod(NS, obj)
-    return [o["metadata"]["name"] for o in objs]
-
-
-async def bound(core: CoreV1Api, selector: str = "") -> dict[str, str]:
-    """Pod name -> node (the bench shares the daemon's process: it lists only what it must)."""
-    pods = await core.list_namespaced_pod(NS, label_selector=selector)
-    return {p.metadata.name: p.spec.node_name or "" for p in pods.items}
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -131,15 +54,14 @@ async def main(args: argparse.Namespace) -> None:
 
 async def run(api: ApiClient, url: str, args: argparse.Namespace) -> None:
     core = CoreV1Api(api)
-    await core.create_namespace({"metadata": {"name": NS}})
-    await core.create_namespaced_service_account(NS, {"metadata": {"name": "default"}})
+    await namespace(core, NS)
     t = time.perf_counter()
     names = [f"node-{i:04d}" for i in range(args.nodes)]
     await gather(32, [lambda n=n: make_node(core, n, args.gpus) for n in names])
     gangs: dict[str, list[str]] = {}
 
     async def gang(name: str, bare: bool) -> None:
-        gangs[name] = await make_gang(api, name, args.pods, bare)
+        gangs[name] = await make_gang(api, NS, name, args.pods, bare)
 
     await gather(16, [lambda g=g: gang(f"g{g:04d}", g % 2 == 0) for g in range(args.gangs)])
     print(f"setup: {args.nodes} nodes, {args.gangs} gangs x {args.pods} pods in {time.perf_counter() - t:.1f} s")
@@ -157,11 +79,11 @@ async def run(api: ApiClient, url: str, args: argparse.Namespace) -> None:
             t = time.perf_counter()
             await tg.start(loop.run)
             total = args.gangs * args.pods
-            while sum(1 for n in (await bound(core)).values() if n) < total:  # noqa: ASYNC110 - polling the server
+            while sum(1 for n in (await bound(core, NS)).values() if n) < total:  # noqa: ASYNC110 - polling the server
                 await anyio.sleep(1.0)
             print(f"all {total} pods bound {time.perf_counter() - t:.1f} s after the daemon started")
 
-            where = await bound(core)
+            where = await bound(core, NS)
             used = collections.Counter(where.values())
             doomed = [n for n, _ in used.most_common(args.delete)]
             affected = {g for g, pods in gangs.items() if any(where.get(p) in doomed for p in pods)}
@@ -176,7 +98,7 @@ async def run(api: ApiClient, url: str, args: argparse.Namespace) -> None:
             new_pods = [p for g in new for p in gangs[g]]
             selector = f"muster.dev/gang in ({','.join(new)})"
             while True:
-                now = await bound(core, selector)
+                now = await bound(core, NS, selector)
                 if all(now.get(p) for p in new_pods):
                     break
                 await anyio.sleep(0.05)

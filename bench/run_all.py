@@ -29,6 +29,7 @@ BENCHES: dict[str, tuple[str, list[str]]] = {
     "replay": ("bench_replay.py", ["--events", "50000", "--every", "5000"]),
     "daemon": ("bench_daemon.py", ["--nodes", "100", "--rate", "50", "--seconds", "5"]),
     "k8s": ("bench_k8s.py", ["--nodes", "100", "--gangs", "20", "--pods", "4"]),
+    "k8s-real": ("bench_k8s_real.py", ["--nodes", "100", "--pods", "400", "--sizes", "1,8,32", "--trials", "1"]),
     "reliability": ("reliability.py", ["--quick"]),
     "node_loss": ("bench_node_loss.py", ["--nodes", "100", "--gangs", "40", "--delete", "20"]),
 }

@@ -1,0 +1,218 @@
+"""Binding throughput of the whole daemon against a real kube-apiserver (not a test; prints numbers).
+
+Starts `../shared/k8s/start` (with the load flags of kubereal.LOAD_FLAGS) and an
+embedded nats-server, creates N Ready 8-GPU nodes, then for each gang size: P
+one-GPU pods in gangs of that size (alternately Jobs with the pods their
+controller would create, and labelled pod groups), all created before the
+daemon starts; then it starts the daemon (a fresh log) and waits until every
+pod is bound. It prints, per run:
+
+  first->last   pods / (last binding answered - first binding sent): the binding rate
+  start->all    pods / (all bound - daemon started): lists, log, decisions and bindings
+
+Binding times are taken at the daemon's `Cluster.apply` (a wrapper records when each
+admission's apply began and ended), so the bench adds no watch of its own to the
+daemon's process. Issue 11 measured 383-529 pods/s (gangs of 8) and 493-590 (gangs
+of 32) first to last; kube-scheduler on the same server 348-647. Target: >= 700.
+Exit status 1 when the best run of a size misses it.
+
+Usage: python bench/bench_k8s_real.py [--nodes 500] [--pods 2000] [--sizes 1,8,32] [--trials 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+from anyio.abc import TaskStatus
+from kubereal import START, bound, gather, make_gang, make_node, namespace, start_server
+from kubernetes_asyncio.client import ApiClient, BatchV1Api, Configuration, CoreV1Api
+from kubernetes_asyncio.config import load_kube_config
+
+from muster.daemon.cluster import Applied, Cluster, KubeCluster, Sink
+from muster.daemon.logs import configure_logging
+from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
+from muster.events.embedded import EmbeddedNats
+from muster.events.store import EventStore
+from muster.events.types import Event, JobAdmitted, QueueConfigured, QueueName
+from muster.projections.cluster import ClusterState
+
+TARGET = 700.0
+
+
+@dataclass
+class Timings:
+    """When the daemon's admissions were applied (perf_counter seconds) and how many pods they bound."""
+
+    total: int
+    first: float = float("inf")
+    last: float = 0.0
+    pods: int = 0
+    done: anyio.Event = field(default_factory=anyio.Event)
+
+
+class TimedCluster:
+    """The daemon's Kubernetes cluster, timing each admission it applies (a `Cluster` around a `Cluster`)."""
+
+    def __init__(self, inner: Cluster, timings: Timings) -> None:
+        self.inner = inner
+        self.timings = timings
+
+    async def run(self, sink: Sink, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        await self.inner.run(sink, task_status=task_status)
+
+    async def ready(self, event: Event) -> None:
+        await self.inner.ready(event)
+
+    async def apply(self, event: Event) -> Applied:
+        began = time.perf_counter()
+        result = await self.inner.apply(event)
+        if isinstance(event, JobAdmitted) and result.outcome == "applied":
+            t = self.timings
+            t.first = min(t.first, began)
+            t.last = max(t.last, time.perf_counter())
+            t.pods += len(event.placement)
+            if t.pods >= t.total:
+                t.done.set()
+        return result
+
+    def holds(self, job: str) -> bool:
+        return self.inner.holds(job)
+
+
+@dataclass(frozen=True)
+class Run:
+    size: int
+    pods: int
+    first_to_last: float
+    start_to_all: float
+    cpu: float
+    """CPU seconds of the daemon's process (the bench's share is idle waiting) from start to all bound."""
+    load: str
+
+    def line(self) -> str:
+        return (
+            f"gangs of {self.size:>3}: {self.pods} pods  first->last {self.pods / self.first_to_last:6.0f} pods/s"
+            f" ({self.first_to_last:5.2f} s)  start->all {self.pods / self.start_to_all:6.0f} pods/s"
+            f" ({self.start_to_all:5.2f} s)  daemon CPU {self.cpu / self.start_to_all:4.0%}  load {self.load}"
+        )
+
+
+async def one_run(api: ApiClient, url: str, args: argparse.Namespace, size: int, trial: int) -> Run:
+    core = CoreV1Api(api)
+    ns = f"bench-{size}-{trial}"
+    await namespace(core, ns)
+    gangs = max(1, round(args.pods / size))
+    await gather(16, [lambda g=g: make_gang(api, ns, f"g{g:04d}", size, g % 2 == 0) for g in range(gangs)])
+    total = gangs * size
+    timings = Timings(total)
+    make = KubeCluster.factory(api, report=args.report)
+
+    def factory(state: Callable[[], ClusterState]) -> Cluster:
+        return TimedCluster(make(state), timings)
+
+    store = await EventStore.connect(url, stream=f"BENCH{size}X{trial}", prefix=f"b{size}x{trial}")
+    try:
+        await store.append([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 10**6})])
+        loop = SchedulerLoop(store, elector=SoleElector("bench"), cluster=factory, options=LoopOptions())
+        async with anyio.create_task_group() as tg:
+            profile = cProfile.Profile() if args.profile else None
+            started, cpu = time.perf_counter(), time.process_time()
+            if profile is not None:
+                profile.enable()
+            await tg.start(loop.run)
+            with anyio.fail_after(args.timeout):
+                await timings.done.wait()
+            all_bound, cpu = time.perf_counter(), time.process_time() - cpu
+            if profile is not None:
+                profile.disable()
+                profile.dump_stats(f"{args.profile}.{size}.{trial}")
+            loop.stop()
+            tg.cancel_scope.cancel()
+    finally:
+        await store.delete_stream()
+        await store.close()
+    load = os.getloadavg()
+    pending = [name for name, node in (await bound(core, ns)).items() if not node]
+    if pending:
+        raise SystemExit(f"{len(pending)} pods of {ns} are not bound, though the daemon applied every admission")
+    # make room for the next run: what a kubelet and the garbage collector would delete
+    await core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+    await BatchV1Api(api).delete_collection_namespaced_job(ns)
+    return Run(
+        size,
+        total,
+        timings.last - timings.first,
+        all_bound - started,
+        cpu,
+        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
+    )
+
+
+async def main(args: argparse.Namespace) -> int:
+    sizes = [int(s) for s in args.sizes.split(",")]
+    runs: list[Run] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        server = start_server(Path(tmp) / "kube")
+        nats = EmbeddedNats(Path(tmp) / "nats", stop_timeout=5)
+        nats.start()
+        try:
+            config = Configuration()
+            kubeconfig = str(Path(tmp) / "kube" / "admin.kubeconfig")
+            await load_kube_config(config_file=kubeconfig, client_configuration=config)
+            async with ApiClient(config) as api:
+                t = time.perf_counter()
+                core = CoreV1Api(api)
+                names = [f"node-{i:04d}" for i in range(args.nodes)]
+                await gather(32, [lambda n=n: make_node(core, n, 8) for n in names])
+                print(f"{args.nodes} Ready 8-GPU nodes in {time.perf_counter() - t:.1f} s", flush=True)
+                for trial in range(args.trials):
+                    for size in sizes:
+                        run = await one_run(api, nats.url, args, size, trial)
+                        runs.append(run)
+                        print(run.line(), flush=True)
+        finally:
+            nats.stop()
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=30)
+    missed = False
+    print(f"summary (target first->last >= {TARGET:.0f} pods/s):")
+    for size in sizes:
+        mine = [r for r in runs if r.size == size]
+        rates = sorted(r.pods / r.first_to_last for r in mine)
+        starts = sorted(r.pods / r.start_to_all for r in mine)
+        missed = missed or rates[-1] < TARGET
+        print(
+            f"  gangs of {size:>3}: first->last {rates[0]:.0f}-{rates[-1]:.0f} pods/s,"
+            f" start->all {starts[0]:.0f}-{starts[-1]:.0f} pods/s over {len(mine)} runs"
+        )
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=500)
+    parser.add_argument("--pods", type=int, default=2000, help="pods per run (gangs = pods / size, rounded)")
+    parser.add_argument("--sizes", default="1,8,32", help="gang sizes, one run each per trial")
+    parser.add_argument("--trials", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds a run may take to bind every pod")
+    parser.add_argument("--profile", help="cProfile the daemon from its start to all bound into PROFILE.SIZE.TRIAL")
+    parser.add_argument("--log", help="write the daemon's JSON log here (default: a temporary file)")
+    parser.add_argument("--no-report", dest="report", action="store_false", help="write no Kubernetes Events")
+    args = parser.parse_args()
+    if not START.is_file():
+        print(f"skipped: no real API server ({START} is absent; it is ../shared/k8s/start beside the repository)")
+        sys.exit(0)
+    with open(args.log, "w") if args.log else tempfile.TemporaryFile("w") as logfile:
+        configure_logging("info", "json", stream=logfile)  # as deployed: JSON lines at info (here to a file)
+        code = anyio.run(main, args)
+    sys.exit(code)

@@ -1,0 +1,110 @@
+"""Driving a real kube-apiserver from a bench: start it, and act as its missing controllers (not a test).
+
+Shared by the benches that run the whole daemon against `../shared/k8s/start`
+(bench_node_loss.py, bench_k8s_real.py). The server has no kubelets and no
+controllers, so the bench creates Ready nodes (status patched, `not-ready`
+taint removed) and the pods a Job controller or a user would create.
+The tests' equivalent is tests/k8s/conftest.py and kubekit.py (pytest fixtures,
+one namespace per test); a bench needs neither pytest nor per-test cleanup.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+from kubernetes_asyncio.client import ApiClient, BatchV1Api, CoreV1Api
+
+from muster.daemon.k8s import manifests as m
+
+ROOT = Path(__file__).resolve().parents[1]
+START = ROOT.parent / "shared" / "k8s" / "start"
+MERGE = "application/merge-patch+json"
+LOAD_FLAGS = "--max-requests-inflight=2000 --max-mutating-requests-inflight=1000"
+"""The defaults (400/200) answer a busy scheduler with 429s."""
+
+
+def start_server(folder: Path) -> subprocess.Popen[bytes]:
+    """Run `../shared/k8s/start folder` (its own process group) until it prints `ready`; stop it with SIGTERM."""
+    env = dict(os.environ, APISERVER_EXTRA=os.environ.get("APISERVER_EXTRA", LOAD_FLAGS))
+    proc = subprocess.Popen(["bash", str(START), str(folder)], stdout=subprocess.PIPE, env=env, start_new_session=True)
+    assert proc.stdout is not None
+    out = b""
+    deadline = time.monotonic() + 90
+    while b"ready" not in out.splitlines():
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise SystemExit(f"the API server did not start: {out!r}")
+        if select.select([proc.stdout], [], [], 1.0)[0]:
+            out += os.read(proc.stdout.fileno(), 4096)
+    return proc
+
+
+async def gather(limit: int, calls: list[Callable[[], Awaitable[Any]]]) -> None:
+    """Await every call, at most `limit` at once."""
+    sem = anyio.Semaphore(limit)
+
+    async def one(call: Callable[[], Awaitable[Any]]) -> None:
+        async with sem:
+            await call()
+
+    async with anyio.create_task_group() as tg:
+        for call in calls:
+            tg.start_soon(one, call)
+
+
+async def namespace(core: CoreV1Api, name: str) -> None:
+    """A namespace with the `default` ServiceAccount that no controller manager creates here."""
+    await core.create_namespace({"metadata": {"name": name}})
+    await core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})
+
+
+async def make_node(core: CoreV1Api, name: str, gpus: int) -> None:
+    """A Ready node, as its kubelet registers it and the node lifecycle controller clears its taint."""
+    obj = m.node(name, gpus=gpus)
+    status = obj.pop("status")
+    await core.create_node(obj)
+    await core.patch_node_status(name, {"status": status}, _content_type=MERGE)
+    await core.patch_node(name, {"spec": {"taints": None}}, _content_type=MERGE)
+
+
+async def make_gang(api: ApiClient, ns: str, name: str, pods: int, bare: bool, queue: str = "q") -> list[str]:
+    """A gang of one-GPU pods: a labelled pod group (`bare`) or a Job and the pods its controller would create."""
+    core, batch = CoreV1Api(api), BatchV1Api(api)
+    if bare:
+        labels = {"muster.dev/gang": name, "muster.dev/gang-size": str(pods), "muster.dev/queue": queue}
+        objs = [m.pod(f"{name}-{i}", ns, gpus=1, labels=labels, grace_seconds=0) for i in range(pods)]
+    else:
+        manifest = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "parallelism": pods,
+                "completions": pods,
+                "completionMode": "Indexed",
+                "template": {
+                    "spec": {
+                        "schedulerName": "muster",
+                        "restartPolicy": "Never",
+                        "containers": [{"name": "main", "image": "busybox"}],
+                    }
+                },
+            },
+        }
+        job = api.sanitize_for_serialization(await batch.create_namespaced_job(ns, manifest))
+        objs = m.job_pods(job, gpus=1, grace_seconds=0, labels={"muster.dev/queue": queue})
+    for obj in objs:
+        await core.create_namespaced_pod(ns, obj)
+    return [o["metadata"]["name"] for o in objs]
+
+
+async def bound(core: CoreV1Api, ns: str, selector: str = "") -> dict[str, str]:
+    """Pod name -> node ("" while pending) in `ns` (a bench sharing the daemon's process lists only what it must)."""
+    pods = await core.list_namespaced_pod(ns, label_selector=selector)
+    return {p.metadata.name: p.spec.node_name or "" for p in pods.items}
