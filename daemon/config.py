@@ -41,7 +41,7 @@ KEYS: dict[str, frozenset[str]] = {
     "nats.auth": frozenset({"username_file", "password_file", "token_file", "nkey_seed_file", "creds_file"}),
     "nats.tls": frozenset({"ca_file", "cert_file", "key_file", "server_name"}),
     "leader_election": frozenset({"backend", "ttl_seconds", "kv_bucket", "lease_name", "lease_namespace"}),
-    "kubernetes": frozenset({"scheduler_name", "namespaces", "kubeconfig", "pod_conditions"}),
+    "kubernetes": frozenset({"scheduler_name", "namespaces", "kubeconfig", "pod_conditions", "events"}),
     "utilization": frozenset({"url", "source", "interval_seconds"}),
     "http": frozenset({"health_port", "metrics_port"}),
     "log": frozenset({"level", "format"}),
@@ -196,6 +196,11 @@ class DaemonConfig:
         return bool(self.get("kubernetes", "pod_conditions", True))
 
     @property
+    def events(self) -> bool:
+        """Write Kubernetes Events about decisions on gangs' pods and workloads (kubernetes.events)."""
+        return bool(self.get("kubernetes", "events", True))
+
+    @property
     def namespaces(self) -> list[str]:
         value = self.get("kubernetes", "namespaces", [])
         return [str(v) for v in value] if isinstance(value, list) else [str(value)]
@@ -293,6 +298,7 @@ class DaemonConfig:
                 "scheduler_name": self.scheduler_name,
                 "namespaces": self.namespaces,
                 "pod_conditions": self.pod_conditions,
+                "events": self.events,
             },
             "utilization": {"url": _without_userinfo(self.utilization_url), "source": self.utilization_source},
             "http": {"health_port": self.health_port, "metrics_port": self.metrics_port},

@@ -52,6 +52,7 @@ CASES: dict[str, dict[str, Any]] = {
     "one-replica": {"replicaCount": 1},
     "no-snapshots": {"snapshots": {"enabled": False}},
     "no-pod-conditions": {"podConditions": False},
+    "no-events": {"events": False},
     "snapshots-tuned": {"snapshots": {"every": 1000}, "leaderElection": {"kvBucket": "leases"}},
 }
 BAD_CASES: dict[str, tuple[dict[str, Any], str]] = {
@@ -294,6 +295,17 @@ def test_pod_conditions_off_drops_the_pods_status_right_and_tells_the_daemon(run
     assert config_of(run.rendered["default"], "config.yaml")["kubernetes"]["pod_conditions"] is True
 
 
+def test_events_off_drops_the_events_rights_and_tells_the_daemon(run: ChartRun, tmp_path: Path) -> None:
+    """`events: false` renders no events rights, and the daemon's config it renders turns the reporter off."""
+    rendered = run.rendered["no-events"]
+    events = {rule for rule in LEAST_PRIVILEGE if rule[1] == "events"}
+    assert events and rules_of(rendered, "ClusterRole") == LEAST_PRIVILEGE - events
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config_of(rendered, "config.yaml")))
+    assert load_config(str(path), env={}).events is False
+    assert config_of(run.rendered["default"], "config.yaml")["kubernetes"]["events"] is True
+
+
 def test_lease_election_adds_one_namespaced_lease_role(run: ChartRun, tmp_path: Path) -> None:
     """Lease election adds a namespaced Role for one named Lease (create, get, update), the one the daemon reads."""
     rendered = run.rendered["lease"]
@@ -401,7 +413,12 @@ def test_config_map_holds_the_daemon_config(run: ChartRun) -> None:
         "max_event_bytes": 1048576,
     }
     assert config["leader_election"] == {"backend": "nats-kv", "kv_bucket": "muster-leader", "ttl_seconds": 10}
-    assert config["kubernetes"] == {"scheduler_name": "muster", "namespaces": [], "pod_conditions": True}
+    assert config["kubernetes"] == {
+        "scheduler_name": "muster",
+        "namespaces": [],
+        "pod_conditions": True,
+        "events": True,
+    }
     assert config["http"] == {"health_port": 8080, "metrics_port": 9090}
     assert config["queues_file"] == "/etc/muster/queues.yaml"
 
