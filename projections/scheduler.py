@@ -41,6 +41,7 @@ from muster.events.types import (
     QueueName,
 )
 from muster.projections.cluster import ClusterState, JobState, node_pods
+from muster.projections.eviction import Preemptor, may_evict
 from muster.projections.index import Group, SchedulerIndex, Shape, index_of, take_new_jobs
 from muster.projections.parking import Wake
 from muster.projections.preemption import Result, Victim, find_victims, overlaps
@@ -369,7 +370,8 @@ def _may_evict_new(cycle: Cycle, job: JobState) -> bool:
 
     Those jobs are not candidates while the cycle lasts (they run only once the
     decisions are folded), so a verdict that might count them is judged again.
-    The test is a superset of `preemption._candidates`, by queue and priority.
+    It asks the rule `preemption._candidates` asks, leaving open what depends on
+    the moment (the job's quota position, submission order, lenders' borrowing).
     """
     state, idx = cycle.state, cycle.idx
     admitted = cycle.admitted_by_root.get(idx.roots.get(job.queue, job.queue))
@@ -387,23 +389,15 @@ def _may_evict_new(cycle: Cycle, job: JobState) -> bool:
 
 
 def _may_evict_any(cycle: Cycle, job: JobState, admitted: list[JobState]) -> bool:
+    """Whether `eviction.may_evict` lets `job` take any of `admitted`, in some quota position and order."""
     state = cycle.state
     queue = state.queues[job.queue]
-    policy = queue.preemption
-    within = policy.within_queue
-    reclaim = policy.reclaim_within_cohort
-    borrow = policy.borrow_within_cohort.policy
-    prio = state.priority_of(job)
+    rule = Preemptor(job.queue, state.priority_of(job), queue.preemption, queue.cohort is not None, None, None)
     for other in admitted:
-        if not state.preemptible(other) or not overlaps(other, job):
+        if not overlaps(other, job):
             continue
-        cp = state.priority_of(other)
-        if other.queue == job.queue:
-            if within != "Never" and cp <= prio:
-                return True
-        elif queue.cohort is not None and (
-            reclaim == "Any" or ((reclaim == "LowerPriority" or borrow == "LowerPriority") and cp < prio)
-        ):
+        prio = state.priority_of(other) if state.preemptible(other) else None
+        if may_evict(rule, other.queue, prio, other.seq):
             return True
     return False
 
