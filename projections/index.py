@@ -23,6 +23,19 @@ Shape = tuple[str, tuple[tuple[str, int], ...]]
 """(queue, requests): jobs with the same one weigh the same on quota."""
 Group = tuple[Shape, int]
 """(shape, priority): pending jobs whose admission order keys differ only by their seq."""
+OrderKey = tuple[int, int, int, int]
+"""Admission order (see `order_key`): (over nominal, fair share, -priority, seq)."""
+
+
+def order_key(priority: int, seq: int, over_nominal: int = 0, share: int = 0) -> OrderKey:
+    """The one admission order, smallest first: within nominal quota, then the smaller fair
+    share, then the higher priority, then the first submitted (seq is unique).
+
+    The cycle judges the quota position as it goes (`scheduler._lowest_key`); views of one
+    queue's backlog leave it at 0. Within a `Group` only seq differs, so its members are
+    kept by seq (`groups`).
+    """
+    return (over_nominal, share, -priority, seq)
 
 
 class SchedulerIndex:
@@ -41,7 +54,7 @@ class SchedulerIndex:
         self.keys: dict[str, Group] = {}
         """The validated pending jobs to try (not parked), with their group."""
         self.groups: dict[Group, list[tuple[int, str]]] = {}
-        """The jobs to try by group, as (-seq, id) sorted: the first in queue order last."""
+        """The jobs to try by group, as (-seq, id) sorted: the first in `order_key` order last."""
         self.parking = Parking(self._woken)
         self.parking.freed_seen = state.gpus_freed
         self.seen_released: dict[str, dict[str, int]] = {q: dict(v) for q, v in state.queue_released.items()}

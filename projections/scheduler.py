@@ -42,7 +42,7 @@ from muster.events.types import (
 )
 from muster.projections.cluster import ClusterState, JobState, node_pods
 from muster.projections.eviction import Preemptor, may_evict
-from muster.projections.index import Group, SchedulerIndex, Shape, index_of, take_new_jobs
+from muster.projections.index import Group, OrderKey, SchedulerIndex, Shape, index_of, order_key, take_new_jobs
 from muster.projections.parking import Wake
 from muster.projections.preemption import Result, Victim, find_victims, overlaps
 from muster.projections.resources import fmt
@@ -50,8 +50,6 @@ from muster.projections.topology import Transaction
 
 POLICY_VERSION = "muster/1"
 
-OrderKey = tuple[int, int, int, int]
-"""Admission order (see `_lowest_key`): (over nominal, fair share, -priority, seq)."""
 _HeapEntry = tuple[OrderKey, str, int, Group | None]
 """(order key when pushed, job, push number, its group or None for a job woken mid-cycle). A job
 woken mid-cycle can be in the heap twice with one key (its group's entry and its own): the push
@@ -70,7 +68,7 @@ class Cycle:
         self.topo = Transaction(idx.topology)
         self.quota_mark = idx.quota.mark()
         self.tried: set[str] = set()
-        self.current: tuple[int, int, int, int] | None = None
+        self.current: OrderKey | None = None
         """Order key of the job being tried (None while nominated preemptors go first)."""
         self.heap: list[_HeapEntry] | None = None
         self.pushes = itertools.count()
@@ -184,7 +182,7 @@ class Cycle:
         for job_id in due:
             self._wake(job_id, before.get(job_id))
 
-    def _wake(self, job_id: str, before: tuple[int, int, int, int] | None) -> None:
+    def _wake(self, job_id: str, before: OrderKey | None) -> None:
         if job_id not in self.idx.parking.parked or job_id in self.tried:
             return
         if self.current is not None and before is not None and before < self.current:
@@ -266,8 +264,8 @@ class Cycle:
         self.remove(job)
 
 
-def _lowest_key(cycle: Cycle, job: JobState) -> tuple[int, int, int, int]:
-    """Admission order: within nominal first, then fair share, then priority, then FIFO (seq is unique)."""
+def _lowest_key(cycle: Cycle, job: JobState) -> OrderKey:
+    """The job's `order_key` on the cycle's view (its quota position cached per shape and quota version)."""
     idx = cycle.idx
     quota = idx.quota
     shape = idx.shape(job)
@@ -278,7 +276,7 @@ def _lowest_key(cycle: Cycle, job: JobState) -> tuple[int, int, int, int]:
         borrows = 0 if quota.within_nominal(job.queue, job.requests) else 1
         share = quota.share(job.queue, job.requests) if cycle.state.fair_sharing else 0
         cycle.quota_keys[shape] = (quota.version, borrows, share)
-    return (borrows, share, -idx.priority(job), job.seq)
+    return order_key(idx.priority(job), job.seq, borrows, share)
 
 
 def _job_class(cycle: Cycle, job: JobState) -> tuple[object, ...] | None:
@@ -578,7 +576,7 @@ def _reclaim_idle(cycle: Cycle) -> None:
         return
     idle.sort(key=lambda j: (j.idle_since or 0, j.seq))
     candidates = (set(idx.keys) | set(idx.parking.parked)) - set(cycle.placed)
-    waiting = sorted((state.jobs[j] for j in candidates), key=lambda j: (-state.priority_of(j), j.seq))
+    waiting = sorted((state.jobs[j] for j in candidates), key=lambda j: order_key(state.priority_of(j), j.seq))
     for job in idle:
         cycle.remove(job)
         useful = any(cycle.fits(p, state.preemptible(p)) for p in waiting)
