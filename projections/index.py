@@ -9,6 +9,7 @@ woken from the same sync, from counters the fold keeps (see `parking`).
 from __future__ import annotations
 
 import bisect
+from typing import NamedTuple
 
 from muster.projections import parking
 from muster.projections.cluster import TERMINAL, ClusterState, JobState
@@ -18,6 +19,39 @@ from muster.projections.topology import TopologyIndex
 from muster.projections.validation import invalid_reason
 
 _ATTR = "_scheduler_index"
+
+
+class VictimEntry(NamedTuple):
+    """A running job in victim order (the first four fields, smallest first; seq is unique)."""
+
+    priority: int
+    lost: int
+    """GPU-seconds of work lost if evicted now (since its last checkpoint)."""
+    neg_admitted: int
+    """Minus its admission time: the most recently admitted first."""
+    neg_seq: int
+    job: JobState
+
+
+class VictimList(NamedTuple):
+    """A queue's running jobs in victim order, as computed at `at` for its running set `version`."""
+
+    at: int
+    version: int
+    upto: int
+    """Jobs of priority above this are left out."""
+    entries: list[VictimEntry]
+
+
+class VictimMemo(NamedTuple):
+    """A running job's entry, good for the instant `at` and the admission `admitted_at`."""
+
+    at: int
+    admitted_at: int | None
+    priority: int | None
+    """None: not preemptible."""
+    entry: VictimEntry | None
+
 
 Shape = tuple[str, tuple[tuple[str, int], ...]]
 """(queue, requests): jobs with the same one weigh the same on quota."""
@@ -65,12 +99,10 @@ class SchedulerIndex:
         """Pending jobs not yet validated."""
         self.running: dict[str, set[str]] = {q: set() for q in state.queues}
         self.running_version: dict[str, int] = {}
-        self.victim_cache: dict[str, tuple[int, int, int, list[tuple[int, int, int, int, JobState]]]] = {}
-        """Queue -> (time, running version, up to priority, running jobs in victim order)."""
-        self.victim_entries: dict[
-            str, tuple[int, int | None, int | None, tuple[int, int, int, int, JobState] | None]
-        ] = {}
-        """Job -> (time of the entry, admitted at, priority or None when not preemptible, entry)."""
+        self.victim_cache: dict[str, VictimList] = {}
+        """Queue -> its running jobs in victim order (see `scheduler.Cycle.victim_order`)."""
+        self.victim_entries: dict[str, VictimMemo] = {}
+        """Job -> its victim-order entry."""
         self.down_nodes: set[str] = {n for n, node in state.nodes.items() if not node.ready}
         self.orphans: set[str] = set()
         for job in state.jobs.values():

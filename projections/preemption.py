@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from muster.events.types import PreemptionReason
 from muster.projections.cluster import JobState
 from muster.projections.eviction import Mode, Preemptor, may_evict, reach
+from muster.projections.index import VictimEntry
 
 if TYPE_CHECKING:
     from muster.projections.scheduler import Cycle
@@ -72,7 +73,7 @@ def _candidates(cycle: Cycle, job: JobState, p: Preemptor) -> list[JobState]:
                 continue
             if may_evict(p, job.queue, cp, c.seq):
                 own.append(c)
-    others: list[tuple[int, int, int, int, JobState]] = []
+    others: list[VictimEntry] = []
     if p.in_cohort and rule.others:
         upto = UNREACHABLE if rule.above_in_others else prio
         for other in idx.tree_queues.get(idx.roots.get(job.queue, job.queue), ()):
@@ -80,14 +81,14 @@ def _candidates(cycle: Cycle, job: JobState, p: Preemptor) -> list[JobState]:
                 continue
             borrowing = idx.quota.is_borrowing(other, job.requests)
             for entry in cycle.victim_order(other, upto):
-                cp, c = entry[0], entry[4]
+                cp, c = entry.priority, entry.job
                 if not may_evict(p, other, cp, c.seq, borrowing):
                     break  # for other queues the rule only narrows as priority rises
                 if c.id in removed or c.id == job.evicted_by or not overlaps(c, job):
                     continue
                 others.append(entry)
-    others.sort(key=lambda e: e[:4])
-    return [e[4] for e in others] + own
+    others.sort(key=lambda e: (e.priority, e.lost, e.neg_admitted, e.neg_seq))
+    return [e.job for e in others] + own
 
 
 def overlaps(candidate: JobState, job: JobState) -> bool:

@@ -28,7 +28,7 @@ import heapq
 import itertools
 from collections import Counter
 from collections.abc import Mapping
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from muster.events.types import (
     Event,
@@ -42,7 +42,18 @@ from muster.events.types import (
 )
 from muster.projections.cluster import ClusterState, JobState, node_pods
 from muster.projections.eviction import Preemptor, may_evict
-from muster.projections.index import Group, OrderKey, SchedulerIndex, Shape, index_of, order_key, take_new_jobs
+from muster.projections.index import (
+    Group,
+    OrderKey,
+    SchedulerIndex,
+    Shape,
+    VictimEntry,
+    VictimList,
+    VictimMemo,
+    index_of,
+    order_key,
+    take_new_jobs,
+)
 from muster.projections.parking import Wake
 from muster.projections.preemption import Result, Victim, find_victims, overlaps
 from muster.projections.resources import fmt
@@ -54,6 +65,28 @@ _HeapEntry = tuple[OrderKey, str, int, Group | None]
 """(order key when pushed, job, push number, its group or None for a job woken mid-cycle). A job
 woken mid-cycle can be in the heap twice with one key (its group's entry and its own): the push
 number keeps the comparison off the last field."""
+
+
+class QuotaPosition(NamedTuple):
+    """A shape's place in `order_key` by quota, as of quota `version`."""
+
+    version: int
+    over_nominal: int
+    share: int
+
+
+class Verdict(NamedTuple):
+    """Why a job class failed on the cycle's view, and what must happen before it may change."""
+
+    reason: str
+    wake: Wake
+
+
+class EvictNewAnswer(NamedTuple):
+    """`_may_evict_new`'s answer, good while the tree's admitted list has `admitted` jobs."""
+
+    admitted: int
+    answer: bool
 
 
 class Cycle:
@@ -74,12 +107,12 @@ class Cycle:
         self.pushes = itertools.count()
         self.consumed: dict[tuple[str, str], int] = {}
         """Usage taken in this cycle, per (tree, resource)."""
-        self.failed_classes: dict[tuple[object, ...], tuple[str, Wake]] = {}
+        self.failed_classes: dict[tuple[object, ...], Verdict] = {}
         """Verdicts of jobs that failed on the current view, by job class (cleared on any change)."""
-        self.quota_keys: dict[Shape, tuple[int, int, int]] = {}
-        """`_lowest_key`'s quota part by (queue, requests): (quota version it was computed at, borrows, share)."""
-        self.may_evict_new: dict[tuple[str, int, tuple[str, ...]], tuple[int, bool]] = {}
-        """`_may_evict_new` by (queue, priority, resources): (admitted jobs in the tree when asked, answer)."""
+        self.quota_keys: dict[Shape, QuotaPosition] = {}
+        """`_lowest_key`'s quota part by (queue, requests)."""
+        self.may_evict_new: dict[tuple[str, int, tuple[str, ...]], EvictNewAnswer] = {}
+        """`_may_evict_new` by (queue, priority, resources)."""
         self.admitted_by_root: dict[str, list[JobState]] = {}
         """Jobs admitted (or holding room as preemptors) in this cycle, per tree: new victims next cycle."""
         self.removed: set[str] = set()
@@ -207,16 +240,15 @@ class Cycle:
         decisions = sum(1 for ev in self.events if getattr(ev, "cycle", 0) == self.number)
         self.idx.parking.end_cycle(self.number, decisions)
 
-    def victim_order(self, queue: str, upto: int) -> list[tuple[int, int, int, int, JobState]]:
+    def victim_order(self, queue: str, upto: int) -> list[VictimEntry]:
         """A queue's preemptible running jobs of priority <= `upto` in victim order (priority,
         lost work, newest); cached for the instant and the queue's running set. Callers walk it
         in order and stop at a priority they may not take, so a longer list serves them too."""
         idx, now = self.idx, self.now
         version = idx.running_version.get(queue, 0)
         hit = idx.victim_cache.get(queue)
-        if hit is not None and hit[0] == now and hit[1] == version and hit[2] >= upto:
-            cached: list[tuple[int, int, int, int, JobState]] = hit[3]
-            return cached
+        if hit is not None and hit.at == now and hit.version == version and hit.upto >= upto:
+            return hit.entries
         state = self.state
         jobs = state.jobs
         # a job's entry holds for the instant (and its admission): several cycles at one
@@ -226,24 +258,24 @@ class Cycle:
         for j in idx.running.get(queue, ()):
             c = jobs[j]
             hit_entry = entries.get(j)
-            if hit_entry is not None and hit_entry[1] == c.admitted_at:
-                prio = hit_entry[2]
+            if hit_entry is not None and hit_entry.admitted_at == c.admitted_at:
+                prio = hit_entry.priority
                 if prio is None or prio > upto:
                     continue  # not preemptible, or out of reach
-                entry = hit_entry[3]
-                if hit_entry[0] == now and entry is not None:
+                entry = hit_entry.entry
+                if hit_entry.at == now and entry is not None:
                     keys.append(entry)
                     continue
             else:
                 prio = state.priority_of(c) if state.preemptible(c) else None
                 if prio is None or prio > upto:
-                    entries[j] = (-1, c.admitted_at, prio, None)
+                    entries[j] = VictimMemo(-1, c.admitted_at, prio, None)
                     continue
-            entry = (prio, c.lost_gpu_seconds(now), -(c.admitted_at or 0), -c.seq, c)
-            entries[j] = (now, c.admitted_at, prio, entry)
+            entry = VictimEntry(prio, c.lost_gpu_seconds(now), -(c.admitted_at or 0), -c.seq, c)
+            entries[j] = VictimMemo(now, c.admitted_at, prio, entry)
             keys.append(entry)
         keys.sort()
-        idx.victim_cache[queue] = (now, version, upto, keys)
+        idx.victim_cache[queue] = VictimList(now, version, upto, keys)
         return keys
 
     # ------------------------------------------------------------ events
@@ -270,12 +302,12 @@ def _lowest_key(cycle: Cycle, job: JobState) -> OrderKey:
     quota = idx.quota
     shape = idx.shape(job)
     known = cycle.quota_keys.get(shape)
-    if known is not None and known[0] == quota.version:
-        borrows, share = known[1], known[2]
+    if known is not None and known.version == quota.version:
+        borrows, share = known.over_nominal, known.share
     else:
         borrows = 0 if quota.within_nominal(job.queue, job.requests) else 1
         share = quota.share(job.queue, job.requests) if cycle.state.fair_sharing else 0
-        cycle.quota_keys[shape] = (quota.version, borrows, share)
+        cycle.quota_keys[shape] = QuotaPosition(quota.version, borrows, share)
     return order_key(idx.priority(job), job.seq, borrows, share)
 
 
@@ -303,7 +335,7 @@ def _try(cycle: Cycle, job: JobState) -> Outcome:
         known = cycle.failed_classes.get(cls)
         if known is not None:
             # a job just like it failed on this very view: so does this one, for the same reason
-            _park(cycle, job, known[0], known[1])
+            _park(cycle, job, known.reason, known.wake)
             return "parked"
     state, idx = cycle.state, cycle.idx
     preemptible = state.preemptible(job)
@@ -345,7 +377,7 @@ def _try(cycle: Cycle, job: JobState) -> Outcome:
         return "preempting"
     wake = _wake_rule(cycle, job, allow_borrow, quota_reason is not None, result.quota_possible, result)
     if cls is not None:
-        cycle.failed_classes[cls] = (reason, wake)
+        cycle.failed_classes[cls] = Verdict(reason, wake)
     _park(cycle, job, reason, wake)
     return "parked"
 
@@ -379,10 +411,10 @@ def _may_evict_new(cycle: Cycle, job: JobState) -> bool:
     # the admitted list, which only grows: a backlog of one shape asks once per admission
     key = (job.queue, state.priority_of(job), tuple(sorted(r for r, v in job.requests.items() if v > 0)))
     known = cycle.may_evict_new.get(key)
-    if known is not None and known[0] == len(admitted):
-        return known[1]
+    if known is not None and known.admitted == len(admitted):
+        return known.answer
     answer = _may_evict_any(cycle, job, admitted)
-    cycle.may_evict_new[key] = (len(admitted), answer)
+    cycle.may_evict_new[key] = EvictNewAnswer(len(admitted), answer)
     return answer
 
 
