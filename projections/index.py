@@ -21,6 +21,13 @@ from muster.projections.validation import invalid_reason
 _ATTR = "_scheduler_index"
 
 
+class GroupMember(NamedTuple):
+    """A job to try in its `Group`; members are kept sorted, so the first in queue order is last."""
+
+    neg_seq: int
+    job: str
+
+
 class VictimEntry(NamedTuple):
     """A running job in victim order (the first four fields, smallest first; seq is unique)."""
 
@@ -87,8 +94,8 @@ class SchedulerIndex:
         self._shape: dict[str, Shape] = {}
         self.keys: dict[str, Group] = {}
         """The validated pending jobs to try (not parked), with their group."""
-        self.groups: dict[Group, list[tuple[int, str]]] = {}
-        """The jobs to try by group, as (-seq, id) sorted: the first in `order_key` order last."""
+        self.groups: dict[Group, list[GroupMember]] = {}
+        """The jobs to try by group, as sorted `GroupMember`s: the first in `order_key` order last."""
         self.parking = Parking(self._woken)
         self.parking.freed_seen = state.gpus_freed
         self.seen_released: dict[str, dict[str, int]] = {q: dict(v) for q, v in state.queue_released.items()}
@@ -157,14 +164,14 @@ class SchedulerIndex:
         """Make a validated pending job one to try."""
         if job.id not in self.keys:
             group = self.keys[job.id] = (self.shape(job), self.priority(job))
-            bisect.insort(self.groups.setdefault(group, []), (-job.seq, job.id))
+            bisect.insort(self.groups.setdefault(group, []), GroupMember(-job.seq, job.id))
 
     def _deactivate(self, job: JobState) -> None:
         group = self.keys.pop(job.id, None)
         if group is None:
             return
         members = self.groups[group]
-        i = bisect.bisect_left(members, (-job.seq, job.id))
+        i = bisect.bisect_left(members, GroupMember(-job.seq, job.id))
         del members[i]
         if not members:
             del self.groups[group]

@@ -44,6 +44,7 @@ from muster.projections.cluster import ClusterState, JobState, node_pods
 from muster.projections.eviction import Preemptor, may_evict
 from muster.projections.index import (
     Group,
+    GroupMember,
     OrderKey,
     SchedulerIndex,
     Shape,
@@ -61,10 +62,17 @@ from muster.projections.topology import Transaction
 
 POLICY_VERSION = "muster/1"
 
-_HeapEntry = tuple[OrderKey, str, int, Group | None]
-"""(order key when pushed, job, push number, its group or None for a job woken mid-cycle). A job
-woken mid-cycle can be in the heap twice with one key (its group's entry and its own): the push
-number keeps the comparison off the last field."""
+
+class _HeapEntry(NamedTuple):
+    """A job in the cycle's admission heap. A job woken mid-cycle can be in the heap twice with
+    one key (its group's entry and its own): the push number keeps the comparison off `group`."""
+
+    key: OrderKey
+    """Its order key when pushed (a lower bound: keys only grow within a cycle)."""
+    job: str
+    push: int
+    group: Group | None
+    """Its group, or None for a job woken mid-cycle."""
 
 
 class QuotaPosition(NamedTuple):
@@ -224,7 +232,7 @@ class Cycle:
         key = _lowest_key(self, job)
         self.idx.parking.wake(job_id)
         if self.heap is not None:
-            heapq.heappush(self.heap, (key, job_id, next(self.pushes), None))
+            heapq.heappush(self.heap, _HeapEntry(key, job_id, next(self.pushes), None))
 
     def finish(self) -> None:
         """Undo every tentative change, and hand the cycle's parks to the memo as a proposal.
@@ -542,7 +550,7 @@ def _admit(cycle: Cycle) -> None:
     # seq, so only the first of each such group is in the heap at a time.
     jobs = state.jobs
     groups = idx.groups
-    visited: dict[Group, tuple[int, str]] = {}
+    visited: dict[Group, GroupMember] = {}
     """Per group, the last of its jobs taken from it (the groups change as jobs are parked or woken)."""
 
     def next_of(group: Group) -> str | None:
@@ -553,7 +561,7 @@ def _admit(cycle: Cycle) -> None:
         i = len(members) if last is None else bisect.bisect_left(members, last)
         while i > 0:
             i -= 1
-            job_id = members[i][1]
+            job_id = members[i].job
             if job_id not in cycle.tried:
                 visited[group] = members[i]
                 return job_id
@@ -563,21 +571,21 @@ def _admit(cycle: Cycle) -> None:
     for g in sorted(groups):
         head = next_of(g)
         if head is not None:
-            heap.append((_lowest_key(cycle, jobs[head]), head, next(cycle.pushes), g))
+            heap.append(_HeapEntry(_lowest_key(cycle, jobs[head]), head, next(cycle.pushes), g))
     heapq.heapify(heap)
     cycle.heap = heap
     while heap:
         key, job_id, _, group = heapq.heappop(heap)
         job = jobs[job_id]
         fresh = _lowest_key(cycle, job)
-        if fresh != key and heap and fresh > heap[0][0]:
-            heapq.heappush(heap, (fresh, job_id, next(cycle.pushes), group))
+        if fresh != key and heap and fresh > heap[0].key:
+            heapq.heappush(heap, _HeapEntry(fresh, job_id, next(cycle.pushes), group))
             continue
         if group is not None:
             # the group's next job takes its place in the heap
             nxt = next_of(group)
             if nxt is not None:
-                heapq.heappush(heap, (_lowest_key(cycle, jobs[nxt]), nxt, next(cycle.pushes), group))
+                heapq.heappush(heap, _HeapEntry(_lowest_key(cycle, jobs[nxt]), nxt, next(cycle.pushes), group))
         if job_id in cycle.tried:
             continue
         cycle.tried.add(job_id)
