@@ -41,7 +41,7 @@ from muster.events.types import (
     QueueName,
 )
 from muster.projections.cluster import ClusterState, JobState, node_pods
-from muster.projections.eviction import Preemptor, may_evict
+from muster.projections.eviction import Preemptor, evicts_from_others, may_evict, reach
 from muster.projections.index import (
     Group,
     GroupMember,
@@ -325,9 +325,9 @@ def _job_class(cycle: Cycle, job: JobState) -> tuple[object, ...] | None:
     if (
         job.nominated
         or job.chained_eviction(cycle.now)
-        or state.queues[job.queue].preemption.within_queue == "LowerOrNewerEqualPriority"
+        or reach(state.queues[job.queue].preemption, None).equal_in_queue
     ):
-        return None  # its candidates depend on its own submission order
+        return None  # its candidates depend on its own submission order (equal priorities, by seq)
     shape = tuple((ps.name, ps.count, tuple(sorted(ps.requests.items())), ps.topology) for ps in job.podsets)
     return (job.queue, state.priority_of(job), state.preemptible(job), shape)
 
@@ -467,9 +467,7 @@ def _wake_rule(
     # back within nominal quota, the queue may reclaim what its cohort borrowed
     queue = cycle.state.queues[job.queue]
     policy = queue.preemption
-    if queue.cohort is not None and (
-        policy.reclaim_within_cohort != "Never" or policy.borrow_within_cohort.policy != "Never"
-    ):
+    if queue.cohort is not None and evicts_from_others(policy, None):
         over = cycle.idx.quota.over_nominal(job.queue, job.requests)
         if over:
             r = max(sorted(over), key=lambda k: over[k])
