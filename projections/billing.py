@@ -33,7 +33,7 @@ Invariants:
   g * (c - a)), so where a run is cut into pieces does not change any sum.
 - Exactly once at the fold: an event whose sequence is not above
   `tracker.seq` changes nothing.
-- Mirrors the cluster fold's acceptance rules (epoch fencing, placement must
+- Mirrors the cluster fold's acceptance rules (epoch fencing by `fencing`, placement must
   name every pod on a known node, one run at a time) so that billing counts the
   runs the scheduler believes in; an event that does not fit is counted in
   `tracker.ignored` and changes nothing else.
@@ -72,6 +72,7 @@ from muster.events.types import (
     NodeUpdated,
     QueueConfigured,
 )
+from muster.projections.fencing import fenced, newer_leader
 
 HOUR = 3600
 MIB = 1 << 20
@@ -390,7 +391,7 @@ def _slices(tracker: Tracker, job: ActiveJob, placement: Mapping[str, str], borr
 
 def _on_admitted(state: BillingState, ev: JobAdmitted, now: int) -> None:
     tracker = state.tracker
-    if ev.epoch < tracker.epoch:
+    if fenced(ev.epoch, tracker.epoch):
         return _ignore(state)
     job = tracker.jobs.get(ev.job)
     if job is None or job.run is not None:
@@ -421,7 +422,7 @@ def _close(state: BillingState, job: ActiveJob, now: int) -> Run | None:
 
 def _on_preempted(state: BillingState, ev: JobPreempted, now: int) -> None:
     tracker = state.tracker
-    if ev.epoch < tracker.epoch:
+    if fenced(ev.epoch, tracker.epoch):
         return _ignore(state)
     job = tracker.jobs.get(ev.job)
     if job is None or job.run is None:
@@ -459,7 +460,7 @@ def _on_cancelled(state: BillingState, ev: JobCancelled, now: int) -> None:
 
 
 def _on_rejected(state: BillingState, ev: JobRejected, now: int) -> None:
-    if ev.epoch < state.tracker.epoch:
+    if fenced(ev.epoch, state.tracker.epoch):
         return _ignore(state)
     job = state.tracker.jobs.get(ev.job)
     if job is None or job.run is not None:
@@ -518,7 +519,7 @@ def _on_queue(state: BillingState, ev: QueueConfigured, now: int) -> None:
 
 
 def _on_leader(state: BillingState, ev: LeaderElected, now: int) -> None:
-    if ev.epoch <= state.tracker.epoch:
+    if not newer_leader(ev.epoch, state.tracker.epoch):
         return _ignore(state)
     state.tracker.epoch = ev.epoch
 

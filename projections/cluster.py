@@ -51,6 +51,7 @@ from muster.events.types import (
     QueueConfigured,
     SchedulerConfigured,
 )
+from muster.projections.fencing import fenced, newer_leader
 
 JobStatus = Literal["pending", "admitted", "finished", "failed", "cancelled", "rejected"]
 TERMINAL: frozenset[str] = frozenset({"finished", "failed", "cancelled", "rejected"})
@@ -360,7 +361,7 @@ def _count_decision(state: ClusterState, cycle: int) -> None:
 
 
 def _fenced(state: ClusterState, epoch: int) -> bool:
-    if epoch < state.epoch:
+    if fenced(epoch, state.epoch):
         state.fenced += 1
         return True
     return False
@@ -617,7 +618,7 @@ def _on_rejected(state: ClusterState, ev: JobRejected) -> ClusterState:
 
 
 def _on_leader(state: ClusterState, ev: LeaderElected) -> ClusterState:
-    if ev.epoch <= state.epoch:
+    if not newer_leader(ev.epoch, state.epoch):
         return _skip(state)
     state.epoch = ev.epoch
     state.leader = ev.holder

@@ -9,6 +9,7 @@ woken from the same sync, from counters the fold keeps (see `parking`).
 from __future__ import annotations
 
 import bisect
+from typing import NamedTuple
 
 from muster.projections import parking
 from muster.projections.cluster import TERMINAL, ClusterState, JobState
@@ -19,10 +20,63 @@ from muster.projections.validation import invalid_reason
 
 _ATTR = "_scheduler_index"
 
+
+class GroupMember(NamedTuple):
+    """A job to try in its `Group`; members are kept sorted, so the first in queue order is last."""
+
+    neg_seq: int
+    job: str
+
+
+class VictimEntry(NamedTuple):
+    """A running job in victim order (the first four fields, smallest first; seq is unique)."""
+
+    priority: int
+    lost: int
+    """GPU-seconds of work lost if evicted now (since its last checkpoint)."""
+    neg_admitted: int
+    """Minus its admission time: the most recently admitted first."""
+    neg_seq: int
+    job: JobState
+
+
+class VictimList(NamedTuple):
+    """A queue's running jobs in victim order, as computed at `at` for its running set `version`."""
+
+    at: int
+    version: int
+    upto: int
+    """Jobs of priority above this are left out."""
+    entries: list[VictimEntry]
+
+
+class VictimMemo(NamedTuple):
+    """A running job's entry, good for the instant `at` and the admission `admitted_at`."""
+
+    at: int
+    admitted_at: int | None
+    priority: int | None
+    """None: not preemptible."""
+    entry: VictimEntry | None
+
+
 Shape = tuple[str, tuple[tuple[str, int], ...]]
 """(queue, requests): jobs with the same one weigh the same on quota."""
 Group = tuple[Shape, int]
 """(shape, priority): pending jobs whose admission order keys differ only by their seq."""
+OrderKey = tuple[int, int, int, int]
+"""Admission order (see `order_key`): (over nominal, fair share, -priority, seq)."""
+
+
+def order_key(priority: int, seq: int, over_nominal: int = 0, share: int = 0) -> OrderKey:
+    """The one admission order, smallest first: within nominal quota, then the smaller fair
+    share, then the higher priority, then the first submitted (seq is unique).
+
+    The cycle judges the quota position as it goes (`scheduler._lowest_key`); views of one
+    queue's backlog leave it at 0. Within a `Group` only seq differs, so its members are
+    kept by seq (`groups`).
+    """
+    return (over_nominal, share, -priority, seq)
 
 
 class SchedulerIndex:
@@ -40,8 +94,8 @@ class SchedulerIndex:
         self._shape: dict[str, Shape] = {}
         self.keys: dict[str, Group] = {}
         """The validated pending jobs to try (not parked), with their group."""
-        self.groups: dict[Group, list[tuple[int, str]]] = {}
-        """The jobs to try by group, as (-seq, id) sorted: the first in queue order last."""
+        self.groups: dict[Group, list[GroupMember]] = {}
+        """The jobs to try by group, as sorted `GroupMember`s: the first in `order_key` order last."""
         self.parking = Parking(self._woken)
         self.parking.freed_seen = state.gpus_freed
         self.seen_released: dict[str, dict[str, int]] = {q: dict(v) for q, v in state.queue_released.items()}
@@ -52,12 +106,10 @@ class SchedulerIndex:
         """Pending jobs not yet validated."""
         self.running: dict[str, set[str]] = {q: set() for q in state.queues}
         self.running_version: dict[str, int] = {}
-        self.victim_cache: dict[str, tuple[int, int, int, list[tuple[int, int, int, int, JobState]]]] = {}
-        """Queue -> (time, running version, up to priority, running jobs in victim order)."""
-        self.victim_entries: dict[
-            str, tuple[int, int | None, int | None, tuple[int, int, int, int, JobState] | None]
-        ] = {}
-        """Job -> (time of the entry, admitted at, priority or None when not preemptible, entry)."""
+        self.victim_cache: dict[str, VictimList] = {}
+        """Queue -> its running jobs in victim order (see `scheduler.Cycle.victim_order`)."""
+        self.victim_entries: dict[str, VictimMemo] = {}
+        """Job -> its victim-order entry."""
         self.down_nodes: set[str] = {n for n, node in state.nodes.items() if not node.ready}
         self.orphans: set[str] = set()
         for job in state.jobs.values():
@@ -112,14 +164,14 @@ class SchedulerIndex:
         """Make a validated pending job one to try."""
         if job.id not in self.keys:
             group = self.keys[job.id] = (self.shape(job), self.priority(job))
-            bisect.insort(self.groups.setdefault(group, []), (-job.seq, job.id))
+            bisect.insort(self.groups.setdefault(group, []), GroupMember(-job.seq, job.id))
 
     def _deactivate(self, job: JobState) -> None:
         group = self.keys.pop(job.id, None)
         if group is None:
             return
         members = self.groups[group]
-        i = bisect.bisect_left(members, (-job.seq, job.id))
+        i = bisect.bisect_left(members, GroupMember(-job.seq, job.id))
         del members[i]
         if not members:
             del self.groups[group]

@@ -40,6 +40,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 PARKING = True
 """Switch for the memo; off, every pending job is tried every cycle (tests prove both agree)."""
@@ -78,8 +79,15 @@ class _Entry:
         self.stamp = stamp
 
 
-HeapEntry = tuple[int, int, str, int]
-"""(threshold, job seq, job id, park stamp): stale once the job is unparked or parked again."""
+class HeapEntry(NamedTuple):
+    """A parked job's wake, due once its counter reaches `level`; stale once the job is unparked or parked again."""
+
+    level: int
+    seq: int
+    """The job's submission order: due jobs wake in it."""
+    job: str
+    stamp: int
+    """The park it belongs to (`_Entry.stamp`)."""
 
 
 class Parking:
@@ -119,21 +127,21 @@ class Parking:
         self._proposed.append(job_id)
         if wake.freed_short is not None:
             lacking = max(1, wake.freed_short - gpu_free)
-            heapq.heappush(self._freed_heap, (self.freed_seen + lacking, seq, job_id, stamp))
+            heapq.heappush(self._freed_heap, HeapEntry(self.freed_seen + lacking, seq, job_id, stamp))
         for r, amount in wake.released.items():
             key = (root, r)
             target = self.released_total.get(key, 0) + amount
-            heapq.heappush(self._release_heaps.setdefault(key, []), (target, seq, job_id, stamp))
+            heapq.heappush(self._release_heaps.setdefault(key, []), HeapEntry(target, seq, job_id, stamp))
         for r, amount in wake.own_released.items():
             key = (f"own:{queue}", r)
             target = self.released_total.get(key, 0) + amount
-            heapq.heappush(self._release_heaps.setdefault(key, []), (target, seq, job_id, stamp))
+            heapq.heappush(self._release_heaps.setdefault(key, []), HeapEntry(target, seq, job_id, stamp))
         for r, amount in wake.consumed.items():
             key = (root, r)
             target = self.consumed_total.get(key, 0) + amount
-            heapq.heappush(self._consume_heaps.setdefault(key, []), (target, seq, job_id, stamp))
+            heapq.heappush(self._consume_heaps.setdefault(key, []), HeapEntry(target, seq, job_id, stamp))
         if wake.at_time is not None:
-            heapq.heappush(self._time_heap, (wake.at_time, seq, job_id, stamp))
+            heapq.heappush(self._time_heap, HeapEntry(wake.at_time, seq, job_id, stamp))
 
     def end_cycle(self, cycle: int, decisions: int) -> None:
         """The running cycle is over: its parks wait for its decisions to be folded."""
@@ -169,7 +177,7 @@ class Parking:
 
     def _pop_due(self, heap: list[HeapEntry], level: int) -> None:
         parked = self.parked
-        while heap and heap[0][0] <= level:
+        while heap and heap[0].level <= level:
             _, _, job_id, stamp = heapq.heappop(heap)
             e = parked.get(job_id)
             if e is not None and e.stamp == stamp:
@@ -210,12 +218,12 @@ class Parking:
         if not heap:
             return out
         popped = []
-        while heap and heap[0][0] <= level:
+        while heap and heap[0].level <= level:
             entry = heapq.heappop(heap)
             popped.append(entry)
-            e = self.parked.get(entry[2])
-            if e is not None and e.stamp == entry[3]:
-                out.append(entry[2])
+            e = self.parked.get(entry.job)
+            if e is not None and e.stamp == entry.stamp:
+                out.append(entry.job)
         for entry in popped:
             heapq.heappush(heap, entry)
         return out

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from muster.events.types import PreemptionReason
 from muster.projections.cluster import JobState
+from muster.projections.eviction import Mode, Preemptor, may_evict, reach
+from muster.projections.index import VictimEntry
 
 if TYPE_CHECKING:
     from muster.projections.scheduler import Cycle
@@ -51,45 +53,42 @@ UNREACHABLE = 1 << 62
 """Above every priority: the whole victim order."""
 
 
-def _candidates(cycle: Cycle, job: JobState, prio: int, with_others: bool) -> list[JobState]:
-    state, idx = cycle.state, cycle.idx
-    queue = state.queues[job.queue]
-    policy = queue.preemption
+def _candidates(cycle: Cycle, job: JobState, p: Preemptor) -> list[JobState]:
+    """Every running job `eviction.may_evict` lets `p` take that holds something `job` asks for.
+
+    Other queues' first (in victim order across them), then its own queue's.
+    """
+    idx = cycle.idx
     removed = cycle.removed
-    within = policy.within_queue
+    prio = p.priority
     own: list[JobState] = []
-    if within != "Never":
-        newer_equal = within == "LowerOrNewerEqualPriority"
+    rule = reach(p.policy, p.mode)
+    if p.policy.within_queue != "Never":
+        # in victim order, priorities rise: stop at the first the rule refuses whatever the order
+        equal = rule.equal_in_queue
         for cp, _, _, _, c in cycle.victim_order(job.queue, prio):
-            if cp > prio or (cp == prio and not newer_equal):
+            if cp > prio or (cp == prio and not equal):
                 break
             if c.id in removed or c.id == job.evicted_by or not overlaps(c, job):
                 continue
-            if cp == prio and c.seq <= job.seq:
-                continue
-            own.append(c)
-    reclaim = policy.reclaim_within_cohort
-    borrow = policy.borrow_within_cohort
-    others: list[tuple[int, int, int, int, JobState]] = []
-    if with_others and queue.cohort is not None and (reclaim != "Never" or borrow.policy == "LowerPriority"):
-        threshold = borrow.max_priority_threshold
+            if may_evict(p, job.queue, cp, c.seq):
+                own.append(c)
+    others: list[VictimEntry] = []
+    if p.in_cohort and rule.others:
+        upto = UNREACHABLE if rule.above_in_others else prio
         for other in idx.tree_queues.get(idx.roots.get(job.queue, job.queue), ()):
-            if other == job.queue or not idx.running.get(other) or not idx.quota.is_borrowing(other, job.requests):
+            if other == job.queue or not idx.running.get(other):
                 continue
-            for entry in cycle.victim_order(other, UNREACHABLE if reclaim == "Any" else prio):
-                cp, c = entry[0], entry[4]
-                if reclaim != "Any" and cp >= prio:
-                    break
+            borrowing = idx.quota.is_borrowing(other, job.requests)
+            for entry in cycle.victim_order(other, upto):
+                cp, c = entry.priority, entry.job
+                if not may_evict(p, other, cp, c.seq, borrowing):
+                    break  # for other queues the rule only narrows as priority rises
                 if c.id in removed or c.id == job.evicted_by or not overlaps(c, job):
                     continue
-                if (
-                    reclaim == "Any"
-                    or (reclaim == "LowerPriority" and cp < prio)
-                    or (borrow.policy == "LowerPriority" and cp < prio and (threshold is None or cp <= threshold))
-                ):
-                    others.append(entry)
-    others.sort(key=lambda e: e[:4])
-    return [e[4] for e in others] + own
+                others.append(entry)
+    others.sort(key=lambda e: (e.priority, e.lost, e.neg_admitted, e.neg_seq))
+    return [e.job for e in others] + own
 
 
 def overlaps(candidate: JobState, job: JobState) -> bool:
@@ -103,15 +102,15 @@ def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
     if job.chained_eviction(cycle.now):
         return _NONE
     prio = state.priority_of(job)
-    policy = state.queues[job.queue].preemption
-    # Other queues' jobs matter only to fair sharing, to borrowing under
-    # borrow_within_cohort, and to reclaiming while within nominal quota.
-    with_others = (
-        state.fair_sharing
-        or policy.borrow_within_cohort.policy == "LowerPriority"
-        or quota.within_nominal(job.queue, job.requests)
-    )
-    candidates = _candidates(cycle, job, prio, with_others)
+    queue = state.queues[job.queue]
+    policy = queue.preemption
+    mode: Mode
+    if state.fair_sharing:
+        mode = "fair"
+    else:
+        mode = "reclaim" if quota.within_nominal(job.queue, job.requests) else "borrow"
+    rule = Preemptor(job.queue, prio, policy, queue.cohort is not None, mode, job.seq)
+    candidates = _candidates(cycle, job, rule)
     if not candidates:
         return _NONE
     held: dict[str, int] = {}
@@ -119,31 +118,18 @@ def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
         for r, v in c.requests.items():
             held[r] = held.get(r, 0) + v
     gpus = held.get("gpu", 0)
-    probe = _Probe(cycle, job)
+    probe = _Probe(cycle, job, rule)
     same = [c for c in candidates if c.queue == job.queue]
     if len(same) == len(candidates):
         victims = probe.minimal(candidates, allow_borrow, None)
     elif state.fair_sharing:
         victims = probe.fair(candidates, allow_borrow)
     elif policy.borrow_within_cohort.policy == "LowerPriority":
-        threshold = policy.borrow_within_cohort.max_priority_threshold
-        if not quota.within_nominal(job.queue, job.requests):
-            candidates = [
-                c
-                for c in candidates
-                if c.queue == job.queue
-                or (state.priority_of(c) < prio and (threshold is None or state.priority_of(c) <= threshold))
-            ]
-        elif policy.reclaim_within_cohort == "Never":
-            # within nominal quota, taking from other queues is reclaiming, which the policy forbids
-            candidates = same
-        victims = probe.minimal(candidates, allow_borrow, threshold)
+        # borrowing, `_candidates` kept only the jobs the preemptor may take while it borrows
+        victims = probe.minimal(candidates, allow_borrow, policy.borrow_within_cohort.max_priority_threshold)
     else:
-        victims = None
-        if quota.within_nominal(job.queue, job.requests):
-            victims = probe.minimal(candidates, False, None)
-        if not victims:
-            victims = probe.minimal(same, allow_borrow, None)
+        # other queues' jobs are candidates only while reclaiming: first without borrowing
+        victims = probe.minimal(candidates, False, None) or probe.minimal(same, allow_borrow, None)
     if not victims:
         # with only own-queue candidates a failure means that evicting all of them
         # does not help, whatever their order
@@ -176,9 +162,10 @@ def _with_reasons(cycle: Cycle, job: JobState, victims: list[JobState]) -> list[
 class _Probe:
     """Tries victim sets on the cycle's view, leaving it unchanged."""
 
-    def __init__(self, cycle: Cycle, job: JobState) -> None:
+    def __init__(self, cycle: Cycle, job: JobState, rule: Preemptor) -> None:
         self.cycle = cycle
         self.job = job
+        self.rule = rule
         self.quota_possible = False
 
     def _fits(self, allow_borrow: bool) -> bool:
@@ -200,6 +187,12 @@ class _Probe:
                 self.cycle.remove(t)
         return kept
 
+    def _still(self, c: JobState) -> bool:
+        """Whether the rule still lets the preemptor take `c` on the view as it stands (its queue borrows)."""
+        cycle = self.cycle
+        borrowing = cycle.idx.quota.is_borrowing(c.queue, self.job.requests)
+        return may_evict(self.rule, c.queue, cycle.state.priority_of(c), c.seq, borrowing)
+
     def _undo(self, removed: list[JobState]) -> None:
         for t in reversed(removed):
             if t.id in self.cycle.removed:
@@ -213,10 +206,11 @@ class _Probe:
         fits = False
         for c in candidates:
             if c.queue != job.queue:
-                if not quota.is_borrowing(c.queue, job.requests):
-                    continue
-                if threshold is not None and state.priority_of(c) > threshold:
-                    allow_borrow = False
+                cp = state.priority_of(c)
+                if not may_evict(self.rule, c.queue, cp, c.seq, quota.is_borrowing(c.queue, job.requests)):
+                    continue  # its queue no longer borrows
+                if threshold is not None and cp > threshold:
+                    allow_borrow = False  # borrow_within_cohort: borrowing only past victims under the threshold
             cycle.remove(c)
             targets.append(c)
             if self._fits(allow_borrow):
@@ -261,7 +255,7 @@ class _Probe:
             mine = quota.share(job.queue, job.requests)
             while pool[q]:
                 c = pool[q].pop(0)
-                if not quota.is_borrowing(q, job.requests):
+                if not self._still(c):
                     continue
                 theirs_after = quota.share(q, {r: -v for r, v in c.requests.items()})
                 if mine <= theirs_after:
@@ -278,7 +272,7 @@ class _Probe:
             mine = quota.share(job.queue, job.requests)
             theirs = quota.share(q)
             c = retry[q].pop(0)
-            if mine < theirs and quota.is_borrowing(q, job.requests):
+            if mine < theirs and self._still(c):
                 cycle.remove(c)
                 targets.append(c)
                 fits = self._fits(allow_borrow)

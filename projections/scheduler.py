@@ -28,7 +28,7 @@ import heapq
 import itertools
 from collections import Counter
 from collections.abc import Mapping
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from muster.events.types import (
     Event,
@@ -41,7 +41,20 @@ from muster.events.types import (
     QueueName,
 )
 from muster.projections.cluster import ClusterState, JobState, node_pods
-from muster.projections.index import Group, SchedulerIndex, Shape, index_of, take_new_jobs
+from muster.projections.eviction import Preemptor, evicts_from_others, may_evict, reach
+from muster.projections.index import (
+    Group,
+    GroupMember,
+    OrderKey,
+    SchedulerIndex,
+    Shape,
+    VictimEntry,
+    VictimList,
+    VictimMemo,
+    index_of,
+    order_key,
+    take_new_jobs,
+)
 from muster.projections.parking import Wake
 from muster.projections.preemption import Result, Victim, find_victims, overlaps
 from muster.projections.resources import fmt
@@ -49,12 +62,39 @@ from muster.projections.topology import Transaction
 
 POLICY_VERSION = "muster/1"
 
-OrderKey = tuple[int, int, int, int]
-"""Admission order (see `_lowest_key`): (over nominal, fair share, -priority, seq)."""
-_HeapEntry = tuple[OrderKey, str, int, Group | None]
-"""(order key when pushed, job, push number, its group or None for a job woken mid-cycle). A job
-woken mid-cycle can be in the heap twice with one key (its group's entry and its own): the push
-number keeps the comparison off the last field."""
+
+class _HeapEntry(NamedTuple):
+    """A job in the cycle's admission heap. A job woken mid-cycle can be in the heap twice with
+    one key (its group's entry and its own): the push number keeps the comparison off `group`."""
+
+    key: OrderKey
+    """Its order key when pushed (a lower bound: keys only grow within a cycle)."""
+    job: str
+    push: int
+    group: Group | None
+    """Its group, or None for a job woken mid-cycle."""
+
+
+class QuotaPosition(NamedTuple):
+    """A shape's place in `order_key` by quota, as of quota `version`."""
+
+    version: int
+    over_nominal: int
+    share: int
+
+
+class Verdict(NamedTuple):
+    """Why a job class failed on the cycle's view, and what must happen before it may change."""
+
+    reason: str
+    wake: Wake
+
+
+class EvictNewAnswer(NamedTuple):
+    """`_may_evict_new`'s answer, good while the tree's admitted list has `admitted` jobs."""
+
+    admitted: int
+    answer: bool
 
 
 class Cycle:
@@ -69,18 +109,18 @@ class Cycle:
         self.topo = Transaction(idx.topology)
         self.quota_mark = idx.quota.mark()
         self.tried: set[str] = set()
-        self.current: tuple[int, int, int, int] | None = None
+        self.current: OrderKey | None = None
         """Order key of the job being tried (None while nominated preemptors go first)."""
         self.heap: list[_HeapEntry] | None = None
         self.pushes = itertools.count()
         self.consumed: dict[tuple[str, str], int] = {}
         """Usage taken in this cycle, per (tree, resource)."""
-        self.failed_classes: dict[tuple[object, ...], tuple[str, Wake]] = {}
+        self.failed_classes: dict[tuple[object, ...], Verdict] = {}
         """Verdicts of jobs that failed on the current view, by job class (cleared on any change)."""
-        self.quota_keys: dict[Shape, tuple[int, int, int]] = {}
-        """`_lowest_key`'s quota part by (queue, requests): (quota version it was computed at, borrows, share)."""
-        self.may_evict_new: dict[tuple[str, int, tuple[str, ...]], tuple[int, bool]] = {}
-        """`_may_evict_new` by (queue, priority, resources): (admitted jobs in the tree when asked, answer)."""
+        self.quota_keys: dict[Shape, QuotaPosition] = {}
+        """`_lowest_key`'s quota part by (queue, requests)."""
+        self.may_evict_new: dict[tuple[str, int, tuple[str, ...]], EvictNewAnswer] = {}
+        """`_may_evict_new` by (queue, priority, resources)."""
         self.admitted_by_root: dict[str, list[JobState]] = {}
         """Jobs admitted (or holding room as preemptors) in this cycle, per tree: new victims next cycle."""
         self.removed: set[str] = set()
@@ -183,7 +223,7 @@ class Cycle:
         for job_id in due:
             self._wake(job_id, before.get(job_id))
 
-    def _wake(self, job_id: str, before: tuple[int, int, int, int] | None) -> None:
+    def _wake(self, job_id: str, before: OrderKey | None) -> None:
         if job_id not in self.idx.parking.parked or job_id in self.tried:
             return
         if self.current is not None and before is not None and before < self.current:
@@ -192,7 +232,7 @@ class Cycle:
         key = _lowest_key(self, job)
         self.idx.parking.wake(job_id)
         if self.heap is not None:
-            heapq.heappush(self.heap, (key, job_id, next(self.pushes), None))
+            heapq.heappush(self.heap, _HeapEntry(key, job_id, next(self.pushes), None))
 
     def finish(self) -> None:
         """Undo every tentative change, and hand the cycle's parks to the memo as a proposal.
@@ -208,16 +248,15 @@ class Cycle:
         decisions = sum(1 for ev in self.events if getattr(ev, "cycle", 0) == self.number)
         self.idx.parking.end_cycle(self.number, decisions)
 
-    def victim_order(self, queue: str, upto: int) -> list[tuple[int, int, int, int, JobState]]:
+    def victim_order(self, queue: str, upto: int) -> list[VictimEntry]:
         """A queue's preemptible running jobs of priority <= `upto` in victim order (priority,
         lost work, newest); cached for the instant and the queue's running set. Callers walk it
         in order and stop at a priority they may not take, so a longer list serves them too."""
         idx, now = self.idx, self.now
         version = idx.running_version.get(queue, 0)
         hit = idx.victim_cache.get(queue)
-        if hit is not None and hit[0] == now and hit[1] == version and hit[2] >= upto:
-            cached: list[tuple[int, int, int, int, JobState]] = hit[3]
-            return cached
+        if hit is not None and hit.at == now and hit.version == version and hit.upto >= upto:
+            return hit.entries
         state = self.state
         jobs = state.jobs
         # a job's entry holds for the instant (and its admission): several cycles at one
@@ -227,24 +266,24 @@ class Cycle:
         for j in idx.running.get(queue, ()):
             c = jobs[j]
             hit_entry = entries.get(j)
-            if hit_entry is not None and hit_entry[1] == c.admitted_at:
-                prio = hit_entry[2]
+            if hit_entry is not None and hit_entry.admitted_at == c.admitted_at:
+                prio = hit_entry.priority
                 if prio is None or prio > upto:
                     continue  # not preemptible, or out of reach
-                entry = hit_entry[3]
-                if hit_entry[0] == now and entry is not None:
+                entry = hit_entry.entry
+                if hit_entry.at == now and entry is not None:
                     keys.append(entry)
                     continue
             else:
                 prio = state.priority_of(c) if state.preemptible(c) else None
                 if prio is None or prio > upto:
-                    entries[j] = (-1, c.admitted_at, prio, None)
+                    entries[j] = VictimMemo(-1, c.admitted_at, prio, None)
                     continue
-            entry = (prio, c.lost_gpu_seconds(now), -(c.admitted_at or 0), -c.seq, c)
-            entries[j] = (now, c.admitted_at, prio, entry)
+            entry = VictimEntry(prio, c.lost_gpu_seconds(now), -(c.admitted_at or 0), -c.seq, c)
+            entries[j] = VictimMemo(now, c.admitted_at, prio, entry)
             keys.append(entry)
         keys.sort()
-        idx.victim_cache[queue] = (now, version, upto, keys)
+        idx.victim_cache[queue] = VictimList(now, version, upto, keys)
         return keys
 
     # ------------------------------------------------------------ events
@@ -265,19 +304,19 @@ class Cycle:
         self.remove(job)
 
 
-def _lowest_key(cycle: Cycle, job: JobState) -> tuple[int, int, int, int]:
-    """Admission order: within nominal first, then fair share, then priority, then FIFO (seq is unique)."""
+def _lowest_key(cycle: Cycle, job: JobState) -> OrderKey:
+    """The job's `order_key` on the cycle's view (its quota position cached per shape and quota version)."""
     idx = cycle.idx
     quota = idx.quota
     shape = idx.shape(job)
     known = cycle.quota_keys.get(shape)
-    if known is not None and known[0] == quota.version:
-        borrows, share = known[1], known[2]
+    if known is not None and known.version == quota.version:
+        borrows, share = known.over_nominal, known.share
     else:
         borrows = 0 if quota.within_nominal(job.queue, job.requests) else 1
         share = quota.share(job.queue, job.requests) if cycle.state.fair_sharing else 0
-        cycle.quota_keys[shape] = (quota.version, borrows, share)
-    return (borrows, share, -idx.priority(job), job.seq)
+        cycle.quota_keys[shape] = QuotaPosition(quota.version, borrows, share)
+    return order_key(idx.priority(job), job.seq, borrows, share)
 
 
 def _job_class(cycle: Cycle, job: JobState) -> tuple[object, ...] | None:
@@ -286,9 +325,9 @@ def _job_class(cycle: Cycle, job: JobState) -> tuple[object, ...] | None:
     if (
         job.nominated
         or job.chained_eviction(cycle.now)
-        or state.queues[job.queue].preemption.within_queue == "LowerOrNewerEqualPriority"
+        or reach(state.queues[job.queue].preemption, None).equal_in_queue
     ):
-        return None  # its candidates depend on its own submission order
+        return None  # its candidates depend on its own submission order (equal priorities, by seq)
     shape = tuple((ps.name, ps.count, tuple(sorted(ps.requests.items())), ps.topology) for ps in job.podsets)
     return (job.queue, state.priority_of(job), state.preemptible(job), shape)
 
@@ -304,7 +343,7 @@ def _try(cycle: Cycle, job: JobState) -> Outcome:
         known = cycle.failed_classes.get(cls)
         if known is not None:
             # a job just like it failed on this very view: so does this one, for the same reason
-            _park(cycle, job, known[0], known[1])
+            _park(cycle, job, known.reason, known.wake)
             return "parked"
     state, idx = cycle.state, cycle.idx
     preemptible = state.preemptible(job)
@@ -346,7 +385,7 @@ def _try(cycle: Cycle, job: JobState) -> Outcome:
         return "preempting"
     wake = _wake_rule(cycle, job, allow_borrow, quota_reason is not None, result.quota_possible, result)
     if cls is not None:
-        cycle.failed_classes[cls] = (reason, wake)
+        cycle.failed_classes[cls] = Verdict(reason, wake)
     _park(cycle, job, reason, wake)
     return "parked"
 
@@ -369,7 +408,8 @@ def _may_evict_new(cycle: Cycle, job: JobState) -> bool:
 
     Those jobs are not candidates while the cycle lasts (they run only once the
     decisions are folded), so a verdict that might count them is judged again.
-    The test is a superset of `preemption._candidates`, by queue and priority.
+    It asks the rule `preemption._candidates` asks, leaving open what depends on
+    the moment (the job's quota position, submission order, lenders' borrowing).
     """
     state, idx = cycle.state, cycle.idx
     admitted = cycle.admitted_by_root.get(idx.roots.get(job.queue, job.queue))
@@ -379,31 +419,23 @@ def _may_evict_new(cycle: Cycle, job: JobState) -> bool:
     # the admitted list, which only grows: a backlog of one shape asks once per admission
     key = (job.queue, state.priority_of(job), tuple(sorted(r for r, v in job.requests.items() if v > 0)))
     known = cycle.may_evict_new.get(key)
-    if known is not None and known[0] == len(admitted):
-        return known[1]
+    if known is not None and known.admitted == len(admitted):
+        return known.answer
     answer = _may_evict_any(cycle, job, admitted)
-    cycle.may_evict_new[key] = (len(admitted), answer)
+    cycle.may_evict_new[key] = EvictNewAnswer(len(admitted), answer)
     return answer
 
 
 def _may_evict_any(cycle: Cycle, job: JobState, admitted: list[JobState]) -> bool:
+    """Whether `eviction.may_evict` lets `job` take any of `admitted`, in some quota position and order."""
     state = cycle.state
     queue = state.queues[job.queue]
-    policy = queue.preemption
-    within = policy.within_queue
-    reclaim = policy.reclaim_within_cohort
-    borrow = policy.borrow_within_cohort.policy
-    prio = state.priority_of(job)
+    rule = Preemptor(job.queue, state.priority_of(job), queue.preemption, queue.cohort is not None, None, None)
     for other in admitted:
-        if not state.preemptible(other) or not overlaps(other, job):
+        if not overlaps(other, job):
             continue
-        cp = state.priority_of(other)
-        if other.queue == job.queue:
-            if within != "Never" and cp <= prio:
-                return True
-        elif queue.cohort is not None and (
-            reclaim == "Any" or ((reclaim == "LowerPriority" or borrow == "LowerPriority") and cp < prio)
-        ):
+        prio = state.priority_of(other) if state.preemptible(other) else None
+        if may_evict(rule, other.queue, prio, other.seq):
             return True
     return False
 
@@ -435,9 +467,7 @@ def _wake_rule(
     # back within nominal quota, the queue may reclaim what its cohort borrowed
     queue = cycle.state.queues[job.queue]
     policy = queue.preemption
-    if queue.cohort is not None and (
-        policy.reclaim_within_cohort != "Never" or policy.borrow_within_cohort.policy != "Never"
-    ):
+    if queue.cohort is not None and evicts_from_others(policy, None):
         over = cycle.idx.quota.over_nominal(job.queue, job.requests)
         if over:
             r = max(sorted(over), key=lambda k: over[k])
@@ -518,7 +548,7 @@ def _admit(cycle: Cycle) -> None:
     # seq, so only the first of each such group is in the heap at a time.
     jobs = state.jobs
     groups = idx.groups
-    visited: dict[Group, tuple[int, str]] = {}
+    visited: dict[Group, GroupMember] = {}
     """Per group, the last of its jobs taken from it (the groups change as jobs are parked or woken)."""
 
     def next_of(group: Group) -> str | None:
@@ -529,7 +559,7 @@ def _admit(cycle: Cycle) -> None:
         i = len(members) if last is None else bisect.bisect_left(members, last)
         while i > 0:
             i -= 1
-            job_id = members[i][1]
+            job_id = members[i].job
             if job_id not in cycle.tried:
                 visited[group] = members[i]
                 return job_id
@@ -539,21 +569,21 @@ def _admit(cycle: Cycle) -> None:
     for g in sorted(groups):
         head = next_of(g)
         if head is not None:
-            heap.append((_lowest_key(cycle, jobs[head]), head, next(cycle.pushes), g))
+            heap.append(_HeapEntry(_lowest_key(cycle, jobs[head]), head, next(cycle.pushes), g))
     heapq.heapify(heap)
     cycle.heap = heap
     while heap:
         key, job_id, _, group = heapq.heappop(heap)
         job = jobs[job_id]
         fresh = _lowest_key(cycle, job)
-        if fresh != key and heap and fresh > heap[0][0]:
-            heapq.heappush(heap, (fresh, job_id, next(cycle.pushes), group))
+        if fresh != key and heap and fresh > heap[0].key:
+            heapq.heappush(heap, _HeapEntry(fresh, job_id, next(cycle.pushes), group))
             continue
         if group is not None:
             # the group's next job takes its place in the heap
             nxt = next_of(group)
             if nxt is not None:
-                heapq.heappush(heap, (_lowest_key(cycle, jobs[nxt]), nxt, next(cycle.pushes), group))
+                heapq.heappush(heap, _HeapEntry(_lowest_key(cycle, jobs[nxt]), nxt, next(cycle.pushes), group))
         if job_id in cycle.tried:
             continue
         cycle.tried.add(job_id)
@@ -584,7 +614,7 @@ def _reclaim_idle(cycle: Cycle) -> None:
         return
     idle.sort(key=lambda j: (j.idle_since or 0, j.seq))
     candidates = (set(idx.keys) | set(idx.parking.parked)) - set(cycle.placed)
-    waiting = sorted((state.jobs[j] for j in candidates), key=lambda j: (-state.priority_of(j), j.seq))
+    waiting = sorted((state.jobs[j] for j in candidates), key=lambda j: order_key(state.priority_of(j), j.seq))
     for job in idle:
         cycle.remove(job)
         useful = any(cycle.fits(p, state.preemptible(p)) for p in waiting)

@@ -45,6 +45,7 @@ from muster.events.types import (
 )
 from muster.projections import index as scheduler_index
 from muster.projections.cluster import ClusterState, evolve
+from muster.projections.fencing import fenced
 from muster.projections.resources import fmt
 from muster.projections.scheduler import decide
 from muster.replay.points import Point
@@ -233,7 +234,7 @@ async def audit(
                     evolve(state, ev)
                     continue
                 partial_key = None
-                if ev.epoch < state.epoch:
+                if fenced(ev.epoch, state.epoch):
                     settle(seq, None)
                     report.fenced += 1
                     report.fenced_seqs.append(seq)

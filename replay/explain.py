@@ -554,14 +554,12 @@ def blockers(state: ClusterState, job: JobState) -> dict[str, Any]:
 
 def _victims(state: ClusterState, job: JobState) -> dict[str, Any]:
     """What the core's own victim search finds for the job now (on a cycle that is undone)."""
+    from muster.projections.eviction import evicts_nothing
+
     queue = state.queues.get(job.queue)
     if queue is None:
         return {}
-    p = queue.preemption
-    never = (
-        p.within_queue == "Never" and p.reclaim_within_cohort == "Never" and p.borrow_within_cohort.policy == "Never"
-    )
-    if never and not state.fair_sharing:
+    if evicts_nothing(queue.preemption) and not state.fair_sharing:
         return {"policy": "Never"}
     from muster.projections.index import index_of
     from muster.projections.preemption import find_victims

@@ -25,7 +25,7 @@ Checks (the `check` of a `Violation`):
   settled) a running gang is bound whole or not at all.
 
 A decision of an epoch older than the last `LeaderElected` is fenced: it takes
-no effect (as in the fold) and is only counted. "A resource a queue does not
+no effect (`projections.fencing`, as in the fold) and is only counted. "A resource a queue does not
 name has no quota limit" (spec/scenario.md): such resources are not checked.
 """
 
@@ -56,6 +56,7 @@ from muster.events.types import (
     NodeUpdated,
     QueueConfigured,
 )
+from muster.projections.fencing import fenced, newer_leader
 
 __all__ = ["CHECKS", "Binding", "Checker", "Report", "Violation", "check_log"]
 
@@ -236,7 +237,8 @@ class Checker:
                         "decisions", seq, "", f"{event.holder} claims epoch {event.epoch}, already held by {holder}"
                     )
                 self.epoch_holder.setdefault(event.epoch, event.holder)
-                self.epoch = max(self.epoch, event.epoch)
+                if newer_leader(event.epoch, self.epoch):
+                    self.epoch = event.epoch
 
     def feed_all(self, log: Iterable[Event | tuple[int, Event]], msg_ids: Sequence[str] | None = None) -> None:
         for i, item in enumerate(log):
@@ -289,7 +291,7 @@ class Checker:
             self._fail("decisions", seq, job_id, f"{type(ev).__name__} of {job_id} stored twice (first at seq {first})")
             return
         self._seen_decisions[digest] = seq
-        if getattr(ev, "epoch", 0) < self.epoch:
+        if fenced(getattr(ev, "epoch", 0), self.epoch):
             self.fenced += 1
             return
         job = self.jobs.get(job_id)

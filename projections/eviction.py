@@ -1,0 +1,104 @@
+"""The one rule of who may evict whom (spec/scenario.md, Preemption; Kueue's `preemption.go`).
+
+`may_evict` is the only place that reads a queue's preemption policy to say
+whether a preemptor may take a running job's room. The victim search
+(`preemption`), the cycle's check for jobs admitted earlier in the same cycle
+(`scheduler._may_evict_new`) and `explain` all ask it; they differ only in what
+they know about the preemptor (`Preemptor.seq` and `Preemptor.mode` may be left
+open, which asks whether *some* submission order or quota position allows it).
+
+- A non-preemptible job (priority None here) is never a victim.
+- In the preemptor's own queue, `within_queue`: LowerPriority takes lower
+  priorities; LowerOrNewerEqualPriority also equal priorities submitted later;
+  never a higher priority.
+- From another queue of its cohort tree, and only while that queue borrows:
+  reclaiming (the preemptor within its nominal quota) follows
+  `reclaim_within_cohort` (Any, or LowerPriority); borrowing follows
+  `borrow_within_cohort` (LowerPriority, at or under the threshold if one is
+  set); with fair sharing either may apply (shares decide among them).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Literal, NamedTuple
+
+from muster.events.types import PreemptionPolicy
+
+Mode = Literal["reclaim", "borrow", "fair"]
+"""How the preemptor takes from other queues: within its nominal quota, borrowing, or by fair share."""
+
+LOWEST = -(1 << 62)
+"""Below every priority."""
+
+
+class Preemptor(NamedTuple):
+    """What the rule needs to know of a preemptor."""
+
+    queue: str
+    priority: int
+    policy: PreemptionPolicy
+    in_cohort: bool
+    """Whether its queue belongs to a cohort (else only its own queue can give room)."""
+    mode: Mode | None
+    """None: any mode (the answer is whether some quota position allows the eviction)."""
+    seq: int | None
+    """Its submission order; None: any (the answer is whether some order allows it)."""
+
+
+def may_evict(p: Preemptor, queue: str, priority: int | None, seq: int, lender_borrowing: bool = True) -> bool:
+    """Whether `p` may evict a running job of `queue` at `priority` (None: not preemptible) submitted at `seq`.
+
+    `lender_borrowing`: whether `queue` borrows from the cohort now (a job of
+    another queue is a candidate only then).
+    """
+    if priority is None:
+        return False
+    if queue == p.queue:
+        within = p.policy.within_queue
+        if within == "Never" or priority > p.priority:
+            return False
+        if priority < p.priority:
+            return True
+        return within == "LowerOrNewerEqualPriority" and (p.seq is None or seq > p.seq)
+    if not p.in_cohort or not lender_borrowing:
+        return False
+    if p.mode != "borrow":
+        reclaim = p.policy.reclaim_within_cohort
+        if reclaim == "Any" or (reclaim == "LowerPriority" and priority < p.priority):
+            return True
+    if p.mode != "reclaim":
+        borrow = p.policy.borrow_within_cohort
+        threshold = borrow.max_priority_threshold
+        if borrow.policy == "LowerPriority" and priority < p.priority and (threshold is None or priority <= threshold):
+            return True
+    return False
+
+
+class Reach(NamedTuple):
+    """How far the rule reaches for a policy in a mode, whatever the preemptor's priority (derived from `may_evict`)."""
+
+    equal_in_queue: bool
+    """Some job of the preemptor's own queue at its own priority may be evicted (for some order)."""
+    others: bool
+    """Some job of another queue may be evicted."""
+    above_in_others: bool
+    """Jobs of other queues at or above the preemptor's priority may be evicted."""
+
+
+@cache
+def reach(policy: PreemptionPolicy, mode: Mode | None) -> Reach:
+    """The rule's reach for `policy` in `mode` (cached: policies are few and frozen)."""
+    p = Preemptor("q", 0, policy, True, mode, None)
+    return Reach(may_evict(p, "q", 0, 0), may_evict(p, "other", LOWEST, 0), may_evict(p, "other", 0, 0))
+
+
+def evicts_from_others(policy: PreemptionPolicy, mode: Mode | None) -> bool:
+    """Whether, in `mode`, the rule may let a preemptor evict any job of another queue."""
+    return reach(policy, mode).others
+
+
+def evicts_nothing(policy: PreemptionPolicy) -> bool:
+    """Whether the rule lets a preemptor under `policy` evict no job at all, whatever its position."""
+    p = Preemptor("q", 0, policy, True, None, None)
+    return not may_evict(p, "q", LOWEST, 0) and not may_evict(p, "other", LOWEST, 0)
