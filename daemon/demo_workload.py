@@ -16,9 +16,11 @@ and idle reclaim acts on. The
 profile is drawn from its own generator (seed and gang name), so the stream
 of gangs is the same as without it.
 
-It also plays the Job controller: a pod of a live gang that disappears (an
+It also plays the gangs' controller: its pods name it in ownerReferences (as
+an operator's pods would), and a pod of a live gang that disappears (an
 eviction) is replaced by a new pod with the same labels, so a preempted gang
-comes back as a whole and is admitted again under the same job id.
+comes back as a whole and is admitted again under the same job id (pods that
+name no controller would end with JobFailed instead: nothing recreates them).
 
 Deterministic for a seed, apart from timing.
 """
@@ -66,6 +68,8 @@ IDLE_SHARE = 0.25
 IDLE_THRESHOLD = 0.05
 IDLE_RUNTIME = 3
 """An idle job holds its GPUs this many times its drawn runtime: nobody watches it, it runs to its time limit."""
+CONTROLLER = {"apiVersion": "demo.muster.dev/v1", "kind": "Trainer", "controller": True}
+"""The ownerReference of every demo pod: the workload plays this controller and recreates evicted pods."""
 
 
 def demo_nodes(blocks: int = 4, racks: int = 4, nodes: int = 4, gpus: int = 8) -> list[dict[str, Any]]:
@@ -202,6 +206,7 @@ class Workload:
                 "demo/index": str(index),
             },
             annotations=annotations,
+            owner=CONTROLLER | {"name": spec.name, "uid": f"demo-{spec.name}"},
             priority_class=spec.priority_class,
             grace_seconds=0,
         )

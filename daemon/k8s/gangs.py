@@ -117,6 +117,8 @@ class Owner:
     namespace: str
     name: str
     uid: str = ""
+    controlled: bool = False
+    """A labelled pod group whose pods name a controller (an operator of the user's own) in ownerReferences."""
 
     @property
     def source(self) -> str:
@@ -132,10 +134,11 @@ class Owner:
 def recreated(owner: Owner) -> bool:
     """Whether a controller recreates the gang's pods when they are lost (evicted, their node gone).
 
-    A Job, JobSet or Kubeflow job has one; bare pods and a labelled pod group have none: once
-    their pods are gone, the job can never run again.
+    A Job, JobSet or Kubeflow job has one, and so has a labelled pod group whose pods name a
+    controller; bare pods and an uncontrolled pod group have none: once their pods are gone, the
+    job can never run again.
     """
-    return owner.kind not in UNOWNED
+    return owner.kind not in UNOWNED or owner.controlled
 
 
 @dataclass(frozen=True)
@@ -235,7 +238,7 @@ def pod_info(pod: Obj) -> PodInfo:
     hint = str(labels.get(PODSET_LABEL) or "")
     volcano_group = annotations.get(VOLCANO_GROUP_KEY) or labels.get(VOLCANO_GROUP_KEY)
     if labels.get(GANG_LABEL):
-        owner = Owner("Gang", ns, str(labels[GANG_LABEL]))
+        owner = Owner("Gang", ns, str(labels[GANG_LABEL]), controlled=ref is not None)
     elif volcano_group:
         owner = Owner(VOLCANO_POD_GROUP, ns, str(volcano_group))
     elif labels.get(COSCHEDULING_GROUP_LABEL):

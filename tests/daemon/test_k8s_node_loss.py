@@ -48,6 +48,23 @@ def test_a_deleted_node_ends_the_pod_groups_on_it_and_leaves_jobs_to_the_core() 
     assert t.gangs.ended(subs["g"]) and not t.gangs.ended(subs["train"]) and not t.gangs.ended(subs["h"])
 
 
+def test_a_pod_group_with_a_controller_is_left_to_the_core_when_its_node_goes() -> None:
+    """Labelled pods that name a controller (a user's operator) come back: no JobFailed, the core requeues them."""
+    t = Translator()
+    t.on_node(WatchEvent("nodes", "ADDED", m.node("n1")))
+    labels = {"muster.dev/gang": "g", "muster.dev/gang-size": "2", "muster.dev/queue": "q"}
+    controller = {"apiVersion": "example.com/v1", "kind": "Trainer", "name": "g", "uid": "t-uid", "controller": True}
+    for i in range(2):
+        pod = running_on(m.pod(f"g-{i}", "ns", gpus=1, labels=labels), "n1")
+        pod["metadata"]["ownerReferences"] = [controller]
+        t.on_pod(WatchEvent("pods", "ADDED", pod), 1)
+    [sub] = [e for e in t.flush(1) if isinstance(e, JobSubmitted)]
+    assert t.gangs.recreates(sub.job)
+    t.on_node(WatchEvent("nodes", "DELETED", m.node("n1")))
+    assert [type(e).__name__ for e in t.flush(2)] == ["NodeRemoved"]
+    assert not t.gangs.ended(sub.job)
+
+
 def test_a_node_deleted_and_back_within_one_flush_ends_nothing() -> None:
     """A node that is there again by the flush (a kubelet re-registering) has lost no pods."""
     t = Translator()
