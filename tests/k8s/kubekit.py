@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
+from eventlog import EventLog
 from kubernetes_asyncio.client import (
     ApiClient,
     ApiextensionsV1Api,
@@ -34,7 +35,6 @@ from muster.daemon.k8s import Backoff, KubernetesAdapter
 from muster.daemon.k8s import manifests as m
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
 from muster.events.store import EventStore, StoredEvent
-from muster.events.types import Event
 
 Obj = dict[str, Any]
 TEST_LABEL = "muster.dev/test"
@@ -54,27 +54,6 @@ async def eventually(check: Callable[[], Any], seconds: float = 20.0, every: flo
 
 
 FAST = Backoff(initial=0.01, maximum=0.2, jitter=0.0)
-
-
-class EventLog:
-    """A sink that keeps every event it is given and lets a test wait for some."""
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-        self._changed = anyio.Event()
-
-    async def __call__(self, events: list[Event]) -> None:
-        self.events.extend(events)
-        self._changed.set()
-        self._changed = anyio.Event()
-
-    def of(self, cls: type[Any]) -> list[Any]:
-        return [e for e in self.events if isinstance(e, cls)]
-
-    async def wait_for(self, predicate: Callable[[EventLog], bool], seconds: float = 20.0) -> None:
-        with anyio.fail_after(seconds):
-            while not predicate(self):
-                await self._changed.wait()
 
 
 @contextlib.asynccontextmanager

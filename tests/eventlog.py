@@ -1,0 +1,37 @@
+"""`EventLog`: a sink for an adapter under test that keeps every event and lets a test wait for some.
+
+Shared by the emulator tests (tests/daemon) and the real API server tier (tests/k8s).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from muster.events.types import Event
+
+
+class EventLog:
+    """A sink that keeps every batch of events and lets a test wait for one."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.batches = 0
+        self._changed = anyio.Event()
+
+    async def __call__(self, events: list[Event]) -> None:
+        self.events.extend(events)
+        self.batches += 1
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    def of(self, cls: type[Any]) -> list[Any]:
+        return [e for e in self.events if isinstance(e, cls)]
+
+    async def wait_for(self, predicate: Callable[[EventLog], bool], seconds: float = 30.0) -> None:
+        # generous: it returns as soon as the predicate holds, and CI shares 2 cores with the whole suite
+        with anyio.fail_after(seconds):
+            while not predicate(self):
+                await self._changed.wait()
