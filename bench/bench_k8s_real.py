@@ -24,24 +24,20 @@ from __future__ import annotations
 import argparse
 import cProfile
 import os
-import signal
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import anyio
 from anyio.abc import TaskStatus
-from kubereal import START, bound, gather, make_gang, make_node, namespace, start_server
-from kubernetes_asyncio.client import ApiClient, BatchV1Api, Configuration, CoreV1Api
-from kubernetes_asyncio.config import load_kube_config
+from kubereal import START, bound, gather, make_gang, make_node, namespace, servers
+from kubernetes_asyncio.client import ApiClient, BatchV1Api, CoreV1Api
 
 from muster.daemon.cluster import Applied, Cluster, KubeCluster, Sink
 from muster.daemon.logs import configure_logging
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
-from muster.events.embedded import EmbeddedNats
 from muster.events.store import EventStore
 from muster.events.types import Event, JobAdmitted, QueueConfigured, QueueName
 from muster.projections.cluster import ClusterState
@@ -161,29 +157,17 @@ async def one_run(api: ApiClient, url: str, args: argparse.Namespace, size: int,
 async def main(args: argparse.Namespace) -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     runs: list[Run] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        server = start_server(Path(tmp) / "kube")
-        nats = EmbeddedNats(Path(tmp) / "nats", stop_timeout=5)
-        nats.start()
-        try:
-            config = Configuration()
-            kubeconfig = str(Path(tmp) / "kube" / "admin.kubeconfig")
-            await load_kube_config(config_file=kubeconfig, client_configuration=config)
-            async with ApiClient(config) as api:
-                t = time.perf_counter()
-                core = CoreV1Api(api)
-                names = [f"node-{i:04d}" for i in range(args.nodes)]
-                await gather(32, [lambda n=n: make_node(core, n, 8) for n in names])
-                print(f"{args.nodes} Ready 8-GPU nodes in {time.perf_counter() - t:.1f} s", flush=True)
-                for trial in range(args.trials):
-                    for size in sizes:
-                        run = await one_run(api, nats.url, args, size, trial)
-                        runs.append(run)
-                        print(run.line(), flush=True)
-        finally:
-            nats.stop()
-            server.send_signal(signal.SIGTERM)
-            server.wait(timeout=30)
+    async with servers() as (api, url):
+        t = time.perf_counter()
+        core = CoreV1Api(api)
+        names = [f"node-{i:04d}" for i in range(args.nodes)]
+        await gather(32, [lambda n=n: make_node(core, n, 8) for n in names])
+        print(f"{args.nodes} Ready 8-GPU nodes in {time.perf_counter() - t:.1f} s", flush=True)
+        for trial in range(args.trials):
+            for size in sizes:
+                run = await one_run(api, url, args, size, trial)
+                runs.append(run)
+                print(run.line(), flush=True)
     missed = False
     print(f"summary (target first->last >= {TARGET:.0f} pods/s):")
     for size in sizes:

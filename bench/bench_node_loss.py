@@ -14,19 +14,14 @@ from __future__ import annotations
 
 import argparse
 import collections
-import signal
-import tempfile
 import time
-from pathlib import Path
 
 import anyio
-from kubereal import bound, gather, make_gang, make_node, namespace, start_server
-from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
-from kubernetes_asyncio.config import load_kube_config
+from kubereal import bound, gather, make_gang, make_node, namespace, servers
+from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
 from muster.daemon.cluster import KubeCluster
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
-from muster.events.embedded import EmbeddedNats
 from muster.events.store import EventStore
 from muster.events.types import JobAdmitted, JobFailed, JobPreempted, JobSubmitted, QueueConfigured, QueueName
 
@@ -34,22 +29,8 @@ NS = "bench"
 
 
 async def main(args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        server = start_server(Path(tmp) / "kube")
-        nats = EmbeddedNats(Path(tmp) / "nats", stop_timeout=5)
-        nats.start()
-        try:
-            config = Configuration()
-            await load_kube_config(
-                config_file=str(Path(tmp) / "kube" / "admin.kubeconfig"), client_configuration=config
-            )
-            config.connection_pool_maxsize = 64
-            async with ApiClient(config) as api:
-                await run(api, nats.url, args)
-        finally:
-            nats.stop()
-            server.send_signal(signal.SIGTERM)
-            server.wait(timeout=30)
+    async with servers(pool=64) as (api, url):
+        await run(api, url, args)
 
 
 async def run(api: ApiClient, url: str, args: argparse.Namespace) -> None:

@@ -10,18 +10,23 @@ one namespace per test); a bench needs neither pytest nor per-test cleanup.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
+import signal
 import subprocess
+import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
-from kubernetes_asyncio.client import ApiClient, BatchV1Api, CoreV1Api
+from kubernetes_asyncio.client import ApiClient, BatchV1Api, Configuration, CoreV1Api
+from kubernetes_asyncio.config import load_kube_config
 
 from muster.daemon.k8s import manifests as m
+from muster.events.embedded import EmbeddedNats
 
 ROOT = Path(__file__).resolve().parents[1]
 START = ROOT.parent / "shared" / "k8s" / "start"
@@ -43,6 +48,28 @@ def start_server(folder: Path) -> subprocess.Popen[bytes]:
         if select.select([proc.stdout], [], [], 1.0)[0]:
             out += os.read(proc.stdout.fileno(), 4096)
     return proc
+
+
+@contextlib.asynccontextmanager
+async def servers(pool: int | None = None) -> AsyncIterator[tuple[ApiClient, str]]:
+    """A fresh API server and nats-server for one bench: an admin ApiClient (`pool` connections) and the NATS URL."""
+    with tempfile.TemporaryDirectory() as tmp:
+        server = start_server(Path(tmp) / "kube")
+        nats = EmbeddedNats(Path(tmp) / "nats", stop_timeout=5)
+        nats.start()
+        try:
+            config = Configuration()
+            await load_kube_config(
+                config_file=str(Path(tmp) / "kube" / "admin.kubeconfig"), client_configuration=config
+            )
+            if pool is not None:
+                config.connection_pool_maxsize = pool
+            async with ApiClient(config) as api:
+                yield api, nats.url
+        finally:
+            nats.stop()
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=30)
 
 
 async def gather(limit: int, calls: list[Callable[[], Awaitable[Any]]]) -> None:

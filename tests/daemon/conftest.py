@@ -16,9 +16,8 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import anyio
 import pytest
-from eventlog import EventLog
+from adapterkit import EventLog, running_adapter
 from kubernetes_asyncio.client import ApiClient
 
 from muster.daemon.k8s import Backoff, KubernetesAdapter
@@ -38,18 +37,13 @@ async def kube() -> AsyncIterator[tuple[KubeEmulator, ApiClient]]:
 
 @contextlib.asynccontextmanager
 async def _adapter(api: ApiClient, **options: Any) -> AsyncIterator[tuple[KubernetesAdapter, EventLog]]:
-    log = EventLog()
     options.setdefault("backoff", FAST)
     # No Events by default: tests wait on `caught_up("pods", emulator.resource_version)`, and the
     # emulator's one counter would also count Event writes no pod watch ever brings back.
     # Reporting is tested against the real API server (tests/k8s/test_feedback_real.py).
     options.setdefault("report", False)
-    adapter = KubernetesAdapter(api, **options)
-    async with anyio.create_task_group() as tg:
-        with anyio.fail_after(30):
-            await tg.start(adapter.run, log)
-        yield adapter, log
-        tg.cancel_scope.cancel()
+    async with running_adapter(api, **options) as running:
+        yield running
 
 
 @pytest.fixture

@@ -18,8 +18,9 @@ import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import adapterkit
 import anyio
-from eventlog import EventLog
+from adapterkit import EventLog
 from kubernetes_asyncio.client import (
     ApiClient,
     ApiextensionsV1Api,
@@ -59,14 +60,9 @@ FAST = Backoff(initial=0.01, maximum=0.2, jitter=0.0)
 @contextlib.asynccontextmanager
 async def running_adapter(api: ApiClient, **options: Any) -> AsyncIterator[tuple[KubernetesAdapter, EventLog]]:
     """A KubernetesAdapter running against `api` until the block ends; its sink is the EventLog."""
-    log = EventLog()
     options.setdefault("backoff", FAST)
-    adapter = KubernetesAdapter(api, **options)
-    async with anyio.create_task_group() as tg:
-        with anyio.fail_after(30):
-            await tg.start(adapter.run, log)
-        yield adapter, log
-        tg.cancel_scope.cancel()
+    async with adapterkit.running_adapter(api, **options) as running:
+        yield running
 
 
 @contextlib.asynccontextmanager

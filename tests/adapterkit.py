@@ -1,15 +1,18 @@
-"""`EventLog`: a sink for an adapter under test that keeps every event and lets a test wait for some.
+"""A KubernetesAdapter running for a test, and `EventLog`, its sink, which lets a test wait for events.
 
 Shared by the emulator tests (tests/daemon) and the real API server tier (tests/k8s).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
+from kubernetes_asyncio.client import ApiClient
 
+from muster.daemon.k8s import KubernetesAdapter
 from muster.events.types import Event
 
 
@@ -35,3 +38,15 @@ class EventLog:
         with anyio.fail_after(seconds):
             while not predicate(self):
                 await self._changed.wait()
+
+
+@contextlib.asynccontextmanager
+async def running_adapter(api: ApiClient, **options: Any) -> AsyncIterator[tuple[KubernetesAdapter, EventLog]]:
+    """A KubernetesAdapter (`options` as its constructor's) running against `api` until the block ends."""
+    log = EventLog()
+    adapter = KubernetesAdapter(api, **options)
+    async with anyio.create_task_group() as tg:
+        with anyio.fail_after(30):
+            await tg.start(adapter.run, log)
+        yield adapter, log
+        tg.cancel_scope.cancel()
