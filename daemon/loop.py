@@ -81,9 +81,8 @@ __all__ = ["Elector", "Hooks", "LoopOptions", "NoHooks", "SchedulerLoop", "SoleE
 log = structlog.get_logger("muster.loop")
 
 _DECISIONS = (JobAdmitted, JobPreempted, JobInadmissible, JobRejected)
-_ENDS = (JobFinished, JobFailed, JobCancelled, JobRejected)
-_APPLIED = (JobAdmitted, JobPreempted, JobRejected, JobInadmissible)
 """Decisions handed to the cluster: bindings, evictions, and what to tell users (why a job waits)."""
+_ENDS = (JobFinished, JobFailed, JobCancelled, JobRejected)
 
 
 def fact_id(event: Event) -> str | None:
@@ -373,7 +372,12 @@ class SchedulerLoop:
         if isinstance(event, _ENDS):
             self.last_decision.pop(event.job, None)
             self.victims.pop(event.job, None)
-        if isinstance(event, _APPLIED) and term is not None and term.applier is not None and event.epoch == term.epoch:
+        if (
+            isinstance(event, _DECISIONS)
+            and term is not None
+            and term.applier is not None
+            and event.epoch == term.epoch
+        ):
             term.applier.submit(event)
 
     def _take(self, item: StoredEvent | None) -> None:
