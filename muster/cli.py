@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("muster.replay.auditcli", "re-derive every recorded decision and compare"),
     "whatif": ("muster.replay.whatifcli", "replay a log's jobs under another queue configuration"),
     "snapshot": ("muster.replay.snapshotcli", "write and verify snapshots of the folded state"),
+    "ui": ("muster.ui.uicli", "the web dashboard: cluster, queues, jobs, chargeback, at any point of the log"),
 }
 
 
