@@ -27,8 +27,10 @@ from typing import Any
 import anyio
 from aiohttp import web
 
+from muster.events.store import EventStore
 from muster.projections.chargeback import RateCard
 from muster.replay.points import PointError, parse_point
+from muster.replay.source import NatsLog
 from muster.ui import pages
 from muster.ui.feed import Feed, Moment
 
@@ -208,7 +210,7 @@ def make_app(feed: Feed, *, token: str | None = None, rates: RateCard | None = N
     app.router.add_get("/api/cluster", page(_cluster))
     app.router.add_get("/api/queues", page(_queues))
     app.router.add_get("/api/jobs", page(_jobs))
-    app.router.add_get("/api/jobs/{job}", page(_job))
+    app.router.add_get("/api/jobs/{job:.+}", page(_job))  # ids hold slashes (team/gang/name)
     app.router.add_get("/api/chargeback", page(_chargeback))
     app.router.add_get("/api/events", _events)
     return app
@@ -242,3 +244,18 @@ async def serve(
     finally:
         with anyio.move_on_after(2, shield=True):
             await runner.cleanup()
+
+
+async def serve_stream(
+    store: EventStore,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    token_file: str | None = None,
+    rates: RateCard | None = None,
+    task_status: Any = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """The dashboard of a stream, followed live (the daemon's and the demo's); reports started with the port."""
+    token = read_token(token_file, None)
+    feed = Feed(NatsLog(store), store)
+    await serve(feed, host=host, port=port, token=token, rates=rates, task_status=task_status)
