@@ -153,9 +153,12 @@ function drawNode(n, gangs) {
     cells += `<span class="gang" data-job="${esc(c.job)}" data-queue="${esc(g.queue)}" title="${esc(title)}">${boxes}</span>`;
     held += c.gpus;
   }
-  for (let i = 0; i < n.reserved; i++) cells += `<i class="gpu reserved" title="reserved"></i>`;
-  for (let i = held + n.reserved; i < n.gpus; i++) cells += `<i class="gpu free" title="free"></i>`;
-  return `<div class="node ${cls}" data-node="${esc(n.node)}" title="${esc(n.node)}: ${esc(n.status)}"><span class="name">${esc(n.node)}</span><span class="gpus">${cells}</span></div>`;
+  // pods muster does not schedule (or its own, still leaving) may hold more than the gangs left over
+  const reserved = Math.min(n.reserved, Math.max(0, n.gpus - held));
+  for (let i = 0; i < reserved; i++) cells += `<i class="gpu reserved" title="reserved"></i>`;
+  for (let i = held + reserved; i < n.gpus; i++) cells += `<i class="gpu free" title="free"></i>`;
+  const title = `${n.node}: ${n.status}, ${n.used} of ${n.gpus} GPUs used by gangs, ${n.reserved} held by other pods, ${n.free} free`;
+  return `<div class="node ${cls}" data-node="${esc(n.node)}" title="${esc(title)}"><span class="name">${esc(n.node)}</span><span class="gpus">${cells}</span></div>`;
 }
 
 // ---------------------------------------------------------------- queues
@@ -283,7 +286,7 @@ function hbars(rows, fields, title) {
   const top = Math.max(1e-9, ...rows.flatMap((r) => fields.map((f) => Number(r[f.key]) || 0)));
   const band = rowH * fields.length + 8;
   let svg = `<svg width="${w + 80}" height="${rows.length * band + 24}" data-testid="chart">`;
-  fields.forEach((f, i) => { svg += `<rect x="${left + i * 130}" y="2" width="10" height="10" fill="${f.fill}"/><text x="${left + 14 + i * 130}" y="11">${esc(f.label)}</text>`; });
+  fields.forEach((f, i) => { svg += `<rect x="${left + i * 130}" y="2" width="10" height="10" fill="${f.fill === "queue" ? "#8a94ad" : f.fill}"/><text x="${left + 14 + i * 130}" y="11">${esc(f.label)}</text>`; });
   rows.forEach((r, j) => {
     const y0 = 20 + j * band;
     svg += `<text x="0" y="${y0 + band / 2}">${esc(r.key)}</text>`;
