@@ -18,7 +18,7 @@ import msgspec
 
 from muster.projections.billing import Usage, UsageKey
 from muster.projections.chargeback import RateCard, build_report, hourly_series
-from muster.projections.cluster import JobState, node_pods
+from muster.projections.cluster import TERMINAL, JobState, node_pods
 from muster.projections.quota import QuotaTree
 from muster.replay.explain import Storyteller
 from muster.replay.explaincli import document as story_document
@@ -158,8 +158,11 @@ async def job(feed: Feed, moment: Moment, job_id: str) -> dict[str, Any] | None:
     """The job's `explain` story up to the moment (None: no such job then).
 
     The story starts from the state just before the job's submission (snapshots
-    and a fold) rather than from sequence 1: the lines are the same, since a
-    job's story begins at its submission.
+    and a fold) rather than from sequence 1, and ends where the job ended: the
+    lines are the same, since a job's story begins at its submission and the
+    fold changes a terminal job no more (only a later duplicate submission of
+    its id would add a line to `explain`'s story, which the page leaves out).
+    So a page costs the events of the job's lifetime, not of the log.
     """
     start = feed.submissions.get(job_id)
     if start is None or start > moment.seq or job_id not in moment.state.jobs:
@@ -170,8 +173,11 @@ async def job(feed: Feed, moment: Moment, job_id: str) -> dict[str, Any] | None:
         async for batch in feed.source.batches(start, moment.seq):
             for seq, ev in batch:
                 teller.step(seq, ev)
+            job = teller.state.jobs.get(job_id)
+            if job is not None and job.status in TERMINAL:
+                break
     story = teller.finish()
-    doc = story_document(story, teller.state.now)
+    doc = story_document(story, moment.state.now)
     current = moment.state.jobs[job_id]
     doc["placement"] = _gpus_by_node(current) if current.status == "admitted" else {}
     return doc
