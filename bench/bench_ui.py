@@ -8,15 +8,17 @@ The log is `bench_events.realistic_events` (512 nodes in 8 blocks x 8 racks,
 
   start       the first fold, until the pages answer (once per server start)
   http        each page's JSON, live and as of a past point (the worst one: just
-              before a snapshot, `every - 1` events to fold), plus the static files
-              a first visit loads; median of `--trials`; target <= 1 s
+              before a snapshot, a snapshot to decode and `every - 1` events to
+              fold), then another page at that point and a point 1,000 events on
+              (no snapshot: the last past state folded forward), plus the static
+              files a first visit loads; median of `--trials`; target <= 1 s
   browser     with Debian's chromium (/usr/bin/chromium) and playwright: from
               navigation to the page drawn, live and after moving the time field
               to the past point; target <= 1 s (skipped without chromium)
 
 Exit status 1 when a target is missed.
 
-Usage: python bench/bench_ui.py [--events 1000000] [--every 50000] [--trials 3] [--no-browser]
+Usage: python bench/bench_ui.py [--events 1000000] [--every 25000] [--trials 3] [--no-browser]
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -64,32 +67,51 @@ def row(what: str, seconds: float, extra: str = "") -> bool:
     return ok
 
 
-async def timed_get(http: aiohttp.ClientSession, url: str, trials: int) -> tuple[float, int]:
-    """Median seconds of `trials` GETs of `url`, and the body's size."""
-    times, size = [], 0
-    for _ in range(trials):
-        t0 = time.perf_counter()
-        async with http.get(url) as r:
-            body = await r.read()
-            assert r.status == 200, (url, r.status, body[:200])
-        times.append(time.perf_counter() - t0)
-        size = len(body)
-    return statistics.median(times), size
+async def get(http: aiohttp.ClientSession, url: str) -> tuple[float, int]:
+    """Seconds for one GET of `url`, and the body's size."""
+    t0 = time.perf_counter()
+    async with http.get(url) as r:
+        body = await r.read()
+        assert r.status == 200, (url, r.status, body[:200])
+    return time.perf_counter() - t0, len(body)
 
 
-async def over_http(base: str, past: int, job: str, trials: int) -> bool:
+async def median(trials: int, measure: Any) -> tuple[float, int]:
+    results = [await measure() for _ in range(trials)]
+    return statistics.median(r[0] for r in results), results[-1][1]
+
+
+PAGES = ("cluster", "queues", "jobs", "job", "chargeback")
+
+
+async def over_http(base: str, past: int, job: str, every: int, trials: int) -> bool:
     ok = True
+    path = {name: f"jobs/{job}" if name == "job" else name for name in PAGES}
     async with aiohttp.ClientSession() as http:
-        first = 0.0
-        for path in ("/", "/static/app.js", "/static/style.css"):
-            seconds, _ = await timed_get(http, base + path, trials)
-            first += seconds
-        ok &= row("http  first visit: index, script, style", first)
-        for page in ("cluster", "queues", "jobs", f"jobs/{job}", "chargeback"):
-            for at, label in (("", "live"), (f"?at={past}", f"seq {past:,}")):
-                seconds, size = await timed_get(http, f"{base}/api/{page}{at}", trials)
-                name = "job" if page.startswith("jobs/") else page
-                ok &= row(f"http  {name} ({label})", seconds, f"{size / 1e3:,.0f} kB")
+
+        async def first_visit() -> tuple[float, int]:
+            total = 0.0
+            for asset in ("/", "/static/app.js", "/static/style.css"):
+                total += (await get(http, base + asset))[0]
+            return total, 0
+
+        ok &= row("http  first visit: index, script, style", (await median(trials, first_visit))[0])
+        for name in PAGES:
+            url = f"{base}/api/{path[name]}"
+
+            async def cold(url: str = url) -> tuple[float, int]:
+                await get(http, f"{base}/api/queues?at=1")  # the last past moment far behind: a snapshot it is
+                return await get(http, f"{url}?at={past}")
+
+            seconds, size = await median(trials, lambda url=url: get(http, url))
+            ok &= row(f"http  {name} (live)", seconds, f"{size / 1e3:,.0f} kB")
+            seconds, size = await median(trials, cold)
+            ok &= row(f"http  {name} (seq {past:,}: snapshot + {every - 1:,})", seconds, f"{size / 1e3:,.0f} kB")
+        await get(http, f"{base}/api/queues?at={past}")
+        seconds, _ = await get(http, f"{base}/api/cluster?at={past}")
+        ok &= row("http  cluster, same point as the last page", seconds)
+        seconds, _ = await get(http, f"{base}/api/cluster?at={past + 1000}")
+        ok &= row("http  cluster, slider 1,000 events on", seconds)
     return ok
 
 
@@ -97,25 +119,25 @@ async def in_browser(base: str, past: int, job: str) -> bool:
     from playwright.async_api import async_playwright
 
     ok = True
-    async with async_playwright() as pw:
+    async with async_playwright() as pw, aiohttp.ClientSession() as http:
         browser = await pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             page = await browser.new_page(viewport={"width": 1400, "height": 900})
-            for name in ("cluster", "queues", "jobs", f"jobs/{job}", "chargeback"):
-                kind = name.split("/")[0]
+            for name in PAGES:
+                kind = "jobs" if name == "job" else name
                 await page.goto("about:blank")
                 t0 = time.perf_counter()
-                await page.goto(f"{base}/#/{name}")
+                await page.goto(f"{base}/#/{f'jobs/{job}' if name == 'job' else name}")
                 await page.wait_for_selector(f"main[data-page='{kind}']", timeout=60_000)
                 live = time.perf_counter() - t0
+                await get(http, f"{base}/api/queues?at=1")  # cold: from a snapshot
                 t0 = time.perf_counter()
                 await page.locator("[data-testid=at]").fill(str(past))
                 await page.locator("[data-testid=at]").press("Enter")
                 await page.wait_for_selector(f"main[data-page='{kind}'][data-seq='{past}']", timeout=60_000)
                 travelled = time.perf_counter() - t0
-                label = "job" if kind == "jobs" and "/" in name else kind
-                ok &= row(f"browser {label}: open (live)", live)
-                ok &= row(f"browser {label}: time field to seq {past:,}", travelled)
+                ok &= row(f"browser {name}: open (live)", live)
+                ok &= row(f"browser {name}: time field to seq {past:,}", travelled)
         finally:
             await browser.close()
     return ok
@@ -148,7 +170,7 @@ async def main_async(args: argparse.Namespace) -> bool:
         # a job page folds the job's lifetime: take the last job submitted before the past point
         job = max((j for j in jobs if feed.submissions[j] < past), key=lambda j: feed.submissions[j])
         print(f"job page: {job} ({feed.state.jobs[job].status} at the end), submitted at seq {feed.submissions[job]:,}")
-        ok &= await over_http(base, past, job, args.trials)
+        ok &= await over_http(base, past, job, args.every, args.trials)
         if args.no_browser:
             pass
         elif not await anyio.Path(CHROMIUM).exists():
@@ -162,7 +184,7 @@ async def main_async(args: argparse.Namespace) -> bool:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=int, default=1_000_000)
-    ap.add_argument("--every", type=int, default=50_000)
+    ap.add_argument("--every", type=int, default=25_000)
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--no-browser", action="store_true", help="HTTP timings only")
     args = ap.parse_args(argv)

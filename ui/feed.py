@@ -10,22 +10,26 @@ it keeps, all derived from the log alone:
   most `every` events;
 - billing checkpoints at the same sequences: the tracker's bytes and the
   ledger rows accrued since the previous checkpoint, so the ledger at a past
-  point is the sum of the deltas before it plus a short fold;
+  point is the sum of the deltas before it plus a short fold. The rows are
+  kept summed per queue and priority class (`by_queue`): the dashboard bills
+  by queue and GPU model, and a report by queue is the same over the sums
+  (every column is additive; prices depend on hour, model and class only);
 - a thinned history of each queue's GPUs in use (sparklines).
 
-Invariant: what `moment(point)` returns equals the fold of the log up to the
+Invariant: the moment `at(point)` gives equals the fold of the log up to the
 point (the rule of `state_at`), whether the point is the live end or the past.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import anyio.lowlevel
+import msgspec
 
 from muster.events.store import EventStore
 from muster.events.types import JobSubmitted
@@ -44,10 +48,12 @@ from muster.projections.billing import (
 from muster.projections.cluster import ClusterState, evolve
 from muster.replay.points import Point
 from muster.replay.rebuild import state_at
-from muster.replay.snapshots import DEFAULT_EVERY, MemorySnapshots, Snapshots, Snapshotter, no_gc
+from muster.replay.snapshots import MemorySnapshots, Snapshots, Snapshotter, fold_range, no_gc
 from muster.replay.source import LogSource
 
 HISTORY_POINTS = 240
+EVERY = 25_000
+"""Events between two in-memory snapshots: a past point costs at most this many events of fold."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,24 @@ class History:
         return [s for s in self.samples if s.seq <= seq]
 
 
+def by_queue(ledger: Ledger) -> Ledger:
+    """The ledger's usage rows summed per (queue and priority class, hour, GPU model); capacity and queues kept.
+
+    The row key's job part becomes `QUEUE CLASS`: `build_report(by="queue")`,
+    which groups by `Usage.queue` and prices per hour, model and class, gives
+    the same report over these rows as over the per-job ones (tested).
+    """
+    out = Ledger(capacity=dict(ledger.capacity), queues=dict(ledger.queues))
+    for (_job, hour, model), row in ledger.usage.items():
+        key = (f"{row.queue} {row.priority_class}", hour, model)
+        have = out.usage.get(key)
+        if have is None:
+            out.usage[key] = msgspec.structs.replace(row)
+        else:
+            have.add(row)
+    return out
+
+
 @dataclass
 class Checkpoint:
     """The billing fold at `seq`: its tracker, and the ledger rows accrued since the previous checkpoint."""
@@ -112,7 +136,7 @@ class Feed:
         source: LogSource,
         store: EventStore | None = None,
         *,
-        every: int = DEFAULT_EVERY,
+        every: int = EVERY,
         gpu_label: str = DEFAULT_GPU_LABEL,
     ) -> None:
         self.source = source
@@ -121,7 +145,7 @@ class Feed:
         self.state = ClusterState()
         self.billing = new_billing_state(gpu_label)
         self.ledger = Ledger()
-        """Every billing row drained so far (the live ledger, with `billing.ledger`)."""
+        """Every billing row drained so far, summed `by_queue` (the live ledger)."""
         self.checkpoints: list[Checkpoint] = [Checkpoint(0, encode_tracker(self.billing.tracker), Ledger())]
         self.snapshots = Snapshots(MemorySnapshots(), source)
         self.writer = Snapshotter(self.snapshots, every, trusted_from=0)
@@ -133,7 +157,9 @@ class Feed:
         """The end of the log when the first fold started (progress while catching up)."""
         self.ready = anyio.Event()
         self._changed = anyio.Event()
-        self._listeners: list[Callable[[int], None]] = []
+        self._past: Moment | None = None
+        self._past_billing: tuple[int, BillingState] | None = None
+        self._past_lock = anyio.Lock()
 
     # ------------------------------------------------------------ folding
 
@@ -144,7 +170,9 @@ class Feed:
         async for batch in self.source.batches(1, self.target):
             with no_gc():
                 for seq, ev in batch:
-                    await self._fold(seq, ev)
+                    self._fold(seq, ev)
+                    if self.writer.due(seq):
+                        await self._snapshot(seq)
             self._advanced()
             await anyio.lowlevel.checkpoint()  # a file log never awaits: let the server answer meanwhile
         self.seq = max(self.seq, self.target)
@@ -154,22 +182,25 @@ class Feed:
             return
         async with contextlib.aclosing(self.store.follow(self.seq + 1)) as events:
             async for seq, ev in events:
-                await self._fold(seq, ev)
+                self._fold(seq, ev)
+                if self.writer.due(seq):
+                    await self._snapshot(seq)
                 self._advanced()
 
-    async def _fold(self, seq: int, ev: Any) -> None:
+    def _fold(self, seq: int, ev: Any) -> None:
         evolve(self.state, ev)
         evolve_billing(self.billing, seq, ev)
         if isinstance(ev, JobSubmitted):
             self.submissions.setdefault(ev.job, seq)
         self.seq = seq
         self.history.observe(seq, self.state)
-        if self.writer.due(seq):
-            await self.writer.maybe_snapshot(self.state, seq)
-            self._checkpoint(seq)
+
+    async def _snapshot(self, seq: int) -> None:
+        await self.writer.maybe_snapshot(self.state, seq)
+        self._checkpoint(seq)
 
     def _checkpoint(self, seq: int) -> None:
-        delta = drain(self.billing)
+        delta = by_queue(drain(self.billing))
         merge_into(self.ledger, delta)
         tracker = encode_tracker(self.billing.tracker)
         last = self.checkpoints[-1]
@@ -189,22 +220,56 @@ class Feed:
 
     # ------------------------------------------------------------ reading
 
-    async def moment(self, point: Point) -> Moment:
-        """The log as of `point`: the live fold at the end of the log, else snapshots + a fold."""
+    @contextlib.asynccontextmanager
+    async def at(self, point: Point) -> AsyncIterator[Moment]:
+        """The log as of `point`, for the time a page is built from it.
+
+        The end of the log is the live fold. A past point is built from the
+        last past moment when it lies ahead of it by at most `every` events (a
+        slider moved forward, another page at the same point: no snapshot to
+        decode), else from the nearest snapshot (`state_at`). Past moments are
+        built one at a time and their state belongs to the page being built
+        until the block ends.
+        """
         if point.time is None and (point.seq is None or point.seq >= self.seq):
-            return Moment(self.state, self.seq, self.seq, True, self.history.until(self.seq))
-        # never past what this feed folded: its snapshots and history end there
-        upto = Point(seq=self.seq if point.seq is None else point.seq, time=point.time, text=point.text)
-        replayed = await state_at(self.source, upto, self.snapshots)
-        return Moment(replayed.state, replayed.seq, self.seq, False, self.history.until(replayed.seq))
+            yield Moment(self.state, self.seq, self.seq, True, self.history.until(self.seq))
+            return
+        async with self._past_lock:
+            yield await self._past_moment(point)
+
+    async def _past_moment(self, point: Point) -> Moment:
+        recent = self._past
+        if (
+            recent is not None
+            and point.time is None
+            and point.seq is not None
+            and 0 <= point.seq - recent.seq <= self.writer.every
+        ):
+            await fold_range(self.source, recent.state, recent.seq + 1, point.seq)
+            moment = Moment(recent.state, point.seq, self.seq, False, self.history.until(point.seq))
+        else:
+            # never past what this feed folded: its snapshots and history end there
+            upto = Point(seq=self.seq if point.seq is None else point.seq, time=point.time, text=point.text)
+            replayed = await state_at(self.source, upto, self.snapshots)
+            moment = Moment(replayed.state, replayed.seq, self.seq, False, self.history.until(replayed.seq))
+        if self._past_billing is not None and self._past_billing[0] != moment.seq:
+            self._past_billing = None
+        self._past = moment
+        return moment
 
     async def billing_at(self, moment: Moment) -> BillingState:
-        """The billing state (settled) as of the moment: the deltas up to the checkpoint before it, then a fold."""
+        """The billing state (settled, rows `by_queue`) as of a moment given by `at`, inside its block.
+
+        Live: the running jobs are booked up to now and the rows kept as a
+        checkpoint (sums do not depend on where runs are cut). Past: the deltas
+        up to the checkpoint before it, then a fold.
+        """
         if moment.live:
-            # book the running jobs up to now and keep the rows as a checkpoint (sums do not depend on where)
             settle(self.billing)
             self._checkpoint(self.seq)
             return BillingState(tracker=self.billing.tracker, ledger=self.ledger)
+        if self._past_billing is not None:
+            return self._past_billing[1]
         seq = moment.seq
         base = next(c for c in reversed(self.checkpoints) if c.seq <= seq)
         state = BillingState(tracker=decode_tracker(base.tracker), ledger=Ledger())
@@ -217,4 +282,7 @@ class Feed:
                 async for batch in self.source.batches(base.seq + 1, seq):
                     for s, ev in batch:
                         evolve_billing(state, s, ev)
-        return settle(state)
+        settle(state)
+        state.ledger = by_queue(state.ledger)  # the deltas' sums and the fold's per-job rows, summed alike
+        self._past_billing = (seq, state)
+        return state

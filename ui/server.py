@@ -105,11 +105,11 @@ def page(build: Page) -> Callable[[web.Request], Awaitable[web.Response]]:
         if not feed.ready.is_set():
             doc = {"header": {"ready": False, "folded": feed.seq, "target": feed.target}}
             return web.Response(body=pages.dumps(doc), status=503, content_type="application/json")
-        moment = await feed.moment(_moment_point(request))
-        body = await build(request, feed, moment)
-        if body is None:
-            raise web.HTTPNotFound(text=f"nothing at {request.path} as of seq {moment.seq}\n")
-        return _json({"header": pages.header(feed, moment), "page": body})
+        async with feed.at(_moment_point(request)) as moment:
+            body = await build(request, feed, moment)
+            if body is None:
+                raise web.HTTPNotFound(text=f"nothing at {request.path} as of seq {moment.seq}\n")
+            return _json({"header": pages.header(feed, moment), "page": body})
 
     return handler
 

@@ -25,7 +25,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token-file", metavar="FILE", help="bearer token the browser must give (default $MUSTER_UI_TOKEN)")
     p.add_argument("--rates", metavar="FILE", help="rate card YAML pricing the Chargeback page")
     p.add_argument(
-        "--snapshot-every", type=int, default=50_000, metavar="N", help="keep a state every N events for time travel"
+        "--snapshot-every",
+        type=int,
+        default=25_000,
+        metavar="N",
+        help="keep a state every N events in memory for time travel (default 25,000)",
     )
     add_source_arguments(p)
 

@@ -38,11 +38,12 @@ async def test_every_point_shows_the_fold_of_the_log_up_to_it(scenario: str) -> 
     events = sim(scenario).events
     feed = await folded(events, every=9)
     assert len(await feed.snapshots.catalog()) >= len(events) // 9
-    for seq in [*range(0, len(events), 5), len(events)]:
-        moment = await feed.moment(Point(seq=seq))
-        assert moment.seq == seq
-        assert moment.state == fold(events, seq), f"seq {seq}"
-        assert moment.live == (seq == len(events))
+    n = len(events)
+    for seq in [*range(0, n, 5), n, *range(n - 1, 0, -7)]:  # forward from the last point, the end, then back
+        async with feed.at(Point(seq=seq)) as moment:
+            assert moment.seq == seq
+            assert moment.state == fold(events, seq), f"seq {seq}"
+            assert moment.live == (seq == n)
 
 
 async def test_a_time_point_stops_before_the_first_later_event() -> None:
@@ -51,8 +52,8 @@ async def test_a_time_point_stops_before_the_first_later_event() -> None:
     feed = await folded(events, every=4)
     t = events[len(events) // 2].at
     upto = max(i for i, ev in enumerate(events, start=1) if ev.at <= t)
-    moment = await feed.moment(Point(time=t))
-    assert moment.seq == upto and moment.state == fold(events, upto)
+    async with feed.at(Point(time=t)) as moment:
+        assert moment.seq == upto and moment.state == fold(events, upto)
 
 
 def report(billing, now: int):
@@ -61,18 +62,18 @@ def report(billing, now: int):
 
 
 async def test_chargeback_at_any_point_is_the_billing_fold_of_that_prefix() -> None:
-    """Billing checkpoints + a short fold give the report a fresh billing fold of the prefix gives, live or past."""
+    """Checkpoints of rows summed by queue + a short fold price like a fresh per-job billing fold, live or past."""
     events = sim(mixed(5, idle=True)).events
     feed = await folded(events, every=11)
-    live = await feed.moment(END)
-    got = await feed.billing_at(live)
-    expected = fold_billing(list(enumerate(events, start=1)))
-    assert report(got, live.state.now) == report(expected, live.state.now)
-    assert report(got, live.state.now).totals.allocated_gpu_hours > 0
-    for seq in range(1, len(events), 13):
-        moment = await feed.moment(Point(seq=seq))
-        past = fold_billing(list(enumerate(events[:seq], start=1)))
-        assert report(await feed.billing_at(moment), moment.state.now) == report(past, moment.state.now), seq
+    async with feed.at(END) as live:
+        got = await feed.billing_at(live)
+        expected = fold_billing(list(enumerate(events, start=1)))
+        assert report(got, live.state.now) == report(expected, live.state.now)
+        assert report(got, live.state.now).totals.allocated_gpu_hours > 0
+    for seq in [*range(1, len(events), 13), 40, 3]:  # forward from the last point, and back
+        async with feed.at(Point(seq=seq)) as moment:
+            past = fold_billing(list(enumerate(events[:seq], start=1)))
+            assert report(await feed.billing_at(moment), moment.state.now) == report(past, moment.state.now), seq
 
 
 async def test_the_job_page_tells_the_story_explain_tells() -> None:
@@ -81,22 +82,24 @@ async def test_the_job_page_tells_the_story_explain_tells() -> None:
     log = memory_log(events)
     feed = Feed(log, every=3)
     await feed.run()
-    moment = await feed.moment(END)
-    assert moment.state.jobs
-    for job_id in moment.state.jobs:
-        doc = await pages.job(feed, moment, job_id)
-        story, now = await explain(log, job_id, END)
-        assert doc is not None
-        assert doc["story"] == document(story, now)["story"], job_id
-        assert doc["pending"] == story.pending
+    async with feed.at(END) as moment:
+        assert moment.state.jobs
+        for job_id in moment.state.jobs:
+            doc = await pages.job(feed, moment, job_id)
+            story, now = await explain(log, job_id, END)
+            assert doc is not None
+            assert doc["story"] == document(story, now)["story"], job_id
+            assert doc["pending"] == story.pending
 
 
 async def test_a_job_unknown_at_a_point_has_no_page() -> None:
     """Before its submission (or never submitted) a job has no page: the server answers 404."""
     events = sim(STORY).events
     feed = await folded(events, every=5)
-    assert await pages.job(feed, await feed.moment(Point(seq=1)), "b-big") is None
-    assert await pages.job(feed, await feed.moment(END), "no-such-job") is None
+    async with feed.at(Point(seq=1)) as before:
+        assert await pages.job(feed, before, "b-big") is None
+    async with feed.at(END) as live:
+        assert await pages.job(feed, live, "no-such-job") is None
 
 
 def test_the_queue_history_stays_small_and_spans_the_whole_log() -> None:
