@@ -129,7 +129,7 @@ class Moment:
 
 
 class Feed:
-    """Folds `source` (then follows `store`, when given) and answers `moment(point)`."""
+    """Folds `source` (then follows `store`, when given) and gives the log as of any point (`at`)."""
 
     def __init__(
         self,
