@@ -22,7 +22,7 @@ from muster.projections.cluster import TERMINAL, JobState, node_pods
 from muster.projections.quota import QuotaTree
 from muster.replay.explain import Storyteller
 from muster.replay.explaincli import document as story_document
-from muster.replay.points import EPOCH_THRESHOLD, Point
+from muster.replay.points import Clock, Point
 from muster.replay.rebuild import state_at
 from muster.replay.snapshots import no_gc
 from muster.replay.views import domain_rows, job_counts, job_shape, node_rows, pending_reason, queue_rows
@@ -41,7 +41,7 @@ def header(feed: Feed, moment: Moment) -> dict[str, Any]:
         "last_seq": moment.last_seq,
         "live": moment.live,
         "at": moment.state.now,
-        "epoch": moment.state.now >= EPOCH_THRESHOLD,
+        "epoch": Clock.for_log(moment.state.now).epoch,
         "ready": feed.ready.is_set(),
         "folded": feed.seq,
         "target": feed.target,
