@@ -355,7 +355,10 @@ function travel(at) {
 function start() {
   $("live").addEventListener("click", () => travel(null));
   const slider = $("slider");
-  slider.addEventListener("change", () => travel(String(slider.value)));
+  let scrub = null;
+  const moved = () => { clearTimeout(scrub); scrub = setTimeout(() => travel(String(slider.value)), 120); };
+  slider.addEventListener("input", moved);  // while dragging: forward moves fold on from the last point
+  slider.addEventListener("change", moved);
   $("atform").addEventListener("submit", (e) => {
     e.preventDefault();
     const v = $("at").value.trim();
