@@ -18,9 +18,12 @@ Invariants:
 - Every append carries a deterministic `Nats-Msg-Id` (sha256 of the encoded
   event unless the caller passes ids), so a retried append is stored once and
   returns the sequences of the first attempt.
-- A fenced append (`expected_last_seq`) stores each message only if the stream
-  ends where the previous one did; otherwise `ConcurrencyConflict`. A retry of
-  a fenced batch that was already stored returns its original sequences.
+- A fenced append (`expected_last_seq`) is sent in one round trip, chained:
+  the batch lands contiguously right after `expected_last_seq`, or only a
+  prefix of it does (`ConcurrencyConflict` with the stored sequences), or,
+  when answers are missing, `AppendError` (fold the log before deciding
+  again). A retry of a fenced batch that was already stored returns its
+  original sequences.
 - Readers never raise on bad bytes: each is reported once as a `BadEvent` with
   its sequence to `on_bad`, counted in `bad_events`, and skipped (it stays on
   the stream). `follow` yields every good event once, in order, across server
@@ -32,15 +35,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import os
 import re
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any, NamedTuple
 
 import anyio
+import msgspec
 import nats
 import structlog
 from nats.aio.client import Client as NatsClient
+from nats.aio.subscription import Subscription
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 from nats.js.errors import APIError, NotFoundError, TooManyStalledMsgsError
 
@@ -91,6 +97,7 @@ __all__ = [
     "StoreError",
     "StoredEvent",
     "default_url",
+    "msg_id_token",
     "subject_for",
     "subject_problem",
     "subject_token",
@@ -102,9 +109,12 @@ DEFAULT_STREAM = "MUSTER"
 DEFAULT_PREFIX = "muster"
 DEFAULT_URL = "nats://127.0.0.1:4222"
 _WRONG_LAST_SEQUENCE = 10071
+_WRONG_LAST_MSG_ID = 10070
+_CONFLICTS = (_WRONG_LAST_SEQUENCE, _WRONG_LAST_MSG_ID)
 _STREAM_NAME_IN_USE = 10058
 _WIRE_MIN_BATCH = 64
 """Batches at least this big are appended through `wire`; smaller ones through nats-py."""
+_MAX_MSG_ID = 200
 _HEADER_ROOM = 512
 """Bytes kept free for our headers when checking a message against the server's max_payload."""
 
@@ -175,6 +185,25 @@ class EventTooLarge(StoreError, ValueError):
 
 class AppendError(StoreError):
     """Some messages of a batch could not be confirmed stored after retries; retrying the batch is safe."""
+
+
+class _AckError(msgspec.Struct):
+    code: int = 0
+    err_code: int = 0
+    description: str = ""
+
+
+class _Ack(msgspec.Struct):
+    """JetStream's answer to a publish."""
+
+    seq: int = 0
+    duplicate: bool = False
+    error: _AckError | None = None
+
+
+_decode_ack = msgspec.json.Decoder(_Ack).decode
+_Answer = int | _AckError | None
+"""What became of one message of a chained publish: its sequence, the server's refusal, or no answer."""
 
 
 # ---------------------------------------------------------------- subjects
@@ -305,15 +334,16 @@ def _check_prefix(prefix: str) -> None:
         raise StoreError(f"subject prefix {prefix!r}: must be subject tokens, the last one not 'submit'")
 
 
-def _header_safe(mid: str) -> str:
-    """A caller's msg id as a NATS header value: as given when printable ASCII, else a digest of it.
+def msg_id_token(value: str) -> str:
+    """`value` as a `Nats-Msg-Id`: as given when short printable ASCII, else `sha256:` and a digest of it.
 
-    Callers build ids from job names, which may be any unicode; the digest keeps
-    equal ids equal and different ones different.
+    The one msg-id rule of every writer: ids are built from job names, which
+    may be any unicode or very long; a NATS header takes printable ASCII only.
+    The digest keeps equal ids equal and different ones different.
     """
-    if mid and mid.isascii() and mid.isprintable():
-        return mid
-    return "sha256:" + hashlib.sha256(mid.encode("utf-8", errors="surrogatepass")).hexdigest()
+    if value and value.isascii() and value.isprintable() and len(value) <= _MAX_MSG_ID:
+        return value
+    return "sha256:" + hashlib.sha256(value.encode("utf-8", errors="surrogatepass")).hexdigest()[:32]
 
 
 def _default_msg_id(data: bytes) -> str:
@@ -373,6 +403,10 @@ class EventStore:
         self._owns_connection = owns_connection
         self.on_bad: Callable[[BadEvent], None] = on_bad if on_bad is not None else _log_bad
         """Called once per bad message met by a reader (default: a structlog warning)."""
+        self._replies: Subscription | None = None
+        """Answers to chained (fenced) publishes, `<inbox>.<chain>.<index>`; subscribed at the first."""
+        self._reply_inbox = ""
+        self._chains = itertools.count(1)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -466,7 +500,12 @@ class EventStore:
             await self.js.delete_stream(self.stream)
 
     async def close(self) -> None:
-        """Close the connection if the store opened it."""
+        """Close the connection if the store opened it (else drop the store's own subscription)."""
+        if self._replies is not None:
+            replies, self._replies = self._replies, None
+            # a gone connection has nothing to unsubscribe from
+            with anyio.move_on_after(2, shield=True), contextlib.suppress(Exception):
+                await replies.unsubscribe()
         if self._owns_connection and not self.nc.is_closed:
             with anyio.move_on_after(5, shield=True):
                 await self.nc.close()
@@ -504,7 +543,7 @@ class EventStore:
             data = encode(event)
             if len(data) > limit:
                 raise EventTooLarge(i, type(event).__name__, len(data), limit)
-            mid = _header_safe(msg_ids[i]) if msg_ids is not None else _default_msg_id(data)
+            mid = msg_id_token(msg_ids[i]) if msg_ids is not None else _default_msg_id(data)
             items.append((subject_for(event, prefix), data, mid))
         if expected_last_seq is not None:
             return await self._append_fenced(items, expected_last_seq)
@@ -603,6 +642,66 @@ class EventStore:
         raise AppendError(f"publish to {subject} not confirmed after {attempts} attempts: {last}")
 
     async def _append_fenced(self, items: list[tuple[str, bytes, str]], expected: int) -> list[int]:
+        """Send the batch back to back, chained, so it lands right after `expected` whole or as a prefix.
+
+        The first message expects the stream to end at `expected`
+        (`Nats-Expected-Last-Sequence`), each next one expects its
+        predecessor's msg id last (`Nats-Expected-Last-Msg-Id`). The server
+        checks each as it stores them: a write by anyone else in between stops
+        the chain there, and every later message fails too. One round trip
+        for the batch instead of one per message.
+        """
+        answers = await self._publish_chained(items, expected)
+        stored = [a for a in itertools.takewhile(lambda a: isinstance(a, int), answers) if isinstance(a, int)]
+        if len(stored) == len(items):
+            return stored
+        first = answers[len(stored)]
+        if first is None:
+            raise AppendError(f"{len(stored)} of {len(items)} fenced messages confirmed; the rest got no answer")
+        assert isinstance(first, _AckError)
+        if first.err_code not in _CONFLICTS:
+            raise StoreError(f"append refused: {first.description} ({first.code}/{first.err_code})")
+        if not stored and first.err_code == _WRONG_LAST_SEQUENCE:
+            # maybe our own earlier attempt of this batch (the server checks the fence before
+            # de-duplicating): the message-by-message path tells it from another writer
+            return await self._append_checked(items, expected)
+        actual = _actual_last_seq(first.description)
+        raise ConcurrencyConflict(
+            expected + len(stored), actual if actual is not None else await self.last_seq(), stored
+        )
+
+    async def _publish_chained(self, items: list[tuple[str, bytes, str]], expected: int) -> list[_Answer]:
+        """Publish `items` fenced and chained without waiting; each one's sequence, error, or None (no answer)."""
+        if self._replies is None:
+            self._reply_inbox = self.nc.new_inbox()
+            self._replies = await self.nc.subscribe(self._reply_inbox + ".>")
+        replies = self._replies
+        prefix = f"{self._reply_inbox}.{next(self._chains)}."
+        for i, (subject, data, mid) in enumerate(items):
+            headers = {"Nats-Msg-Id": mid, "Nats-Expected-Stream": self.stream}
+            if i == 0:
+                headers["Nats-Expected-Last-Sequence"] = str(expected)
+            else:
+                headers["Nats-Expected-Last-Msg-Id"] = items[i - 1][2]
+            await self.nc.publish(subject, data, reply=f"{prefix}{i}", headers=headers)
+        answers: list[_Answer] = [None] * len(items)
+        missing = len(items)
+        with anyio.move_on_after(self.request_timeout):
+            async for msg in replies.messages:
+                if not msg.subject.startswith(prefix):
+                    continue  # a late answer to an earlier chain
+                i = int(msg.subject[len(prefix) :])
+                if not 0 <= i < len(answers) or answers[i] is not None:
+                    continue
+                ack = _decode_ack(msg.data)
+                answers[i] = ack.error if ack.error is not None else ack.seq
+                missing -= 1
+                if not missing:
+                    break
+        return answers
+
+    async def _append_checked(self, items: list[tuple[str, bytes, str]], expected: int) -> list[int]:
+        """The fenced append one confirmed message at a time, recognising its own earlier attempt."""
         seqs: list[int] = []
         i = 0
         while i < len(items):
