@@ -13,7 +13,9 @@ their sequences (which hands this term's to the applier).
 Invariants:
 - A cycle holds the write lock from its last drain to its append, so this
   replica's own facts cannot land between the state decided on and its
-  decisions.
+  decisions; and it first folds every fact this replica appended in the
+  term, so its own writes never make the fence refuse it (a refused cycle
+  costs a whole `decide`, seconds over a big backlog).
 - Nothing is appended without a valid lease (a paused leader waking up writes
   nothing before it finds out it was deposed).
 - Errors in deciding are logged and never stop the loop.
@@ -102,6 +104,9 @@ class CycleRunner:
         for _ in range(self.options.max_cycles):
             async with self.writing:
                 await drain()
+                term = leadership.term
+                if term is not None and not await follower.catch_up(term.facts):
+                    return  # the follower is stuck: the next wake-up tries again
                 follower.dirty = False  # the cycle below sees everything folded so far
                 if not leadership.may_decide():
                     return

@@ -2,7 +2,8 @@
 
 Every replica, leading or not, folds the whole log into one `ClusterState`
 with the `evolve` that `muster sim` and the audit tools use: first what the
-stream holds at start (`replay`, in batches), then each new event as the
+stream holds at start (`replay`, in batches, from the newest verified
+snapshot when there is one: `warmstart`), then each new event as the
 follower task brings it (`follow` into a buffer that the loop drains). The
 loop also folds its own appends at once (`fold`), when they land right after
 what it folded, so a cycle decides on them without waiting for the follower.
@@ -27,6 +28,7 @@ import anyio.lowlevel
 import structlog
 
 from muster.daemon.metrics import DaemonMetrics
+from muster.daemon.warmstart import Start, StartingPoint
 from muster.events.store import BadEvent, EventStore, StoredEvent
 from muster.events.types import Event
 from muster.projections.cluster import ClusterState, evolve
@@ -75,6 +77,15 @@ class LogFollower:
         self._recv.close()
 
     # ------------------------------------------------------------ reading
+
+    async def start_from(self, start: StartingPoint) -> Start | None:
+        """Take `start`'s state (a warm start) if it has one for the stream as it ends now; before `replay`."""
+        assert self.folded_seq == 0, "a warm start replaces the empty state only"
+        trusted = await start.load(await self.store.last_seq())
+        if trusted is not None:
+            self.state, self.folded_seq = trusted.state, trusted.seq
+            self.metrics.folded_seq.set(trusted.seq)
+        return trusted
 
     async def replay(self) -> None:
         """Fold what the stream holds now, in batches (the fast path for a restart)."""
@@ -150,10 +161,21 @@ class LogFollower:
             listener(seq, event, accepted)
 
     def fold_appended(self, seqs: Sequence[int], events: Sequence[Event], *, own: bool = False) -> bool:
-        """Fold what this replica just appended, if it landed right after what is folded; whether it did."""
-        if list(seqs) != list(range(self.folded_seq + 1, self.folded_seq + 1 + len(events))):
-            return False  # someone else's events in between, or earlier copies: the follower brings them
+        """Fold what this replica just appended, if it landed right after what is folded; whether it did.
+
+        A message the store took for a repeat (its msg id already stored) answers with the first
+        copy's sequence: a repeat of one earlier in the same batch, or of one already folded, is
+        passed over (the log holds the first copy, which is what gets folded).
+        """
+        end = self.folded_seq
+        fresh: list[tuple[int, Event]] = []
         for seq, event in zip(seqs, events, strict=True):
+            if seq == end + 1:
+                fresh.append((seq, event))
+                end = seq
+            elif seq > end:
+                return False  # someone else's events in between, or earlier copies: the follower brings them
+        for seq, event in fresh:
             self.fold(seq, event, own=own)
         return True
 

@@ -42,6 +42,7 @@ from muster.daemon.leader import Elector, SoleElector
 from muster.daemon.metrics import DaemonMetrics
 from muster.daemon.terms import DecisionBook, Leadership, Term
 from muster.daemon.timers import WakeTimer
+from muster.daemon.warmstart import StartingPoint, admissions
 from muster.events.store import EventStore
 from muster.projections.cluster import ClusterState
 from muster.projections.scheduler import decide
@@ -85,10 +86,12 @@ class SchedulerLoop:
         hooks: Hooks | None = None,
         services: Sequence[Service] = (),
         decider: Decider = decide,
+        start: StartingPoint | None = None,
     ) -> None:
         """`services` are started in every term with (loop, term), e.g. the utilization scraper.
 
         `decider` is the scheduling policy, `projections.scheduler.decide` (tests give a slow one).
+        `start` gives the state to fold the log's tail onto (`warmstart.SnapshotStart`); None: fold it all.
         """
         self.store = store
         self.elector = elector
@@ -97,6 +100,7 @@ class SchedulerLoop:
         self.options = opts = options or LoopOptions()
         self.metrics = metrics or DaemonMetrics()
         self.services = list(services)
+        self.start = start
         self.ready = False
         self.heartbeat = 0.0
         """When the main loop last turned (monotonic); `/healthz` fails when it stops turning."""
@@ -200,6 +204,8 @@ class SchedulerLoop:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
+                if self.start is not None and (trusted := await follower.start_from(self.start)) is not None:
+                    self.book.seed(admissions(trusted.state))  # the admissions the snapshot's prefix held
                 await follower.replay()
                 tg.start_soon(follower.follow)
                 tg.start_soon(follower.watch_lag, self.options.lag_every)

@@ -82,6 +82,11 @@ class DecisionBook:
         """Live job -> its last admission or preemption on the log."""
         self.victims: dict[str, set[str]] = {}
 
+    def seed(self, admitted: list[JobAdmitted]) -> None:
+        """Start from a snapshot's admissions (`warmstart.admissions`) rather than the log's prefix."""
+        for event in admitted:
+            self.last_decision[event.job] = event
+
     def track(self, event: Event) -> None:
         """Bookkeeping of an accepted event: what to apply, and what to re-apply in a new term."""
         if isinstance(event, LeaderElected):

@@ -72,7 +72,7 @@ class ConfigProblem(Exception):
 
 def parse_leader(spec: str) -> tuple[str, str]:
     """`BUCKET` or `BUCKET/KEY` (KEY defaults to the daemon's `leader`)."""
-    from muster.replay.snapshots import LEADER_KEY
+    from muster.events.leases import LEADER_KEY
 
     bucket, _, key = spec.partition("/")
     key = key or LEADER_KEY

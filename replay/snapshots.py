@@ -71,6 +71,7 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
+from muster.events.leases import LEADER_KEY, LEADER_NAME, holder_of
 from muster.events.types import AnyEvent
 from muster.projections import cluster as cluster_module
 from muster.projections.cluster import ClusterState, evolve
@@ -561,9 +562,8 @@ class LeaderGate(Protocol):
     async def allows(self) -> bool: ...
 
 
-LEADER_BUCKET = "muster-leader"
-LEADER_KEY = "leader"
-"""Where the daemon's `KvElector` keeps its lease (its defaults; the chart's `leaderElection.kvBucket`)."""
+LEADER_BUCKET = LEADER_NAME
+"""Where the daemon's `KvElector` keeps its lease (its default; the chart's `leaderElection.kvBucket`)."""
 
 
 class KvLeaderGate:
@@ -601,7 +601,7 @@ class KvLeaderGate:
             entry = await self.kv.get(self.key)
         except (KeyNotFoundError, NotFoundError):
             return None  # expired (TTL), resigned (deleted) or never won
-        return bytes(entry.value or b"").decode(errors="replace") or None
+        return holder_of(entry.value)
 
     async def allows(self) -> bool:
         try:
