@@ -38,6 +38,7 @@ import hashlib
 import itertools
 import os
 import re
+import uuid
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -111,6 +112,9 @@ DEFAULT_URL = "nats://127.0.0.1:4222"
 _WRONG_LAST_SEQUENCE = 10071
 _WRONG_LAST_MSG_ID = 10070
 _CONFLICTS = (_WRONG_LAST_SEQUENCE, _WRONG_LAST_MSG_ID)
+_DUPLICATE_IN_BATCH = 10201
+_ATOMIC_MAX = 1000
+"""Messages per atomic batch at most (the server's default limit)."""
 _STREAM_NAME_IN_USE = 10058
 _WIRE_MIN_BATCH = 64
 """Batches at least this big are appended through `wire`; smaller ones through nats-py."""
@@ -407,6 +411,8 @@ class EventStore:
         """Answers to chained (fenced) publishes, `<inbox>.<chain>.<index>`; subscribed at the first."""
         self._reply_inbox = ""
         self._chains = itertools.count(1)
+        self.atomic = False
+        """The stream takes atomic batches (NATS 2.12+, `allow_atomic`): fenced appends are all or nothing."""
 
     # ------------------------------------------------------------ lifecycle
 
@@ -476,15 +482,18 @@ class EventStore:
             # the server refuses what no reader would take (decode's cap), whoever publishes it
             max_msg_size=MAX_EVENT_BYTES + _HEADER_ROOM,
             allow_direct=True,  # submitters read their own submissions back by subject (accounts.conf)
+            # a cycle's decisions are stored all or none (`_append_fenced`); servers before 2.12 know no such thing
+            allow_atomic=True if _atomic_server(self.nc) else None,
         )
         if not create:
             try:
-                await self.js.stream_info(self.stream)
+                info = await self.js.stream_info(self.stream)
             except NotFoundError:
                 raise StreamMissing(f"stream {self.stream} does not exist (and create=False)") from None
+            self.atomic = bool(info.config.allow_atomic)
             return
         try:
-            await self.js.add_stream(config)
+            info = await self.js.add_stream(config)
         except APIError as exc:
             if exc.err_code != _STREAM_NAME_IN_USE:
                 raise StoreError(f"cannot create stream {self.stream}: {exc.description}") from exc
@@ -493,6 +502,7 @@ class EventStore:
             if f"{self.prefix}.>" not in subjects:
                 raise StoreError(f"stream {self.stream} exists with subjects {subjects}, not {self.prefix}.>") from exc
             log.info("using existing stream with a different configuration", stream=self.stream)
+        self.atomic = bool(info.config.allow_atomic)
 
     async def delete_stream(self) -> None:
         """Delete the whole stream (tests and teardown only; muster never deletes its log)."""
@@ -515,6 +525,13 @@ class EventStore:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    async def open_wire(self) -> WireConnection:
+        """A raw protocol connection with the store's servers and credentials (the caller closes it).
+
+        For bulk writers that publish pre-encoded messages without acknowledgements (benchmarks).
+        """
+        return await WireConnection.open(self._wire)
 
     # ------------------------------------------------------------ append
 
@@ -642,6 +659,55 @@ class EventStore:
         raise AppendError(f"publish to {subject} not confirmed after {attempts} attempts: {last}")
 
     async def _append_fenced(self, items: list[tuple[str, bytes, str]], expected: int) -> list[int]:
+        """Store the batch right after `expected`, whole or not at all (per atomic batch of up to 1,000 messages).
+
+        On a stream that allows atomic batch publish (NATS 2.12+; the store
+        creates its stream so), each chunk is one atomic batch whose first
+        message carries the fence: the server stores all of it or none. A
+        refusal that may be our own earlier attempt (the fence moved, or the
+        batch repeats stored msg ids) is sorted out message by message
+        (`_append_checked`). Elsewhere the batch is chained (`_append_chained`).
+        """
+        if not self.atomic:
+            return await self._append_chained(items, expected)
+        seqs: list[int] = []
+        for start in range(0, len(items), _ATOMIC_MAX):
+            chunk = items[start : start + _ATOMIC_MAX]
+            answer = await self._publish_atomic(chunk, expected + len(seqs))
+            if isinstance(answer, int):
+                seqs.extend(range(answer - len(chunk) + 1, answer + 1))
+                continue
+            if answer is None:
+                raise AppendError(f"{len(seqs)} of {len(items)} fenced messages confirmed; the rest got no answer")
+            if answer.err_code not in (_WRONG_LAST_SEQUENCE, _DUPLICATE_IN_BATCH):
+                raise StoreError(f"append refused: {answer.description} ({answer.code}/{answer.err_code})")
+            try:
+                return seqs + await self._append_checked(items[start:], expected + len(seqs))
+            except ConcurrencyConflict as exc:
+                raise ConcurrencyConflict(exc.expected, exc.actual, seqs + exc.stored) from None
+        return seqs
+
+    async def _publish_atomic(self, items: list[tuple[str, bytes, str]], expected: int) -> _Answer:
+        """One atomic batch fenced on `expected`: the last sequence stored, the server's refusal, or None."""
+        replies = await self._reply_subscription()
+        batch = uuid.uuid4().hex
+        commit = f"{self._reply_inbox}.{next(self._chains)}"
+        last = len(items) - 1
+        for i, (subject, data, mid) in enumerate(items):
+            headers = {"Nats-Msg-Id": mid, "Nats-Batch-Id": batch, "Nats-Batch-Sequence": str(i + 1)}
+            if i == 0:
+                headers["Nats-Expected-Last-Sequence"] = str(expected)
+            if i == last:
+                headers["Nats-Batch-Commit"] = "1"
+            await self.nc.publish(subject, data, reply=commit if i == last else "", headers=headers)
+        with anyio.move_on_after(self.request_timeout):
+            async for msg in replies.messages:
+                if msg.subject == commit:
+                    ack = _decode_ack(msg.data)
+                    return ack.error if ack.error is not None else ack.seq
+        return None
+
+    async def _append_chained(self, items: list[tuple[str, bytes, str]], expected: int) -> list[int]:
         """Send the batch back to back, chained, so it lands right after `expected` whole or as a prefix.
 
         The first message expects the stream to end at `expected`
@@ -672,10 +738,7 @@ class EventStore:
 
     async def _publish_chained(self, items: list[tuple[str, bytes, str]], expected: int) -> list[_Answer]:
         """Publish `items` fenced and chained without waiting; each one's sequence, error, or None (no answer)."""
-        if self._replies is None:
-            self._reply_inbox = self.nc.new_inbox()
-            self._replies = await self.nc.subscribe(self._reply_inbox + ".>")
-        replies = self._replies
+        replies = await self._reply_subscription()
         prefix = f"{self._reply_inbox}.{next(self._chains)}."
         for i, (subject, data, mid) in enumerate(items):
             headers = {"Nats-Msg-Id": mid, "Nats-Expected-Stream": self.stream}
@@ -699,6 +762,12 @@ class EventStore:
                 if not missing:
                     break
         return answers
+
+    async def _reply_subscription(self) -> Subscription:
+        if self._replies is None:
+            self._reply_inbox = self.nc.new_inbox()
+            self._replies = await self.nc.subscribe(self._reply_inbox + ".>")
+        return self._replies
 
     async def _append_checked(self, items: list[tuple[str, bytes, str]], expected: int) -> list[int]:
         """The fenced append one confirmed message at a time, recognising its own earlier attempt."""
@@ -957,6 +1026,12 @@ async def _connect(servers: list[str], attempts: int, nats_options: dict[str, An
         raise StoreUnreachable(f"cannot connect to {where}: {type(reason).__name__}: {reason}") from None
     nc.options["max_reconnect_attempts"] = reconnects
     return nc
+
+
+def _atomic_server(nc: NatsClient) -> bool:
+    """Whether the server takes atomic batch publishes (nats-server 2.12 and later)."""
+    version = nc.connected_server_version
+    return (version.major, version.minor) >= (2, 12)
 
 
 def _actual_last_seq(description: str | None) -> int | None:

@@ -325,3 +325,10 @@ def test_default_url_honours_nats_url(monkeypatch: pytest.MonkeyPatch) -> None:
     assert default_url() == "nats://elsewhere:4333"
     monkeypatch.delenv("NATS_URL")
     assert default_url() == "nats://127.0.0.1:4222"
+
+
+async def test_a_fenced_batch_longer_than_an_atomic_batch_lands_in_order(any_store: EventStore) -> None:
+    """A fenced batch of 2,500 events (three atomic batches on NATS 2.12+) is stored contiguously after the fence."""
+    events = submissions(2500)
+    assert await any_store.append(events, expected_last_seq=0) == list(range(1, 2501))
+    assert [s.event for s in await any_store.read()] == events
