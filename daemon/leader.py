@@ -102,6 +102,7 @@ class HeldLease:
 
     @property
     def poll_every(self) -> float:
+        """How often a standby tries to take the lease: a takeover waits out the TTL, then up to this."""
         return min(1.0, self.ttl / 4)
 
     def _won(self, sent: float) -> None:
@@ -146,6 +147,11 @@ class KvElector(HeldLease):
 
     def holds(self) -> bool:
         return self.revision is not None
+
+    @property
+    def poll_every(self) -> float:
+        # a refused KV create is one cheap round trip: try often, so a takeover follows the TTL closely
+        return min(0.25, self.ttl / 10)
 
     def _drop(self) -> None:
         self.revision = None
