@@ -3,7 +3,9 @@
 Role: append events (de-duplicated, optionally fenced by the expected last
 sequence), read a range, and follow the log. Appends go through nats-py; reads
 go through `wire`, a lean protocol reader, because nats-py's per-message cost
-caps a replay far below the 100,000 events/s a restart needs.
+caps a replay far below the 100,000 events/s a restart needs. Where events
+go (`subjects`), what the store raises (`errors`) and how it connects
+(`connecting`) have modules of their own, re-exported here.
 
 Invariants:
 - One stream (file storage, deny_delete, deny_purge, messages capped at the
@@ -18,9 +20,11 @@ Invariants:
 - Every append carries a deterministic `Nats-Msg-Id` (sha256 of the encoded
   event unless the caller passes ids), so a retried append is stored once and
   returns the sequences of the first attempt.
-- A fenced append (`expected_last_seq`) is sent in one round trip, chained:
-  the batch lands contiguously right after `expected_last_seq`, or only a
-  prefix of it does (`ConcurrencyConflict` with the stored sequences), or,
+- A fenced append (`expected_last_seq`) lands contiguously right after
+  `expected_last_seq`: as atomic batches of up to 1,000 messages where the
+  stream allows them (NATS 2.12+; all of a batch or none), else chained in
+  one round trip; when the log moved, only a prefix of whole batches (or of
+  messages) is stored (`ConcurrencyConflict` with the stored sequences);
   when answers are missing, `AppendError` (fold the log before deciding
   again). A retry of a fenced batch that was already stored returns its
   original sequences.
@@ -36,7 +40,6 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
-import os
 import re
 import uuid
 from collections.abc import AsyncGenerator, Callable, Sequence
@@ -52,29 +55,23 @@ from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 from nats.js.errors import APIError, NotFoundError, TooManyStalledMsgsError
 
 from muster.events.codec import MAX_EVENT_BYTES, DecodeError, decode, encode
-from muster.events.types import (
-    AnyEvent,
-    CohortConfigured,
-    Event,
-    GpuUtilizationSampled,
-    JobAdmitted,
-    JobCancelled,
-    JobFailed,
-    JobFinished,
-    JobInadmissible,
-    JobPreempted,
-    JobRejected,
-    JobStarted,
-    JobSubmitted,
-    LeaderElected,
-    NodeAdded,
-    NodeCordoned,
-    NodeRemoved,
-    NodeUpdated,
-    PriorityClassConfigured,
-    QueueConfigured,
-    SchedulerConfigured,
+from muster.events.connecting import (  # re-exported: callers know them as the store's
+    NATS_SCHEMES,
+    connect_client,
+    default_url,
+    url_problem,
 )
+from muster.events.connecting import connect_client as _connect
+from muster.events.errors import (  # re-exported
+    AppendError,
+    ConcurrencyConflict,
+    EventTooLarge,
+    StoreError,
+    StoreUnreachable,
+    StreamMissing,
+)
+from muster.events.subjects import DEFAULT_PREFIX, subject_for, subject_problem, subject_token  # re-exported
+from muster.events.types import AnyEvent, Event
 from muster.events.wire import (
     JetStreamApiError,
     PublishResult,
@@ -84,31 +81,33 @@ from muster.events.wire import (
     WireOptions,
     consume,
     publish_pipelined,
-    redact,
 )
 
 __all__ = [
     "DEFAULT_PREFIX",
     "DEFAULT_STREAM",
+    "NATS_SCHEMES",
     "AppendError",
     "BadEvent",
     "ConcurrencyConflict",
     "EventStore",
     "EventTooLarge",
     "StoreError",
+    "StoreUnreachable",
     "StoredEvent",
+    "StreamMissing",
+    "connect_client",
     "default_url",
     "msg_id_token",
     "subject_for",
     "subject_problem",
     "subject_token",
+    "url_problem",
 ]
 
 log = structlog.get_logger("muster.events.store")
 
 DEFAULT_STREAM = "MUSTER"
-DEFAULT_PREFIX = "muster"
-DEFAULT_URL = "nats://127.0.0.1:4222"
 _WRONG_LAST_SEQUENCE = 10071
 _WRONG_LAST_MSG_ID = 10070
 _CONFLICTS = (_WRONG_LAST_SEQUENCE, _WRONG_LAST_MSG_ID)
@@ -121,11 +120,6 @@ _WIRE_MIN_BATCH = 64
 _MAX_MSG_ID = 200
 _HEADER_ROOM = 512
 """Bytes kept free for our headers when checking a message against the server's max_payload."""
-
-
-def default_url() -> str:
-    """The NATS server to use: `$NATS_URL`, else the local default."""
-    return os.environ.get("NATS_URL") or DEFAULT_URL
 
 
 # ---------------------------------------------------------------- results and errors
@@ -151,46 +145,6 @@ class BadEvent(NamedTuple):
     subject: str = ""
 
 
-class StoreError(Exception):
-    """The event store cannot do what was asked (missing stream, server unreachable...)."""
-
-
-class StoreUnreachable(StoreError):
-    """No server of the URLs answered the first connection (a runtime failure, not bad input)."""
-
-
-class StreamMissing(StoreError):
-    """The stream does not exist and the caller did not ask to create it."""
-
-
-class ConcurrencyConflict(StoreError):
-    """A fenced append found the stream ended elsewhere than expected.
-
-    `stored` holds the sequences of the batch's messages stored before the
-    conflict (a fenced batch is checked message by message).
-    """
-
-    def __init__(self, expected: int, actual: int, stored: Sequence[int] = ()) -> None:
-        super().__init__(f"expected the stream to end at {expected}, it ends at {actual}")
-        self.expected = expected
-        self.actual = actual
-        self.stored = list(stored)
-
-
-class EventTooLarge(StoreError, ValueError):
-    """An event whose encoded form exceeds the size cap; nothing of its batch was stored."""
-
-    def __init__(self, index: int, event_type: str, size: int, limit: int) -> None:
-        super().__init__(f"event #{index} ({event_type}) encodes to {size} bytes, over the {limit}-byte cap")
-        self.index = index
-        self.size = size
-        self.limit = limit
-
-
-class AppendError(StoreError):
-    """Some messages of a batch could not be confirmed stored after retries; retrying the batch is safe."""
-
-
 class _AckError(msgspec.Struct):
     code: int = 0
     err_code: int = 0
@@ -208,128 +162,6 @@ class _Ack(msgspec.Struct):
 _decode_ack = msgspec.json.Decoder(_Ack).decode
 _Answer = int | _AckError | None
 """What became of one message of a chained publish: its sequence, the server's refusal, or no answer."""
-
-
-# ---------------------------------------------------------------- subjects
-
-_SAFE = re.compile(r"[A-Za-z0-9_\-/:=@+]+")
-_MAX_TOKEN = 128
-
-
-def subject_token(value: str) -> str:
-    """`value` as one subject token: deterministic, injective, ASCII, no `.`, `*`, `>` or whitespace.
-
-    Safe characters pass through; every other UTF-8 byte becomes `%XX`. An empty
-    value is `%`; a token longer than 128 characters is cut and suffixed with
-    `~` and a hash of the whole value.
-    """
-    if not value:
-        return "%"
-    if _SAFE.fullmatch(value) and len(value) <= _MAX_TOKEN:
-        return value
-    parts: list[str] = []
-    for ch in value:
-        if _SAFE.fullmatch(ch):
-            parts.append(ch)
-        else:
-            parts.extend(f"%{b:02X}" for b in ch.encode("utf-8"))
-    token = "".join(parts)
-    if len(token) > _MAX_TOKEN:
-        token = token[:100] + "~" + hashlib.sha256(value.encode("utf-8")).hexdigest()[:24]
-    return token
-
-
-def _route(event: Event) -> tuple[str, str]:
-    """(kind, id) of an event's subject; a submission's id is `<queue>.<job>`."""
-    match event:
-        case JobSubmitted():
-            return "submit", f"{subject_token(event.queue)}.{subject_token(event.job)}"
-        case (
-            JobCancelled()
-            | JobStarted()
-            | JobFinished()
-            | JobFailed()
-            | JobAdmitted()
-            | JobPreempted()
-            | JobInadmissible()
-            | JobRejected()
-            | GpuUtilizationSampled()
-        ):
-            return "job", subject_token(event.job)
-        case NodeAdded() | NodeUpdated() | NodeRemoved() | NodeCordoned():
-            return "node", subject_token(event.node)
-        case QueueConfigured():
-            return "queue", subject_token(event.name)
-        case CohortConfigured():
-            return "cohort", subject_token(event.name)
-        case PriorityClassConfigured():
-            return "priorityclass", subject_token(event.name)
-        case SchedulerConfigured():
-            return "scheduler", "config"
-        case LeaderElected():
-            return "leader", subject_token(event.holder)
-    return "other", subject_token(type(event).__name__)
-
-
-def subject_for(event: Event, prefix: str = DEFAULT_PREFIX) -> str:
-    """`<prefix>.<kind>.<id>` for an event (`<prefix>.submit.<queue>.<job>` for a submission)."""
-    kind, ident = _route(event)
-    return f"{prefix}.{kind}.{ident}"
-
-
-_KIND: dict[type, bytes] = {
-    JobSubmitted: b"submit",
-    **{
-        t: b"job"
-        for t in (
-            JobCancelled,
-            JobStarted,
-            JobFinished,
-            JobFailed,
-            JobAdmitted,
-            JobPreempted,
-            JobInadmissible,
-            JobRejected,
-            GpuUtilizationSampled,
-        )
-    },
-    **{t: b"node" for t in (NodeAdded, NodeUpdated, NodeRemoved, NodeCordoned)},
-    QueueConfigured: b"queue",
-    CohortConfigured: b"cohort",
-    PriorityClassConfigured: b"priorityclass",
-    SchedulerConfigured: b"scheduler",
-    LeaderElected: b"leader",
-}
-
-
-def subject_problem(subject: bytes, event: Event) -> str | None:
-    """Why `event` must not be taken from `subject` (None when it may), whatever the prefix.
-
-    Each kind of event has its own subjects, and NATS permissions say who may
-    publish where (deploy/nats/accounts.conf): only the daemon publishes on
-    `job.*`, a team only on `submit.<its queue>.*`. So a job event counts only
-    on `<kind>.<id>` subjects of its kind, and a submission only on the
-    `submit.<queue>.<job>` subject of its own queue and job, or on `job.<id>`
-    (the daemon's, where logs written before submissions had their own
-    subjects keep them). Tokens never contain dots, so the kind is found from
-    the right and the prefix need not be known.
-    """
-    tokens = subject.split(b".")
-    kind = _KIND.get(type(event), b"other")
-    on_submit = len(tokens) >= 4 and tokens[-3] == b"submit"
-    if on_submit and isinstance(event, JobSubmitted):
-        if tokens[-2] == subject_token(event.queue).encode() and tokens[-1] == subject_token(event.job).encode():
-            return None
-        return (
-            f"submission of job {event.job!r} to queue {event.queue!r} published on "
-            f"{subject.decode(errors='replace')!r}: a submission counts only on its own queue's and job's subject"
-        )
-    if not on_submit and len(tokens) >= 3 and (tokens[-2] == kind or (kind == b"submit" and tokens[-2] == b"job")):
-        return None
-    return (
-        f"{type(event).__name__} published on {subject.decode(errors='replace')!r}, "
-        f"not on a {kind.decode()}.* subject where it belongs"
-    )
 
 
 def _check_prefix(prefix: str) -> None:
@@ -961,73 +793,6 @@ class EventStore:
                     yield StoredEvent(seq, event)
 
 
-NATS_SCHEMES = ("nats", "tls", "ws", "wss")
-
-
-def url_problem(url: str) -> str | None:
-    """Why `url` is no NATS server URL (`http://...`, a typo in the scheme), or None."""
-    scheme, sep, rest = url.strip().partition("://")
-    if not sep:
-        return None if url.strip() else "the NATS URL is empty"
-    if scheme.lower() not in NATS_SCHEMES:
-        host = rest.rpartition("@")[2].split("/", 1)[0] or "HOST:4222"
-        return (
-            f"{redact(url)} is not a NATS URL: NATS speaks its own protocol, not {scheme}; "
-            f"use nats://{host} (or {', '.join(s + '://' for s in NATS_SCHEMES[1:])})"
-        )
-    return None
-
-
-async def connect_client(servers: list[str], attempts: int, nats_options: dict[str, Any]) -> NatsClient:
-    """A nats-py client that fails fast on the first connection (StoreError naming the URLs) and
-    reconnects as `nats_options` say afterwards. Every long-running client connects through it."""
-    return await _connect(servers, attempts, nats_options)
-
-
-async def _connect(servers: list[str], attempts: int, nats_options: dict[str, Any]) -> NatsClient:
-    """A nats-py client that fails fast on the first connection and reconnects as configured afterwards."""
-    for url in servers:
-        problem = url_problem(url)
-        if problem is not None:
-            raise StoreError(problem)
-    last_error: list[Exception] = []
-    caller_cb = nats_options.get("error_cb")
-
-    async def on_error(exc: Exception) -> None:
-        last_error.append(exc)
-        del last_error[:-10]  # the client lives long: keep only the latest few
-        log.debug("nats client error", error=f"{type(exc).__name__}: {exc}")
-        if caller_cb is not None:
-            await caller_cb(exc)
-
-    options: dict[str, Any] = {
-        "name": "muster",
-        "reconnect_time_wait": 0.25,
-        "connect_timeout": 5,
-        "error_cb": on_error,
-        "disconnected_cb": _nats_disconnected,
-        "reconnected_cb": _nats_reconnected,
-    }
-    options.update({k: v for k, v in nats_options.items() if k != "error_cb"})
-    reconnects = options.pop("max_reconnect_attempts", -1)
-    # nats-py never gives up a first connection unless max_reconnect_attempts > 0, so
-    # bound it for the first connection and switch to the caller's setting afterwards
-    # nats-py 2.16 can also hang after a failed TLS handshake: bound the whole first connection
-    per_try = float(options["connect_timeout"]) + float(options["reconnect_time_wait"])
-    try:
-        with anyio.fail_after(attempts * len(servers) * per_try + 1):
-            nc = await nats.connect(servers=servers, max_reconnect_attempts=max(1, attempts - 1), **options)
-    except Exception as exc:
-        # the server's own word (an authorization violation) says more than the reset
-        # of the socket it closed right after, whichever the client saw last
-        said = [e for e in last_error if not isinstance(e, OSError)]
-        reason = said[-1] if said else (last_error[-1] if last_error else exc)
-        where = ", ".join(redact(u) for u in servers)  # never a password in a message or a log
-        raise StoreUnreachable(f"cannot connect to {where}: {type(reason).__name__}: {reason}") from None
-    nc.options["max_reconnect_attempts"] = reconnects
-    return nc
-
-
 def _atomic_server(nc: NatsClient) -> bool:
     """Whether the server takes atomic batch publishes (nats-server 2.12 and later)."""
     version = nc.connected_server_version
@@ -1037,11 +802,3 @@ def _atomic_server(nc: NatsClient) -> bool:
 def _actual_last_seq(description: str | None) -> int | None:
     match = re.search(r"wrong last sequence: (\d+)", description or "")
     return int(match.group(1)) if match else None
-
-
-async def _nats_disconnected() -> None:
-    log.info("nats disconnected")
-
-
-async def _nats_reconnected() -> None:
-    log.info("nats reconnected")
