@@ -8,18 +8,22 @@ Scenarios (each on the real embedded nats-server, the Kubernetes API double, `mu
   billing crash       the billing subscriber killed between fetch, write and ack, restarted, ledger compared
   daemon kill -9      the leading `muster daemon` killed at a random moment while gangs arrive; a new replica started
   daemon pause        the leader SIGSTOPped past its lease, the standby leads, then SIGCONT (two believe they lead)
+  takeover            the leading `muster daemon` killed (kill -9) while gangs arrive; the running standby takes over
+  warm start          a replica started on a long log (--events, 10 M) with the sidecar's snapshot near its end
 
 Columns: faults injected, jobs submitted (acknowledged), jobs lost, duplicate bindings (or events stored
 twice), invariant violations (replay/invariants.py), time to recover p50/p99 in seconds (appends blocked
-across a restart; takeover by a new leader; restart of the subscriber). Lost, duplicates and violations must
-all be 0; the script exits 1 otherwise.
+across a restart; takeover by a new leader; restart of the subscriber; kill -9 of the leader to the
+standby's first admission; start of a replica to its first admission). Lost, duplicates and violations
+must all be 0; the script exits 1 otherwise.
 
-Usage: python bench/reliability.py [--quick] [--only NAME ...] [--seed N]
+Usage: python bench/reliability.py [--quick] [--only NAME ...] [--seed N] [--events N]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import random
 import sys
@@ -39,11 +43,16 @@ sys.path.insert(0, str(ROOT / "tests" / "faults"))
 
 from daemonkit import admitted_after, elected_after, world  # noqa: E402
 from faultkit import Follower, JetStreamCluster, Load, config_events, percentile, stream_leader  # noqa: E402
+from longlog import write_long_log  # noqa: E402
 
+from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector  # noqa: E402
+from muster.daemon.warmstart import stream_snapshots  # noqa: E402
 from muster.events.embedded import EmbeddedNats  # noqa: E402
 from muster.events.store import EventStore  # noqa: E402
-from muster.events.types import JobFinished, JobSubmitted  # noqa: E402
+from muster.events.types import Event, JobAdmitted, JobFinished, JobSubmitted  # noqa: E402
 from muster.replay.invariants import check_log  # noqa: E402
+from muster.replay.snapshots import NatsSnapshots, Snapshots, default_bucket  # noqa: E402
+from muster.replay.source import NatsLog  # noqa: E402
 
 
 @dataclass
@@ -287,6 +296,91 @@ async def daemon_faults(tmp: Path, count: int, rng: random.Random, *, pause: boo
     return row
 
 
+async def takeover(tmp: Path, count: int, rng: random.Random, *, rate: float, ttl: float) -> Row:
+    """kill -9 of the leader; the standby (already following the log) takes over: time to its first admission."""
+    row = Row("takeover")
+    elected: list[float] = []
+    async with world(_nats_url(tmp), tmp, nodes=max(16, int(rate * 2 * 1.5 / 8)), ttl=ttl) as w:
+        w.start_daemon()
+        w.start_daemon()
+        await w.wait_log(lambda log: w.leader()[0] > 0)
+        w.tg.start_soon(w.submit, rate)
+        for k in range(count):
+            epoch, holder = w.leader()
+            try:
+                await w.wait_log(admitted_after(epoch - 1), 60)
+                await anyio.sleep(rng.uniform(0.1, 1.5))
+                killed = time.monotonic()
+                w.daemons[holder].kill()
+                await w.wait_log(elected_after(epoch), 10 * ttl + 20)
+                elected.append(time.monotonic() - killed)
+                await w.wait_log(admitted_after(epoch), 10 * ttl + 20)
+                row.recover.append(time.monotonic() - killed)
+            except TimeoutError:
+                row.note = f"STALLED after kill {k + 1}: no admission by a new leader; "
+                break
+            row.faults = {"kill -9": k + 1}
+            w.start_daemon()  # the next standby
+        w.stop_submitting()
+
+        def missing(log: list[Any]) -> list[str]:
+            on_log = {s.event.source for s in log if isinstance(s.event, JobSubmitted)}
+            return [src for src in w.created if src not in on_log]
+
+        with contextlib.suppress(TimeoutError):  # lost: a gang created in the cluster never reaches the log
+            await w.wait_log(lambda log: not missing(log), 60)
+        report = await anyio.to_thread.run_sync(w.check)
+        pods = [key for _, key, _ in w.emulator.bound]
+        row.jobs = len(w.created)
+        row.lost = len(missing(w.log()))
+        row.duplicates = len(pods) - len(set(pods))
+        row.violations = len(report.violations)
+        worst = max(row.recover, default=0.0)
+        row.note += f"lease TTL {ttl:g} s: target <= {ttl + 1:g} s, worst {worst:.2f} s"
+        row.note += f"; kill to LeaderElected p50 {percentile(elected, 50):.2f} s"
+        row.note += "; recover = kill to the first admission by the new leader (its lease waits out the TTL)"
+    return row
+
+
+async def warm_start(tmp: Path, events: int) -> Row:
+    """A replica started on a long log with a snapshot near its end: time from its start to its first admission."""
+    row = Row("warm start")
+    async with await EventStore.connect(_nats_url(tmp), stream="WARM", prefix="warm", duplicate_window=10) as es:
+        backend = await NatsSnapshots.open(es.js, default_bucket(es.stream), create=True)
+        assert backend is not None
+        long = await write_long_log(es, Snapshots(backend, NatsLog(es)), events=events)
+        admitted: set[str] = set()
+        decided, all_admitted = anyio.Event(), anyio.Event()
+
+        def on_fold(seq: int, event: Event, accepted: bool) -> None:
+            if isinstance(event, JobAdmitted) and event.job in long.pending:
+                admitted.add(event.job)
+                decided.set()
+                if len(admitted) == len(long.pending):
+                    all_admitted.set()
+
+        started = time.monotonic()
+        # what `muster daemon` does at start (daemoncli): the sidecar's snapshots of its stream, if any
+        loop = SchedulerLoop(es, elector=SoleElector("new"), options=LoopOptions(), start=await stream_snapshots(es))
+        loop.on_fold(on_fold)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(loop.run)
+            with anyio.fail_after(600):
+                await decided.wait()
+            row.recover.append(time.monotonic() - started)
+            with anyio.move_on_after(30):
+                await all_admitted.wait()
+            loop.stop()
+        row.faults = {"cold start": 1}
+        row.jobs = len(long.pending)
+        row.lost = len(long.pending) - len(admitted)
+        row.note = (
+            f"{long.end:,} events on the log (written in {long.seconds:.0f} s), snapshot at {long.snapshot_seq:,}: "
+            f"folds {long.end - long.snapshot_seq:,}; recover = start to first admission, target < 5 s"
+        )
+    return row
+
+
 def _finished(log: list[Any]) -> int:
     return sum(1 for s in log if isinstance(s.event, JobFinished))
 
@@ -330,6 +424,8 @@ async def main(args: argparse.Namespace) -> int:
         "billing": lambda t: billing_crashes(t, 6 if q else 40, rng),
         "daemon-kill": lambda t: daemon_faults(t, 3 if q else 20, rng, pause=False, rate=args.rate, ttl=args.ttl),
         "daemon-pause": lambda t: daemon_faults(t, 3 if q else 10, rng, pause=True, rate=args.rate, ttl=args.ttl),
+        "takeover": lambda t: takeover(t, 3 if q else 10, rng, rate=args.rate, ttl=args.ttl),
+        "warm-start": lambda t: warm_start(t, 200_000 if q else args.events),
     }
     rows = []
     with (
@@ -361,8 +457,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="CI-sized counts")
     parser.add_argument(
-        "--only", nargs="*", help="scenarios to run: nats cluster kube billing daemon-kill daemon-pause"
+        "--only",
+        nargs="*",
+        help="scenarios to run: nats cluster kube billing daemon-kill daemon-pause takeover warm-start",
     )
+    parser.add_argument("--events", type=int, default=10_000_000, help="events on the log of the warm-start row")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--ttl", type=float, default=5.0, help="leader lease TTL of the daemons (seconds)")
     parser.add_argument("--rate", type=float, default=50.0, help="gangs per second for the daemon scenarios")

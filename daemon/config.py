@@ -26,6 +26,8 @@ from typing import Any
 
 import yaml
 
+from muster.events.leases import LEADER_NAME
+
 __all__ = ["ConfigError", "DaemonConfig", "load_config", "nats_connect_options"]
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -168,12 +170,12 @@ class DaemonConfig:
 
     @property
     def leader_bucket(self) -> str:
-        return str(self.get("leader_election", "kv_bucket", "muster-leader"))
+        return str(self.get("leader_election", "kv_bucket", LEADER_NAME))
 
     @property
     def lease_name(self) -> str:
         """The coordination.k8s.io Lease of `backend: lease` (the chart's Role names exactly this one)."""
-        return str(self.get("leader_election", "lease_name", "muster-leader"))
+        return str(self.get("leader_election", "lease_name", LEADER_NAME))
 
     @property
     def lease_namespace(self) -> str:

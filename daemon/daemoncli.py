@@ -19,6 +19,8 @@ import signal
 import sys
 from typing import Any
 
+from muster.events.leases import LEADER_NAME
+
 _FILE_FLAGS = {
     "username_file": ("auth", "a file holding the NATS user name"),
     "password_file": ("auth", "a file holding the NATS password"),
@@ -39,11 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--subject-prefix", help="subject prefix of the log (default muster)")
     parser.add_argument("--identity", help="this replica's name in leader election (default $POD_NAME)")
     parser.add_argument("--leader-ttl", type=float, help="leader lease TTL in seconds (default 10)")
-    parser.add_argument("--kv-bucket", help="KV bucket of the leader lease (default muster-leader)")
+    parser.add_argument("--kv-bucket", help=f"KV bucket of the leader lease (default {LEADER_NAME})")
     parser.add_argument(
         "--leader-backend", choices=("nats-kv", "lease", "none"), help="leader election (default nats-kv)"
     )
-    parser.add_argument("--lease-name", help="Kubernetes Lease of --leader-backend lease (default muster-leader)")
+    parser.add_argument("--lease-name", help=f"Kubernetes Lease of --leader-backend lease (default {LEADER_NAME})")
     parser.add_argument("--lease-namespace", help="the Lease's namespace (default: the pod's, $POD_NAMESPACE)")
     parser.add_argument("--health-port", type=int, help="serve /healthz and /readyz on this port")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
@@ -204,7 +206,10 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
                 cfg.utilization_url, source=cfg.utilization_source, interval=cfg.utilization_interval
             )
             services.append(scraper.run)
-        loop = SchedulerLoop(store, elector=elector, cluster=cluster, metrics=metrics, services=services)
+        from muster.daemon.warmstart import stream_snapshots
+
+        start = await stream_snapshots(store)
+        loop = SchedulerLoop(store, elector=elector, cluster=cluster, metrics=metrics, services=services, start=start)
         async with anyio.create_task_group() as tg:
             if threading.current_thread() is threading.main_thread():
                 tg.start_soon(_stop_on_signal, loop)

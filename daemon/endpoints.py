@@ -24,8 +24,12 @@ class Observed(Protocol):
     """What the endpoints read (`SchedulerLoop` fits)."""
 
     ready: bool
-    folded_seq: int
-    epoch: int
+
+    @property
+    def folded_seq(self) -> int: ...
+
+    @property
+    def epoch(self) -> int: ...
 
     @property
     def heartbeat(self) -> float: ...

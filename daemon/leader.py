@@ -31,7 +31,9 @@ from nats.js.api import KeyValueConfig
 from nats.js.errors import BadRequestError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-__all__ = ["VALIDITY", "Elector", "KvElector", "SoleElector"]
+from muster.events.leases import LEADER_KEY, LEADER_NAME, lease_record
+
+__all__ = ["VALIDITY", "Elector", "HeldLease", "KvElector", "SoleElector"]
 
 log = structlog.get_logger("muster.leader")
 
@@ -71,33 +73,27 @@ class SoleElector:
         self._resigned = True
 
 
-class KvElector:
-    def __init__(
-        self,
-        js: object,
-        *,
-        holder: str,
-        bucket: str = "muster-leader",
-        key: str = "leader",
-        ttl: float = 10.0,
-        on_change: Callable[[], None] | None = None,
-    ) -> None:
-        self.js = js
+class HeldLease:
+    """What every lease-backed elector shares: the holder's local judgement of its lease, and its timing.
+
+    A subclass says whether it holds the lease (`holds`), calls `_won(sent)` or
+    `_renewed(sent)` with the monotonic time it *sent* the write that
+    succeeded, and `_lose()` when the lease is gone.
+    """
+
+    def __init__(self, holder: str, ttl: float, on_change: Callable[[], None] | None) -> None:
         self.holder = holder
-        self.bucket = bucket
-        self.key = key
         self.ttl = ttl
         self.on_change = on_change
-        self.revision: int | None = None
         self.valid_until = 0.0
-        self.kv: KeyValue | None = None
         self.terms = 0
         """Times this elector won the lease."""
 
-    # ------------------------------------------------------------ queries
+    def holds(self) -> bool:
+        raise NotImplementedError
 
     def leading(self) -> bool:
-        return self.revision is not None and anyio.current_time() < self.valid_until
+        return self.holds() and anyio.current_time() < self.valid_until
 
     @property
     def refresh_every(self) -> float:
@@ -106,7 +102,59 @@ class KvElector:
 
     @property
     def poll_every(self) -> float:
+        """How often a standby tries to take the lease: a takeover waits out the TTL, then up to this."""
         return min(1.0, self.ttl / 4)
+
+    def _won(self, sent: float) -> None:
+        self.valid_until = sent + self.ttl * VALIDITY
+        self.terms += 1
+        self._changed()
+
+    def _renewed(self, sent: float) -> None:
+        self.valid_until = sent + self.ttl * VALIDITY
+
+    def _drop(self) -> None:
+        """Forget the lease held (the subclass's record of it)."""
+        raise NotImplementedError
+
+    def _lose(self) -> None:
+        self._drop()
+        self.valid_until = 0.0
+        self._changed()
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+
+class KvElector(HeldLease):
+    def __init__(
+        self,
+        js: object,
+        *,
+        holder: str,
+        bucket: str = LEADER_NAME,
+        key: str = LEADER_KEY,
+        ttl: float = 10.0,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(holder, ttl, on_change)
+        self.js = js
+        self.bucket = bucket
+        self.key = key
+        self.revision: int | None = None
+        self.kv: KeyValue | None = None
+
+    def holds(self) -> bool:
+        return self.revision is not None
+
+    @property
+    def poll_every(self) -> float:
+        # a refused KV create is one cheap round trip: try often, so a takeover follows the TTL closely
+        return min(0.25, self.ttl / 10)
+
+    def _drop(self) -> None:
+        self.revision = None
 
     # ------------------------------------------------------------ running
 
@@ -142,24 +190,22 @@ class KvElector:
     async def _campaign(self, kv: KeyValue) -> None:
         sent = anyio.current_time()
         try:
-            revision = await kv.create(self.key, self.holder.encode())
+            revision = await kv.create(self.key, lease_record(self.holder))
         except KeyWrongLastSequenceError:
             return  # someone holds it
         except Exception as exc:  # NATS trouble: try again on the next poll
             log.info("leader campaign failed", error=f"{type(exc).__name__}: {exc}")
             return
         self.revision = int(revision)
-        self.valid_until = sent + self.ttl * VALIDITY
-        self.terms += 1
         log.info("leader lease won", holder=self.holder, revision=self.revision)
-        self._changed()
+        self._won(sent)
 
     async def _refresh(self, kv: KeyValue) -> None:
         if self.revision is None:
             return  # resigned while we slept
         sent = anyio.current_time()
         try:
-            revision = await kv.update(self.key, self.holder.encode(), last=self.revision)
+            revision = await kv.update(self.key, lease_record(self.holder), last=self.revision)
         except KeyWrongLastSequenceError:
             if self.revision is not None:
                 log.warning("leader lease lost", holder=self.holder)
@@ -180,16 +226,7 @@ class KvElector:
             await self.resign()
             return
         self.revision = int(revision)
-        self.valid_until = sent + self.ttl * VALIDITY
-
-    def _lose(self) -> None:
-        self.revision = None
-        self.valid_until = 0.0
-        self._changed()
-
-    def _changed(self) -> None:
-        if self.on_change is not None:
-            self.on_change()
+        self._renewed(sent)
 
     async def resign(self) -> None:
         """Give the lease up (delete the key if it is still ours)."""

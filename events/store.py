@@ -3,7 +3,9 @@
 Role: append events (de-duplicated, optionally fenced by the expected last
 sequence), read a range, and follow the log. Appends go through nats-py; reads
 go through `wire`, a lean protocol reader, because nats-py's per-message cost
-caps a replay far below the 100,000 events/s a restart needs.
+caps a replay far below the 100,000 events/s a restart needs. Where events
+go (`subjects`), what the store raises (`errors`) and how it connects
+(`connecting`) have modules of their own, re-exported here.
 
 Invariants:
 - One stream (file storage, deny_delete, deny_purge, messages capped at the
@@ -18,9 +20,14 @@ Invariants:
 - Every append carries a deterministic `Nats-Msg-Id` (sha256 of the encoded
   event unless the caller passes ids), so a retried append is stored once and
   returns the sequences of the first attempt.
-- A fenced append (`expected_last_seq`) stores each message only if the stream
-  ends where the previous one did; otherwise `ConcurrencyConflict`. A retry of
-  a fenced batch that was already stored returns its original sequences.
+- A fenced append (`expected_last_seq`) lands contiguously right after
+  `expected_last_seq`: as atomic batches of up to 1,000 messages where the
+  stream allows them (NATS 2.12+; all of a batch or none), else chained in
+  one round trip; when the log moved, only a prefix of whole batches (or of
+  messages) is stored (`ConcurrencyConflict` with the stored sequences);
+  when answers are missing, `AppendError` (fold the log before deciding
+  again). A retry of a fenced batch that was already stored returns its
+  original sequences.
 - Readers never raise on bad bytes: each is reported once as a `BadEvent` with
   its sequence to `on_bad`, counted in `bad_events`, and skipped (it stays on
   the stream). `follow` yields every good event once, in order, across server
@@ -32,42 +39,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import os
+import itertools
 import re
+import uuid
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any, NamedTuple
 
 import anyio
+import msgspec
 import nats
 import structlog
 from nats.aio.client import Client as NatsClient
+from nats.aio.subscription import Subscription
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 from nats.js.errors import APIError, NotFoundError, TooManyStalledMsgsError
 
 from muster.events.codec import MAX_EVENT_BYTES, DecodeError, decode, encode
-from muster.events.types import (
-    AnyEvent,
-    CohortConfigured,
-    Event,
-    GpuUtilizationSampled,
-    JobAdmitted,
-    JobCancelled,
-    JobFailed,
-    JobFinished,
-    JobInadmissible,
-    JobPreempted,
-    JobRejected,
-    JobStarted,
-    JobSubmitted,
-    LeaderElected,
-    NodeAdded,
-    NodeCordoned,
-    NodeRemoved,
-    NodeUpdated,
-    PriorityClassConfigured,
-    QueueConfigured,
-    SchedulerConfigured,
+from muster.events.connecting import (  # re-exported: callers know them as the store's
+    NATS_SCHEMES,
+    connect_client,
+    default_url,
+    url_problem,
 )
+from muster.events.connecting import connect_client as _connect
+from muster.events.errors import (  # re-exported
+    AppendError,
+    ConcurrencyConflict,
+    EventTooLarge,
+    StoreError,
+    StoreUnreachable,
+    StreamMissing,
+)
+from muster.events.subjects import DEFAULT_PREFIX, subject_for, subject_problem, subject_token  # re-exported
+from muster.events.types import AnyEvent, Event
 from muster.events.wire import (
     JetStreamApiError,
     PublishResult,
@@ -77,41 +81,45 @@ from muster.events.wire import (
     WireOptions,
     consume,
     publish_pipelined,
-    redact,
 )
 
 __all__ = [
     "DEFAULT_PREFIX",
     "DEFAULT_STREAM",
+    "NATS_SCHEMES",
     "AppendError",
     "BadEvent",
     "ConcurrencyConflict",
     "EventStore",
     "EventTooLarge",
     "StoreError",
+    "StoreUnreachable",
     "StoredEvent",
+    "StreamMissing",
+    "connect_client",
     "default_url",
+    "msg_id_token",
     "subject_for",
     "subject_problem",
     "subject_token",
+    "url_problem",
 ]
 
 log = structlog.get_logger("muster.events.store")
 
 DEFAULT_STREAM = "MUSTER"
-DEFAULT_PREFIX = "muster"
-DEFAULT_URL = "nats://127.0.0.1:4222"
 _WRONG_LAST_SEQUENCE = 10071
+_WRONG_LAST_MSG_ID = 10070
+_CONFLICTS = (_WRONG_LAST_SEQUENCE, _WRONG_LAST_MSG_ID)
+_DUPLICATE_IN_BATCH = 10201
+_ATOMIC_MAX = 1000
+"""Messages per atomic batch at most (the server's default limit)."""
 _STREAM_NAME_IN_USE = 10058
 _WIRE_MIN_BATCH = 64
 """Batches at least this big are appended through `wire`; smaller ones through nats-py."""
+_MAX_MSG_ID = 200
 _HEADER_ROOM = 512
 """Bytes kept free for our headers when checking a message against the server's max_payload."""
-
-
-def default_url() -> str:
-    """The NATS server to use: `$NATS_URL`, else the local default."""
-    return os.environ.get("NATS_URL") or DEFAULT_URL
 
 
 # ---------------------------------------------------------------- results and errors
@@ -137,166 +145,23 @@ class BadEvent(NamedTuple):
     subject: str = ""
 
 
-class StoreError(Exception):
-    """The event store cannot do what was asked (missing stream, server unreachable...)."""
+class _AckError(msgspec.Struct):
+    code: int = 0
+    err_code: int = 0
+    description: str = ""
 
 
-class StoreUnreachable(StoreError):
-    """No server of the URLs answered the first connection (a runtime failure, not bad input)."""
+class _Ack(msgspec.Struct):
+    """JetStream's answer to a publish."""
+
+    seq: int = 0
+    duplicate: bool = False
+    error: _AckError | None = None
 
 
-class StreamMissing(StoreError):
-    """The stream does not exist and the caller did not ask to create it."""
-
-
-class ConcurrencyConflict(StoreError):
-    """A fenced append found the stream ended elsewhere than expected.
-
-    `stored` holds the sequences of the batch's messages stored before the
-    conflict (a fenced batch is checked message by message).
-    """
-
-    def __init__(self, expected: int, actual: int, stored: Sequence[int] = ()) -> None:
-        super().__init__(f"expected the stream to end at {expected}, it ends at {actual}")
-        self.expected = expected
-        self.actual = actual
-        self.stored = list(stored)
-
-
-class EventTooLarge(StoreError, ValueError):
-    """An event whose encoded form exceeds the size cap; nothing of its batch was stored."""
-
-    def __init__(self, index: int, event_type: str, size: int, limit: int) -> None:
-        super().__init__(f"event #{index} ({event_type}) encodes to {size} bytes, over the {limit}-byte cap")
-        self.index = index
-        self.size = size
-        self.limit = limit
-
-
-class AppendError(StoreError):
-    """Some messages of a batch could not be confirmed stored after retries; retrying the batch is safe."""
-
-
-# ---------------------------------------------------------------- subjects
-
-_SAFE = re.compile(r"[A-Za-z0-9_\-/:=@+]+")
-_MAX_TOKEN = 128
-
-
-def subject_token(value: str) -> str:
-    """`value` as one subject token: deterministic, injective, ASCII, no `.`, `*`, `>` or whitespace.
-
-    Safe characters pass through; every other UTF-8 byte becomes `%XX`. An empty
-    value is `%`; a token longer than 128 characters is cut and suffixed with
-    `~` and a hash of the whole value.
-    """
-    if not value:
-        return "%"
-    if _SAFE.fullmatch(value) and len(value) <= _MAX_TOKEN:
-        return value
-    parts: list[str] = []
-    for ch in value:
-        if _SAFE.fullmatch(ch):
-            parts.append(ch)
-        else:
-            parts.extend(f"%{b:02X}" for b in ch.encode("utf-8"))
-    token = "".join(parts)
-    if len(token) > _MAX_TOKEN:
-        token = token[:100] + "~" + hashlib.sha256(value.encode("utf-8")).hexdigest()[:24]
-    return token
-
-
-def _route(event: Event) -> tuple[str, str]:
-    """(kind, id) of an event's subject; a submission's id is `<queue>.<job>`."""
-    match event:
-        case JobSubmitted():
-            return "submit", f"{subject_token(event.queue)}.{subject_token(event.job)}"
-        case (
-            JobCancelled()
-            | JobStarted()
-            | JobFinished()
-            | JobFailed()
-            | JobAdmitted()
-            | JobPreempted()
-            | JobInadmissible()
-            | JobRejected()
-            | GpuUtilizationSampled()
-        ):
-            return "job", subject_token(event.job)
-        case NodeAdded() | NodeUpdated() | NodeRemoved() | NodeCordoned():
-            return "node", subject_token(event.node)
-        case QueueConfigured():
-            return "queue", subject_token(event.name)
-        case CohortConfigured():
-            return "cohort", subject_token(event.name)
-        case PriorityClassConfigured():
-            return "priorityclass", subject_token(event.name)
-        case SchedulerConfigured():
-            return "scheduler", "config"
-        case LeaderElected():
-            return "leader", subject_token(event.holder)
-    return "other", subject_token(type(event).__name__)
-
-
-def subject_for(event: Event, prefix: str = DEFAULT_PREFIX) -> str:
-    """`<prefix>.<kind>.<id>` for an event (`<prefix>.submit.<queue>.<job>` for a submission)."""
-    kind, ident = _route(event)
-    return f"{prefix}.{kind}.{ident}"
-
-
-_KIND: dict[type, bytes] = {
-    JobSubmitted: b"submit",
-    **{
-        t: b"job"
-        for t in (
-            JobCancelled,
-            JobStarted,
-            JobFinished,
-            JobFailed,
-            JobAdmitted,
-            JobPreempted,
-            JobInadmissible,
-            JobRejected,
-            GpuUtilizationSampled,
-        )
-    },
-    **{t: b"node" for t in (NodeAdded, NodeUpdated, NodeRemoved, NodeCordoned)},
-    QueueConfigured: b"queue",
-    CohortConfigured: b"cohort",
-    PriorityClassConfigured: b"priorityclass",
-    SchedulerConfigured: b"scheduler",
-    LeaderElected: b"leader",
-}
-
-
-def subject_problem(subject: bytes, event: Event) -> str | None:
-    """Why `event` must not be taken from `subject` (None when it may), whatever the prefix.
-
-    Each kind of event has its own subjects, and NATS permissions say who may
-    publish where (deploy/nats/accounts.conf): only the daemon publishes on
-    `job.*`, a team only on `submit.<its queue>.*`. So a job event counts only
-    on `<kind>.<id>` subjects of its kind, and a submission only on the
-    `submit.<queue>.<job>` subject of its own queue and job, or on `job.<id>`
-    (the daemon's, where logs written before submissions had their own
-    subjects keep them). Tokens never contain dots, so the kind is found from
-    the right and the prefix need not be known.
-    """
-    tokens = subject.split(b".")
-    kind = _KIND.get(type(event), b"other")
-    on_submit = len(tokens) >= 4 and tokens[-3] == b"submit"
-    if on_submit and isinstance(event, JobSubmitted):
-        if tokens[-2] == subject_token(event.queue).encode() and tokens[-1] == subject_token(event.job).encode():
-            return None
-        return (
-            f"submission of job {event.job!r} to queue {event.queue!r} published on "
-            f"{subject.decode(errors='replace')!r}: a submission counts only on its own queue's and job's subject"
-        )
-    if not on_submit and len(tokens) >= 3 and (tokens[-2] == kind or (kind == b"submit" and tokens[-2] == b"job")):
-        return None
-    return (
-        f"{type(event).__name__} published on {subject.decode(errors='replace')!r}, "
-        f"not on a {kind.decode()}.* subject where it belongs"
-    )
+_decode_ack = msgspec.json.Decoder(_Ack).decode
+_Answer = int | _AckError | None
+"""What became of one message of a chained publish: its sequence, the server's refusal, or no answer."""
 
 
 def _check_prefix(prefix: str) -> None:
@@ -305,15 +170,16 @@ def _check_prefix(prefix: str) -> None:
         raise StoreError(f"subject prefix {prefix!r}: must be subject tokens, the last one not 'submit'")
 
 
-def _header_safe(mid: str) -> str:
-    """A caller's msg id as a NATS header value: as given when printable ASCII, else a digest of it.
+def msg_id_token(value: str) -> str:
+    """`value` as a `Nats-Msg-Id`: as given when short printable ASCII, else `sha256:` and a digest of it.
 
-    Callers build ids from job names, which may be any unicode; the digest keeps
-    equal ids equal and different ones different.
+    The one msg-id rule of every writer: ids are built from job names, which
+    may be any unicode or very long; a NATS header takes printable ASCII only.
+    The digest keeps equal ids equal and different ones different.
     """
-    if mid and mid.isascii() and mid.isprintable():
-        return mid
-    return "sha256:" + hashlib.sha256(mid.encode("utf-8", errors="surrogatepass")).hexdigest()
+    if value and value.isascii() and value.isprintable() and len(value) <= _MAX_MSG_ID:
+        return value
+    return "sha256:" + hashlib.sha256(value.encode("utf-8", errors="surrogatepass")).hexdigest()[:32]
 
 
 def _default_msg_id(data: bytes) -> str:
@@ -373,6 +239,12 @@ class EventStore:
         self._owns_connection = owns_connection
         self.on_bad: Callable[[BadEvent], None] = on_bad if on_bad is not None else _log_bad
         """Called once per bad message met by a reader (default: a structlog warning)."""
+        self._replies: Subscription | None = None
+        """Answers to chained (fenced) publishes, `<inbox>.<chain>.<index>`; subscribed at the first."""
+        self._reply_inbox = ""
+        self._chains = itertools.count(1)
+        self.atomic = False
+        """The stream takes atomic batches (NATS 2.12+, `allow_atomic`): fenced appends are all or nothing."""
 
     # ------------------------------------------------------------ lifecycle
 
@@ -442,15 +314,18 @@ class EventStore:
             # the server refuses what no reader would take (decode's cap), whoever publishes it
             max_msg_size=MAX_EVENT_BYTES + _HEADER_ROOM,
             allow_direct=True,  # submitters read their own submissions back by subject (accounts.conf)
+            # a cycle's decisions are stored all or none (`_append_fenced`); servers before 2.12 know no such thing
+            allow_atomic=True if _atomic_server(self.nc) else None,
         )
         if not create:
             try:
-                await self.js.stream_info(self.stream)
+                info = await self.js.stream_info(self.stream)
             except NotFoundError:
                 raise StreamMissing(f"stream {self.stream} does not exist (and create=False)") from None
+            self.atomic = bool(info.config.allow_atomic)
             return
         try:
-            await self.js.add_stream(config)
+            info = await self.js.add_stream(config)
         except APIError as exc:
             if exc.err_code != _STREAM_NAME_IN_USE:
                 raise StoreError(f"cannot create stream {self.stream}: {exc.description}") from exc
@@ -459,6 +334,7 @@ class EventStore:
             if f"{self.prefix}.>" not in subjects:
                 raise StoreError(f"stream {self.stream} exists with subjects {subjects}, not {self.prefix}.>") from exc
             log.info("using existing stream with a different configuration", stream=self.stream)
+        self.atomic = bool(info.config.allow_atomic)
 
     async def delete_stream(self) -> None:
         """Delete the whole stream (tests and teardown only; muster never deletes its log)."""
@@ -466,7 +342,12 @@ class EventStore:
             await self.js.delete_stream(self.stream)
 
     async def close(self) -> None:
-        """Close the connection if the store opened it."""
+        """Close the connection if the store opened it (else drop the store's own subscription)."""
+        if self._replies is not None:
+            replies, self._replies = self._replies, None
+            # a gone connection has nothing to unsubscribe from
+            with anyio.move_on_after(2, shield=True), contextlib.suppress(Exception):
+                await replies.unsubscribe()
         if self._owns_connection and not self.nc.is_closed:
             with anyio.move_on_after(5, shield=True):
                 await self.nc.close()
@@ -476,6 +357,13 @@ class EventStore:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    async def open_wire(self) -> WireConnection:
+        """A raw protocol connection with the store's servers and credentials (the caller closes it).
+
+        For bulk writers that publish pre-encoded messages without acknowledgements (benchmarks).
+        """
+        return await WireConnection.open(self._wire)
 
     # ------------------------------------------------------------ append
 
@@ -504,7 +392,7 @@ class EventStore:
             data = encode(event)
             if len(data) > limit:
                 raise EventTooLarge(i, type(event).__name__, len(data), limit)
-            mid = _header_safe(msg_ids[i]) if msg_ids is not None else _default_msg_id(data)
+            mid = msg_id_token(msg_ids[i]) if msg_ids is not None else _default_msg_id(data)
             items.append((subject_for(event, prefix), data, mid))
         if expected_last_seq is not None:
             return await self._append_fenced(items, expected_last_seq)
@@ -603,6 +491,118 @@ class EventStore:
         raise AppendError(f"publish to {subject} not confirmed after {attempts} attempts: {last}")
 
     async def _append_fenced(self, items: list[tuple[str, bytes, str]], expected: int) -> list[int]:
+        """Store the batch right after `expected`, whole or not at all (per atomic batch of up to 1,000 messages).
+
+        On a stream that allows atomic batch publish (NATS 2.12+; the store
+        creates its stream so), each chunk is one atomic batch whose first
+        message carries the fence: the server stores all of it or none. A
+        refusal that may be our own earlier attempt (the fence moved, or the
+        batch repeats stored msg ids) is sorted out message by message
+        (`_append_checked`). Elsewhere the batch is chained (`_append_chained`).
+        """
+        if not self.atomic:
+            return await self._append_chained(items, expected)
+        seqs: list[int] = []
+        for start in range(0, len(items), _ATOMIC_MAX):
+            chunk = items[start : start + _ATOMIC_MAX]
+            answer = await self._publish_atomic(chunk, expected + len(seqs))
+            if isinstance(answer, int):
+                seqs.extend(range(answer - len(chunk) + 1, answer + 1))
+                continue
+            if answer is None:
+                raise AppendError(f"{len(seqs)} of {len(items)} fenced messages confirmed; the rest got no answer")
+            if answer.err_code not in (_WRONG_LAST_SEQUENCE, _DUPLICATE_IN_BATCH):
+                raise StoreError(f"append refused: {answer.description} ({answer.code}/{answer.err_code})")
+            try:
+                return seqs + await self._append_checked(items[start:], expected + len(seqs))
+            except ConcurrencyConflict as exc:
+                raise ConcurrencyConflict(exc.expected, exc.actual, seqs + exc.stored) from None
+        return seqs
+
+    async def _publish_atomic(self, items: list[tuple[str, bytes, str]], expected: int) -> _Answer:
+        """One atomic batch fenced on `expected`: the last sequence stored, the server's refusal, or None."""
+        replies = await self._reply_subscription()
+        batch = uuid.uuid4().hex
+        commit = f"{self._reply_inbox}.{next(self._chains)}"
+        last = len(items) - 1
+        for i, (subject, data, mid) in enumerate(items):
+            headers = {"Nats-Msg-Id": mid, "Nats-Batch-Id": batch, "Nats-Batch-Sequence": str(i + 1)}
+            if i == 0:
+                headers["Nats-Expected-Last-Sequence"] = str(expected)
+            if i == last:
+                headers["Nats-Batch-Commit"] = "1"
+            await self.nc.publish(subject, data, reply=commit if i == last else "", headers=headers)
+        with anyio.move_on_after(self.request_timeout):
+            async for msg in replies.messages:
+                if msg.subject == commit:
+                    ack = _decode_ack(msg.data)
+                    return ack.error if ack.error is not None else ack.seq
+        return None
+
+    async def _append_chained(self, items: list[tuple[str, bytes, str]], expected: int) -> list[int]:
+        """Send the batch back to back, chained, so it lands right after `expected` whole or as a prefix.
+
+        The first message expects the stream to end at `expected`
+        (`Nats-Expected-Last-Sequence`), each next one expects its
+        predecessor's msg id last (`Nats-Expected-Last-Msg-Id`). The server
+        checks each as it stores them: a write by anyone else in between stops
+        the chain there, and every later message fails too. One round trip
+        for the batch instead of one per message.
+        """
+        answers = await self._publish_chained(items, expected)
+        stored = [a for a in itertools.takewhile(lambda a: isinstance(a, int), answers) if isinstance(a, int)]
+        if len(stored) == len(items):
+            return stored
+        first = answers[len(stored)]
+        if first is None:
+            raise AppendError(f"{len(stored)} of {len(items)} fenced messages confirmed; the rest got no answer")
+        assert isinstance(first, _AckError)
+        if first.err_code not in _CONFLICTS:
+            raise StoreError(f"append refused: {first.description} ({first.code}/{first.err_code})")
+        if not stored and first.err_code == _WRONG_LAST_SEQUENCE:
+            # maybe our own earlier attempt of this batch (the server checks the fence before
+            # de-duplicating): the message-by-message path tells it from another writer
+            return await self._append_checked(items, expected)
+        actual = _actual_last_seq(first.description)
+        raise ConcurrencyConflict(
+            expected + len(stored), actual if actual is not None else await self.last_seq(), stored
+        )
+
+    async def _publish_chained(self, items: list[tuple[str, bytes, str]], expected: int) -> list[_Answer]:
+        """Publish `items` fenced and chained without waiting; each one's sequence, error, or None (no answer)."""
+        replies = await self._reply_subscription()
+        prefix = f"{self._reply_inbox}.{next(self._chains)}."
+        for i, (subject, data, mid) in enumerate(items):
+            headers = {"Nats-Msg-Id": mid, "Nats-Expected-Stream": self.stream}
+            if i == 0:
+                headers["Nats-Expected-Last-Sequence"] = str(expected)
+            else:
+                headers["Nats-Expected-Last-Msg-Id"] = items[i - 1][2]
+            await self.nc.publish(subject, data, reply=f"{prefix}{i}", headers=headers)
+        answers: list[_Answer] = [None] * len(items)
+        missing = len(items)
+        with anyio.move_on_after(self.request_timeout):
+            async for msg in replies.messages:
+                if not msg.subject.startswith(prefix):
+                    continue  # a late answer to an earlier chain
+                i = int(msg.subject[len(prefix) :])
+                if not 0 <= i < len(answers) or answers[i] is not None:
+                    continue
+                ack = _decode_ack(msg.data)
+                answers[i] = ack.error if ack.error is not None else ack.seq
+                missing -= 1
+                if not missing:
+                    break
+        return answers
+
+    async def _reply_subscription(self) -> Subscription:
+        if self._replies is None:
+            self._reply_inbox = self.nc.new_inbox()
+            self._replies = await self.nc.subscribe(self._reply_inbox + ".>")
+        return self._replies
+
+    async def _append_checked(self, items: list[tuple[str, bytes, str]], expected: int) -> list[int]:
+        """The fenced append one confirmed message at a time, recognising its own earlier attempt."""
         seqs: list[int] = []
         i = 0
         while i < len(items):
@@ -793,81 +793,12 @@ class EventStore:
                     yield StoredEvent(seq, event)
 
 
-NATS_SCHEMES = ("nats", "tls", "ws", "wss")
-
-
-def url_problem(url: str) -> str | None:
-    """Why `url` is no NATS server URL (`http://...`, a typo in the scheme), or None."""
-    scheme, sep, rest = url.strip().partition("://")
-    if not sep:
-        return None if url.strip() else "the NATS URL is empty"
-    if scheme.lower() not in NATS_SCHEMES:
-        host = rest.rpartition("@")[2].split("/", 1)[0] or "HOST:4222"
-        return (
-            f"{redact(url)} is not a NATS URL: NATS speaks its own protocol, not {scheme}; "
-            f"use nats://{host} (or {', '.join(s + '://' for s in NATS_SCHEMES[1:])})"
-        )
-    return None
-
-
-async def connect_client(servers: list[str], attempts: int, nats_options: dict[str, Any]) -> NatsClient:
-    """A nats-py client that fails fast on the first connection (StoreError naming the URLs) and
-    reconnects as `nats_options` say afterwards. Every long-running client connects through it."""
-    return await _connect(servers, attempts, nats_options)
-
-
-async def _connect(servers: list[str], attempts: int, nats_options: dict[str, Any]) -> NatsClient:
-    """A nats-py client that fails fast on the first connection and reconnects as configured afterwards."""
-    for url in servers:
-        problem = url_problem(url)
-        if problem is not None:
-            raise StoreError(problem)
-    last_error: list[Exception] = []
-    caller_cb = nats_options.get("error_cb")
-
-    async def on_error(exc: Exception) -> None:
-        last_error.append(exc)
-        del last_error[:-10]  # the client lives long: keep only the latest few
-        log.debug("nats client error", error=f"{type(exc).__name__}: {exc}")
-        if caller_cb is not None:
-            await caller_cb(exc)
-
-    options: dict[str, Any] = {
-        "name": "muster",
-        "reconnect_time_wait": 0.25,
-        "connect_timeout": 5,
-        "error_cb": on_error,
-        "disconnected_cb": _nats_disconnected,
-        "reconnected_cb": _nats_reconnected,
-    }
-    options.update({k: v for k, v in nats_options.items() if k != "error_cb"})
-    reconnects = options.pop("max_reconnect_attempts", -1)
-    # nats-py never gives up a first connection unless max_reconnect_attempts > 0, so
-    # bound it for the first connection and switch to the caller's setting afterwards
-    # nats-py 2.16 can also hang after a failed TLS handshake: bound the whole first connection
-    per_try = float(options["connect_timeout"]) + float(options["reconnect_time_wait"])
-    try:
-        with anyio.fail_after(attempts * len(servers) * per_try + 1):
-            nc = await nats.connect(servers=servers, max_reconnect_attempts=max(1, attempts - 1), **options)
-    except Exception as exc:
-        # the server's own word (an authorization violation) says more than the reset
-        # of the socket it closed right after, whichever the client saw last
-        said = [e for e in last_error if not isinstance(e, OSError)]
-        reason = said[-1] if said else (last_error[-1] if last_error else exc)
-        where = ", ".join(redact(u) for u in servers)  # never a password in a message or a log
-        raise StoreUnreachable(f"cannot connect to {where}: {type(reason).__name__}: {reason}") from None
-    nc.options["max_reconnect_attempts"] = reconnects
-    return nc
+def _atomic_server(nc: NatsClient) -> bool:
+    """Whether the server takes atomic batch publishes (nats-server 2.12 and later)."""
+    version = nc.connected_server_version
+    return (version.major, version.minor) >= (2, 12)
 
 
 def _actual_last_seq(description: str | None) -> int | None:
     match = re.search(r"wrong last sequence: (\d+)", description or "")
     return int(match.group(1)) if match else None
-
-
-async def _nats_disconnected() -> None:
-    log.info("nats disconnected")
-
-
-async def _nats_reconnected() -> None:
-    log.info("nats reconnected")

@@ -1,4 +1,4 @@
-"""`muster snapshot [--every N] [--verify] [--follow [--leader BUCKET/KEY]] [--list]`: write and check snapshots.
+"""`muster snapshot [--every N] [--verify] [--follow [--leader BUCKET/KEY | --log-leader]] [--list]`.
 
 One shot: start from the nearest trusted snapshot (checking unverified ones
 on the way; with --verify, every snapshot from the start of the log), fold
@@ -17,8 +17,10 @@ inbox_prefix, auth and TLS files), so the sidecar connects as the daemon
 does. `--leader` gates the writes on the daemon's leader election: a
 snapshot is written only if, when it falls due, the leader key names
 `--holder` (default: $MUSTER_IDENTITY, the config's `identity`, $POD_NAME,
-then the host name, the daemon's own order without its pid). Every replica
-folds; the leader's writes. A double write at a handover is harmless:
+then the host name, the daemon's own order without its pid). `--log-leader`
+gates them on the log instead: the last `LeaderElected` folded names
+`--holder` (the chart's choice with the Lease backend, whose lease is no KV
+key; it works with either). Every replica folds; the leader's writes. A double write at a handover is harmless:
 snapshots are keyed by sequence and verified on load.
 """
 
@@ -57,6 +59,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(e.g. muster-leader/leader; KEY defaults to leader)",
     )
     p.add_argument(
+        "--log-leader",
+        action="store_true",
+        help="write only while the log's current leader (its last LeaderElected) is --holder (either election backend)",
+    )
+    p.add_argument(
         "--holder",
         metavar="NAME",
         help="this replica's name in the leader key (default: $MUSTER_IDENTITY, the config's identity, "
@@ -72,7 +79,7 @@ class ConfigProblem(Exception):
 
 def parse_leader(spec: str) -> tuple[str, str]:
     """`BUCKET` or `BUCKET/KEY` (KEY defaults to the daemon's `leader`)."""
-    from muster.replay.snapshots import LEADER_KEY
+    from muster.events.leases import LEADER_KEY
 
     bucket, _, key = spec.partition("/")
     key = key or LEADER_KEY
@@ -203,6 +210,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--follow needs a stream (--nats/--stream), not a file")
         if leader is not None and store is None:
             raise UsageError("--leader needs a stream (--nats/--stream): the leader key is in NATS")
+        if leader is not None and args.log_leader:
+            raise UsageError("--leader and --log-leader are two gates: give one")
         snapshots = await open_snapshots(args, source, store, create=not args.list)
         if snapshots is None:
             print(f"no snapshots for {source.name}")
@@ -216,9 +225,13 @@ def run(args: argparse.Namespace) -> int:
             else:
                 render_list(metas)
             return 0
-        from muster.replay.snapshots import KvLeaderGate, SnapshotMeta, write_snapshots
+        from muster.replay.snapshots import KvLeaderGate, LeaderGate, LogLeaderGate, SnapshotMeta, write_snapshots
 
-        gate = None if leader is None else KvLeaderGate(store.js, holder, bucket=leader[0], key=leader[1])
+        gate: LeaderGate | None = None
+        if leader is not None:
+            gate = KvLeaderGate(store.js, holder, bucket=leader[0], key=leader[1])
+        elif args.log_leader:
+            gate = LogLeaderGate(holder)
 
         def progress(seq: int, meta: SnapshotMeta | None) -> None:
             if meta is not None and meta.format != args.format:
@@ -244,6 +257,8 @@ def run(args: argparse.Namespace) -> int:
 
         if args.follow and args.output == "table":
             gating = f", while {leader[0]}/{leader[1]} names {holder!r}" if leader is not None else ""
+            if args.log_leader:
+                gating = f", while the log's leader is {holder!r}"
             print(f"{source.name}: following, a snapshot every {args.every:,} events{gating}", flush=True)
         doc = await write_snapshots(
             source,

@@ -35,11 +35,13 @@ Snapshots written by `muster snapshot` are verified by construction: it folds
 from a trusted point and writes what it folded. A writer that did not
 (`Snapshotter(trusted_from=None)`) leaves its snapshots to be verified on load.
 
-Who writes in production: `muster snapshot --follow --leader BUCKET/KEY`, a
-sidecar of every daemon replica (the Helm chart's `snapshots` container).
-Every replica's sidecar folds the log; only the one whose holder name the
-daemon's leader key names (`KvLeaderGate`, read before each write) writes,
-so one snapshot is written per N events, not one per replica. The gate is a
+Who writes in production: `muster snapshot --follow --leader BUCKET/KEY` (or
+`--log-leader`), a sidecar of every daemon replica (the Helm chart's
+`snapshots` container). Every replica's sidecar folds the log; only the one
+whose holder name the daemon's leader key names (`KvLeaderGate`, read before
+each write), or the log's last `LeaderElected` names (`LogLeaderGate`, for
+either election backend), writes, so one snapshot is written per N events,
+not one per replica. The gate is a
 courtesy, not a safety condition: snapshots are keyed by sequence and
 verified on load, so a double write at a handover (two sidecars that both
 saw their name within a TTL of each other) stores the same fold twice under
@@ -71,6 +73,7 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
+from muster.events.leases import LEADER_KEY, LEADER_NAME, holder_of
 from muster.events.types import AnyEvent
 from muster.projections import cluster as cluster_module
 from muster.projections.cluster import ClusterState, evolve
@@ -556,14 +559,39 @@ def _from(seq: int) -> str:
 
 
 class LeaderGate(Protocol):
-    """Whether this writer may write now (asked before each write; an error must read as "no")."""
+    """Whether this writer may write now (asked before each write, with the state folded; an error reads "no")."""
 
-    async def allows(self) -> bool: ...
+    async def allows(self, state: ClusterState) -> bool: ...
+
+    def why_not(self) -> str: ...
 
 
-LEADER_BUCKET = "muster-leader"
-LEADER_KEY = "leader"
-"""Where the daemon's `KvElector` keeps its lease (its defaults; the chart's `leaderElection.kvBucket`)."""
+class LogLeaderGate:
+    """Allows writes while the log's current leader (its last `LeaderElected` folded) is `holder`.
+
+    The daemon announces each term on the log with its identity, whichever
+    election backend gave it the lease (NATS KV or a Kubernetes Lease), and
+    the writer folds that log anyway: so this gate needs no access to the
+    lease, and a replica that lost its lease stops writing once its
+    successor's announcement is folded.
+    """
+
+    def __init__(self, holder: str) -> None:
+        self.holder = holder
+        self.last_seen: str | None = None
+
+    async def allows(self, state: ClusterState) -> bool:
+        self.last_seen = state.leader or None
+        return self.last_seen == self.holder
+
+    def why_not(self) -> str:
+        if self.last_seen is None:
+            return "no leader has announced itself on the log"
+        return f"the log's leader is {self.last_seen!r}, not {self.holder!r}"
+
+
+LEADER_BUCKET = LEADER_NAME
+"""Where the daemon's `KvElector` keeps its lease (its default; the chart's `leaderElection.kvBucket`)."""
 
 
 class KvLeaderGate:
@@ -601,9 +629,9 @@ class KvLeaderGate:
             entry = await self.kv.get(self.key)
         except (KeyNotFoundError, NotFoundError):
             return None  # expired (TTL), resigned (deleted) or never won
-        return bytes(entry.value or b"").decode(errors="replace") or None
+        return holder_of(entry.value)
 
-    async def allows(self) -> bool:
+    async def allows(self, state: ClusterState | None = None) -> bool:
         try:
             self.last_seen = await self.current()
             self.last_error = None
@@ -669,7 +697,7 @@ class Snapshotter:
         """Write `state` (the fold of 1..seq) if a multiple of `every` was crossed since the last one."""
         if not self.due(seq):
             return None
-        if self.gate is not None and not await self.gate.allows():
+        if self.gate is not None and not await self.gate.allows(state):
             # the leader's writer takes this one; ours is the next multiple, if we lead by then
             self.last = seq
             self.skipped.append(seq)

@@ -49,7 +49,7 @@ from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
 
 from muster.daemon.k8s.client import call_json
 from muster.daemon.k8s.errors import Conflict, KubeError, NotFound, from_status
-from muster.daemon.leader import VALIDITY
+from muster.daemon.leader import VALIDITY, HeldLease
 
 __all__ = ["LeaseElector"]
 
@@ -77,7 +77,7 @@ def _int(value: Any, default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
-class LeaseElector:
+class LeaseElector(HeldLease):
     """Hold one coordination.k8s.io/v1 Lease `namespace/name` as `holder`, for `ttl` seconds per renewal."""
 
     def __init__(
@@ -91,21 +91,16 @@ class LeaseElector:
         on_change: Callable[[], None] | None = None,
         request_seconds: float | None = None,
     ) -> None:
+        super().__init__(holder, ttl, on_change)
         self.api = CoordinationV1Api(api)
         self.namespace = namespace
         self.name = name
-        self.holder = holder
-        self.ttl = ttl
-        self.on_change = on_change
         self.duration = max(1, math.ceil(ttl))
         """`leaseDurationSeconds` we write: whole seconds, never shorter than the TTL we judge ourselves by."""
         self.request_seconds = request_seconds if request_seconds is not None else ttl * VALIDITY
         """Per-request timeout; an answer later than the validity window could not be used anyway."""
         self.lease: Obj | None = None
         """The Lease as our last successful write left it, while we hold it."""
-        self.valid_until = 0.0
-        self.terms = 0
-        """Times this elector won the lease."""
         self.acquired_at = 0.0
         """When (monotonic) the write that last won the lease was sent."""
         self._observed: str | None = None
@@ -116,19 +111,11 @@ class LeaseElector:
         self._writing = anyio.Lock()
         """Held by every write while holding: a resign uses the resourceVersion of the last renewal."""
 
-    # ------------------------------------------------------------ queries
+    def holds(self) -> bool:
+        return self.lease is not None
 
-    def leading(self) -> bool:
-        return self.lease is not None and anyio.current_time() < self.valid_until
-
-    @property
-    def refresh_every(self) -> float:
-        # several renewals per validity window, so one slow round trip does not lapse the lease
-        return self.ttl / 5
-
-    @property
-    def poll_every(self) -> float:
-        return min(1.0, self.ttl / 4)
+    def _drop(self) -> None:
+        self.lease = None
 
     # ------------------------------------------------------------ running
 
@@ -223,9 +210,7 @@ class LeaseElector:
             return
         self._observe(won)
         self.lease = won
-        self.valid_until = sent + self.ttl * VALIDITY
         self.acquired_at = sent
-        self.terms += 1
         log.info(
             "leader lease won",
             holder=self.holder,
@@ -233,7 +218,7 @@ class LeaseElector:
             resource_version=won["metadata"].get("resourceVersion"),
             previous=_holder(current) if current is not None else None,
         )
-        self._changed()
+        self._won(sent)
 
     async def _renew(self) -> None:
         async with self._writing:
@@ -279,16 +264,7 @@ class LeaseElector:
                 self._quiet_until = anyio.current_time() + self.ttl
                 await self._release(renewed)
                 return
-            self.valid_until = sent + self.ttl * VALIDITY
-
-    def _lose(self) -> None:
-        self.lease = None
-        self.valid_until = 0.0
-        self._changed()
-
-    def _changed(self) -> None:
-        if self.on_change is not None:
-            self.on_change()
+            self._renewed(sent)
 
     async def _release(self, lease: Obj) -> None:
         body = copy.deepcopy(lease)

@@ -11,13 +11,11 @@ from typing import Any
 import anyio
 import nats
 import nats.js.errors
-import pytest
 
-from muster.daemon.appending import ChainedAppender
 from muster.daemon.leader import KvElector
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
 from muster.daemon.simcluster import SimulatedCluster, block_rack_nodes
-from muster.events.store import ConcurrencyConflict, EventStore, StoredEvent, subject_for
+from muster.events.store import EventStore, StoredEvent
 from muster.events.types import (
     Event,
     JobAdmitted,
@@ -216,21 +214,3 @@ async def test_a_stopped_leader_releases_its_lease_at_once(store):
     finally:
         with anyio.CancelScope(shield=True), contextlib.suppress(nats.js.errors.NotFoundError):
             await store.js.delete_key_value(bucket)
-
-
-async def test_chained_append_stores_a_whole_cycle_or_refuses_it(store):
-    """One round trip: a cycle lands contiguously after the expected end, or not at all when the log moved."""
-    appender = ChainedAppender(store)
-    try:
-        end = await store.last_seq()
-        events = [JobInadmissible(at=1, job=JobId(f"j{i}"), reason="r", cycle=1) for i in range(3)]
-        seqs = await appender.append(events, expected_last_seq=end, msg_ids=["c1:0", "c1:1", "c1:2"])
-        assert seqs == [end + 1, end + 2, end + 3]
-        stale = [JobInadmissible(at=1, job=JobId(f"k{i}"), reason="r", cycle=2) for i in range(3)]
-        with pytest.raises(ConcurrencyConflict) as info:
-            await appender.append(stale, expected_last_seq=end, msg_ids=["c2:0", "c2:1", "c2:2"])
-        assert info.value.stored == [] and info.value.actual == end + 3
-        assert [s.event for s in await store.read(end + 1)] == events
-        assert subject_for(events[0], store.prefix).startswith(store.prefix)
-    finally:
-        await appender.close()

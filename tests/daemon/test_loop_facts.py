@@ -17,6 +17,7 @@ from anyio.abc import TaskStatus
 
 from muster.daemon.cluster import Sink
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
+from muster.daemon.simcluster import block_rack_nodes
 from muster.events.store import EventStore
 from muster.events.types import Event, JobFinished, JobId, JobStarted, JobSubmitted, PodSet, QueueConfigured, QueueName
 
@@ -115,3 +116,17 @@ async def test_a_leader_whose_lease_lapsed_appends_no_fact(store):
         stored = await store.read()
         assert stored[-1].seq == marker[0]
         assert not [s for s in stored if isinstance(s.event, JobFinished)]
+
+
+async def test_a_new_leader_decides_once_on_all_its_own_facts(store):
+    """A cluster that reports some submissions twice (a relist) never makes the term's first cycles lose the fence."""
+    await store.append([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 10**6})])
+    gangs = [gang(f"g{i}") for i in range(400)]
+    # the repeats make the append's sequences non-contiguous, so the loop cannot fold them as it appends them
+    nodes: list[Event] = list(block_rack_nodes(2, 4, 8, 8))  # 512 GPUs: room for every gang
+    async with replica(store, [*nodes, *gangs, *gangs[:50], gang("late")]) as (loop, clusters):
+        clusters[0].push([*gangs[:50], gang("later")])
+        with anyio.fail_after(30):
+            while {"late", "later"} - {j for j, job in loop.state.jobs.items() if job.status != "pending"}:  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+        assert loop.metrics.conflicts._value.get() == 0

@@ -596,12 +596,13 @@ def test_snapshot_sidecar_follows_the_log_as_the_daemon_and_writes_only_as_leade
 
 
 def test_snapshot_sidecar_is_tunable_and_optional(run: ChartRun) -> None:
-    """snapshots.every and the leader bucket reach its args; lease election drops the gate; enabled=false removes it."""
+    """snapshots.every and the leader bucket reach its args; lease election gates on the log; enabled=false drops it."""
     tuned = container(run.rendered["snapshots-tuned"].one("Deployment", "muster"), "snapshots")["args"]
     assert tuned[tuned.index("--every") + 1] == "1000"
     assert tuned[tuned.index("--leader") + 1] == "leases/leader"
     lease = container(run.rendered["lease"].one("Deployment", "muster"), "snapshots")["args"]
-    assert "--leader" not in lease and "--follow" in lease  # no KV leader key to read: every replica writes
+    assert "--leader" not in lease and "--follow" in lease  # no KV leader key to read: the log names the leader
+    assert lease[lease.index("--log-leader") + 1 : lease.index("--log-leader") + 3] == ["--holder", "$(POD_NAME)"]
     off = run.rendered["no-snapshots"].one("Deployment", "muster")
     assert [c["name"] for c in off["spec"]["template"]["spec"]["containers"]] == ["daemon"]
     assert run.rendered["no-snapshots"].one("ConfigMap") == run.rendered["default"].one("ConfigMap")

@@ -190,6 +190,17 @@ async def test_fenced_retry_after_another_writer_conflicts(any_store: EventStore
     assert (info.value.expected, info.value.actual) == (1, 2)
 
 
+async def test_fenced_batch_lands_whole_or_not_at_all(any_store: EventStore) -> None:
+    """A fenced batch (one round trip) lands right after the expected end, or nothing of it when the log moved."""
+    end = await any_store.last_seq()
+    cycle = submissions(3)
+    assert await any_store.append(cycle, expected_last_seq=end, msg_ids=["c1:0", "c1:1", "c1:2"]) == [1, 2, 3]
+    with pytest.raises(ConcurrencyConflict) as info:
+        await any_store.append(submissions(3, start=10), expected_last_seq=end, msg_ids=["c2:0", "c2:1", "c2:2"])
+    assert (info.value.stored, info.value.actual) == ([], end + 3)
+    assert [s.event for s in await any_store.read()] == cycle
+
+
 async def test_oversized_event_is_refused_with_nothing_stored(any_store: EventStore) -> None:
     """A batch holding an event over the size cap raises EventTooLarge and stores none of the batch."""
     huge = JobFailed(at=1, job="j", reason="x" * (MAX_EVENT_BYTES + 1))
@@ -314,3 +325,10 @@ def test_default_url_honours_nats_url(monkeypatch: pytest.MonkeyPatch) -> None:
     assert default_url() == "nats://elsewhere:4333"
     monkeypatch.delenv("NATS_URL")
     assert default_url() == "nats://127.0.0.1:4222"
+
+
+async def test_a_fenced_batch_longer_than_an_atomic_batch_lands_in_order(any_store: EventStore) -> None:
+    """A fenced batch of 2,500 events (three atomic batches on NATS 2.12+) is stored contiguously after the fence."""
+    events = submissions(2500)
+    assert await any_store.append(events, expected_last_seq=0) == list(range(1, 2501))
+    assert [s.event for s in await any_store.read()] == events

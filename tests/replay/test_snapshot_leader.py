@@ -29,11 +29,19 @@ from replaykit import STORY, sim
 from muster.cli import main
 from muster.events.embedded import EmbeddedNats
 from muster.events.store import EventStore, subject_for
-from muster.events.types import NodeAdded, NodeName
+from muster.events.types import LeaderElected, NodeAdded, NodeName
 from muster.projections.cluster import fold
 from muster.replay.points import Point
 from muster.replay.rebuild import state_at
-from muster.replay.snapshots import KvLeaderGate, NatsSnapshots, SnapshotMeta, Snapshots, write_snapshots
+from muster.replay.snapshots import (
+    KvLeaderGate,
+    LeaderGate,
+    LogLeaderGate,
+    NatsSnapshots,
+    SnapshotMeta,
+    Snapshots,
+    write_snapshots,
+)
 from muster.replay.source import NatsLog
 
 EVENTS = sim(STORY).events  # 22 events: due points 5, 10, 15, 20 with every=5
@@ -85,7 +93,7 @@ async def test_the_gate_opens_only_while_the_key_names_the_holder(
 Due = tuple[int, SnapshotMeta | None]
 
 
-def _follower(store: EventStore, snaps: Snapshots, gate: KvLeaderGate, send: MemoryObjectSendStream[Due]) -> Any:
+def _follower(store: EventStore, snaps: Snapshots, gate: LeaderGate, send: MemoryObjectSendStream[Due]) -> Any:
     """`write_snapshots(follow=True, every=5)` with the gate, sending each due point (meta None: skipped)."""
     return functools.partial(
         write_snapshots,
@@ -309,3 +317,20 @@ async def test_the_sidecar_waits_for_its_stream_then_writes_as_leader(nats_url: 
                 await store.js.delete_key_value(bucket)
                 await store.delete_stream()
                 await store.close()
+
+
+async def test_with_the_log_gate_only_the_replica_the_log_names_writes(store: EventStore, snaps: Snapshots) -> None:
+    """`--log-leader`: a snapshot falls due and is written only once the log's last LeaderElected names the holder."""
+    await store.append([*EVENTS[:4], LeaderElected(at=1, epoch=1, holder=OTHER), *EVENTS[4:8]])
+    send, due = anyio.create_memory_object_stream[Due](20)
+    gate = LogLeaderGate(ME)
+    async with send, due, anyio.create_task_group() as tg:
+        tg.start_soon(_follower(store, snaps, gate, send))
+        with anyio.fail_after(WAIT):
+            assert await due.receive() == (5, None)
+            assert OTHER in gate.why_not()
+            await store.append([LeaderElected(at=2, epoch=2, holder=ME), *EVENTS[8:12]])
+            seq, meta = await due.receive()
+        tg.cancel_scope.cancel()
+    assert seq == 10 and meta is not None
+    assert [m.seq for m in await snaps.catalog()] == [10]

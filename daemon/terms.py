@@ -1,0 +1,226 @@
+"""Leadership terms: when this replica leads, and what it hands its cluster while it does.
+
+The replica whose lease is valid (`Elector.leading`) announces itself with a
+fenced `LeaderElected` of the next epoch and, once that is folded, leads a
+*term*. A term ends when the lease is lost, when the log names another
+leader, or when the loop stops (which resigns the lease).
+
+`DecisionBook` keeps, from the fold, what a term applies: each accepted
+decision of the term's own epoch goes to its applier as it is folded, and at
+the start of a term the last decision of every live job from earlier epochs
+is applied again (idempotent in the cluster), since a deposed leader may
+have stored decisions it never applied.
+
+Invariants:
+- Decisions are only taken by a replica whose lease is valid, whose epoch is
+  the log's current one and that has folded everything its cluster pushed
+  when its term started (`may_decide`).
+- Only decisions that are on the log (folded, not fenced or skipped by the
+  fold) of this term's epoch, or the last decision of a live job from an
+  earlier epoch (at the start of a term), are applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import anyio
+import structlog
+
+from muster.daemon.applier import DecisionApplier
+from muster.daemon.cluster import Cluster
+from muster.daemon.following import LogFollower
+from muster.daemon.leader import Elector
+from muster.daemon.metrics import DaemonMetrics
+from muster.daemon.msgids import leader_id
+from muster.events.store import ConcurrencyConflict, EventStore, StoreError
+from muster.events.types import (
+    Event,
+    JobAdmitted,
+    JobCancelled,
+    JobFailed,
+    JobFinished,
+    JobInadmissible,
+    JobPreempted,
+    JobRejected,
+    LeaderElected,
+)
+from muster.projections.cluster import ClusterState
+
+__all__ = ["DecisionBook", "Leadership", "Term"]
+
+log = structlog.get_logger("muster.loop")
+
+_APPLIED = (JobAdmitted, JobPreempted, JobInadmissible, JobRejected)
+"""Decisions handed to the cluster: bindings, evictions, and what to tell users (why a job waits)."""
+_ENDS = (JobFinished, JobFailed, JobCancelled, JobRejected)
+
+
+@dataclass
+class Term:
+    """One leadership term of this replica."""
+
+    epoch: int
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    cluster: Cluster | None = None
+    applier: DecisionApplier | None = None
+    synced_seq: int | None = None
+    """Set once the cluster's initial facts are appended: decide only after folding up to here."""
+    facts: int = 0
+    """Sequence of the last fact appended in this term."""
+
+
+class DecisionBook:
+    """What the fold tells the applier: each live job's last decision, the victims of each preemptor."""
+
+    def __init__(self, metrics: DaemonMetrics) -> None:
+        self.metrics = metrics
+        self.term: Term | None = None
+        """The term being led, whose applier gets this epoch's decisions as they are folded."""
+        self.last_decision: dict[str, Event] = {}
+        """Live job -> its last admission or preemption on the log."""
+        self.victims: dict[str, set[str]] = {}
+
+    def seed(self, admitted: list[JobAdmitted]) -> None:
+        """Start from a snapshot's admissions (`warmstart.admissions`) rather than the log's prefix."""
+        for event in admitted:
+            self.last_decision[event.job] = event
+
+    def track(self, event: Event) -> None:
+        """Bookkeeping of an accepted event: what to apply, and what to re-apply in a new term."""
+        if isinstance(event, LeaderElected):
+            self.metrics.epoch.set(event.epoch)
+            return
+        if isinstance(event, (JobAdmitted, JobPreempted)):
+            self.last_decision[event.job] = event
+            if isinstance(event, JobPreempted):
+                self.metrics.preemptions.labels(event.reason).inc()
+                if event.preemptor is not None:
+                    self.victims.setdefault(event.preemptor, set()).add(event.job)
+            else:
+                self.metrics.admissions.labels(event.queue).inc()
+        if isinstance(event, _ENDS):
+            self.last_decision.pop(event.job, None)
+            self.victims.pop(event.job, None)
+        term = self.term
+        if isinstance(event, _APPLIED) and term is not None and term.applier is not None and event.epoch == term.epoch:
+            term.applier.submit(event)
+
+    def reconcile(self, term: Term, state: ClusterState) -> None:
+        """Re-apply the last decision of every live job from earlier epochs (idempotent in the cluster)."""
+        assert term.applier is not None
+        n = 0
+        for job_id in sorted(self.last_decision):
+            event = self.last_decision[job_id]
+            job = state.jobs.get(job_id)
+            if job is None or getattr(event, "epoch", 0) >= term.epoch:
+                continue
+            if (isinstance(event, JobAdmitted) and job.status == "admitted") or (
+                isinstance(event, JobPreempted) and job.status == "pending"
+            ):
+                term.applier.submit(event)
+                n += 1
+        if n:
+            log.info("re-applying decisions of earlier terms", count=n, epoch=term.epoch)
+
+
+class Leadership:
+    """Announce, begin and end terms as the lease and the log say."""
+
+    def __init__(
+        self,
+        store: EventStore,
+        elector: Elector,
+        follower: LogFollower,
+        book: DecisionBook,
+        *,
+        metrics: DaemonMetrics,
+        writing: anyio.Lock,
+        now: Callable[[], int],
+        begin: Callable[[Term], None],
+    ) -> None:
+        """`begin(term)` starts what runs for a term (the loop's cluster, applier and services)."""
+        self.store = store
+        self.elector = elector
+        self.identity = elector.holder
+        self.follower = follower
+        self.book = book
+        self.metrics = metrics
+        self.writing = writing
+        self.now = now
+        self._begin = begin
+        self.epoch = 0
+        """This replica's epoch while it leads, else 0."""
+        self.term: Term | None = None
+
+    @property
+    def leading(self) -> bool:
+        """Whether this replica leads a term now (its epoch is the log's and its lease is valid)."""
+        return self.epoch != 0 and self.elector.leading()
+
+    def may_decide(self) -> bool:
+        """Leading a term whose cluster has synced, with that and the term's epoch folded."""
+        term = self.term
+        return (
+            term is not None
+            and self.leading
+            and term.synced_seq is not None
+            and self.follower.folded_seq >= term.synced_seq
+            and self.follower.state.epoch == term.epoch
+        )
+
+    async def check(self, *, stopping: bool) -> None:
+        """Step down when the lease is lost or the log names another leader; announce when the lease is won."""
+        state = self.follower.state
+        if self.epoch:
+            if not self.elector.leading():
+                await self.step_down("lease lost")
+            elif state.epoch != self.epoch or state.leader != self.identity:
+                await self.step_down(f"deposed by {state.leader} (epoch {state.epoch})", resign=True)
+        elif self.elector.leading() and not stopping:
+            await self._announce()
+        self.metrics.leader.set(1 if self.leading else 0)
+
+    async def _announce(self) -> None:
+        """Append a fenced LeaderElected of the next epoch; lead once it is folded."""
+        follower = self.follower
+        while self.elector.leading():
+            try:
+                end = await self.store.last_seq()
+            except Exception as exc:
+                log.warning("cannot read the stream end; announcing later", error=str(exc))
+                return
+            if not await follower.catch_up(end):
+                return
+            epoch = follower.state.epoch + 1
+            event = LeaderElected(at=self.now(), epoch=epoch, holder=self.identity)
+            try:
+                async with self.writing:
+                    seqs = await self.store.append(
+                        [event], expected_last_seq=follower.folded_seq, msg_ids=[leader_id(epoch, self.identity)]
+                    )
+            except ConcurrencyConflict as exc:
+                await follower.catch_up(exc.actual)
+                continue
+            except StoreError as exc:
+                log.warning("announcing leadership failed; retrying", error=str(exc))
+                return
+            if not follower.fold_appended(seqs, [event], own=True) and not await follower.catch_up(seqs[0]):
+                return
+            if follower.state.epoch == epoch and follower.state.leader == self.identity:
+                self.epoch = epoch
+                self.term = self.book.term = Term(epoch)
+                log.info("leading", epoch=epoch, holder=self.identity, seq=follower.folded_seq)
+                self._begin(self.term)
+            return
+
+    async def step_down(self, reason: str, *, resign: bool = False) -> None:
+        term, self.term, self.book.term = self.term, None, None
+        if term is not None:
+            log.info("stepping down", epoch=term.epoch, reason=reason)
+            term.scope.cancel()
+        self.epoch = 0
+        self.metrics.leader.set(0)
+        if resign:
+            await self.elector.resign()

@@ -1,0 +1,47 @@
+"""What the event store raises: classified by what the caller should do about it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["AppendError", "ConcurrencyConflict", "EventTooLarge", "StoreError", "StoreUnreachable", "StreamMissing"]
+
+
+class StoreError(Exception):
+    """The event store cannot do what was asked (missing stream, server unreachable...)."""
+
+
+class StoreUnreachable(StoreError):
+    """No server of the URLs answered the first connection (a runtime failure, not bad input)."""
+
+
+class StreamMissing(StoreError):
+    """The stream does not exist and the caller did not ask to create it."""
+
+
+class ConcurrencyConflict(StoreError):
+    """A fenced append found the stream ended elsewhere than expected.
+
+    `stored` holds the sequences of the batch's messages stored before the
+    conflict (a fenced batch is checked message by message).
+    """
+
+    def __init__(self, expected: int, actual: int, stored: Sequence[int] = ()) -> None:
+        super().__init__(f"expected the stream to end at {expected}, it ends at {actual}")
+        self.expected = expected
+        self.actual = actual
+        self.stored = list(stored)
+
+
+class EventTooLarge(StoreError, ValueError):
+    """An event whose encoded form exceeds the size cap; nothing of its batch was stored."""
+
+    def __init__(self, index: int, event_type: str, size: int, limit: int) -> None:
+        super().__init__(f"event #{index} ({event_type}) encodes to {size} bytes, over the {limit}-byte cap")
+        self.index = index
+        self.size = size
+        self.limit = limit
+
+
+class AppendError(StoreError):
+    """Some messages of a batch could not be confirmed stored after retries; retrying the batch is safe."""

@@ -1,0 +1,98 @@
+"""Warm start: a replica starts from the newest verified snapshot and folds only the log after it."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+from test_loop import NODES, configure, daemon, job, of, wait_for
+
+from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
+from muster.daemon.simcluster import SimulatedCluster
+from muster.daemon.warmstart import SnapshotStart
+from muster.events.store import EventStore
+from muster.events.types import Event, JobAdmitted
+from muster.projections.cluster import ClusterState, evolve
+from muster.replay.snapshots import MemorySnapshots, Snapshots
+from muster.replay.source import NatsLog
+
+
+async def cold_fold(store: EventStore) -> ClusterState:
+    state = ClusterState()
+    for stored in await store.read():
+        evolve(state, stored.event)
+    return state
+
+
+async def snapshot_of_the_log(store: EventStore) -> tuple[Snapshots, int]:
+    """A verified snapshot of the whole log as it is now (what the sidecar writes), and its sequence."""
+    snapshots = Snapshots(MemorySnapshots(), NatsLog(store))
+    seq = await store.last_seq()
+    await snapshots.write(await cold_fold(store), seq, verified_from=0)
+    return snapshots, seq
+
+
+async def admitted_log(store: EventStore) -> list[Any]:
+    """A log on which an earlier leader admitted two jobs (and stopped)."""
+    await configure(store)
+    async with daemon(store) as d:
+        await d.loop.store.append([job("a"), job("b")])
+        events = await wait_for(store, lambda evs: len(of(evs, JobAdmitted)) == 2)
+        assert d.loop.epoch == 1
+    return of(events, JobAdmitted)
+
+
+@contextlib.asynccontextmanager
+async def replica(store: EventStore, snapshots: Snapshots, *, leads: bool) -> AsyncIterator[tuple[SchedulerLoop, list]]:
+    clusters: list[SimulatedCluster] = []
+
+    def cluster(state: Any) -> SimulatedCluster:
+        clusters.append(SimulatedCluster(NODES, state))
+        return clusters[-1]
+
+    elector = SoleElector("d2")
+    if not leads:
+        await elector.resign()  # a standby: it follows the log and never leads
+    loop = SchedulerLoop(store, elector=elector, cluster=cluster, options=LoopOptions(), start=SnapshotStart(snapshots))
+    async with anyio.create_task_group() as tg:
+        await tg.start(loop.run)
+        yield loop, clusters
+        loop.stop()
+
+
+async def test_a_replica_folds_only_the_log_after_the_newest_snapshot(store):
+    """Started with a snapshot, a standby folds only the events after it and holds the state a cold fold gives."""
+    await admitted_log(store)
+    snapshots, at = await snapshot_of_the_log(store)
+    await store.append([job("c")])
+    end = await store.last_seq()
+    folded: list[int] = []
+    async with replica(store, snapshots, leads=False) as (loop, _):
+        loop.on_fold(lambda seq, event, accepted: folded.append(seq))
+        with anyio.fail_after(10):
+            while loop.folded_seq < end:  # noqa: ASYNC110 - the follower has no "caught up" event
+                await anyio.sleep(0.02)
+        assert loop.state == await cold_fold(store)
+    assert all(seq > at for seq in folded), "nothing before the snapshot is folded again"
+
+
+async def test_a_leader_started_from_a_snapshot_binds_again_what_it_holds(store):
+    """A new leader that started from a snapshot re-applies the admissions of earlier terms the snapshot holds."""
+    earlier = await admitted_log(store)
+    snapshots, _ = await snapshot_of_the_log(store)
+    async with replica(store, snapshots, leads=True) as (loop, clusters):
+        with anyio.fail_after(10):
+            await loop.first_term.wait()
+            while not clusters or len(applied_admissions(clusters[0].applied)) < 2:  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+        assert loop.epoch == 2
+    again = applied_admissions(clusters[0].applied)
+    assert {(e.job, tuple(sorted(e.placement.items()))) for e in again} == {
+        (e.job, tuple(sorted(e.placement.items()))) for e in earlier
+    }
+
+
+def applied_admissions(events: list[Event]) -> list[JobAdmitted]:
+    return [e for e in events if isinstance(e, JobAdmitted)]
