@@ -54,9 +54,11 @@ from muster.events.types import (
     JobCancelled,
     JobFailed,
     JobFinished,
+    JobHeld,
     JobInadmissible,
     JobPreempted,
     JobRejected,
+    JobReleased,
     JobStarted,
     JobSubmitted,
     LeaderElected,
@@ -213,6 +215,8 @@ def _route(event: Event) -> tuple[str, str]:
             return "submit", f"{subject_token(event.queue)}.{subject_token(event.job)}"
         case (
             JobCancelled()
+            | JobHeld()
+            | JobReleased()
             | JobStarted()
             | JobFinished()
             | JobFailed()
@@ -250,6 +254,8 @@ _KIND: dict[type, bytes] = {
         t: b"job"
         for t in (
             JobCancelled,
+            JobHeld,
+            JobReleased,
             JobStarted,
             JobFinished,
             JobFailed,

@@ -181,6 +181,22 @@ class JobCancelled(Event, frozen=True, kw_only=True, tag="JobCancelled"):
     reason: str = ""
 
 
+class JobHeld(Event, frozen=True, kw_only=True, tag="JobHeld"):
+    """A user held a pending job (`muster hold`): the scheduler does not try it until a `JobReleased`.
+
+    It keeps its place in its queue (its submission order) while held.
+    """
+
+    job: JobId
+    reason: str = ""
+
+
+class JobReleased(Event, frozen=True, kw_only=True, tag="JobReleased"):
+    """A held job may run again (`muster release`)."""
+
+    job: JobId
+
+
 class JobStarted(Event, frozen=True, kw_only=True, tag="JobStarted"):
     """Every pod of the gang is running."""
 
@@ -269,6 +285,8 @@ AnyEvent = (
     | NodeCordoned
     | JobSubmitted
     | JobCancelled
+    | JobHeld
+    | JobReleased
     | JobStarted
     | JobFinished
     | JobFailed
@@ -291,6 +309,8 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     NodeCordoned,
     JobSubmitted,
     JobCancelled,
+    JobHeld,
+    JobReleased,
     JobStarted,
     JobFinished,
     JobFailed,
@@ -318,10 +338,12 @@ __all__ = [
     "JobCancelled",
     "JobFailed",
     "JobFinished",
+    "JobHeld",
     "JobId",
     "JobInadmissible",
     "JobPreempted",
     "JobRejected",
+    "JobReleased",
     "JobStarted",
     "JobSubmitted",
     "LeaderElected",

@@ -35,9 +35,11 @@ from muster.events.types import (
     JobCancelled,
     JobFailed,
     JobFinished,
+    JobHeld,
     JobInadmissible,
     JobPreempted,
     JobRejected,
+    JobReleased,
     JobStarted,
     JobSubmitted,
     LeaderElected,
@@ -135,6 +137,8 @@ class JobState(msgspec.Struct, kw_only=True):
     """When it was last preempted: it may not preempt anyone at that same instant."""
     evicted_by: str | None = None
     """The job that preempted it, until it runs again: it may not evict that job in return."""
+    held: bool = False
+    """Held by a user (`JobHeld`) while pending: the scheduler's index leaves it out until released."""
 
     @property
     def gpus(self) -> int:
@@ -637,6 +641,24 @@ def _on_cancelled(state: ClusterState, ev: JobCancelled) -> ClusterState:
     return _end(state, ev.job, ev.at, "cancelled", ev.reason)
 
 
+def _on_held(state: ClusterState, ev: JobHeld) -> ClusterState:
+    job = state.jobs.get(ev.job)
+    if job is None or job.status != "pending" or job.held:
+        return _skip(state)
+    job.held = True
+    state.dirty_jobs.add(job.id)
+    return state
+
+
+def _on_released(state: ClusterState, ev: JobReleased) -> ClusterState:
+    job = state.jobs.get(ev.job)
+    if job is None or not job.held:
+        return _skip(state)
+    job.held = False
+    state.dirty_jobs.add(job.id)  # the index validates and tries it like a new submission
+    return state
+
+
 _HANDLERS: dict[type[Event], object] = {
     JobSubmitted: _on_submitted,
     JobAdmitted: _on_admitted,
@@ -644,6 +666,8 @@ _HANDLERS: dict[type[Event], object] = {
     JobFinished: _on_finished,
     JobFailed: _on_failed,
     JobCancelled: _on_cancelled,
+    JobHeld: _on_held,
+    JobReleased: _on_released,
     JobStarted: _on_started,
     JobInadmissible: _on_inadmissible,
     JobRejected: _on_rejected,
