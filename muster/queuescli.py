@@ -1,5 +1,7 @@
 """`muster queues apply FILE`: make the log's queue configuration what the file says, like `kubectl apply`.
 
+(`muster queues` with no subcommand shows the queues: `muster.replay.queuesviewcli`.)
+
 The file uses the field names of spec/scenario.md (and of the configuration
 events): `topology.levels`, `fair_sharing`, `idle_reclaim`, `priority_classes`,
 `cohorts`, `queues`. It is read by the scenario reader of `muster sim`, so
@@ -40,9 +42,11 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from muster.adminconnect import add_nats_arguments
+    from muster.replay import queuesviewcli
 
+    # `muster queues` alone shows the queues; `muster queues apply FILE` changes them
+    queuesviewcli.add_arguments(parser)
     sub = parser.add_subparsers(dest="queues_command", metavar="SUBCOMMAND")
-    sub.required = True
     apply = sub.add_parser(
         "apply",
         help="make the log's queues, cohorts, priority classes and settings what FILE says (appends what differs)",
@@ -180,6 +184,12 @@ def plan(scenario: Scenario, current: Current, at: int, *, prune: bool) -> tuple
 
 def run(args: argparse.Namespace) -> int:
     import anyio
+
+    if args.queues_command is None:
+        from muster.replay import queuesviewcli
+
+        shown: int = queuesviewcli.run(args)
+        return shown
 
     from muster.replay.scenario import ScenarioError
 

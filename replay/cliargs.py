@@ -46,3 +46,17 @@ def add_common(p: argparse.ArgumentParser, *, snapshots: bool = True) -> None:
     if snapshots:
         add_snapshot_arguments(p)
     p.add_argument("--output", choices=["table", "json"], default="table", help="human tables (default) or JSON")
+
+
+def add_output(p: argparse.ArgumentParser, *extra: str) -> None:
+    """`-o/--output table|json|jsonl` (plus `extra` forms such as `wide`), the same on every command."""
+    forms = ["table", *extra, "json", "jsonl"]
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=forms,
+        default="table",
+        help="human table (default), "
+        + "".join(f"{e} (more columns), " for e in extra)
+        + "one JSON document (json) or one JSON object per line (jsonl)",
+    )
