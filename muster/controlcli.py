@@ -74,7 +74,7 @@ def msg_id(event: Any, last_seq: int) -> str:
     """A cancellation is the job's end (the daemon's id for it); a hold or release is one per log position."""
     from muster.daemon.loop import fact_id
 
-    end = fact_id(event)
+    end: str | None = fact_id(event)
     if end is not None:
         return end
     digest = hashlib.sha256(event.job.encode("utf-8", errors="surrogatepass")).hexdigest()[:32]

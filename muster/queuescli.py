@@ -42,10 +42,10 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from muster.adminconnect import add_nats_arguments
-    from muster.replay import queuesviewcli
+    from muster.replay.queuesviewcli import add_arguments as add_view_arguments
 
     # `muster queues` alone shows the queues; `muster queues apply FILE` changes them
-    queuesviewcli.add_arguments(parser)
+    add_view_arguments(parser)
     sub = parser.add_subparsers(dest="queues_command", metavar="SUBCOMMAND")
     apply = sub.add_parser(
         "apply",
@@ -186,9 +186,9 @@ def run(args: argparse.Namespace) -> int:
     import anyio
 
     if args.queues_command is None:
-        from muster.replay import queuesviewcli
+        from muster.replay.queuesviewcli import run as show
 
-        shown: int = queuesviewcli.run(args)
+        shown: int = show(args)
         return shown
 
     from muster.replay.scenario import ScenarioError

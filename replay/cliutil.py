@@ -130,14 +130,16 @@ def run_command(
     args: argparse.Namespace,
     body: Callable[[LogSource, EventStore | None], Awaitable[int]],
     prog: str,
+    *,
+    wait: bool = False,
 ) -> int:
-    """Open the log the arguments name and run `body`; turn known failures into exit 2."""
+    """Open the log the arguments name (`wait`: until it can be) and run `body`; known failures exit 1 or 2."""
     import anyio
 
     _quiet_logs()
 
     async def main() -> int:
-        async with open_source(args, stderr_bad) as (source, store):
+        async with open_source(args, stderr_bad, wait=wait) as (source, store):
             return await body(source, store)
 
     from nats.errors import Error as NatsError

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 _UID_SUFFIX = re.compile(r"-[0-9a-z]{8}$")
@@ -88,16 +88,17 @@ def _one(typed: str, candidates: list[str], preferred: Callable[[str], bool] | N
     raise NameProblem(f"{typed!r} is ambiguous: {len(candidates)} jobs match by {how}: {shown}")
 
 
-def display_names(ids: Iterable[str]) -> dict[str, str]:
-    """For each id, the shortest name that still names only it: its short name when unique, else the id."""
-    ids = list(ids)
-    taken = set(ids)
+def display_names(shown: Iterable[str], ids: Collection[str]) -> dict[str, str]:
+    """For each id of `shown`, the shortest name that names only it among `ids` (every job): its short
+    name when no other job has it (nor has it as its id), else the id itself."""
     counts: dict[str, int] = {}
     for j in ids:
-        counts[short_name(j)] = counts.get(short_name(j), 0) + 1
+        if "/" in j:  # only a cluster's ids have a short name other than themselves
+            short = short_name(j)
+            counts[short] = counts.get(short, 0) + 1
     out = {}
-    for j in ids:
+    for j in shown:
         short = short_name(j)
-        # another job's full id wins over a short name when typed back
-        out[j] = short if counts[short] == 1 and (short == j or short not in taken) else j
+        unique = short == j or (counts.get(short, 0) == 1 and short not in ids)
+        out[j] = short if unique else j
     return out

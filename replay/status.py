@@ -68,7 +68,7 @@ def positions(state: ClusterState, queues: set[str]) -> dict[str, int]:
 def job_rows(state: ClusterState, flt: JobFilter, now: int) -> list[dict[str, Any]]:
     """The jobs `flt` admits, by queue then submission order; `now` measures their age."""
     jobs = sorted((j for j in state.jobs.values() if flt.admits(j)), key=lambda j: (j.queue, j.seq))
-    names = display_names(state.jobs)
+    names = display_names((j.id for j in jobs), state.jobs)
     pos = positions(state, {j.queue for j in jobs if j.status == "pending"})
     rows = []
     for job in jobs:

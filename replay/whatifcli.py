@@ -1,4 +1,4 @@
-"""`muster whatif --config queues.yaml [--from POINT] [--to POINT]`: a log's jobs under another configuration.
+"""`muster whatif --queues queues.yaml [--from POINT] [--to POINT]`: a log's jobs under another configuration.
 
 Runs the submissions and node changes of the window through the scheduler
 core in virtual time with the given queues (and, if given, cohorts, priority
@@ -17,7 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from muster.replay.cliargs import POINT_HELP, add_common
 
     p.add_argument(
-        "--config", required=True, metavar="FILE", help="YAML with queues (and cohorts, priority_classes...)"
+        "--queues", required=True, metavar="FILE", help="YAML with queues (and cohorts, priority_classes...)"
     )
     p.add_argument("--from", dest="start", metavar="POINT", help=f"window start: {POINT_HELP}")
     p.add_argument(
@@ -46,9 +46,9 @@ def run(args: argparse.Namespace) -> int:
         await check_point(source, start, "--from")
         await check_point(source, end, "--to")
         try:
-            text = read_config(args.config)
+            text = read_config(args.queues)
             snapshots = await open_snapshots(args, source, store) if start is not None else None
-            result = await whatif(source, text, args.config, start=start, end=end, snapshots=snapshots)
+            result = await whatif(source, text, args.queues, start=start, end=end, snapshots=snapshots)
         except WhatIfError as exc:
             print(f"muster whatif: {exc}", file=sys.stderr)
             return 2

@@ -56,7 +56,7 @@ def _nats_commands(tmp_path: Path) -> list[list[str]]:
         ["replay"],
         ["explain", "some-job"],
         ["audit"],
-        ["whatif", "--config", str(queues)],
+        ["whatif", "--queues", str(queues)],
         ["snapshot"],
     ]
 

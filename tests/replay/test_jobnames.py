@@ -58,7 +58,7 @@ def test_a_typo_names_the_closest_jobs() -> None:
 
 def test_tables_show_the_short_name_only_where_it_names_one_job() -> None:
     """The display name is the short name when unique, else the full id: typed back, it finds the same job."""
-    names = display_names(IDS)
+    names = display_names(IDS, IDS)
     assert names["team-b/pytorchjob/bert-0011aa22"] == "bert"
     assert names["team-a/job/train-1a2b3c4d"] == "team-a/job/train-1a2b3c4d"
     assert short_name("team-a-g0024") == "team-a-g0024"
