@@ -77,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         code: int = module.run(args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `muster jobs | head`: the reader has what it wanted
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return code
 
 

@@ -124,21 +124,10 @@ async def _control(action: Action, args: argparse.Namespace) -> int:
             return 1
     finally:
         await store.close()
-    rows = [{"job": j, "action": action.done, "seq": s} for j, s in zip(chosen, seqs, strict=True)]
-    _print(args.output, rows)
+    from muster.replay.cliutil import Report
+
+    report = Report(args.output)
+    for job, seq in zip(chosen, seqs, strict=True):
+        report.say(f"{action.done} {job} (sequence {seq})", job=job, action=action.done, seq=seq)
+    report.close()
     return 0
-
-
-def _print(output: str, rows: list[dict[str, Any]]) -> None:
-    import json
-
-    if output == "json":
-        from muster.replay.cliutil import dump_json
-
-        dump_json(rows)
-    elif output == "jsonl":
-        for r in rows:
-            print(json.dumps(r))
-    else:
-        for r in rows:
-            print(f"{r['action']} {r['job']} (sequence {r['seq']})")

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from muster.adminconnect import add_nats_arguments
+    from muster.replay.cliargs import add_output
     from muster.replay.queuesviewcli import add_arguments as add_view_arguments
 
     # `muster queues` alone shows the queues; `muster queues apply FILE` changes them
@@ -56,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     apply.add_argument(
         "--prune", action="store_true", help="reset the scheduler settings FILE does not give to their defaults"
     )
+    add_output(apply)
     add_nats_arguments(apply)
 
 
@@ -215,6 +217,7 @@ async def _apply(args: argparse.Namespace) -> int:
 
     from muster.adminconnect import open_store
     from muster.events.store import StoreError
+    from muster.replay.cliutil import Report
     from muster.replay.scenario import ScenarioError
 
     store = await open_store(args, command="queues apply", create=not args.dry_run)
@@ -232,13 +235,18 @@ async def _apply(args: argparse.Namespace) -> int:
         events, lines, kept = plan(scenario, current, int(time.time()), prune=args.prune)
         for line in kept:
             print(f"muster queues apply: {line}", file=sys.stderr)
+        report = Report(args.output)
         for line in lines:
-            print(line)
+            report.say(line, difference=line, appended=not args.dry_run)
         if not events:
-            print(f"nothing to apply: {store.stream} already holds this configuration")
+            if args.output == "table":
+                print(f"nothing to apply: {store.stream} already holds this configuration")
+            report.close()
             return 0
         if args.dry_run:
-            print(f"dry run: {len(events)} events would be appended to {store.stream}")
+            if args.output == "table":
+                print(f"dry run: {len(events)} events would be appended to {store.stream}")
+            report.close()
             return 0
         try:
             # a retried apply (same log, same differences) is stored once within the duplicate window
@@ -251,7 +259,9 @@ async def _apply(args: argparse.Namespace) -> int:
         await store.close()
     counts = collections.Counter(type(ev).__name__ for ev in events)
     what = ", ".join(f"{n} {name}" for name, n in counts.items())
-    print(f"appended {len(events)} events to {store.stream} (sequences {min(seqs)}..{max(seqs)}): {what}")
+    if args.output == "table":
+        print(f"appended {len(events)} events to {store.stream} (sequences {min(seqs)}..{max(seqs)}): {what}")
+    report.close()
     return 0
 
 

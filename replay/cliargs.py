@@ -46,7 +46,7 @@ def add_common(p: argparse.ArgumentParser, *, snapshots: bool = True) -> None:
     add_source_arguments(p)
     if snapshots:
         add_snapshot_arguments(p)
-    p.add_argument("--output", choices=["table", "json"], default="table", help="human tables (default) or JSON")
+    add_output(p)
 
 
 def add_output(p: argparse.ArgumentParser, *extra: str) -> None:

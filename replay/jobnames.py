@@ -74,7 +74,7 @@ def resolve(typed: str, ids: Iterable[str], preferred: Callable[[str], bool] | N
     close = difflib.get_close_matches(typed, all_ids, n=SHOWN, cutoff=0.6)
     close += [j for j in difflib.get_close_matches(typed, [short_name(j) for j in all_ids], n=SHOWN) if j not in close]
     hint = f"; closest: {', '.join(close[:SHOWN])}" if close else ""
-    raise NameProblem(f"no job named {typed!r} (by id, short name or prefix){hint}")
+    raise NameProblem(f"no job {typed!r} (by id, short name or prefix){hint}")
 
 
 def _one(typed: str, candidates: list[str], preferred: Callable[[str], bool] | None, how: str) -> str:

@@ -34,10 +34,10 @@ def run(args: argparse.Namespace) -> int:
         snapshots = await open_snapshots(args, source, store)
         replayed = await state_at(source, point, snapshots, verify=args.verify)
         doc = document(replayed, point.text)
-        if args.output == "json":
-            from muster.replay.cliutil import dump_json
+        if args.output != "table":
+            from muster.replay.cliutil import emit
 
-            dump_json(doc)
+            emit(args.output, doc)
         else:
             render(doc, show_nodes=args.nodes, show_running=args.running)
         return 0

@@ -36,7 +36,7 @@ _KEY = re.compile(r"^[-/_=.A-Za-z0-9]+$")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from muster.replay.cliargs import add_source_arguments
+    from muster.replay.cliargs import add_output, add_source_arguments
 
     add_source_arguments(p)
     p.add_argument("--snapshots", metavar="WHERE", help="bucket (NATS; default STREAM-snapshots) or directory (--log)")
@@ -57,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "$POD_NAME, the host name)",
     )
     p.add_argument("--list", action="store_true", help="only list the snapshots")
-    p.add_argument("--output", choices=["table", "json"], default="table")
+    add_output(p)
 
 
 def parse_leader(spec: str) -> tuple[str, str]:
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     holder = args.holder or default_holder(settings)
 
     async def body(source: Any, store: Any) -> int:
-        from muster.replay.cliutil import dump_json, open_snapshots
+        from muster.replay.cliutil import emit, open_snapshots
 
         if store is None and not args.snapshots:
             raise UsageError("a file log keeps its snapshots in a directory: add --snapshots DIR")
@@ -118,10 +118,11 @@ def run(args: argparse.Namespace) -> int:
             return 0
         if args.list:
             metas = await snapshots.catalog()
-            if args.output == "json":
+            if args.output != "table":
                 from muster.replay.snapshots import describe
 
-                dump_json([describe(m) for m in metas])
+                rows = [describe(m) for m in metas]
+                emit(args.output, rows, rows)
             else:
                 render_list(metas)
             return 0
@@ -138,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
                 )
             if not args.follow:
                 return  # the summary says it all
-            if args.output == "json":
+            if args.output != "table":
                 import json
 
                 line: dict[str, Any] = {"seq": seq, "written": meta is not None}
@@ -165,8 +166,8 @@ def run(args: argparse.Namespace) -> int:
             gate=gate,
             progress=progress,
         )
-        if args.output == "json":
-            dump_json(doc)
+        if args.output != "table":
+            emit(args.output, doc)
         else:
             skipped = f", left {len(doc['skipped'])} to the leader" if doc["skipped"] else ""
             print(

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from muster.replay.cliutil import check_point, check_range, point_arg, run_command
 
     async def body(source: Any, store: Any) -> int:
-        from muster.replay.cliutil import dump_json, open_snapshots
+        from muster.replay.cliutil import emit, open_snapshots
         from muster.replay.whatif import WhatIfError, read_config, whatif
 
         start = point_arg(args.start, "--from") if args.start else None
@@ -53,8 +53,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"muster whatif: {exc}", file=sys.stderr)
             return 2
         doc = document(result)
-        if args.output == "json":
-            dump_json(doc)
+        if args.output != "table":
+            emit(args.output, doc, doc.get("jobs"))
         else:
             render(doc, jobs=args.jobs)
         return 0

@@ -181,7 +181,7 @@ def test_cancel_of_an_ended_or_unknown_job_appends_nothing(log, capsys) -> None:
     err = capsys.readouterr().err
     assert "ambiguous" in err and RUNS in err and WAITS in err
     assert main(["cancel", "bret", "eval", *log.admin]) == 2
-    assert "no job named 'bret'" in capsys.readouterr().err
+    assert "no job 'bret'" in capsys.readouterr().err
     log.append(JobCancelled(at=START + 5, job=OTHER))
     assert main(["cancel", "bert", *log.admin]) == 2
     assert f"job {OTHER} is cancelled: it already ended" in capsys.readouterr().err

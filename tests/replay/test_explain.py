@@ -136,3 +136,19 @@ def test_explain_cli_table_json_and_unknown_job(tmp_path: Path, capsys: pytest.C
     ]
     assert main(["explain", "nobody", "--log", str(path)]) == 2
     assert "no job 'nobody'" in capsys.readouterr().err
+
+
+def test_explain_takes_a_unique_prefix_and_says_which_job(tmp_path: Path, capsys) -> None:
+    """`muster explain b-bi` tells b-big's story and says on stderr which job it chose."""
+    log = write_jsonl(tmp_path / "log.jsonl", sim(STORY).events)
+    assert main(["explain", "b-bi", "--log", str(log), "-o", "json"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["job"] == "b-big" and "'b-bi' is job b-big (by prefix)" in out.err
+
+
+def test_explain_of_an_ambiguous_prefix_lists_the_candidates(tmp_path: Path, capsys) -> None:
+    """`muster explain b-` names two jobs: exit 2, both listed."""
+    log = write_jsonl(tmp_path / "log.jsonl", sim(STORY).events)
+    assert main(["explain", "b-", "--log", str(log)]) == 2
+    err = capsys.readouterr().err
+    assert "ambiguous" in err and "b-big" in err and "b-small" in err

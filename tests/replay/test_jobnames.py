@@ -53,7 +53,7 @@ def test_a_typo_names_the_closest_jobs() -> None:
     """A name no job answers to is refused with the closest ids."""
     with pytest.raises(NameProblem) as problem:
         resolve("team-a-g0042", IDS)
-    assert "no job named 'team-a-g0042'" in str(problem.value) and "team-a-g0024" in str(problem.value)
+    assert "no job 'team-a-g0042'" in str(problem.value) and "team-a-g0024" in str(problem.value)
 
 
 def test_tables_show_the_short_name_only_where_it_names_one_job() -> None:
