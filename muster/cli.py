@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("muster.replay.auditcli", "re-derive every recorded decision and compare"),
     "whatif": ("muster.replay.whatifcli", "replay a log's jobs under another queue configuration"),
     "snapshot": ("muster.replay.snapshotcli", "write and verify snapshots of the folded state"),
+    "completion": ("muster.completioncli", "print a shell completion script: `source <(muster completion bash)`"),
 }
 
 
