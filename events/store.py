@@ -69,6 +69,7 @@ from muster.events.types import (
     PriorityClassConfigured,
     QueueConfigured,
     SchedulerConfigured,
+    SubmissionRejected,
 )
 from muster.events.wire import (
     JetStreamApiError,
@@ -224,6 +225,7 @@ def _route(event: Event) -> tuple[str, str]:
             | JobPreempted()
             | JobInadmissible()
             | JobRejected()
+            | SubmissionRejected()
             | GpuUtilizationSampled()
         ):
             return "job", subject_token(event.job)
@@ -263,6 +265,7 @@ _KIND: dict[type, bytes] = {
             JobPreempted,
             JobInadmissible,
             JobRejected,
+            SubmissionRejected,
             GpuUtilizationSampled,
         )
     },

@@ -274,6 +274,18 @@ class JobRejected(Event, frozen=True, kw_only=True, tag="JobRejected"):
     epoch: int = 0
 
 
+class SubmissionRejected(Event, frozen=True, kw_only=True, tag="SubmissionRejected"):
+    """A submission refused because its job id is taken by a job already on the log (`live`
+    says in which state); that job is left as it is. Decided by the core, so a replay, an
+    audit and a new leader refuse the same submissions."""
+
+    job: JobId
+    queue: QueueName
+    reason: str
+    cycle: int = 0
+    epoch: int = 0
+
+
 AnyEvent = (
     SchedulerConfigured
     | PriorityClassConfigured
@@ -296,6 +308,7 @@ AnyEvent = (
     | JobPreempted
     | JobInadmissible
     | JobRejected
+    | SubmissionRejected
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -320,9 +333,16 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     JobPreempted,
     JobInadmissible,
     JobRejected,
+    SubmissionRejected,
 )
 
-DECISION_TYPES: tuple[type[Event], ...] = (JobAdmitted, JobPreempted, JobInadmissible, JobRejected)
+DECISION_TYPES: tuple[type[Event], ...] = (
+    JobAdmitted,
+    JobPreempted,
+    JobInadmissible,
+    JobRejected,
+    SubmissionRejected,
+)
 
 __all__ = [
     "DECISION_TYPES",
@@ -361,6 +381,7 @@ __all__ = [
     "ReclaimPolicy",
     "Resources",
     "SchedulerConfigured",
+    "SubmissionRejected",
     "Topology",
     "WithinQueuePolicy",
     "event_tag",

@@ -52,6 +52,7 @@ from muster.events.types import (
     PriorityClassConfigured,
     QueueConfigured,
     SchedulerConfigured,
+    SubmissionRejected,
 )
 from muster.projections.fencing import fenced, newer_leader
 
@@ -183,6 +184,14 @@ class JobState(msgspec.Struct, kw_only=True):
         return max(0, self.runtime - self.work_done)
 
 
+class RefusedSubmission(msgspec.Struct, kw_only=True):
+    """A submission of a job id the log already holds, until the core's `SubmissionRejected` answers it."""
+
+    job: str
+    queue: str
+    at: int
+
+
 class ClusterState(msgspec.Struct, kw_only=True, dict=True):
     levels: list[str] = []
     fair_sharing: bool = False
@@ -206,6 +215,8 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
     skipped: int = 0
     fenced: int = 0
     """Decisions ignored because a newer leader epoch was already on the log."""
+    refused: list[RefusedSubmission] = []
+    """Submissions of a taken job id, in log order, waiting for their `SubmissionRejected`."""
 
     def __post_init__(self) -> None:
         self.reset_bookkeeping()
@@ -373,6 +384,8 @@ def _fenced(state: ClusterState, epoch: int) -> bool:
 
 def _on_submitted(state: ClusterState, ev: JobSubmitted) -> ClusterState:
     if ev.job in state.jobs:
+        # the job on the log stays as it is; the core answers the newcomer (`duplicates`)
+        state.refused.append(RefusedSubmission(job=ev.job, queue=ev.queue, at=ev.at))
         return _skip(state)
     state.submitted += 1
     state.jobs[ev.job] = JobState(
@@ -621,6 +634,17 @@ def _on_rejected(state: ClusterState, ev: JobRejected) -> ClusterState:
     return _end(state, ev.job, ev.at, "rejected", ev.reason)
 
 
+def _on_submission_rejected(state: ClusterState, ev: SubmissionRejected) -> ClusterState:
+    if _fenced(state, ev.epoch):
+        return state
+    for i, r in enumerate(state.refused):
+        if r.job == ev.job and r.queue == ev.queue:
+            del state.refused[i]
+            _count_decision(state, ev.cycle)
+            return state
+    return _skip(state)
+
+
 def _on_leader(state: ClusterState, ev: LeaderElected) -> ClusterState:
     if not newer_leader(ev.epoch, state.epoch):
         return _skip(state)
@@ -671,6 +695,7 @@ _HANDLERS: dict[type[Event], object] = {
     JobStarted: _on_started,
     JobInadmissible: _on_inadmissible,
     JobRejected: _on_rejected,
+    SubmissionRejected: _on_submission_rejected,
     GpuUtilizationSampled: _on_utilization,
     NodeAdded: _on_node,
     NodeUpdated: _on_node,

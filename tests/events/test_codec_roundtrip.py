@@ -33,6 +33,7 @@ from muster.events.types import (
     PriorityClassConfigured,
     QueueConfigured,
     SchedulerConfigured,
+    SubmissionRejected,
     Topology,
     event_tag,
 )
@@ -94,6 +95,7 @@ def one_of_each() -> list[Event]:
         JobCancelled(at=10, job="train-1", reason="WorkloadDeleted: Job ns/train-1 is gone"),
         JobHeld(at=10, job="train-1", reason="waiting for the dataset"),
         JobReleased(at=11, job="train-1"),
+        SubmissionRejected(at=12, job="train-1", queue="team-a", reason="job id 'train-1' is taken", cycle=3, epoch=2),
         JobStarted(at=11, job="train-1"),
         JobFinished(at=12, job="train-1"),
         JobFailed(at=13, job="train-1", reason="OOMKilled"),

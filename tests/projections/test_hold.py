@@ -7,52 +7,11 @@ the daemon, `muster audit` and a replay of the log reach the same decisions.
 from __future__ import annotations
 
 import anyio
+from logkit import Log, job
 
-from muster.events.types import (
-    Event,
-    JobAdmitted,
-    JobCancelled,
-    JobHeld,
-    JobReleased,
-    JobSubmitted,
-    LeaderElected,
-    NodeAdded,
-    PodSet,
-    QueueConfigured,
-)
-from muster.projections.cluster import ClusterState, evolve
-from muster.projections.scheduler import decide
+from muster.events.types import Event, JobAdmitted, JobCancelled, JobHeld, JobReleased
 from muster.replay.audit import audit
 from muster.replay.source import MemoryLog
-
-
-def _job(name: str, gpus: int, at: int) -> JobSubmitted:
-    return JobSubmitted(
-        at=at, job=name, queue="q", podsets=[PodSet(name="w", count=1, requests={"gpu": gpus})], runtime=100
-    )
-
-
-class Log:
-    """Inputs folded, then a cycle decided and its decisions folded, as the daemon does."""
-
-    def __init__(self) -> None:
-        self.state = ClusterState()
-        self.events: list[Event] = []
-        self.add(
-            LeaderElected(at=0, epoch=1, holder="a"),
-            QueueConfigured(at=0, name="q", nominal={"gpu": 8}),
-            NodeAdded(at=0, node="n0", capacity={"gpu": 8}),
-        )
-
-    def add(self, *events: Event) -> None:
-        for ev in events:
-            evolve(self.state, ev)
-            self.events.append(ev)
-
-    def cycle(self, now: int) -> list[Event]:
-        decided = decide(self.state, now)
-        self.add(*decided)
-        return decided
 
 
 def _admitted(events: list[Event]) -> list[str]:
@@ -62,7 +21,7 @@ def _admitted(events: list[Event]) -> list[str]:
 def test_a_held_job_waits_and_the_next_one_takes_the_room() -> None:
     """A held job is not admitted though it is first in its queue; the job behind it runs instead."""
     log = Log()
-    log.add(_job("first", 8, 1), JobHeld(at=1, job="first"), _job("second", 8, 2))
+    log.add(job("first", 8, 1), JobHeld(at=1, job="first"), job("second", 8, 2))
     assert _admitted(log.cycle(2)) == ["second"]
     assert log.state.jobs["first"].status == "pending" and log.state.jobs["first"].held
 
@@ -70,7 +29,7 @@ def test_a_held_job_waits_and_the_next_one_takes_the_room() -> None:
 def test_a_released_job_is_admitted_in_its_place() -> None:
     """Released, a held job is tried again and admitted when there is room."""
     log = Log()
-    log.add(_job("j", 4, 1), JobHeld(at=1, job="j"))
+    log.add(job("j", 4, 1), JobHeld(at=1, job="j"))
     assert _admitted(log.cycle(1)) == []
     log.add(JobReleased(at=5, job="j"))
     assert _admitted(log.cycle(5)) == ["j"]
@@ -79,9 +38,9 @@ def test_a_released_job_is_admitted_in_its_place() -> None:
 def test_a_job_parked_as_inadmissible_stays_out_while_held() -> None:
     """A job parked for want of room, then held, is not woken by a release of room until it is released."""
     log = Log()
-    log.add(_job("big", 8, 1))
+    log.add(job("big", 8, 1))
     assert _admitted(log.cycle(1)) == ["big"]
-    log.add(_job("waits", 8, 2))
+    log.add(job("waits", 8, 2))
     assert _admitted(log.cycle(2)) == []
     log.add(JobHeld(at=3, job="waits"), JobCancelled(at=4, job="big"))
     assert _admitted(log.cycle(4)) == []
@@ -92,7 +51,7 @@ def test_a_job_parked_as_inadmissible_stays_out_while_held() -> None:
 def test_hold_applies_to_pending_jobs_only() -> None:
     """Holding a running or unknown job, or releasing a job not held, changes nothing and is counted as skipped."""
     log = Log()
-    log.add(_job("runs", 8, 1))
+    log.add(job("runs", 8, 1))
     log.cycle(1)
     skipped = log.state.skipped
     log.add(JobHeld(at=2, job="runs"), JobHeld(at=2, job="nobody"), JobReleased(at=2, job="runs"))
@@ -102,9 +61,9 @@ def test_hold_applies_to_pending_jobs_only() -> None:
 def test_a_log_with_holds_audits_identically() -> None:
     """`muster audit` re-derives every decision of a log with holds and releases: 0 differences."""
     log = Log()
-    log.add(_job("a", 8, 1), JobHeld(at=1, job="a"), _job("b", 4, 1))
+    log.add(job("a", 8, 1), JobHeld(at=1, job="a"), job("b", 4, 1))
     log.cycle(1)
-    log.add(_job("c", 4, 2))
+    log.add(job("c", 4, 2))
     log.cycle(2)
     log.add(JobReleased(at=3, job="a"), JobCancelled(at=3, job="b"), JobCancelled(at=3, job="c"))
     log.cycle(3)
