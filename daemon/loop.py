@@ -379,6 +379,11 @@ class SchedulerLoop:
             and event.epoch == term.epoch
         ):
             term.applier.submit(event)
+        elif isinstance(event, JobCancelled) and term is not None and term.applier is not None:
+            from muster.daemon.k8s.cancelling import by_user  # the Kubernetes client only when a job is cancelled
+
+            if by_user(event):
+                term.applier.submit(event)  # the user's cancel: the cluster's workload must stop
 
     def _take(self, item: StoredEvent | None) -> None:
         if item is not None:

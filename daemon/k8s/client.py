@@ -158,6 +158,15 @@ class KubeClient:
         _, data = await self._call(self.custom.get_namespaced_custom_object, group, version, namespace, plural, name)
         return dict(data)
 
+    async def patch_owner(self, api: Any, namespace: str, name: str, patch: Obj) -> None:
+        """Merge-patch an owner object (`owners.OwnerApi` says where it is served)."""
+        if api.group == "batch":
+            await self._call(self.batch.patch_namespaced_job, name, namespace, patch)
+        else:
+            await self._call(
+                self.custom.patch_namespaced_custom_object, api.group, api.version, namespace, api.plural, name, patch
+            )
+
     # ------------------------------------------------------------ effects
 
     async def bind(self, namespace: str, name: str, node: str) -> None:
