@@ -140,7 +140,8 @@ async def status_views(source: LogSource, name: str, snapshots: Snapshots, worst
         for where, point in (("end", Point()), ("worst", Point(seq=worst))):
             t0 = time.perf_counter()
             r = await state_at(source, point, snapshots)
-            rows = view(r.state)
+            with no_gc():  # as `muster jobs` does (watching.run_view)
+                rows = view(r.state)
             seconds = time.perf_counter() - t0
             row(name, f"muster {label} ({where}), snapshots", seconds, r.folded, f"{len(rows):,} rows")
 

@@ -6,8 +6,8 @@ rendering lives in the CLI modules.
 Definitions:
 - a job's `state` is its fold status, with `admitted` shown as `running` (squeue's word)
   and a pending job a user held as `held`;
-- `position` is a pending job's place in its queue's admission order (`views.queue_order`,
-  held jobs left out: they are not tried); `age` is the time since its submission;
+- `position` is a pending job's place in its queue's admission order (`index.order_key`,
+  as `views.queue_order`; held jobs left out: they are not tried); `age` is the time since its submission;
 - `namespace` is the Kubernetes namespace of a job that came from a cluster (from its
   source `Kind/namespace/name`), empty for one from `muster submit` or a simulation;
 - a queue's `fair_share` is the scheduler's weighted dominant resource share, per mille
@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from muster.projections.cluster import ClusterState, JobState
+from muster.projections.index import order_key
 from muster.projections.quota import QuotaTree
 from muster.replay.jobnames import display_names
-from muster.replay.views import job_shape, lent_by_queue, pending_reason, queue_order
+from muster.replay.views import job_shape, lent_by_queue, pending_reason
 
 STATES = ("pending", "held", "running", "finished", "failed", "cancelled", "rejected")
 LIVE = frozenset({"pending", "held", "running"})
@@ -57,11 +58,18 @@ class JobFilter:
 
 
 def positions(state: ClusterState, queues: set[str]) -> dict[str, int]:
-    """Each pending, not held job of `queues`: its place in its queue's admission order (1 first)."""
+    """Each pending, not held job of `queues`: its place in its queue's admission order (1 first).
+
+    One pass over the jobs (not one per queue: a log holds every job it ever saw)."""
+    by_queue: dict[str, list[JobState]] = {q: [] for q in queues}
+    for job in state.jobs.values():
+        waiting = by_queue.get(job.queue)
+        if waiting is not None and job.status == "pending" and not job.held:
+            waiting.append(job)
     out: dict[str, int] = {}
-    for queue in sorted(queues):
-        tried = (j for j in queue_order(state, queue) if not j.held)
-        out.update((j.id, pos) for pos, j in enumerate(tried, start=1))
+    for jobs in by_queue.values():
+        jobs.sort(key=lambda j: order_key(state.priority_of(j), j.seq))
+        out.update((j.id, pos) for pos, j in enumerate(jobs, start=1))
     return out
 
 

@@ -86,6 +86,7 @@ def run_view(args: argparse.Namespace, prog: str, key: str, view: View, table: C
     """Run a status command: the state at `--at` (or followed, `--watch`), shown as `view` and `table` say."""
     from muster.replay.cliutil import UsageError, check_point, open_snapshots, point_arg, run_command
     from muster.replay.rebuild import states
+    from muster.replay.snapshots import no_gc
 
     async def body(source: Any, store: Any) -> int:
         if args.watch and args.at != "end":
@@ -98,7 +99,8 @@ def run_view(args: argparse.Namespace, prog: str, key: str, view: View, table: C
         follow = args.interval if args.watch else None
         with Printer(args.output, args.watch, key=key) as printer:
             async for replayed in states(source, point, snapshots, verify=args.verify, watch=follow):
-                doc, rows = view(replayed)
+                with no_gc():  # rows for 100k jobs would otherwise trigger full passes over the state
+                    doc, rows = view(replayed)
                 printer.show(doc, rows, table)
         return 0
 

@@ -219,3 +219,18 @@ def test_jobs_watch_prints_the_rows_that_change(log) -> None:
             proc.terminate()
     held = {**first[WAITS], "state": "held", "position": None, "reason": changed[0]["reason"], "age": changed[0]["age"]}
     assert changed == [held, {"job": OTHER, "removed": True}]
+
+
+def test_jobs_and_queues_connect_with_the_daemons_config_file(log, tmp_path, capsys) -> None:
+    """`--config` gives the URL and stream (the daemon's `nats` block); a config that cannot be read exits 2."""
+    import yaml
+
+    url, stream = log.flags[1], log.flags[3]
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"nats": {"url": url, "stream": stream}}))
+    rows = _json(capsys, "jobs", "--config", str(config), "-o", "json")["jobs"]
+    assert {r["job"] for r in rows} == {RUNS, WAITS, OTHER}
+    assert main(["queues", "--config", str(tmp_path / "missing.yaml")]) == 2
+    assert "missing.yaml" in capsys.readouterr().err
+    assert main(["jobs", "--config", str(config), "--creds", str(tmp_path / "nope.creds")]) == 2
+    assert "--creds" in capsys.readouterr().err
