@@ -166,7 +166,7 @@ def render(
     if show_nodes:
         n = Table(title="Nodes", title_justify="left")
         for col in ("node", "status", "GPUs", "used", "free", "jobs"):
-            n.add_column(col)
+            n.add_column(col, overflow="fold")
         for r in doc["nodes"]:
             add_row(
                 n,
@@ -182,7 +182,7 @@ def render(
     if show_running:
         rt = Table(title="Running jobs", title_justify="left")
         for col in ("queue", "job", "priority", "GPUs", "admitted", "borrowed", "nodes"):
-            rt.add_column(col)
+            rt.add_column(col, overflow="fold")  # ids wrap, never cut
         for r in doc["running"]:
             nodes = r["nodes"]
             add_row(
@@ -200,7 +200,7 @@ def render(
     if doc["pending"]:
         p = Table(title="Pending jobs, in queue order", title_justify="left")
         for col in ("queue", "#", "job", "priority", "GPUs", "waiting", "preempted", "why"):
-            p.add_column(col)
+            p.add_column(col, overflow="fold")
         for r in doc["pending"]:
             add_row(
                 p,

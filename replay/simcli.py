@@ -118,7 +118,7 @@ def print_tables(result: Any, out: IO[str]) -> None:
     if len(jobs) <= 60:
         t = Table(title=f"Jobs (t={result.end})")
         for col in ("job", "queue", "gpus", "status", "submitted", "admitted", "finished", "wait", "preempted", "why"):
-            t.add_column(col)
+            t.add_column(col, overflow="fold")
         for job_id, js in jobs.items():
             job = state.jobs.get(job_id)
             wait = (js["admitted"] - js["submitted"]) if js["admitted"] is not None else None

@@ -171,7 +171,7 @@ def render(doc: dict[str, Any], out: IO[str] | None = None, *, jobs: int = 20) -
     if rows and jobs > 0:
         jt = Table(title=f"Jobs whose wait changed most (of {len(doc['jobs'])})", title_justify="left")
         for col in ("job", "queue", "GPUs", "submitted", "wait", "Δ", "preemptions", "GPU-hours", "status"):
-            jt.add_column(col, justify="left" if col in ("job", "queue", "status") else "right")
+            jt.add_column(col, justify="left" if col in ("job", "queue", "status") else "right", overflow="fold")
         for j in rows[:jobs]:
             r, a = j["real"], j["whatif"]
             rw, aw = _job_wait(r), _job_wait(a)

@@ -234,3 +234,19 @@ def test_jobs_and_queues_connect_with_the_daemons_config_file(log, tmp_path, cap
     assert "missing.yaml" in capsys.readouterr().err
     assert main(["jobs", "--config", str(config), "--creds", str(tmp_path / "nope.creds")]) == 2
     assert "--creds" in capsys.readouterr().err
+
+
+def test_a_narrow_table_wraps_an_id_and_never_cuts_it() -> None:
+    """On a 50-column terminal a long id is folded over lines, every character kept (no ellipsis)."""
+    import io
+
+    from rich.console import Console
+
+    from muster.replay.jobscli import render
+
+    long_id = "team-a/job/a-very-long-training-job-name-1a2b3c4d"
+    row = {"name": long_id, "queue": "q", "state": "pending", "position": 1, "gpus": 8, "age": 5, "reason": "quota"}
+    out = io.StringIO()
+    Console(file=out, width=50).print(render({"seq": 1, "jobs": [row]}))
+    column = "".join(line.split()[0] for line in out.getvalue().splitlines()[2:] if line.strip())
+    assert "…" not in out.getvalue() and column.startswith(long_id)
