@@ -32,6 +32,7 @@ BENCHES: dict[str, tuple[str, list[str]]] = {
     "k8s-real": ("bench_k8s_real.py", ["--nodes", "100", "--pods", "400", "--sizes", "1,8,32", "--trials", "1"]),
     "reliability": ("reliability.py", ["--quick"]),
     "node_loss": ("bench_node_loss.py", ["--nodes", "100", "--gangs", "40", "--delete", "20"]),
+    "ui": ("bench_ui.py", ["--events", "100000", "--every", "10000", "--trials", "1"]),
 }
 """name -> (script, its modest arguments)."""
 

@@ -33,7 +33,7 @@ SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/names
 
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
-SECTIONS = ("leader_election", "kubernetes", "utilization", "http", "nats", "log")
+SECTIONS = ("leader_election", "kubernetes", "utilization", "http", "nats", "log", "ui")
 _TOP_KEYS = {*SECTIONS, "queues_file", "identity", "simulated_cluster"}
 
 KEYS: dict[str, frozenset[str]] = {
@@ -46,6 +46,7 @@ KEYS: dict[str, frozenset[str]] = {
     "http": frozenset({"health_port", "metrics_port"}),
     "log": frozenset({"level", "format"}),
     "billing": frozenset({"consumer", "data_dir"}),
+    "ui": frozenset({"port", "host", "token_file"}),
 }
 """The keys each section of a config file may hold (deploy/README.md); a typo is an error, not a default."""
 
@@ -231,6 +232,20 @@ class DaemonConfig:
         return self._port("metrics_port")
 
     @property
+    def ui_port(self) -> int | None:
+        """The web dashboard's port (`muster ui` in the daemon); None: not served."""
+        return self._port("port", section="ui")
+
+    @property
+    def ui_host(self) -> str:
+        return str(self.get("ui", "host", "127.0.0.1"))
+
+    @property
+    def ui_token_file(self) -> str | None:
+        value = self.get("ui", "token_file")
+        return str(value) if value else None
+
+    @property
     def log_level(self) -> str:
         return str(self.get("log", "level", "info")).lower()
 
@@ -253,16 +268,16 @@ class DaemonConfig:
             raise ConfigError(f"{section}.{key}: must be at least {minimum}, not {number}")
         return number
 
-    def _port(self, key: str) -> int | None:
-        value = self.get("http", key)
+    def _port(self, key: str, section: str = "http") -> int | None:
+        value = self.get(section, key)
         if value is None:
             return None
         try:
             port = int(value)
         except (TypeError, ValueError):
-            raise ConfigError(f"http.{key}: {value!r} is not a port number") from None
+            raise ConfigError(f"{section}.{key}: {value!r} is not a port number") from None
         if not 0 <= port < 65536:
-            raise ConfigError(f"http.{key}: {port} is not a port number")
+            raise ConfigError(f"{section}.{key}: {port} is not a port number")
         return port
 
     def check(self) -> None:
@@ -277,6 +292,16 @@ class DaemonConfig:
             raise ConfigError(f"utilization.source must be prometheus or exporter, not {self.utilization_source!r}")
         if self.log_format not in ("json", "console"):
             raise ConfigError(f"log.format must be json or console, not {self.log_format!r}")
+        if self.ui_port is not None:
+            from muster.ui.server import exposure_problem, read_token
+
+            try:
+                token = read_token(self.ui_token_file, None)
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"ui.token_file: {getattr(exc, 'strerror', None) or exc}") from None
+            problem = exposure_problem(self.ui_host, token)
+            if problem is not None:
+                raise ConfigError(f"ui: {problem}")
         # the typed views raise ConfigError on values they cannot read
         _ = (self.leader_ttl, self.utilization_interval, self.health_port, self.metrics_port, self.namespaces)
 
@@ -302,6 +327,7 @@ class DaemonConfig:
             },
             "utilization": {"url": _without_userinfo(self.utilization_url), "source": self.utilization_source},
             "http": {"health_port": self.health_port, "metrics_port": self.metrics_port},
+            "ui": {"port": self.ui_port, "host": self.ui_host, "token": bool(self.ui_token_file)},
             "simulated_cluster": self.simulated_cluster,
         }
 

@@ -214,6 +214,13 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
                 )
                 ports = await tg.start(http)
                 log.info("serving http", ports=ports)
+            if cfg.ui_port is not None:
+                from muster.ui.server import serve_stream
+
+                dashboard = functools.partial(
+                    serve_stream, store, host=cfg.ui_host, port=cfg.ui_port, token_file=cfg.ui_token_file
+                )
+                log.info("serving the dashboard", host=cfg.ui_host, port=await tg.start(dashboard))
             await loop.run()
             tg.cancel_scope.cancel()
     finally:

@@ -69,6 +69,8 @@ class DemoOptions:
     """Seconds at speed 1 a job may stay idle before idle reclaim (divided by `speed`, like runtimes)."""
     live: bool = True
     console: Any = None
+    ui_port: int | None = None
+    """Serve the web dashboard on this port of 127.0.0.1 (another free one if taken); None: no dashboard."""
 
 
 @dataclass
@@ -86,6 +88,7 @@ class DemoResult:
     sample_job: str = ""
     rates: Path | None = None
     scrapes: int = 0
+    ui_url: str = ""
 
 
 class DemoDirError(RuntimeError):
@@ -127,6 +130,7 @@ async def run_demo(options: DemoOptions) -> DemoResult:
     started = time.monotonic()
     stats = DemoStats()
     interrupted = False
+    ui_url = ""
     try:
         store = await EventStore.connect(server.url, stream=STREAM)
         try:
@@ -171,6 +175,9 @@ async def run_demo(options: DemoOptions) -> DemoResult:
                     await tg.start(workload.controller)
                     await tg.start(daemon)
                     tg.start_soon(workload.run)
+                    if options.ui_port is not None:
+                        ui_url = f"http://127.0.0.1:{await _dashboard(tg, store, options.ui_port, rates)}/"
+                        _console(options).print(f"dashboard: [bold]{ui_url}[/bold] (until the demo ends)")
                     with anyio.move_on_after(options.duration):
                         await _show(options, loop, stats, stop, started)
                     interrupted = stop.is_set()
@@ -207,7 +214,23 @@ async def run_demo(options: DemoOptions) -> DemoResult:
         sample_job=sample,
         rates=rates,
         scrapes=dcgm.scrapes,
+        ui_url=ui_url,
     )
+
+
+async def _dashboard(tg: Any, store: Any, port: int, rates: Path) -> int:
+    """Start the web dashboard on `port` (any free port when it is taken); returns the port it listens on."""
+    import functools
+
+    from muster.daemon.billing_report import load_rate_card
+    from muster.ui.server import serve_stream
+
+    serving = functools.partial(serve_stream, store, rates=load_rate_card(rates))
+    try:
+        port_used: int = await tg.start(functools.partial(serving, port=port))
+    except OSError:  # another program (another demo?) holds the port
+        port_used = await tg.start(functools.partial(serving, port=0))
+    return port_used
 
 
 _SESSION_WRAPPER = """#!{python}
@@ -232,13 +255,18 @@ def own_session_binary(directory: Path) -> Path:
     return path
 
 
-async def _show(options: DemoOptions, loop: Any, stats: Any, stop: anyio.Event, started: float) -> None:
+def _console(options: DemoOptions) -> Any:
     from rich.console import Console
+
+    return options.console or Console()
+
+
+async def _show(options: DemoOptions, loop: Any, stats: Any, stop: anyio.Event, started: float) -> None:
     from rich.live import Live
 
     from muster.daemon.demo_view import render
 
-    console = options.console or Console()
+    console = _console(options)
 
     def view() -> Any:
         return render(

@@ -20,6 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=1, help="seed of the workload (default 1)")
     parser.add_argument("--dir", default=".muster-demo", help="folder for the NATS store and logs (.muster-demo)")
     parser.add_argument("--no-live", action="store_true", help="no live view, only the summary")
+    parser.add_argument("--ui-port", type=int, default=8321, help="web dashboard port on 127.0.0.1 (default 8321)")
+    parser.add_argument("--no-ui", action="store_true", help="no web dashboard")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,6 +33,9 @@ def run(args: argparse.Namespace) -> int:
     if args.duration <= 0 or args.speed <= 0 or args.rate <= 0:
         print("muster demo: --duration, --speed and --rate must be positive", file=sys.stderr)
         return 2
+    if not 0 <= args.ui_port < 65536:
+        print(f"muster demo: --ui-port {args.ui_port} is not a port number", file=sys.stderr)
+        return 2
     directory = Path(args.dir)
     options = DemoOptions(
         directory=directory,
@@ -39,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         rate=args.rate,
         seed=args.seed,
         live=not args.no_live,
+        ui_port=None if args.no_ui else args.ui_port,
     )
     try:
         prepare_dir(directory)
@@ -112,6 +118,7 @@ def print_summary(result: object, directory: Path) -> None:
     if result.sample_job:
         print(f"  {muster} explain {source} '{result.sample_job}'")
     print(f"  {muster} audit {source}")
+    print(f"  {muster} ui {source} --rates {directory / 'rates.yaml'}    # the web dashboard, at any point of the log")
     if result.rates is not None:
         db = f"sqlite:///{directory / 'billing.db'}"
         print()

@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "whatif": ("muster.replay.whatifcli", "replay a log's jobs under another queue configuration"),
     "snapshot": ("muster.replay.snapshotcli", "write and verify snapshots of the folded state"),
     "completion": ("muster.completioncli", "print a shell completion script: `source <(muster completion bash)`"),
+    "ui": ("muster.ui.uicli", "the web dashboard: cluster, queues, jobs, chargeback, at any point of the log"),
 }
 
 

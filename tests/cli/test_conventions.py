@@ -66,12 +66,13 @@ def _nats_commands(tmp_path: Path) -> list[list[str]]:
         ["cancel", "some-job"],
         ["hold", "some-job"],
         ["release", "some-job"],
+        ["ui", "--port", "0"],
     ]
 
 
 NATS_COMMANDS = [
     *("submit", "queues apply", "billing run", "replay", "explain", "audit", "whatif", "snapshot"),
-    *("jobs", "queues", "cancel", "hold", "release"),
+    *("jobs", "queues", "cancel", "hold", "release", "ui"),
 ]
 
 
@@ -124,8 +125,8 @@ def test_version_prints_the_installed_version(capsys) -> None:
     assert capsys.readouterr().out.strip() == f"muster {version('muster-scheduler')}"
 
 
-QUIET = {("daemon",), ("demo",), ("billing", "run"), ("completion",)}
-"""Commands that print no data: long-running services, and the completion script."""
+QUIET = {("daemon",), ("demo",), ("billing", "run"), ("completion",), ("ui",)}
+"""Commands that print no data: long-running services (the dashboard serves pages), and the completion script."""
 
 
 @pytest.mark.parametrize("command", [c for c in COMMANDS if c not in QUIET], ids=" ".join)

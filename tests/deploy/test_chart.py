@@ -54,6 +54,8 @@ CASES: dict[str, dict[str, Any]] = {
     "no-pod-conditions": {"podConditions": False},
     "no-events": {"events": False},
     "snapshots-tuned": {"snapshots": {"every": 1000}, "leaderElection": {"kvBucket": "leases"}},
+    "ui-local": {"ui": {"enabled": True}},
+    "ui-exposed": {"ui": {"enabled": True, "port": 9000, "tokenSecret": "muster-ui", "tokenKey": "t"}},
 }
 BAD_CASES: dict[str, tuple[dict[str, Any], str]] = {
     "token-without-secret": ({"nats": {"auth": {"type": "token"}}}, "nats.auth.existingSecret is required"),
@@ -67,6 +69,7 @@ BAD_CASES: dict[str, tuple[dict[str, Any], str]] = {
     "pdb-blocks-drains": ({"podDisruptionBudget": {"minAvailable": 2}}, "must be below replicaCount"),
     "typo": ({"replicas": 3}, "replicas"),
     "snapshots-every-zero": ({"snapshots": {"every": 0}}, "snapshots/every"),
+    "ui-typo": ({"ui": {"enabled": True, "token": "plain"}}, "token"),
 }
 STUB_CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "stub-external": ("muster", {}),
@@ -602,3 +605,33 @@ def test_snapshot_sidecar_is_tunable_and_optional(run: ChartRun) -> None:
     off = run.rendered["no-snapshots"].one("Deployment", "muster")
     assert [c["name"] for c in off["spec"]["template"]["spec"]["containers"]] == ["daemon"]
     assert run.rendered["no-snapshots"].one("ConfigMap") == run.rendered["default"].one("ConfigMap")
+
+
+def test_the_dashboard_is_off_by_default_local_without_a_token_and_internal_with_one(
+    run: ChartRun, tmp_path: Path
+) -> None:
+    """ui.enabled: on the pod's loopback; with ui.tokenSecret: every address, the token mounted, a ClusterIP port."""
+    default = run.rendered["default"]
+    assert "ui" not in config_of(default, "config.yaml")
+    assert {p["name"] for p in default.one("Service")["spec"]["ports"]} == {"metrics", "health"}
+    local = run.rendered["ui-local"]
+    assert config_of(local, "config.yaml")["ui"] == {"port": 8321, "host": "127.0.0.1"}
+    (tmp_path / "config.yaml").write_text(local.one("ConfigMap")["data"]["config.yaml"])
+    assert load_config(str(tmp_path / "config.yaml"), env={}).ui_port == 8321  # the daemon accepts it
+    assert {p["name"] for p in local.one("Service")["spec"]["ports"]} == {"metrics", "health"}
+    assert "ui" not in {p["name"] for p in container(local.one("Deployment", "muster"), "daemon")["ports"]}
+    exposed = run.rendered["ui-exposed"]
+    config = config_of(exposed, "config.yaml")["ui"]
+    assert config == {"port": 9000, "host": "0.0.0.0", "token_file": "/etc/muster/ui/token"}
+    service = exposed.one("Service")
+    assert service["spec"]["type"] == "ClusterIP"
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]}["ui"] == 9000
+    pod = exposed.one("Deployment", "muster")["spec"]["template"]["spec"]
+    daemon = container(exposed.one("Deployment", "muster"), "daemon")
+    assert {"name": "ui", "containerPort": 9000, "protocol": "TCP"} in daemon["ports"]
+    mount = next(m for m in daemon["volumeMounts"] if m["name"] == "ui-token")
+    volume = next(v for v in pod["volumes"] if v["name"] == "ui-token")
+    assert volume["secret"]["secretName"] == "muster-ui" and volume["secret"]["items"] == [
+        {"key": "t", "path": "token"}
+    ]
+    assert config["token_file"].startswith(mount["mountPath"] + "/")

@@ -196,6 +196,13 @@ Paths point into the Secret volumes mounted by "muster.natsVolumeMounts".
   "log" (dict "level" .Values.daemon.logLevel "format" "json")
   "queues_file" "/etc/muster/queues.yaml"
 }}
+{{- if .Values.ui.enabled }}
+{{- if .Values.ui.tokenSecret }}
+{{- $_ := set $cfg "ui" (dict "port" (int .Values.ui.port) "host" "0.0.0.0" "token_file" "/etc/muster/ui/token") }}
+{{- else }}
+{{- $_ := set $cfg "ui" (dict "port" (int .Values.ui.port) "host" "127.0.0.1") }}
+{{- end }}
+{{- end }}
 {{- $cfg = mustMergeOverwrite $cfg (include "muster.natsConfig" (dict "ctx" . "identity" "muster-daemon") | fromYaml) }}
 {{- $cfg = mustMergeOverwrite $cfg (deepCopy .Values.daemon.extraConfig) }}
 {{- toYaml $cfg }}

@@ -1,0 +1,116 @@
+"""The dashboard's fold: any point of the log shows the fold of its prefix, billing and stories included."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from uikit import IDLE, STORY, memory_log, mixed, sim
+
+from muster.projections.billing import fold_billing
+from muster.projections.chargeback import build_report
+from muster.projections.cluster import ClusterState, evolve
+from muster.replay.explain import explain
+from muster.replay.explaincli import document
+from muster.replay.points import END, Point
+from muster.ui import pages
+from muster.ui.feed import Feed, History
+
+
+def fold(events: list, upto: int) -> ClusterState:
+    state = ClusterState()
+    for ev in events[:upto]:
+        evolve(state, ev)
+    return state
+
+
+async def folded(events: list, every: int = 25) -> Feed:
+    feed = Feed(memory_log(events), every=every)
+    await feed.run()
+    return feed
+
+
+@pytest.mark.parametrize(
+    "scenario", [pytest.param(mixed(3, idle=True), id="mixed-idle"), pytest.param(STORY, id="story")]
+)
+async def test_every_point_shows_the_fold_of_the_log_up_to_it(scenario: str) -> None:
+    """The state at any sequence (nearest in-memory snapshot + fold) equals the plain fold of that prefix."""
+    events = sim(scenario).events
+    feed = await folded(events, every=9)
+    assert len(await feed.snapshots.catalog()) >= len(events) // 9
+    n = len(events)
+    for seq in [*range(0, n, 5), n, *range(n - 1, 0, -7)]:  # forward from the last point, the end, then back
+        async with feed.at(Point(seq=seq)) as moment:
+            assert moment.seq == seq
+            assert moment.state == fold(events, seq), f"seq {seq}"
+            assert moment.live == (seq == n)
+
+
+async def test_a_time_point_stops_before_the_first_later_event() -> None:
+    """`?at=@T` shows the fold up to the last event at or before T, as `muster replay --at @T` does."""
+    events = sim(STORY).events
+    feed = await folded(events, every=4)
+    t = events[len(events) // 2].at
+    upto = max(i for i, ev in enumerate(events, start=1) if ev.at <= t)
+    async with feed.at(Point(time=t)) as moment:
+        assert moment.seq == upto and moment.state == fold(events, upto)
+
+
+def report(billing, now: int):
+    ledger = billing.ledger
+    return build_report(list(ledger.usage.items()), list(ledger.capacity.items()), ledger.queues, start=0, end=now + 1)
+
+
+async def test_chargeback_at_any_point_is_the_billing_fold_of_that_prefix() -> None:
+    """Checkpoints of rows summed by queue + a short fold price like a fresh per-job billing fold, live or past."""
+    events = sim(mixed(5, idle=True)).events
+    feed = await folded(events, every=11)
+    async with feed.at(END) as live:
+        got = await feed.billing_at(live)
+        expected = fold_billing(list(enumerate(events, start=1)))
+        assert report(got, live.state.now) == report(expected, live.state.now)
+        assert report(got, live.state.now).totals.allocated_gpu_hours > 0
+    for seq in [*range(1, len(events), 13), 40, 3]:  # forward from the last point, and back
+        async with feed.at(Point(seq=seq)) as moment:
+            past = fold_billing(list(enumerate(events[:seq], start=1)))
+            assert report(await feed.billing_at(moment), moment.state.now) == report(past, moment.state.now), seq
+
+
+async def test_the_job_page_tells_the_story_explain_tells() -> None:
+    """Started from the snapshot before its submission, each job's story is line for line `muster explain`'s."""
+    events = sim(IDLE).events
+    log = memory_log(events)
+    feed = Feed(log, every=3)
+    await feed.run()
+    async with feed.at(END) as moment:
+        assert moment.state.jobs
+        for job_id in moment.state.jobs:
+            doc = await pages.job(feed, moment, job_id)
+            story, now = await explain(log, job_id, END)
+            assert doc is not None
+            assert doc["story"] == document(story, now)["story"], job_id
+            assert doc["pending"] == story.pending
+
+
+async def test_a_job_unknown_at_a_point_has_no_page() -> None:
+    """Before its submission (or never submitted) a job has no page: the server answers 404."""
+    events = sim(STORY).events
+    feed = await folded(events, every=5)
+    async with feed.at(Point(seq=1)) as before:
+        assert await pages.job(feed, before, "b-big") is None
+    async with feed.at(END) as live:
+        assert await pages.job(feed, live, "no-such-job") is None
+
+
+def test_the_queue_history_stays_small_and_spans_the_whole_log() -> None:
+    """However long the log, the history keeps at most `limit` samples, spread evenly from its start to its end."""
+    events = sim(mixed(7)).events
+    state = fold(events, len(events))
+    history = History(limit=20, stride=1)
+    for seq in range(1, 10_001):
+        history.observe(seq, state)
+    seqs = [s.seq for s in history.samples]
+    assert 10 <= len(seqs) <= 20
+    assert seqs[0] == history.stride and seqs[-1] > 10_000 - history.stride
+    assert all(b - a == history.stride for a, b in itertools.pairwise(seqs))
+    assert history.samples[-1].used == {name: q.usage.get("gpu", 0) for name, q in state.queues.items()}
