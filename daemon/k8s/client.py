@@ -159,12 +159,19 @@ class KubeClient:
         return dict(data)
 
     async def patch_owner(self, api: Any, namespace: str, name: str, patch: Obj) -> None:
-        """Merge-patch an owner object (`owners.OwnerApi` says where it is served)."""
+        """Merge-patch an owner object (`owners.OwnerApi` says where it is served).
+
+        The content type is forced: for a dict the client would pick a JSON patch for
+        custom objects (which wants a list) and a strategic merge for Jobs; a JSON merge
+        patch means the same to every kind, custom resources included."""
+        merge = {"_content_type": "application/merge-patch+json"}
         if api.group == "batch":
-            await self._call(self.batch.patch_namespaced_job, name, namespace, patch)
+            await self._call(self.batch.patch_namespaced_job, name, namespace, patch, **merge)
         else:
             await self._call(
-                self.custom.patch_namespaced_custom_object, api.group, api.version, namespace, api.plural, name, patch
+                self.custom.patch_namespaced_custom_object,
+                *(api.group, api.version, namespace, api.plural, name, patch),
+                **merge,
             )
 
     # ------------------------------------------------------------ effects
