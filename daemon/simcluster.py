@@ -27,6 +27,7 @@ from muster.daemon.cluster import Sink
 from muster.events.types import (
     Event,
     JobAdmitted,
+    JobCancelled,
     JobFinished,
     JobId,
     JobPreempted,
@@ -145,6 +146,8 @@ class SimulatedCluster:
                 return SimApplied(True, "noop")
             self._leaving[event.job] = anyio.current_time() + self.grace_seconds / self.speed
             return SimApplied(True, "applied")
+        if isinstance(event, JobCancelled):  # a user's cancel: the run stops, no JobFinished follows
+            return SimApplied(True, "applied" if self.running.pop(event.job, None) is not None else "noop")
         return SimApplied(True, "skipped")
 
     def holds(self, job: str) -> bool:

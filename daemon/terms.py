@@ -104,8 +104,15 @@ class DecisionBook:
             self.last_decision.pop(event.job, None)
             self.victims.pop(event.job, None)
         term = self.term
-        if isinstance(event, _APPLIED) and term is not None and term.applier is not None and event.epoch == term.epoch:
+        if term is None or term.applier is None:
+            return
+        if isinstance(event, _APPLIED) and event.epoch == term.epoch:
             term.applier.submit(event)
+        elif isinstance(event, JobCancelled):
+            from muster.daemon.k8s.cancelling import by_user  # the Kubernetes client only when a job is cancelled
+
+            if by_user(event):
+                term.applier.submit(event)  # the user's cancel: the cluster's workload must stop
 
     def reconcile(self, term: Term, state: ClusterState) -> None:
         """Re-apply the last decision of every live job from earlier epochs (idempotent in the cluster)."""

@@ -19,9 +19,11 @@ from muster.events.types import (
     JobCancelled,
     JobFailed,
     JobFinished,
+    JobHeld,
     JobInadmissible,
     JobPreempted,
     JobRejected,
+    JobReleased,
     JobStarted,
     JobSubmitted,
     LeaderElected,
@@ -32,6 +34,7 @@ from muster.events.types import (
     PriorityClassConfigured,
     QueueConfigured,
     SchedulerConfigured,
+    SubmissionRejected,
 )
 
 __all__ = ["DEFAULT_PREFIX", "subject_for", "subject_problem", "subject_token"]
@@ -65,22 +68,29 @@ def subject_token(value: str) -> str:
     return token
 
 
+# the events about one job: published on `job.<id>`, by the daemon's identity only
+_JOB_EVENTS: tuple[type[Event], ...] = (
+    JobCancelled,
+    JobHeld,
+    JobReleased,
+    JobStarted,
+    JobFinished,
+    JobFailed,
+    JobAdmitted,
+    JobPreempted,
+    JobInadmissible,
+    JobRejected,
+    SubmissionRejected,
+    GpuUtilizationSampled,
+)
+
+
 def _route(event: Event) -> tuple[str, str]:
     """(kind, id) of an event's subject; a submission's id is `<queue>.<job>`."""
     match event:
         case JobSubmitted():
             return "submit", f"{subject_token(event.queue)}.{subject_token(event.job)}"
-        case (
-            JobCancelled()
-            | JobStarted()
-            | JobFinished()
-            | JobFailed()
-            | JobAdmitted()
-            | JobPreempted()
-            | JobInadmissible()
-            | JobRejected()
-            | GpuUtilizationSampled()
-        ):
+        case _ if isinstance(event, _JOB_EVENTS):
             return "job", subject_token(event.job)
         case NodeAdded() | NodeUpdated() | NodeRemoved() | NodeCordoned():
             return "node", subject_token(event.node)
@@ -105,20 +115,7 @@ def subject_for(event: Event, prefix: str = DEFAULT_PREFIX) -> str:
 
 _KIND: dict[type, bytes] = {
     JobSubmitted: b"submit",
-    **{
-        t: b"job"
-        for t in (
-            JobCancelled,
-            JobStarted,
-            JobFinished,
-            JobFailed,
-            JobAdmitted,
-            JobPreempted,
-            JobInadmissible,
-            JobRejected,
-            GpuUtilizationSampled,
-        )
-    },
+    **{t: b"job" for t in _JOB_EVENTS},
     **{t: b"node" for t in (NodeAdded, NodeUpdated, NodeRemoved, NodeCordoned)},
     QueueConfigured: b"queue",
     CohortConfigured: b"cohort",

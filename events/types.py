@@ -181,6 +181,22 @@ class JobCancelled(Event, frozen=True, kw_only=True, tag="JobCancelled"):
     reason: str = ""
 
 
+class JobHeld(Event, frozen=True, kw_only=True, tag="JobHeld"):
+    """A user held a pending job (`muster hold`): the scheduler does not try it until a `JobReleased`.
+
+    It keeps its place in its queue (its submission order) while held.
+    """
+
+    job: JobId
+    reason: str = ""
+
+
+class JobReleased(Event, frozen=True, kw_only=True, tag="JobReleased"):
+    """A held job may run again (`muster release`)."""
+
+    job: JobId
+
+
 class JobStarted(Event, frozen=True, kw_only=True, tag="JobStarted"):
     """Every pod of the gang is running."""
 
@@ -258,6 +274,18 @@ class JobRejected(Event, frozen=True, kw_only=True, tag="JobRejected"):
     epoch: int = 0
 
 
+class SubmissionRejected(Event, frozen=True, kw_only=True, tag="SubmissionRejected"):
+    """A submission refused because its job id is taken by a job already on the log (`reason`
+    names that job's queue and state); that job is left as it is. Decided by the core, so a
+    replay, an audit and a new leader refuse the same submissions."""
+
+    job: JobId
+    queue: QueueName
+    reason: str
+    cycle: int = 0
+    epoch: int = 0
+
+
 AnyEvent = (
     SchedulerConfigured
     | PriorityClassConfigured
@@ -269,6 +297,8 @@ AnyEvent = (
     | NodeCordoned
     | JobSubmitted
     | JobCancelled
+    | JobHeld
+    | JobReleased
     | JobStarted
     | JobFinished
     | JobFailed
@@ -278,6 +308,7 @@ AnyEvent = (
     | JobPreempted
     | JobInadmissible
     | JobRejected
+    | SubmissionRejected
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -291,6 +322,8 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     NodeCordoned,
     JobSubmitted,
     JobCancelled,
+    JobHeld,
+    JobReleased,
     JobStarted,
     JobFinished,
     JobFailed,
@@ -300,9 +333,16 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     JobPreempted,
     JobInadmissible,
     JobRejected,
+    SubmissionRejected,
 )
 
-DECISION_TYPES: tuple[type[Event], ...] = (JobAdmitted, JobPreempted, JobInadmissible, JobRejected)
+DECISION_TYPES: tuple[type[Event], ...] = (
+    JobAdmitted,
+    JobPreempted,
+    JobInadmissible,
+    JobRejected,
+    SubmissionRejected,
+)
 
 __all__ = [
     "DECISION_TYPES",
@@ -318,10 +358,12 @@ __all__ = [
     "JobCancelled",
     "JobFailed",
     "JobFinished",
+    "JobHeld",
     "JobId",
     "JobInadmissible",
     "JobPreempted",
     "JobRejected",
+    "JobReleased",
     "JobStarted",
     "JobSubmitted",
     "LeaderElected",
@@ -339,6 +381,7 @@ __all__ = [
     "ReclaimPolicy",
     "Resources",
     "SchedulerConfigured",
+    "SubmissionRejected",
     "Topology",
     "WithinQueuePolicy",
     "event_tag",

@@ -15,14 +15,22 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("muster.replay.simcli", "run the scheduler core over a scenario in virtual time"),
     "billing": ("muster.daemon.billingcli", "chargeback: fold the log into a GPU ledger and report on it"),
     "daemon": ("muster.daemon.daemoncli", "run the scheduler daemon (one replica; leader-elected)"),
-    "queues": ("muster.queuescli", "queue configuration: `queues apply FILE` appends it to the log"),
+    "queues": (
+        "muster.queuescli",
+        "the queues and cohorts: quota, borrowing, admitted and pending work; `queues apply FILE`",
+    ),
     "submit": ("muster.submitcli", "submit a gang (a JobSubmitted) from flags or a YAML file"),
+    "jobs": ("muster.replay.jobscli", "the jobs of the log, squeue-like: state, queue position, age, why each waits"),
+    "cancel": ("muster.controlcli", "end jobs: JobCancelled on the log; the cluster's workload is stopped"),
+    "hold": ("muster.controlcli", "keep pending jobs from being scheduled (they keep their place) until released"),
+    "release": ("muster.controlcli", "let held jobs be scheduled again"),
     "demo": ("muster.daemon.democli", "muster end to end on a laptop: embedded NATS, emulated cluster, live view"),
     "replay": ("muster.replay.replaycli", "the cluster state at any point of the log"),
     "explain": ("muster.replay.explaincli", "a job's story from the log, and what it waits for"),
     "audit": ("muster.replay.auditcli", "re-derive every recorded decision and compare"),
     "whatif": ("muster.replay.whatifcli", "replay a log's jobs under another queue configuration"),
     "snapshot": ("muster.replay.snapshotcli", "write and verify snapshots of the folded state"),
+    "completion": ("muster.completioncli", "print a shell completion script: `source <(muster completion bash)`"),
     "ui": ("muster.ui.uicli", "the web dashboard: cluster, queues, jobs, chargeback, at any point of the log"),
 }
 
@@ -71,6 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         code: int = module.run(args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `muster jobs | head`: the reader has what it wanted
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return code
 
 

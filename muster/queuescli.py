@@ -1,5 +1,7 @@
 """`muster queues apply FILE`: make the log's queue configuration what the file says, like `kubectl apply`.
 
+(`muster queues` with no subcommand shows the queues: `muster.replay.queuesviewcli`.)
+
 The file uses the field names of spec/scenario.md (and of the configuration
 events): `topology.levels`, `fair_sharing`, `idle_reclaim`, `priority_classes`,
 `cohorts`, `queues`. It is read by the scenario reader of `muster sim`, so
@@ -40,9 +42,12 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from muster.adminconnect import add_nats_arguments
+    from muster.replay.cliargs import add_output
+    from muster.replay.queuesviewcli import add_arguments as add_view_arguments
 
+    # `muster queues` alone shows the queues; `muster queues apply FILE` changes them
+    add_view_arguments(parser)
     sub = parser.add_subparsers(dest="queues_command", metavar="SUBCOMMAND")
-    sub.required = True
     apply = sub.add_parser(
         "apply",
         help="make the log's queues, cohorts, priority classes and settings what FILE says (appends what differs)",
@@ -52,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     apply.add_argument(
         "--prune", action="store_true", help="reset the scheduler settings FILE does not give to their defaults"
     )
+    add_output(apply)
     add_nats_arguments(apply)
 
 
@@ -181,6 +187,12 @@ def plan(scenario: Scenario, current: Current, at: int, *, prune: bool) -> tuple
 def run(args: argparse.Namespace) -> int:
     import anyio
 
+    if args.queues_command is None:
+        from muster.replay.queuesviewcli import run as show
+
+        shown: int = show(args)
+        return shown
+
     from muster.replay.scenario import ScenarioError
 
     try:
@@ -205,6 +217,7 @@ async def _apply(args: argparse.Namespace) -> int:
 
     from muster.adminconnect import open_store
     from muster.events.store import StoreError
+    from muster.replay.cliutil import Report
     from muster.replay.scenario import ScenarioError
 
     store = await open_store(args, command="queues apply", create=not args.dry_run)
@@ -222,13 +235,18 @@ async def _apply(args: argparse.Namespace) -> int:
         events, lines, kept = plan(scenario, current, int(time.time()), prune=args.prune)
         for line in kept:
             print(f"muster queues apply: {line}", file=sys.stderr)
+        report = Report(args.output)
         for line in lines:
-            print(line)
+            report.say(line, difference=line, appended=not args.dry_run)
         if not events:
-            print(f"nothing to apply: {store.stream} already holds this configuration")
+            if args.output == "table":
+                print(f"nothing to apply: {store.stream} already holds this configuration")
+            report.close()
             return 0
         if args.dry_run:
-            print(f"dry run: {len(events)} events would be appended to {store.stream}")
+            if args.output == "table":
+                print(f"dry run: {len(events)} events would be appended to {store.stream}")
+            report.close()
             return 0
         try:
             # a retried apply (same log, same differences) is stored once within the duplicate window
@@ -241,7 +259,9 @@ async def _apply(args: argparse.Namespace) -> int:
         await store.close()
     counts = collections.Counter(type(ev).__name__ for ev in events)
     what = ", ".join(f"{n} {name}" for name, n in counts.items())
-    print(f"appended {len(events)} events to {store.stream} (sequences {min(seqs)}..{max(seqs)}): {what}")
+    if args.output == "table":
+        print(f"appended {len(events)} events to {store.stream} (sequences {min(seqs)}..{max(seqs)}): {what}")
+    report.close()
     return 0
 
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from muster.adminconnect import add_nats_arguments
+    from muster.replay.cliargs import add_output
 
     parser.add_argument("-f", "--file", help="YAML: one job or a list of jobs (spec/scenario.md `submit` fields)")
     parser.add_argument("--job", help="job id (default: QUEUE-<random>)")
@@ -41,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-every", type=int, help="seconds of work between checkpoints")
     parser.add_argument("--topology", help="required:LEVEL or preferred:LEVEL")
     parser.add_argument("--wait", type=float, metavar="SECONDS", help="wait for the admission (or rejection)")
+    add_output(parser)
     add_nats_arguments(parser)
 
 
@@ -207,14 +209,11 @@ async def existing_job(store: Any, job: str) -> str | None:
 
 
 async def _submit_all(args: argparse.Namespace, jobs: list[JobSubmitted]) -> int:
-    import contextlib
-
-    import anyio
     import nats.errors
 
     from muster.adminconnect import open_store
     from muster.events.store import StoreError
-    from muster.events.types import JobAdmitted, JobInadmissible, JobRejected
+    from muster.replay.cliutil import Report
 
     store = await open_store(args, command="submit", create=False)
     try:
@@ -232,29 +231,45 @@ async def _submit_all(args: argparse.Namespace, jobs: list[JobSubmitted]) -> int
         except StoreError as exc:
             print(f"muster submit: appending failed: {exc}", file=sys.stderr)
             return 1
-        for job, seq in zip(jobs, seqs, strict=True):
-            print(f"submitted {job.job} to queue {job.queue} (sequence {seq})")
-        if args.wait is None:
-            return 0
-        waiting = {j.job for j in jobs}
-        rejected = False
-        with anyio.move_on_after(args.wait):
-            async with contextlib.aclosing(store.follow(min(seqs) + 1)) as events:
-                async for stored in events:
-                    ev = stored.event
-                    if isinstance(ev, JobInadmissible) and ev.job in waiting:
-                        print(f"waiting {ev.job}: {ev.reason}")
-                    if isinstance(ev, (JobAdmitted, JobRejected)) and ev.job in waiting:
-                        waiting.discard(ev.job)
-                        if isinstance(ev, JobAdmitted):
-                            nodes = sorted(set(ev.placement.values()))
-                            print(f"admitted {ev.job} on {len(nodes)} node(s): {', '.join(nodes)}")
-                        else:
-                            rejected = True
-                            print(f"rejected {ev.job}: {ev.reason}")
-                        if not waiting:
-                            return 1 if rejected else 0
-        print(f"muster submit: not decided within {args.wait:g} s: {', '.join(sorted(waiting))}", file=sys.stderr)
-        return 1
+        report = Report(args.output)
+        try:
+            return await _report(args, store, jobs, seqs, report)
+        finally:
+            report.close()
     finally:
         await store.close()
+
+
+async def _report(args: argparse.Namespace, store: Any, jobs: list[JobSubmitted], seqs: list[int], report: Any) -> int:
+    """Say what was appended and, with --wait, how the core decided."""
+    import contextlib
+
+    import anyio
+
+    from muster.events.types import JobAdmitted, JobInadmissible, JobRejected
+
+    for job, seq in zip(jobs, seqs, strict=True):
+        report.say(f"submitted {job.job} to queue {job.queue} (sequence {seq})", job=job.job, queue=job.queue, seq=seq)
+    if args.wait is None:
+        return 0
+    waiting = {j.job for j in jobs}
+    rejected = False
+    with anyio.move_on_after(args.wait):
+        async with contextlib.aclosing(store.follow(min(seqs) + 1)) as events:
+            async for stored in events:
+                ev = stored.event
+                if isinstance(ev, JobInadmissible) and ev.job in waiting:
+                    report.say(f"waiting {ev.job}: {ev.reason}", job=ev.job, state="waiting", reason=ev.reason)
+                if isinstance(ev, (JobAdmitted, JobRejected)) and ev.job in waiting:
+                    waiting.discard(ev.job)
+                    if isinstance(ev, JobAdmitted):
+                        nodes = sorted(set(ev.placement.values()))
+                        text = f"admitted {ev.job} on {len(nodes)} node(s): {', '.join(nodes)}"
+                        report.say(text, job=ev.job, state="admitted", nodes=nodes)
+                    else:
+                        rejected = True
+                        report.say(f"rejected {ev.job}: {ev.reason}", job=ev.job, state="rejected", reason=ev.reason)
+                    if not waiting:
+                        return 1 if rejected else 0
+    print(f"muster submit: not decided within {args.wait:g} s: {', '.join(sorted(waiting))}", file=sys.stderr)
+    return 1

@@ -35,9 +35,11 @@ from muster.events.types import (
     JobCancelled,
     JobFailed,
     JobFinished,
+    JobHeld,
     JobInadmissible,
     JobPreempted,
     JobRejected,
+    JobReleased,
     JobStarted,
     JobSubmitted,
     LeaderElected,
@@ -50,6 +52,7 @@ from muster.events.types import (
     PriorityClassConfigured,
     QueueConfigured,
     SchedulerConfigured,
+    SubmissionRejected,
 )
 from muster.projections.fencing import fenced, newer_leader
 
@@ -135,6 +138,8 @@ class JobState(msgspec.Struct, kw_only=True):
     """When it was last preempted: it may not preempt anyone at that same instant."""
     evicted_by: str | None = None
     """The job that preempted it, until it runs again: it may not evict that job in return."""
+    held: bool = False
+    """Held by a user (`JobHeld`) while pending: the scheduler's index leaves it out until released."""
 
     @property
     def gpus(self) -> int:
@@ -179,6 +184,14 @@ class JobState(msgspec.Struct, kw_only=True):
         return max(0, self.runtime - self.work_done)
 
 
+class RefusedSubmission(msgspec.Struct, kw_only=True):
+    """A submission of a job id the log already holds, until the core's `SubmissionRejected` answers it."""
+
+    job: str
+    queue: str
+    at: int
+
+
 class ClusterState(msgspec.Struct, kw_only=True, dict=True):
     levels: list[str] = []
     fair_sharing: bool = False
@@ -202,6 +215,8 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
     skipped: int = 0
     fenced: int = 0
     """Decisions ignored because a newer leader epoch was already on the log."""
+    refused: list[RefusedSubmission] = []
+    """Submissions of a taken job id, in log order, waiting for their `SubmissionRejected`."""
 
     def __post_init__(self) -> None:
         self.reset_bookkeeping()
@@ -369,6 +384,8 @@ def _fenced(state: ClusterState, epoch: int) -> bool:
 
 def _on_submitted(state: ClusterState, ev: JobSubmitted) -> ClusterState:
     if ev.job in state.jobs:
+        # the job on the log stays as it is; the core answers the newcomer (`duplicates`)
+        state.refused.append(RefusedSubmission(job=ev.job, queue=ev.queue, at=ev.at))
         return _skip(state)
     state.submitted += 1
     state.jobs[ev.job] = JobState(
@@ -617,6 +634,17 @@ def _on_rejected(state: ClusterState, ev: JobRejected) -> ClusterState:
     return _end(state, ev.job, ev.at, "rejected", ev.reason)
 
 
+def _on_submission_rejected(state: ClusterState, ev: SubmissionRejected) -> ClusterState:
+    if _fenced(state, ev.epoch):
+        return state
+    for i, r in enumerate(state.refused):
+        if r.job == ev.job and r.queue == ev.queue:
+            del state.refused[i]
+            _count_decision(state, ev.cycle)
+            return state
+    return _skip(state)
+
+
 def _on_leader(state: ClusterState, ev: LeaderElected) -> ClusterState:
     if not newer_leader(ev.epoch, state.epoch):
         return _skip(state)
@@ -637,6 +665,24 @@ def _on_cancelled(state: ClusterState, ev: JobCancelled) -> ClusterState:
     return _end(state, ev.job, ev.at, "cancelled", ev.reason)
 
 
+def _on_held(state: ClusterState, ev: JobHeld) -> ClusterState:
+    job = state.jobs.get(ev.job)
+    if job is None or job.status != "pending" or job.held:
+        return _skip(state)
+    job.held = True
+    state.dirty_jobs.add(job.id)
+    return state
+
+
+def _on_released(state: ClusterState, ev: JobReleased) -> ClusterState:
+    job = state.jobs.get(ev.job)
+    if job is None or not job.held:
+        return _skip(state)
+    job.held = False
+    state.dirty_jobs.add(job.id)  # the index validates and tries it like a new submission
+    return state
+
+
 _HANDLERS: dict[type[Event], object] = {
     JobSubmitted: _on_submitted,
     JobAdmitted: _on_admitted,
@@ -644,9 +690,12 @@ _HANDLERS: dict[type[Event], object] = {
     JobFinished: _on_finished,
     JobFailed: _on_failed,
     JobCancelled: _on_cancelled,
+    JobHeld: _on_held,
+    JobReleased: _on_released,
     JobStarted: _on_started,
     JobInadmissible: _on_inadmissible,
     JobRejected: _on_rejected,
+    SubmissionRejected: _on_submission_rejected,
     GpuUtilizationSampled: _on_utilization,
     NodeAdded: _on_node,
     NodeUpdated: _on_node,

@@ -138,7 +138,8 @@ class SchedulerIndex:
         self.orphans.discard(job.id)
 
     def _track(self, state: ClusterState, job: JobState) -> None:
-        if job.status == "pending":
+        # the one place a held job is left out: never validated, activated or woken until released
+        if job.status == "pending" and not job.held:
             self.new_jobs.add(job.id)
             if job.nominated:
                 self.nominated.add(job.id)
@@ -184,7 +185,7 @@ class SchedulerIndex:
 
     def _woken(self, job_id: str) -> None:
         job = self.state.jobs.get(job_id)
-        if job is not None and job.status == "pending" and job_id not in self.new_jobs:
+        if job is not None and job.status == "pending" and not job.held and job_id not in self.new_jobs:
             self.activate(self.state, job)
 
     # ------------------------------------------------------------ sync

@@ -41,6 +41,7 @@ from muster.events.types import (
     QueueName,
 )
 from muster.projections.cluster import ClusterState, JobState, node_pods
+from muster.projections.duplicates import refuse_taken_ids
 from muster.projections.eviction import Preemptor, evicts_from_others, may_evict, reach
 from muster.projections.index import (
     Group,
@@ -500,11 +501,12 @@ def decide(state: ClusterState, now: int) -> list[Event]:
     idx.parking.wake_at(now)
     cycle = Cycle(state, idx, now)
     try:
-        # 2. reject invalid specs
+        # 2. reject invalid specs, and submissions of a job id the log already holds
         for job, why in take_new_jobs(state, idx):
             cycle.events.append(
                 JobRejected(at=now, job=JobId(job.id), reason=why, cycle=cycle.number, epoch=cycle.epoch)
             )
+        cycle.events.extend(refuse_taken_ids(state, now, cycle.number, cycle.epoch))
         # 3. evict jobs from failed or removed nodes; a cycle that evicts admits
         #    nothing, so within a cycle the view only ever fills up (see `index`)
         if not _evict_lost_nodes(cycle):

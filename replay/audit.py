@@ -42,6 +42,7 @@ from muster.events.types import (
     JobInadmissible,
     JobPreempted,
     JobRejected,
+    SubmissionRejected,
 )
 from muster.projections import index as scheduler_index
 from muster.projections.cluster import ClusterState, evolve
@@ -53,7 +54,7 @@ from muster.replay.rebuild import state_at
 from muster.replay.snapshots import Snapshots, Verify
 from muster.replay.source import LogSource
 
-_DECISIONS = (JobAdmitted, JobPreempted, JobInadmissible, JobRejected)
+_DECISIONS = (JobAdmitted, JobPreempted, JobInadmissible, JobRejected, SubmissionRejected)
 assert set(_DECISIONS) == set(DECISION_TYPES)
 _CHANGES = (JobAdmitted, JobPreempted)
 
@@ -279,7 +280,7 @@ def brief(ev: Event) -> str:
         return f"preempt {ev.job} {by}: {ev.reason}, {ev.lost_gpu_seconds} GPU-s lost"
     if isinstance(ev, JobInadmissible):
         return f"pending {ev.job}: {ev.reason}"
-    if isinstance(ev, JobRejected):
+    if isinstance(ev, (JobRejected, SubmissionRejected)):
         return f"reject {ev.job}: {ev.reason}"
     return f"{type(ev).__name__}"
 

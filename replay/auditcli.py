@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
 
     async def body(source: Any, store: Any) -> int:
         from muster.replay.audit import audit, report_document
-        from muster.replay.cliutil import dump_json, open_snapshots
+        from muster.replay.cliutil import emit, open_snapshots
 
         start = point_arg(args.start, "--from") if args.start else None
         end = point_arg(args.end, "--to") if args.end else None
@@ -35,8 +35,8 @@ def run(args: argparse.Namespace) -> int:
         await check_point(source, end, "--to")
         snapshots = await open_snapshots(args, source, store) if start is not None else None
         report = await audit(source, start=start, end=end, snapshots=snapshots, verify=args.verify)
-        if args.output == "json":
-            dump_json(report_document(report))
+        if args.output != "table":
+            emit(args.output, report_document(report))
         else:
             render(report, show=args.show)
         return 0 if report.ok else 1

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import os
+
+from muster.replay.natsconnect import add_connection_arguments
 
 POINT_HELP = (
     "sequence (1234), event time in seconds (@1714531920; @3600 or @1h in a sim log), "
@@ -19,9 +20,9 @@ def add_source_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--stream",
         metavar="NAME",
-        default=os.environ.get("MUSTER_STREAM", "MUSTER"),
-        help="JetStream stream holding the log (default: $MUSTER_STREAM or MUSTER)",
+        help="JetStream stream holding the log (default: --config's nats.stream, $MUSTER_STREAM or MUSTER)",
     )
+    add_connection_arguments(g)
 
 
 def add_snapshot_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,4 +46,18 @@ def add_common(p: argparse.ArgumentParser, *, snapshots: bool = True) -> None:
     add_source_arguments(p)
     if snapshots:
         add_snapshot_arguments(p)
-    p.add_argument("--output", choices=["table", "json"], default="table", help="human tables (default) or JSON")
+    add_output(p)
+
+
+def add_output(p: argparse.ArgumentParser, *extra: str) -> None:
+    """`-o/--output table|json|jsonl` (plus `extra` forms such as `wide`), the same on every command."""
+    forms = ["table", *extra, "json", "jsonl"]
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=forms,
+        default="table",
+        help="human table (default), "
+        + "".join(f"{e} (more columns), " for e in extra)
+        + "one JSON document (json) or one JSON object per line (jsonl)",
+    )

@@ -130,14 +130,16 @@ def run_command(
     args: argparse.Namespace,
     body: Callable[[LogSource, EventStore | None], Awaitable[int]],
     prog: str,
+    *,
+    wait: bool = False,
 ) -> int:
-    """Open the log the arguments name and run `body`; turn known failures into exit 2."""
+    """Open the log the arguments name (`wait`: until it can be) and run `body`; known failures exit 1 or 2."""
     import anyio
 
     _quiet_logs()
 
     async def main() -> int:
-        async with open_source(args, stderr_bad) as (source, store):
+        async with open_source(args, stderr_bad, wait=wait) as (source, store):
             return await body(source, store)
 
     from nats.errors import Error as NatsError
@@ -179,6 +181,41 @@ def dump_json(obj: Any, out: IO[str] | None = None) -> None:
     out = out if out is not None else sys.stdout
     out.write(json.dumps(obj, indent=2, sort_keys=False, default=str))
     out.write("\n")
+
+
+def emit(output: str, doc: Any, rows: list[Any] | None = None, out: IO[str] | None = None) -> None:
+    """Print a command's answer as data: `json`, one document; `jsonl`, its `rows` one per line (a
+    command whose answer is one record prints that record on one line)."""
+    out = out if out is not None else sys.stdout
+    if output == "json":
+        dump_json(doc, out)
+        return
+    for row in rows if rows is not None else [doc]:
+        out.write(json.dumps(row, default=str) + "\n")
+
+
+class Report:
+    """What an acting command (submit, apply, cancel...) tells, in the form `-o` asks: a line of text
+    per thing done (table), or its record: one per line as it happens (jsonl), or all of them as one
+    JSON list at `close()` (json)."""
+
+    def __init__(self, output: str, out: IO[str] | None = None) -> None:
+        self.output = output
+        self.out = out if out is not None else sys.stdout
+        self.records: list[dict[str, Any]] = []
+
+    def say(self, text: str, **record: Any) -> None:
+        if self.output == "table":
+            self.out.write(text + "\n")
+        elif self.output == "jsonl":
+            self.out.write(json.dumps(record, default=str) + "\n")
+        else:
+            self.records.append(record)
+        self.out.flush()
+
+    def close(self) -> None:
+        if self.output == "json":
+            dump_json(self.records, self.out)
 
 
 def console(out: IO[str] | None = None) -> Any:

@@ -31,15 +31,18 @@ from muster.events.types import (
     JobCancelled,
     JobFailed,
     JobFinished,
+    JobHeld,
     JobInadmissible,
     JobPreempted,
     JobRejected,
+    JobReleased,
     JobStarted,
     JobSubmitted,
     NodeCordoned,
     NodeRemoved,
     NodeUpdated,
     QueueConfigured,
+    SubmissionRejected,
 )
 from muster.projections.cluster import DEFAULT_IDLE_THRESHOLD, ClusterState, JobState, evolve
 from muster.projections.resources import fmt
@@ -290,7 +293,7 @@ class Storyteller:
             if extras:
                 text += f", {', '.join(extras)}"
             if job is not None:
-                text += " (a duplicate submission: ignored by the fold)"
+                text += " (a second submission of this id: the core refuses it, the job stays as it is)"
             self._add(seq, at, "submitted", text, queue=ev.queue, gpus=requests.get("gpu", 0))
             self.waiting_since = at
             self.story.queue = ev.queue
@@ -368,6 +371,13 @@ class Storyteller:
             )
         elif isinstance(ev, JobStarted):
             self._add(seq, at, "started", "every pod of the gang is running")
+        elif isinstance(ev, JobHeld):
+            why = f": {ev.reason}" if ev.reason else ""
+            self._add(seq, at, "held", f"held by a user{why}; it keeps its place and is not tried until released")
+        elif isinstance(ev, JobReleased):
+            self._add(seq, at, "released", "released by a user: it is tried again in its place")
+        elif isinstance(ev, SubmissionRejected):
+            self._add(seq, at, "refused", f"a second submission of this id (queue {ev.queue}) refused: {ev.reason}")
         elif isinstance(ev, (JobFinished, JobFailed, JobCancelled)):
             kind = {JobFinished: "finished", JobFailed: "failed", JobCancelled: "cancelled"}[type(ev)]
             work = job.progress(at)

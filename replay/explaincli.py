@@ -16,7 +16,7 @@ from typing import IO, Any
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from muster.replay.cliargs import POINT_HELP, add_common
 
-    p.add_argument("job", help="job id")
+    p.add_argument("job", help="job id, short name or unique prefix")
     p.add_argument("--at", metavar="POINT", default="end", help=f"tell the story up to: {POINT_HELP} (default)")
     add_common(p, snapshots=False)
 
@@ -27,17 +27,29 @@ def run(args: argparse.Namespace) -> int:
     from muster.replay.cliutil import check_point, point_arg, run_command
 
     async def body(source: Any, store: Any) -> int:
-        from muster.replay.cliutil import dump_json
+        from muster.replay.cliutil import emit
         from muster.replay.explain import explain
 
         point = point_arg(args.at, "--at")
         await check_point(source, point, "--at")
         story, now = await explain(source, args.job, point)
         if story.status == "unknown":
-            print(f"muster explain: no job {args.job!r} in {source.name} up to {point.text}", file=sys.stderr)
-            return 2
-        if args.output == "json":
-            dump_json(document(story, now))
+            # not a full id: a short name or prefix (the state says which job, or lists candidates)
+            from muster.replay.cliutil import open_snapshots
+            from muster.replay.jobnames import NameProblem, resolve
+            from muster.replay.rebuild import state_at
+
+            replayed = await state_at(source, point, await open_snapshots(args, source, store))
+            try:
+                found = resolve(args.job, replayed.state.jobs)
+            except NameProblem as exc:
+                print(f"muster explain: {exc} in {source.name} up to {point.text}", file=sys.stderr)
+                return 2
+            print(f"muster explain: {found.note}", file=sys.stderr)
+            story, now = await explain(source, found.job, point)
+        if args.output != "table":
+            doc = document(story, now)
+            emit(args.output, doc, doc["story"])
         else:
             render(story, now)
         return 0

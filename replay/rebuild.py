@@ -13,6 +13,7 @@ event later than T). Tests compare it with the state the simulator held.
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from muster.projections.cluster import ClusterState
@@ -70,3 +71,34 @@ async def state_at(
         discarded=discarded,
         seconds=time.perf_counter() - t0,
     )
+
+
+async def states(
+    source: LogSource,
+    point: Point,
+    snapshots: Snapshots | None = None,
+    *,
+    verify: Verify = "marks",
+    watch: float | None = None,
+) -> AsyncIterator[Replayed]:
+    """The state at `point`; with `watch` (seconds), the same state again each time the log grew.
+
+    A watcher folds only the events appended since its last look (`muster jobs --watch`), so
+    each refresh costs what the cluster did in the meantime, not a replay.
+    """
+    import anyio
+
+    replayed = await state_at(source, point, snapshots, verify=verify)
+    yield replayed
+    if watch is None:
+        return
+    while True:
+        await anyio.sleep(watch)
+        t0 = time.perf_counter()
+        last, folded = await fold_range(source, replayed.state, replayed.seq + 1, None)
+        if folded:
+            replayed.seq = last
+            replayed.last_seq = max(replayed.last_seq, last)
+            replayed.folded = folded
+            replayed.seconds = time.perf_counter() - t0
+            yield replayed

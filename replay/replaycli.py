@@ -34,10 +34,10 @@ def run(args: argparse.Namespace) -> int:
         snapshots = await open_snapshots(args, source, store)
         replayed = await state_at(source, point, snapshots, verify=args.verify)
         doc = document(replayed, point.text)
-        if args.output == "json":
-            from muster.replay.cliutil import dump_json
+        if args.output != "table":
+            from muster.replay.cliutil import emit
 
-            dump_json(doc)
+            emit(args.output, doc)
         else:
             render(doc, show_nodes=args.nodes, show_running=args.running)
         return 0
@@ -166,7 +166,7 @@ def render(
     if show_nodes:
         n = Table(title="Nodes", title_justify="left")
         for col in ("node", "status", "GPUs", "used", "free", "jobs"):
-            n.add_column(col)
+            n.add_column(col, overflow="fold")
         for r in doc["nodes"]:
             add_row(
                 n,
@@ -182,7 +182,7 @@ def render(
     if show_running:
         rt = Table(title="Running jobs", title_justify="left")
         for col in ("queue", "job", "priority", "GPUs", "admitted", "borrowed", "nodes"):
-            rt.add_column(col)
+            rt.add_column(col, overflow="fold")  # ids wrap, never cut
         for r in doc["running"]:
             nodes = r["nodes"]
             add_row(
@@ -200,7 +200,7 @@ def render(
     if doc["pending"]:
         p = Table(title="Pending jobs, in queue order", title_justify="left")
         for col in ("queue", "#", "job", "priority", "GPUs", "waiting", "preempted", "why"):
-            p.add_column(col)
+            p.add_column(col, overflow="fold")
         for r in doc["pending"]:
             add_row(
                 p,

@@ -19,7 +19,11 @@ from muster.events.types import Event
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("scenario", help="scenario YAML file (see docs/spec/scenario.md)")
     p.add_argument(
-        "--output", choices=["table", "jsonl"], default="table", help="human table (default) or one event per line"
+        "-o",
+        "--output",
+        choices=["table", "json", "jsonl"],
+        default="table",
+        help="human table (default), the summary as one JSON document (json), or the log: one event per line (jsonl)",
     )
     p.add_argument("--summary", action="store_true", help="with jsonl: end with a Summary line")
 
@@ -90,6 +94,11 @@ def run(args: argparse.Namespace) -> int:
     except SimulationError as exc:
         print(f"muster sim: {exc}", file=sys.stderr)
         return 1
+    if args.output == "json":
+        from muster.replay.cliutil import dump_json
+
+        dump_json(summary(result), out)
+        return 0
     print_tables(result, out)
     return 0
 
@@ -109,7 +118,7 @@ def print_tables(result: Any, out: IO[str]) -> None:
     if len(jobs) <= 60:
         t = Table(title=f"Jobs (t={result.end})")
         for col in ("job", "queue", "gpus", "status", "submitted", "admitted", "finished", "wait", "preempted", "why"):
-            t.add_column(col)
+            t.add_column(col, overflow="fold")
         for job_id, js in jobs.items():
             job = state.jobs.get(job_id)
             wait = (js["admitted"] - js["submitted"]) if js["admitted"] is not None else None

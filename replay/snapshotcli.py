@@ -29,24 +29,18 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from dataclasses import dataclass, field
 from typing import Any
+
+from muster.replay.natsconnect import ConfigProblem, NatsSettings, read_config
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 _KEY = re.compile(r"^[-/_=.A-Za-z0-9]+$")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from muster.replay.cliargs import add_source_arguments
+    from muster.replay.cliargs import add_output, add_source_arguments
 
     add_source_arguments(p)
-    # resolved in run(): a flag, else the config's nats.stream, else $MUSTER_STREAM or MUSTER
-    p.set_defaults(stream=None)
-    p.add_argument(
-        "--config",
-        metavar="FILE",
-        help="the daemon's config file: connect with its `nats` block (url, stream, inbox prefix, auth, TLS files)",
-    )
     p.add_argument("--snapshots", metavar="WHERE", help="bucket (NATS; default STREAM-snapshots) or directory (--log)")
     p.add_argument("--every", type=int, default=50_000, metavar="N", help="a snapshot every N events (default 50000)")
     p.add_argument("--format", choices=["msgpack+zlib", "msgpack", "json"], default="msgpack+zlib")
@@ -70,11 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "$POD_NAME, the host name)",
     )
     p.add_argument("--list", action="store_true", help="only list the snapshots")
-    p.add_argument("--output", choices=["table", "json"], default="table")
-
-
-class ConfigProblem(Exception):
-    """The config file or the files it names cannot be used (exit 2)."""
+    add_output(p)
 
 
 def parse_leader(spec: str) -> tuple[str, str]:
@@ -86,83 +76,6 @@ def parse_leader(spec: str) -> tuple[str, str]:
     if not _NAME.match(bucket) or not _KEY.match(key) or key.startswith(".") or key.endswith("."):
         raise ValueError(f"--leader {spec!r}: expected BUCKET or BUCKET/KEY (a KV bucket name and key)")
     return bucket, key
-
-
-@dataclass
-class NatsSettings:
-    """What `--config` says about connecting (the daemon's `nats` block) and who this replica is."""
-
-    urls: list[str] | None = None
-    stream: str | None = None
-    prefix: str | None = None
-    identity: str | None = None
-    options: dict[str, Any] = field(default_factory=dict)
-
-
-def _read_secret(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read().strip()
-    except OSError as exc:
-        raise ConfigProblem(f"nats credentials: cannot read {path}: {exc.strerror or exc}") from None
-
-
-def read_config(path: str) -> NatsSettings:
-    """The `nats` block of a daemon config file, as connect options (the same reading as the daemon's)."""
-    import yaml
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f) or {}
-    except OSError as exc:
-        raise ConfigProblem(f"{path}: {exc.strerror or exc}") from None
-    except (yaml.YAMLError, RecursionError) as exc:
-        raise ConfigProblem(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(doc, dict):
-        raise ConfigProblem(f"{path}: expected a mapping at the top")
-    nats_cfg = doc.get("nats") or {}
-    if not isinstance(nats_cfg, dict):
-        raise ConfigProblem(f"{path}: `nats` must be a mapping")
-    out = NatsSettings(identity=str(doc["identity"]) if doc.get("identity") else None)
-    url = nats_cfg.get("url")
-    if url:
-        out.urls = [u.strip() for u in (url if isinstance(url, list) else str(url).split(",")) if str(u).strip()]
-    if nats_cfg.get("stream"):
-        out.stream = str(nats_cfg["stream"])
-    if nats_cfg.get("subject_prefix"):
-        out.prefix = str(nats_cfg["subject_prefix"])
-    opts = out.options
-    if nats_cfg.get("inbox_prefix"):
-        # the identity's own inbox: accounts.conf lets it receive replies only there
-        opts["inbox_prefix"] = str(nats_cfg["inbox_prefix"])
-    auth = nats_cfg.get("auth") or {}
-    tls = nats_cfg.get("tls") or {}
-    if not isinstance(auth, dict) or not isinstance(tls, dict):
-        raise ConfigProblem(f"{path}: nats.auth and nats.tls must be mappings")
-    if "username_file" in auth or "password_file" in auth:
-        if "username_file" not in auth or "password_file" not in auth:
-            raise ConfigProblem("nats.auth: username_file and password_file go together")
-        opts["user"] = _read_secret(auth["username_file"])
-        opts["password"] = _read_secret(auth["password_file"])
-    if "token_file" in auth:
-        opts["token"] = _read_secret(auth["token_file"])
-    if "creds_file" in auth:
-        opts["user_credentials"] = str(auth["creds_file"])
-    if "nkey_seed_file" in auth:
-        opts["nkeys_seed"] = str(auth["nkey_seed_file"])
-    if tls:
-        import ssl
-
-        try:
-            ctx = ssl.create_default_context(cafile=tls.get("ca_file"))
-            if tls.get("cert_file"):
-                ctx.load_cert_chain(tls["cert_file"], tls.get("key_file"))
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigProblem(f"nats.tls: {exc}") from None
-        opts["tls"] = ctx
-        if tls.get("server_name"):
-            opts["tls_hostname"] = str(tls["server_name"])
-    return out
 
 
 def default_holder(settings: NatsSettings | None) -> str:
@@ -190,19 +103,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.leader:
             leader = parse_leader(args.leader)
-        if args.config:
-            if args.log:
-                raise ConfigProblem("--config connects to NATS; it does not go with --log")
+        if args.config and not args.log:
             settings = read_config(args.config)
     except (ValueError, ConfigProblem) as exc:
         print(f"muster snapshot: {exc}", file=sys.stderr)
         return 2
-    if args.stream is None:
-        args.stream = (settings.stream if settings else None) or os.environ.get("MUSTER_STREAM", "MUSTER")
     holder = args.holder or default_holder(settings)
 
     async def body(source: Any, store: Any) -> int:
-        from muster.replay.cliutil import dump_json, open_snapshots
+        from muster.replay.cliutil import emit, open_snapshots
 
         if store is None and not args.snapshots:
             raise UsageError("a file log keeps its snapshots in a directory: add --snapshots DIR")
@@ -218,10 +127,11 @@ def run(args: argparse.Namespace) -> int:
             return 0
         if args.list:
             metas = await snapshots.catalog()
-            if args.output == "json":
+            if args.output != "table":
                 from muster.replay.snapshots import describe
 
-                dump_json([describe(m) for m in metas])
+                rows = [describe(m) for m in metas]
+                emit(args.output, rows, rows)
             else:
                 render_list(metas)
             return 0
@@ -242,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
                 )
             if not args.follow:
                 return  # the summary says it all
-            if args.output == "json":
+            if args.output != "table":
                 import json
 
                 line: dict[str, Any] = {"seq": seq, "written": meta is not None}
@@ -271,8 +181,8 @@ def run(args: argparse.Namespace) -> int:
             gate=gate,
             progress=progress,
         )
-        if args.output == "json":
-            dump_json(doc)
+        if args.output != "table":
+            emit(args.output, doc)
         else:
             skipped = f", left {len(doc['skipped'])} to the leader" if doc["skipped"] else ""
             print(
@@ -285,72 +195,9 @@ def run(args: argparse.Namespace) -> int:
             )
         return 0
 
-    if settings is not None:
-        return _run_with_config(args, settings, body)
-    code: int = run_command(args, body, "snapshot")
+    # a sidecar may start before NATS answers or before its daemon created the stream: it waits
+    code: int = run_command(args, body, "snapshot", wait=args.follow)
     return code
-
-
-def _run_with_config(args: argparse.Namespace, settings: NatsSettings, body: Any) -> int:
-    """Like `run_command`, connecting with the config's credentials, TLS and inbox prefix."""
-    import sys
-
-    import anyio
-    from nats.errors import Error as NatsError
-
-    from muster.events.store import EventStore, StoreError, StoreUnreachable
-    from muster.replay.cliutil import UsageError, _quiet_logs, stderr_bad
-    from muster.replay.source import NatsLog
-
-    _quiet_logs()
-
-    async def main() -> int:
-        urls = args.nats or settings.urls
-        kwargs: dict[str, Any] = {"prefix": settings.prefix} if settings.prefix else {}
-        attempt = 0
-        while True:
-            try:
-                store = await EventStore.connect(
-                    urls,
-                    stream=args.stream,
-                    create=False,
-                    on_bad=stderr_bad,
-                    name="muster-snapshot",
-                    **kwargs,
-                    **settings.options,
-                )
-                break
-            except (StoreError, OSError) as exc:
-                if not args.follow:
-                    unreachable = isinstance(exc, (StoreUnreachable, OSError))
-                    raise (StoreUnreachable if unreachable else StoreError)(
-                        f"cannot open stream {args.stream}: {exc}"
-                    ) from None
-                # a sidecar may start before NATS answers or before its daemon created the stream:
-                # wait for them rather than crash-loop
-                attempt += 1
-                wait = min(30.0, 0.5 * 2.0**attempt)
-                print(
-                    f"muster snapshot: cannot open stream {args.stream} yet ({exc}); trying again in {wait:g} s",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                await anyio.sleep(wait)
-        try:
-            code: int = await body(NatsLog(store), store)
-            return code
-        finally:
-            with anyio.move_on_after(5, shield=True):
-                await store.close()
-
-    try:
-        return anyio.run(main)
-    except (StoreError, UsageError) as exc:
-        print(f"muster snapshot: {exc}", file=sys.stderr)
-        return 1 if isinstance(exc, StoreUnreachable) else 2
-    except NatsError as exc:  # e.g. a request the identity may not make times out: say so, no traceback
-        print(f"muster snapshot: NATS: {type(exc).__name__} {exc}", file=sys.stderr)
-        return 1
 
 
 def _size(n: int) -> str:

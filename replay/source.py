@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from muster.events.codec import DecodeError, decode, encode
 from muster.events.store import BadEvent, EventStore, StoredEvent
@@ -173,12 +174,27 @@ class SourceUnavailable(SourceError):
     """NATS did not answer: a runtime failure (exit 1), not bad input."""
 
 
+def _connecting(args: argparse.Namespace) -> bool:
+    return any(getattr(args, f, None) for f in ("config", "creds", "tls_ca", "tls_cert", "tls_key"))
+
+
 @contextlib.asynccontextmanager
 async def open_source(
-    args: argparse.Namespace, on_bad: Callable[[BadEvent], None]
+    args: argparse.Namespace, on_bad: Callable[[BadEvent], None], *, wait: bool = False
 ) -> AsyncGenerator[tuple[LogSource, EventStore | None], None]:
-    """The log the arguments name, and the store behind it (None for a file)."""
+    """The log the arguments name, and the store behind it (None for a file).
+
+    A stream is reached as `natsconnect.settings_of` says (`--config`, `--creds`, TLS). With
+    `wait` (a sidecar that may start before NATS or its stream exists) it tries again, with
+    growing pauses, instead of failing.
+    """
+    import os
+
+    from muster.replay.natsconnect import ConfigProblem, settings_of
+
     if args.log:
+        if _connecting(args):
+            raise SourceError("--config, --creds and --tls-* connect to NATS; they do not go with --log")
         try:
             log = FileLog(args.log, on_bad)
         except OSError as exc:
@@ -188,15 +204,40 @@ async def open_source(
             raise SourceError(problem)
         yield log, None
         return
+    import anyio
+
     from muster.events.store import StoreError, StoreUnreachable
 
     try:
-        store = await EventStore.connect(args.nats, stream=args.stream, create=False, on_bad=on_bad, connect_attempts=1)
-    except (StoreUnreachable, OSError) as exc:
-        raise SourceUnavailable(f"cannot open stream {args.stream}: {exc}") from None
-    except StoreError as exc:
-        raise SourceError(f"cannot open stream {args.stream}: {exc}") from None
+        settings = settings_of(args)
+    except ConfigProblem as exc:
+        raise SourceError(str(exc)) from None
+    args.stream = args.stream or settings.stream or os.environ.get("MUSTER_STREAM", "MUSTER")
+    prefix: dict[str, Any] = {"prefix": settings.prefix} if settings.prefix else {}
+    attempt = 0
+    while True:
+        try:
+            store = await EventStore.connect(
+                args.nats or settings.urls,
+                stream=args.stream,
+                create=False,
+                on_bad=on_bad,
+                connect_attempts=1,
+                **prefix,
+                **settings.options,
+            )
+            break
+        except (StoreError, OSError) as exc:
+            if not wait:
+                if isinstance(exc, (StoreUnreachable, OSError)):
+                    raise SourceUnavailable(f"cannot open stream {args.stream}: {exc}") from None
+                raise SourceError(f"cannot open stream {args.stream}: {exc}") from None
+            attempt += 1
+            pause = min(30.0, 0.5 * 2.0**attempt)
+            print(f"cannot open stream {args.stream} yet ({exc}); trying again in {pause:g} s", file=sys.stderr)
+            await anyio.sleep(pause)
     try:
         yield NatsLog(store), store
     finally:
-        await store.close()
+        with anyio.move_on_after(5, shield=True):
+            await store.close()

@@ -1,4 +1,4 @@
-"""`muster whatif --config queues.yaml [--from POINT] [--to POINT]`: a log's jobs under another configuration.
+"""`muster whatif --queues queues.yaml [--from POINT] [--to POINT]`: a log's jobs under another configuration.
 
 Runs the submissions and node changes of the window through the scheduler
 core in virtual time with the given queues (and, if given, cohorts, priority
@@ -17,7 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from muster.replay.cliargs import POINT_HELP, add_common
 
     p.add_argument(
-        "--config", required=True, metavar="FILE", help="YAML with queues (and cohorts, priority_classes...)"
+        "--queues", required=True, metavar="FILE", help="YAML with queues (and cohorts, priority_classes...)"
     )
     p.add_argument("--from", dest="start", metavar="POINT", help=f"window start: {POINT_HELP}")
     p.add_argument(
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from muster.replay.cliutil import check_point, check_range, point_arg, run_command
 
     async def body(source: Any, store: Any) -> int:
-        from muster.replay.cliutil import dump_json, open_snapshots
+        from muster.replay.cliutil import emit, open_snapshots
         from muster.replay.whatif import WhatIfError, read_config, whatif
 
         start = point_arg(args.start, "--from") if args.start else None
@@ -46,15 +46,15 @@ def run(args: argparse.Namespace) -> int:
         await check_point(source, start, "--from")
         await check_point(source, end, "--to")
         try:
-            text = read_config(args.config)
+            text = read_config(args.queues)
             snapshots = await open_snapshots(args, source, store) if start is not None else None
-            result = await whatif(source, text, args.config, start=start, end=end, snapshots=snapshots)
+            result = await whatif(source, text, args.queues, start=start, end=end, snapshots=snapshots)
         except WhatIfError as exc:
             print(f"muster whatif: {exc}", file=sys.stderr)
             return 2
         doc = document(result)
-        if args.output == "json":
-            dump_json(doc)
+        if args.output != "table":
+            emit(args.output, doc, doc.get("jobs"))
         else:
             render(doc, jobs=args.jobs)
         return 0
@@ -171,7 +171,7 @@ def render(doc: dict[str, Any], out: IO[str] | None = None, *, jobs: int = 20) -
     if rows and jobs > 0:
         jt = Table(title=f"Jobs whose wait changed most (of {len(doc['jobs'])})", title_justify="left")
         for col in ("job", "queue", "GPUs", "submitted", "wait", "Δ", "preemptions", "GPU-hours", "status"):
-            jt.add_column(col, justify="left" if col in ("job", "queue", "status") else "right")
+            jt.add_column(col, justify="left" if col in ("job", "queue", "status") else "right", overflow="fold")
         for j in rows[:jobs]:
             r, a = j["real"], j["whatif"]
             rw, aw = _job_wait(r), _job_wait(a)

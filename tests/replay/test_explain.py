@@ -136,3 +136,38 @@ def test_explain_cli_table_json_and_unknown_job(tmp_path: Path, capsys: pytest.C
     ]
     assert main(["explain", "nobody", "--log", str(path)]) == 2
     assert "no job 'nobody'" in capsys.readouterr().err
+
+
+def test_explain_takes_a_unique_prefix_and_says_which_job(tmp_path: Path, capsys) -> None:
+    """`muster explain b-bi` tells b-big's story and says on stderr which job it chose."""
+    log = write_jsonl(tmp_path / "log.jsonl", sim(STORY).events)
+    assert main(["explain", "b-bi", "--log", str(log), "-o", "json"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["job"] == "b-big" and "'b-bi' is job b-big (by prefix)" in out.err
+
+
+def test_explain_of_an_ambiguous_prefix_lists_the_candidates(tmp_path: Path, capsys) -> None:
+    """`muster explain b-` names two jobs: exit 2, both listed."""
+    log = write_jsonl(tmp_path / "log.jsonl", sim(STORY).events)
+    assert main(["explain", "b-", "--log", str(log)]) == 2
+    err = capsys.readouterr().err
+    assert "ambiguous" in err and "b-big" in err and "b-small" in err
+
+
+async def test_the_story_tells_holds_releases_and_a_refused_second_submission() -> None:
+    """A held, released and re-submitted job: each step is a line of its story, in log order."""
+    from muster.events.types import JobHeld, JobReleased, JobSubmitted, PodSet, QueueConfigured, SubmissionRejected
+
+    gang = [PodSet(name="w", count=1, requests={"gpu": 1})]
+    events = [
+        QueueConfigured(at=0, name="q", nominal={"gpu": 8}),
+        JobSubmitted(at=1, job="j", queue="q", podsets=gang),
+        JobHeld(at=2, job="j", reason="dataset not ready"),
+        JobReleased(at=3, job="j"),
+        JobSubmitted(at=4, job="j", queue="other", podsets=gang),
+        SubmissionRejected(at=4, job="j", queue="other", reason="job id 'j' is taken", cycle=1),
+    ]
+    story, _ = await explain(memory_log(events), "j", END)
+    kinds = [ln.kind for ln in story.lines]
+    assert kinds == ["submitted", "held", "released", "submitted", "refused"]
+    assert "dataset not ready" in story.lines[1].text and "second submission" in story.lines[3].text

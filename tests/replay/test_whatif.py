@@ -155,11 +155,11 @@ def test_a_rejected_job_has_no_wait_to_compare(tmp_path: Path, capsys: pytest.Ca
     config = tmp_path / "q.yaml"
     config.write_text(BUSY_DOUBLED)
     log = write_jsonl(tmp_path / "log.jsonl", sim(text).events)
-    assert main(["whatif", "--log", str(log), "--config", str(config), "--output", "json"]) == 0
+    assert main(["whatif", "--log", str(log), "--queues", str(config), "--output", "json"]) == 0
     [broken] = [j for j in json.loads(capsys.readouterr().out)["jobs"] if j["job"] == "broken"]
     assert broken["real"]["status"] == broken["whatif"]["status"] == "rejected"
     assert broken["real"]["waiting"] is None and broken["whatif"]["waiting"] is None
-    assert main(["whatif", "--log", str(log), "--config", str(config), "--jobs", "50"]) == 0
+    assert main(["whatif", "--log", str(log), "--queues", str(config), "--jobs", "50"]) == 0
     out = capsys.readouterr().out
     jobs_table = out[out.index("Jobs whose wait changed most") :]
     assert "│ a7 " in jobs_table and "│ broken " not in jobs_table
@@ -198,13 +198,13 @@ def test_whatif_cli_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[s
     log = write_jsonl(tmp_path / "log.jsonl", sim(BUSY).events)
     config = tmp_path / "q.yaml"
     config.write_text(BUSY_DOUBLED)
-    assert main(["whatif", "--log", str(log), "--config", str(config)]) == 0
+    assert main(["whatif", "--log", str(log), "--queues", str(config)]) == 0
     out = capsys.readouterr().out
     assert "qa *" in out and "->" in out and "Jobs whose wait changed most" in out and "utilization" in out
-    assert main(["whatif", "--log", str(log), "--config", str(config), "--output", "json"]) == 0
+    assert main(["whatif", "--log", str(log), "--queues", str(config), "--output", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert {j["job"] for j in doc["jobs"]} == {f"a{i}" for i in range(8)} | {f"b{i}" for i in range(3)}
     assert doc["queues_changed"] == ["qa"]
     config.write_text("queues:\n  - {name: qa}\n")
-    assert main(["whatif", "--log", str(log), "--config", str(config)]) == 2
+    assert main(["whatif", "--log", str(log), "--queues", str(config)]) == 2
     assert "missing field 'nominal'" in capsys.readouterr().err

@@ -1,0 +1,65 @@
+"""Stopping the workload of a job a user cancelled (`muster cancel`), as its kind expects.
+
+`JobCancelled` with a reason starting `Cancelled:` is a user's cancel; the adapter's own
+`WorkloadDeleted` cancellations need nothing (the workload is already gone).
+
+- A kind that can be suspended is suspended: a Job or JobSet (`spec.suspend`), a Kubeflow
+  job (`spec.runPolicy.suspend`). Its controller deletes the pods and keeps the object, so
+  the user can still read its status and logs, and delete it when done.
+- Any other gang (labelled pod groups, bare pods, Volcano or coscheduling PodGroups): its
+  pods are deleted; nothing else owns them. The PodGroup object itself is left alone.
+
+Stopping twice is harmless: suspending a suspended owner changes nothing and a pod already
+gone answers 404.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from muster.daemon.k8s.client import KubeClient
+from muster.daemon.k8s.errors import NotFound
+from muster.daemon.k8s.gangs import Owner, PodInfo
+from muster.daemon.k8s.owners import API, api_of
+from muster.events.types import JobCancelled
+
+USER_CANCEL = "Cancelled:"
+"""The reason prefix `muster cancel` writes (`muster.controlcli`)."""
+
+_SUSPEND_SPEC: dict[str, Any] = {"spec": {"suspend": True}}
+_SUSPEND_RUN_POLICY: dict[str, Any] = {"spec": {"runPolicy": {"suspend": True}}}
+_POD_GROUPS = frozenset(k for k in API if k not in ("Job", "JobSet", "MPIJob"))
+
+
+def by_user(event: JobCancelled) -> bool:
+    """Whether the cancellation came from a user, so the cluster's workload must be stopped."""
+    return event.reason.startswith(USER_CANCEL)
+
+
+def suspend_patch(owner: Owner) -> dict[str, Any] | None:
+    """The merge patch that suspends `owner`, or None for a kind that cannot be suspended."""
+    if owner.kind in ("Job", "JobSet"):
+        return _SUSPEND_SPEC
+    if owner.kind in ("Pod", "Gang") or owner.kind in _POD_GROUPS:
+        return None
+    return _SUSPEND_RUN_POLICY  # MPIJob and the other Kubeflow jobs
+
+
+async def stop(client: KubeClient, owner: Owner | None, pods: Mapping[str, PodInfo]) -> str:
+    """Suspend the owner, or delete the gang's pods; returns what was done (for the log)."""
+    patch = suspend_patch(owner) if owner is not None else None
+    if owner is not None and patch is not None:
+        try:
+            await client.patch_owner(api_of(owner), owner.namespace, owner.name, patch)
+        except NotFound:
+            return f"{owner.source} is gone"
+        return f"suspended {owner.source}"
+    deleted = 0
+    for pod in sorted(pods.values(), key=lambda p: p.key):
+        try:
+            await client.delete_pod(pod.namespace, pod.name)
+            deleted += 1
+        except NotFound:
+            continue
+    return f"deleted {deleted} pod(s)"

@@ -1,0 +1,128 @@
+"""`muster jobs`: the jobs of the log, squeue-like: state, queue position, age, why each waits.
+
+Reads the folded state (the nearest snapshot plus the events since, see `rebuild`), by
+default the live jobs (pending, held, running) of every queue. Filters: `--queue`,
+`--state`, `--namespace`; `--all` for every state. `-o wide` adds the full id, namespace,
+shape, priority, preemptions and nodes; `-o json` and `-o jsonl` print the rows as data.
+`--watch` keeps reading the log and refreshes the table in place on a terminal (like
+`kubectl get -w`); into a pipe, or with `-o jsonl`, it prints the rows that changed.
+
+The table names a job by its short name when that names it alone (it can be typed
+back into `explain`, `cancel`...), else by its full id; ids are wrapped, never cut.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from muster.replay.cliargs import POINT_HELP, add_output, add_snapshot_arguments, add_source_arguments
+    from muster.replay.status import STATES
+    from muster.replay.watching import add_watch_arguments
+
+    p.add_argument("-q", "--queue", action="append", metavar="QUEUE", help="only these queues (repeat or a,b)")
+    p.add_argument(
+        "-t",
+        "--state",
+        action="append",
+        metavar="STATE",
+        help=f"only these states (repeat or a,b): {', '.join(STATES)} (default: pending, held, running)",
+    )
+    p.add_argument("-n", "--namespace", action="append", metavar="NS", help="only jobs of these Kubernetes namespaces")
+    p.add_argument("-a", "--all", action="store_true", help="jobs in every state, ended ones too")
+    p.add_argument("--at", metavar="POINT", default="end", help=f"the jobs as they were at: {POINT_HELP} (default)")
+    add_watch_arguments(p)
+    add_output(p, "wide")
+    add_source_arguments(p)
+    add_snapshot_arguments(p)
+
+
+def _split(values: list[str] | None) -> frozenset[str]:
+    return frozenset(v.strip() for item in values or () for v in item.split(",") if v.strip())
+
+
+def job_filter(args: argparse.Namespace, state: Any) -> Any:
+    """The filter the flags ask for; raises UsageError for a state or queue that does not exist."""
+    from muster.replay.cliutil import UsageError
+    from muster.replay.status import LIVE, STATES, JobFilter
+
+    states = _split(args.state)
+    unknown = sorted(states - set(STATES))
+    if unknown:
+        raise UsageError(f"--state {unknown[0]}: not a state (one of {', '.join(STATES)})")
+    if args.all:
+        states = frozenset(STATES)
+    queues = _split(args.queue)
+    missing = sorted(queues - set(state.queues))
+    if missing:
+        known = ", ".join(sorted(state.queues)) or "none"
+        raise UsageError(f"--queue {missing[0]}: no such queue on the log (queues: {known})")
+    return JobFilter(queues=queues, states=states or LIVE, namespaces=_split(args.namespace))
+
+
+def run(args: argparse.Namespace) -> int:
+    from muster.replay.watching import run_view
+
+    def view(replayed: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        doc = document(replayed, job_filter(args, replayed.state))
+        return doc, doc["jobs"]
+
+    return run_view(args, "jobs", "job", view, lambda d: render(d, wide=args.output == "wide"))
+
+
+def document(replayed: Any, flt: Any, now: int | None = None) -> dict[str, Any]:
+    import time
+
+    from muster.replay.points import Clock
+    from muster.replay.status import job_rows
+
+    state = replayed.state
+    clock = Clock.for_log(state.now, int(time.time()) if now is None else now)
+    at = clock.now if clock.epoch and clock.now is not None else state.now
+    return {
+        "seq": replayed.seq,
+        "at": state.now,
+        "epoch_time": clock.epoch,
+        "now": at,
+        "jobs": job_rows(state, flt, at),
+    }
+
+
+def render(doc: dict[str, Any], *, wide: bool = False) -> Any:
+    """The jobs table (a rich renderable)."""
+    from rich.table import Table
+
+    from muster.replay.cliutil import add_row
+    from muster.replay.points import duration
+
+    t = Table(title=f"{len(doc['jobs'])} jobs at seq {doc['seq']:,}", title_justify="left", box=None)
+    cols = ["JOB", "QUEUE", "STATE", "POS", "GPUS", "AGE"]
+    if wide:
+        cols += ["ID", "NAMESPACE", "SHAPE", "PRIORITY", "PREEMPTED", "NODES"]
+    for col in [*cols, "REASON"]:
+        right = col in ("POS", "GPUS", "AGE", "PREEMPTED")
+        # ids wrap, never cut: what the table shows can be copied back into a command
+        t.add_column(col, justify="right" if right else "left", overflow="fold")
+    for r in doc["jobs"]:
+        cells = [
+            r["name"],
+            r["queue"],
+            r["state"],
+            str(r["position"]) if r["position"] is not None else "",
+            str(r["gpus"]),
+            duration(r["age"]),
+        ]
+        if wide:
+            nodes = r["nodes"]
+            cells += [
+                r["job"],
+                r["namespace"] or "-",
+                r["shape"],
+                f"{r['priority_class'] or '-'} ({r['priority']})",
+                str(r["preemptions"] or ""),
+                ", ".join(nodes[:4]) + (f" +{len(nodes) - 4}" if len(nodes) > 4 else ""),
+            ]
+        add_row(t, *cells, r["reason"] or "")
+    return t

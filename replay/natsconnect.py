@@ -1,0 +1,133 @@
+"""How the replay commands connect to NATS: the daemon's config file, credentials and TLS flags.
+
+Role: one reading of connection settings for every command that reads the log through
+`replay.source.open_source` (replay, explain, audit, whatif, jobs, queues, snapshot):
+`--config FILE` reads the `nats` block of the daemon's config file (url, stream,
+subject_prefix, inbox_prefix, auth and TLS files), the same reading as the daemon's
+(`daemon.config`, which this layer may not import); `--creds FILE` (a NATS .creds file)
+and `--tls-ca/--tls-cert/--tls-key` override it. A file that cannot be read or used is a
+`ConfigProblem` (exit 2), named with its path.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ConfigProblem(Exception):
+    """The config file or the files it names cannot be used (exit 2)."""
+
+
+def add_connection_arguments(g: Any) -> None:
+    """`--config`, `--creds` and the TLS files (on an argument group or parser)."""
+    g.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the daemon's config file: connect with its `nats` block (url, stream, inbox prefix, auth, TLS files)",
+    )
+    g.add_argument("--creds", metavar="FILE", help="NATS user credentials file (.creds)")
+    g.add_argument("--tls-ca", metavar="FILE", help="CA bundle to verify the NATS server (enables TLS)")
+    g.add_argument("--tls-cert", metavar="FILE", help="client certificate (mutual TLS; with --tls-key)")
+    g.add_argument("--tls-key", metavar="FILE", help="client key of --tls-cert")
+
+
+def _tls_context(ca: str | None, cert: str | None, key: str | None, what: str) -> Any:
+    import ssl
+
+    try:
+        ctx = ssl.create_default_context(cafile=ca)
+        if cert:
+            ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigProblem(f"{what}: {exc}") from None
+    return ctx
+
+
+def settings_of(args: argparse.Namespace) -> NatsSettings:
+    """The connection the arguments ask for: `--config`'s `nats` block, then the credential and TLS flags."""
+    config = getattr(args, "config", None)
+    out = read_config(config) if config else NatsSettings()
+    creds = getattr(args, "creds", None)
+    if creds:
+        try:
+            open(creds, "rb").close()
+        except OSError as exc:
+            raise ConfigProblem(f"--creds {creds}: {exc.strerror or exc}") from None
+        out.options["user_credentials"] = creds
+    ca, cert, key = (getattr(args, f, None) for f in ("tls_ca", "tls_cert", "tls_key"))
+    if key and not cert:
+        raise ConfigProblem("--tls-key goes with --tls-cert")
+    if ca or cert:
+        out.options["tls"] = _tls_context(ca, cert, key, "--tls-ca/--tls-cert")
+    return out
+
+
+@dataclass
+class NatsSettings:
+    """What `--config` says about connecting (the daemon's `nats` block) and who this replica is."""
+
+    urls: list[str] | None = None
+    stream: str | None = None
+    prefix: str | None = None
+    identity: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def _read_secret(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError as exc:
+        raise ConfigProblem(f"nats credentials: cannot read {path}: {exc.strerror or exc}") from None
+
+
+def read_config(path: str) -> NatsSettings:
+    """The `nats` block of a daemon config file, as connect options (the same reading as the daemon's)."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f) or {}
+    except OSError as exc:
+        raise ConfigProblem(f"{path}: {exc.strerror or exc}") from None
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise ConfigProblem(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ConfigProblem(f"{path}: expected a mapping at the top")
+    nats_cfg = doc.get("nats") or {}
+    if not isinstance(nats_cfg, dict):
+        raise ConfigProblem(f"{path}: `nats` must be a mapping")
+    out = NatsSettings(identity=str(doc["identity"]) if doc.get("identity") else None)
+    url = nats_cfg.get("url")
+    if url:
+        out.urls = [u.strip() for u in (url if isinstance(url, list) else str(url).split(",")) if str(u).strip()]
+    if nats_cfg.get("stream"):
+        out.stream = str(nats_cfg["stream"])
+    if nats_cfg.get("subject_prefix"):
+        out.prefix = str(nats_cfg["subject_prefix"])
+    opts = out.options
+    if nats_cfg.get("inbox_prefix"):
+        # the identity's own inbox: accounts.conf lets it receive replies only there
+        opts["inbox_prefix"] = str(nats_cfg["inbox_prefix"])
+    auth = nats_cfg.get("auth") or {}
+    tls = nats_cfg.get("tls") or {}
+    if not isinstance(auth, dict) or not isinstance(tls, dict):
+        raise ConfigProblem(f"{path}: nats.auth and nats.tls must be mappings")
+    if "username_file" in auth or "password_file" in auth:
+        if "username_file" not in auth or "password_file" not in auth:
+            raise ConfigProblem("nats.auth: username_file and password_file go together")
+        opts["user"] = _read_secret(auth["username_file"])
+        opts["password"] = _read_secret(auth["password_file"])
+    if "token_file" in auth:
+        opts["token"] = _read_secret(auth["token_file"])
+    if "creds_file" in auth:
+        opts["user_credentials"] = str(auth["creds_file"])
+    if "nkey_seed_file" in auth:
+        opts["nkeys_seed"] = str(auth["nkey_seed_file"])
+    if tls:
+        opts["tls"] = _tls_context(tls.get("ca_file"), tls.get("cert_file"), tls.get("key_file"), "nats.tls")
+        if tls.get("server_name"):
+            opts["tls_hostname"] = str(tls["server_name"])
+    return out

@@ -1,0 +1,104 @@
+"""`muster queues` (no subcommand): per queue and cohort, quota, borrowing, lending, admitted and pending work.
+
+Per queue (GPUs): nominal quota, used, borrowed (used above nominal), lent (its unused
+nominal that others of its cohort tree use), running and pending gangs and their GPUs,
+held gangs, and its fair share (the scheduler's weighted dominant resource share, per
+mille; 0 within nominal). Per cohort the same figures summed over its subtree. Read from
+the folded state like `muster jobs`; `--watch` refreshes, `-o json|jsonl` prints data
+(jsonl: one row per queue, then per cohort, each with its `kind`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from muster.replay.cliargs import POINT_HELP, add_output, add_snapshot_arguments, add_source_arguments
+    from muster.replay.watching import add_watch_arguments
+
+    p.add_argument("--at", metavar="POINT", default="end", help=f"the queues as they were at: {POINT_HELP} (default)")
+    add_watch_arguments(p)
+    add_output(p)
+    add_source_arguments(p)
+    add_snapshot_arguments(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from muster.replay.watching import run_view
+
+    def view(replayed: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        doc = document(replayed)
+        rows = [{"kind": "queue", "name": r["queue"], **r} for r in doc["queues"]]
+        rows += [{"kind": "cohort", "name": f"cohort:{r['cohort']}", **r} for r in doc["cohorts"]]
+        return doc, rows
+
+    return run_view(args, "queues", "name", view, render)
+
+
+def document(replayed: Any) -> dict[str, Any]:
+    from muster.replay.status import cohort_status, queue_status
+
+    queues = queue_status(replayed.state)
+    return {
+        "seq": replayed.seq,
+        "at": replayed.state.now,
+        "queues": queues,
+        "cohorts": cohort_status(replayed.state, queues),
+    }
+
+
+def _limit(v: int | None) -> str:
+    return "-" if v is None else f"{v:,}"
+
+
+def render(doc: dict[str, Any]) -> Any:
+    """The queues table and, when there are cohorts, the cohorts table (one rich renderable)."""
+    from rich.console import Group
+    from rich.table import Table
+
+    from muster.replay.cliutil import add_row
+
+    counts = ("RUNNING", "PENDING", "HELD")
+    q = Table(title=f"Queues at seq {doc['seq']:,} (GPUs)", title_justify="left", box=None)
+    for col in ("QUEUE", "COHORT", "NOMINAL", "BORROW LIMIT", "USED", "BORROWED", "LENT", *counts, "FAIR SHARE"):
+        q.add_column(col, justify="left" if col in ("QUEUE", "COHORT") else "right", overflow="fold")
+    for r in doc["queues"]:
+        add_row(
+            q,
+            r["queue"],
+            r["cohort"] or "-",
+            f"{r['nominal']:,}",
+            _limit(r["borrowing_limit"]),
+            f"{r['used']:,}",
+            f"{r['borrowed']:,}",
+            f"{r['lent']:,}",
+            *(_gangs(r, c.lower()) for c in counts),
+            f"{r['fair_share'] / 1000:.3f}",
+        )
+    parts: list[Any] = [q]
+    if doc["cohorts"]:
+        c = Table(title="Cohorts (their whole subtree)", title_justify="left", box=None)
+        for col in ("COHORT", "PARENT", "QUEUES", "NOMINAL", "USED", "BORROWED", "LENT", *counts):
+            c.add_column(col, justify="left" if col in ("COHORT", "PARENT", "QUEUES") else "right", overflow="fold")
+        for r in doc["cohorts"]:
+            add_row(
+                c,
+                r["cohort"],
+                r["parent"] or "-",
+                ", ".join(r["queues"]),
+                f"{r['nominal']:,}",
+                f"{r['used']:,}",
+                f"{r['borrowed']:,}",
+                f"{r['lent']:,}",
+                *(_gangs(r, k.lower()) for k in counts),
+            )
+        parts.append(c)
+    return Group(*parts)
+
+
+def _gangs(row: dict[str, Any], kind: str) -> str:
+    """`3 (24)`: gangs and their GPUs."""
+    n = row[f"{kind}_jobs"]
+    return f"{n} ({row[f'{kind}_gpus']:,})" if n else "0"

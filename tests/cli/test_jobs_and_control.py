@@ -1,0 +1,252 @@
+"""`muster jobs`, `muster queues`, `cancel`, `hold` and `release` against a log on a real nats-server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from typing import Any
+
+import anyio
+import pytest
+
+from muster.cli import main
+from muster.events.store import EventStore
+from muster.events.types import (
+    CohortConfigured,
+    Event,
+    JobAdmitted,
+    JobCancelled,
+    JobHeld,
+    JobReleased,
+    JobSubmitted,
+    LeaderElected,
+    NodeAdded,
+    PodSet,
+    QueueConfigured,
+)
+
+RUNS = "team-a/job/train-1a2b3c4d"
+WAITS = "team-a/job/eval-5e6f7a8b"
+OTHER = "team-b/pytorchjob/bert-0011aa22"
+
+
+def _job(job: str, queue: str, gpus: int, at: int) -> JobSubmitted:
+    kind, ns, name = job.split("/")[1], job.split("/")[0], job.split("/")[2].rsplit("-", 1)[0]
+    return JobSubmitted(
+        at=at,
+        job=job,
+        queue=queue,
+        podsets=[PodSet(name="w", count=1, requests={"gpu": gpus})],
+        source=f"{kind.title()}/{ns}/{name}",
+    )
+
+
+START = 1_764_000_000
+HISTORY: list[Event] = [
+    LeaderElected(at=START, epoch=1, holder="d"),
+    CohortConfigured(at=START, name="org"),
+    QueueConfigured(at=START, name="qa", cohort="org", nominal={"gpu": 4}),
+    QueueConfigured(at=START, name="qb", cohort="org", nominal={"gpu": 8}),
+    NodeAdded(at=START, node="n0", capacity={"gpu": 8}),
+    _job(RUNS, "qa", 6, START + 1),
+    JobAdmitted(at=START + 1, job=RUNS, queue="qa", placement={"w-0": "n0"}, borrowed={"gpu": 2}, cycle=1, epoch=1),
+    _job(WAITS, "qa", 4, START + 2),
+    _job(OTHER, "qb", 8, START + 3),
+]
+
+
+@pytest.fixture
+def log(nats_url: str) -> Any:
+    """A fresh stream holding HISTORY, the flags that point a command at it, and a reader of its events."""
+    tag = uuid.uuid4().hex[:12]
+    stream, prefix = f"T{tag}", f"t{tag}"
+
+    async def connect() -> EventStore:
+        return await EventStore.connect(nats_url, stream=stream, prefix=prefix)
+
+    class Log:
+        flags = ["--nats", nats_url, "--stream", stream]
+        admin = [*flags, "--subject-prefix", prefix]
+
+        @staticmethod
+        def append(*events: Event) -> None:
+            async def go() -> None:
+                store = await connect()
+                try:
+                    await store.append(list(events))
+                finally:
+                    await store.close()
+
+            anyio.run(go)
+
+        @staticmethod
+        def events() -> list[Any]:
+            async def read() -> list[Any]:
+                store = await connect()
+                try:
+                    return [s.event for s in await store.read()]
+                finally:
+                    await store.close()
+
+            return anyio.run(read)
+
+    Log.append(*HISTORY)
+    yield Log
+
+    async def delete() -> None:
+        store = await connect()
+        await store.delete_stream()
+        await store.close()
+
+    anyio.run(delete)
+
+
+def _json(capsys: Any, *argv: str) -> Any:
+    assert main(list(argv)) == 0, capsys.readouterr().err
+    return json.loads(capsys.readouterr().out)
+
+
+def test_jobs_lists_live_jobs_with_state_position_and_reason(log, capsys) -> None:
+    """`muster jobs` shows running and pending jobs, each pending one with its queue position and reason."""
+    rows = {r["job"]: r for r in _json(capsys, "jobs", *log.flags, "-o", "json")["jobs"]}
+    assert rows.keys() == {RUNS, WAITS, OTHER}
+    assert (rows[RUNS]["state"], rows[RUNS]["nodes"], rows[RUNS]["position"]) == ("running", ["n0"], None)
+    assert (rows[WAITS]["state"], rows[WAITS]["position"], rows[WAITS]["reason"]) == ("pending", 1, "not judged yet")
+    assert rows[OTHER]["namespace"] == "team-b" and rows[OTHER]["name"] == "bert"
+    assert rows[WAITS]["age"] > 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "jobs"),
+    [
+        pytest.param(["--queue", "qb"], {OTHER}, id="queue"),
+        pytest.param(["--state", "running"], {RUNS}, id="state"),
+        pytest.param(["-n", "team-a"], {RUNS, WAITS}, id="namespace"),
+        pytest.param(["-q", "qa", "-t", "pending"], {WAITS}, id="queue-and-state"),
+    ],
+)
+def test_jobs_filters_by_queue_state_and_namespace(log, capsys, flags, jobs) -> None:
+    """Each filter keeps only the jobs it names; filters combine."""
+    rows = _json(capsys, "jobs", *log.flags, "-o", "json", *flags)["jobs"]
+    assert {r["job"] for r in rows} == jobs
+
+
+def test_jobs_refuses_an_unknown_queue_or_state(log, capsys) -> None:
+    """A queue the log has not configured, or a state that does not exist, is a usage error naming what exists."""
+    assert main(["jobs", *log.flags, "--queue", "nope"]) == 2
+    assert "no such queue on the log (queues: qa, qb)" in capsys.readouterr().err
+    assert main(["jobs", *log.flags, "--state", "sleeping"]) == 2
+    assert "--state sleeping: not a state" in capsys.readouterr().err
+
+
+def test_jobs_table_shows_names_that_can_be_typed_back(log, capsys) -> None:
+    """The table names each job by its short name (unique here), uncut, and `-o wide` adds the full id."""
+    assert main(["jobs", *log.flags, "-o", "wide"]) == 0
+    out = capsys.readouterr().out
+    for job in (RUNS, WAITS, OTHER):
+        assert job in out
+    assert "train" in out and "eval" in out and "bert" in out
+
+
+def test_queues_shows_quota_borrowing_work_and_fair_share(log, capsys) -> None:
+    """`muster queues` has per queue its used, borrowed, lent, gangs and GPUs, and per cohort their sums."""
+    doc = _json(capsys, "queues", *log.flags, "-o", "json")
+    qa, qb = doc["queues"]
+    assert (qa["queue"], qa["used"], qa["borrowed"], qa["running_jobs"], qa["pending_gpus"]) == ("qa", 6, 2, 1, 4)
+    assert qa["fair_share"] > 0 and qb["fair_share"] == 0
+    assert (qb["lent"], qb["pending_jobs"], qb["pending_gpus"]) == (2, 1, 8)
+    (org,) = doc["cohorts"]
+    assert (org["queues"], org["nominal"], org["used"], org["pending_jobs"]) == (["qa", "qb"], 12, 6, 2)
+
+
+def test_cancel_by_short_name_appends_job_cancelled_and_frees_the_quota(log, capsys) -> None:
+    """`muster cancel train` says which job it chose, appends JobCancelled, and the queue's usage is freed."""
+    assert main(["cancel", "train", *log.admin, "--reason", "wrong data"]) == 0
+    out = capsys.readouterr()
+    assert f"'train' is job {RUNS} (by short name)" in out.err and f"cancelled {RUNS}" in out.out
+    last = log.events()[-1]
+    assert isinstance(last, JobCancelled) and last.job == RUNS and last.reason == "Cancelled: wrong data"
+    qa = _json(capsys, "queues", *log.flags, "-o", "json")["queues"][0]
+    assert (qa["used"], qa["running_jobs"]) == (0, 0)
+    rows = _json(capsys, "jobs", *log.flags, "-o", "json", "--state", "cancelled")["jobs"]
+    assert [r["job"] for r in rows] == [RUNS]
+
+
+def test_cancel_of_an_ended_or_unknown_job_appends_nothing(log, capsys) -> None:
+    """An ambiguous prefix lists the candidates, a typo or an ended job is refused: exit 2, the log unchanged."""
+    before = len(log.events())
+    assert main(["cancel", "team-a/", *log.admin]) == 2
+    err = capsys.readouterr().err
+    assert "ambiguous" in err and RUNS in err and WAITS in err
+    assert main(["cancel", "bret", "eval", *log.admin]) == 2
+    assert "no job 'bret'" in capsys.readouterr().err
+    log.append(JobCancelled(at=START + 5, job=OTHER))
+    assert main(["cancel", "bert", *log.admin]) == 2
+    assert f"job {OTHER} is cancelled: it already ended" in capsys.readouterr().err
+    assert len(log.events()) == before + 1
+
+
+def test_hold_and_release_a_pending_job(log, capsys) -> None:
+    """`hold` marks a pending job held (no position, not tried), `release` puts it back in its place."""
+    assert main(["hold", "eval", *log.admin]) == 0
+    assert isinstance(log.events()[-1], JobHeld)
+    capsys.readouterr()
+    (row,) = _json(capsys, "jobs", *log.flags, "-o", "json", "-q", "qa", "-t", "held")["jobs"]
+    assert (row["job"], row["position"]) == (WAITS, None)
+    assert _json(capsys, "queues", *log.flags, "-o", "json")["queues"][0]["held_jobs"] == 1
+    assert main(["hold", "eval", *log.admin]) == 2
+    assert "only a pending job can be held" in capsys.readouterr().err
+    assert main(["release", "eval", *log.admin, "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["action"] == "released"
+    assert isinstance(log.events()[-1], JobReleased)
+    (row,) = _json(capsys, "jobs", *log.flags, "-o", "json", "-q", "qa", "-t", "pending")["jobs"]
+    assert row["position"] == 1
+
+
+def test_jobs_watch_prints_the_rows_that_change(log) -> None:
+    """`muster jobs --watch -o jsonl` prints every row, then only a changed row, and a removed one as removed."""
+    cmd = [sys.executable, "-m", "muster.cli", "jobs", *log.flags, "--watch", "--interval", "0.1", "-o", "jsonl"]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            first = {r["job"]: r for r in (json.loads(proc.stdout.readline()) for _ in range(3))}
+            assert first.keys() == {RUNS, WAITS, OTHER}
+            log.append(JobHeld(at=START + 9, job=WAITS), JobCancelled(at=START + 9, job=OTHER))
+            changed = [json.loads(proc.stdout.readline()) for _ in range(2)]
+        finally:
+            proc.terminate()
+    held = {**first[WAITS], "state": "held", "position": None, "reason": changed[0]["reason"], "age": changed[0]["age"]}
+    assert changed == [held, {"job": OTHER, "removed": True}]
+
+
+def test_jobs_and_queues_connect_with_the_daemons_config_file(log, tmp_path, capsys) -> None:
+    """`--config` gives the URL and stream (the daemon's `nats` block); a config that cannot be read exits 2."""
+    import yaml
+
+    url, stream = log.flags[1], log.flags[3]
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"nats": {"url": url, "stream": stream}}))
+    rows = _json(capsys, "jobs", "--config", str(config), "-o", "json")["jobs"]
+    assert {r["job"] for r in rows} == {RUNS, WAITS, OTHER}
+    assert main(["queues", "--config", str(tmp_path / "missing.yaml")]) == 2
+    assert "missing.yaml" in capsys.readouterr().err
+    assert main(["jobs", "--config", str(config), "--creds", str(tmp_path / "nope.creds")]) == 2
+    assert "--creds" in capsys.readouterr().err
+
+
+def test_a_narrow_table_wraps_an_id_and_never_cuts_it() -> None:
+    """On a 50-column terminal a long id is folded over lines, every character kept (no ellipsis)."""
+    import io
+
+    from rich.console import Console
+
+    from muster.replay.jobscli import render
+
+    long_id = "team-a/job/a-very-long-training-job-name-1a2b3c4d"
+    row = {"name": long_id, "queue": "q", "state": "pending", "position": 1, "gpus": 8, "age": 5, "reason": "quota"}
+    out = io.StringIO()
+    Console(file=out, width=50).print(render({"seq": 1, "jobs": [row]}))
+    column = "".join(line.split()[0] for line in out.getvalue().splitlines()[2:] if line.strip())
+    assert "…" not in out.getvalue() and column.startswith(long_id)

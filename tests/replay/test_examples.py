@@ -1,0 +1,84 @@
+"""Every scenario in examples/ runs and shows what its comments promise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from muster.events.types import Event, JobAdmitted, JobInadmissible, JobPreempted
+from muster.replay.scenario import load
+from muster.replay.simulator import simulate
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def run(name: str) -> list[Event]:
+    return list(simulate(load(str(EXAMPLES / name))).events)
+
+
+def admissions(events: list[Event], job: str) -> list[JobAdmitted]:
+    return [e for e in events if isinstance(e, JobAdmitted) and e.job == job]
+
+
+def preemptions(events: list[Event]) -> list[tuple[str, str | None, str, int]]:
+    return [(e.job, e.preemptor, e.reason, e.at) for e in events if isinstance(e, JobPreempted)]
+
+
+def test_every_example_is_tested_here() -> None:
+    """A new scenario in examples/ needs its own test below."""
+    tested = {"deadlock", "quotas_and_borrowing", "preemption", "topology", "idle_reclaim", "trace_replay"}
+    assert {p.stem for p in EXAMPLES.glob("*.yaml")} == tested
+
+
+def test_deadlock_one_gang_runs_the_other_waits_whole() -> None:
+    """Two 64-GPU gangs on 96 GPUs: one runs, the other is admitted whole once it finishes."""
+    events = run("deadlock.yaml")
+    first, second = admissions(events, "big-1"), admissions(events, "big-2")
+    assert first[0].at == 0 and second[0].at == 3600 and len(second[0].placement) == 8
+
+
+def test_quotas_and_borrowing_team_b_reclaims_what_team_a_borrowed() -> None:
+    """team-a borrows team-b's idle 16 GPUs; team-b's job reclaims them at t=600; team-a's job runs again later."""
+    events = run("quotas_and_borrowing.yaml")
+    assert admissions(events, "a-wide")[0].borrowed == {"gpu": 16}
+    assert preemptions(events) == [("a-wide", "b-train", "ReclaimWithinCohort", 600)]
+    assert admissions(events, "b-train")[0].at == 600
+    assert admissions(events, "a-wide")[1].at == 1800
+
+
+def test_preemption_evicts_the_scavenger_never_inference() -> None:
+    """The training job evicts the scavenger (WithinQueue); the non-preemptible server keeps running."""
+    events = run("preemption.yaml")
+    assert preemptions(events) == [("scavenge", "train", "WithinQueue", 100)]
+    assert admissions(events, "train")[0].at == 100 and len(admissions(events, "serve")) == 1
+    assert admissions(events, "scavenge")[1].at == 1900
+
+
+def test_topology_keeps_each_gang_in_one_rack_and_the_third_waits() -> None:
+    """Each 32-GPU gang runs inside one rack; the third waits for a whole rack rather than spreading."""
+    events = run("topology.yaml")
+    for gang in ("gang-1", "gang-2", "gang-3"):
+        (admitted,) = admissions(events, gang)
+        assert len({node.split("-")[0] for node in admitted.placement.values()}) == 1, gang
+    assert admissions(events, "gang-3")[0].at == 1210
+    assert any(isinstance(e, JobInadmissible) and e.job == "gang-3" for e in events)
+
+
+def test_idle_reclaim_takes_back_the_idle_borrowed_gpus() -> None:
+    """The idle notebook is preempted (IdleReclaim) 600 s after its first idle sample; team-b's job then runs."""
+    events = run("idle_reclaim.yaml")
+    assert preemptions(events) == [("notebook", None, "IdleReclaim", 660)]
+    assert admissions(events, "b-train")[0].at == 660
+    assert len(admissions(events, "busy")) == 1
+
+
+@pytest.mark.parametrize("job", [f"t-00{i}" for i in range(1, 9)])
+def test_trace_replay_runs_every_job_of_the_trace(job: str) -> None:
+    """Every row of trace.csv becomes a gang of gpus / gpus_per_pod pods that is admitted."""
+    events = run("trace_replay.yaml")
+    admitted = admissions(events, job)
+    assert admitted, f"{job} never ran"
+    rows = {r.split(",")[0]: r.split(",") for r in (EXAMPLES / "trace.csv").read_text().splitlines()[1:]}
+    gpus, per_pod = int(rows[job][3]), int(rows[job][4])
+    assert len(admitted[0].placement) == max(1, gpus // per_pod)
