@@ -69,7 +69,7 @@ def subject_token(value: str) -> str:
 
 
 # the events about one job: published on `job.<id>`, by the daemon's identity only
-_JOB_EVENTS: tuple[type[Event], ...] = (
+_JOB_EVENTS = (
     JobCancelled,
     JobHeld,
     JobReleased,
@@ -87,11 +87,11 @@ _JOB_EVENTS: tuple[type[Event], ...] = (
 
 def _route(event: Event) -> tuple[str, str]:
     """(kind, id) of an event's subject; a submission's id is `<queue>.<job>`."""
+    if isinstance(event, _JOB_EVENTS):
+        return "job", subject_token(event.job)
     match event:
         case JobSubmitted():
             return "submit", f"{subject_token(event.queue)}.{subject_token(event.job)}"
-        case _ if isinstance(event, _JOB_EVENTS):
-            return "job", subject_token(event.job)
         case NodeAdded() | NodeUpdated() | NodeRemoved() | NodeCordoned():
             return "node", subject_token(event.node)
         case QueueConfigured():

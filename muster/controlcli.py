@@ -72,7 +72,7 @@ def event_for(action: Action, job: str, at: int, reason: str) -> Any:
 
 def msg_id(event: Any, last_seq: int) -> str:
     """A cancellation is the job's end (the daemon's id for it); a hold or release is one per log position."""
-    from muster.daemon.loop import fact_id
+    from muster.daemon.msgids import fact_id
 
     end: str | None = fact_id(event)
     if end is not None:
