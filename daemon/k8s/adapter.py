@@ -53,7 +53,7 @@ from muster.daemon.k8s.reconciling import find_vanished, live_jobs
 from muster.daemon.k8s.reporting import Reporter, reports_for
 from muster.daemon.k8s.translating import Translator
 from muster.daemon.k8s.watching import Backoff, Synced, WatchEvent, watch_objects
-from muster.events.types import Event, JobAdmitted, JobPreempted
+from muster.events.types import Event, JobAdmitted, JobId, JobPreempted
 from muster.projections.cluster import ClusterState
 
 __all__ = ["KubernetesAdapter", "Sink"]
@@ -200,6 +200,9 @@ class KubernetesAdapter:
                         tg.start_soon(self._resolve, owner, send.clone())
                     for namespace in self.translator.gangs.namespaces_to_fetch():
                         tg.start_soon(self._resolve_namespace, namespace, send.clone())
+                    for job in sorted(self.translator.gangs.rebind):
+                        tg.start_soon(self._rebind, job)
+                    self.translator.gangs.rebind.clear()
                     if events:
                         await sink(events)
                     # Only now are these versions "pushed" (see caught_up).
@@ -227,11 +230,7 @@ class KubernetesAdapter:
         result = await self.applier.apply(event)
         if self.reporter is not None and (result.outcome == "applied" or not isinstance(event, _APPLIED)):
             self.reporter.report(reports_for(event, pods, owner))
-        async with self._lock:
-            # Evictions and failures change what muster's own pods hold (reserved capacity).
-            events = list(result.events) + self.translator.flush(int(self._clock()))
-            if events and self._sink is not None:
-                await self._sink(events)
+        await self._push(result.events)
         log.info(
             "applied",
             type=type(event).__name__,
@@ -265,6 +264,24 @@ class KubernetesAdapter:
                 await sink(events)
         return events
 
+    async def _rebind(self, job: JobId) -> None:
+        """Bind the pods that took over slots of `job`'s admitted gang (`Gangs._take_successors`), as placed."""
+        known = self._state().jobs.get(job) if self._state is not None else None
+        if known is None or known.status != "admitted":
+            log.warning("a successor pod waits: the log has no admission of its job here", job=job)
+            return
+        result = await self.applier.rebind(job, known.placement)
+        await self._push(result.events)
+        log.info("successors bound", job=job, outcome=result.outcome, detail=result.detail)
+
+    async def _push(self, found: tuple[Event, ...]) -> None:
+        """Push facts found while applying, with what they changed (evictions and failures change what
+        muster's own pods hold: reserved capacity)."""
+        async with self._lock:
+            events = list(found) + self.translator.flush(int(self._clock()))
+            if events and self._sink is not None:
+                await self._sink(events)
+
     async def _reconcile_every(self, sink: Sink) -> None:
         while True:
             await anyio.sleep(self._reconcile_seconds)
@@ -292,7 +309,9 @@ class KubernetesAdapter:
             return
         if isinstance(item, _OwnerSize):
             sizing = item.sizing
-            self.translator.on_owner_size(item.owner, sizing.size, at, uid=sizing.uid, queue=sizing.queue)
+            self.translator.on_owner_size(
+                item.owner, sizing.size, at, uid=sizing.uid, queue=sizing.queue, completions=sizing.completions
+            )
             return
         if item.resource == "nodes":
             self.translator.on_node(item)

@@ -16,6 +16,8 @@
   429 (a PodDisruptionBudget) and 5xx/timeouts are retried with backoff. A
   victim whose pods no controller recreates (bare pods, a pod group) ends with
   JobFailed: requeued, it would be readmitted for pods that never come back.
+- `rebind(job, placement)`: the admission of a gang applied again when pods took over
+  slots of it (an Indexed Job's next indexes, `Gangs._take_successors`).
 - `ready(event)`: the bounded wait for an admission's pods, which a caller may
   run before taking a slot of its own concurrency limit.
 - `JobRejected`: nothing to change in the cluster; the gang is forgotten so
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -148,19 +150,31 @@ class Applier:
                 await self._changed()
 
     async def _admit(self, event: JobAdmitted) -> ApplyResult:
-        job = event.job
         await self.ready(event)  # at once when the caller already waited
+        return await self._bind_gang(event.job, event.placement)
+
+    async def rebind(self, job: JobId, placement: Mapping[str, str]) -> ApplyResult:
+        """Bind the pods that took over slots of `job`'s admitted gang (an Indexed Job's next indexes).
+
+        The admission applied again: pods already on their nodes (or done there) count as done,
+        so only the successors are bound.
+        """
+        if not self.gangs.complete(job):
+            return ApplyResult(True, "skipped", "the gang is not whole (preempted, or a pod on its way)")
+        return await self._bind_gang(job, placement)
+
+    async def _bind_gang(self, job: JobId, placement: Mapping[str, str]) -> ApplyResult:
         if self.gangs.ended(job):
             return ApplyResult(True, "skipped", "the job already ended")
         pods = self.gangs.pods_of(job)
         if pods is None:
             return ApplyResult(True, "skipped", "no pods of this job in the cluster")
-        missing = sorted(set(event.placement) - set(pods))
+        missing = sorted(set(placement) - set(pods))
         gone = [
             name
-            for name in sorted(event.placement)
+            for name in sorted(placement)
             if name in pods and not pods[name].active
-            if not (pods[name].ran and pods[name].node == event.placement[name])
+            if not (pods[name].ran and pods[name].node == placement[name])
         ]
         if missing or gone:
             reason = f"pods gone before binding: {', '.join(missing + gone)}"
@@ -175,7 +189,7 @@ class Applier:
                 results[pod.key] = await self._bind_one(pod, node, deadline)
 
         async with anyio.create_task_group() as tg:
-            for name, node in sorted(event.placement.items()):
+            for name, node in sorted(placement.items()):
                 tg.start_soon(bind, name, pods[name], node)
 
         outcomes = set(results.values())

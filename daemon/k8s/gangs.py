@@ -103,6 +103,8 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
 TERMINATED = ("Succeeded", "Failed")
+ENDED = ("finished", "failed", "cancelled", "rejected")
+"""Statuses of a job on the log that never runs again."""
 VOLCANO_POD_GROUP = "VolcanoPodGroup"
 COSCHEDULING_POD_GROUP = "CoschedulingPodGroup"
 UNOWNED = ("Pod", "Gang")
@@ -166,6 +168,8 @@ class PodInfo:
     grace_seconds: int | None
     reason: str
     problems: tuple[str, ...] = ()
+    completion_index: int | None = None
+    """An Indexed Job's pod: the index it completes (its successor after a success has the next one)."""
 
     @property
     def active(self) -> bool:
@@ -306,6 +310,7 @@ def pod_info(pod: Obj) -> PodInfo:
         grace_seconds=_int(spec.get("terminationGracePeriodSeconds")),
         reason=reason,
         problems=tuple(problems),
+        completion_index=_int(annotations.get(COMPLETION_INDEX) or labels.get(COMPLETION_INDEX)),
     )
 
 
@@ -324,6 +329,9 @@ class KnownJob(Protocol):
     @property
     def placement(self) -> dict[str, str]: ...
 
+    @property
+    def pods(self) -> dict[str, str]: ...
+
 
 @dataclass
 class Gang:
@@ -339,12 +347,20 @@ class Gang:
     done: bool = False
     requeued: bool = False
     """Preempted: waiting for replacement pods to map onto the same podsets."""
-    evicting: set[str] = field(default_factory=set)
-    """Uids of pods muster evicted; their end is expected."""
+    retired: set[str] = field(default_factory=set)
+    """Uids of pods the log no longer counts for this gang's job, whose end is expected: pods muster
+    evicted, and the pods of an earlier run still there when a new run began (`_next_run`)."""
     uid: str = ""
     """The owner's uid, learned from its lookup when its pods do not carry it."""
     queue: str = ""
     """The owner's queue (its queue label, a Volcano PodGroup's spec.queue), for pods that name none."""
+    completions: int | None = None
+    """A Job's successful pods needed in all (its `completions`, at least the gang's size); None: not
+    read yet (a gang the log sized), or not a Job."""
+    asked: bool = False
+    """A lookup of the owner was asked for (each gang asks at most once)."""
+    later_run: bool = False
+    """This run began after an earlier run of the same owner ended (`_next_run`): its job id is salted."""
 
 
 def _podsets(pods: list[PodInfo]) -> tuple[list[PodSet], dict[str, str]]:
@@ -363,6 +379,38 @@ def _podsets(pods: list[PodInfo]) -> tuple[list[PodSet], dict[str, str]]:
         for i, p in enumerate(members):
             mapping[f"{name}-{i}"] = p.key
     return podsets, mapping
+
+
+def _shape(p: PodInfo) -> tuple[str, tuple[tuple[str, int], ...], Topology | None]:
+    """What makes two pods interchangeable in a gang: role, requests, topology (`_podsets` groups by it)."""
+    return (p.hint, tuple(sorted(p.requests.items())), p.topology)
+
+
+def _as_placed(mapping: dict[str, str], pods: Mapping[str, PodInfo], placement: Mapping[str, str]) -> dict[str, str]:
+    """`mapping` with every bound pod on the gang pod name the log placed on its node, within its podset.
+
+    Sorting gives a relisting leader the submission's names, but a successor (`_take_successors`)
+    took the name of the pod it succeeded, whatever its own order: its node says which.
+    """
+    out = dict(mapping)
+    podsets: dict[str, list[str]] = {}
+    for name in sorted(mapping):
+        podsets.setdefault(name.rsplit("-", 1)[0], []).append(name)
+    for names in podsets.values():
+        keys = [mapping[n] for n in names]
+        free = list(names)
+        placed: dict[str, str] = {}
+        for key in keys:
+            node = pods[key].node if key in pods else ""
+            on_node = next((n for n in free if node and placement.get(n) == node), None)
+            if on_node is not None:
+                free.remove(on_node)
+                placed[key] = on_node
+        for key in keys:
+            if key not in placed:
+                placed[key] = free.pop(0)
+        out.update({name: key for key, name in placed.items()})
+    return out
 
 
 def _salt(gang: Gang, chosen: list[PodInfo]) -> str:
@@ -402,6 +450,8 @@ class Gangs:
         """Namespace -> its default queue ("" for none), once read."""
         self._ns_wanted: list[str] = []
         self._ns_asked: set[str] = set()
+        self.rebind: set[JobId] = set()
+        """Admitted jobs whose gang took a successor pod (`_take_successors`): the adapter binds it."""
 
     # ------------------------------------------------------------ inputs
 
@@ -424,6 +474,7 @@ class Gangs:
                 if known is not None:
                     gang.size = sum(ps.count for ps in known.podsets)  # as submitted: no lookup
                 else:
+                    gang.asked = True
                     self._wanted.append(owner)
                     self._unsized.add(owner)
         gang.pods[info.key] = info
@@ -441,7 +492,7 @@ class Gangs:
             and gang.job_id is not None
             and not gang.done
             and not gang.requeued
-            and info.uid not in gang.evicting
+            and info.uid not in gang.retired
             and key in gang.mapping.values()
             and info.phase not in TERMINATED
         ):
@@ -452,21 +503,37 @@ class Gangs:
         self._collect(gang)
         return events
 
-    def set_size(self, owner: Owner, size: int | None, at: int, *, uid: str = "", queue: str = "") -> list[Event]:
+    def set_size(
+        self,
+        owner: Owner,
+        size: int | None,
+        at: int,
+        *,
+        uid: str = "",
+        queue: str = "",
+        completions: int | None = None,
+    ) -> list[Event]:
         """The owner's gang size, or None when the owner is gone (its pods will be garbage-collected).
 
-        `uid` and `queue` are the owner's as its lookup found them (used when the pods lack them).
-        A size below 1 (a PodGroup with `minMember: 0`) leaves the pods alone, like a gone owner.
+        `uid` and `queue` are the owner's as its lookup found them (used when the pods lack them);
+        `completions` a Job's successful pods needed in all. A size below 1 (a PodGroup with
+        `minMember: 0`) leaves the pods alone, like a gone owner. A gang sized already (from the
+        log) asked only for its Job's completions.
         """
         self._unsized.discard(owner)
         gang = self._gangs.get(owner)
-        if gang is None or gang.size is not None:
+        if gang is None:
             return []
+        if gang.size is not None:
+            gang.completions = max(gang.size, completions or 0)
+            return self._evaluate(gang, at)
         if size is None or size < 1:
             gang.done = True
             self.recheck.update(gang.pods)
             return []
         gang.size = size
+        if owner.kind == "Job":
+            gang.completions = max(size, completions or 0)
         if not owner.uid:
             gang.uid = uid
         gang.queue = queue
@@ -527,7 +594,7 @@ class Gangs:
         gang = self._gangs.get(owner) if owner is not None else None
         if gang is None:
             return False
-        if gang.done or info.uid in gang.evicting:
+        if gang.done or info.uid in gang.retired:
             return True
         if self._known is None:
             return False
@@ -563,7 +630,7 @@ class Gangs:
         if gang is None:
             return []
         victims = sorted(gang.pods.values(), key=PodInfo.sort_key)
-        gang.evicting |= {p.uid for p in victims}
+        gang.retired |= {p.uid for p in victims}
         self.recheck.update(p.key for p in victims)
         gang.started = False
         gang.requeued = True
@@ -654,11 +721,14 @@ class Gangs:
             self._unsized.discard(gang.owner)
 
     def _evaluate(self, gang: Gang, at: int) -> list[Event]:
-        if gang.done or gang.size is None:
+        if gang.size is None:
             return []
+        if gang.done:
+            return self._next_run(gang, at)
         events: list[Event] = []
         if gang.job_id is None:
-            active = sorted((p for p in gang.pods.values() if p.active), key=PodInfo.sort_key)
+            current = (p for p in gang.pods.values() if p.active and p.uid not in gang.retired)
+            active = sorted(current, key=PodInfo.sort_key)
             chosen = active[: gang.size]
             if len(active) < gang.size:
                 # A gang the log already knows may have run, even ended, while no adapter watched
@@ -673,7 +743,7 @@ class Gangs:
             if self._needs_namespace(gang, chosen):
                 return []
             gang.podsets, gang.mapping = _podsets(chosen)
-            gang.job_id = gang.owner.job_id(_salt(gang, chosen))
+            gang.job_id = self._job_id(gang, chosen)
             self._by_job[gang.job_id] = gang.owner
             self.recheck.update(gang.pods)  # now the log can say whether it counts them (holds_capacity)
             known = self._known(gang.job_id) if self._known is not None else None
@@ -681,13 +751,15 @@ class Gangs:
                 events.append(self._submission(gang, chosen, at))
             else:
                 gang.started = known.started_at is not None
-                if known.status in ("finished", "failed", "cancelled", "rejected"):
+                if known.status in ENDED:
                     gang.done = True
                     self._ended.add(gang.job_id)
                     return events
+                if known.status == "admitted":
+                    gang.mapping = _as_placed(gang.mapping, gang.pods, known.placement)
         elif gang.requeued:
             fresh = sorted(
-                (p for p in gang.pods.values() if p.active and p.uid not in gang.evicting), key=PodInfo.sort_key
+                (p for p in gang.pods.values() if p.active and p.uid not in gang.retired), key=PodInfo.sort_key
             )
             if len(fresh) < gang.size:
                 return events
@@ -699,15 +771,18 @@ class Gangs:
             gang.mapping = mapping
             gang.requeued = False
         assert gang.job_id is not None
+        self._take_successors(gang)
         mapped = [gang.pods.get(key) for key in gang.mapping.values()]
         for p in mapped:
-            if p is not None and p.phase == "Failed" and p.uid not in gang.evicting:
+            if p is not None and p.phase == "Failed" and p.uid not in gang.retired:
                 why = f": {p.reason}" if p.reason else ""
                 return events + self._end(gang, JobFailed(at=at, job=gang.job_id, reason=f"pod {p.key} failed{why}"))
         present = [p for p in mapped if p is not None]
         if len(present) < len(mapped):
             return events
         if all(p.phase == "Succeeded" for p in present):
+            if not self._completed(gang):
+                return events  # the Job's next indexes are on their way: they run in these slots
             if not gang.started:
                 events.append(JobStarted(at=at, job=gang.job_id))
                 gang.started = True
@@ -716,6 +791,100 @@ class Gangs:
             gang.started = True
             events.append(JobStarted(at=at, job=gang.job_id))
         return events
+
+    def _job_id(self, gang: Gang, chosen: list[PodInfo]) -> JobId:
+        """The job of this run: the owner's, or, for a later run of a recreating owner, salted by its pods.
+
+        A later run is one that began while this adapter watched (`_next_run`), or, for a new leader
+        relisting the cluster, pods that are not those of the owner's job the log saw end.
+        """
+        job = gang.owner.job_id(_salt(gang, chosen))
+        if not gang.later_run and recreated(gang.owner) and self._known is not None:
+            known = self._known(job)
+            gang.later_run = (
+                known is not None and known.status in ENDED and not {p.key for p in chosen} & set(known.pods.values())
+            )
+        if not gang.later_run:
+            return job
+        uids = "".join(sorted(p.uid for p in chosen))
+        return JobId(f"{job}-r{hashlib.sha256(uids.encode()).hexdigest()[:6]}")
+
+    def _next_run(self, gang: Gang, at: int) -> list[Event]:
+        """A recreating owner's new pods for a gang whose run ended are a new run, submitted as a new job.
+
+        A Job whose pods were lost (a node gone) and did not come back before the admission that
+        re-placed them gave up ends with JobFailed; its controller's replacements, arriving later,
+        would otherwise pend forever. The log's rule is that an ended job never runs again, so
+        the replacements are a new job (`_job_id`), once `size` pods that were never part of the
+        ended run exist. What is left of the old run counts outside any job (`retired`).
+        """
+        if gang.size is None or gang.job_id is None or not recreated(gang.owner):
+            return []
+        mapped = set(gang.mapping.values())
+        fresh = [p for p in gang.pods.values() if p.active and p.key not in mapped and p.uid not in gang.retired]
+        if len(fresh) < gang.size:
+            return []
+        fresh_uids = {p.uid for p in fresh}
+        gang.retired |= {p.uid for p in gang.pods.values() if p.uid not in fresh_uids}
+        self._by_job.pop(gang.job_id, None)
+        gang.job_id, gang.mapping, gang.podsets = None, {}, []
+        gang.done = gang.started = gang.requeued = False
+        gang.later_run = True
+        self.recheck.update(gang.pods)
+        return self._evaluate(gang, at)
+
+    def _take_successors(self, gang: Gang) -> None:
+        """A Job with completions > parallelism runs its next indexes in the slots its succeeded pods leave.
+
+        As Kueue counts such a Job: the gang is `parallelism` pods, admitted once; the pod the Job
+        controller creates after a success takes that pod's gang pod name and so its node (the
+        adapter binds it: `rebind`), with no new submission and no second share of quota. A
+        successor an earlier leader bound is found on its predecessor's node.
+        """
+        if gang.owner.kind != "Job" or gang.requeued or gang.job_id is None:
+            return
+        freed = [n for n, key in sorted(gang.mapping.items()) if key in gang.pods and gang.pods[key].ran]
+        mapped = set(gang.mapping.values())
+        waiting = sorted(
+            (p for p in gang.pods.values() if p.active and p.key not in mapped and p.uid not in gang.retired),
+            key=PodInfo.sort_key,
+        )
+        for name in freed:
+            done = gang.pods[gang.mapping[name]]
+            fits = [p for p in waiting if _shape(p) == _shape(done) and p.node in ("", done.node)]
+            successor = next((p for p in fits if p.node), None) or next(iter(fits), None)
+            if successor is None:
+                continue
+            waiting.remove(successor)
+            gang.mapping[name] = successor.key
+            if not successor.node:
+                self.rebind.add(gang.job_id)
+
+    def _completed(self, gang: Gang) -> bool:
+        """Whether the owner needs no more pods: a Job counts its successful pods (distinct indexes) to completions."""
+        if gang.owner.kind != "Job":
+            return True
+        if gang.completions is None:
+            # Sized from the log (a new leader): only pods past the gang's size (more pods, a higher
+            # index) say the Job may want more, so a relist of finished gangs costs no lookups.
+            size = gang.size or 0
+            beyond = len(gang.pods) > size or any((p.completion_index or 0) >= size for p in gang.pods.values())
+            if gang.asked or beyond:
+                self._ask_completions(gang)
+                return False
+            return True
+        succeeded = {
+            p.completion_index if p.completion_index is not None else p.uid
+            for p in gang.pods.values()
+            if p.phase == "Succeeded"
+        }
+        return len(succeeded) >= gang.completions
+
+    def _ask_completions(self, gang: Gang) -> None:
+        """Read a Job the log sized (a new leader's relist): how many successful pods it needs (once)."""
+        if not gang.asked:
+            gang.asked = True
+            self._wanted.append(gang.owner)
 
     def _needs_namespace(self, gang: Gang, chosen: list[PodInfo]) -> bool:
         """Whether the gang names no queue and waits for its namespace's default (asked for here once)."""
