@@ -46,11 +46,11 @@ from kubernetes_asyncio.client import ApiClient
 from muster.daemon.k8s.applying import Applier, ApplyResult
 from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import KubeError
-from muster.daemon.k8s.gangs import Owner
+from muster.daemon.k8s.gangs import Owner, PodInfo
 from muster.daemon.k8s.objects import DEFAULT_TOLERATED_TAINTS
 from muster.daemon.k8s.owners import Sizing, fetch_namespace_queue, fetch_sizing
 from muster.daemon.k8s.reconciling import find_vanished, live_jobs
-from muster.daemon.k8s.reporting import Reporter, reports_for
+from muster.daemon.k8s.reporting import Reporter, binding_failed, reports_for
 from muster.daemon.k8s.translating import Translator
 from muster.daemon.k8s.watching import Backoff, Synced, WatchEvent, watch_objects
 from muster.events.types import Event, JobAdmitted, JobId, JobPreempted
@@ -115,13 +115,16 @@ class KubernetesAdapter:
         reconcile_seconds: float = 60.0,
         report: bool = True,
         pod_conditions: bool = True,
+        workload_status: bool = True,
         namespace_queues: bool = True,
     ) -> None:
         """`state`, when given, is the fold of the log; the first batch then writes only what the log lacks.
 
         `report`: write Kubernetes Events about decisions (`reporting`); `pod_conditions`: also set
-        `PodScheduled=False` on the pods of a waiting gang. `namespace_queues`: a gang naming no
-        queue takes its namespace's `muster.dev/default-queue` (one `get` per namespace).
+        `PodScheduled=False` on the pods of a waiting gang (and a pod group's status on its pods);
+        `workload_status`: the gang's status as annotations on its Job, JobSet or Kubeflow job.
+        `namespace_queues`: a gang naming no queue takes its namespace's `muster.dev/default-queue`
+        (one `get` per namespace).
         """
         self.client = KubeClient(api_client, request_seconds=request_seconds)
         self.translator = Translator(
@@ -133,7 +136,11 @@ class KubernetesAdapter:
         self.scheduler_name = scheduler_name
         self._state = state
         self._reconcile_seconds = reconcile_seconds
-        self.reporter = Reporter(self.client, pod_conditions=pod_conditions, clock=clock) if report else None
+        self.reporter = (
+            Reporter(self.client, pod_conditions=pod_conditions, workload_status=workload_status, clock=clock)
+            if report
+            else None
+        )
         self._clock = clock
         self._backoff = backoff or Backoff()
         self._watch_seconds = watch_seconds
@@ -230,6 +237,8 @@ class KubernetesAdapter:
         result = await self.applier.apply(event)
         if self.reporter is not None and (result.outcome == "applied" or not isinstance(event, _APPLIED)):
             self.reporter.report(reports_for(event, pods, owner))
+        if isinstance(event, JobAdmitted):
+            self._binding_failed(event.job, result, pods, owner)
         await self._push(result.events)
         log.info(
             "applied",
@@ -270,9 +279,18 @@ class KubernetesAdapter:
         if known is None or known.status != "admitted":
             log.warning("a successor pod waits: the log has no admission of its job here", job=job)
             return
+        gangs = self.translator.gangs
+        pods, owner = gangs.pods_of(job) or {}, gangs.owner_of(job)
         result = await self.applier.rebind(job, known.placement)
+        self._binding_failed(job, result, pods, owner)
         await self._push(result.events)
         log.info("successors bound", job=job, outcome=result.outcome, detail=result.detail)
+
+    def _binding_failed(self, job: JobId, result: ApplyResult, pods: dict[str, PodInfo], owner: Owner | None) -> None:
+        """Tell the pods a refused binding left unbound (PodScheduled=False, SchedulerError)."""
+        if self.reporter is not None and result.outcome in ("conflict", "error"):
+            log.warning("binding refused", job=job, detail=result.detail)
+            self.reporter.report(binding_failed(pods, owner, result.pods))
 
     async def _push(self, found: tuple[Event, ...]) -> None:
         """Push facts found while applying, with what they changed (evictions and failures change what

@@ -29,6 +29,7 @@ __all__ = ["KubeClient", "call_json"]
 Obj = dict[str, Any]
 Page = tuple[list[Obj], str]
 """One page of a list: its objects and the list's resourceVersion."""
+MERGE_PATCH = "application/merge-patch+json"
 
 
 async def call_json(fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> tuple[int, Any]:
@@ -157,6 +158,23 @@ class KubeClient:
     async def get_custom(self, group: str, version: str, namespace: str, plural: str, name: str) -> Obj:
         _, data = await self._call(self.custom.get_namespaced_custom_object, group, version, namespace, plural, name)
         return dict(data)
+
+    async def annotate(self, group: str, version: str, plural: str, namespace: str, name: str, notes: Obj) -> None:
+        """Set annotations on a workload object (a merge patch of its metadata: nothing else changes)."""
+        body = {"metadata": {"annotations": notes}}
+        if (group, plural) == ("batch", "jobs"):
+            await self._call(self.batch.patch_namespaced_job, name, namespace, body, _content_type=MERGE_PATCH)
+        else:
+            await self._call(
+                self.custom.patch_namespaced_custom_object,
+                group,
+                version,
+                namespace,
+                plural,
+                name,
+                body,
+                _content_type=MERGE_PATCH,
+            )
 
     # ------------------------------------------------------------ effects
 

@@ -9,7 +9,7 @@ import pytest
 
 from muster.daemon.k8s import manifests as m
 from muster.daemon.k8s.gangs import Owner, pod_info
-from muster.daemon.k8s.reporting import Report, event_name, reports_for
+from muster.daemon.k8s.reporting import Report, binding_failed, event_name, reports_for
 from muster.events.types import Event, JobAdmitted, JobFinished, JobId, JobInadmissible, JobPreempted, NodeName
 
 JOB = JobId("ns/job/train-1")
@@ -20,45 +20,73 @@ PODS = {
 }
 
 
-def summary(reports: list[Report]) -> list[tuple[str, str, str, str, bool]]:
-    return [(r.target.kind, r.target.name, r.type, r.reason, r.unschedulable) for r in reports]
+Row = tuple[str, str, str, str, str, str, bool]
+
+
+def summary(reports: list[Report]) -> list[Row]:
+    return [(r.target.kind, r.target.name, r.type, r.reason, r.scheduled, r.status, r.quiet) for r in reports]
+
+
+ADMITTED = JobAdmitted(at=1, job=JOB, queue="q", placement={"w-0": NodeName("a"), "w-1": NodeName("b")})
 
 
 @pytest.mark.parametrize(
     ("event", "owner", "expected"),
     [
         pytest.param(
-            JobAdmitted(at=1, job=JOB, queue="q", placement={"w-0": NodeName("a"), "w-1": NodeName("b")}),
+            ADMITTED,
             OWNER,
             [
-                ("Pod", "train-0", "Normal", "Admitted", False),
-                ("Pod", "train-1", "Normal", "Admitted", False),
-                ("Job", "train", "Normal", "Admitted", False),
+                ("Pod", "train-0", "Normal", "Admitted", "", "", True),
+                ("Pod", "train-1", "Normal", "Admitted", "", "", True),
+                ("Job", "train", "Normal", "Admitted", "", "Admitted", False),
             ],
-            id="admitted-pods-and-job",
+            id="admitted-once-on-the-job-which-holds-the-status",
+        ),
+        pytest.param(
+            ADMITTED,
+            Owner("Gang", "ns", "g"),
+            [
+                ("Pod", "train-0", "Normal", "Admitted", "", "Admitted", False),
+                ("Pod", "train-1", "Normal", "Admitted", "", "Admitted", True),
+            ],
+            id="admitted-pod-group-told-on-its-first-pod",
         ),
         pytest.param(
             JobPreempted(at=1, job=JOB, preemptor=JobId("ns/job/boss"), reason="WithinQueue"),
             Owner("Gang", "ns", "g"),
-            [("Pod", "train-0", "Warning", "Preempted", False), ("Pod", "train-1", "Warning", "Preempted", False)],
-            id="preempted-pod-group-has-no-workload-object",
+            [
+                ("Pod", "train-0", "Warning", "Preempted", "", "Preempted", False),
+                ("Pod", "train-1", "Warning", "Preempted", "", "Preempted", False),
+            ],
+            id="preempted-pod-group-has-its-status-on-its-pods",
         ),
         pytest.param(
             JobInadmissible(at=1, job=JOB, reason="needs 2 gpu, 0 free"),
             OWNER,
             [
-                ("Pod", "train-0", "Normal", "Waiting", True),
-                ("Pod", "train-1", "Normal", "Waiting", True),
-                ("Job", "train", "Normal", "Waiting", False),
+                ("Pod", "train-0", "Normal", "Waiting", "Unschedulable", "", False),
+                ("Pod", "train-1", "Normal", "Waiting", "Unschedulable", "", False),
+                ("Job", "train", "Normal", "Waiting", "", "Pending", False),
             ],
-            id="waiting-unbound-pods-get-the-condition",
+            id="waiting-unbound-pods-get-the-condition-the-job-the-status",
         ),
         pytest.param(JobFinished(at=1, job=JOB), OWNER, [], id="facts-say-nothing"),
     ],
 )
-def test_reports_for(event: Event, owner: Owner, expected: list[tuple[str, str, str, str, bool]]) -> None:
-    """A decision is told on each pod and on the workload (if it has one); waiting pods get the condition."""
+def test_reports_for(event: Event, owner: Owner, expected: list[Row]) -> None:
+    """A decision is told once per gang, its status where the gang's kind keeps it; waiting pods get the condition."""
     assert summary(reports_for(event, PODS, owner)) == expected
+
+
+def test_a_refused_binding_is_a_scheduler_error_on_the_pods_it_left_unbound() -> None:
+    """Pods whose binding failed get FailedScheduling and PodScheduled=False SchedulerError; the Job one Event."""
+    outcomes = {"ns/train-0": "bound", "ns/train-1": "conflict: pod has non-empty .spec.schedulingGates"}
+    assert summary(binding_failed(PODS, OWNER, outcomes)) == [
+        ("Pod", "train-1", "Warning", "FailedScheduling", "SchedulerError", "", False),
+        ("Job", "train", "Warning", "FailedScheduling", "", "", False),
+    ]
+    assert binding_failed(PODS, OWNER, {k: "bound" for k in outcomes}) == []
 
 
 def test_the_messages_say_where_why_and_by_whom() -> None:

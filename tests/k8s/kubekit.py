@@ -35,6 +35,7 @@ from muster.daemon.k8s import Backoff, KubernetesAdapter
 from muster.daemon.k8s import manifests as m
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
 from muster.events.store import EventStore, StoredEvent
+from muster.events.types import JobAdmitted, JobSubmitted, NodeName, QueueName
 
 Obj = dict[str, Any]
 TEST_LABEL = "muster.dev/test"
@@ -65,6 +66,18 @@ async def running_daemon(store: EventStore, api: ApiClient, **adapter_options: A
             await loop.first_term.wait()
         yield loop
         loop.stop()
+
+
+async def submitted(events: EventLog) -> JobSubmitted:
+    """The one gang a running adapter submits (waited for)."""
+    await events.wait_for(lambda e: bool(e.of(JobSubmitted)))
+    [sub] = events.of(JobSubmitted)
+    return sub
+
+
+def admitted(sub: JobSubmitted, node: str, at: int = 1) -> JobAdmitted:
+    """The admission of the whole gang `sub` onto `node` (queue q)."""
+    return JobAdmitted(at=at, job=sub.job, queue=QueueName("q"), placement={p: NodeName(node) for p in sub.pods})
 
 
 async def log_of(store: EventStore, cls: type[Any]) -> list[Any]:
