@@ -99,7 +99,8 @@ class Run:
         return (
             f"gangs of {self.size:>3}: {self.pods} pods  first->last {self.pods / self.first_to_last:6.0f} pods/s"
             f" ({self.first_to_last:5.2f} s)  start->all {self.pods / self.start_to_all:6.0f} pods/s"
-            f" ({self.start_to_all:5.2f} s)  daemon CPU {self.cpu / self.start_to_all:4.0%}  load {self.load}"
+            f" ({self.start_to_all:5.2f} s)  daemon CPU {self.cpu / self.start_to_all:4.0%}"
+            f" ({1000 * self.cpu / self.pods:.2f} ms/pod)  load {self.load}"
         )
 
 

@@ -136,11 +136,7 @@ class KubernetesAdapter:
         self.scheduler_name = scheduler_name
         self._state = state
         self._reconcile_seconds = reconcile_seconds
-        self.reporter = (
-            Reporter(self.client, pod_conditions=pod_conditions, workload_status=workload_status, clock=clock)
-            if report
-            else None
-        )
+        self.reporter: Reporter | None = None
         self._clock = clock
         self._backoff = backoff or Backoff()
         self._watch_seconds = watch_seconds
@@ -162,6 +158,14 @@ class KubernetesAdapter:
             pod_wait_seconds=pod_wait_seconds,
             clock=clock,
         )
+        if report:
+            self.reporter = Reporter(
+                self.client,
+                pod_conditions=pod_conditions,
+                workload_status=workload_status,
+                give_way=self.applier.binding.none,
+                clock=clock,
+            )
 
     # ------------------------------------------------------------ public
 

@@ -30,9 +30,10 @@ the same node, evictions answer 404 or mark an already-marked pod.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -45,7 +46,7 @@ from muster.daemon.k8s.gangs import PodInfo
 from muster.daemon.k8s.watching import Backoff
 from muster.events.types import Event, JobAdmitted, JobId, JobPreempted, JobRejected
 
-__all__ = ["Applier", "ApplyResult", "GangView", "Outcome"]
+__all__ = ["Applier", "ApplyResult", "GangView", "InFlight", "Outcome"]
 
 log = structlog.get_logger("muster.k8s.apply")
 
@@ -94,6 +95,30 @@ async def _pause() -> None:
     await anyio.sleep(0.05)
 
 
+class InFlight:
+    """Requests of one kind in flight, and a wait until there are none (reports give way to bindings)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._none = anyio.Event()
+        self._none.set()
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        self.count += 1
+        if self.count == 1:
+            self._none = anyio.Event()
+        try:
+            yield
+        finally:
+            self.count -= 1
+            if self.count == 0:
+                self._none.set()
+
+    async def none(self) -> None:
+        await self._none.wait()
+
+
 class Applier:
     def __init__(
         self,
@@ -116,6 +141,8 @@ class Applier:
         # one limit per kind: a burst of evictions (a lost rack) never queues new gangs' bindings
         self._bind_limit = anyio.CapacityLimiter(concurrency)
         self._evict_limit = anyio.CapacityLimiter(concurrency)
+        self.binding = InFlight()
+        """Bindings in flight (queued or sent): what users wait for, which reports give way to."""
         self._clock = clock
 
     async def apply(self, event: Event) -> ApplyResult:
@@ -185,8 +212,9 @@ class Applier:
         deadline = anyio.current_time() + self.deadline_seconds
 
         async def bind(name: str, pod: PodInfo, node: str) -> None:
-            async with self._bind_limit:
-                results[pod.key] = await self._bind_one(pod, node, deadline)
+            with self.binding.running():
+                async with self._bind_limit:
+                    results[pod.key] = await self._bind_one(pod, node, deadline)
 
         async with anyio.create_task_group() as tg:
             for name, node in sorted(placement.items()):

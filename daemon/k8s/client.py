@@ -16,6 +16,8 @@ Invariants:
 from __future__ import annotations
 
 import json
+import os
+import urllib.request
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
@@ -54,6 +56,23 @@ async def call_json(fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any
         resp.release()
 
 
+def skip_environment_lookups(api_client: ApiClient) -> bool:
+    """Stop the HTTP session reading proxy settings and ~/.netrc for every request, where there are none.
+
+    kubernetes-asyncio opens its aiohttp session with `trust_env=True`, so each request first
+    looks for a proxy and a netrc entry, in two worker-thread hops: on a loaded machine that
+    was half the client's CPU per binding (bench/bench_k8s_real.py). Where the environment
+    names no proxy and there is no netrc file, those lookups find nothing, so turning them
+    off changes nothing else. Returns whether they were turned off.
+    """
+    session = getattr(getattr(api_client, "rest_client", None), "pool_manager", None)
+    netrc = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
+    if session is None or not hasattr(session, "_trust_env") or urllib.request.getproxies() or os.path.exists(netrc):
+        return False
+    session._trust_env = False  # the session's only switch for them; aiohttp reads it per request
+    return True
+
+
 class KubeClient:
     """Raw-JSON access to nodes, pods, owners, bindings and evictions."""
 
@@ -63,6 +82,7 @@ class KubeClient:
         self.batch = BatchV1Api(api_client)
         self.custom = CustomObjectsApi(api_client)
         self.request_seconds = request_seconds
+        skip_environment_lookups(api_client)
 
     async def _call(self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> tuple[int, Any]:
         """Call `fn` and return (status, decoded JSON body); raise a KubeError on any failure."""

@@ -29,7 +29,8 @@ adding one (no flood from a gang of 256 pods waiting for the same reason).
 Invariants:
 - Reporting never delays or fails the application of a decision: reports are queued
   (bounded; what overflows is dropped, logged and counted in `dropped`) and written by
-  one task with at most `concurrency` requests in flight. API errors are logged, never
+  one task with at most `concurrency` requests in flight, each after the bindings in
+  flight (`give_way`, waited for at most `give_way_seconds`): they share the API server. API errors are logged, never
   raised; nothing is retried but an Event that exists already (409: count it).
 - What it remembers (which objects were told what) is bounded by `memory` objects; a
   new leader's reporter starts blank, so a pod marked pending by an earlier leader keeps
@@ -41,7 +42,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -202,8 +203,12 @@ class Reporter:
         concurrency: int = 4,
         buffer: int = 10_000,
         memory: int = 100_000,
+        give_way: Callable[[], Awaitable[None]] | None = None,
+        give_way_seconds: float = 2.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """`give_way()` returns when the work reports yield to is done (bindings in flight); a report
+        waits for it at most `give_way_seconds`."""
         self.client = client
         self.pod_conditions = pod_conditions
         self.workload_status = workload_status
@@ -213,6 +218,8 @@ class Reporter:
         """Open while `run` runs; reports before or after are dropped."""
         self._clock = clock
         self._memory = memory
+        self._give_way = give_way
+        self._give_way_seconds = give_way_seconds
         self._told: dict[Target, str] = {}
         """Objects told something (their last reason): a quiet report goes only to them."""
         self._status: dict[Target, tuple[str, str]] = {}
@@ -255,6 +262,10 @@ class Reporter:
                 self._send = send
                 task_status.started()
                 async for report in receive:
+                    if self._give_way is not None:
+                        # the API server's CPU is shared: a binding a user waits for goes first
+                        with anyio.move_on_after(self._give_way_seconds):
+                            await self._give_way()
                     await self._limit.acquire()
                     tg.start_soon(self._write, report)
         finally:
