@@ -208,13 +208,13 @@ class Reporter:
         clock: Callable[[], float] = time.time,
     ) -> None:
         """`give_way()` returns when the work reports yield to is done (bindings in flight); a report
-        waits for it at most `give_way_seconds`."""
+        waits for it at most `give_way_seconds` after it was queued."""
         self.client = client
         self.pod_conditions = pod_conditions
         self.workload_status = workload_status
         self._limit = anyio.Semaphore(concurrency)  # taken by the reader, given back by the writer task
         self._buffer = buffer
-        self._send: MemoryObjectSendStream[Report] | None = None
+        self._send: MemoryObjectSendStream[tuple[float, Report]] | None = None
         """Open while `run` runs; reports before or after are dropped."""
         self._clock = clock
         self._memory = memory
@@ -249,22 +249,23 @@ class Reporter:
                 else:
                     _remember(self._status, r.target, (r.status, r.message), self._memory)
             try:
-                self._send.send_nowait(r)
+                self._send.send_nowait((anyio.current_time(), r))
             except anyio.WouldBlock:
                 self.dropped += 1
                 if self.dropped == 1 or self.dropped % 1000 == 0:
                     log.warning("reports dropped: the API is slower than the decisions", dropped=self.dropped)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        send, receive = anyio.create_memory_object_stream[Report](max_buffer_size=self._buffer)
+        send, receive = anyio.create_memory_object_stream[tuple[float, Report]](max_buffer_size=self._buffer)
         try:
             async with anyio.create_task_group() as tg, send, receive:
                 self._send = send
                 task_status.started()
-                async for report in receive:
+                async for queued, report in receive:
                     if self._give_way is not None:
-                        # the API server's CPU is shared: a binding a user waits for goes first
-                        with anyio.move_on_after(self._give_way_seconds):
+                        # the API server's CPU is shared: a binding a user waits for goes first, but
+                        # no report waits longer than give_way_seconds since it was queued
+                        with anyio.move_on_after(queued + self._give_way_seconds - anyio.current_time()):
                             await self._give_way()
                     await self._limit.acquire()
                     tg.start_soon(self._write, report)

@@ -5,11 +5,17 @@ Writing them to a real API server (aggregation, the condition, RBAC): tests/k8s/
 
 from __future__ import annotations
 
+from typing import Any
+
+import anyio
 import pytest
+from adapterkit import eventually
+from anyio import wait_all_tasks_blocked
 
 from muster.daemon.k8s import manifests as m
+from muster.daemon.k8s.applying import InFlight
 from muster.daemon.k8s.gangs import Owner, pod_info
-from muster.daemon.k8s.reporting import Report, binding_failed, event_name, reports_for
+from muster.daemon.k8s.reporting import Report, Reporter, Target, binding_failed, event_name, reports_for
 from muster.events.types import Event, JobAdmitted, JobFinished, JobId, JobInadmissible, JobPreempted, NodeName
 
 JOB = JobId("ns/job/train-1")
@@ -107,3 +113,43 @@ def test_an_event_is_named_by_its_object_reason_and_message() -> None:
     [other, *_] = reports_for(JobInadmissible(at=9, job=JOB, reason="topology"), PODS, OWNER)
     assert event_name(first) == event_name(again) != event_name(other)
     assert event_name(first).startswith("train-0.muster.")
+
+
+class RecordingClient:
+    """Writes nothing anywhere: records the reasons of the Events it is asked to create."""
+
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+
+    async def create_event(self, namespace: str, body: dict[str, Any]) -> None:
+        self.reasons.append(body["reason"])
+
+
+TARGET = Target("v1", "Pod", "ns", "p", "uid-p")
+
+
+async def test_reports_give_way_to_bindings_in_flight() -> None:
+    """A report waits while a binding is in flight and is written as soon as none is."""
+    bindings, client = InFlight(), RecordingClient()
+    reporter = Reporter(client, give_way=bindings.none, give_way_seconds=60)  # type: ignore[arg-type]
+    async with anyio.create_task_group() as tg:
+        await tg.start(reporter.run)
+        with bindings.running():
+            reporter.report([Report(TARGET, "Normal", "Waiting", "muster: quota")])
+            await wait_all_tasks_blocked()
+            assert client.reasons == []
+        await eventually(lambda: client.reasons == ["Waiting"], seconds=5)
+        tg.cancel_scope.cancel()
+
+
+async def test_no_report_waits_for_bindings_longer_than_give_way_seconds_since_it_was_queued() -> None:
+    """Bindings that never end hold each report back at most its own give-way time, not the sum over the queue."""
+    bindings, client = InFlight(), RecordingClient()
+    reporter = Reporter(client, give_way=bindings.none, give_way_seconds=0.1)  # type: ignore[arg-type]
+    async with anyio.create_task_group() as tg:
+        await tg.start(reporter.run)
+        with bindings.running():
+            reporter.report([Report(TARGET, "Normal", "Waiting", f"muster: reason {i}") for i in range(40)])
+            # one after the other they would take 4 s; queued together they are all due after 0.1 s
+            await eventually(lambda: len(client.reasons) == 40, seconds=2)
+        tg.cancel_scope.cancel()
