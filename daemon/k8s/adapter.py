@@ -110,7 +110,7 @@ class KubernetesAdapter:
         pod_wait_seconds: float = 10.0,
         batch_limit: int = 500,
         request_seconds: float = 30.0,
-        lookups: int = 8,
+        lookups: int = 32,
         page_size: int = 500,
         reconcile_seconds: float = 60.0,
         report: bool = True,
