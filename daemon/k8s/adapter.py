@@ -46,9 +46,9 @@ from kubernetes_asyncio.client import ApiClient
 from muster.daemon.k8s.applying import Applier, ApplyResult
 from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import KubeError
-from muster.daemon.k8s.gangs import Owner, PodInfo
 from muster.daemon.k8s.objects import DEFAULT_TOLERATED_TAINTS
 from muster.daemon.k8s.owners import Sizing, fetch_namespace_queue, fetch_sizing
+from muster.daemon.k8s.pods import Owner, PodInfo
 from muster.daemon.k8s.reconciling import find_vanished, live_jobs
 from muster.daemon.k8s.reporting import Reporter, binding_failed, reports_for
 from muster.daemon.k8s.translating import Translator

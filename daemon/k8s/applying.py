@@ -42,7 +42,7 @@ import structlog
 
 from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import Conflict, KubeError, NotFound
-from muster.daemon.k8s.gangs import PodInfo
+from muster.daemon.k8s.pods import PodInfo
 from muster.daemon.k8s.watching import Backoff
 from muster.events.types import Event, JobAdmitted, JobId, JobPreempted, JobRejected
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from muster.daemon.k8s.client import KubeClient, call_json
 from muster.daemon.k8s.errors import NotFound
-from muster.daemon.k8s.gangs import (
+from muster.daemon.k8s.pods import (
     COSCHEDULING_POD_GROUP,
     DEFAULT_QUEUE_KEY,
     KUEUE_QUEUE_LABEL,

@@ -53,8 +53,8 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import Conflict, KubeError
-from muster.daemon.k8s.gangs import COSCHEDULING_POD_GROUP, UNOWNED, VOLCANO_POD_GROUP, Owner, PodInfo
 from muster.daemon.k8s.owners import api_of
+from muster.daemon.k8s.pods import COSCHEDULING_POD_GROUP, UNOWNED, VOLCANO_POD_GROUP, Owner, PodInfo
 from muster.events.types import Event, JobAdmitted, JobInadmissible, JobPreempted, JobRejected
 
 __all__ = ["Report", "Reporter", "binding_failed", "reports_for"]

@@ -27,8 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from muster.daemon.k8s.gangs import Gangs, Owner, PodInfo, pod_info
+from muster.daemon.k8s.gangs import Gangs
 from muster.daemon.k8s.objects import DEFAULT_TOLERATED_TAINTS, NodeView, node_view
+from muster.daemon.k8s.pods import Owner, PodInfo, pod_info
 from muster.daemon.k8s.watching import WatchEvent, object_key
 from muster.events.types import (
     Event,

@@ -14,7 +14,7 @@ from anyio import wait_all_tasks_blocked
 
 from muster.daemon.k8s import manifests as m
 from muster.daemon.k8s.applying import InFlight
-from muster.daemon.k8s.gangs import Owner, pod_info
+from muster.daemon.k8s.pods import Owner, pod_info
 from muster.daemon.k8s.reporting import Report, Reporter, Target, binding_failed, event_name, reports_for
 from muster.events.types import Event, JobAdmitted, JobFinished, JobId, JobInadmissible, JobPreempted, NodeName
 
