@@ -235,3 +235,36 @@ async def test_a_new_leader_finds_an_indexed_job_midway_and_keeps_each_pod_in_th
         await events.wait_for(lambda e: bool(e.of(JobFinished)))
     assert [e.job for e in events.of(JobFinished)] == [sub.job]
     assert not events.of(JobSubmitted)
+
+
+async def test_a_new_leader_submits_a_jobs_late_replacements_as_a_new_run_once(kube, start_adapter):
+    """The log ended a Job's run (its pods gone before binding); the pods there now are a new job, submitted once."""
+    emulator, api = kube
+    emulator.put_object("v1/nodes", m.node("n1", gpus=8))
+    job = m.job("train", "ns", parallelism=2)
+    emulator.put_object("batch/v1/jobs", job)
+    labels = {"muster.dev/queue": "q"}
+    first = m.job_pods(job, gpus=1, labels=labels)
+    core = CoreV1Api(api)
+    for pod in first:
+        await core.create_namespaced_pod("ns", pod)
+    async with start_adapter(api) as (_, events):
+        await events.wait_for(lambda e: len(e.of(JobSubmitted)) == 1)
+        [sub] = events.of(JobSubmitted)
+    for pod in first:  # lost with their node; the readmission gave up on them
+        emulator.remove_object("v1/pods", "ns", pod["metadata"]["name"])
+    failed = JobFailed(at=3, job=sub.job, reason="pods gone before binding: pod-0, pod-1")
+    log = [QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8}), sub, failed]
+    for pod in m.job_pods(job, gpus=1, labels=labels):  # the controller's replacements, late
+        await core.create_namespaced_pod("ns", pod)
+
+    async with start_adapter(api, state=lambda: fold(log)) as (_, events):
+        await events.wait_for(lambda e: bool(e.of(JobSubmitted)))
+        [rerun] = events.of(JobSubmitted)
+    assert rerun.job.startswith(f"{sub.job}-r") and rerun.source == sub.source
+    assert set(rerun.pods.values()).isdisjoint(sub.pods.values())
+
+    log.append(rerun)  # on the log now: the next leader knows it and submits nothing
+    async with start_adapter(api, state=lambda: fold(log)) as (adapter, events):
+        await adapter.caught_up("pods", emulator.resource_version)
+        assert not events.of(JobSubmitted)
