@@ -163,7 +163,7 @@ class KubernetesAdapter:
                 self.client,
                 pod_conditions=pod_conditions,
                 workload_status=workload_status,
-                give_way=self.applier.binding.none,
+                give_way=self.applier.binding.lull,
                 clock=clock,
             )
 

@@ -96,27 +96,41 @@ async def _pause() -> None:
 
 
 class InFlight:
-    """Requests of one kind in flight, and a wait until there are none (reports give way to bindings)."""
+    """Requests of one kind in flight, and a wait for a lull in them (reports give way to bindings)."""
 
-    def __init__(self) -> None:
+    def __init__(self, lull_seconds: float = 0.2) -> None:
         self.count = 0
+        self.lull_seconds = lull_seconds
         self._none = anyio.Event()
         self._none.set()
+        self._some = anyio.Event()
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
         self.count += 1
         if self.count == 1:
             self._none = anyio.Event()
+            self._some.set()
         try:
             yield
         finally:
             self.count -= 1
             if self.count == 0:
+                self._some = anyio.Event()
                 self._none.set()
 
-    async def none(self) -> None:
-        await self._none.wait()
+    async def lull(self) -> None:
+        """Return once none has been in flight for `lull_seconds`.
+
+        Admissions come one decision after another: between two gangs' bindings there is a
+        moment with none in flight, which is not yet the end of the burst.
+        """
+        while True:
+            await self._none.wait()
+            with anyio.move_on_after(self.lull_seconds):
+                await self._some.wait()
+                continue
+            return
 
 
 class Applier:

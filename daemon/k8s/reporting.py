@@ -29,8 +29,8 @@ adding one (no flood from a gang of 256 pods waiting for the same reason).
 Invariants:
 - Reporting never delays or fails the application of a decision: reports are queued
   (bounded; what overflows is dropped, logged and counted in `dropped`) and written by
-  one task with at most `concurrency` requests in flight, each after the bindings in
-  flight (`give_way`, waited for at most `give_way_seconds`): they share the API server. API errors are logged, never
+  one task with at most `concurrency` requests in flight, each after a lull in the
+  bindings (`give_way`, waited for at most `give_way_seconds`): they share the API server. API errors are logged, never
   raised; nothing is retried but an Event that exists already (409: count it).
 - What it remembers (which objects were told what) is bounded by `memory` objects; a
   new leader's reporter starts blank, so a pod marked pending by an earlier leader keeps

@@ -131,7 +131,7 @@ TARGET = Target("v1", "Pod", "ns", "p", "uid-p")
 async def test_reports_give_way_to_bindings_in_flight() -> None:
     """A report waits while a binding is in flight and is written as soon as none is."""
     bindings, client = InFlight(), RecordingClient()
-    reporter = Reporter(client, give_way=bindings.none, give_way_seconds=60)  # type: ignore[arg-type]
+    reporter = Reporter(client, give_way=bindings.lull, give_way_seconds=60)  # type: ignore[arg-type]
     async with anyio.create_task_group() as tg:
         await tg.start(reporter.run)
         with bindings.running():
@@ -145,7 +145,7 @@ async def test_reports_give_way_to_bindings_in_flight() -> None:
 async def test_no_report_waits_for_bindings_longer_than_give_way_seconds_since_it_was_queued() -> None:
     """Bindings that never end hold each report back at most its own give-way time, not the sum over the queue."""
     bindings, client = InFlight(), RecordingClient()
-    reporter = Reporter(client, give_way=bindings.none, give_way_seconds=0.1)  # type: ignore[arg-type]
+    reporter = Reporter(client, give_way=bindings.lull, give_way_seconds=0.1)  # type: ignore[arg-type]
     async with anyio.create_task_group() as tg:
         await tg.start(reporter.run)
         with bindings.running():
