@@ -104,6 +104,8 @@ class InFlight:
         self._none = anyio.Event()
         self._none.set()
         self._some = anyio.Event()
+        self._ended = float("-inf")
+        """When the last one in flight ended (anyio.current_time)."""
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
@@ -116,18 +118,22 @@ class InFlight:
         finally:
             self.count -= 1
             if self.count == 0:
+                self._ended = anyio.current_time()
                 self._some = anyio.Event()
                 self._none.set()
 
     async def lull(self) -> None:
-        """Return once none has been in flight for `lull_seconds`.
+        """Return once none has been in flight for `lull_seconds` (at once if none was for that long).
 
         Admissions come one decision after another: between two gangs' bindings there is a
         moment with none in flight, which is not yet the end of the burst.
         """
         while True:
             await self._none.wait()
-            with anyio.move_on_after(self.lull_seconds):
+            left = self._ended + self.lull_seconds - anyio.current_time()
+            if left <= 0:
+                return
+            with anyio.move_on_after(left):
                 await self._some.wait()
                 continue
             return

@@ -153,3 +153,15 @@ async def test_no_report_waits_for_bindings_longer_than_give_way_seconds_since_i
             # one after the other they would take 4 s; queued together they are all due after 0.1 s
             await eventually(lambda: len(client.reasons) == 40, seconds=2)
         tg.cancel_scope.cancel()
+
+
+async def test_with_no_binding_lately_reports_are_written_at_once() -> None:
+    """The lull reports wait for is over already when no binding ran for that long: none waits for it."""
+    bindings, client = InFlight(lull_seconds=1.0), RecordingClient()
+    reporter = Reporter(client, give_way=bindings.lull, give_way_seconds=60)  # type: ignore[arg-type]
+    async with anyio.create_task_group() as tg:
+        await tg.start(reporter.run)
+        reporter.report([Report(TARGET, "Normal", "Waiting", f"muster: reason {i}") for i in range(20)])
+        # a lull of 1 s before each would take 20 s
+        await eventually(lambda: len(client.reasons) == 20, seconds=5)
+        tg.cancel_scope.cancel()

@@ -55,7 +55,8 @@ async def test_a_waiting_gang_says_why_on_its_pods_and_job_and_its_admission_say
         condition = await eventually(lambda: scheduled_condition(kube, names[0]))
         assert (condition["status"], condition["reason"]) == ("False", "Unschedulable")
         assert condition["message"].startswith("muster: ")
-        for name in names:
+        for name in names:  # each pod's report is written on its own
+            await eventually(lambda name=name: _has(kube, "Pod", name, "Waiting"))
             [waiting] = [e for e in await events_of(kube, "Pod", name) if e["reason"] == "Waiting"]
             assert waiting["message"] == condition["message"] and waiting["source"]["component"] == "muster"
         await eventually(lambda: _has(kube, "Job", "big", "Waiting"))
