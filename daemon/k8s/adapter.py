@@ -20,6 +20,9 @@ Invariants:
 - What users should see of a decision (Events, a waiting pod's PodScheduled
   condition) is queued once it is applied and written by its own task
   (`reporting`): feedback never delays a binding.
+- A pod that takes over a slot of an admitted gang (a Job's next index, `Gangs._take_successors`)
+  is bound by the adapter where the log placed that slot (`_rebind`): the admission applied
+  again, no decision of its own; without a view of the log it waits.
 - With a view of the log (`state`), `run` reconciles it with the cluster
   (`reconciling`) before it reports started, and then every `reconcile_seconds`:
   a job whose workload went while no adapter watched is ended on the log.
