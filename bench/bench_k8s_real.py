@@ -36,6 +36,7 @@ from kubereal import START, bound, gather, make_gang, make_node, namespace, serv
 from kubernetes_asyncio.client import ApiClient, BatchV1Api, CoreV1Api
 
 from muster.daemon.cluster import Applied, Cluster, KubeCluster, Sink
+from muster.daemon.k8s.client import skip_environment_lookups
 from muster.daemon.logs import configure_logging
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
 from muster.events.store import EventStore
@@ -99,7 +100,8 @@ class Run:
         return (
             f"gangs of {self.size:>3}: {self.pods} pods  first->last {self.pods / self.first_to_last:6.0f} pods/s"
             f" ({self.first_to_last:5.2f} s)  start->all {self.pods / self.start_to_all:6.0f} pods/s"
-            f" ({self.start_to_all:5.2f} s)  daemon CPU {self.cpu / self.start_to_all:4.0%}  load {self.load}"
+            f" ({self.start_to_all:5.2f} s)  daemon CPU {self.cpu / self.start_to_all:4.0%}"
+            f" ({1000 * self.cpu / self.pods:.2f} ms/pod)  load {self.load}"
         )
 
 
@@ -111,7 +113,8 @@ async def one_run(api: ApiClient, url: str, args: argparse.Namespace, size: int,
     await gather(16, [lambda g=g: make_gang(api, ns, f"g{g:04d}", size, g % 2 == 0) for g in range(gangs)])
     total = gangs * size
     timings = Timings(total)
-    make = KubeCluster.factory(api, report=args.report)
+    options = {"lookups": args.lookups} if args.lookups else {}
+    make = KubeCluster.factory(api, report=args.report, **options)
 
     def factory(state: Callable[[], ClusterState]) -> Cluster:
         return TimedCluster(make(state), timings)
@@ -154,6 +157,29 @@ async def one_run(api: ApiClient, url: str, args: argparse.Namespace, size: int,
     )
 
 
+async def client_overhead(api: ApiClient, node: str, requests: int = 1000) -> None:
+    """Print the client's cost per request (64 in flight) with and without the HTTP session's per-request
+    proxy/netrc lookups (`client.skip_environment_lookups`), interleaved twice."""
+    session = api.rest_client.pool_manager
+    core = CoreV1Api(api)
+    limit = anyio.Semaphore(64)
+
+    async def one() -> None:
+        async with limit:
+            await core.read_node(node, _preload_content=False)
+
+    for lookups in (True, False, True, False):
+        session._trust_env = lookups
+        wall, cpu = time.perf_counter(), time.process_time()
+        async with anyio.create_task_group() as tg:
+            for _ in range(requests):
+                tg.start_soon(one)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        what = "with env lookups   " if lookups else "without env lookups"
+        print(f"client {what}: {requests} GETs in {wall:5.2f} s, {1000 * cpu / requests:.2f} ms CPU each", flush=True)
+    skip_environment_lookups(api)
+
+
 async def main(args: argparse.Namespace) -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     runs: list[Run] = []
@@ -163,6 +189,7 @@ async def main(args: argparse.Namespace) -> int:
         names = [f"node-{i:04d}" for i in range(args.nodes)]
         await gather(32, [lambda n=n: make_node(core, n, 8) for n in names])
         print(f"{args.nodes} Ready 8-GPU nodes in {time.perf_counter() - t:.1f} s", flush=True)
+        await client_overhead(api, names[0])
         for trial in range(args.trials):
             for size in sizes:
                 run = await one_run(api, url, args, size, trial)
@@ -192,6 +219,7 @@ if __name__ == "__main__":
     parser.add_argument("--profile", help="cProfile the daemon from its start to all bound into PROFILE.SIZE.TRIAL")
     parser.add_argument("--log", help="write the daemon's JSON log here (default: a temporary file)")
     parser.add_argument("--no-report", dest="report", action="store_false", help="write no Kubernetes Events")
+    parser.add_argument("--lookups", type=int, help="owner lookups in flight at most (default: the adapter's)")
     args = parser.parse_args()
     if not START.is_file():
         print(f"skipped: no real API server ({START} is absent; it is ../shared/k8s/start beside the repository)")

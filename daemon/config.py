@@ -43,7 +43,9 @@ KEYS: dict[str, frozenset[str]] = {
     "nats.auth": frozenset({"username_file", "password_file", "token_file", "nkey_seed_file", "creds_file"}),
     "nats.tls": frozenset({"ca_file", "cert_file", "key_file", "server_name"}),
     "leader_election": frozenset({"backend", "ttl_seconds", "kv_bucket", "lease_name", "lease_namespace"}),
-    "kubernetes": frozenset({"scheduler_name", "namespaces", "kubeconfig", "pod_conditions", "events"}),
+    "kubernetes": frozenset(
+        {"scheduler_name", "namespaces", "kubeconfig", "pod_conditions", "events", "workload_status"}
+    ),
     "utilization": frozenset({"url", "source", "interval_seconds"}),
     "http": frozenset({"health_port", "metrics_port"}),
     "log": frozenset({"level", "format"}),
@@ -204,6 +206,11 @@ class DaemonConfig:
         return bool(self.get("kubernetes", "events", True))
 
     @property
+    def workload_status(self) -> bool:
+        """Annotate a gang's Job, JobSet or Kubeflow job with its status (kubernetes.workload_status)."""
+        return bool(self.get("kubernetes", "workload_status", True))
+
+    @property
     def namespaces(self) -> list[str]:
         value = self.get("kubernetes", "namespaces", [])
         return [str(v) for v in value] if isinstance(value, list) else [str(value)]
@@ -326,6 +333,7 @@ class DaemonConfig:
                 "namespaces": self.namespaces,
                 "pod_conditions": self.pod_conditions,
                 "events": self.events,
+                "workload_status": self.workload_status,
             },
             "utilization": {"url": _without_userinfo(self.utilization_url), "source": self.utilization_source},
             "http": {"health_port": self.health_port, "metrics_port": self.metrics_port},

@@ -196,7 +196,11 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
             from muster.daemon.cluster import KubeCluster
 
             cluster = KubeCluster.factory(
-                api_client, scheduler_name=cfg.scheduler_name, pod_conditions=cfg.pod_conditions, report=cfg.events
+                api_client,
+                scheduler_name=cfg.scheduler_name,
+                pod_conditions=cfg.pod_conditions,
+                workload_status=cfg.workload_status,
+                report=cfg.events,
             )
         services: list[Service] = []
         if cfg.utilization_url:

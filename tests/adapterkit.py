@@ -1,11 +1,14 @@
 """A KubernetesAdapter running for a test, and `EventLog`, its sink, which lets a test wait for events.
 
+`eventually(check)` polls an async or plain predicate until it holds or a deadline passes.
+
 Shared by the emulator tests (tests/daemon) and the real API server tier (tests/k8s).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -38,6 +41,18 @@ class EventLog:
         with anyio.fail_after(seconds):
             while not predicate(self):
                 await self._changed.wait()
+
+
+async def eventually(check: Callable[[], Any], seconds: float = 20.0, every: float = 0.05) -> Any:
+    """Poll `check()` (sync or async) until it returns something truthy; fail after `seconds`."""
+    with anyio.fail_after(seconds):
+        while True:
+            value = check()
+            if inspect.isawaitable(value):
+                value = await value
+            if value:
+                return value
+            await anyio.sleep(every)
 
 
 @contextlib.asynccontextmanager

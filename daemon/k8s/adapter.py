@@ -20,6 +20,9 @@ Invariants:
 - What users should see of a decision (Events, a waiting pod's PodScheduled
   condition) is queued once it is applied and written by its own task
   (`reporting`): feedback never delays a binding.
+- A pod that takes over a slot of an admitted gang (a Job's next index, `Gangs._take_successors`)
+  is bound by the adapter where the log placed that slot (`_rebind`): the admission applied
+  again, no decision of its own; without a view of the log it waits.
 - With a view of the log (`state`), `run` reconciles it with the cluster
   (`reconciling`) before it reports started, and then every `reconcile_seconds`:
   a job whose workload went while no adapter watched is ended on the log.
@@ -46,14 +49,14 @@ from kubernetes_asyncio.client import ApiClient
 from muster.daemon.k8s.applying import Applier, ApplyResult
 from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import KubeError
-from muster.daemon.k8s.gangs import Owner
 from muster.daemon.k8s.objects import DEFAULT_TOLERATED_TAINTS
 from muster.daemon.k8s.owners import Sizing, fetch_namespace_queue, fetch_sizing
+from muster.daemon.k8s.pods import Owner, PodInfo
 from muster.daemon.k8s.reconciling import find_vanished, live_jobs
-from muster.daemon.k8s.reporting import Reporter, reports_for
+from muster.daemon.k8s.reporting import Reporter, binding_failed, reports_for
 from muster.daemon.k8s.translating import Translator
 from muster.daemon.k8s.watching import Backoff, Synced, WatchEvent, watch_objects
-from muster.events.types import Event, JobAdmitted, JobPreempted
+from muster.events.types import Event, JobAdmitted, JobId, JobPreempted
 from muster.projections.cluster import ClusterState
 
 __all__ = ["KubernetesAdapter", "Sink"]
@@ -110,18 +113,21 @@ class KubernetesAdapter:
         pod_wait_seconds: float = 10.0,
         batch_limit: int = 500,
         request_seconds: float = 30.0,
-        lookups: int = 8,
+        lookups: int = 32,
         page_size: int = 500,
         reconcile_seconds: float = 60.0,
         report: bool = True,
         pod_conditions: bool = True,
+        workload_status: bool = True,
         namespace_queues: bool = True,
     ) -> None:
         """`state`, when given, is the fold of the log; the first batch then writes only what the log lacks.
 
         `report`: write Kubernetes Events about decisions (`reporting`); `pod_conditions`: also set
-        `PodScheduled=False` on the pods of a waiting gang. `namespace_queues`: a gang naming no
-        queue takes its namespace's `muster.dev/default-queue` (one `get` per namespace).
+        `PodScheduled=False` on the pods of a waiting gang (and a pod group's status on its pods);
+        `workload_status`: the gang's status as annotations on its Job, JobSet or Kubeflow job.
+        `namespace_queues`: a gang naming no queue takes its namespace's `muster.dev/default-queue`
+        (one `get` per namespace).
         """
         self.client = KubeClient(api_client, request_seconds=request_seconds)
         self.translator = Translator(
@@ -133,7 +139,7 @@ class KubernetesAdapter:
         self.scheduler_name = scheduler_name
         self._state = state
         self._reconcile_seconds = reconcile_seconds
-        self.reporter = Reporter(self.client, pod_conditions=pod_conditions, clock=clock) if report else None
+        self.reporter: Reporter | None = None
         self._clock = clock
         self._backoff = backoff or Backoff()
         self._watch_seconds = watch_seconds
@@ -155,6 +161,14 @@ class KubernetesAdapter:
             pod_wait_seconds=pod_wait_seconds,
             clock=clock,
         )
+        if report:
+            self.reporter = Reporter(
+                self.client,
+                pod_conditions=pod_conditions,
+                workload_status=workload_status,
+                give_way=self.applier.binding.lull,
+                clock=clock,
+            )
 
     # ------------------------------------------------------------ public
 
@@ -200,6 +214,9 @@ class KubernetesAdapter:
                         tg.start_soon(self._resolve, owner, send.clone())
                     for namespace in self.translator.gangs.namespaces_to_fetch():
                         tg.start_soon(self._resolve_namespace, namespace, send.clone())
+                    for job in sorted(self.translator.gangs.rebind):
+                        tg.start_soon(self._rebind, job)
+                    self.translator.gangs.rebind.clear()
                     if events:
                         await sink(events)
                     # Only now are these versions "pushed" (see caught_up).
@@ -227,11 +244,9 @@ class KubernetesAdapter:
         result = await self.applier.apply(event)
         if self.reporter is not None and (result.outcome == "applied" or not isinstance(event, _APPLIED)):
             self.reporter.report(reports_for(event, pods, owner))
-        async with self._lock:
-            # Evictions and failures change what muster's own pods hold (reserved capacity).
-            events = list(result.events) + self.translator.flush(int(self._clock()))
-            if events and self._sink is not None:
-                await self._sink(events)
+        if isinstance(event, JobAdmitted):
+            self._binding_failed(event.job, result, pods, owner)
+        await self._push(result.events)
         log.info(
             "applied",
             type=type(event).__name__,
@@ -265,6 +280,33 @@ class KubernetesAdapter:
                 await sink(events)
         return events
 
+    async def _rebind(self, job: JobId) -> None:
+        """Bind the pods that took over slots of `job`'s admitted gang (`Gangs._take_successors`), as placed."""
+        known = self._state().jobs.get(job) if self._state is not None else None
+        if known is None or known.status != "admitted":
+            log.warning("a successor pod waits: the log has no admission of its job here", job=job)
+            return
+        gangs = self.translator.gangs
+        pods, owner = gangs.pods_of(job) or {}, gangs.owner_of(job)
+        result = await self.applier.rebind(job, known.placement)
+        self._binding_failed(job, result, pods, owner)
+        await self._push(result.events)
+        log.info("successors bound", job=job, outcome=result.outcome, detail=result.detail)
+
+    def _binding_failed(self, job: JobId, result: ApplyResult, pods: dict[str, PodInfo], owner: Owner | None) -> None:
+        """Tell the pods a refused binding left unbound (PodScheduled=False, SchedulerError)."""
+        if self.reporter is not None and result.outcome in ("conflict", "error"):
+            log.warning("binding refused", job=job, detail=result.detail)
+            self.reporter.report(binding_failed(pods, owner, result.pods))
+
+    async def _push(self, found: tuple[Event, ...]) -> None:
+        """Push facts found while applying, with what they changed (evictions and failures change what
+        muster's own pods hold: reserved capacity)."""
+        async with self._lock:
+            events = list(found) + self.translator.flush(int(self._clock()))
+            if events and self._sink is not None:
+                await self._sink(events)
+
     async def _reconcile_every(self, sink: Sink) -> None:
         while True:
             await anyio.sleep(self._reconcile_seconds)
@@ -292,7 +334,9 @@ class KubernetesAdapter:
             return
         if isinstance(item, _OwnerSize):
             sizing = item.sizing
-            self.translator.on_owner_size(item.owner, sizing.size, at, uid=sizing.uid, queue=sizing.queue)
+            self.translator.on_owner_size(
+                item.owner, sizing.size, at, uid=sizing.uid, queue=sizing.queue, completions=sizing.completions
+            )
             return
         if item.resource == "nodes":
             self.translator.on_node(item)

@@ -16,6 +16,8 @@
   429 (a PodDisruptionBudget) and 5xx/timeouts are retried with backoff. A
   victim whose pods no controller recreates (bare pods, a pod group) ends with
   JobFailed: requeued, it would be readmitted for pods that never come back.
+- `rebind(job, placement)`: the admission of a gang applied again when pods took over
+  slots of it (an Indexed Job's next indexes, `Gangs._take_successors`).
 - `ready(event)`: the bounded wait for an admission's pods, which a caller may
   run before taking a slot of its own concurrency limit.
 - `JobRejected`: nothing to change in the cluster; the gang is forgotten so
@@ -30,9 +32,10 @@ the same node, evictions answer 404 or mark an already-marked pod.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -42,11 +45,11 @@ import structlog
 from muster.daemon.k8s import cancelling
 from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import Conflict, KubeError, NotFound
-from muster.daemon.k8s.gangs import Owner, PodInfo
+from muster.daemon.k8s.pods import Owner, PodInfo
 from muster.daemon.k8s.watching import Backoff
 from muster.events.types import Event, JobAdmitted, JobCancelled, JobId, JobPreempted, JobRejected
 
-__all__ = ["Applier", "ApplyResult", "GangView", "Outcome"]
+__all__ = ["Applier", "ApplyResult", "GangView", "InFlight", "Outcome"]
 
 log = structlog.get_logger("muster.k8s.apply")
 
@@ -97,6 +100,50 @@ async def _pause() -> None:
     await anyio.sleep(0.05)
 
 
+class InFlight:
+    """Requests of one kind in flight, and a wait for a lull in them (reports give way to bindings)."""
+
+    def __init__(self, lull_seconds: float = 0.2) -> None:
+        self.count = 0
+        self.lull_seconds = lull_seconds
+        self._none = anyio.Event()
+        self._none.set()
+        self._some = anyio.Event()
+        self._ended = float("-inf")
+        """When the last one in flight ended (anyio.current_time)."""
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        self.count += 1
+        if self.count == 1:
+            self._none = anyio.Event()
+            self._some.set()
+        try:
+            yield
+        finally:
+            self.count -= 1
+            if self.count == 0:
+                self._ended = anyio.current_time()
+                self._some = anyio.Event()
+                self._none.set()
+
+    async def lull(self) -> None:
+        """Return once none has been in flight for `lull_seconds` (at once if none was for that long).
+
+        Admissions come one decision after another: between two gangs' bindings there is a
+        moment with none in flight, which is not yet the end of the burst.
+        """
+        while True:
+            await self._none.wait()
+            left = self._ended + self.lull_seconds - anyio.current_time()
+            if left <= 0:
+                return
+            with anyio.move_on_after(left):
+                await self._some.wait()
+                continue
+            return
+
+
 class Applier:
     def __init__(
         self,
@@ -119,6 +166,8 @@ class Applier:
         # one limit per kind: a burst of evictions (a lost rack) never queues new gangs' bindings
         self._bind_limit = anyio.CapacityLimiter(concurrency)
         self._evict_limit = anyio.CapacityLimiter(concurrency)
+        self.binding = InFlight()
+        """Bindings in flight (queued or sent): what users wait for, which reports give way to."""
         self._clock = clock
 
     async def apply(self, event: Event) -> ApplyResult:
@@ -157,19 +206,31 @@ class Applier:
                 await self._changed()
 
     async def _admit(self, event: JobAdmitted) -> ApplyResult:
-        job = event.job
         await self.ready(event)  # at once when the caller already waited
+        return await self._bind_gang(event.job, event.placement)
+
+    async def rebind(self, job: JobId, placement: Mapping[str, str]) -> ApplyResult:
+        """Bind the pods that took over slots of `job`'s admitted gang (an Indexed Job's next indexes).
+
+        The admission applied again: pods already on their nodes (or done there) count as done,
+        so only the successors are bound.
+        """
+        if not self.gangs.complete(job):
+            return ApplyResult(True, "skipped", "the gang is not whole (preempted, or a pod on its way)")
+        return await self._bind_gang(job, placement)
+
+    async def _bind_gang(self, job: JobId, placement: Mapping[str, str]) -> ApplyResult:
         if self.gangs.ended(job):
             return ApplyResult(True, "skipped", "the job already ended")
         pods = self.gangs.pods_of(job)
         if pods is None:
             return ApplyResult(True, "skipped", "no pods of this job in the cluster")
-        missing = sorted(set(event.placement) - set(pods))
+        missing = sorted(set(placement) - set(pods))
         gone = [
             name
-            for name in sorted(event.placement)
+            for name in sorted(placement)
             if name in pods and not pods[name].active
-            if not (pods[name].ran and pods[name].node == event.placement[name])
+            if not (pods[name].ran and pods[name].node == placement[name])
         ]
         if missing or gone:
             reason = f"pods gone before binding: {', '.join(missing + gone)}"
@@ -180,11 +241,12 @@ class Applier:
         deadline = anyio.current_time() + self.deadline_seconds
 
         async def bind(name: str, pod: PodInfo, node: str) -> None:
-            async with self._bind_limit:
-                results[pod.key] = await self._bind_one(pod, node, deadline)
+            with self.binding.running():
+                async with self._bind_limit:
+                    results[pod.key] = await self._bind_one(pod, node, deadline)
 
         async with anyio.create_task_group() as tg:
-            for name, node in sorted(event.placement.items()):
+            for name, node in sorted(placement.items()):
                 tg.start_soon(bind, name, pods[name], node)
 
         outcomes = set(results.values())

@@ -20,8 +20,8 @@ from typing import Any
 
 from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import NotFound
-from muster.daemon.k8s.gangs import Owner, PodInfo
 from muster.daemon.k8s.owners import API, api_of
+from muster.daemon.k8s.pods import Owner, PodInfo
 from muster.events.types import JobCancelled
 
 USER_CANCEL = "Cancelled:"

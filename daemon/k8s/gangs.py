@@ -2,17 +2,7 @@
 
 Pure bookkeeping, no I/O: the adapter feeds pod changes in and gets events out.
 
-A pod belongs to one gang, decided at first sight, by (first match wins):
-1. the labels `muster.dev/gang` (+ `muster.dev/gang-size`): an explicit pod group;
-2. the annotation (or label) `scheduling.k8s.io/group-name`: a Volcano PodGroup;
-3. the label `scheduling.x-k8s.io/pod-group`: a scheduler-plugins (coscheduling) PodGroup;
-4. the label `jobset.sigs.k8s.io/jobset-name`: a JobSet (podset per replicated job);
-5. the label `training.kubeflow.org/job-name`: a Kubeflow job such as a
-   PyTorchJob (podset per replica type, master and worker), or an MPIJob
-   (`training.kubeflow.org/operator-name: mpi-operator`, or owned by one: the
-   launcher pod is owned by the launcher Job, the workers by the MPIJob);
-6. a controller ownerReference of kind Job: a batch Job;
-7. otherwise the pod alone is a gang of one.
+Which gang a pod belongs to is read from the pod (`pods.pod_info`, its `Owner`).
 
 The queue is the pods' label `muster.dev/queue`, else Kueue's `kueue.x-k8s.io/queue-name`,
 else the owner's (the same labels on the Job, JobSet, MPIJob..., or a Volcano PodGroup's
@@ -38,20 +28,23 @@ Invariants:
   `PODSET-INDEX` are numbered in pod index order (completion index, replica
   index, then name), so the same pods always give the same JobSubmitted.
 - Each admitted run reports JobStarted once; a gang ends once (JobFinished
-  when every pod succeeded, JobFailed when a pod failed or was deleted by
-  someone else). Pods muster evicted for a preemption are expected to go and
-  report nothing; the gang waits for its replacements under the same job id.
+  when every pod succeeded and, for a Job, `completions` pods did; JobFailed
+  when a pod failed or was deleted by someone else). Pods muster evicted for a
+  preemption are expected to go and report nothing; the gang waits for its
+  replacements under the same job id.
+- A Job's pod created after another succeeded (its next index) runs in that
+  pod's slot of the admitted gang (`_take_successors`); pods of a recreating
+  owner that come after its run ended are a new run, a new job (`_next_run`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from muster.daemon.k8s.objects import pod_requests
+from muster.daemon.k8s.pods import TERMINATED, UNOWNED, Owner, PodInfo, recreated
 from muster.events.types import (
     Event,
     JobFailed,
@@ -64,249 +57,10 @@ from muster.events.types import (
     Topology,
 )
 
-__all__ = [
-    "Gang",
-    "Gangs",
-    "KnownJob",
-    "Owner",
-    "PodInfo",
-    "pod_info",
-    "recreated",
-]
+__all__ = ["TERMINATED", "Gang", "Gangs", "KnownJob"]
 
-Obj = dict[str, Any]
-Resources = dict[str, int]
-
-GANG_LABEL = "muster.dev/gang"
-GANG_SIZE_LABEL = "muster.dev/gang-size"
-QUEUE_LABEL = "muster.dev/queue"
-DEFAULT_QUEUE_KEY = "muster.dev/default-queue"
-PODSET_LABEL = "muster.dev/podset"
-CHECKPOINT_ANNOTATION = "muster.dev/checkpoint-every"
-RUNTIME_ANNOTATION = "muster.dev/runtime"
-TOPOLOGY_REQUIRED_ANNOTATION = "muster.dev/topology-required"
-TOPOLOGY_PREFERRED_ANNOTATION = "muster.dev/topology-preferred"
-
-JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
-JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"
-JOBSET_RJOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
-JOBSET_JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
-KUBEFLOW_JOB_LABEL = "training.kubeflow.org/job-name"
-KUBEFLOW_TYPE_LABEL = "training.kubeflow.org/replica-type"
-KUBEFLOW_INDEX_LABEL = "training.kubeflow.org/replica-index"
-KUBEFLOW_ROLE_LABEL = "training.kubeflow.org/job-role"
-KUBEFLOW_OPERATOR_LABEL = "training.kubeflow.org/operator-name"
-MPI_OPERATOR = "mpi-operator"
-VOLCANO_GROUP_KEY = "scheduling.k8s.io/group-name"
-COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-
-TERMINATED = ("Succeeded", "Failed")
-VOLCANO_POD_GROUP = "VolcanoPodGroup"
-COSCHEDULING_POD_GROUP = "CoschedulingPodGroup"
-UNOWNED = ("Pod", "Gang")
-"""Owner kinds with no object to read: every other kind is sized by a lookup of its owner."""
-
-
-@dataclass(frozen=True)
-class Owner:
-    """Who a gang belongs to; `uid` tells apart two owners that had the same name."""
-
-    kind: str
-    namespace: str
-    name: str
-    uid: str = ""
-    controlled: bool = False
-    """A labelled pod group whose pods name a controller (an operator of the user's own) in ownerReferences."""
-
-    @property
-    def source(self) -> str:
-        return f"{self.kind}/{self.namespace}/{self.name}"
-
-    def job_id(self, salt: str = "") -> JobId:
-        """`namespace/kind/name`, plus a short uid (or `salt`) suffix so a recreated owner is a new job."""
-        base = f"{self.namespace}/{self.kind.lower()}/{self.name}"
-        suffix = (self.uid or salt)[:8]
-        return JobId(f"{base}-{suffix}" if suffix else base)
-
-
-def recreated(owner: Owner) -> bool:
-    """Whether a controller recreates the gang's pods when they are lost (evicted, their node gone).
-
-    A Job, JobSet or Kubeflow job has one, and so has a labelled pod group whose pods name a
-    controller; bare pods and an uncontrolled pod group have none: once their pods are gone, the
-    job can never run again.
-    """
-    return owner.kind not in UNOWNED or owner.controlled
-
-
-@dataclass(frozen=True)
-class PodInfo:
-    """The facts of one pod that gang tracking needs."""
-
-    key: str
-    namespace: str
-    name: str
-    uid: str
-    scheduler: str
-    node: str
-    phase: str
-    deleting: bool
-    requests: Resources
-    owner: Owner
-    hint: str
-    order: tuple[int, int, int]
-    size_label: int | None
-    queue: str
-    priority_class: str | None
-    runtime: int | None
-    checkpoint_every: int | None
-    topology: Topology | None
-    grace_seconds: int | None
-    reason: str
-    problems: tuple[str, ...] = ()
-
-    @property
-    def active(self) -> bool:
-        """Neither terminated nor on its way out."""
-        return not self.deleting and self.phase not in TERMINATED
-
-    @property
-    def ran(self) -> bool:
-        """Bound and done with success: its part of the gang's run is over, not lost.
-
-        A leader killed between the bindings of one gang leaves it partly bound;
-        its bound pods may finish before the next leader binds the rest.
-        """
-        return bool(self.node) and self.phase == "Succeeded" and not self.deleting
-
-    def sort_key(self) -> tuple[str, tuple[int, int, int], str]:
-        return (self.hint, self.order, self.name)
-
-
-_DNS = re.compile(r"[^a-z0-9]+")
-_DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def _name(text: str, default: str) -> str:
-    cleaned = _DNS.sub("-", text.lower()).strip("-")
-    return cleaned or default
-
-
-def _int(value: Any) -> int | None:
-    try:
-        return int(str(value))
-    except (TypeError, ValueError):
-        return None
-
-
-def _seconds(value: Any, what: str, problems: list[str]) -> int | None:
-    if value is None:
-        return None
-    m = _DURATION.match(str(value))
-    if not m:
-        problems.append(f"{what}: {value!r} is not a duration (examples: 3600, 90m, 2h)")
-        return None
-    return int(m.group(1)) * _UNITS[m.group(2)]
-
-
-def _controller(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    refs = meta.get("ownerReferences") or []
-    if not isinstance(refs, list):
-        return None
-    for ref in refs:
-        if isinstance(ref, Mapping) and ref.get("controller"):
-            return ref
-    return None
-
-
-def pod_info(pod: Obj) -> PodInfo:
-    """Read a pod (any scheduler); never raises on malformed input, reports it in `problems`."""
-    problems: list[str] = []
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    status = pod.get("status") or {}
-    labels: Mapping[str, Any] = meta.get("labels") or {}
-    annotations: Mapping[str, Any] = meta.get("annotations") or {}
-    ns = str(meta.get("namespace") or "default")
-    name = str(meta.get("name") or "")
-    uid = str(meta.get("uid") or "")
-    ref = _controller(meta)
-
-    hint = str(labels.get(PODSET_LABEL) or "")
-    volcano_group = annotations.get(VOLCANO_GROUP_KEY) or labels.get(VOLCANO_GROUP_KEY)
-    if labels.get(GANG_LABEL):
-        owner = Owner("Gang", ns, str(labels[GANG_LABEL]), controlled=ref is not None)
-    elif volcano_group:
-        owner = Owner(VOLCANO_POD_GROUP, ns, str(volcano_group))
-    elif labels.get(COSCHEDULING_GROUP_LABEL):
-        owner = Owner(COSCHEDULING_POD_GROUP, ns, str(labels[COSCHEDULING_GROUP_LABEL]))
-    elif labels.get(JOBSET_NAME_LABEL):
-        owner = Owner("JobSet", ns, str(labels[JOBSET_NAME_LABEL]), str(labels.get(JOBSET_UID_LABEL) or ""))
-        hint = hint or str(labels.get(JOBSET_RJOB_LABEL) or "")
-    elif labels.get(KUBEFLOW_JOB_LABEL):
-        kind = str(ref.get("kind")) if ref is not None and ref.get("kind") else "PyTorchJob"
-        if kind == "MPIJob" or labels.get(KUBEFLOW_OPERATOR_LABEL) == MPI_OPERATOR:
-            # the launcher pod's controller is the launcher Job, whose uid is not the MPIJob's
-            owner = Owner("MPIJob", ns, str(labels[KUBEFLOW_JOB_LABEL]))
-        else:
-            owner = Owner(kind, ns, str(labels[KUBEFLOW_JOB_LABEL]), str(ref.get("uid") or "") if ref else "")
-        hint = hint or str(labels.get(KUBEFLOW_TYPE_LABEL) or labels.get(KUBEFLOW_ROLE_LABEL) or "")
-    elif ref is not None and ref.get("kind") == "Job":
-        owner = Owner("Job", ns, str(ref.get("name") or ""), str(ref.get("uid") or ""))
-    else:
-        owner = Owner("Pod", ns, name, uid)
-
-    size_label: int | None = None
-    if GANG_SIZE_LABEL in labels:
-        size_label = _int(labels[GANG_SIZE_LABEL])
-        if size_label is None or size_label < 1:
-            problems.append(f"{GANG_SIZE_LABEL}: {labels[GANG_SIZE_LABEL]!r} is not a positive integer")
-            size_label = None
-    if owner.kind == "Gang" and size_label is None and not problems:
-        problems.append(f"label {GANG_LABEL} needs {GANG_SIZE_LABEL}")
-
-    order = (
-        _int(labels.get(JOBSET_JOB_INDEX_LABEL)) or 0,
-        _int(annotations.get(COMPLETION_INDEX) or labels.get(COMPLETION_INDEX)) or 0,
-        _int(labels.get(KUBEFLOW_INDEX_LABEL)) or 0,
-    )
-    required = annotations.get(TOPOLOGY_REQUIRED_ANNOTATION)
-    preferred = annotations.get(TOPOLOGY_PREFERRED_ANNOTATION)
-    topology = Topology(required=str(required), preferred=None) if required else None
-    if preferred:
-        topology = Topology(required=str(required) if required else None, preferred=str(preferred))
-    reason = str(status.get("reason") or status.get("message") or "")
-    statuses = status.get("containerStatuses")
-    for cs in statuses if isinstance(statuses, list) else ():
-        term = (cs.get("state") or {}).get("terminated") if isinstance(cs, Mapping) else None
-        if isinstance(term, Mapping) and term.get("exitCode") not in (None, 0):
-            reason = reason or f"container {cs.get('name')} exited with {term.get('exitCode')} ({term.get('reason')})"
-    return PodInfo(
-        key=f"{ns}/{name}",
-        namespace=ns,
-        name=name,
-        uid=uid,
-        scheduler=str(spec.get("schedulerName") or "default-scheduler"),
-        node=str(spec.get("nodeName") or ""),
-        phase=str(status.get("phase") or "Pending"),
-        deleting=bool(meta.get("deletionTimestamp")),
-        requests=pod_requests(pod, problems),
-        owner=owner,
-        hint=_name(hint, "pod"),
-        order=order,
-        size_label=size_label,
-        queue=str(labels.get(QUEUE_LABEL) or labels.get(KUEUE_QUEUE_LABEL) or ""),
-        priority_class=str(spec["priorityClassName"]) if spec.get("priorityClassName") else None,
-        runtime=_seconds(annotations.get(RUNTIME_ANNOTATION), RUNTIME_ANNOTATION, problems),
-        checkpoint_every=_seconds(annotations.get(CHECKPOINT_ANNOTATION), CHECKPOINT_ANNOTATION, problems),
-        topology=topology,
-        grace_seconds=_int(spec.get("terminationGracePeriodSeconds")),
-        reason=reason,
-        problems=tuple(problems),
-    )
+ENDED = ("finished", "failed", "cancelled", "rejected")
+"""Statuses of a job on the log that never runs again."""
 
 
 class KnownJob(Protocol):
@@ -324,6 +78,9 @@ class KnownJob(Protocol):
     @property
     def placement(self) -> dict[str, str]: ...
 
+    @property
+    def pods(self) -> dict[str, str]: ...
+
 
 @dataclass
 class Gang:
@@ -339,12 +96,20 @@ class Gang:
     done: bool = False
     requeued: bool = False
     """Preempted: waiting for replacement pods to map onto the same podsets."""
-    evicting: set[str] = field(default_factory=set)
-    """Uids of pods muster evicted; their end is expected."""
+    retired: set[str] = field(default_factory=set)
+    """Uids of pods the log no longer counts for this gang's job, whose end is expected: pods muster
+    evicted, and the pods of an earlier run still there when a new run began (`_next_run`)."""
     uid: str = ""
     """The owner's uid, learned from its lookup when its pods do not carry it."""
     queue: str = ""
     """The owner's queue (its queue label, a Volcano PodGroup's spec.queue), for pods that name none."""
+    completions: int | None = None
+    """A Job's successful pods needed in all (its `completions`, at least the gang's size); None: not
+    read yet (a gang the log sized), or not a Job."""
+    asked: bool = False
+    """A lookup of the owner was asked for (each gang asks at most once)."""
+    later_run: bool = False
+    """This run began after an earlier run of the same owner ended (`_next_run`): its job id is salted."""
 
 
 def _podsets(pods: list[PodInfo]) -> tuple[list[PodSet], dict[str, str]]:
@@ -363,6 +128,38 @@ def _podsets(pods: list[PodInfo]) -> tuple[list[PodSet], dict[str, str]]:
         for i, p in enumerate(members):
             mapping[f"{name}-{i}"] = p.key
     return podsets, mapping
+
+
+def _shape(p: PodInfo) -> tuple[str, tuple[tuple[str, int], ...], Topology | None]:
+    """What makes two pods interchangeable in a gang: role, requests, topology (`_podsets` groups by it)."""
+    return (p.hint, tuple(sorted(p.requests.items())), p.topology)
+
+
+def _as_placed(mapping: dict[str, str], pods: Mapping[str, PodInfo], placement: Mapping[str, str]) -> dict[str, str]:
+    """`mapping` with every bound pod on the gang pod name the log placed on its node, within its podset.
+
+    Sorting gives a relisting leader the submission's names, but a successor (`_take_successors`)
+    took the name of the pod it succeeded, whatever its own order: its node says which.
+    """
+    out = dict(mapping)
+    podsets: dict[str, list[str]] = {}
+    for name in sorted(mapping):
+        podsets.setdefault(name.rsplit("-", 1)[0], []).append(name)
+    for names in podsets.values():
+        keys = [mapping[n] for n in names]
+        free = list(names)
+        placed: dict[str, str] = {}
+        for key in keys:
+            node = pods[key].node if key in pods else ""
+            on_node = next((n for n in free if node and placement.get(n) == node), None)
+            if on_node is not None:
+                free.remove(on_node)
+                placed[key] = on_node
+        for key in keys:
+            if key not in placed:
+                placed[key] = free.pop(0)
+        out.update({name: key for key, name in placed.items()})
+    return out
 
 
 def _salt(gang: Gang, chosen: list[PodInfo]) -> str:
@@ -402,6 +199,8 @@ class Gangs:
         """Namespace -> its default queue ("" for none), once read."""
         self._ns_wanted: list[str] = []
         self._ns_asked: set[str] = set()
+        self.rebind: set[JobId] = set()
+        """Admitted jobs whose gang took a successor pod (`_take_successors`): the adapter binds it."""
 
     # ------------------------------------------------------------ inputs
 
@@ -424,6 +223,7 @@ class Gangs:
                 if known is not None:
                     gang.size = sum(ps.count for ps in known.podsets)  # as submitted: no lookup
                 else:
+                    gang.asked = True
                     self._wanted.append(owner)
                     self._unsized.add(owner)
         gang.pods[info.key] = info
@@ -441,7 +241,7 @@ class Gangs:
             and gang.job_id is not None
             and not gang.done
             and not gang.requeued
-            and info.uid not in gang.evicting
+            and info.uid not in gang.retired
             and key in gang.mapping.values()
             and info.phase not in TERMINATED
         ):
@@ -452,21 +252,37 @@ class Gangs:
         self._collect(gang)
         return events
 
-    def set_size(self, owner: Owner, size: int | None, at: int, *, uid: str = "", queue: str = "") -> list[Event]:
+    def set_size(
+        self,
+        owner: Owner,
+        size: int | None,
+        at: int,
+        *,
+        uid: str = "",
+        queue: str = "",
+        completions: int | None = None,
+    ) -> list[Event]:
         """The owner's gang size, or None when the owner is gone (its pods will be garbage-collected).
 
-        `uid` and `queue` are the owner's as its lookup found them (used when the pods lack them).
-        A size below 1 (a PodGroup with `minMember: 0`) leaves the pods alone, like a gone owner.
+        `uid` and `queue` are the owner's as its lookup found them (used when the pods lack them);
+        `completions` a Job's successful pods needed in all. A size below 1 (a PodGroup with
+        `minMember: 0`) leaves the pods alone, like a gone owner. A gang sized already (from the
+        log) asked only for its Job's completions.
         """
         self._unsized.discard(owner)
         gang = self._gangs.get(owner)
-        if gang is None or gang.size is not None:
+        if gang is None:
             return []
+        if gang.size is not None:
+            gang.completions = max(gang.size, completions or 0)
+            return self._evaluate(gang, at)
         if size is None or size < 1:
             gang.done = True
             self.recheck.update(gang.pods)
             return []
         gang.size = size
+        if owner.kind == "Job":
+            gang.completions = max(size, completions or 0)
         if not owner.uid:
             gang.uid = uid
         gang.queue = queue
@@ -527,7 +343,7 @@ class Gangs:
         gang = self._gangs.get(owner) if owner is not None else None
         if gang is None:
             return False
-        if gang.done or info.uid in gang.evicting:
+        if gang.done or info.uid in gang.retired:
             return True
         if self._known is None:
             return False
@@ -563,7 +379,7 @@ class Gangs:
         if gang is None:
             return []
         victims = sorted(gang.pods.values(), key=PodInfo.sort_key)
-        gang.evicting |= {p.uid for p in victims}
+        gang.retired |= {p.uid for p in victims}
         self.recheck.update(p.key for p in victims)
         gang.started = False
         gang.requeued = True
@@ -654,11 +470,14 @@ class Gangs:
             self._unsized.discard(gang.owner)
 
     def _evaluate(self, gang: Gang, at: int) -> list[Event]:
-        if gang.done or gang.size is None:
+        if gang.size is None:
             return []
+        if gang.done:
+            return self._next_run(gang, at)
         events: list[Event] = []
         if gang.job_id is None:
-            active = sorted((p for p in gang.pods.values() if p.active), key=PodInfo.sort_key)
+            current = (p for p in gang.pods.values() if p.active and p.uid not in gang.retired)
+            active = sorted(current, key=PodInfo.sort_key)
             chosen = active[: gang.size]
             if len(active) < gang.size:
                 # A gang the log already knows may have run, even ended, while no adapter watched
@@ -673,7 +492,7 @@ class Gangs:
             if self._needs_namespace(gang, chosen):
                 return []
             gang.podsets, gang.mapping = _podsets(chosen)
-            gang.job_id = gang.owner.job_id(_salt(gang, chosen))
+            gang.job_id = self._job_id(gang, chosen)
             self._by_job[gang.job_id] = gang.owner
             self.recheck.update(gang.pods)  # now the log can say whether it counts them (holds_capacity)
             known = self._known(gang.job_id) if self._known is not None else None
@@ -681,13 +500,15 @@ class Gangs:
                 events.append(self._submission(gang, chosen, at))
             else:
                 gang.started = known.started_at is not None
-                if known.status in ("finished", "failed", "cancelled", "rejected"):
+                if known.status in ENDED:
                     gang.done = True
                     self._ended.add(gang.job_id)
                     return events
+                if known.status == "admitted":
+                    gang.mapping = _as_placed(gang.mapping, gang.pods, known.placement)
         elif gang.requeued:
             fresh = sorted(
-                (p for p in gang.pods.values() if p.active and p.uid not in gang.evicting), key=PodInfo.sort_key
+                (p for p in gang.pods.values() if p.active and p.uid not in gang.retired), key=PodInfo.sort_key
             )
             if len(fresh) < gang.size:
                 return events
@@ -699,15 +520,18 @@ class Gangs:
             gang.mapping = mapping
             gang.requeued = False
         assert gang.job_id is not None
+        self._take_successors(gang)
         mapped = [gang.pods.get(key) for key in gang.mapping.values()]
         for p in mapped:
-            if p is not None and p.phase == "Failed" and p.uid not in gang.evicting:
+            if p is not None and p.phase == "Failed" and p.uid not in gang.retired:
                 why = f": {p.reason}" if p.reason else ""
                 return events + self._end(gang, JobFailed(at=at, job=gang.job_id, reason=f"pod {p.key} failed{why}"))
         present = [p for p in mapped if p is not None]
         if len(present) < len(mapped):
             return events
         if all(p.phase == "Succeeded" for p in present):
+            if not self._completed(gang):
+                return events  # the Job's next indexes are on their way: they run in these slots
             if not gang.started:
                 events.append(JobStarted(at=at, job=gang.job_id))
                 gang.started = True
@@ -716,6 +540,100 @@ class Gangs:
             gang.started = True
             events.append(JobStarted(at=at, job=gang.job_id))
         return events
+
+    def _job_id(self, gang: Gang, chosen: list[PodInfo]) -> JobId:
+        """The job of this run: the owner's, or, for a later run of a recreating owner, salted by its pods.
+
+        A later run is one that began while this adapter watched (`_next_run`), or, for a new leader
+        relisting the cluster, pods that are not those of the owner's job the log saw end.
+        """
+        job = gang.owner.job_id(_salt(gang, chosen))
+        if not gang.later_run and recreated(gang.owner) and self._known is not None:
+            known = self._known(job)
+            gang.later_run = (
+                known is not None and known.status in ENDED and not {p.key for p in chosen} & set(known.pods.values())
+            )
+        if not gang.later_run:
+            return job
+        uids = "".join(sorted(p.uid for p in chosen))
+        return JobId(f"{job}-r{hashlib.sha256(uids.encode()).hexdigest()[:6]}")
+
+    def _next_run(self, gang: Gang, at: int) -> list[Event]:
+        """A recreating owner's new pods for a gang whose run ended are a new run, submitted as a new job.
+
+        A Job whose pods were lost (a node gone) and did not come back before the admission that
+        re-placed them gave up ends with JobFailed; its controller's replacements, arriving later,
+        would otherwise pend forever. The log's rule is that an ended job never runs again, so
+        the replacements are a new job (`_job_id`), once `size` pods that were never part of the
+        ended run exist. What is left of the old run counts outside any job (`retired`).
+        """
+        if gang.size is None or gang.job_id is None or not recreated(gang.owner):
+            return []
+        mapped = set(gang.mapping.values())
+        fresh = [p for p in gang.pods.values() if p.active and p.key not in mapped and p.uid not in gang.retired]
+        if len(fresh) < gang.size:
+            return []
+        fresh_uids = {p.uid for p in fresh}
+        gang.retired |= {p.uid for p in gang.pods.values() if p.uid not in fresh_uids}
+        self._by_job.pop(gang.job_id, None)
+        gang.job_id, gang.mapping, gang.podsets = None, {}, []
+        gang.done = gang.started = gang.requeued = False
+        gang.later_run = True
+        self.recheck.update(gang.pods)
+        return self._evaluate(gang, at)
+
+    def _take_successors(self, gang: Gang) -> None:
+        """A Job with completions > parallelism runs its next indexes in the slots its succeeded pods leave.
+
+        As Kueue counts such a Job: the gang is `parallelism` pods, admitted once; the pod the Job
+        controller creates after a success takes that pod's gang pod name and so its node (the
+        adapter binds it: `rebind`), with no new submission and no second share of quota. A
+        successor an earlier leader bound is found on its predecessor's node.
+        """
+        if gang.owner.kind != "Job" or gang.requeued or gang.job_id is None:
+            return
+        freed = [n for n, key in sorted(gang.mapping.items()) if key in gang.pods and gang.pods[key].ran]
+        mapped = set(gang.mapping.values())
+        waiting = sorted(
+            (p for p in gang.pods.values() if p.active and p.key not in mapped and p.uid not in gang.retired),
+            key=PodInfo.sort_key,
+        )
+        for name in freed:
+            done = gang.pods[gang.mapping[name]]
+            fits = [p for p in waiting if _shape(p) == _shape(done) and p.node in ("", done.node)]
+            successor = next((p for p in fits if p.node), None) or next(iter(fits), None)
+            if successor is None:
+                continue
+            waiting.remove(successor)
+            gang.mapping[name] = successor.key
+            if not successor.node:
+                self.rebind.add(gang.job_id)
+
+    def _completed(self, gang: Gang) -> bool:
+        """Whether the owner needs no more pods: a Job counts its successful pods (distinct indexes) to completions."""
+        if gang.owner.kind != "Job":
+            return True
+        if gang.completions is None:
+            # Sized from the log (a new leader): only pods past the gang's size (more pods, a higher
+            # index) say the Job may want more, so a relist of finished gangs costs no lookups.
+            size = gang.size or 0
+            beyond = len(gang.pods) > size or any((p.completion_index or 0) >= size for p in gang.pods.values())
+            if gang.asked or beyond:
+                self._ask_completions(gang)
+                return False
+            return True
+        succeeded = {
+            p.completion_index if p.completion_index is not None else p.uid
+            for p in gang.pods.values()
+            if p.phase == "Succeeded"
+        }
+        return len(succeeded) >= gang.completions
+
+    def _ask_completions(self, gang: Gang) -> None:
+        """Read a Job the log sized (a new leader's relist): how many successful pods it needs (once)."""
+        if not gang.asked:
+            gang.asked = True
+            self._wanted.append(gang.owner)
 
     def _needs_namespace(self, gang: Gang, chosen: list[PodInfo]) -> bool:
         """Whether the gang names no queue and waits for its namespace's default (asked for here once)."""

@@ -29,7 +29,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import KubeError, NotFound
-from muster.daemon.k8s.gangs import RUNTIME_ANNOTATION
+from muster.daemon.k8s.pods import RUNTIME_ANNOTATION
 from muster.daemon.k8s.watching import Backoff, Synced, WatchEvent, watch_objects
 
 __all__ = ["OUTCOME_ANNOTATION", "SimulatedKubelet"]

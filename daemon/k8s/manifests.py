@@ -16,7 +16,7 @@ Plain dicts; nothing here talks to an API server.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = [
@@ -137,15 +137,18 @@ def job(name: str, namespace: str = "default", *, parallelism: int = 1, completi
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(name, namespace), "spec": spec}
 
 
-def job_pods(owner: Obj, **pod_args: Any) -> list[Obj]:
-    """The pods the Job controller creates: one per index up to parallelism, owned by the Job."""
+def job_pods(owner: Obj, indexes: Iterable[int] | None = None, **pod_args: Any) -> list[Obj]:
+    """The pods the Job controller creates: one per index up to parallelism, owned by the Job.
+
+    `indexes`: the pods of these completion indexes instead (those it creates as earlier ones succeed).
+    """
     spec = owner["spec"]
     count = min(spec.get("parallelism", 1), spec.get("completions") or spec.get("parallelism", 1))
     name, ns = owner["metadata"]["name"], owner["metadata"]["namespace"]
     extra_labels = dict(pod_args.pop("labels", None) or {})
     extra_annotations = dict(pod_args.pop("annotations", None) or {})
     out = []
-    for i in range(count):
+    for i in range(count) if indexes is None else indexes:
         labels = {
             "batch.kubernetes.io/job-name": name,
             "batch.kubernetes.io/controller-uid": owner["metadata"]["uid"],

@@ -15,7 +15,7 @@ from typing import Any
 
 from muster.daemon.k8s.client import KubeClient, call_json
 from muster.daemon.k8s.errors import NotFound
-from muster.daemon.k8s.gangs import (
+from muster.daemon.k8s.pods import (
     COSCHEDULING_POD_GROUP,
     DEFAULT_QUEUE_KEY,
     KUEUE_QUEUE_LABEL,
@@ -80,6 +80,9 @@ class Sizing:
     uid: str = ""
     queue: str = ""
     problem: str = ""
+    completions: int | None = None
+    """A Job's successful pods needed in all (`spec.completions`; more than its size when the Job
+    creates pods for its next indexes as others succeed)."""
 
 
 def _count(value: Any, default: int) -> int:
@@ -135,7 +138,9 @@ def owner_sizing(owner: Owner, obj: Mapping[str, Any]) -> Sizing:
     if owner.kind == VOLCANO_POD_GROUP:
         queue = queue or str(spec.get("queue") or "")
     if owner.kind == "Job":
-        return Sizing(job_pods(spec), uid, queue)
+        completions = spec.get("completions")
+        wanted = completions if isinstance(completions, int) and not isinstance(completions, bool) else None
+        return Sizing(job_pods(spec), uid, queue, completions=wanted)
     if owner.kind == "JobSet":
         return Sizing(jobset_size(obj), uid, queue)
     if owner.kind in (VOLCANO_POD_GROUP, COSCHEDULING_POD_GROUP):

@@ -36,8 +36,8 @@ import structlog
 
 from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import KubeError
-from muster.daemon.k8s.gangs import Owner, recreated
 from muster.daemon.k8s.owners import fetch_owner
+from muster.daemon.k8s.pods import Owner, recreated
 from muster.events.types import Event, JobCancelled, JobFailed, JobId
 
 __all__ = ["LiveJob", "Verdict", "find_vanished", "judge", "owner_of"]

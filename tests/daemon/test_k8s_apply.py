@@ -10,7 +10,7 @@ from muster.daemon.k8s import Applier
 from muster.daemon.k8s import manifests as m
 from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.emulator import KubeEmulator
-from muster.daemon.k8s.gangs import PodInfo, pod_info
+from muster.daemon.k8s.pods import PodInfo, pod_info
 from muster.events.types import (
     Event,
     JobAdmitted,

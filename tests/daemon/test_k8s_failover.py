@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from adapterkit import eventually
 from kubernetes_asyncio.client import CoreV1Api
 
 from muster.daemon.k8s import manifests as m
@@ -190,3 +191,80 @@ async def test_a_continue_token_older_than_a_compaction_gets_410_from_the_emulat
     emulator.expire()
     async with server.client.get(f"/api/v1/nodes?limit=2&continue={token}") as resp:
         assert resp.status == 410
+
+
+async def test_a_new_leader_finds_an_indexed_job_midway_and_keeps_each_pod_in_the_slot_it_took(kube, start_adapter):
+    """Index 2 runs where index 0 ran: a relist keeps it in that slot (no foreign usage, no conflict) and ends at 4."""
+    emulator, api = kube
+    for name in ("a", "b"):
+        emulator.put_object("v1/nodes", m.node(name, gpus=8))
+    job = m.job("sweep", "ns", parallelism=2, completions=4)
+    emulator.put_object("batch/v1/jobs", job)
+    labels = {"muster.dev/queue": "q"}
+    core = CoreV1Api(api)
+    first = m.job_pods(job, gpus=8, labels=labels)
+    for pod in first:
+        await core.create_namespaced_pod("ns", pod)
+    async with start_adapter(api) as (_, events):  # the old leader's adapter: it submits the gang
+        await events.wait_for(lambda e: len(e.of(JobSubmitted)) == 1)
+        [sub] = events.of(JobSubmitted)
+    placement = {"pod-0": NodeName("a"), "pod-1": NodeName("b")}
+    admitted = JobAdmitted(at=2, job=sub.job, queue=QueueName("q"), placement=placement)
+    # under the old leader: index 0 ran on a and succeeded, index 2 took its slot; index 1 runs on b
+    index0, index1 = (p["metadata"]["name"] for p in first)
+    emulator.patch_object("v1/pods", "ns", index0, {"spec": {"nodeName": "a"}, "status": {"phase": "Succeeded"}})
+    emulator.patch_object("v1/pods", "ns", index1, {"spec": {"nodeName": "b"}, "status": {"phase": "Running"}})
+    [index2] = m.job_pods(job, [2], gpus=8, labels=labels, node_name="a", phase="Running")
+    await core.create_namespaced_pod("ns", index2)
+    nodes = [NodeAdded(at=0, node=NodeName(n), capacity={"gpu": 8}) for n in ("a", "b")]
+    state = fold([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 16}), *nodes, sub, admitted])
+
+    async with start_adapter(api, state=lambda: state) as (adapter, events):
+        gangs = adapter.translator.gangs
+        running = [gangs.pod(f"ns/{n}") for n in (index1, index2["metadata"]["name"])]
+        assert not [p for p in running if p is None or gangs.holds_capacity(p)]  # none counted as foreign usage
+        assert (await adapter.apply(admitted)).outcome == "noop"  # every pod on the node of its slot
+        for name in (index1, index2["metadata"]["name"]):
+            emulator.patch_object("v1/pods", "ns", name, {"status": {"phase": "Succeeded"}})
+        [index3] = m.job_pods(job, [3], gpus=8, labels=labels)
+        await core.create_namespaced_pod("ns", index3)
+        name3 = index3["metadata"]["name"]
+        await eventually(lambda: emulator.get_object("v1/pods", "ns", name3)["spec"].get("nodeName"))
+        assert not events.of(JobFinished)  # 3 of 4 completions
+        emulator.patch_object("v1/pods", "ns", name3, {"status": {"phase": "Succeeded"}})
+        await events.wait_for(lambda e: bool(e.of(JobFinished)))
+    assert [e.job for e in events.of(JobFinished)] == [sub.job]
+    assert not events.of(JobSubmitted)
+
+
+async def test_a_new_leader_submits_a_jobs_late_replacements_as_a_new_run_once(kube, start_adapter):
+    """The log ended a Job's run (its pods gone before binding); the pods there now are a new job, submitted once."""
+    emulator, api = kube
+    emulator.put_object("v1/nodes", m.node("n1", gpus=8))
+    job = m.job("train", "ns", parallelism=2)
+    emulator.put_object("batch/v1/jobs", job)
+    labels = {"muster.dev/queue": "q"}
+    first = m.job_pods(job, gpus=1, labels=labels)
+    core = CoreV1Api(api)
+    for pod in first:
+        await core.create_namespaced_pod("ns", pod)
+    async with start_adapter(api) as (_, events):
+        await events.wait_for(lambda e: len(e.of(JobSubmitted)) == 1)
+        [sub] = events.of(JobSubmitted)
+    for pod in first:  # lost with their node; the readmission gave up on them
+        emulator.remove_object("v1/pods", "ns", pod["metadata"]["name"])
+    failed = JobFailed(at=3, job=sub.job, reason="pods gone before binding: pod-0, pod-1")
+    log = [QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8}), sub, failed]
+    for pod in m.job_pods(job, gpus=1, labels=labels):  # the controller's replacements, late
+        await core.create_namespaced_pod("ns", pod)
+
+    async with start_adapter(api, state=lambda: fold(log)) as (_, events):
+        await events.wait_for(lambda e: bool(e.of(JobSubmitted)))
+        [rerun] = events.of(JobSubmitted)
+    assert rerun.job.startswith(f"{sub.job}-r") and rerun.source == sub.source
+    assert set(rerun.pods.values()).isdisjoint(sub.pods.values())
+
+    log.append(rerun)  # on the log now: the next leader knows it and submits nothing
+    async with start_adapter(api, state=lambda: fold(log)) as (adapter, events):
+        await adapter.caught_up("pods", emulator.resource_version)
+        assert not events.of(JobSubmitted)

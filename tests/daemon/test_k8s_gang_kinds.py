@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from muster.daemon.k8s import manifests as m
-from muster.daemon.k8s.gangs import pod_info
 from muster.daemon.k8s.owners import api_of, namespace_queue, owner_sizing
+from muster.daemon.k8s.pods import pod_info
 from muster.daemon.k8s.translating import Translator
 from muster.daemon.k8s.watching import WatchEvent
 from muster.events.types import JobSubmitted, PodSet

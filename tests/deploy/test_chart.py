@@ -53,6 +53,7 @@ CASES: dict[str, dict[str, Any]] = {
     "no-snapshots": {"snapshots": {"enabled": False}},
     "no-pod-conditions": {"podConditions": False},
     "no-events": {"events": False},
+    "no-workload-status": {"workloadStatus": False},
     "snapshots-tuned": {"snapshots": {"every": 1000}, "leaderElection": {"kvBucket": "leases"}},
     "ui-local": {"ui": {"enabled": True}},
     "ui-exposed": {"ui": {"enabled": True, "port": 9000, "tokenSecret": "muster-ui", "tokenKey": "t"}},
@@ -92,6 +93,13 @@ BUILTIN_API_VERSIONS = {
 }
 CUSTOM_API_VERSIONS = {"ServiceMonitor": "monitoring.coreos.com/v1"}
 
+WORKLOAD_STATUS = {
+    ("batch", "jobs", "patch"),
+    ("jobset.x-k8s.io", "jobsets", "patch"),
+    ("kubeflow.org", "pytorchjobs", "patch"),
+    ("kubeflow.org", "mpijobs", "patch"),
+}
+"""The gang's status annotations on its workload (workloadStatus, and events, on by default)."""
 LEAST_PRIVILEGE = {
     ("", "pods", "get"),
     ("", "pods", "list"),
@@ -125,7 +133,7 @@ LEAST_PRIVILEGE = {
     ("scheduling.x-k8s.io", "podgroups", "get"),
     ("scheduling.x-k8s.io", "podgroups", "list"),
     ("scheduling.x-k8s.io", "podgroups", "watch"),
-}
+} | WORKLOAD_STATUS
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -302,11 +310,19 @@ def test_events_off_drops_the_events_rights_and_tells_the_daemon(run: ChartRun, 
     """`events: false` renders no events rights, and the daemon's config it renders turns the reporter off."""
     rendered = run.rendered["no-events"]
     events = {rule for rule in LEAST_PRIVILEGE if rule[1] == "events"}
-    assert events and rules_of(rendered, "ClusterRole") == LEAST_PRIVILEGE - events
+    # no reporter, so no status annotations either
+    assert events and rules_of(rendered, "ClusterRole") == LEAST_PRIVILEGE - events - WORKLOAD_STATUS
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config_of(rendered, "config.yaml")))
     assert load_config(str(path), env={}).events is False
     assert config_of(run.rendered["default"], "config.yaml")["kubernetes"]["events"] is True
+
+
+def test_workload_status_off_drops_the_workload_patch_rights_and_tells_the_daemon(run: ChartRun) -> None:
+    """`workloadStatus: false` renders no patch of jobs, jobsets, Kubeflow jobs and `workload_status: false`."""
+    rendered = run.rendered["no-workload-status"]
+    assert rules_of(rendered, "ClusterRole") == LEAST_PRIVILEGE - WORKLOAD_STATUS
+    assert config_of(rendered, "config.yaml")["kubernetes"]["workload_status"] is False
 
 
 def test_lease_election_adds_one_namespaced_lease_role(run: ChartRun, tmp_path: Path) -> None:
@@ -421,6 +437,7 @@ def test_config_map_holds_the_daemon_config(run: ChartRun) -> None:
         "namespaces": [],
         "pod_conditions": True,
         "events": True,
+        "workload_status": True,
     }
     assert config["http"] == {"health_port": 8080, "metrics_port": 9090}
     assert config["queues_file"] == "/etc/muster/queues.yaml"

@@ -14,13 +14,12 @@ the namespace, so `cleanup()` finds what one test made on a server shared by the
 from __future__ import annotations
 
 import contextlib
-import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import adapterkit
 import anyio
-from adapterkit import EventLog
+from adapterkit import EventLog, eventually
 from kubernetes_asyncio.client import (
     ApiClient,
     ApiextensionsV1Api,
@@ -36,22 +35,11 @@ from muster.daemon.k8s import Backoff, KubernetesAdapter
 from muster.daemon.k8s import manifests as m
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
 from muster.events.store import EventStore, StoredEvent
+from muster.events.types import JobAdmitted, JobSubmitted, NodeName, QueueName
 
 Obj = dict[str, Any]
 TEST_LABEL = "muster.dev/test"
 MERGE = "application/merge-patch+json"
-
-
-async def eventually(check: Callable[[], Any], seconds: float = 20.0, every: float = 0.05) -> Any:
-    """Poll `check()` (sync or async) until it returns something truthy; fail after `seconds`."""
-    with anyio.fail_after(seconds):
-        while True:
-            value = check()
-            if inspect.isawaitable(value):
-                value = await value
-            if value:
-                return value
-            await anyio.sleep(every)
 
 
 FAST = Backoff(initial=0.01, maximum=0.2, jitter=0.0)
@@ -78,6 +66,18 @@ async def running_daemon(store: EventStore, api: ApiClient, **adapter_options: A
             await loop.first_term.wait()
         yield loop
         loop.stop()
+
+
+async def submitted(events: EventLog) -> JobSubmitted:
+    """The one gang a running adapter submits (waited for)."""
+    await events.wait_for(lambda e: bool(e.of(JobSubmitted)))
+    [sub] = events.of(JobSubmitted)
+    return sub
+
+
+def admitted(sub: JobSubmitted, node: str, at: int = 1) -> JobAdmitted:
+    """The admission of the whole gang `sub` onto `node` (queue q)."""
+    return JobAdmitted(at=at, job=sub.job, queue=QueueName("q"), placement={p: NodeName(node) for p in sub.pods})
 
 
 async def log_of(store: EventStore, cls: type[Any]) -> list[Any]:
@@ -183,8 +183,10 @@ class Kube:
         queue: str = "q",
         labels: dict[str, str] | None = None,
         job_labels: dict[str, str] | None = None,
+        completions: int | None = None,
     ) -> tuple[Obj, list[Obj]]:
-        """A batch Job and the pods its controller would create (ownerReferences to the Job's real uid).
+        """A batch Job (Indexed; `completions` default `parallelism`) and the pods its controller would
+        create first (ownerReferences to the Job's real uid; more with `job_pods`).
 
         The pods carry `muster.dev/queue: queue` (none when empty) and `labels`; the Job `job_labels`.
         """
@@ -194,7 +196,7 @@ class Kube:
             "metadata": {"name": name, "namespace": self.ns, "labels": dict(job_labels or {})},
             "spec": {
                 "parallelism": parallelism,
-                "completions": parallelism,
+                "completions": completions or parallelism,
                 "completionMode": "Indexed",
                 "template": {
                     "spec": {
@@ -207,8 +209,11 @@ class Kube:
         }
         job = dict(self.api.sanitize_for_serialization(await self.batch.create_namespaced_job(self.ns, manifest)))
         pod_labels = {**({"muster.dev/queue": queue} if queue else {}), **(labels or {})}
-        pods = [await self.create_pod(p) for p in m.job_pods(job, gpus=gpus, grace_seconds=0, labels=pod_labels)]
-        return job, pods
+        return job, await self.job_pods(job, gpus=gpus, labels=pod_labels)
+
+    async def job_pods(self, job: Obj, indexes: list[int] | None = None, **pod_args: Any) -> list[Obj]:
+        """Create pods as `job`'s controller does (`manifests.job_pods` arguments); the server's objects."""
+        return [await self.create_pod(p) for p in m.job_pods(job, indexes, grace_seconds=0, **pod_args)]
 
     async def jobset(self, name: str, replicas: int, parallelism: int, *, gpus: int = 1) -> tuple[Obj, list[Obj]]:
         """A JobSet (its CRD installed if need be) and the pods its controller's child Jobs would create."""

@@ -11,28 +11,22 @@ expired watch (the watch cache answers an old resourceVersion with the current s
 from __future__ import annotations
 
 import pytest
-from kubekit import Kube, eventually, running_adapter
+from kubekit import Kube, admitted, eventually, running_adapter
 from kubernetes_asyncio.client import ApiClient
 
 from muster.daemon.k8s.applying import _ASSIGNED
 from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import Conflict
 from muster.events.types import (
-    JobAdmitted,
     JobFailed,
     JobPreempted,
     JobSubmitted,
     NodeAdded,
-    NodeName,
     NodeUpdated,
     QueueConfigured,
     QueueName,
 )
 from muster.projections.cluster import fold
-
-
-def admitted(sub: JobSubmitted, node: str) -> JobAdmitted:
-    return JobAdmitted(at=1, job=sub.job, queue=QueueName("q"), placement={p: NodeName(node) for p in sub.pods})
 
 
 async def test_a_ready_node_is_added_without_the_not_ready_taint(api: ApiClient, kube: Kube) -> None:

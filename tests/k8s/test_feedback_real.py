@@ -8,13 +8,19 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
-from kubekit import Kube, eventually, running_adapter, running_daemon
+from kubekit import Kube, admitted, eventually, running_adapter, running_daemon, submitted
 from kubernetes_asyncio.client import ApiClient
 
+from muster.daemon.k8s import manifests as m
 from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.reporting import Report, Reporter, Target
 from muster.events.store import EventStore
-from muster.events.types import JobAdmitted, JobPreempted, JobSubmitted, NodeName, QueueConfigured, QueueName
+from muster.events.types import (
+    JobInadmissible,
+    JobPreempted,
+    QueueConfigured,
+    QueueName,
+)
 
 
 async def events_of(kube: Kube, kind: str, name: str) -> list[dict[str, Any]]:
@@ -49,7 +55,8 @@ async def test_a_waiting_gang_says_why_on_its_pods_and_job_and_its_admission_say
         condition = await eventually(lambda: scheduled_condition(kube, names[0]))
         assert (condition["status"], condition["reason"]) == ("False", "Unschedulable")
         assert condition["message"].startswith("muster: ")
-        for name in names:
+        for name in names:  # each pod's report is written on its own
+            await eventually(lambda name=name: _has(kube, "Pod", name, "Waiting"))
             [waiting] = [e for e in await events_of(kube, "Pod", name) if e["reason"] == "Waiting"]
             assert waiting["message"] == condition["message"] and waiting["source"]["component"] == "muster"
         await eventually(lambda: _has(kube, "Job", "big", "Waiting"))
@@ -73,10 +80,8 @@ async def test_a_preempted_gang_is_told_by_whom_and_why(api: ApiClient, kube: Ku
     node = await kube.node("n1")
     await kube.job("victim", 1)
     async with running_adapter(api) as (adapter, events):
-        await events.wait_for(lambda e: bool(e.of(JobSubmitted)))
-        [sub] = events.of(JobSubmitted)
-        placement = {p: NodeName(node) for p in sub.pods}
-        assert (await adapter.apply(JobAdmitted(at=1, job=sub.job, queue=QueueName("q"), placement=placement))).ok
+        sub = await submitted(events)
+        assert (await adapter.apply(admitted(sub, node))).ok
         preempt = JobPreempted(at=2, job=sub.job, preemptor="ns/job/boss-1", reason="WithinQueue")
         assert (await adapter.apply(preempt)).ok
         await eventually(lambda: _has(kube, "Job", "victim", "Preempted"))
@@ -99,3 +104,95 @@ async def test_the_same_report_twice_is_one_event_counted_twice(api: ApiClient, 
         tg.cancel_scope.cancel()
     [event] = await events_of(kube, "Pod", "p")
     assert event["count"] == 2
+
+
+async def annotations(kube: Kube, job: str) -> dict[str, str]:
+    obj = await kube.batch.read_namespaced_job(job, kube.ns)
+    return dict(obj.metadata.annotations or {})
+
+
+async def test_a_jobs_status_is_annotated_on_it_when_it_changes_and_only_then(api: ApiClient, kube: Kube) -> None:
+    """Pending with the core's reason, the same reason again writes nothing, then Admitted, then Preempted."""
+    node = await kube.node("n1")
+    await kube.job("train", 2)
+    async with running_adapter(api) as (adapter, events):
+        sub = await submitted(events)
+        waiting = JobInadmissible(at=1, job=sub.job, reason="needs 2 gpu, 0 free in queue q")
+        await adapter.apply(waiting)
+        notes = await eventually(lambda: _status(kube, "train", "Pending"))
+        assert notes["muster.dev/status-message"] == "muster: needs 2 gpu, 0 free in queue q"
+        version = (await kube.batch.read_namespaced_job("train", kube.ns)).metadata.resource_version
+        assert adapter.reporter is not None
+        written = adapter.reporter.written
+        await adapter.apply(waiting)  # the core says it once; a second time (a new leader) changes nothing
+        await eventually(lambda: adapter.reporter.written >= written + 3)  # type: ignore[union-attr]
+        assert (await kube.batch.read_namespaced_job("train", kube.ns)).metadata.resource_version == version
+
+        assert (await adapter.apply(admitted(sub, node, at=2))).ok
+        notes = await eventually(lambda: _status(kube, "train", "Admitted"))
+        assert node in notes["muster.dev/status-message"]
+        await adapter.apply(JobPreempted(at=3, job=sub.job, preemptor=None, reason="NodeFailure"))
+        notes = await eventually(lambda: _status(kube, "train", "Preempted"))
+        assert "NodeFailure" in notes["muster.dev/status-message"]
+
+
+async def _status(kube: Kube, job: str, status: str) -> dict[str, str] | None:
+    notes = await annotations(kube, job)
+    return notes if notes.get("muster.dev/status") == status else None
+
+
+async def gang_condition(kube: Kube, pod: str) -> dict[str, Any] | None:
+    obj = await kube.get_pod(pod)
+    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if c.get("type") == "muster.dev/Admitted":
+            return dict(c)
+    return None
+
+
+async def test_a_pod_groups_status_is_a_condition_on_its_pods(api: ApiClient, kube: Kube) -> None:
+    """A labelled pod group has no object to annotate: its pods say Pending (with why), then Admitted."""
+    node = await kube.node("n1")
+    pods = await kube.gang("g", 2)
+    async with running_adapter(api) as (adapter, events):
+        sub = await submitted(events)
+        await adapter.apply(JobInadmissible(at=1, job=sub.job, reason="queue q is full"))
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            pending = await eventually(lambda name=name: gang_condition(kube, name))
+            assert (pending["status"], pending["reason"], pending["message"]) == (
+                "False",
+                "Pending",
+                "muster: queue q is full",
+            )
+        assert (await adapter.apply(admitted(sub, node, at=2))).ok
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            condition = await eventually(lambda name=name: _condition_is(kube, name, "True"))
+            assert condition["reason"] == "Admitted"
+
+
+async def _condition_is(kube: Kube, pod: str, status: str) -> dict[str, Any] | None:
+    condition = await gang_condition(kube, pod)
+    return condition if condition is not None and condition["status"] == status else None
+
+
+async def test_a_binding_the_server_refuses_says_scheduler_error_on_the_pod(api: ApiClient, kube: Kube) -> None:
+    """The server refuses to bind a pod with scheduling gates: PodScheduled=False, SchedulerError, and an Event."""
+    node = await kube.node("n1")
+    labels = {"muster.dev/gang": "g", "muster.dev/gang-size": "2", "muster.dev/queue": "q"}
+    await kube.pod("g-0", gpus=1, labels=labels)
+    gated = m.pod("g-1", kube.ns, gpus=1, labels=labels, grace_seconds=0)
+    gated["spec"]["schedulingGates"] = [{"name": "example.com/not-yet"}]
+    await kube.create_pod(gated)
+    async with running_adapter(api) as (adapter, events):
+        sub = await submitted(events)
+        result = await adapter.apply(admitted(sub, node))
+        assert result.outcome == "conflict"
+        condition = await eventually(lambda: _scheduled_is(kube, "g-1", "SchedulerError"))
+        assert condition["status"] == "False" and "schedulingGates" in condition["message"]
+        await eventually(lambda: _has(kube, "Pod", "g-1", "FailedScheduling"))
+
+
+async def _scheduled_is(kube: Kube, pod: str, reason: str) -> dict[str, Any] | None:
+    condition = await scheduled_condition(kube, pod)
+    return condition if condition is not None and condition.get("reason") == reason else None

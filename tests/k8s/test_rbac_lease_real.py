@@ -77,11 +77,14 @@ async def test_the_charts_roles_suffice_for_the_adapter_and_the_lease_and_no_mor
         assert (bound.ok, bound.outcome) == (True, "applied"), bound
         evicted = await adapter.apply(JobPreempted(at=2, job=sub.job, preemptor=None, reason="WithinQueue"))
         assert (evicted.ok, evicted.outcome) == (True, "applied"), evicted
-        # the Events about it were written as tester (the chart grants events create/patch)
+        # the Events about it and the Job's status were written as tester (the chart grants events
+        # create/patch and jobs patch): Admitted on the Job, Preempted on the Job and each pod
         assert adapter.reporter is not None
-        await eventually(lambda: adapter.reporter.written >= 2 * (len(sub.pods) + 1))  # type: ignore[union-attr]
+        await eventually(lambda: adapter.reporter.written >= len(sub.pods) + 2)  # type: ignore[union-attr]
     listed = await CoreV1Api(api).list_namespaced_event(kube.ns, field_selector="involvedObject.kind=Job")
     assert {e.reason for e in listed.items} == {"Admitted", "Preempted"}
+    job = await kube.batch.read_namespaced_job("train", kube.ns)
+    assert job.metadata.annotations["muster.dev/status"] == "Preempted"
 
     elector = LeaseElector(user_api, election["lease_namespace"], election["lease_name"], "replica-a", ttl=2.0)
     async with anyio.create_task_group() as tg:

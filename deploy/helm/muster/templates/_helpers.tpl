@@ -190,7 +190,7 @@ Paths point into the Secret volumes mounted by "muster.natsVolumeMounts".
 {{- $u := .Values.daemon.utilization }}
 {{- $cfg := dict
   "leader_election" $le
-  "kubernetes" (dict "scheduler_name" .Values.schedulerName "namespaces" .Values.daemon.namespaces "pod_conditions" .Values.podConditions "events" .Values.events)
+  "kubernetes" (dict "scheduler_name" .Values.schedulerName "namespaces" .Values.daemon.namespaces "pod_conditions" .Values.podConditions "events" .Values.events "workload_status" .Values.workloadStatus)
   "utilization" (dict "url" $u.url "source" $u.source "interval_seconds" (int $u.intervalSeconds))
   "http" (dict "health_port" (int .Values.ports.health) "metrics_port" (int .Values.ports.metrics))
   "log" (dict "level" .Values.daemon.logLevel "format" "json")

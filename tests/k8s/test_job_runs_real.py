@@ -1,0 +1,109 @@
+"""A Job's pods over its life, on a real API server: pods that come back late, and indexes past parallelism.
+
+The test plays the Job controller (pods with ownerReferences to the Job's uid) and the kubelet
+(phases); the daemon runs whole (the loop on NATS, the adapter on the server).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubekit import Kube, eventually, log_of, running_daemon
+from kubernetes_asyncio.client import ApiClient
+
+from muster.events.store import EventStore
+from muster.events.types import (
+    JobAdmitted,
+    JobFailed,
+    JobFinished,
+    JobPreempted,
+    JobSubmitted,
+    QueueConfigured,
+    QueueName,
+)
+
+Pods = list[dict[str, Any]]
+
+
+def names(pods: Pods) -> list[str]:
+    return [p["metadata"]["name"] for p in pods]
+
+
+async def nodes_of(kube: Kube, pods: Pods) -> list[str]:
+    return [await kube.pod_node(n) for n in names(pods)]
+
+
+async def of_job(store: EventStore, cls: type, job: str) -> list[Any]:
+    return [e for e in await log_of(store, cls) if e.job == job]
+
+
+async def test_a_jobs_replacements_that_come_back_after_its_admission_gave_up_run_as_a_new_job(
+    api: ApiClient, kube: Kube, store: EventStore
+) -> None:
+    """Node lost, the Job's pods late: readmitted, it fails after the pod wait; the late pods are a new job and bind."""
+    await store.append([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 32})])
+    first = await kube.node("n1", gpus=16)
+    job, pods = await kube.job("train", 2, gpus=4)
+    async with running_daemon(store, api, pod_wait_seconds=1) as loop:
+        await eventually(lambda: _all_on(kube, pods, first))
+        [sub] = await log_of(store, JobSubmitted)
+        second = await kube.node("n2", gpus=16)
+
+        await kube.delete_node(first)
+        await eventually(lambda: kube.gone(*names(pods)))  # evicted (grace 0)
+        [failed] = await eventually(lambda: of_job(store, JobFailed, sub.job))
+        assert failed.reason.startswith("pods gone before binding")
+
+        late = await kube.job_pods(job, gpus=4, labels={"muster.dev/queue": "q"})  # the controller, late
+        await eventually(lambda: _all_on(kube, late, second))
+        await eventually(lambda: loop.metrics.registry.get_sample_value("muster_apply_backlog") == 0)
+
+    first_run, second_run = await log_of(store, JobSubmitted)
+    assert first_run == sub
+    assert second_run.source == sub.source and second_run.job != sub.job
+    assert second_run.job.startswith(sub.job)
+    assert sorted(second_run.pods.values()) == sorted(f"{kube.ns}/{n}" for n in names(late))
+    assert [p.reason for p in await log_of(store, JobPreempted)] == ["NodeFailure"]
+    assert [a.job for a in await log_of(store, JobAdmitted)] == [sub.job, sub.job, second_run.job]
+    assert not await of_job(store, JobFailed, second_run.job)
+
+
+async def test_an_indexed_jobs_next_indexes_run_in_its_admitted_gang_until_completions(
+    api: ApiClient, kube: Kube, store: EventStore
+) -> None:
+    """completions 4, parallelism 2: indexes 2 and 3 bind on nodes their predecessors left; one admission; ends at 4."""
+    await store.append([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})])
+    await kube.node("a", gpus=4)
+    await kube.node("b", gpus=4)
+    job, pods = await kube.job("sweep", 2, gpus=4, completions=4)
+    labels = {"muster.dev/queue": "q"}
+    async with running_daemon(store, api):
+        placed = await eventually(lambda: _bound(kube, pods))
+        [sub] = await log_of(store, JobSubmitted)
+        assert [(ps.name, ps.count) for ps in sub.podsets] == [("pod", 2)]
+
+        await kube.set_phase(names(pods)[0], "Succeeded")
+        [index2] = await kube.job_pods(job, [2], gpus=4, labels=labels)
+        assert await eventually(lambda: kube.pod_node(names([index2])[0])) == placed[0]
+
+        # every pod of the gang done, 3 of 4 completions: the job runs on, and index 3 takes a slot
+        await kube.set_phase(names(pods)[1], "Succeeded")
+        await kube.set_phase(names([index2])[0], "Succeeded")
+        [index3] = await kube.job_pods(job, [3], gpus=4, labels=labels)
+        assert await eventually(lambda: kube.pod_node(names([index3])[0])) in placed
+
+        await kube.set_phase(names([index3])[0], "Succeeded")
+        await eventually(lambda: of_job(store, JobFinished, sub.job))
+
+    assert len(await log_of(store, JobSubmitted)) == 1
+    assert [a.job for a in await log_of(store, JobAdmitted)] == [sub.job]  # no re-queue, quota counted once
+    assert len(await log_of(store, JobFinished)) == 1
+
+
+async def _all_on(kube: Kube, pods: Pods, node: str) -> bool:
+    return all(n == node for n in await nodes_of(kube, pods))
+
+
+async def _bound(kube: Kube, pods: Pods) -> list[str] | None:
+    placed = await nodes_of(kube, pods)
+    return placed if all(placed) else None
