@@ -121,6 +121,8 @@ class PodInfo:
     problems: tuple[str, ...] = ()
     completion_index: int | None = None
     """An Indexed Job's pod: the index it completes (its successor after a success has the next one)."""
+    gated: bool = False
+    """Its `spec.schedulingGates` are not all removed yet: no scheduler may bind it."""
 
     @property
     def active(self) -> bool:
@@ -262,4 +264,5 @@ def pod_info(pod: Obj) -> PodInfo:
         reason=reason,
         problems=tuple(problems),
         completion_index=_int(annotations.get(COMPLETION_INDEX) or labels.get(COMPLETION_INDEX)),
+        gated=bool(spec.get("schedulingGates")),
     )

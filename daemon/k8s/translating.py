@@ -114,6 +114,10 @@ class Translator:
             self._jobs += self.gangs.pod_deleted(key, at)
             return
         info = pod_info(event.obj)
+        if info.scheduler == self.scheduler_name and info.gated and not info.node:
+            # as kube-scheduler: a pod is not schedulable until its gates are removed (gates can only be
+            # removed, so a gated pod was never part of a gang); its gang waits for it, whole
+            return
         if info.scheduler == self.scheduler_name:
             self._jobs += self.gangs.pod_changed(info, at)
             self.gangs.recheck.add(key)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from adapterkit import eventually
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
 from muster.daemon.k8s import Applier
@@ -252,3 +253,28 @@ async def test_decisions_that_change_nothing_in_the_cluster_are_skipped(kube, st
         elsewhere = await adapter.apply(JobAdmitted(at=1, job=JobId("sim-1"), queue=QueueName("q"), placement={}))
         assert (waiting.outcome, elsewhere.outcome) == ("skipped", "skipped")
         assert requests_to(emulator, "binding") == []
+
+
+async def test_a_binding_the_server_refuses_says_scheduler_error_on_the_pod(kube, start_adapter):
+    """A refused binding (a 409 a real server gives only in a race): PodScheduled=False SchedulerError, a Warning."""
+    emulator, api = kube
+    async with start_adapter(api, report=True) as (adapter, events):
+        sub = await submit_gang(emulator, api, adapter, events, size=2)
+        ns, name = sub.pods[sorted(sub.pods)[1]].split("/")
+        emulator.fail("POST", "pods", "binding", name=name, status=409, message=f"pod {name} is already assigned")
+        result = await adapter.apply(admission(sub, ["n1"]))
+        assert result.outcome == "conflict"
+
+        def scheduler_error() -> bool:
+            pod = pod_object(emulator, f"{ns}/{name}") or {}
+            conditions = pod.get("status", {}).get("conditions", [])
+            return any(c["type"] == "PodScheduled" and c.get("reason") == "SchedulerError" for c in conditions)
+
+        def warned() -> bool:
+            return any(
+                e.get("reason") == "FailedScheduling" and e["involvedObject"]["name"] == name
+                for e in emulator.list_objects("v1/events", ns)
+            )
+
+        await eventually(scheduler_error)
+        await eventually(warned)

@@ -18,6 +18,7 @@ from muster.events.store import EventStore
 from muster.events.types import (
     JobInadmissible,
     JobPreempted,
+    JobSubmitted,
     QueueConfigured,
     QueueName,
 )
@@ -176,8 +177,8 @@ async def _condition_is(kube: Kube, pod: str, status: str) -> dict[str, Any] | N
     return condition if condition is not None and condition["status"] == status else None
 
 
-async def test_a_binding_the_server_refuses_says_scheduler_error_on_the_pod(api: ApiClient, kube: Kube) -> None:
-    """The server refuses to bind a pod with scheduling gates: PodScheduled=False, SchedulerError, and an Event."""
+async def test_a_gang_waits_whole_for_its_gated_pod(api: ApiClient, kube: Kube) -> None:
+    """A pod with scheduling gates is not scheduled (as kube-scheduler): its gang is submitted once the gate goes."""
     node = await kube.node("n1")
     labels = {"muster.dev/gang": "g", "muster.dev/gang-size": "2", "muster.dev/queue": "q"}
     await kube.pod("g-0", gpus=1, labels=labels)
@@ -185,14 +186,12 @@ async def test_a_binding_the_server_refuses_says_scheduler_error_on_the_pod(api:
     gated["spec"]["schedulingGates"] = [{"name": "example.com/not-yet"}]
     await kube.create_pod(gated)
     async with running_adapter(api) as (adapter, events):
-        sub = await submitted(events)
-        result = await adapter.apply(admitted(sub, node))
-        assert result.outcome == "conflict"
-        condition = await eventually(lambda: _scheduled_is(kube, "g-1", "SchedulerError"))
-        assert condition["status"] == "False" and "schedulingGates" in condition["message"]
-        await eventually(lambda: _has(kube, "Pod", "g-1", "FailedScheduling"))
-
-
-async def _scheduled_is(kube: Kube, pod: str, reason: str) -> dict[str, Any] | None:
-    condition = await scheduled_condition(kube, pod)
-    return condition if condition is not None and condition.get("reason") == reason else None
+        await kube.pod("h-0", gpus=1, labels={"muster.dev/queue": "q"})  # a later gang, submitted meanwhile
+        await events.wait_for(lambda e: len(e.of(JobSubmitted)) == 1)
+        [first] = events.of(JobSubmitted)
+        assert len(first.pods) == 1, "the gang of the gated pod was submitted before its gate was removed"
+        await kube.core.patch_namespaced_pod("g-1", kube.ns, {"spec": {"schedulingGates": None}})
+        await events.wait_for(lambda e: len(e.of(JobSubmitted)) == 2)
+        gang = events.of(JobSubmitted)[1]
+        assert len(gang.pods) == 2
+        assert (await adapter.apply(admitted(gang, node))).ok
