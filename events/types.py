@@ -157,7 +157,8 @@ class JobSubmitted(Event, frozen=True, kw_only=True, tag="JobSubmitted"):
 
     v2 replaced v1's flat `gpus`/`pods` with `podsets` (see codec.upcast_job_submitted_v1).
     `pods` maps the gang pod name `PODSET-INDEX` to the Kubernetes pod `namespace/name`
-    when the gang came from a cluster.
+    when the gang came from a cluster. `max_runtime` is the time limit its user declared
+    (seconds per run, counted from each admission): the cluster ends a run that reaches it.
     """
 
     job: JobId
@@ -169,6 +170,7 @@ class JobSubmitted(Event, frozen=True, kw_only=True, tag="JobSubmitted"):
     pods: dict[str, str] = {}
     source: str = ""
     v: int = 2
+    max_runtime: int | None = None
 
 
 class JobCancelled(Event, frozen=True, kw_only=True, tag="JobCancelled"):

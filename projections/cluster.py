@@ -135,6 +135,8 @@ class JobState(msgspec.Struct, kw_only=True):
     """When it was last preempted: it may not preempt anyone at that same instant."""
     evicted_by: str | None = None
     """The job that preempted it, until it runs again: it may not evict that job in return."""
+    max_runtime: int | None = None
+    """Its declared time limit (seconds per run), `JobSubmitted.max_runtime`."""
 
     @property
     def gpus(self) -> int:
@@ -383,6 +385,7 @@ def _on_submitted(state: ClusterState, ev: JobSubmitted) -> ClusterState:
         pods=ev.pods,
         requests=_podset_requests(ev.podsets),
         source=ev.source,
+        max_runtime=ev.max_runtime,
     )
     state.dirty_jobs.add(ev.job)
     return state

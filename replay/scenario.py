@@ -526,7 +526,7 @@ def _timeline(
 
 
 _PODSET_FIELDS = {"name", "count", "requests", "topology"}
-_SUBMIT_FIELDS = {"job", "queue", "priority_class", "podsets", "runtime", "checkpoint_every"}
+_SUBMIT_FIELDS = {"job", "queue", "priority_class", "podsets", "runtime", "checkpoint_every", "max_runtime"}
 
 
 def _submit(r: _Reader, node: yaml.Node) -> dict[str, Any]:
@@ -562,6 +562,9 @@ def _submit(r: _Reader, node: yaml.Node) -> dict[str, Any]:
         "checkpoint_every": r.integer(m["checkpoint_every"], "checkpoint_every", minimum=None, maximum=None)
         if "checkpoint_every" in m
         else None,
+        "max_runtime": r.integer(m["max_runtime"], "max_runtime", minimum=None, maximum=None)
+        if "max_runtime" in m
+        else None,
     }
     if invalid is not None:
         out["invalid"] = invalid
@@ -586,7 +589,7 @@ def _requests(r: _Reader, node: yaml.Node) -> dict[str, int]:
 
 
 _CSV_REQUIRED = ("job", "submit", "queue", "gpus", "gpus_per_pod", "runtime")
-_CSV_OPTIONAL = ("priority_class", "checkpoint_every", "topology")
+_CSV_OPTIONAL = ("priority_class", "checkpoint_every", "topology", "limit")
 
 
 def _timeline_csv(path: Path, start: int) -> list[Input]:
@@ -675,6 +678,7 @@ def _csv_rows(name: str, reader: Any, start: int) -> list[Input]:
             "priority_class": get("priority_class") or None,
             "runtime": runtime,
             "checkpoint_every": integer("checkpoint_every") if get("checkpoint_every") else None,
+            "max_runtime": integer("limit") if get("limit") else None,
         }
         invalid = bad[0] if bad else None
         if invalid is None and per_pod <= 0:

@@ -292,7 +292,9 @@ class KubernetesAdapter:
             return
         if isinstance(item, _OwnerSize):
             sizing = item.sizing
-            self.translator.on_owner_size(item.owner, sizing.size, at, uid=sizing.uid, queue=sizing.queue)
+            self.translator.on_owner_size(
+                item.owner, sizing.size, at, uid=sizing.uid, queue=sizing.queue, max_runtime=sizing.max_runtime
+            )
             return
         if item.resource == "nodes":
             self.translator.on_node(item)

@@ -84,6 +84,7 @@ DEFAULT_QUEUE_KEY = "muster.dev/default-queue"
 PODSET_LABEL = "muster.dev/podset"
 CHECKPOINT_ANNOTATION = "muster.dev/checkpoint-every"
 RUNTIME_ANNOTATION = "muster.dev/runtime"
+MAX_RUNTIME_ANNOTATION = "muster.dev/max-runtime"
 TOPOLOGY_REQUIRED_ANNOTATION = "muster.dev/topology-required"
 TOPOLOGY_PREFERRED_ANNOTATION = "muster.dev/topology-preferred"
 
@@ -166,6 +167,8 @@ class PodInfo:
     grace_seconds: int | None
     reason: str
     problems: tuple[str, ...] = ()
+    max_runtime: int | None = None
+    """The declared time limit: the annotation, else the pod's own `activeDeadlineSeconds`."""
 
     @property
     def active(self) -> bool:
@@ -210,6 +213,13 @@ def _seconds(value: Any, what: str, problems: list[str]) -> int | None:
         problems.append(f"{what}: {value!r} is not a duration (examples: 3600, 90m, 2h)")
         return None
     return int(m.group(1)) * _UNITS[m.group(2)]
+
+
+def _max_runtime(annotations: Mapping[str, Any], spec: Mapping[str, Any], problems: list[str]) -> int | None:
+    """The declared time limit: the `muster.dev/max-runtime` annotation, else the pod's `activeDeadlineSeconds`."""
+    if annotations.get(MAX_RUNTIME_ANNOTATION) is not None:
+        return _seconds(annotations[MAX_RUNTIME_ANNOTATION], MAX_RUNTIME_ANNOTATION, problems)
+    return _int(spec.get("activeDeadlineSeconds"))
 
 
 def _controller(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -305,6 +315,7 @@ def pod_info(pod: Obj) -> PodInfo:
         topology=topology,
         grace_seconds=_int(spec.get("terminationGracePeriodSeconds")),
         reason=reason,
+        max_runtime=_max_runtime(annotations, spec, problems),
         problems=tuple(problems),
     )
 
@@ -345,6 +356,8 @@ class Gang:
     """The owner's uid, learned from its lookup when its pods do not carry it."""
     queue: str = ""
     """The owner's queue (its queue label, a Volcano PodGroup's spec.queue), for pods that name none."""
+    max_runtime: int | None = None
+    """The owner's time limit (a Job's `activeDeadlineSeconds`), for pods that declare none."""
 
 
 def _podsets(pods: list[PodInfo]) -> tuple[list[PodSet], dict[str, str]]:
@@ -452,10 +465,12 @@ class Gangs:
         self._collect(gang)
         return events
 
-    def set_size(self, owner: Owner, size: int | None, at: int, *, uid: str = "", queue: str = "") -> list[Event]:
+    def set_size(
+        self, owner: Owner, size: int | None, at: int, *, uid: str = "", queue: str = "", max_runtime: int | None = None
+    ) -> list[Event]:
         """The owner's gang size, or None when the owner is gone (its pods will be garbage-collected).
 
-        `uid` and `queue` are the owner's as its lookup found them (used when the pods lack them).
+        `uid`, `queue` and `max_runtime` are the owner's as its lookup found them (used when the pods lack them).
         A size below 1 (a PodGroup with `minMember: 0`) leaves the pods alone, like a gone owner.
         """
         self._unsized.discard(owner)
@@ -470,6 +485,7 @@ class Gangs:
         if not owner.uid:
             gang.uid = uid
         gang.queue = queue
+        gang.max_runtime = max_runtime
         return self._evaluate(gang, at)
 
     def set_namespace_queue(self, namespace: str, queue: str, at: int) -> list[Event]:
@@ -744,4 +760,5 @@ class Gangs:
             checkpoint_every=_first(p.checkpoint_every for p in chosen),
             pods={name: key for name, key in gang.mapping.items()},
             source=first.owner.source,
+            max_runtime=_first([*(p.max_runtime for p in chosen), gang.max_runtime]),
         )

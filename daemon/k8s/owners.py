@@ -80,6 +80,8 @@ class Sizing:
     uid: str = ""
     queue: str = ""
     problem: str = ""
+    max_runtime: int | None = None
+    """A Job's `activeDeadlineSeconds`: its declared time limit."""
 
 
 def _count(value: Any, default: int) -> int:
@@ -135,7 +137,9 @@ def owner_sizing(owner: Owner, obj: Mapping[str, Any]) -> Sizing:
     if owner.kind == VOLCANO_POD_GROUP:
         queue = queue or str(spec.get("queue") or "")
     if owner.kind == "Job":
-        return Sizing(job_pods(spec), uid, queue)
+        deadline = spec.get("activeDeadlineSeconds")
+        limit = deadline if isinstance(deadline, int) and not isinstance(deadline, bool) else None
+        return Sizing(job_pods(spec), uid, queue, max_runtime=limit)
     if owner.kind == "JobSet":
         return Sizing(jobset_size(obj), uid, queue)
     if owner.kind in (VOLCANO_POD_GROUP, COSCHEDULING_POD_GROUP):

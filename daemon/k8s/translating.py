@@ -132,8 +132,10 @@ class Translator:
             else:
                 self._unreserve(key)
 
-    def on_owner_size(self, owner: Owner, size: int | None, at: int, *, uid: str = "", queue: str = "") -> None:
-        self._jobs += self.gangs.set_size(owner, size, at, uid=uid, queue=queue)
+    def on_owner_size(
+        self, owner: Owner, size: int | None, at: int, *, uid: str = "", queue: str = "", max_runtime: int | None = None
+    ) -> None:
+        self._jobs += self.gangs.set_size(owner, size, at, uid=uid, queue=queue, max_runtime=max_runtime)
         self._recheck()
 
     def on_namespace_queue(self, namespace: str, queue: str, at: int) -> None:

@@ -216,6 +216,23 @@ def test_submit_from_a_file_uses_the_scenario_submit_form(tmp_path, log):
     assert (b.job, b.priority_class, b.podsets[0].requests) == ("b", "inference", {"gpu": 1})
 
 
+def test_submit_declares_a_time_limit(log):
+    """`--max-runtime SECONDS` is the job's declared limit on the log."""
+    anyio.run(_create, log)
+    assert main(["submit", "--queue", "team-a", "--job", "lim", "--max-runtime", "900", *log.flags]) == 0
+    [sub] = log.events()
+    assert isinstance(sub, JobSubmitted) and sub.max_runtime == 900
+
+
+@pytest.mark.parametrize("value", ["0", "-60"])
+def test_submit_refuses_a_limit_that_is_not_positive(log, capsys, value):
+    """A zero or negative `--max-runtime` exits 2 saying why, and appends nothing."""
+    anyio.run(_create, log)
+    assert main(["submit", "--queue", "team-a", "--job", "lim", "--max-runtime", value, *log.flags]) == 2
+    assert f"max_runtime {value} must be a positive number of seconds" in capsys.readouterr().err
+    assert log.events() == []
+
+
 def test_submit_refuses_bad_flags_before_touching_the_log(log, capsys):
     """A missing queue or a fractional GPU count exits 2 with the reason."""
     assert main(["submit", "--pods", "2", *log.flags]) == 2
