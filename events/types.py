@@ -37,6 +37,7 @@ PreemptionReason = Literal[
 WithinQueuePolicy = Literal["Never", "LowerPriority", "LowerOrNewerEqualPriority"]
 ReclaimPolicy = Literal["Never", "LowerPriority", "Any"]
 BorrowPolicy = Literal["Never", "LowerPriority"]
+QueueingStrategy = Literal["best_effort_fifo", "strict_fifo"]
 
 
 class Topology(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -111,6 +112,8 @@ class QueueConfigured(Event, frozen=True, kw_only=True, tag="QueueConfigured"):
     lending_limit: Resources | None = None
     weight: float = 1.0
     preemption: PreemptionPolicy = PreemptionPolicy()
+    queueing_strategy: QueueingStrategy = "best_effort_fifo"
+    """`strict_fifo`: the job at the head of the queue holds back every job behind it (Kueue's StrictFIFO)."""
 
 
 # ---------------------------------------------------------------- nodes
@@ -338,6 +341,7 @@ __all__ = [
     "PriorityClassConfigured",
     "QueueConfigured",
     "QueueName",
+    "QueueingStrategy",
     "ReclaimPolicy",
     "Resources",
     "SchedulerConfigured",

@@ -92,6 +92,7 @@ class QueueState(msgspec.Struct, kw_only=True):
     weight: float = 1.0
     preemption: PreemptionPolicy = PreemptionPolicy()
     usage: dict[str, int] = {}
+    queueing_strategy: str = "best_effort_fifo"
 
 
 class PriorityClassState(msgspec.Struct, kw_only=True):
@@ -549,6 +550,7 @@ def _on_queue(state: ClusterState, ev: QueueConfigured) -> ClusterState:
         weight=ev.weight,
         preemption=ev.preemption,
         usage=old.usage if old is not None else {},
+        queueing_strategy=ev.queueing_strategy,
     )
     state.dirty_queues.add(ev.name)
     state.structure += 1

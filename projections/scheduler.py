@@ -57,6 +57,7 @@ from muster.projections.index import (
 )
 from muster.projections.parking import Wake
 from muster.projections.preemption import Result, Victim, find_victims, overlaps
+from muster.projections.queueing import StrictHeads
 from muster.projections.resources import fmt
 from muster.projections.topology import Transaction
 
@@ -132,6 +133,7 @@ class Cycle:
         self.parked_on_reserved: list[str] = []
         """Jobs parked on a view that holds room for a preemptor: judged again next cycle."""
         self.events: list[Event] = []
+        self.heads = StrictHeads(state, idx)
 
     # ------------------------------------------------------------ tentative changes
 
@@ -332,12 +334,15 @@ def _job_class(cycle: Cycle, job: JobState) -> tuple[object, ...] | None:
     return (job.queue, state.priority_of(job), state.preemptible(job), shape)
 
 
-Outcome = Literal["admitted", "preempting", "parked"]
-"""What `_try` did with a job: admitted it, evicted victims for it (the cycle ends), or set it aside."""
+Outcome = Literal["admitted", "preempting", "parked", "held"]
+"""What `_try` did with a job: admitted it, evicted victims for it (the cycle ends), set it aside, or
+left it behind the head of its strict_fifo queue (`queueing`)."""
 
 
 def _try(cycle: Cycle, job: JobState) -> Outcome:
     """Admit, preempt for, or park one job. Returns what happened."""
+    if cycle.heads.blocker(job, cycle.placed) is not None:
+        return "held"
     cls = _job_class(cycle, job)
     if cls is not None:
         known = cycle.failed_classes.get(cls)

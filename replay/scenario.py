@@ -355,7 +355,17 @@ def _cohorts(r: _Reader, node: yaml.Node | None, known: Collection[str] | None =
 _WITHIN = ("Never", "LowerPriority", "LowerOrNewerEqualPriority")
 _RECLAIM = ("Never", "LowerPriority", "Any")
 _BORROW = ("Never", "LowerPriority")
-QUEUE_FIELDS = {"name", "cohort", "nominal", "borrowing_limit", "lending_limit", "weight", "preemption"}
+QUEUE_FIELDS = {
+    "name",
+    "cohort",
+    "nominal",
+    "borrowing_limit",
+    "lending_limit",
+    "weight",
+    "preemption",
+    "queueing_strategy",
+}
+_STRATEGIES = ("best_effort_fifo", "strict_fifo")
 
 
 def queue_from(r: _Reader, n: yaml.Node, cohorts: set[str], base: QueueConfigured | None = None) -> QueueConfigured:
@@ -374,6 +384,8 @@ def queue_from(r: _Reader, n: yaml.Node, cohorts: set[str], base: QueueConfigure
             kw[f] = r.resources(m[f], f"queue {name}: {f}")
     if "weight" in m:
         kw["weight"] = r.number(m["weight"], f"queue {name}: weight", 0, None)
+    if "queueing_strategy" in m:
+        kw["queueing_strategy"] = r.choice(m["queueing_strategy"], f"queue {name}: queueing_strategy", _STRATEGIES)
     if "preemption" in m:
         p = r.mapping(m["preemption"], "preemption", {"within_queue", "reclaim_within_cohort", "borrow_within_cohort"})
         old = base.preemption if base is not None else PreemptionPolicy()

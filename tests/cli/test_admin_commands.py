@@ -119,6 +119,19 @@ def test_queues_apply_of_a_partial_file_keeps_what_it_does_not_mention(tmp_path,
     assert sorted(state.queues) == ["team-a", "team-b"]
 
 
+def test_queues_apply_switches_a_queue_to_strict_fifo(tmp_path, log, capsys):
+    """A queue's `queueing_strategy` change is a difference apply writes, and the fold takes it."""
+    from muster.projections.cluster import fold
+
+    (tmp_path / "a.yaml").write_text("queues:\n  - {name: team-b, nominal: {gpu: 8}}\n")
+    (tmp_path / "b.yaml").write_text("queues:\n  - {name: team-b, nominal: {gpu: 8}, queueing_strategy: strict_fifo}\n")
+    assert _apply(tmp_path / "a.yaml", log) == 0
+    assert fold(log.events()).queues["team-b"].queueing_strategy == "best_effort_fifo"
+    assert _apply(tmp_path / "b.yaml", log) == 0
+    assert "queueing_strategy" in capsys.readouterr().out
+    assert fold(log.events()).queues["team-b"].queueing_strategy == "strict_fifo"
+
+
 def test_queues_apply_twice_appends_nothing_the_second_time(tmp_path, log, capsys):
     """Re-applying the same file finds nothing that differs from the log and appends nothing."""
     path = tmp_path / "queues.yaml"
