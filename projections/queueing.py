@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 
 from muster.projections.cluster import ClusterState, JobState
-from muster.projections.index import SchedulerIndex
+from muster.projections.index import SchedulerIndex, order_key
 
 STRICT_FIFO = "strict_fifo"
 
@@ -61,4 +61,5 @@ class StrictHeads:
             for job in (jobs.get(j) for j in itertools.chain(self.idx.keys, self.idx.parking.parked))
             if job is not None and job.queue == queue and job.status == "pending"
         }
-        return sorted(pending, key=lambda j: (-state.priority_of(jobs[j]), jobs[j].seq))
+        # the one admission order with the quota position left out (as `views.queue_order` shows it)
+        return sorted(pending, key=lambda j: order_key(state.priority_of(jobs[j]), jobs[j].seq))
