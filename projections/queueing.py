@@ -34,8 +34,8 @@ class StrictHeads:
         self.state = state
         self.idx = idx
         self.strict = frozenset(name for name, q in state.queues.items() if q.queueing_strategy == STRICT_FIFO)
-        self._order: dict[str, list[str]] = {}
-        """Per strict queue, its pending jobs in queue order (as the cycle started)."""
+        self._order: dict[str, list[str]] | None = None
+        """Per strict queue, its pending jobs in queue order (as the cycle first asked)."""
         self._head: dict[str, int] = {}
         """Per strict queue, the index in `_order` of its head (placed jobs are stepped over)."""
 
@@ -43,9 +43,9 @@ class StrictHeads:
         """The head that holds `job` back in its `strict_fifo` queue, or None when `job` may be tried."""
         if job.queue not in self.strict:
             return None
-        order = self._order.get(job.queue)
-        if order is None:
-            order = self._order[job.queue] = self._pending(job.queue)
+        if self._order is None:
+            self._order = self._pending()
+        order = self._order.get(job.queue, [])
         i = self._head.get(job.queue, 0)
         while i < len(order) and order[i] in placed:
             i += 1
@@ -54,12 +54,21 @@ class StrictHeads:
             return None
         return order[i]
 
-    def _pending(self, queue: str) -> list[str]:
-        jobs, state = self.state.jobs, self.state
-        pending = {
-            job.id
-            for job in (jobs.get(j) for j in itertools.chain(self.idx.keys, self.idx.parking.parked))
-            if job is not None and job.queue == queue and job.status == "pending"
-        }
+    def _pending(self) -> dict[str, list[str]]:
+        """Every strict queue's pending jobs, in one pass over the index."""
+        state, strict = self.state, self.strict
+        by_queue: dict[str, dict[str, JobState]] = {}
+        for job_id in itertools.chain(self.idx.keys, self.idx.parking.parked):
+            job = state.jobs.get(job_id)
+            if job is not None and job.queue in strict and job.status == "pending":
+                by_queue.setdefault(job.queue, {})[job_id] = job
         # the one admission order with the quota position left out (as `views.queue_order` shows it)
-        return sorted(pending, key=lambda j: order_key(state.priority_of(jobs[j]), jobs[j].seq))
+        return {
+            q: sorted(members, key=lambda j: order_key(state.priority_of(members[j]), members[j].seq))
+            for q, members in by_queue.items()
+        }
+
+    def holds(self, job: JobState, placed: dict[str, dict[str, str]]) -> bool:
+        """Whether `job` waits behind its strict_fifo head; then so does every later job of its queue
+        with its priority (the cycle need not visit them)."""
+        return self.blocker(job, placed) is not None

@@ -584,8 +584,9 @@ def _admit(cycle: Cycle) -> None:
         if fresh != key and heap and fresh > heap[0].key:
             heapq.heappush(heap, _HeapEntry(fresh, job_id, next(cycle.pushes), group))
             continue
-        if group is not None:
-            # the group's next job takes its place in the heap
+        if group is not None and not cycle.heads.holds(job, cycle.placed):
+            # the group's next job takes its place in the heap (none while this one waits behind its
+            # strict_fifo head: so do they)
             nxt = next_of(group)
             if nxt is not None:
                 heapq.heappush(heap, _HeapEntry(_lowest_key(cycle, jobs[nxt]), nxt, next(cycle.pushes), group))
