@@ -33,6 +33,7 @@ BENCHES: dict[str, tuple[str, list[str]]] = {
     "reliability": ("reliability.py", ["--quick"]),
     "node_loss": ("bench_node_loss.py", ["--nodes", "100", "--gangs", "40", "--delete", "20"]),
     "ui": ("bench_ui.py", ["--events", "100000", "--every", "10000", "--trials", "1"]),
+    "starvation": ("bench_starvation.py", ["--jobs", "3000"]),
 }
 """name -> (script, its modest arguments)."""
 

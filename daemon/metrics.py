@@ -3,19 +3,23 @@
 Counters and histograms are updated by the loop as things happen; the gauges
 that describe the cluster (pending jobs, quota usage and borrowing per queue)
 are computed from the folded state at scrape time, so they can never drift
-from it. Every replica folds the same log, so a standby reports the same
+from it. The age of a queue's oldest pending job is the one gauge that reads
+a clock (the scrape's time less when the job last became pending: its
+submission, or its last preemption); in the daemon event times are epoch
+seconds. Every replica folds the same log, so a standby reports the same
 cluster gauges as the leader; `muster_leader` tells them apart.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from muster.projections.cluster import ClusterState
+from muster.projections.cluster import ClusterState, JobState
 
 __all__ = ["DaemonMetrics"]
 
@@ -23,7 +27,8 @@ _CYCLE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 
 
 class DaemonMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self.cycle_seconds = Histogram(
@@ -74,17 +79,26 @@ class _StateCollector(Collector):
         borrowed = GaugeMetricFamily(
             "muster_queue_borrowed", "Quota used above nominal (borrowed)", labels=["queue", "resource"]
         )
+        oldest = GaugeMetricFamily(
+            "muster_queue_oldest_pending_age_seconds",
+            "Seconds the queue's longest-waiting pending job has waited since it last became pending (0: none)",
+            labels=["queue"],
+        )
         if get is not None:
             state = get()
+            now = self.metrics.clock()
             counts: dict[str, list[int]] = {q: [0, 0] for q in state.queues}
+            since: dict[str, int] = {}
             for job in state.jobs.values():
                 if job.status == "pending":
                     counts.setdefault(job.queue, [0, 0])[0] += 1
+                    since[job.queue] = min(since.get(job.queue, _pending_since(job)), _pending_since(job))
                 elif job.status == "admitted":
                     counts.setdefault(job.queue, [0, 0])[1] += 1
             for q, (p, a) in sorted(counts.items()):
                 pending.add_metric([q], p)
                 running.add_metric([q], a)
+                oldest.add_metric([q], max(0.0, now - since[q]) if q in since else 0.0)
             for name, queue in sorted(state.queues.items()):
                 for res in sorted(set(queue.usage) | set(queue.nominal)):
                     used = queue.usage.get(res, 0)
@@ -92,4 +106,9 @@ class _StateCollector(Collector):
                     nominal.add_metric([name, res], queue.nominal.get(res, 0))
                     if res in queue.nominal:
                         borrowed.add_metric([name, res], max(0, used - queue.nominal[res]))
-        yield from (pending, running, usage, nominal, borrowed)
+        yield from (pending, running, usage, nominal, borrowed, oldest)
+
+
+def _pending_since(job: JobState) -> int:
+    """When a pending job last became pending: its last preemption, else its submission."""
+    return job.preempted_at if job.preempted_at is not None else job.submitted_at

@@ -37,6 +37,7 @@ PreemptionReason = Literal[
 WithinQueuePolicy = Literal["Never", "LowerPriority", "LowerOrNewerEqualPriority"]
 ReclaimPolicy = Literal["Never", "LowerPriority", "Any"]
 BorrowPolicy = Literal["Never", "LowerPriority"]
+QueueingStrategy = Literal["best_effort_fifo", "strict_fifo"]
 
 
 class Topology(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -111,6 +112,8 @@ class QueueConfigured(Event, frozen=True, kw_only=True, tag="QueueConfigured"):
     lending_limit: Resources | None = None
     weight: float = 1.0
     preemption: PreemptionPolicy = PreemptionPolicy()
+    queueing_strategy: QueueingStrategy = "best_effort_fifo"
+    """`strict_fifo`: the job at the head of the queue holds back every job behind it (Kueue's StrictFIFO)."""
 
 
 # ---------------------------------------------------------------- nodes
@@ -157,7 +160,8 @@ class JobSubmitted(Event, frozen=True, kw_only=True, tag="JobSubmitted"):
 
     v2 replaced v1's flat `gpus`/`pods` with `podsets` (see codec.upcast_job_submitted_v1).
     `pods` maps the gang pod name `PODSET-INDEX` to the Kubernetes pod `namespace/name`
-    when the gang came from a cluster.
+    when the gang came from a cluster. `max_runtime` is the time limit its user declared
+    (seconds per run, counted from each admission): the cluster ends a run that reaches it.
     """
 
     job: JobId
@@ -169,6 +173,7 @@ class JobSubmitted(Event, frozen=True, kw_only=True, tag="JobSubmitted"):
     pods: dict[str, str] = {}
     source: str = ""
     v: int = 2
+    max_runtime: int | None = None
 
 
 class JobCancelled(Event, frozen=True, kw_only=True, tag="JobCancelled"):
@@ -378,6 +383,7 @@ __all__ = [
     "PriorityClassConfigured",
     "QueueConfigured",
     "QueueName",
+    "QueueingStrategy",
     "ReclaimPolicy",
     "Resources",
     "SchedulerConfigured",

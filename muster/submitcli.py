@@ -40,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--priority-class", help="priority class name")
     parser.add_argument("--runtime", type=int, help="seconds of work at full allocation")
     parser.add_argument("--checkpoint-every", type=int, help="seconds of work between checkpoints")
+    parser.add_argument(
+        "--max-runtime", type=int, metavar="SECONDS", help="declared time limit of one run (the cluster ends it there)"
+    )
     parser.add_argument("--topology", help="required:LEVEL or preferred:LEVEL")
     parser.add_argument("--wait", type=float, metavar="SECONDS", help="wait for the admission (or rejection)")
     add_output(parser)
@@ -82,6 +85,7 @@ def from_flags(args: argparse.Namespace, at: int) -> JobSubmitted:
         runtime=args.runtime,
         checkpoint_every=args.checkpoint_every,
         source="muster submit",
+        max_runtime=args.max_runtime,
     )
 
 
@@ -118,6 +122,7 @@ def from_file(path: str, at: int) -> list[JobSubmitted]:
                 runtime=d["runtime"],
                 checkpoint_every=d["checkpoint_every"],
                 source="muster submit",
+                max_runtime=d["max_runtime"],
             )
         )
     return jobs
@@ -125,14 +130,15 @@ def from_file(path: str, at: int) -> list[JobSubmitted]:
 
 def _check_jobs(jobs: list[JobSubmitted]) -> None:
     """Refuse an id given twice, and a number muster cannot store (the core would reject the job)."""
-    from muster.projections.validation import bounds_problem
+    from muster.projections.validation import bounds_problem, max_runtime_problem
 
     seen: set[str] = set()
     for job in jobs:
         if job.job in seen:
             raise UsageError(f"job {job.job} appears twice (the log would keep only the first)")
         seen.add(job.job)
-        problem = bounds_problem(job.podsets, job.runtime, job.checkpoint_every)
+        problem = bounds_problem(job.podsets, job.runtime, job.checkpoint_every, job.max_runtime)
+        problem = problem or max_runtime_problem(job.max_runtime)
         if problem is not None:
             raise UsageError(f"job {job.job}: {problem}")
 

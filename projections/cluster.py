@@ -95,6 +95,7 @@ class QueueState(msgspec.Struct, kw_only=True):
     weight: float = 1.0
     preemption: PreemptionPolicy = PreemptionPolicy()
     usage: dict[str, int] = {}
+    queueing_strategy: str = "best_effort_fifo"
 
 
 class PriorityClassState(msgspec.Struct, kw_only=True):
@@ -140,6 +141,8 @@ class JobState(msgspec.Struct, kw_only=True):
     """The job that preempted it, until it runs again: it may not evict that job in return."""
     held: bool = False
     """Held by a user (`JobHeld`) while pending: the scheduler's index leaves it out until released."""
+    max_runtime: int | None = None
+    """Its declared time limit (seconds per run), `JobSubmitted.max_runtime`."""
 
     @property
     def gpus(self) -> int:
@@ -400,6 +403,7 @@ def _on_submitted(state: ClusterState, ev: JobSubmitted) -> ClusterState:
         pods=ev.pods,
         requests=_podset_requests(ev.podsets),
         source=ev.source,
+        max_runtime=ev.max_runtime,
     )
     state.dirty_jobs.add(ev.job)
     return state
@@ -563,6 +567,7 @@ def _on_queue(state: ClusterState, ev: QueueConfigured) -> ClusterState:
         weight=ev.weight,
         preemption=ev.preemption,
         usage=old.usage if old is not None else {},
+        queueing_strategy=ev.queueing_strategy,
     )
     state.dirty_queues.add(ev.name)
     state.structure += 1

@@ -58,6 +58,7 @@ from muster.projections.index import (
 )
 from muster.projections.parking import Wake
 from muster.projections.preemption import Result, Victim, find_victims, overlaps
+from muster.projections.queueing import StrictHeads
 from muster.projections.resources import fmt
 from muster.projections.topology import Transaction
 
@@ -133,6 +134,7 @@ class Cycle:
         self.parked_on_reserved: list[str] = []
         """Jobs parked on a view that holds room for a preemptor: judged again next cycle."""
         self.events: list[Event] = []
+        self.heads = StrictHeads(state, idx)
 
     # ------------------------------------------------------------ tentative changes
 
@@ -333,12 +335,15 @@ def _job_class(cycle: Cycle, job: JobState) -> tuple[object, ...] | None:
     return (job.queue, state.priority_of(job), state.preemptible(job), shape)
 
 
-Outcome = Literal["admitted", "preempting", "parked"]
-"""What `_try` did with a job: admitted it, evicted victims for it (the cycle ends), or set it aside."""
+Outcome = Literal["admitted", "preempting", "parked", "held"]
+"""What `_try` did with a job: admitted it, evicted victims for it (the cycle ends), set it aside, or
+left it behind the head of its strict_fifo queue (`queueing`)."""
 
 
 def _try(cycle: Cycle, job: JobState) -> Outcome:
     """Admit, preempt for, or park one job. Returns what happened."""
+    if cycle.heads.blocker(job, cycle.placed) is not None:
+        return "held"
     cls = _job_class(cycle, job)
     if cls is not None:
         known = cycle.failed_classes.get(cls)
@@ -581,8 +586,9 @@ def _admit(cycle: Cycle) -> None:
         if fresh != key and heap and fresh > heap[0].key:
             heapq.heappush(heap, _HeapEntry(fresh, job_id, next(cycle.pushes), group))
             continue
-        if group is not None:
-            # the group's next job takes its place in the heap
+        if group is not None and not cycle.heads.holds(job, cycle.placed):
+            # the group's next job takes its place in the heap (none while this one waits behind its
+            # strict_fifo head: so do they)
             nxt = next_of(group)
             if nxt is not None:
                 heapq.heappush(heap, _HeapEntry(_lowest_key(cycle, jobs[nxt]), nxt, next(cycle.pushes), group))

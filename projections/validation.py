@@ -35,7 +35,9 @@ def quantity_problem(resources: Mapping[str, int]) -> str | None:
     return None
 
 
-def bounds_problem(podsets: Iterable[PodSet], runtime: int | None, checkpoint_every: int | None) -> str | None:
+def bounds_problem(
+    podsets: Iterable[PodSet], runtime: int | None, checkpoint_every: int | None, max_runtime: int | None = None
+) -> str | None:
     """Why a job's numbers are past MAX_QUANTITY (a request, a count, the gang's total, a duration), or None."""
     totals: dict[str, int] = {}
     for ps in podsets:
@@ -49,7 +51,7 @@ def bounds_problem(podsets: Iterable[PodSet], runtime: int | None, checkpoint_ev
     problem = quantity_problem(totals)
     if problem is not None:
         return f"the gang's total {problem}"
-    for what, seconds in (("runtime", runtime), ("checkpoint_every", checkpoint_every)):
+    for what, seconds in (("runtime", runtime), ("checkpoint_every", checkpoint_every), ("max_runtime", max_runtime)):
         if seconds is not None and abs(seconds) > MAX_QUANTITY:
             return f"{what} {seconds} is more than muster accepts (at most {MAX_QUANTITY} seconds)"
     return None
@@ -93,11 +95,18 @@ def invalid_reason(state: ClusterState, job: JobState) -> str | None:
                 return f"podset {ps.name!r}: topology level {level!r} does not exist (levels: {', '.join(levels)})"
     if pods > MAX_PODS_PER_JOB:
         return f"the job has {pods} pods; at most {MAX_PODS_PER_JOB} are allowed per job"
-    bounds = bounds_problem(job.podsets, job.runtime, job.checkpoint_every)
+    bounds = bounds_problem(job.podsets, job.runtime, job.checkpoint_every, job.max_runtime)
     if bounds is not None:
         return bounds
     if job.runtime is not None and job.runtime < 0:
         return f"runtime {job.runtime} is negative"
     if job.checkpoint_every is not None and job.checkpoint_every <= 0:
         return f"checkpoint_every {job.checkpoint_every} must be positive"
+    return max_runtime_problem(job.max_runtime)
+
+
+def max_runtime_problem(max_runtime: int | None) -> str | None:
+    """Why a declared time limit is invalid (not a positive number of seconds), or None."""
+    if max_runtime is not None and max_runtime <= 0:
+        return f"max_runtime {max_runtime} must be a positive number of seconds"
     return None

@@ -45,6 +45,7 @@ from muster.events.types import (
     SubmissionRejected,
 )
 from muster.projections.cluster import DEFAULT_IDLE_THRESHOLD, ClusterState, JobState, evolve
+from muster.projections.queueing import STRICT_FIFO
 from muster.projections.resources import fmt
 from muster.replay.points import Point, duration
 from muster.replay.snapshots import no_gc
@@ -531,6 +532,13 @@ def blockers(state: ClusterState, job: JobState) -> dict[str, Any]:
                 f"capacity: the cluster has room for {c['cluster_room_pods']} of {c['pods']} pods of "
                 f"{fmt(c['per_pod'])}: {c['missing_gpus']:,} more GPUs must be free on schedulable nodes"
             )
+    queue_state = state.queues.get(job.queue)
+    if queue_state is not None and queue_state.queueing_strategy == STRICT_FIFO and pos is not None and pos > 1:
+        changes.insert(
+            0,
+            f"strict_fifo: {order[0].id}, the head of {job.queue}, must be admitted first "
+            "(no job behind it is admitted while it waits)",
+        )
     victims = _victims(state, job)
     if victims.get("victims"):
         changes.append(

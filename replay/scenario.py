@@ -355,7 +355,17 @@ def _cohorts(r: _Reader, node: yaml.Node | None, known: Collection[str] | None =
 _WITHIN = ("Never", "LowerPriority", "LowerOrNewerEqualPriority")
 _RECLAIM = ("Never", "LowerPriority", "Any")
 _BORROW = ("Never", "LowerPriority")
-QUEUE_FIELDS = {"name", "cohort", "nominal", "borrowing_limit", "lending_limit", "weight", "preemption"}
+QUEUE_FIELDS = {
+    "name",
+    "cohort",
+    "nominal",
+    "borrowing_limit",
+    "lending_limit",
+    "weight",
+    "preemption",
+    "queueing_strategy",
+}
+_STRATEGIES = ("best_effort_fifo", "strict_fifo")
 
 
 def queue_from(r: _Reader, n: yaml.Node, cohorts: set[str], base: QueueConfigured | None = None) -> QueueConfigured:
@@ -374,6 +384,8 @@ def queue_from(r: _Reader, n: yaml.Node, cohorts: set[str], base: QueueConfigure
             kw[f] = r.resources(m[f], f"queue {name}: {f}")
     if "weight" in m:
         kw["weight"] = r.number(m["weight"], f"queue {name}: weight", 0, None)
+    if "queueing_strategy" in m:
+        kw["queueing_strategy"] = r.choice(m["queueing_strategy"], f"queue {name}: queueing_strategy", _STRATEGIES)
     if "preemption" in m:
         p = r.mapping(m["preemption"], "preemption", {"within_queue", "reclaim_within_cohort", "borrow_within_cohort"})
         old = base.preemption if base is not None else PreemptionPolicy()
@@ -526,7 +538,7 @@ def _timeline(
 
 
 _PODSET_FIELDS = {"name", "count", "requests", "topology"}
-_SUBMIT_FIELDS = {"job", "queue", "priority_class", "podsets", "runtime", "checkpoint_every"}
+_SUBMIT_FIELDS = {"job", "queue", "priority_class", "podsets", "runtime", "checkpoint_every", "max_runtime"}
 
 
 def _submit(r: _Reader, node: yaml.Node) -> dict[str, Any]:
@@ -562,6 +574,9 @@ def _submit(r: _Reader, node: yaml.Node) -> dict[str, Any]:
         "checkpoint_every": r.integer(m["checkpoint_every"], "checkpoint_every", minimum=None, maximum=None)
         if "checkpoint_every" in m
         else None,
+        "max_runtime": r.integer(m["max_runtime"], "max_runtime", minimum=None, maximum=None)
+        if "max_runtime" in m
+        else None,
     }
     if invalid is not None:
         out["invalid"] = invalid
@@ -586,7 +601,7 @@ def _requests(r: _Reader, node: yaml.Node) -> dict[str, int]:
 
 
 _CSV_REQUIRED = ("job", "submit", "queue", "gpus", "gpus_per_pod", "runtime")
-_CSV_OPTIONAL = ("priority_class", "checkpoint_every", "topology")
+_CSV_OPTIONAL = ("priority_class", "checkpoint_every", "topology", "limit")
 
 
 def _timeline_csv(path: Path, start: int) -> list[Input]:
@@ -675,6 +690,7 @@ def _csv_rows(name: str, reader: Any, start: int) -> list[Input]:
             "priority_class": get("priority_class") or None,
             "runtime": runtime,
             "checkpoint_every": integer("checkpoint_every") if get("checkpoint_every") else None,
+            "max_runtime": integer("limit") if get("limit") else None,
         }
         invalid = bad[0] if bad else None
         if invalid is None and per_pod <= 0:

@@ -29,7 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def summary(result: Any) -> dict[str, Any]:
-    """The `Summary` object: per job, per queue, and cluster utilization."""
+    """The `Summary` object: per job, per queue, cluster utilization, and queueing delay (`replay.waits`)."""
+    from muster.replay import waits
+
     acct = result.accounting
     jobs = {
         job_id: {
@@ -59,6 +61,7 @@ def summary(result: Any) -> dict[str, Any]:
             "gpu_utilization": round(util, 6),
         },
         "cycles": result.cycles,
+        "queueing": waits.summary(result),
     }
 
 
@@ -165,6 +168,13 @@ def print_tables(result: Any, out: IO[str]) -> None:
             str(pending.get(name, 0)),
         )
     console.print(q)
+    w = Table(title="Queueing delay, seconds (still pending: waited so far)")
+    for col in ("by", "jobs", "still pending", "avg", "p50", "p99", "max"):
+        w.add_column(col)
+    for kind, groups in (("queue", s["queueing"]["queues"]), ("size (GPUs)", s["queueing"]["sizes"])):
+        for name, st in groups.items():
+            w.add_row(f"{kind} {name}", *(str(st[k]) for k in ("jobs", "waiting", "avg", "p50", "p99", "max")))
+    console.print(w)
     c = s["cluster"]
     console.print(
         f"cluster GPU utilization {c['gpu_utilization'] * 100:.1f}% over {result.end}s; {result.cycles} cycles"

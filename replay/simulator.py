@@ -1,13 +1,16 @@
 """Virtual-time runs of the real scheduler core (`muster sim`, what-if, benchmarks).
 
 The simulator plays the world: it appends the scenario's inputs at their
-times, finishes jobs when their work is done, and between those runs
+times, finishes jobs when their work is done, ends a run that reaches its
+declared time limit first (`JobFailed`, reason DeadlineExceeded, as
+Kubernetes does at a Job's `activeDeadlineSeconds`), and between those runs
 scheduling cycles (`decide`, the same code the daemon runs) until a cycle
 admits and preempts nothing. Every event goes through `evolve` in log order,
 so the returned log replays to the same state and decisions.
 
-Order at one instant: jobs due to finish, then the inputs in file order, then
-cycles. Deterministic: no clock, no randomness, sorted iteration.
+Order at one instant: jobs due to finish (or past their limit), then the inputs
+in file order, then cycles. Work done exactly at the limit finishes the job.
+Deterministic: no clock, no randomness, sorted iteration.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import msgspec
 
@@ -23,6 +27,7 @@ from muster.events.types import (
     GpuUtilizationSampled,
     JobAdmitted,
     JobCancelled,
+    JobFailed,
     JobFinished,
     JobId,
     JobPreempted,
@@ -35,11 +40,35 @@ from muster.events.types import (
     NodeUpdated,
     QueueConfigured,
 )
-from muster.projections.cluster import ClusterState, evolve
+from muster.projections.cluster import ClusterState, JobState, evolve
 from muster.projections.scheduler import decide, next_wakeup
 from muster.replay.scenario import Input, Scenario
 
 MAX_CYCLES_PER_INSTANT = 10_000
+
+DEADLINE_EXCEEDED = "DeadlineExceeded"
+"""`JobFailed.reason` of a run the simulated cluster ended at its declared time limit."""
+
+
+class RunEnd(NamedTuple):
+    """When an admitted run ends by itself: its work done, or its time limit reached first."""
+
+    at: int
+    seq: int
+    job: str
+    admitted_at: int
+    deadline: bool
+
+
+def run_end(job: JobState, admitted_at: int) -> RunEnd | None:
+    """How the run admitted at `admitted_at` ends, or None when it runs until something stops it."""
+    remaining = job.remaining()
+    limit = job.max_runtime
+    if limit is not None and (remaining is None or limit < remaining):
+        return RunEnd(admitted_at + limit, job.seq, job.id, admitted_at, True)
+    if remaining is None:
+        return None
+    return RunEnd(admitted_at + remaining, job.seq, job.id, admitted_at, False)
 
 
 class SimulationError(RuntimeError):
@@ -121,13 +150,22 @@ class Accounting:
             if js is not None and held is not None:
                 js.preemptions += 1
                 js.status = "pending"
-        elif isinstance(ev, (JobFinished, JobCancelled, JobRejected)):
+        elif isinstance(ev, (JobFinished, JobCancelled, JobRejected, JobFailed)):
             js = self.jobs.get(ev.job)
             self._hold(ev.job, self.running.pop(ev.job, None), -1)
-            if js is not None and js.status not in ("finished", "cancelled", "rejected"):
-                js.status = {JobFinished: "finished", JobCancelled: "cancelled", JobRejected: "rejected"}[type(ev)]
+            if js is not None and js.status not in _ENDED.values():
+                js.status = _ENDED[type(ev)]
                 if isinstance(ev, JobFinished):
                     js.finished = ev.at
+
+
+_ENDED: dict[type[Event], str] = {
+    JobFinished: "finished",
+    JobCancelled: "cancelled",
+    JobRejected: "rejected",
+    JobFailed: "failed",
+}
+"""A job's final status in the accounting, by the event that ended it."""
 
 
 @dataclass
@@ -149,7 +187,7 @@ def simulate(
     state = ClusterState()
     log: list[Event] = []
     acct = Accounting()
-    finishes: list[tuple[int, int, str, int]] = []
+    finishes: list[RunEnd] = []
     queues: dict[str, QueueConfigured] = dict(scenario.queues)
     cycles = 0
 
@@ -162,9 +200,10 @@ def simulate(
             on_event(ev)
         if isinstance(ev, JobAdmitted):
             job = state.jobs.get(ev.job)
-            if job is not None and job.status == "admitted" and job.runtime is not None:
-                remaining = job.remaining() or 0
-                heapq.heappush(finishes, (ev.at + remaining, job.seq, job.id, ev.at))
+            if job is not None and job.status == "admitted":
+                end = run_end(job, ev.at)
+                if end is not None:
+                    heapq.heappush(finishes, end)
 
     for ev in scenario.config:
         append(ev)
@@ -182,6 +221,7 @@ def simulate(
                     podsets=d["podsets"],
                     runtime=d["runtime"],
                     checkpoint_every=d["checkpoint_every"],
+                    max_runtime=d.get("max_runtime"),
                 )
             )
             if d.get("invalid"):
@@ -239,10 +279,13 @@ def simulate(
         acct.advance(state, t)
         now = t
         while finishes and finishes[0][0] <= now:
-            _, _, job_id, admitted_at = heapq.heappop(finishes)
-            job = state.jobs.get(job_id)
-            if job is not None and job.status == "admitted" and job.admitted_at == admitted_at:
-                append(JobFinished(at=now, job=JobId(job_id)))
+            due = heapq.heappop(finishes)
+            job = state.jobs.get(due.job)
+            if job is not None and job.status == "admitted" and job.admitted_at == due.admitted_at:
+                if due.deadline:
+                    append(JobFailed(at=now, job=JobId(due.job), reason=DEADLINE_EXCEEDED))
+                else:
+                    append(JobFinished(at=now, job=JobId(due.job)))
         while i < len(inputs) and inputs[i].at <= now:
             apply(inputs[i], now)
             i += 1

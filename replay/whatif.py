@@ -497,6 +497,7 @@ def _changed_queues(state: ClusterState, config: list[Event]) -> list[str]:
             or old.lending_limit != q.lending_limit
             or old.weight != q.weight
             or old.preemption != q.preemption
+            or old.queueing_strategy != q.queueing_strategy
         ):
             out.append(q.name)
     return sorted(out)
@@ -530,11 +531,21 @@ def _scenario(
             continue
         total = runtimes.get(job.id, job.runtime)
         remaining = None if total is None else max(1, total - job.progress(t0))
-        add(t0, "submit", _submit(job.id, job.queue, job.priority_class, job.podsets, remaining, job.checkpoint_every))
+        add(
+            t0,
+            "submit",
+            _submit(
+                job.id, job.queue, job.priority_class, job.podsets, remaining, job.checkpoint_every, job.max_runtime
+            ),
+        )
     for _, ev in window:
         if isinstance(ev, JobSubmitted):
             runtime = runtimes.get(ev.job, ev.runtime)
-            add(ev.at, "submit", _submit(ev.job, ev.queue, ev.priority_class, ev.podsets, runtime, ev.checkpoint_every))
+            add(
+                ev.at,
+                "submit",
+                _submit(ev.job, ev.queue, ev.priority_class, ev.podsets, runtime, ev.checkpoint_every, ev.max_runtime),
+            )
         elif isinstance(ev, JobCancelled):
             add(ev.at, "cancel", {"name": ev.job})
         elif (
@@ -553,7 +564,13 @@ def _scenario(
 
 
 def _submit(
-    job: str, queue: str, priority_class: str | None, podsets: Any, runtime: int | None, checkpoint_every: int | None
+    job: str,
+    queue: str,
+    priority_class: str | None,
+    podsets: Any,
+    runtime: int | None,
+    checkpoint_every: int | None,
+    max_runtime: int | None,
 ) -> dict[str, Any]:
     return {
         "job": job,
@@ -562,6 +579,7 @@ def _submit(
         "podsets": list(podsets),
         "runtime": runtime,
         "checkpoint_every": checkpoint_every,
+        "max_runtime": max_runtime,
     }
 
 

@@ -335,7 +335,13 @@ class KubernetesAdapter:
         if isinstance(item, _OwnerSize):
             sizing = item.sizing
             self.translator.on_owner_size(
-                item.owner, sizing.size, at, uid=sizing.uid, queue=sizing.queue, completions=sizing.completions
+                item.owner,
+                sizing.size,
+                at,
+                uid=sizing.uid,
+                queue=sizing.queue,
+                completions=sizing.completions,
+                max_runtime=sizing.max_runtime,
             )
             return
         if item.resource == "nodes":

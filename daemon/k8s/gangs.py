@@ -110,6 +110,8 @@ class Gang:
     """A lookup of the owner was asked for (each gang asks at most once)."""
     later_run: bool = False
     """This run began after an earlier run of the same owner ended (`_next_run`): its job id is salted."""
+    max_runtime: int | None = None
+    """The owner's time limit (a Job's `activeDeadlineSeconds`), for pods that declare none."""
 
 
 def _podsets(pods: list[PodInfo]) -> tuple[list[PodSet], dict[str, str]]:
@@ -261,11 +263,12 @@ class Gangs:
         uid: str = "",
         queue: str = "",
         completions: int | None = None,
+        max_runtime: int | None = None,
     ) -> list[Event]:
         """The owner's gang size, or None when the owner is gone (its pods will be garbage-collected).
 
-        `uid` and `queue` are the owner's as its lookup found them (used when the pods lack them);
-        `completions` a Job's successful pods needed in all. A size below 1 (a PodGroup with
+        `uid`, `queue` and `max_runtime` are the owner's as its lookup found them (used when the pods
+        lack them); `completions` a Job's successful pods needed in all. A size below 1 (a PodGroup with
         `minMember: 0`) leaves the pods alone, like a gone owner. A gang sized already (from the
         log) asked only for its Job's completions.
         """
@@ -286,6 +289,7 @@ class Gangs:
         if not owner.uid:
             gang.uid = uid
         gang.queue = queue
+        gang.max_runtime = max_runtime
         return self._evaluate(gang, at)
 
     def set_namespace_queue(self, namespace: str, queue: str, at: int) -> list[Event]:
@@ -662,4 +666,5 @@ class Gangs:
             checkpoint_every=_first(p.checkpoint_every for p in chosen),
             pods={name: key for name, key in gang.mapping.items()},
             source=first.owner.source,
+            max_runtime=_first([*(p.max_runtime for p in chosen), gang.max_runtime]),
         )

@@ -83,6 +83,8 @@ class Sizing:
     completions: int | None = None
     """A Job's successful pods needed in all (`spec.completions`; more than its size when the Job
     creates pods for its next indexes as others succeed)."""
+    max_runtime: int | None = None
+    """A Job's `activeDeadlineSeconds`: its declared time limit."""
 
 
 def _count(value: Any, default: int) -> int:
@@ -140,7 +142,9 @@ def owner_sizing(owner: Owner, obj: Mapping[str, Any]) -> Sizing:
     if owner.kind == "Job":
         completions = spec.get("completions")
         wanted = completions if isinstance(completions, int) and not isinstance(completions, bool) else None
-        return Sizing(job_pods(spec), uid, queue, completions=wanted)
+        deadline = spec.get("activeDeadlineSeconds")
+        limit = deadline if isinstance(deadline, int) and not isinstance(deadline, bool) else None
+        return Sizing(job_pods(spec), uid, queue, completions=wanted, max_runtime=limit)
     if owner.kind == "JobSet":
         return Sizing(jobset_size(obj), uid, queue)
     if owner.kind in (VOLCANO_POD_GROUP, COSCHEDULING_POD_GROUP):

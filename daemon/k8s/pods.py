@@ -37,6 +37,7 @@ DEFAULT_QUEUE_KEY = "muster.dev/default-queue"
 PODSET_LABEL = "muster.dev/podset"
 CHECKPOINT_ANNOTATION = "muster.dev/checkpoint-every"
 RUNTIME_ANNOTATION = "muster.dev/runtime"
+MAX_RUNTIME_ANNOTATION = "muster.dev/max-runtime"
 TOPOLOGY_REQUIRED_ANNOTATION = "muster.dev/topology-required"
 TOPOLOGY_PREFERRED_ANNOTATION = "muster.dev/topology-preferred"
 
@@ -123,6 +124,8 @@ class PodInfo:
     """An Indexed Job's pod: the index it completes (its successor after a success has the next one)."""
     gated: bool = False
     """Its `spec.schedulingGates` are not all removed yet: no scheduler may bind it."""
+    max_runtime: int | None = None
+    """The declared time limit: the annotation, else the pod's own `activeDeadlineSeconds`."""
 
     @property
     def active(self) -> bool:
@@ -167,6 +170,13 @@ def _seconds(value: Any, what: str, problems: list[str]) -> int | None:
         problems.append(f"{what}: {value!r} is not a duration (examples: 3600, 90m, 2h)")
         return None
     return int(m.group(1)) * _UNITS[m.group(2)]
+
+
+def _max_runtime(annotations: Mapping[str, Any], spec: Mapping[str, Any], problems: list[str]) -> int | None:
+    """The declared time limit: the `muster.dev/max-runtime` annotation, else the pod's `activeDeadlineSeconds`."""
+    if annotations.get(MAX_RUNTIME_ANNOTATION) is not None:
+        return _seconds(annotations[MAX_RUNTIME_ANNOTATION], MAX_RUNTIME_ANNOTATION, problems)
+    return _int(spec.get("activeDeadlineSeconds"))
 
 
 def _controller(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -241,6 +251,7 @@ def pod_info(pod: Obj) -> PodInfo:
         term = (cs.get("state") or {}).get("terminated") if isinstance(cs, Mapping) else None
         if isinstance(term, Mapping) and term.get("exitCode") not in (None, 0):
             reason = reason or f"container {cs.get('name')} exited with {term.get('exitCode')} ({term.get('reason')})"
+    max_runtime = _max_runtime(annotations, spec, problems)  # before `problems` is frozen below
     return PodInfo(
         key=f"{ns}/{name}",
         namespace=ns,
@@ -265,4 +276,5 @@ def pod_info(pod: Obj) -> PodInfo:
         problems=tuple(problems),
         completion_index=_int(annotations.get(COMPLETION_INDEX) or labels.get(COMPLETION_INDEX)),
         gated=bool(spec.get("schedulingGates")),
+        max_runtime=max_runtime,
     )

@@ -138,9 +138,19 @@ class Translator:
                 self._unreserve(key)
 
     def on_owner_size(
-        self, owner: Owner, size: int | None, at: int, *, uid: str = "", queue: str = "", completions: int | None = None
+        self,
+        owner: Owner,
+        size: int | None,
+        at: int,
+        *,
+        uid: str = "",
+        queue: str = "",
+        completions: int | None = None,
+        max_runtime: int | None = None,
     ) -> None:
-        self._jobs += self.gangs.set_size(owner, size, at, uid=uid, queue=queue, completions=completions)
+        self._jobs += self.gangs.set_size(
+            owner, size, at, uid=uid, queue=queue, completions=completions, max_runtime=max_runtime
+        )
         self._recheck()
 
     def on_namespace_queue(self, namespace: str, queue: str, at: int) -> None:

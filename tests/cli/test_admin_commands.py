@@ -119,6 +119,19 @@ def test_queues_apply_of_a_partial_file_keeps_what_it_does_not_mention(tmp_path,
     assert sorted(state.queues) == ["team-a", "team-b"]
 
 
+def test_queues_apply_switches_a_queue_to_strict_fifo(tmp_path, log, capsys):
+    """A queue's `queueing_strategy` change is a difference apply writes, and the fold takes it."""
+    from muster.projections.cluster import fold
+
+    (tmp_path / "a.yaml").write_text("queues:\n  - {name: team-b, nominal: {gpu: 8}}\n")
+    (tmp_path / "b.yaml").write_text("queues:\n  - {name: team-b, nominal: {gpu: 8}, queueing_strategy: strict_fifo}\n")
+    assert _apply(tmp_path / "a.yaml", log) == 0
+    assert fold(log.events()).queues["team-b"].queueing_strategy == "best_effort_fifo"
+    assert _apply(tmp_path / "b.yaml", log) == 0
+    assert "queueing_strategy" in capsys.readouterr().out
+    assert fold(log.events()).queues["team-b"].queueing_strategy == "strict_fifo"
+
+
 def test_queues_apply_twice_appends_nothing_the_second_time(tmp_path, log, capsys):
     """Re-applying the same file finds nothing that differs from the log and appends nothing."""
     path = tmp_path / "queues.yaml"
@@ -214,6 +227,23 @@ def test_submit_from_a_file_uses_the_scenario_submit_form(tmp_path, log):
     a, b = log.events()
     assert (a.job, a.podsets[0].count, a.podsets[0].requests, a.runtime) == ("a", 2, {"gpu": 4}, 60)
     assert (b.job, b.priority_class, b.podsets[0].requests) == ("b", "inference", {"gpu": 1})
+
+
+def test_submit_declares_a_time_limit(log):
+    """`--max-runtime SECONDS` is the job's declared limit on the log."""
+    anyio.run(_create, log)
+    assert main(["submit", "--queue", "team-a", "--job", "lim", "--max-runtime", "900", *log.flags]) == 0
+    [sub] = log.events()
+    assert isinstance(sub, JobSubmitted) and sub.max_runtime == 900
+
+
+@pytest.mark.parametrize("value", ["0", "-60"])
+def test_submit_refuses_a_limit_that_is_not_positive(log, capsys, value):
+    """A zero or negative `--max-runtime` exits 2 saying why, and appends nothing."""
+    anyio.run(_create, log)
+    assert main(["submit", "--queue", "team-a", "--job", "lim", "--max-runtime", value, *log.flags]) == 2
+    assert f"max_runtime {value} must be a positive number of seconds" in capsys.readouterr().err
+    assert log.events() == []
 
 
 def test_submit_refuses_bad_flags_before_touching_the_log(log, capsys):

@@ -81,9 +81,12 @@ def queue(
     reclaim: str | None = None,
     borrow: str | None = None,
     threshold: int | None = None,
+    strategy: str | None = None,
 ) -> str:
     """One `queues` entry in flow style (GPU quotas only)."""
     parts = [f"name: {name}", f"nominal: {{gpu: {gpu}}}"]
+    if strategy is not None:
+        parts.append(f"queueing_strategy: {strategy}")
     if cohort is not None:
         parts.append(f"cohort: {cohort}")
     if borrowing_limit is not None:

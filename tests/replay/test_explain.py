@@ -99,6 +99,18 @@ async def test_a_pending_job_gets_its_position_and_quota_shortfall() -> None:
     assert any("lets it evict nothing" in c for c in changes)
 
 
+STRICT_EXAMPLE = (Path(__file__).resolve().parents[2] / "examples" / "strict_fifo.yaml").read_text()
+
+
+async def test_a_job_held_behind_its_strict_fifo_head_is_told_so() -> None:
+    """In a strict_fifo queue, a job that would fit waits behind the head; explain names the head first."""
+    result = sim(STRICT_EXAMPLE)
+    story, _ = await explain(memory_log(result.events), "small-1", Point(time=100))
+    assert story.status == "pending" and story.pending is not None
+    changes = story.pending["what_would_have_to_change"]
+    assert changes[0].startswith("strict_fifo: gang, the head of team-a, must be admitted first")
+
+
 async def test_a_pending_job_blocked_by_topology_gets_the_best_domain() -> None:
     """A gang that needs one rack: the best rack's free GPUs and how many more it needs there."""
     story, _ = await explain(memory_log(sim(RACKS).events), "tight", Point(time=15))

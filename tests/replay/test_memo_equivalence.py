@@ -38,6 +38,9 @@ def _scenarios(tmp: Path) -> Iterator[tuple[str, Scenario]]:
         yield f"mixed-{seed}", loads(mixed(seed, jobs=60), "m.yaml")
     for seed in range(3):  # seed 3 preempts in a loop, one round a second, and never ends (a known finding)
         yield f"mixed-fair-idle-{seed}", loads(mixed(seed, jobs=60, fair=True, idle=True), "m.yaml")
+    for seed in range(3):  # every queue strict_fifo (a held-back job is not parked), every job a 300 s limit
+        strict = mixed(seed, jobs=60).replace("  - {name: q", "  - {queueing_strategy: strict_fifo, name: q")
+        yield f"mixed-strict-{seed}", loads(strict.replace("runtime: ", "max_runtime: 300, runtime: "), "m.yaml")
     bench = _bench()
     yield "bench-a", load(bench.case_a(tmp, 0.05))
     yield "bench-kueue", load(bench.case_kueue(tmp, 0.05))

@@ -1,0 +1,242 @@
+"""Does a big gang starve? Queueing delay per policy on the Philly trace and on a synthetic trace of mixed gang sizes.
+
+Prints, per trace and policy, the queueing delay (first admission less submission;
+a job still pending at the end counts with what it waited so far, see
+`replay/waits.py`): average, p50, p99 and maximum over all jobs, and the same for
+the big gangs (32 GPUs or more). Not a test: it prints numbers (issue 12).
+
+Policies:
+- `default`: `muster sim` with today's defaults (`best_effort_fifo` everywhere);
+- `strict_fifo`: the same with every queue `strict_fifo`;
+- `fifo`, `sjf`: reference simulators over one pool of the cluster's GPUs, no
+  quotas and no placement: `fifo` admits in submission order and its head
+  blocks everyone (no backfill); `sjf` admits the shortest job that fits first
+  and passes those that do not.
+
+Traces:
+- `philly`: ../shared/traces/philly (skipped when absent), the first `--jobs`
+  jobs by submission, one queue per virtual cluster with `nominal` = its GPUs
+  (vc_nodes.csv x 8, times `--shrink` for contention), all in one cohort; jobs
+  of virtual clusters without nodes, and gangs larger than the cluster, are
+  left out (counted in the header line);
+- `synthetic`: 4 queues of 64 GPUs in one cohort on 32 nodes of 8 GPUs, gangs
+  of 1 to 64 GPUs (most small), seeded arrivals at offered load `--load`.
+
+Usage: python bench/bench_starvation.py [--only philly,synthetic] [--jobs N] [--shrink F] [--load L]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import heapq
+import math
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from muster.replay.scenario import load
+from muster.replay.simulator import simulate
+from muster.replay.waits import Wait, WaitStats, run_waits, stats
+
+PHILLY = Path(__file__).resolve().parents[2] / "shared" / "traces" / "philly"
+BIG = 32
+"""Gangs of at least this many GPUs are the ones that starve."""
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    job: str
+    submit: int
+    queue: str
+    gpus: int
+    runtime: int
+
+
+@dataclass(frozen=True)
+class Trace:
+    name: str
+    jobs: list[TraceJob]
+    nominal: dict[str, int]
+    """Queue -> nominal GPUs; the cluster has their sum, in nodes of 8 GPUs."""
+    note: str
+
+
+# ---------------------------------------------------------------- traces
+
+
+def philly(jobs: int, shrink: float) -> Trace | None:
+    src, vcs = PHILLY / "philly.csv", PHILLY / "vc_nodes.csv"
+    if not src.exists() or not vcs.exists():
+        return None
+    with vcs.open() as f:
+        nodes = {r["vc"]: max(1, round(int(r["node num"]) * shrink)) for r in csv.DictReader(f)}
+    nominal = {f"vc-{vc}": n * 8 for vc, n in sorted(nodes.items())}
+    total = sum(nominal.values())
+    with src.open() as f:
+        raw = sorted(csv.DictReader(f), key=lambda r: r["timestamp"])
+    t0 = dt.datetime.fromisoformat(raw[0]["timestamp"])
+    out: list[TraceJob] = []
+    dropped = 0
+    for i, r in enumerate(raw):
+        if len(out) >= jobs:
+            break
+        gpus = int(r["num_gpus"])
+        if r["cluster"] not in nodes or gpus > total or gpus < 1:
+            dropped += 1
+            continue
+        submit = int((dt.datetime.fromisoformat(r["timestamp"]) - t0).total_seconds())
+        out.append(TraceJob(f"p{i}", submit, f"vc-{r['cluster']}", gpus, max(1, int(float(r["duration"])))))
+    note = f"{len(out)} jobs ({dropped} left out), {total} GPUs, shrink {shrink}, {_load(out, total):.2f} offered load"
+    return Trace("philly", out, nominal, note)
+
+
+def synthetic(jobs: int, load_: float, seed: int = 7) -> Trace:
+    rng = random.Random(seed)
+    queues = [f"team-{c}" for c in "abcd"]
+    nominal = {q: 64 for q in queues}
+    total = sum(nominal.values())
+    sizes = [(1, 40), (2, 10), (4, 10), (8, 20), (16, 10), (32, 6), (64, 4)]
+    mean_gpus = sum(s * w for s, w in sizes) / sum(w for _, w in sizes)
+    mu, sigma = 7.3, 1.0
+    mean_runtime = math.exp(mu + sigma * sigma / 2)
+    rate = load_ * total / (mean_gpus * mean_runtime)
+    t = 0.0
+    out: list[TraceJob] = []
+    for i in range(jobs):
+        t += rng.expovariate(rate)
+        gpus = rng.choices([s for s, _ in sizes], [w for _, w in sizes])[0]
+        runtime = max(60, int(rng.lognormvariate(mu, sigma)))
+        out.append(TraceJob(f"s{i}", int(t), rng.choice(queues), gpus, runtime))
+    note = f"{len(out)} jobs, {total} GPUs, seed {seed}, {_load(out, total):.2f} offered load"
+    return Trace("synthetic", out, nominal, note)
+
+
+def _load(jobs: list[TraceJob], gpus: int) -> float:
+    if not jobs:
+        return 0.0
+    span = max(1, max(j.submit for j in jobs) - min(j.submit for j in jobs))
+    return sum(j.gpus * j.runtime for j in jobs) / (gpus * span)
+
+
+# ---------------------------------------------------------------- policies
+
+
+def run_muster(trace: Trace, d: Path, strategy: str) -> list[Wait]:
+    """`muster sim` on the trace, every queue with `strategy`."""
+    rows = d / f"{trace.name}.csv"
+    with rows.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["job", "submit", "queue", "gpus", "gpus_per_pod", "runtime"])
+        for j in trace.jobs:
+            w.writerow([j.job, j.submit, j.queue, j.gpus, _per_pod(j.gpus), j.runtime])
+    nodes = sum(trace.nominal.values()) // 8
+    queues = "".join(
+        f"  - {{name: {q}, cohort: org, nominal: {{gpu: {g}}}, queueing_strategy: {strategy}}}\n"
+        for q, g in sorted(trace.nominal.items())
+    )
+    text = (
+        f'nodes:\n  - generate: {{count: {nodes}, name: "n{{i}}", capacity: {{gpu: 8}}}}\n'
+        f"cohorts:\n  - {{name: org}}\nqueues:\n{queues}timeline_csv: {rows.name}\n"
+    )
+    path = d / f"{trace.name}-{strategy}.yaml"
+    path.write_text(text)
+    return run_waits(simulate(load(path), keep_events=False))
+
+
+def _per_pod(gpus: int) -> int:
+    """GPUs per pod of a gang on 8-GPU nodes: the largest divisor of its size up to 8 (12 GPUs: 3 pods of 4)."""
+    return max(d for d in range(1, min(gpus, 8) + 1) if gpus % d == 0)
+
+
+def run_reference(trace: Trace, order: str) -> list[Wait]:
+    """One pool of the cluster's GPUs: `fifo` (the head blocks) or `sjf` (shortest first, pass what does not fit)."""
+    free = sum(trace.nominal.values())
+    arrivals = sorted(trace.jobs, key=lambda j: (j.submit, j.job))
+    ends: list[tuple[int, int]] = []
+    pending: list[tuple[int, int, TraceJob]] = []
+    waits: list[Wait] = []
+    i, now = 0, 0
+    while i < len(arrivals) or ends:
+        due = [arrivals[i].submit] if i < len(arrivals) else []
+        now = min([*due, ends[0][0]] if ends else due)
+        while ends and ends[0][0] <= now:
+            free += heapq.heappop(ends)[1]
+        while i < len(arrivals) and arrivals[i].submit <= now:
+            j = arrivals[i]
+            key = i if order == "fifo" else j.runtime
+            heapq.heappush(pending, (key, i, j))
+            i += 1
+        passed: list[tuple[int, int, TraceJob]] = []
+        while pending and free > 0:
+            entry = heapq.heappop(pending)
+            j = entry[2]
+            if j.gpus <= free:
+                free -= j.gpus
+                heapq.heappush(ends, (now + j.runtime, j.gpus))
+                waits.append(Wait(j.queue, j.gpus, now - j.submit, True))
+            elif order == "fifo":
+                passed.append(entry)
+                break
+            else:
+                passed.append(entry)
+        for entry in passed:
+            heapq.heappush(pending, entry)
+    waits.extend(Wait(j.queue, j.gpus, now - j.submit, False) for _, _, j in pending)
+    return waits
+
+
+# ---------------------------------------------------------------- report
+
+
+def _fmt(s: WaitStats) -> str:
+    return f"avg={s.avg:>10,.0f} p50={s.p50:>9,} p99={s.p99:>10,} max={s.max:>10,} pending={s.waiting}"
+
+
+def report(trace: Trace, d: Path, policies: list[str]) -> None:
+    print(f"{trace.name}: {trace.note}", flush=True)
+    runners: dict[str, Callable[[], list[Wait]]] = {
+        "default": lambda: run_muster(trace, d, "best_effort_fifo"),
+        "strict_fifo": lambda: run_muster(trace, d, "strict_fifo"),
+        "fifo": lambda: run_reference(trace, "fifo"),
+        "sjf": lambda: run_reference(trace, "sjf"),
+    }
+    for name in policies:
+        c0 = time.process_time()
+        waits = runners[name]()
+        cpu = time.process_time() - c0
+        big = stats(w for w in waits if w.gpus >= BIG)
+        print(f"  {name:<12} all: {_fmt(stats(waits))}  cpu={cpu:6.1f}s", flush=True)
+        print(f"  {'':<12} >={BIG} GPUs: {_fmt(big)}  ({big.jobs} gangs)", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default="philly,synthetic")
+    ap.add_argument("--policies", default="default,strict_fifo,fifo,sjf")
+    ap.add_argument("--jobs", type=int, default=20_000, help="jobs of each trace (Philly: the first by submission)")
+    ap.add_argument("--shrink", type=float, default=0.2, help="Philly: fraction of each VC's nodes kept")
+    ap.add_argument("--load", type=float, default=0.9, help="synthetic: offered load")
+    args = ap.parse_args(argv)
+    only = set(args.only.split(","))
+    policies = [p for p in args.policies.split(",") if p]
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        if "philly" in only:
+            trace = philly(args.jobs, args.shrink)
+            if trace is None:
+                print(f"philly: trace not found in {PHILLY}, skipped", flush=True)
+            else:
+                report(trace, d, policies)
+        if "synthetic" in only:
+            report(synthetic(args.jobs, args.load), d, policies)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""Queueing strategies per queue (spec/scenario.md, Queueing): `best_effort_fifo` lets smaller jobs pass a
+waiting head, `strict_fifo` makes the head of a queue block the rest of that queue, and only that queue."""
+
+from __future__ import annotations
+
+import pytest
+from simkit import flat_nodes, queue, run, scenario, submit
+
+from muster.replay.scenario import ScenarioError, loads
+
+TWO_NODES = flat_nodes(8, 8)  # 16 GPUs
+
+
+@pytest.mark.parametrize(
+    ("strategy", "timeline", "first_admissions"),
+    [
+        pytest.param(
+            "best_effort_fifo",
+            [submit("run", "qa", 8, runtime=100), submit("big", "qa", 16, at=1), submit("small", "qa", 8, at=2)],
+            {"run": 0, "small": 2, "big": 3602},
+            id="best-effort-small-job-passes-the-waiting-head",
+        ),
+        pytest.param(
+            "strict_fifo",
+            [submit("run", "qa", 8, runtime=100), submit("big", "qa", 16, at=1), submit("small", "qa", 8, at=2)],
+            {"run": 0, "big": 100, "small": 3700},
+            id="strict-head-blocks-the-job-behind-it",
+        ),
+        pytest.param(
+            "strict_fifo",
+            [
+                submit("run", "qa", 8, runtime=100),
+                submit("big", "qa", 16, at=1),
+                submit("urgent", "qa", 8, at=2, prio="high"),
+            ],
+            {"run": 0, "urgent": 2, "big": 3602},
+            id="strict-higher-priority-job-is-the-new-head",
+        ),
+        pytest.param(
+            "strict_fifo",
+            [submit("a", "qa", 8, runtime=100), submit("b", "qa", 8), submit("c", "qa", 8, runtime=50)],
+            {"a": 0, "b": 0, "c": 100},
+            id="strict-admits-in-order-while-jobs-fit",
+        ),
+    ],
+)
+def test_the_head_of_a_queue_blocks_only_under_strict_fifo(
+    strategy: str, timeline: list[str], first_admissions: dict[str, int]
+) -> None:
+    """Under strict_fifo no job behind a waiting head is admitted; under best_effort_fifo a job that fits goes."""
+    out = run(scenario(TWO_NODES, [queue("qa", 16, strategy=strategy)], timeline))
+    assert {job: out.admitted(job).at for job in first_admissions} == first_admissions
+
+
+def test_a_strict_queue_blocks_only_itself() -> None:
+    """Another queue's jobs are admitted while a strict queue's head waits; the strict queue's follower is not."""
+    queues = [queue("qa", 8, "org", strategy="strict_fifo"), queue("qb", 8, "org")]
+    timeline = [
+        submit("a-run", "qa", 8, runtime=100),
+        submit("a-big", "qa", 16, at=1),
+        submit("a-small", "qa", 8, at=2),
+        submit("b-run", "qb", 8, at=3, runtime=10),
+        submit("b-next", "qb", 8, at=4, runtime=10),
+    ]
+    out = run(scenario(TWO_NODES, queues, timeline, cohorts=["org"]))
+    assert out.admitted("b-run").at == 3 and out.admitted("b-next").at == 13
+    assert out.admitted("a-big").at == 100
+    assert out.admitted("a-small").at > out.admitted("a-big").at
+
+
+def test_an_unknown_strategy_is_refused_with_its_line() -> None:
+    """`queueing_strategy` takes best_effort_fifo or strict_fifo; anything else is a scenario error naming the line."""
+    text = scenario(TWO_NODES, [queue("qa", 16, strategy="StrictFIFO")], [submit("a", "qa")])
+    with pytest.raises(ScenarioError) as err:
+        loads(text, "s.yaml")
+    assert "queueing_strategy must be one of best_effort_fifo, strict_fifo" in str(err.value)
+    assert err.value.line is not None
