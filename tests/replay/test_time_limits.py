@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from muster.daemon.k8s import manifests as m
-from muster.daemon.k8s.pods import pod_info
 from muster.daemon.k8s.owners import owner_sizing
+from muster.daemon.k8s.pods import pod_info
 from muster.daemon.k8s.translating import Translator
 from muster.daemon.k8s.watching import WatchEvent
 from muster.events.codec import decode, encode
