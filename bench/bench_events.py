@@ -6,6 +6,7 @@ onto nodes, start, GPU utilization samples, finish, some preemptions):
 
   append     pipelined `EventStore.append` (publish_async + Nats-Msg-Id)
   fenced     `append(..., expected_last_seq=...)`, one message at a time
+  read       read + decode from the stream (`iter_batches`), no fold
   end to end read + decode + fold from the stream (`iter_batches`)   target >= 100,000 events/s
   decode     decode + fold from in-memory bytes
   fold       fold from an in-memory list of events                  target >= 300,000 events/s
@@ -134,6 +135,15 @@ def rate(n: int, runs: list[Timing]) -> str:
     )
 
 
+async def read(store: EventStore) -> tuple[int, Timing]:
+    """Read and decode the whole stream; (events, timing)."""
+    count = 0
+    start = clock()
+    async for batch in store.iter_batches(1):
+        count += len(batch)
+    return count, since(start)
+
+
 async def replay(store: EventStore) -> tuple[ClusterState, int, Timing]:
     """Read, decode and fold the whole stream; (state, events, timing)."""
     state = ClusterState()
@@ -180,6 +190,13 @@ async def bench(n: int, fenced: int, trials: int, profile: bool) -> int:
                 events += tail
 
             runs: list[Timing] = []
+            for _ in range(trials):
+                count, timing = await read(store)
+                assert count == len(events), f"read {count} of {len(events)} events"
+                runs.append(timing)
+            print("read+decode          ", rate(count, runs))
+
+            runs = []
             for _ in range(trials):
                 state, count, timing = await replay(store)
                 assert count == len(events), f"replayed {count} of {len(events)} events"
