@@ -6,7 +6,7 @@ onto nodes, start, GPU utilization samples, finish, some preemptions):
 
   append     pipelined `EventStore.append` (publish_async + Nats-Msg-Id)
   fenced     `append(..., expected_last_seq=...)`, one message at a time
-  read       read + decode from the stream (`iter_batches`), no fold
+  read       read + decode from the stream (`NatsLog`, i.e. `iter_batches`), no fold
   archive    seal the stream into segments of 50,000 (`events.archive.seal_new`), then
              read + decode them (`replay.source.ArchivedLog`)
   end to end read + decode + fold from the stream (`iter_batches`)   target >= 100,000 events/s
@@ -51,7 +51,7 @@ from muster.events.types import (
     SchedulerConfigured,
 )
 from muster.projections.cluster import ClusterState, evolve, fold
-from muster.replay.source import ArchivedLog, NatsLog
+from muster.replay.source import ArchivedLog, LogSource, NatsLog
 
 
 def realistic_events(n: int, *, nodes: int = 512, live_jobs: int = 400, seed: int = 7) -> list[Event]:
@@ -139,17 +139,8 @@ def rate(n: int, runs: list[Timing]) -> str:
     )
 
 
-async def read(store: EventStore) -> tuple[int, Timing]:
-    """Read and decode the whole stream; (events, timing)."""
-    count = 0
-    start = clock()
-    async for batch in store.iter_batches(1):
-        count += len(batch)
-    return count, since(start)
-
-
-async def read_archive(log: ArchivedLog) -> tuple[int, Timing]:
-    """Read and decode the archived log; (events, timing)."""
+async def read(log: LogSource) -> tuple[int, Timing]:
+    """Read and decode the whole log (a stream, or an archive and a stream); (events, timing)."""
     count = 0
     start = clock()
     async for batch in log.batches(1):
@@ -204,7 +195,7 @@ async def bench(n: int, fenced: int, trials: int, profile: bool) -> int:
 
             runs: list[Timing] = []
             for _ in range(trials):
-                count, timing = await read(store)
+                count, timing = await read(NatsLog(store))
                 assert count == len(events), f"read {count} of {len(events)} events"
                 runs.append(timing)
             print("read+decode          ", rate(count, runs))
@@ -227,7 +218,7 @@ async def bench(n: int, fenced: int, trials: int, profile: bool) -> int:
             print(f"  {len(segments)} segments, {size / sealed:.1f} bytes per event on disk")
             runs = []
             for _ in range(trials):
-                count, timing = await read_archive(ArchivedLog(archive, NatsLog(store)))
+                count, timing = await read(ArchivedLog(archive, NatsLog(store)))
                 assert count == len(events), f"read {count} of {len(events)} events across the archive"
                 runs.append(timing)
             print("read+decode (archive)", rate(count, runs))
