@@ -6,6 +6,9 @@ onto nodes, start, GPU utilization samples, finish, some preemptions):
 
   append     pipelined `EventStore.append` (publish_async + Nats-Msg-Id)
   fenced     `append(..., expected_last_seq=...)`, one message at a time
+  read       read + decode from the stream (`NatsLog`, i.e. `iter_batches`), no fold
+  archive    seal the stream into segments of 50,000 (`events.archive.seal_new`), then
+             read + decode them (`replay.source.ArchivedLog`)
   end to end read + decode + fold from the stream (`iter_batches`)   target >= 100,000 events/s
   decode     decode + fold from in-memory bytes
   fold       fold from an in-memory list of events                  target >= 300,000 events/s
@@ -29,6 +32,7 @@ import time
 from pathlib import Path
 
 from muster.events import codec
+from muster.events.archive import DirectoryArchive, seal_new
 from muster.events.embedded import EmbeddedNats
 from muster.events.store import EventStore
 from muster.events.types import (
@@ -47,6 +51,7 @@ from muster.events.types import (
     SchedulerConfigured,
 )
 from muster.projections.cluster import ClusterState, evolve, fold
+from muster.replay.source import ArchivedLog, LogSource, NatsLog
 
 
 def realistic_events(n: int, *, nodes: int = 512, live_jobs: int = 400, seed: int = 7) -> list[Event]:
@@ -134,6 +139,15 @@ def rate(n: int, runs: list[Timing]) -> str:
     )
 
 
+async def read(log: LogSource) -> tuple[int, Timing]:
+    """Read and decode the whole log (a stream, or an archive and a stream); (events, timing)."""
+    count = 0
+    start = clock()
+    async for batch in log.batches(1):
+        count += len(batch)
+    return count, since(start)
+
+
 async def replay(store: EventStore) -> tuple[ClusterState, int, Timing]:
     """Read, decode and fold the whole stream; (state, events, timing)."""
     state = ClusterState()
@@ -181,12 +195,33 @@ async def bench(n: int, fenced: int, trials: int, profile: bool) -> int:
 
             runs: list[Timing] = []
             for _ in range(trials):
+                count, timing = await read(NatsLog(store))
+                assert count == len(events), f"read {count} of {len(events)} events"
+                runs.append(timing)
+            print("read+decode          ", rate(count, runs))
+
+            runs = []
+            for _ in range(trials):
                 state, count, timing = await replay(store)
                 assert count == len(events), f"replayed {count} of {len(events)} events"
                 runs.append(timing)
             print("read+decode+fold     ", rate(count, runs), " target >= 100,000")
             assert state == fold(events), "the stream replay differs from the in-memory fold"
             end_to_end = count / min(w for w, _ in runs)
+
+            archive = DirectoryArchive(Path(tmp) / "archive")
+            start = clock()
+            segments = await seal_new(store, archive, through=len(events), every=50_000)
+            sealed = sum(ref.last - ref.first + 1 for ref in segments)
+            print("seal (50,000/segment)", rate(sealed, [since(start)]))
+            size = sum(f.stat().st_size for f in archive.path.iterdir())
+            print(f"  {len(segments)} segments, {size / sealed:.1f} bytes per event on disk")
+            runs = []
+            for _ in range(trials):
+                count, timing = await read(ArchivedLog(archive, NatsLog(store)))
+                assert count == len(events), f"read {count} of {len(events)} events across the archive"
+                runs.append(timing)
+            print("read+decode (archive)", rate(count, runs))
 
     print("decode+fold (memory) ", rate(n, [decode_and_fold(raws) for _ in range(trials)]))
     runs = [fold_timed(events) for _ in range(trials)]

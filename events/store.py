@@ -37,6 +37,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import hashlib
 import itertools
@@ -70,7 +71,13 @@ from muster.events.errors import (  # re-exported
     StoreUnreachable,
     StreamMissing,
 )
-from muster.events.subjects import DEFAULT_PREFIX, subject_for, subject_problem, subject_token  # re-exported
+from muster.events.subjects import (  # re-exported
+    DEFAULT_PREFIX,
+    SubjectRule,
+    subject_for,
+    subject_problem,
+    subject_token,
+)
 from muster.events.types import AnyEvent, Event
 from muster.events.wire import (
     JetStreamApiError,
@@ -92,11 +99,14 @@ __all__ = [
     "ConcurrencyConflict",
     "EventStore",
     "EventTooLarge",
+    "Retention",
     "StoreError",
     "StoreUnreachable",
     "StoredEvent",
     "StreamMissing",
+    "SubjectRule",
     "connect_client",
+    "decode_raws",
     "default_url",
     "msg_id_token",
     "subject_for",
@@ -108,6 +118,8 @@ __all__ = [
 log = structlog.get_logger("muster.events.store")
 
 DEFAULT_STREAM = "MUSTER"
+_NO_LIMIT = 1 << 62
+"""An `until` later than any event time."""
 _WRONG_LAST_SEQUENCE = 10071
 _WRONG_LAST_MSG_ID = 10070
 _CONFLICTS = (_WRONG_LAST_SEQUENCE, _WRONG_LAST_MSG_ID)
@@ -134,6 +146,13 @@ class StoredEvent(NamedTuple):
 
 _stored: Callable[[type[StoredEvent], tuple[int, AnyEvent]], StoredEvent] = tuple.__new__
 """`StoredEvent(seq, event)` without the Python-level NamedTuple constructor (half the cost, once per event)."""
+
+
+class Retention(NamedTuple):
+    """The stream's window: messages older than `max_age` seconds, or beyond `max_bytes`, leave it (0: no limit)."""
+
+    max_age: float = 0.0
+    max_bytes: int = 0
 
 
 class BadEvent(NamedTuple):
@@ -262,6 +281,7 @@ class EventStore:
         api_prefix: str = "$JS.API",
         request_timeout: float = 5.0,
         connect_attempts: int = 3,
+        retention: Retention | None = None,
         **nats_options: Any,
     ) -> EventStore:
         """Connect (or use the given nats-py client) and make sure the stream exists.
@@ -294,14 +314,29 @@ class EventStore:
             request_timeout=request_timeout,
         )
         try:
-            await store.ensure_stream(replicas=replicas, duplicate_window=duplicate_window, create=create)
+            await store.ensure_stream(
+                replicas=replicas, duplicate_window=duplicate_window, create=create, retention=retention
+            )
         except BaseException:
             await store.close()
             raise
         return store
 
-    async def ensure_stream(self, *, replicas: int = 1, duplicate_window: float = 120.0, create: bool = True) -> None:
-        """Create the stream if missing; an existing stream is used as configured by whoever made it."""
+    async def ensure_stream(
+        self,
+        *,
+        replicas: int = 1,
+        duplicate_window: float = 120.0,
+        create: bool = True,
+        retention: Retention | None = None,
+    ) -> None:
+        """Create the stream if missing; an existing stream is used as configured by whoever made it.
+
+        With `retention`, the stream keeps a bounded window (the oldest
+        messages leave it first); what leaves must have been sealed into the
+        archive before (`events.archive.seal_new`), or readers find a hole.
+        """
+        window = retention if retention is not None else Retention()
         config = StreamConfig(
             name=self.stream,
             subjects=[f"{self.prefix}.>"],
@@ -310,6 +345,8 @@ class EventStore:
             deny_delete=True,
             deny_purge=True,
             discard=DiscardPolicy.OLD,
+            max_age=window.max_age or None,
+            max_bytes=window.max_bytes or None,
             duplicate_window=duplicate_window,
             # the server refuses what no reader would take (decode's cap), whoever publishes it
             max_msg_size=MAX_EVENT_BYTES + _HEADER_ROOM,
@@ -654,7 +691,13 @@ class EventStore:
         info = await self.js.stream_info(self.stream)
         return int(info.state.last_seq)
 
-    def _report(self, seq: int, subject: bytes, data: bytes, error: str) -> None:
+    async def first_seq(self) -> int:
+        """Sequence of the first message still on the stream (older ones left its retention window)."""
+        info = await self.js.stream_info(self.stream)
+        return int(info.state.first_seq)
+
+    def report(self, seq: int, subject: bytes, data: bytes, error: str) -> None:
+        """Count a bad message and hand it to `on_bad` (readers of the stream and of its archive)."""
         self.bad_events += 1
         bad = BadEvent(seq, data, error, subject.decode(errors="replace"))
         try:
@@ -718,35 +761,26 @@ class EventStore:
             to_seq = await self.last_seq()
         if from_seq > to_seq:
             return
+        rule = SubjectRule()
         async with contextlib.aclosing(self._raw_batches(from_seq, follow=False)) as raws:
             async for raw_batch in raws:
-                out: list[StoredEvent] = []
-                append = out.append
-                stop = False
-                for seq, subject, data in raw_batch:  # the replay hot loop: keep it lean
-                    if seq > to_seq:
-                        stop = True
-                        break
-                    try:
-                        event = decode(data)
-                    except DecodeError as exc:
-                        self._report(seq, subject, data, exc.message)
-                    else:
-                        problem = subject_problem(subject, event)
-                        if problem is not None:
-                            self._report(seq, subject, data, problem)
-                        elif until is not None and event.at > until:
-                            stop = True
-                            break
-                        else:
-                            append(_stored(StoredEvent, (seq, event)))
-                    if seq == to_seq:
-                        stop = True
-                        break
+                out, done = decode_raws(raw_batch, to_seq, until, rule, self.report)
                 if out:
                     yield out
-                if stop:
+                if done:
                     return
+
+    async def raw_batches(self, from_seq: int, to_seq: int) -> AsyncGenerator[list[Raw], None]:
+        """The stored messages `from_seq..to_seq` as the stream holds them (for sealing them elsewhere)."""
+        if from_seq > to_seq:
+            return
+        async with contextlib.aclosing(self._raw_batches(from_seq, follow=False)) as raws:
+            async for raw_batch in raws:
+                if raw_batch[-1][0] < to_seq:
+                    yield raw_batch
+                    continue
+                yield raw_batch[: _count_upto(raw_batch, to_seq)]
+                return
 
     async def iter_range(
         self, from_seq: int = 1, to_seq: int | None = None, *, until: int | None = None
@@ -775,6 +809,7 @@ class EventStore:
         with `contextlib.aclosing` when done.
         """
         last = from_seq - 1
+        problem_of = SubjectRule().problem
         async with contextlib.aclosing(self._raw_batches(from_seq, follow=True)) as raws:
             async for raw_batch in raws:
                 for seq, subject, data in raw_batch:
@@ -784,13 +819,52 @@ class EventStore:
                     try:
                         event = decode(data)
                     except DecodeError as exc:
-                        self._report(seq, subject, data, exc.message)
+                        self.report(seq, subject, data, exc.message)
                         continue
-                    problem = subject_problem(subject, event)
+                    problem = problem_of(subject, event)
                     if problem is not None:
-                        self._report(seq, subject, data, problem)
+                        self.report(seq, subject, data, problem)
                         continue
                     yield StoredEvent(seq, event)
+
+
+def decode_raws(
+    raws: list[Raw], to_seq: int, until: int | None, rule: SubjectRule, report: Callable[[int, bytes, bytes, str], None]
+) -> tuple[list[StoredEvent], bool]:
+    """The good events of stored messages up to `to_seq` and `until`, and whether that end was reached.
+
+    The one reading rule of the log wherever its messages come from (the
+    stream, an archive segment): each message is decoded on its own, taken
+    only from its own subject, and a bad one is `report`ed (seq, subject,
+    bytes, why) and skipped.
+    """
+    if not raws:
+        return [], False
+    latest = until if until is not None else _NO_LIMIT
+    problem_of = rule.problem
+    last = len(raws) if raws[-1][0] <= to_seq else _count_upto(raws, to_seq)
+    out: list[StoredEvent] = []
+    append = out.append
+    for seq, subject, data in raws[:last] if last < len(raws) else raws:
+        # the replay hot loop: one decode, one subject check, one tuple per event
+        try:
+            event = decode(data)
+        except DecodeError as exc:
+            report(seq, subject, data, exc.message)
+            continue
+        problem = problem_of(subject, event)
+        if problem is not None:
+            report(seq, subject, data, problem)
+        elif event.at > latest:
+            return out, True
+        else:
+            append(_stored(StoredEvent, (seq, event)))
+    return out, last < len(raws) or raws[-1][0] == to_seq
+
+
+def _count_upto(raws: list[Raw], seq: int) -> int:
+    """How many of `raws` (in sequence order) have a sequence at most `seq`."""
+    return bisect.bisect_right(raws, seq, key=lambda raw: raw[0])
 
 
 def _atomic_server(nc: NatsClient) -> bool:

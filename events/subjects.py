@@ -37,7 +37,7 @@ from muster.events.types import (
     SubmissionRejected,
 )
 
-__all__ = ["DEFAULT_PREFIX", "subject_for", "subject_problem", "subject_token"]
+__all__ = ["DEFAULT_PREFIX", "SubjectRule", "subject_for", "subject_problem", "subject_token"]
 
 DEFAULT_PREFIX = "muster"
 
@@ -153,3 +153,32 @@ def subject_problem(subject: bytes, event: Event) -> str | None:
         f"{type(event).__name__} published on {subject.decode(errors='replace')!r}, "
         f"not on a {kind.decode()}.* subject where it belongs"
     )
+
+
+class SubjectRule:
+    """`subject_problem` for a reader's hot loop: a subject's slot found good once is not split again.
+
+    Except for a submission (whose rule reads its last two tokens), whether
+    an event may be taken from a subject depends only on the event's type
+    and the subject without its last token (the slot, `<prefix>.<kind>`): a
+    good (slot, type) pair is remembered, anything else goes to
+    `subject_problem`, which also words the problem. A stream has a handful
+    of good slots, so the memory stays small.
+    """
+
+    __slots__ = ("_good",)
+
+    def __init__(self) -> None:
+        self._good: set[tuple[bytes, type]] = set()
+
+    def problem(self, subject: bytes, event: Event) -> str | None:
+        cls = type(event)
+        if cls is JobSubmitted:
+            return subject_problem(subject, event)
+        key = (subject.rpartition(b".")[0], cls)
+        if key in self._good:
+            return None
+        problem = subject_problem(subject, event)
+        if problem is None:
+            self._good.add(key)
+        return problem

@@ -196,10 +196,12 @@ class WireConnection:
         with anyio.move_on_after(1, shield=True), contextlib.suppress(OSError, ssl.SSLError):
             await writer.wait_closed()
 
-    async def next_frames(self, idle_timeout: float) -> list[Frame]:
-        """The next non-empty batch of frames parsed from the socket.
+    async def next_frames(self, idle_timeout: float, deliveries: Deliveries | None = None) -> list[Frame]:
+        """The next batch of frames parsed from the socket (non-empty, unless `deliveries` took them all).
 
-        Answers server PINGs; raises WireError on EOF, -ERR or `idle_timeout` seconds of silence.
+        With `deliveries`, the stored messages of its subscription go into it
+        as `Raw` instead of frames. Answers server PINGs; raises WireError on
+        EOF, -ERR or `idle_timeout` seconds of silence.
         """
         reader = self._reader
         while True:
@@ -213,18 +215,25 @@ class WireConnection:
             if not chunk:
                 raise WireError("connection closed by the server")
             buf = self._buf + chunk if self._buf else chunk
-            batch, self._buf = self._parse(buf)
-            if batch:
+            batch, self._buf = self._parse(buf, deliveries)
+            if batch or (deliveries is not None and deliveries.raws):
                 return batch
 
-    def _parse(self, buf: bytes) -> tuple[list[Frame], bytes]:
+    def _parse(self, buf: bytes, deliveries: Deliveries | None = None) -> tuple[list[Frame], bytes]:
         """Frames of every complete message in `buf`, and the incomplete rest.
 
         The hot loop of a replay: it copies only payloads, keeps tokens as bytes
-        and slices the header block only for status messages.
+        and slices the header block only for status messages. A stored message
+        of `deliveries`' subscription becomes one `Raw` there, built straight
+        from the protocol line: no frame, no second pass.
         """
         out: list[Frame] = []
         append = out.append
+        into = deliveries if deliveries is not None else Deliveries(b"")
+        data_sid = into.sid
+        raws = into.raws
+        keep = raws.append
+        last_dseq = into.last_dseq
         pos = 0
         size = len(buf)
         find = buf.find
@@ -247,8 +256,7 @@ class WireConnection:
                 hend = start + int(hlen_b)
                 # "NATS/1.0 100 Idle Heartbeat": a space after the version marks a status message
                 status = buf[start:hend] if buf[start + 8] == 32 else b""
-                append((sid, reply, status, buf[hend:end], subject))
-                pos = end + 2
+                start = hend
             elif startswith(b"MSG ", pos):
                 parts = buf[pos + 4 : eol].split(b" ")
                 if len(parts) == 4:
@@ -260,16 +268,54 @@ class WireConnection:
                 end = start + int(tlen_b)
                 if end + 2 > size:
                     break
-                append((sid, reply, b"", buf[start:end], subject))
-                pos = end + 2
-            elif startswith(b"PING", pos):
-                self._writer.write(b"PONG\r\n")
+                status = b""
+            else:
+                if startswith(b"PING", pos):
+                    self._writer.write(b"PONG\r\n")
+                elif startswith(b"-ERR", pos):
+                    raise WireError(f"server error: {buf[pos + 5 : eol].decode(errors='replace')}")
+                # else PONG, +OK, INFO (cluster topology updates)
                 pos = eol + 2
-            elif startswith(b"-ERR", pos):
-                raise WireError(f"server error: {buf[pos + 5 : eol].decode(errors='replace')}")
-            else:  # PONG, +OK, INFO (cluster topology updates)
-                pos = eol + 2
+                continue
+            pos = end + 2
+            if sid != data_sid or status:
+                append((sid, reply, status, buf[start:end], subject))
+                continue
+            # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<timestamp>.<pending>
+            head, sseq_b, dseq_b, _, pending = reply.rsplit(b".", 4)
+            if head.count(b".") != 4:  # v2: $JS.ACK.<domain>.<account>.<stream>.<consumer>.<n>.<sseq>...
+                tokens = reply.split(b".")
+                sseq_b, dseq_b, pending = tokens[7], tokens[8], tokens[10]
+            if pending == b"0" and into.caught_up < 0:
+                into.caught_up = len(raws)
+            keep((int(sseq_b), subject, buf[start:end]))
+            last_dseq = dseq_b
+        into.last_dseq = last_dseq
         return out, buf[pos:]
+
+
+class Deliveries:
+    """Where `_parse` puts the stored messages a push consumer delivers on subscription `sid`.
+
+    Per message only its stream sequence is parsed; the delivery sequence of
+    the batch's last message and the first message that left nothing pending
+    are kept for `consume`'s checks (a gap shows as a last delivery sequence
+    ahead of the count received, since the server numbers deliveries 1, 2, 3...).
+    """
+
+    __slots__ = ("caught_up", "last_dseq", "raws", "sid")
+
+    def __init__(self, sid: bytes) -> None:
+        self.sid = sid
+        self.raws: list[Raw] = []
+        self.last_dseq = b""
+        self.caught_up = -1
+        """Index in `raws` of the first message delivered with nothing pending after it (-1: none yet)."""
+
+    def take(self) -> list[Raw]:
+        raws, self.raws = self.raws, []
+        self.caught_up = -1
+        return raws
 
 
 def _nuid() -> str:
@@ -325,34 +371,27 @@ async def consume(
     }
     conn.publish(f"{api_prefix}.CONSUMER.CREATE.{stream}.{name}", json.dumps(config).encode(), reply=api_inbox)
     await conn.flush()
-    data_sid_b = str(data_sid).encode()
+    deliveries = Deliveries(str(data_sid).encode())
     api_sid_b = str(api_sid).encode()
     last_dseq = 0
     try:
         idle_timeout = max(3 * heartbeat, 5.0)
         while True:
-            frames = await conn.next_frames(idle_timeout)
-            batch: list[Raw] = []
-            append = batch.append
+            frames = await conn.next_frames(idle_timeout, deliveries)
+            caught_up = deliveries.caught_up
+            batch = deliveries.take()
+            if batch:
+                dseq = int(deliveries.last_dseq)
+                if dseq != last_dseq + len(batch):
+                    raise WireError(f"delivery gap: {len(batch)} messages after {last_dseq}, the last one is {dseq}")
+                last_dseq = dseq
             done = False
-            for sid, reply, status, payload, subject in frames:
-                if sid == data_sid_b:
-                    if status:
-                        _on_status(conn, reply, status, last_dseq)
-                        continue
-                    # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<timestamp>.<pending>
-                    head, sseq_b, dseq_b, _, pending = reply.rsplit(b".", 4)
-                    if head.count(b".") != 4:  # v2: $JS.ACK.<domain>.<account>.<stream>.<consumer>.<n>.<sseq>...
-                        tokens = reply.split(b".")
-                        sseq_b, dseq_b, pending = tokens[7], tokens[8], tokens[10]
-                    sseq, dseq = int(sseq_b), int(dseq_b)
-                    if dseq != last_dseq + 1:
-                        raise WireError(f"delivery gap: expected {last_dseq + 1}, got {dseq}")
-                    last_dseq = dseq
-                    append((sseq, subject, payload))
-                    if stop_when_caught_up and pending == b"0":
-                        done = True
-                        break
+            if stop_when_caught_up and caught_up >= 0:
+                del batch[caught_up + 1 :]
+                done = True
+            for sid, reply, status, payload, _ in frames:
+                if sid == deliveries.sid:
+                    _on_status(conn, reply, status, last_dseq)
                 elif sid == api_sid_b:
                     if status:  # e.g. 503 no responders: JetStream not up yet
                         raise WireError(f"JetStream API unavailable: {status[9:].strip().decode(errors='replace')}")
@@ -364,7 +403,6 @@ async def consume(
                         )
                     if stop_when_caught_up and last_dseq == 0 and info.get("num_pending", 0) == 0:
                         done = True  # nothing stored at or after from_seq
-                        break
             await conn.flush()
             if batch:
                 yield batch

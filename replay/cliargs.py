@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from muster.replay.natsconnect import add_connection_arguments
 
@@ -13,7 +14,7 @@ POINT_HELP = (
 
 
 def add_source_arguments(p: argparse.ArgumentParser) -> None:
-    """`--log FILE` or `--nats URL --stream NAME` (defaults: $NATS_URL, $MUSTER_STREAM or MUSTER)."""
+    """`--log FILE` or `--nats URL --stream NAME [--archive DIR]` (defaults: $NATS_URL, $MUSTER_STREAM or MUSTER)."""
     g = p.add_argument_group("log (a JSONL file, or a NATS JetStream stream)")
     g.add_argument("--log", metavar="FILE", help="JSONL log (`muster sim --output jsonl`); line N is sequence N")
     g.add_argument("--nats", metavar="URL", default=None, help="NATS server (default: $NATS_URL or the local default)")
@@ -21,6 +22,12 @@ def add_source_arguments(p: argparse.ArgumentParser) -> None:
         "--stream",
         metavar="NAME",
         help="JetStream stream holding the log (default: --config's nats.stream, $MUSTER_STREAM or MUSTER)",
+    )
+    g.add_argument(
+        "--archive",
+        metavar="DIR",
+        default=os.environ.get("MUSTER_ARCHIVE") or None,
+        help="sealed segments of what left the stream's window: read them, then the stream (default: $MUSTER_ARCHIVE)",
     )
     add_connection_arguments(g)
 

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import IO, Any
 
 from muster.events.codec import DecodeError, decode
-from muster.events.store import BadEvent, EventStore
+from muster.events.store import BadEvent, EventStore, StoreError
 from muster.replay.points import Clock, Point, PointError, parse_point
 from muster.replay.snapshots import (
     DirSnapshots,
@@ -151,6 +151,9 @@ def run_command(
         return 1 if isinstance(exc, SourceUnavailable) else 2
     except NatsError as exc:  # a request refused or timed out mid-way: say so, no traceback
         print(f"muster {prog}: NATS: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except StoreError as exc:  # the log cannot be read through: a damaged archive segment, a hole
+        print(f"muster {prog}: {exc}", file=sys.stderr)
         return 1
 
 

@@ -1,4 +1,4 @@
-"""Where replay reads the log: a NATS JetStream stream, a JSONL file, or memory.
+"""Where replay reads the log: a NATS JetStream stream (with its archive), a JSONL file, or memory.
 
 Role: one interface (`LogSource`) over the three, so every replay command,
 test and benchmark runs on any of them. A JSONL file is the output of
@@ -24,8 +24,11 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+import anyio
+
+from muster.events.archive import DirectoryArchive
 from muster.events.codec import DecodeError, decode, encode
-from muster.events.store import BadEvent, EventStore, StoredEvent
+from muster.events.store import BadEvent, EventStore, StoredEvent, StoreError, SubjectRule, decode_raws
 from muster.events.types import Event
 
 BATCH = 4096
@@ -134,7 +137,11 @@ class FileLog(MemoryLog):
 
 
 class NatsLog:
-    """A JetStream stream read through `EventStore` (bad messages are reported by the store)."""
+    """A JetStream stream read through `EventStore` (bad messages are reported by the store).
+
+    A read from before the stream's first message (the retention window moved
+    past it) raises StoreError instead of starting later in silence.
+    """
 
     def __init__(self, store: EventStore) -> None:
         self.store = store
@@ -158,7 +165,63 @@ class NatsLog:
     async def batches(
         self, from_seq: int = 1, to_seq: int | None = None, *, until: int | None = None
     ) -> AsyncGenerator[list[StoredEvent], None]:
+        first = await self.store.first_seq()
+        if first > max(1, from_seq):  # not silently later: the window moved past them
+            raise StoreError(
+                f"events {max(1, from_seq)}..{first - 1} left stream {self.store.stream} and are in no archive "
+                "segment read here (--archive DIR reads the sealed ones)"
+            )
         async with contextlib.aclosing(self.store.iter_batches(from_seq, to_seq, until=until)) as batches:
+            async for batch in batches:
+                yield batch
+
+
+class ArchivedLog:
+    """The whole log: the sealed segments of an archive, then the stream's window after them.
+
+    Both are decoded by the store's one rule (`decode_raws`, bad messages
+    reported by the store). Like `NatsLog`, raises StoreError when a range
+    falls in a hole: events that left the stream without being sealed.
+    """
+
+    def __init__(self, archive: DirectoryArchive, stream: NatsLog) -> None:
+        self.archive = archive
+        self.stream = stream
+        self.name = f"{archive.name}+{stream.name}"
+
+    async def last_seq(self) -> int:
+        return max(await self.stream.last_seq(), self.archive.last_sealed())
+
+    async def raw(self, seq: int) -> bytes | None:
+        for ref in self.archive.segments():
+            if ref.first <= seq <= ref.last:
+                segment = await anyio.to_thread.run_sync(self.archive.read, ref)
+                return segment.payloads[segment.seqs.index(seq)] if seq in segment.seqs else None
+        return await self.stream.raw(seq)
+
+    async def batches(
+        self, from_seq: int = 1, to_seq: int | None = None, *, until: int | None = None
+    ) -> AsyncGenerator[list[StoredEvent], None]:
+        end = await self.last_seq() if to_seq is None else to_seq
+        store = self.stream.store
+        rule = SubjectRule()
+        seq = max(1, from_seq)
+        for ref in self.archive.segments():
+            if ref.last < seq:
+                continue
+            if ref.first > end:
+                return
+            segment = await anyio.to_thread.run_sync(self.archive.read, ref)  # a file read and a checksum
+            raws = [raw for raw in segment.raws() if raw[0] >= seq]
+            out, done = decode_raws(raws, end, until, rule, store.report)
+            if out:
+                yield out
+            if done:
+                return
+            seq = ref.last + 1
+        if seq > end:
+            return
+        async with contextlib.aclosing(self.stream.batches(seq, end, until=until)) as batches:
             async for batch in batches:
                 yield batch
 
@@ -208,6 +271,9 @@ async def open_source(
 
     from muster.events.store import StoreError, StoreUnreachable
 
+    archive = getattr(args, "archive", None)
+    if archive is not None and not await anyio.Path(archive).is_dir():
+        raise SourceError(f"archive {archive} is not a directory")
     try:
         settings = settings_of(args)
     except ConfigProblem as exc:
@@ -237,7 +303,7 @@ async def open_source(
             print(f"cannot open stream {args.stream} yet ({exc}); trying again in {pause:g} s", file=sys.stderr)
             await anyio.sleep(pause)
     try:
-        yield NatsLog(store), store
+        yield (NatsLog(store) if archive is None else ArchivedLog(DirectoryArchive(archive), NatsLog(store))), store
     finally:
         with anyio.move_on_after(5, shield=True):
             await store.close()

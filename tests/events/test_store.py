@@ -107,6 +107,15 @@ async def test_iter_range_streams_large_ranges_in_order(any_store: EventStore) -
     assert seqs == list(range(1, 6001))
 
 
+async def test_a_range_ending_inside_a_delivery_stops_at_its_last_sequence(any_store: EventStore) -> None:
+    """read(from, to) of a large log stops exactly at `to`, wherever it falls in a delivered batch."""
+    events = [GpuUtilizationSampled(at=i, job=f"job-{i % 50}", gpu=(i % 100) / 100) for i in range(6000)]
+    await any_store.append(events)
+    for first, last in [(1, 4999), (2500, 2501), (5999, 6000), (1, 1)]:
+        assert [s.seq for s in await any_store.read(first, last)] == list(range(first, last + 1))
+    assert [s.event.at for s in await any_store.read(10, until=4500)] == list(range(9, 4501))
+
+
 async def test_events_land_on_kind_and_id_subjects(any_store: EventStore) -> None:
     """Each event is stored on `<prefix>.<kind>.<id>` with the id made safe for a subject token."""
     events: list[Event] = [

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from muster.events.store import EventStore, StoreError, subject_for, subject_problem, subject_token
+from muster.events.store import EventStore, StoreError, SubjectRule, subject_for, subject_problem, subject_token
 from muster.events.types import (
     JobAdmitted,
     JobCancelled,
@@ -94,6 +94,30 @@ def test_events_off_their_subjects_are_refused_with_a_reason() -> None:
     assert subject_problem(b"muster.queue.team-a", admitted) is not None
     assert subject_problem(b"muster.job.j", QueueConfigured(at=1, name="q")) is not None
     assert subject_problem(b"garbage", admitted) is not None
+
+
+_TOKENS = st.sampled_from(["muster", "a", "job", "submit", "queue", "node", "leader", "team-a", "j", ""])
+
+
+@given(
+    st.lists(
+        st.tuples(st.lists(_TOKENS, max_size=5).map(".".join), st.sampled_from(range(5))),
+        max_size=30,
+    )
+)
+def test_the_readers_remembered_rule_answers_as_subject_problem(reads: list[tuple[str, int]]) -> None:
+    """SubjectRule, which remembers good subject slots, accepts and refuses exactly what subject_problem does."""
+    events = [
+        _submission("j", "team-a"),
+        JobAdmitted(at=1, job="j", queue="team-a", placement={"w-0": "n"}),
+        QueueConfigured(at=1, name="team-a"),
+        LeaderElected(at=1, epoch=1, holder="a"),
+        NodeCordoned(at=1, node="job"),
+    ]
+    rule = SubjectRule()
+    for subject, which in reads * 2:  # the second pass answers from what the first remembered
+        event = events[which]
+        assert rule.problem(subject.encode(), event) == subject_problem(subject.encode(), event)
 
 
 def test_submissions_of_old_logs_stay_readable_on_job_subjects() -> None:

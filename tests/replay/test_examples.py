@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from muster.events.types import Event, JobAdmitted, JobInadmissible, JobPreempted
+from muster.events.types import Event, JobAdmitted, JobFailed, JobInadmissible, JobPreempted
 from muster.replay.scenario import load
 from muster.replay.simulator import simulate
 
@@ -27,7 +27,7 @@ def preemptions(events: list[Event]) -> list[tuple[str, str | None, str, int]]:
 
 def test_every_example_is_tested_here() -> None:
     """A new scenario in examples/ needs its own test below."""
-    tested = {"deadlock", "quotas_and_borrowing", "preemption", "topology", "idle_reclaim", "trace_replay"}
+    tested = {"deadlock", "quotas_and_borrowing", "preemption", "topology", "idle_reclaim", "trace_replay", "strict_fifo"}
     assert {p.stem for p in EXAMPLES.glob("*.yaml")} == tested
 
 
@@ -82,3 +82,12 @@ def test_trace_replay_runs_every_job_of_the_trace(job: str) -> None:
     rows = {r.split(",")[0]: r.split(",") for r in (EXAMPLES / "trace.csv").read_text().splitlines()[1:]}
     gpus, per_pod = int(rows[job][3]), int(rows[job][4])
     assert len(admitted[0].placement) == max(1, gpus // per_pod)
+
+
+def test_strict_fifo_the_head_gang_starts_first_and_a_limit_ends_a_run() -> None:
+    """The strict head (a 16-GPU gang) starts at t=600, before the small jobs behind it; small-2 ends at its limit."""
+    events = run("strict_fifo.yaml")
+    assert admissions(events, "gang")[0].at == 600
+    assert all(a.at >= 600 for j in ("small-1", "small-2") for a in admissions(events, j))
+    [failed] = [e for e in events if isinstance(e, JobFailed) and e.job == "small-2"]
+    assert failed.reason.startswith("DeadlineExceeded")

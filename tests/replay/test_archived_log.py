@@ -1,0 +1,88 @@
+"""A log whose stream rolled over: archive segments plus the stream's window replay and audit as the whole log."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import pytest
+from replaykit import mixed, sim
+
+from muster.cli import main
+from muster.events.archive import DirectoryArchive, seal_new
+from muster.events.codec import encode
+from muster.events.store import EventStore, Retention, StoreError
+from muster.replay.audit import audit, report_document
+from muster.replay.source import ArchivedLog, MemoryLog, NatsLog
+
+Factory = Callable[..., contextlib.AbstractAsyncContextManager[EventStore]]
+
+
+async def _stored(source: ArchivedLog | MemoryLog, **kw: int) -> list[tuple[int, bytes]]:
+    return [(s.seq, encode(s.event)) async for batch in source.batches(**kw) for s in batch]
+
+
+async def test_a_rolled_over_log_replays_and_audits_like_the_whole_log(
+    nats_url: str, tmp_path: Path, store_factory: Factory
+) -> None:
+    """Sealed while appended, the stream keeping 8 KB, the log reads and audits byte-identically to the unrolled one."""
+    events = sim(mixed(1)).events
+    whole = MemoryLog.from_events(events)
+    archive = DirectoryArchive(tmp_path / "archive")
+    async with store_factory(nats_url, retention=Retention(max_bytes=8192)) as store:
+        for start in range(0, len(events), 10):
+            await store.append(events[start : start + 10])
+            await seal_new(store, archive, through=await store.last_seq(), every=10)
+        assert await store.first_seq() > 100, "the stream should have rolled over several times"
+        assert len(archive.segments()) >= 5
+        log = ArchivedLog(archive, NatsLog(store))
+        assert await _stored(log) == await _stored(whole)
+        assert await _stored(log, from_seq=30, to_seq=170) == await _stored(whole, from_seq=30, to_seq=170)
+        middle = events[len(events) // 2].at
+        assert await _stored(log, until=middle) == await _stored(whole, until=middle)
+        assert await log.raw(7) == await whole.raw(7)
+        ours, theirs = report_document(await audit(log)), report_document(await audit(whole))
+        for report in (ours, theirs):
+            del report["seconds"], report["source"]
+        assert ours == theirs and ours["differ"] == 0
+
+
+async def test_events_that_left_the_stream_unsealed_are_a_hole_not_a_silent_skip(
+    nats_url: str, tmp_path: Path, store_factory: Factory
+) -> None:
+    """Reading across events the window dropped before anyone sealed them fails and says which are missing."""
+    events = sim(mixed(1)).events
+    async with store_factory(nats_url, retention=Retention(max_bytes=4096)) as store:
+        await store.append(events)
+        log = ArchivedLog(DirectoryArchive(tmp_path / "empty"), NatsLog(store))
+        with pytest.raises(StoreError, match="left stream"):
+            await _stored(log)
+
+
+async def test_replay_and_audit_commands_read_across_the_archive(
+    nats_url: str, tmp_path: Path, store_factory: Factory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`muster replay/audit --archive DIR` over a rolled-over stream print what they print for the whole log."""
+    events = sim(mixed(1)).events
+    archive = DirectoryArchive(tmp_path / "archive")
+    whole = tmp_path / "whole.jsonl"
+    whole.write_bytes(b"".join(encode(e) + b"\n" for e in events))
+    async with store_factory(nats_url, retention=Retention(max_bytes=8192)) as store:
+        for start in range(0, len(events), 10):
+            await store.append(events[start : start + 10])
+            await seal_new(store, archive, through=await store.last_seq(), every=10)
+        nats = ["--nats", nats_url, "--stream", store.stream, "--archive", str(archive.path), "--no-snapshots"]
+        for command in (["replay", "--output", "json"], ["audit", "--output", "json"]):
+            assert await anyio.to_thread.run_sync(main, [*command, *nats]) == 0
+            rolled = json.loads(capsys.readouterr().out)
+            assert await anyio.to_thread.run_sync(main, [*command, "--log", str(whole)]) == 0
+            unrolled = json.loads(capsys.readouterr().out)
+            for doc in (rolled, unrolled):
+                for how in ("source", "seconds", "replay"):  # where it read and how long it took
+                    doc.pop(how, None)
+            assert rolled == unrolled
+        assert await anyio.to_thread.run_sync(main, ["replay", *nats[:4], "--no-snapshots"]) == 1
+        assert "left stream" in capsys.readouterr().err
