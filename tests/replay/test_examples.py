@@ -27,7 +27,15 @@ def preemptions(events: list[Event]) -> list[tuple[str, str | None, str, int]]:
 
 def test_every_example_is_tested_here() -> None:
     """A new scenario in examples/ needs its own test below."""
-    tested = {"deadlock", "quotas_and_borrowing", "preemption", "topology", "idle_reclaim", "trace_replay", "strict_fifo"}
+    tested = {
+        "deadlock",
+        "quotas_and_borrowing",
+        "preemption",
+        "topology",
+        "idle_reclaim",
+        "trace_replay",
+        "strict_fifo",
+    }
     assert {p.stem for p in EXAMPLES.glob("*.yaml")} == tested
 
 
