@@ -13,6 +13,7 @@ from typing import NamedTuple, cast
 
 from muster.projections import parking
 from muster.projections.cluster import TERMINAL, ClusterState, JobState
+from muster.projections.eviction import reach
 from muster.projections.parking import Block, Member, Parking
 from muster.projections.quota import QuotaTree
 from muster.projections.topology import TopologyIndex
@@ -87,6 +88,7 @@ class SchedulerIndex:
             self.tree_queues.setdefault(self.roots[q], []).append(q)
         self._prio: dict[str, int] = {}
         self._shape: dict[str, Shape] = {}
+        self._equal_in_queue: dict[str, bool] = {}
         self.group_of: dict[str, Group] = {}
         """The validated pending jobs (to try or parked), with their group."""
         self.groups: dict[Group, list[Member]] = {}
@@ -158,6 +160,13 @@ class SchedulerIndex:
         if k is None:
             k = self._shape[job.id] = (job.queue, tuple(sorted(job.requests.items())))
         return k
+
+    def equal_in_queue(self, queue: str) -> bool:
+        """Whether the queue's policy lets a job evict its equals (then a job's verdict is its own)."""
+        known = self._equal_in_queue.get(queue)
+        if known is None:
+            known = self._equal_in_queue[queue] = reach(self.state.queues[queue].preemption, None).equal_in_queue
+        return known
 
     def group(self, job: JobState) -> Group:
         """The job's class (see `Group`)."""

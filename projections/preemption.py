@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from muster.events.types import PreemptionReason
 from muster.projections.cluster import JobState
-from muster.projections.eviction import Mode, Preemptor, may_evict, reach
+from muster.projections.eviction import Mode, Preemptor, eviction_chain, may_evict, reach
 from muster.projections.index import VictimEntry
 
 if TYPE_CHECKING:
@@ -69,9 +69,9 @@ def _candidates(cycle: Cycle, job: JobState, p: Preemptor) -> list[JobState]:
         for cp, _, _, _, c in cycle.victim_order(job.queue, prio):
             if cp > prio or (cp == prio and not equal):
                 break
-            if c.id in removed or c.id == job.evicted_by or not overlaps(c, job):
+            if c.id in removed or not overlaps(c, job):
                 continue
-            if may_evict(p, job.queue, cp, c.seq):
+            if may_evict(p, job.queue, cp, c.seq, job=c.id):
                 own.append(c)
     others: list[VictimEntry] = []
     if p.in_cohort and rule.others:
@@ -84,7 +84,7 @@ def _candidates(cycle: Cycle, job: JobState, p: Preemptor) -> list[JobState]:
                 cp, c = entry.priority, entry.job
                 if not may_evict(p, other, cp, c.seq, borrowing):
                     break  # for other queues the rule only narrows as priority rises
-                if c.id in removed or c.id == job.evicted_by or not overlaps(c, job):
+                if c.id in removed or not overlaps(c, job) or not may_evict(p, other, cp, c.seq, borrowing, c.id):
                     continue
                 others.append(entry)
     others.sort(key=lambda e: (e.priority, e.lost, e.neg_admitted, e.neg_seq))
@@ -109,7 +109,7 @@ def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
         mode = "fair"
     else:
         mode = "reclaim" if quota.within_nominal(job.queue, job.requests) else "borrow"
-    rule = Preemptor(job.queue, prio, policy, queue.cohort is not None, mode, job.seq)
+    rule = Preemptor(job.queue, prio, policy, queue.cohort is not None, mode, job.seq, eviction_chain(state.jobs, job))
     candidates = _candidates(cycle, job, rule)
     if not candidates:
         return _NONE

@@ -41,7 +41,7 @@ from muster.events.types import (
     QueueName,
 )
 from muster.projections.cluster import ClusterState, JobState, node_pods
-from muster.projections.eviction import Preemptor, evicts_from_others, may_evict, reach
+from muster.projections.eviction import Preemptor, chain_may_shrink, evicts_from_others, may_evict
 from muster.projections.index import (
     Group,
     OrderKey,
@@ -347,15 +347,12 @@ def _lowest_key(cycle: Cycle, job: JobState) -> OrderKey:
 
 def _job_class(cycle: Cycle, job: JobState) -> tuple[object, ...] | None:
     """Jobs of one class get the same verdict on the same view (None: this job's verdict is its own)."""
-    state = cycle.state
-    if (
-        job.nominated
-        or job.chained_eviction(cycle.now)
-        or reach(state.queues[job.queue].preemption, None).equal_in_queue
-    ):
-        return None  # its candidates depend on its own submission order (equal priorities, by seq)
-    shape = tuple((ps.name, ps.count, tuple(sorted(ps.requests.items())), ps.topology) for ps in job.podsets)
-    return (job.queue, state.priority_of(job), state.preemptible(job), shape)
+    if job.nominated or job.evicted_by is not None or cycle.idx.equal_in_queue(job.queue):
+        # its candidates depend on its own history (the jobs it spares, see `eviction`) or
+        # on its own submission order (equal priorities, by seq)
+        return None
+    group = cycle.idx.group_of.get(job.id) or cycle.idx.group(job)
+    return group[:4]  # the group less whose job it is (when the job is grouped alone)
 
 
 Outcome = Literal["admitted", "preempting", "parked"]
@@ -424,8 +421,9 @@ def _park(cycle: Cycle, job: JobState, reason: str, wake: Wake) -> None:
             JobInadmissible(at=cycle.now, job=JobId(job.id), reason=reason, cycle=cycle.number, epoch=cycle.epoch)
         )
     block = idx.park(job, wake, reason, cycle.number)
-    if cycle.reserved or _may_evict_new(cycle, job):
-        # judged without the jobs just admitted in its tree as possible victims
+    if cycle.reserved or _may_evict_new(cycle, job) or chain_may_shrink(cycle.state.jobs, job):
+        # judged without the jobs just admitted in its tree as possible victims, or
+        # sparing jobs it may evict once the waiting job between them runs again
         cycle.parked_on_reserved.append(block)
 
 
