@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from muster.events.types import PreemptionReason
 from muster.projections.cluster import JobState
-from muster.projections.eviction import Mode, Preemptor, eviction_chain, may_evict, reach
+from muster.projections.eviction import LOWEST, Mode, Preemptor, eviction_chain, may_evict, reach
 from muster.projections.index import VictimEntry
 
 if TYPE_CHECKING:
@@ -80,6 +80,8 @@ def _candidates(cycle: Cycle, job: JobState, p: Preemptor) -> list[JobState]:
             if other == job.queue or not idx.running.get(other):
                 continue
             borrowing = idx.quota.is_borrowing(other, job.requests)
+            if not may_evict(p, other, LOWEST, 0, borrowing):
+                continue  # not even its lowest priority: none of its jobs (the order is not needed)
             for entry in cycle.victim_order(other, upto):
                 cp, c = entry.priority, entry.job
                 if not may_evict(p, other, cp, c.seq, borrowing):
