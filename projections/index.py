@@ -181,7 +181,21 @@ class SchedulerIndex:
             group = self.group_of[job.id] = self.group(job)
         self._add(group, [Member(-job.seq, job.id)], job.reason)
 
+    def activate_all(self, jobs: list[JobState]) -> None:
+        """`activate` every job, a group at a time (a deep backlog arrives in one sync)."""
+        by_group: dict[Group, list[JobState]] = {}
+        for job in jobs:
+            group = self.group_of.get(job.id)
+            if group is None:
+                group = self.group_of[job.id] = self.group(job)
+            by_group.setdefault(group, []).append(job)
+        for group, members in by_group.items():
+            reasons = {j.reason for j in members}
+            reason = reasons.pop() if len(reasons) == 1 else None
+            self._add(group, sorted(Member(-j.seq, j.id) for j in members), reason)
+
     def _add(self, group: Group, members: list[Member], reason: str | None) -> None:
+        """Add sorted members (the list becomes the group's own) with the reason they all have."""
         current = self.groups.get(group)
         if not current:
             self.groups[group] = members
@@ -190,7 +204,8 @@ class SchedulerIndex:
         if len(members) == 1:
             bisect.insort(current, members[0])
         elif members[-1] < current[0]:
-            current[:0] = members
+            members.extend(current)  # the woken come first in the list (later in queue order)
+            self.groups[group] = members
         elif current[-1] < members[0]:
             current.extend(members)
         else:
@@ -330,12 +345,14 @@ def take_new_jobs(state: ClusterState, idx: SchedulerIndex) -> list[tuple[JobSta
     `decide` again on the same state rejects them again.
     """
     rejected: list[tuple[JobState, str]] = []
+    valid: list[JobState] = []
     for job_id in sorted(idx.new_jobs, key=lambda j: state.jobs[j].seq):
         job = state.jobs[job_id]
         reason = invalid_reason(state, job)
         if reason is not None:
             rejected.append((job, reason))
         else:
-            idx.activate(state, job)
+            valid.append(job)
             idx.new_jobs.discard(job_id)
+    idx.activate_all(valid)
     return rejected
