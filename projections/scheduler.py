@@ -182,6 +182,11 @@ class Cycle:
             return False
         if not self.could_place(job):
             return False
+        if len(job.podsets) == 1:
+            ps = job.podsets[0]
+            t = ps.topology
+            required, preferred = (t.required, t.preferred) if t is not None else (None, None)
+            return self.idx.topology.can_place(ps.count, ps.requests, required, preferred)
         mark = self.topo.mark()
         placement, _ = self.place(job)
         self.topo.rollback(mark)
