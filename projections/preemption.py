@@ -66,7 +66,9 @@ def _candidates(cycle: Cycle, job: JobState, p: Preemptor) -> list[JobState]:
     if p.policy.within_queue != "Never":
         # in victim order, priorities rise: stop at the first the rule refuses whatever the order
         equal = rule.equal_in_queue
-        for cp, _, _, _, c in cycle.victim_order(job.queue, prio):
+        # jobs the rule refuses whatever the order are left out of the order (their lost work
+        # is not computed)
+        for cp, _, _, _, c in cycle.victim_order(job.queue, prio if equal else prio - 1):
             if cp > prio or (cp == prio and not equal):
                 break
             if c.id in removed or not overlaps(c, job):
@@ -75,7 +77,7 @@ def _candidates(cycle: Cycle, job: JobState, p: Preemptor) -> list[JobState]:
                 own.append(c)
     others: list[VictimEntry] = []
     if p.in_cohort and rule.others:
-        upto = UNREACHABLE if rule.above_in_others else prio
+        upto = UNREACHABLE if rule.above_in_others else prio - 1
         for other in idx.tree_queues.get(idx.roots.get(job.queue, job.queue), ()):
             if other == job.queue or not idx.running.get(other):
                 continue
