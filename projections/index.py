@@ -106,7 +106,7 @@ class SchedulerIndex:
         self.running: dict[str, set[str]] = {q: set() for q in state.queues}
         self.running_version: dict[str, int] = {}
         self.victim_cache: dict[str, VictimList] = {}
-        """Queue -> its running jobs in victim order (see `scheduler.Cycle.victim_order`)."""
+        """Queue -> its running jobs in victim order (see `preemption.victim_order`)."""
         self.victim_entries: dict[str, VictimMemo] = {}
         """Job -> its victim-order entry."""
         self.down_nodes: set[str] = {n for n, node in state.nodes.items() if not node.ready}

@@ -47,9 +47,6 @@ from muster.projections.index import (
     OrderKey,
     SchedulerIndex,
     Shape,
-    VictimEntry,
-    VictimList,
-    VictimMemo,
     index_of,
     order_key,
     take_new_jobs,
@@ -278,44 +275,6 @@ class Cycle:
             self.idx.activate(self.state, job)
         decisions = sum(1 for ev in self.events if getattr(ev, "cycle", 0) == self.number)
         self.idx.parking.end_cycle(self.number, decisions)
-
-    def victim_order(self, queue: str, upto: int) -> list[VictimEntry]:
-        """A queue's preemptible running jobs of priority <= `upto` in victim order (priority,
-        lost work, newest); cached for the instant and the queue's running set. Callers walk it
-        in order and stop at a priority they may not take, so a longer list serves them too."""
-        idx, now = self.idx, self.now
-        version = idx.running_version.get(queue, 0)
-        hit = idx.victim_cache.get(queue)
-        if hit is not None and hit.at == now and hit.version == version and hit.upto >= upto:
-            return hit.entries
-        state = self.state
-        jobs = state.jobs
-        # a job's entry holds for the instant (and its admission): several cycles at one
-        # instant re-sort the same entries whenever the queue's running set changed
-        entries = idx.victim_entries
-        keys = []
-        for j in idx.running.get(queue, ()):
-            c = jobs[j]
-            hit_entry = entries.get(j)
-            if hit_entry is not None and hit_entry.admitted_at == c.admitted_at:
-                prio = hit_entry.priority
-                if prio is None or prio > upto:
-                    continue  # not preemptible, or out of reach
-                entry = hit_entry.entry
-                if hit_entry.at == now and entry is not None:
-                    keys.append(entry)
-                    continue
-            else:
-                prio = state.priority_of(c) if state.preemptible(c) else None
-                if prio is None or prio > upto:
-                    entries[j] = VictimMemo(-1, c.admitted_at, prio, None)
-                    continue
-            entry = VictimEntry(prio, c.lost_gpu_seconds(now), -(c.admitted_at or 0), -c.seq, c)
-            entries[j] = VictimMemo(now, c.admitted_at, prio, entry)
-            keys.append(entry)
-        keys.sort()
-        idx.victim_cache[queue] = VictimList(now, version, upto, keys)
-        return keys
 
     # ------------------------------------------------------------ events
 
