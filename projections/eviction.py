@@ -16,14 +16,20 @@ open, which asks whether *some* submission order or quota position allows it).
   `reclaim_within_cohort` (Any, or LowerPriority); borrowing follows
   `borrow_within_cohort` (LowerPriority, at or under the threshold if one is
   set); with fair sharing either may apply (shares decide among them).
+- Never a job the preemptor's own eviction descends from (`eviction_chain`):
+  who evicted it, who evicted that one while it still waits, and so on. So
+  evictions never go round in a loop (A evicts B, B evicts C, C evicts A),
+  at one instant or across instants, while the jobs of the loop wait.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import cache
 from typing import Literal, NamedTuple
 
 from muster.events.types import PreemptionPolicy
+from muster.projections.cluster import JobState
 
 Mode = Literal["reclaim", "borrow", "fair"]
 """How the preemptor takes from other queues: within its nominal quota, borrowing, or by fair share."""
@@ -44,15 +50,20 @@ class Preemptor(NamedTuple):
     """None: any mode (the answer is whether some quota position allows the eviction)."""
     seq: int | None
     """Its submission order; None: any (the answer is whether some order allows it)."""
+    spared: frozenset[str] = frozenset()
+    """Jobs it never evicts: those its own eviction descends from (`eviction_chain`)."""
 
 
-def may_evict(p: Preemptor, queue: str, priority: int | None, seq: int, lender_borrowing: bool = True) -> bool:
+def may_evict(
+    p: Preemptor, queue: str, priority: int | None, seq: int, lender_borrowing: bool = True, job: str | None = None
+) -> bool:
     """Whether `p` may evict a running job of `queue` at `priority` (None: not preemptible) submitted at `seq`.
 
     `lender_borrowing`: whether `queue` borrows from the cohort now (a job of
-    another queue is a candidate only then).
+    another queue is a candidate only then). `job`: its id (None: a job `p`
+    does not spare).
     """
-    if priority is None:
+    if priority is None or (job is not None and job in p.spared):
         return False
     if queue == p.queue:
         within = p.policy.within_queue
@@ -102,3 +113,27 @@ def evicts_nothing(policy: PreemptionPolicy) -> bool:
     """Whether the rule lets a preemptor under `policy` evict no job at all, whatever its position."""
     p = Preemptor("q", 0, policy, True, None, None)
     return not may_evict(p, "q", LOWEST, 0) and not may_evict(p, "other", LOWEST, 0)
+
+
+def eviction_chain(jobs: Mapping[str, JobState], job: JobState) -> frozenset[str]:
+    """The jobs a pending job's eviction descends from: who evicted it, who evicted that one while
+    it still waits, and so on (a job's `evicted_by` holds until it runs again)."""
+    chain: set[str] = set()
+    cur = job
+    while cur.evicted_by is not None and cur.evicted_by not in chain:
+        chain.add(cur.evicted_by)
+        nxt = jobs.get(cur.evicted_by)
+        if nxt is None or nxt.status != "pending":
+            break
+        cur = nxt
+    return frozenset(chain)
+
+
+def chain_may_shrink(jobs: Mapping[str, JobState], job: JobState) -> bool:
+    """Whether the job's eviction chain runs through a job that still waits: once that one runs
+    again the chain is shorter, and a verdict that spared its jobs may change."""
+    by = job.evicted_by
+    if by is None:
+        return False
+    evictor = jobs.get(by)
+    return evictor is not None and evictor.status == "pending"

@@ -9,23 +9,17 @@ woken from the same sync, from counters the fold keeps (see `parking`).
 from __future__ import annotations
 
 import bisect
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from muster.projections import parking
 from muster.projections.cluster import TERMINAL, ClusterState, JobState
-from muster.projections.parking import Parking
+from muster.projections.eviction import reach
+from muster.projections.parking import Block, Member, Parking
 from muster.projections.quota import QuotaTree
 from muster.projections.topology import TopologyIndex
 from muster.projections.validation import invalid_reason
 
 _ATTR = "_scheduler_index"
-
-
-class GroupMember(NamedTuple):
-    """A job to try in its `Group`; members are kept sorted, so the first in queue order is last."""
-
-    neg_seq: int
-    job: str
 
 
 class VictimEntry(NamedTuple):
@@ -62,8 +56,10 @@ class VictimMemo(NamedTuple):
 
 Shape = tuple[str, tuple[tuple[str, int], ...]]
 """(queue, requests): jobs with the same one weigh the same on quota."""
-Group = tuple[Shape, int]
-"""(shape, priority): pending jobs whose admission order keys differ only by their seq."""
+Group = tuple[Shape, int, bool, tuple[object, ...], str]
+"""A job class: (shape, priority, preemptible, podsets, ""), or the job's id last for a job whose
+verdict is its own (a preemptor, a job evicted to make room). Pending jobs of one class get the
+same verdict on the same view, and their admission order keys differ only by their seq."""
 OrderKey = tuple[int, int, int, int]
 """Admission order (see `order_key`): (over nominal, fair share, -priority, seq)."""
 
@@ -92,10 +88,13 @@ class SchedulerIndex:
             self.tree_queues.setdefault(self.roots[q], []).append(q)
         self._prio: dict[str, int] = {}
         self._shape: dict[str, Shape] = {}
-        self.keys: dict[str, Group] = {}
-        """The validated pending jobs to try (not parked), with their group."""
-        self.groups: dict[Group, list[GroupMember]] = {}
-        """The jobs to try by group, as sorted `GroupMember`s: the first in `order_key` order last."""
+        self._equal_in_queue: dict[str, bool] = {}
+        self.group_of: dict[str, Group] = {}
+        """The validated pending jobs (to try or parked), with their group."""
+        self.groups: dict[Group, list[Member]] = {}
+        """The jobs to try (not parked) by group, as sorted `Member`s: the first in `order_key` order last."""
+        self.group_reason: dict[Group, str | None] = {}
+        """Per group with jobs to try: the reason all of them have (None: not known to be one)."""
         self.parking = Parking(self._woken)
         self.parking.freed_seen = state.gpus_freed
         self.seen_released: dict[str, dict[str, int]] = {q: dict(v) for q, v in state.queue_released.items()}
@@ -107,7 +106,7 @@ class SchedulerIndex:
         self.running: dict[str, set[str]] = {q: set() for q in state.queues}
         self.running_version: dict[str, int] = {}
         self.victim_cache: dict[str, VictimList] = {}
-        """Queue -> its running jobs in victim order (see `scheduler.Cycle.victim_order`)."""
+        """Queue -> its running jobs in victim order (see `preemption.victim_order`)."""
         self.victim_entries: dict[str, VictimMemo] = {}
         """Job -> its victim-order entry."""
         self.down_nodes: set[str] = {n for n, node in state.nodes.items() if not node.ready}
@@ -124,10 +123,12 @@ class SchedulerIndex:
     # ------------------------------------------------------------ job tracking
 
     def _untrack(self, job: JobState) -> None:
-        self._deactivate(job)
+        self.deactivate(job)
+        group = self.group_of.pop(job.id, None)
+        if group is not None:
+            self.parking.unpark(group, -job.seq, job.id)
         self._prio.pop(job.id, None)
         self._shape.pop(job.id, None)
-        self.parking.unpark(job.id)
         self.new_jobs.discard(job.id)
         self.nominated.discard(job.id)
         self.victim_entries.pop(job.id, None)
@@ -161,32 +162,104 @@ class SchedulerIndex:
             k = self._shape[job.id] = (job.queue, tuple(sorted(job.requests.items())))
         return k
 
+    def equal_in_queue(self, queue: str) -> bool:
+        """Whether the queue's policy lets a job evict its equals (then a job's verdict is its own)."""
+        known = self._equal_in_queue.get(queue)
+        if known is None:
+            known = self._equal_in_queue[queue] = reach(self.state.queues[queue].preemption, None).equal_in_queue
+        return known
+
+    def group(self, job: JobState) -> Group:
+        """The job's class (see `Group`)."""
+        own = job.id if job.nominated or job.evicted_by is not None else ""
+        podsets = tuple((ps.name, ps.count, tuple(sorted(ps.requests.items())), ps.topology) for ps in job.podsets)
+        return (self.shape(job), self.priority(job), self.state.preemptible(job), podsets, own)
+
     def activate(self, state: ClusterState, job: JobState) -> None:
         """Make a validated pending job one to try."""
-        if job.id not in self.keys:
-            group = self.keys[job.id] = (self.shape(job), self.priority(job))
-            bisect.insort(self.groups.setdefault(group, []), GroupMember(-job.seq, job.id))
-
-    def _deactivate(self, job: JobState) -> None:
-        group = self.keys.pop(job.id, None)
+        group = self.group_of.get(job.id)
         if group is None:
+            group = self.group_of[job.id] = self.group(job)
+        self._add(group, [Member(-job.seq, job.id)], job.reason)
+
+    def activate_all(self, jobs: list[JobState]) -> None:
+        """`activate` every job, a group at a time (a deep backlog arrives in one sync)."""
+        by_group: dict[Group, list[JobState]] = {}
+        for job in jobs:
+            group = self.group_of.get(job.id)
+            if group is None:
+                group = self.group_of[job.id] = self.group(job)
+            by_group.setdefault(group, []).append(job)
+        for group, members in by_group.items():
+            reasons = {j.reason for j in members}
+            reason = reasons.pop() if len(reasons) == 1 else None
+            self._add(group, sorted(Member(-j.seq, j.id) for j in members), reason)
+
+    def _add(self, group: Group, members: list[Member], reason: str | None) -> None:
+        """Add sorted members (the list becomes the group's own) with the reason they all have."""
+        current = self.groups.get(group)
+        if not current:
+            self.groups[group] = members
+            self.group_reason[group] = reason
             return
-        members = self.groups[group]
-        i = bisect.bisect_left(members, GroupMember(-job.seq, job.id))
+        if len(members) == 1:
+            bisect.insort(current, members[0])
+        elif members[-1] < current[0]:
+            members.extend(current)  # the woken come first in the list (later in queue order)
+            self.groups[group] = members
+        elif current[-1] < members[0]:
+            current.extend(members)
+        else:
+            current.extend(members)
+            current.sort()  # two sorted runs: a merge
+        if self.group_reason.get(group) != reason:
+            self.group_reason[group] = None
+
+    def is_active(self, job_id: str) -> bool:
+        """Whether a job is one to try (validated, pending, not parked)."""
+        job = self.state.jobs.get(job_id)
+        group = self.group_of.get(job_id)
+        if job is None or group is None:
+            return False
+        members = self.groups.get(group)
+        if not members:
+            return False
+        target = Member(-job.seq, job_id)
+        i = bisect.bisect_left(members, target)
+        return i < len(members) and members[i] == target
+
+    def deactivate(self, job: JobState) -> bool:
+        """It is no longer a job to try (parked, or tried and taken); whether it was one."""
+        group = self.group_of.get(job.id)
+        if group is None:
+            return False
+        members = self.groups.get(group)
+        if not members:
+            return False
+        target = Member(-job.seq, job.id)
+        i = bisect.bisect_left(members, target)
+        if i == len(members) or members[i] != target:
+            return False
         del members[i]
         if not members:
             del self.groups[group]
+            self.group_reason.pop(group, None)
+        return True
 
-    def park(self, job: JobState, wake: parking.Wake) -> None:
+    def park(self, job: JobState, wake: parking.Wake, reason: str, cycle: int) -> Block:
         """Set a job aside (see `parking`); it is no longer one to try."""
-        self._deactivate(job)
-        root = self.roots.get(job.queue, job.queue)
-        self.parking.park(job.id, job.seq, job.queue, root, wake, self.topology.gpu_free_total)
+        self.deactivate(job)
+        return self.park_members(self.group_of[job.id], [Member(-job.seq, job.id)], job, wake, reason, cycle)
 
-    def _woken(self, job_id: str) -> None:
-        job = self.state.jobs.get(job_id)
-        if job is not None and job.status == "pending" and not job.held and job_id not in self.new_jobs:
-            self.activate(self.state, job)
+    def park_members(
+        self, group: Group, members: list[Member], like: JobState, wake: parking.Wake, reason: str, cycle: int
+    ) -> Block:
+        """Set aside jobs of `group` (no longer to try) judged like `like`, with one wake."""
+        root = self.roots.get(like.queue, like.queue)
+        return self.parking.park(members, group, like.queue, root, wake, self.topology.gpu_free_total, reason, cycle)
+
+    def _woken(self, block: Block, members: list[Member]) -> None:
+        self._add(cast(Group, block.group), members, block.reason)
 
     # ------------------------------------------------------------ sync
 
@@ -273,12 +346,14 @@ def take_new_jobs(state: ClusterState, idx: SchedulerIndex) -> list[tuple[JobSta
     `decide` again on the same state rejects them again.
     """
     rejected: list[tuple[JobState, str]] = []
+    valid: list[JobState] = []
     for job_id in sorted(idx.new_jobs, key=lambda j: state.jobs[j].seq):
         job = state.jobs[job_id]
         reason = invalid_reason(state, job)
         if reason is not None:
             rejected.append((job, reason))
         else:
-            idx.activate(state, job)
+            valid.append(job)
             idx.new_jobs.discard(job_id)
+    idx.activate_all(valid)
     return rejected

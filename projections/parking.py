@@ -33,12 +33,19 @@ A job is woken (tried again) when:
   work, which orders them, grows with time);
 - its tree admitted, in the same cycle, a job that could be its victim (the
   scheduler asks for that one through `due_on_consumption`).
+
+Jobs are parked in blocks: the jobs of one class (`index.Group`) that one
+cycle found inadmissible for one verdict share every wake threshold, so they
+are parked, woken and (in the cycle) judged as one `Block`; a release costs
+one wake per block, not one per job, however deep the backlog. A block can
+be split (some members woken, the rest kept) and loses members that leave.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -62,42 +69,57 @@ class Wake:
     """Resource -> usage decrease in the job's own queue after which to try again."""
 
 
-@dataclass(frozen=True)
-class Proposal:
+class Member(NamedTuple):
+    """A pending job in its class's lists, kept sorted: the first in queue order is last."""
+
+    neg_seq: int
+    job: str
+
+
+class Block:
+    """Jobs of one class parked together under one verdict (they share every wake)."""
+
+    __slots__ = ("cycle", "group", "members", "reason", "root", "stamp")
+
+    def __init__(self, stamp: int, group: Hashable, root: str, members: list[Member], reason: str | None, cycle: int):
+        self.stamp = stamp
+        """Unique and growing: the park the block belongs to (its wake entries carry it)."""
+        self.group = group
+        self.root = root
+        self.members = members
+        """Sorted like the index's group lists; empty once woken."""
+        self.reason = reason
+        """The reason every member has once the parking cycle's decisions are folded (None: unknown)."""
+        self.cycle = cycle
+        """The cycle that parked it."""
+
+
+class HeapEntry(NamedTuple):
+    """A block's wake, due once its counter reaches `level`; stale once the block is woken."""
+
+    level: int
+    stamp: int
+    block: Block
+
+
+class Proposal(NamedTuple):
     """The parks of one cycle, kept once its decisions are folded (`cycle`, `decisions` in the state)."""
 
     cycle: int
     decisions: int
-    jobs: tuple[str, ...]
-
-
-class _Entry:
-    __slots__ = ("root", "stamp")
-
-    def __init__(self, root: str, stamp: int) -> None:
-        self.root = root
-        self.stamp = stamp
-
-
-class HeapEntry(NamedTuple):
-    """A parked job's wake, due once its counter reaches `level`; stale once the job is unparked or parked again."""
-
-    level: int
-    seq: int
-    """The job's submission order: due jobs wake in it."""
-    job: str
-    stamp: int
-    """The park it belongs to (`_Entry.stamp`)."""
+    blocks: tuple[Block, ...]
 
 
 class Parking:
-    """The parked jobs and the counters their wakes wait on."""
+    """The parked blocks and the counters their wakes wait on."""
 
-    def __init__(self, on_wake: Callable[[str], None]) -> None:
+    def __init__(self, on_wake: Callable[[Block, list[Member]], None]) -> None:
         self._on_wake = on_wake
-        """Called with each job woken outside `unpark(reactivate=False)`: the index makes it a job to try."""
-        self.parked: dict[str, _Entry] = {}
-        self.by_root: dict[str, set[str]] = {}
+        """Called with a block and its members woken: the index makes them jobs to try."""
+        self.blocks: dict[Hashable, list[Block]] = {}
+        """Group -> its parked blocks (a job is parked iff it is a member of one)."""
+        self.by_root: dict[str, dict[int, Block]] = {}
+        """Tree root -> its parked blocks by stamp."""
         self.stamp = 0
         self.released_total: dict[tuple[str, str], int] = {}
         """(tree root or `own:QUEUE`, resource) -> usage given back there, as seen by the syncs."""
@@ -110,43 +132,75 @@ class Parking:
         self._freed_heap: list[HeapEntry] = []
         self._time_heap: list[HeapEntry] = []
         self.proposal: Proposal | None = None
-        self._proposed: list[str] = []
-        """Jobs parked by the running cycle (they become `proposal` at its end)."""
+        self._proposed: list[Block] = []
+        """Blocks parked by the running cycle (they become `proposal` at its end)."""
+
+    @property
+    def parked(self) -> dict[str, Block]:
+        """Every parked job with its block (built on demand: for tests and views, not the cycle)."""
+        return {m.job: b for bs in self.blocks.values() for b in bs for m in b.members}
+
+    def block_of(self, group: Hashable, neg_seq: int, job: str) -> Block | None:
+        """The block a job of `group` is parked in, if any."""
+        target = Member(neg_seq, job)
+        for b in self.blocks.get(group, ()):
+            i = bisect.bisect_left(b.members, target)
+            if i < len(b.members) and b.members[i] == target:
+                return b
+        return None
 
     # ------------------------------------------------------------ parking (by decide)
 
-    def park(self, job_id: str, seq: int, queue: str, root: str, wake: Wake, gpu_free: int) -> None:
-        """Set a job aside until `wake`; provisional until the cycle's decisions are folded.
+    def park(
+        self,
+        members: list[Member],
+        group: Hashable,
+        queue: str,
+        root: str,
+        wake: Wake,
+        gpu_free: int,
+        reason: str,
+        cycle: int,
+    ) -> Block:
+        """Set jobs of one class aside until `wake`; provisional until the cycle's decisions are folded.
 
-        `gpu_free` is the free GPUs of the view the job was judged on.
+        `gpu_free` is the free GPUs of the view they were judged on; `reason` the
+        reason they have once the cycle's decisions are folded.
         """
         self.stamp += 1
         stamp = self.stamp
-        self.parked[job_id] = _Entry(root, stamp)
-        self.by_root.setdefault(root, set()).add(job_id)
-        self._proposed.append(job_id)
+        block = Block(stamp, group, root, members, reason, cycle)
+        self.blocks.setdefault(group, []).append(block)
+        self.by_root.setdefault(root, {})[stamp] = block
+        self._proposed.append(block)
         if wake.freed_short is not None:
             lacking = max(1, wake.freed_short - gpu_free)
-            heapq.heappush(self._freed_heap, HeapEntry(self.freed_seen + lacking, seq, job_id, stamp))
+            heapq.heappush(self._freed_heap, HeapEntry(self.freed_seen + lacking, stamp, block))
         for r, amount in wake.released.items():
-            key = (root, r)
-            target = self.released_total.get(key, 0) + amount
-            heapq.heappush(self._release_heaps.setdefault(key, []), HeapEntry(target, seq, job_id, stamp))
+            self._push(self._release_heaps, (root, r), self.released_total, amount, block)
         for r, amount in wake.own_released.items():
-            key = (f"own:{queue}", r)
-            target = self.released_total.get(key, 0) + amount
-            heapq.heappush(self._release_heaps.setdefault(key, []), HeapEntry(target, seq, job_id, stamp))
+            self._push(self._release_heaps, (f"own:{queue}", r), self.released_total, amount, block)
         for r, amount in wake.consumed.items():
-            key = (root, r)
-            target = self.consumed_total.get(key, 0) + amount
-            heapq.heappush(self._consume_heaps.setdefault(key, []), HeapEntry(target, seq, job_id, stamp))
+            self._push(self._consume_heaps, (root, r), self.consumed_total, amount, block)
         if wake.at_time is not None:
-            heapq.heappush(self._time_heap, HeapEntry(wake.at_time, seq, job_id, stamp))
+            heapq.heappush(self._time_heap, HeapEntry(wake.at_time, stamp, block))
+        return block
+
+    @staticmethod
+    def _push(
+        heaps: dict[tuple[str, str], list[HeapEntry]],
+        key: tuple[str, str],
+        totals: dict[tuple[str, str], int],
+        amount: int,
+        block: Block,
+    ) -> None:
+        target = totals.get(key, 0) + amount
+        heapq.heappush(heaps.setdefault(key, []), HeapEntry(target, block.stamp, block))
 
     def end_cycle(self, cycle: int, decisions: int) -> None:
         """The running cycle is over: its parks wait for its decisions to be folded."""
-        jobs, self._proposed = tuple(self._proposed), []
-        self.proposal = Proposal(cycle, decisions, jobs) if jobs else None
+        blocks, self._proposed = tuple(self._proposed), []
+        self.proposal = Proposal(cycle, decisions, blocks) if blocks else None
 
     def settle(self, folded_cycle: int, folded_decisions: int) -> None:
         """Keep the last cycle's parks if the state shows its decisions folded, else judge those jobs again."""
@@ -155,33 +209,48 @@ class Parking:
             return
         if p.decisions > 0 and p.cycle == folded_cycle and p.decisions == folded_decisions:
             return
-        for job_id in p.jobs:
-            self.wake(job_id)
+        for block in p.blocks:
+            block.reason = None  # its verdicts were not folded: the members keep what they had
+            self.wake(block)
 
     # ------------------------------------------------------------ waking (by the sync and the cycle)
 
-    def unpark(self, job_id: str) -> bool:
-        """Forget a job's park (it was woken, it left, or it is tried now); whether it was parked."""
-        e = self.parked.pop(job_id, None)
-        if e is None:
+    def unpark(self, group: Hashable, neg_seq: int, job: str) -> bool:
+        """Forget a job's park (it left, or changed); whether it was parked."""
+        block = self.block_of(group, neg_seq, job)
+        if block is None:
             return False
-        s = self.by_root.get(e.root)
-        if s is not None:
-            s.discard(job_id)
+        block.members.remove(Member(neg_seq, job))
+        if not block.members:
+            self._drop(block)
         return True
 
-    def wake(self, job_id: str) -> None:
-        """Unpark a job and hand it back to the index as a job to try."""
-        if self.unpark(job_id):
-            self._on_wake(job_id)
+    def _drop(self, block: Block) -> None:
+        blocks = self.blocks.get(block.group)
+        if blocks is not None:
+            blocks.remove(block)
+            if not blocks:
+                del self.blocks[block.group]
+        roots = self.by_root.get(block.root)
+        if roots is not None:
+            roots.pop(block.stamp, None)
+
+    def wake(self, block: Block, keep: int = 0) -> None:
+        """Unpark a block's members but the first `keep` in queue order, and hand them to the index."""
+        members = block.members
+        if len(members) <= keep:
+            return
+        if keep == 0:
+            woken, block.members = members, []
+            self._drop(block)
+        else:
+            cut = len(members) - keep
+            woken, block.members = members[:cut], members[cut:]
+        self._on_wake(block, woken)
 
     def _pop_due(self, heap: list[HeapEntry], level: int) -> None:
-        parked = self.parked
         while heap and heap[0].level <= level:
-            _, _, job_id, stamp = heapq.heappop(heap)
-            e = parked.get(job_id)
-            if e is not None and e.stamp == stamp:
-                self.wake(job_id)
+            self.wake(heapq.heappop(heap).block)
 
     def usage_moved(self, queue: str, root: str, released: Mapping[str, int], consumed: Mapping[str, int]) -> None:
         """Count a queue's usage given back and taken since the last look, and wake whom it concerns."""
@@ -199,31 +268,35 @@ class Parking:
         self.freed_seen = total
         self._pop_due(self._freed_heap, total)
 
+    def tree(self, root: str) -> list[Block]:
+        """The blocks parked in a cohort tree, oldest first."""
+        blocks = self.by_root.get(root)
+        return [blocks[s] for s in sorted(blocks)] if blocks else []
+
     def wake_tree(self, root: str) -> None:
-        for job_id in sorted(self.by_root.get(root, ())):
-            self.wake(job_id)
+        for block in self.tree(root):
+            self.wake(block)
 
     def wake_at(self, now: int) -> None:
         """Try again the jobs whose wake time has come."""
         self._pop_due(self._time_heap, now)
 
     def wake_all(self) -> None:
-        for job_id in sorted(self.parked):
-            self.wake(job_id)
+        for block in sorted((b for bs in self.blocks.values() for b in bs), key=lambda b: b.stamp):
+            self.wake(block)
 
-    def due_on_consumption(self, key: tuple[str, str], level: int) -> list[str]:
-        """Parked jobs whose consumption wake is due at `level`; the entries stay for the next sync."""
+    def due_on_consumption(self, key: tuple[str, str], level: int) -> Iterable[Block]:
+        """Parked blocks whose consumption wake is due at `level`; the entries stay for the next sync."""
         heap = self._consume_heaps.get(key)
-        out: list[str] = []
         if not heap:
-            return out
+            return []
+        out: dict[int, Block] = {}
         popped = []
         while heap and heap[0].level <= level:
             entry = heapq.heappop(heap)
             popped.append(entry)
-            e = self.parked.get(entry.job)
-            if e is not None and e.stamp == entry.stamp:
-                out.append(entry.job)
+            if entry.block.members:
+                out[entry.stamp] = entry.block
         for entry in popped:
             heapq.heappush(heap, entry)
-        return out
+        return out.values()

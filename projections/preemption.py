@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from muster.events.types import PreemptionReason
 from muster.projections.cluster import JobState
-from muster.projections.eviction import Mode, Preemptor, may_evict, reach
-from muster.projections.index import VictimEntry
+from muster.projections.eviction import LOWEST, Mode, Preemptor, eviction_chain, may_evict, reach
+from muster.projections.index import VictimEntry, VictimList, VictimMemo
 
 if TYPE_CHECKING:
     from muster.projections.scheduler import Cycle
@@ -66,29 +66,72 @@ def _candidates(cycle: Cycle, job: JobState, p: Preemptor) -> list[JobState]:
     if p.policy.within_queue != "Never":
         # in victim order, priorities rise: stop at the first the rule refuses whatever the order
         equal = rule.equal_in_queue
-        for cp, _, _, _, c in cycle.victim_order(job.queue, prio):
+        # jobs the rule refuses whatever the order are left out of the order (their lost work
+        # is not computed)
+        for cp, _, _, _, c in victim_order(cycle, job.queue, prio if equal else prio - 1):
             if cp > prio or (cp == prio and not equal):
                 break
-            if c.id in removed or c.id == job.evicted_by or not overlaps(c, job):
+            if c.id in removed or not overlaps(c, job):
                 continue
-            if may_evict(p, job.queue, cp, c.seq):
+            if may_evict(p, job.queue, cp, c.seq, job=c.id):
                 own.append(c)
     others: list[VictimEntry] = []
     if p.in_cohort and rule.others:
-        upto = UNREACHABLE if rule.above_in_others else prio
+        upto = UNREACHABLE if rule.above_in_others else prio - 1
         for other in idx.tree_queues.get(idx.roots.get(job.queue, job.queue), ()):
             if other == job.queue or not idx.running.get(other):
                 continue
             borrowing = idx.quota.is_borrowing(other, job.requests)
-            for entry in cycle.victim_order(other, upto):
+            if not may_evict(p, other, LOWEST, 0, borrowing):
+                continue  # not even its lowest priority: none of its jobs (the order is not needed)
+            for entry in victim_order(cycle, other, upto):
                 cp, c = entry.priority, entry.job
                 if not may_evict(p, other, cp, c.seq, borrowing):
                     break  # for other queues the rule only narrows as priority rises
-                if c.id in removed or c.id == job.evicted_by or not overlaps(c, job):
+                if c.id in removed or not overlaps(c, job) or not may_evict(p, other, cp, c.seq, borrowing, c.id):
                     continue
                 others.append(entry)
     others.sort(key=lambda e: (e.priority, e.lost, e.neg_admitted, e.neg_seq))
     return [e.job for e in others] + own
+
+
+def victim_order(cycle: Cycle, queue: str, upto: int) -> list[VictimEntry]:
+    """A queue's preemptible running jobs of priority <= `upto` in victim order (priority,
+    lost work, newest); cached for the instant and the queue's running set. Callers walk it
+    in order and stop at a priority they may not take, so a longer list serves them too."""
+    idx, now = cycle.idx, cycle.now
+    version = idx.running_version.get(queue, 0)
+    hit = idx.victim_cache.get(queue)
+    if hit is not None and hit.at == now and hit.version == version and hit.upto >= upto:
+        return hit.entries
+    state = cycle.state
+    jobs = state.jobs
+    # a job's entry holds for the instant (and its admission): several cycles at one
+    # instant re-sort the same entries whenever the queue's running set changed
+    entries = idx.victim_entries
+    keys = []
+    for j in idx.running.get(queue, ()):
+        c = jobs[j]
+        hit_entry = entries.get(j)
+        if hit_entry is not None and hit_entry.admitted_at == c.admitted_at:
+            prio = hit_entry.priority
+            if prio is None or prio > upto:
+                continue  # not preemptible, or out of reach
+            entry = hit_entry.entry
+            if hit_entry.at == now and entry is not None:
+                keys.append(entry)
+                continue
+        else:
+            prio = state.priority_of(c) if state.preemptible(c) else None
+            if prio is None or prio > upto:
+                entries[j] = VictimMemo(-1, c.admitted_at, prio, None)
+                continue
+        entry = VictimEntry(prio, c.lost_gpu_seconds(now), -(c.admitted_at or 0), -c.seq, c)
+        entries[j] = VictimMemo(now, c.admitted_at, prio, entry)
+        keys.append(entry)
+    keys.sort()
+    idx.victim_cache[queue] = VictimList(now, version, upto, keys)
+    return keys
 
 
 def overlaps(candidate: JobState, job: JobState) -> bool:
@@ -109,7 +152,7 @@ def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
         mode = "fair"
     else:
         mode = "reclaim" if quota.within_nominal(job.queue, job.requests) else "borrow"
-    rule = Preemptor(job.queue, prio, policy, queue.cohort is not None, mode, job.seq)
+    rule = Preemptor(job.queue, prio, policy, queue.cohort is not None, mode, job.seq, eviction_chain(state.jobs, job))
     candidates = _candidates(cycle, job, rule)
     if not candidates:
         return _NONE

@@ -19,8 +19,6 @@ been held back or refused again, and a held-back job stays one to try.
 
 from __future__ import annotations
 
-import itertools
-
 from muster.projections.cluster import ClusterState, JobState
 from muster.projections.index import SchedulerIndex, order_key
 
@@ -58,7 +56,7 @@ class StrictHeads:
         """Every strict queue's pending jobs, in one pass over the index."""
         state, strict = self.state, self.strict
         by_queue: dict[str, dict[str, JobState]] = {}
-        for job_id in itertools.chain(self.idx.keys, self.idx.parking.parked):
+        for job_id in self.idx.group_of:  # the validated pending jobs, to try or parked
             job = state.jobs.get(job_id)
             if job is not None and job.queue in strict and job.status == "pending":
                 by_queue.setdefault(job.queue, {})[job_id] = job
@@ -67,8 +65,3 @@ class StrictHeads:
             q: sorted(members, key=lambda j: order_key(state.priority_of(members[j]), members[j].seq))
             for q, members in by_queue.items()
         }
-
-    def holds(self, job: JobState, placed: dict[str, dict[str, str]]) -> bool:
-        """Whether `job` waits behind its strict_fifo head; then so does every later job of its queue
-        with its priority (the cycle need not visit them)."""
-        return self.blocker(job, placed) is not None

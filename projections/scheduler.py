@@ -28,7 +28,7 @@ import heapq
 import itertools
 from collections import Counter
 from collections.abc import Mapping
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, cast
 
 from muster.events.types import (
     Event,
@@ -42,21 +42,17 @@ from muster.events.types import (
 )
 from muster.projections.cluster import ClusterState, JobState, node_pods
 from muster.projections.duplicates import refuse_taken_ids
-from muster.projections.eviction import Preemptor, evicts_from_others, may_evict, reach
+from muster.projections.eviction import Preemptor, chain_may_shrink, evicts_from_others, may_evict
 from muster.projections.index import (
     Group,
-    GroupMember,
     OrderKey,
     SchedulerIndex,
     Shape,
-    VictimEntry,
-    VictimList,
-    VictimMemo,
     index_of,
     order_key,
     take_new_jobs,
 )
-from muster.projections.parking import Wake
+from muster.projections.parking import Block, Member, Wake
 from muster.projections.preemption import Result, Victim, find_victims, overlaps
 from muster.projections.queueing import StrictHeads
 from muster.projections.resources import fmt
@@ -66,15 +62,14 @@ POLICY_VERSION = "muster/1"
 
 
 class _HeapEntry(NamedTuple):
-    """A job in the cycle's admission heap. A job woken mid-cycle can be in the heap twice with
-    one key (its group's entry and its own): the push number keeps the comparison off `group`."""
+    """A group in the cycle's admission heap: popping it tries the group's first job. A group woken
+    into mid-cycle can be in the heap twice: the push number keeps the comparison off `group`."""
 
     key: OrderKey
-    """Its order key when pushed (a lower bound: keys only grow within a cycle)."""
-    job: str
+    """Its first job's order key when pushed (a lower bound: keys only grow within a cycle, and a
+    group's first job changes only by leaving it or by a wake, which pushes the group again)."""
     push: int
-    group: Group | None
-    """Its group, or None for a job woken mid-cycle."""
+    group: Group
 
 
 class QuotaPosition(NamedTuple):
@@ -110,7 +105,6 @@ class Cycle:
         self.epoch = state.epoch
         self.topo = Transaction(idx.topology)
         self.quota_mark = idx.quota.mark()
-        self.tried: set[str] = set()
         self.current: OrderKey | None = None
         """Order key of the job being tried (None while nominated preemptors go first)."""
         self.heap: list[_HeapEntry] | None = None
@@ -119,6 +113,9 @@ class Cycle:
         """Usage taken in this cycle, per (tree, resource)."""
         self.failed_classes: dict[tuple[object, ...], Verdict] = {}
         """Verdicts of jobs that failed on the current view, by job class (cleared on any change)."""
+        self.doomed: dict[Group, Verdict] = {}
+        """Groups whose first job failed for its class on the current view: the rest of each
+        fail the same way when their turn comes, unless the view changes first (`_park_doomed`)."""
         self.quota_keys: dict[Shape, QuotaPosition] = {}
         """`_lowest_key`'s quota part by (queue, requests)."""
         self.may_evict_new: dict[tuple[str, int, tuple[str, ...]], EvictNewAnswer] = {}
@@ -131,8 +128,11 @@ class Cycle:
         """Jobs admitted or reserved (tentatively) in this cycle, with their placement."""
         self.reserved = False
         """Whether room was held for a preemptor (a change no decision event will fold)."""
-        self.parked_on_reserved: list[str] = []
+        self.parked_on_reserved: list[Block] = []
         """Jobs parked on a view that holds room for a preemptor: judged again next cycle."""
+        self.taken: list[JobState] = []
+        """Jobs admitted or reserved for: no longer to try in this cycle, and to try again if the
+        decisions are not folded (they are jobs to try again at `finish`)."""
         self.events: list[Event] = []
         self.heads = StrictHeads(state, idx)
 
@@ -182,6 +182,11 @@ class Cycle:
             return False
         if not self.could_place(job):
             return False
+        if len(job.podsets) == 1:
+            ps = job.podsets[0]
+            t = ps.topology
+            required, preferred = (t.required, t.preferred) if t is not None else (None, None)
+            return self.idx.topology.can_place(ps.count, ps.requests, required, preferred)
         mark = self.topo.mark()
         placement, _ = self.place(job)
         self.topo.rollback(mark)
@@ -197,6 +202,17 @@ class Cycle:
         """Account a job's quota usage (its nodes were taken by `place`)."""
         quota, idx = self.idx.quota, self.idx
         self.failed_classes.clear()
+        heap = self.heap
+        if heap is not None:
+            # the view changes: the doomed groups' next jobs are judged afresh
+            for group in self.doomed:
+                active = idx.groups.get(group)
+                if active:
+                    first = _lowest_key(self, self.state.jobs[active[-1].job])
+                    heapq.heappush(heap, _HeapEntry(first, next(self.pushes), group))
+        self.doomed.clear()
+        if idx.deactivate(job):
+            self.taken.append(job)
         was_borrowing = quota.is_borrowing(job.queue)
         quota.add(job.queue, job.requests, 1)
         self.placed[job.id] = dict(placement)
@@ -205,37 +221,46 @@ class Cycle:
         # exactly as they would be had they never been parked.
         root = idx.roots.get(job.queue, job.queue)
         self.admitted_by_root.setdefault(root, []).append(job)
-        due: list[str] = []
+        due: dict[int, Block] = {}
         if (quota.is_borrowing(job.queue) and not was_borrowing) or self.state.fair_sharing:
-            due.extend(sorted(idx.parking.by_root.get(root, ())))
+            due.update((b.stamp, b) for b in idx.parking.tree(root))
         for r, v in sorted(job.requests.items()):
             if v > 0:
                 key = (root, r)
                 self.consumed[key] = self.consumed.get(key, 0) + v
-                due.extend(
-                    idx.parking.due_on_consumption(key, idx.parking.consumed_total.get(key, 0) + self.consumed[key])
-                )
+                level = idx.parking.consumed_total.get(key, 0) + self.consumed[key]
+                due.update((b.stamp, b) for b in idx.parking.due_on_consumption(key, level))
+        due = {s: b for s, b in due.items() if b.members and b.cycle != self.number}
         if not due:
             return
         # whose turn came before this admission is judged on the keys as they were before it
         # (keys only grow within a cycle: a job whose key now exceeds the current one may
         # still have come up, and been judged, before it)
         quota.add(job.queue, job.requests, -1, record=False)
-        before = {j: _lowest_key(self, self.state.jobs[j]) for j in due if j in self.idx.parking.parked}
+        jobs = self.state.jobs
+        before = {s: _lowest_key(self, jobs[b.members[-1].job]) for s, b in due.items()}
         quota.add(job.queue, job.requests, 1, record=False)
-        for job_id in due:
-            self._wake(job_id, before.get(job_id))
+        for stamp in sorted(due):
+            self._wake(due[stamp], before[stamp])
 
-    def _wake(self, job_id: str, before: OrderKey | None) -> None:
-        if job_id not in self.idx.parking.parked or job_id in self.tried:
-            return
-        if self.current is not None and before is not None and before < self.current:
-            return  # its turn came before the change: it stays as judged
-        job = self.state.jobs[job_id]
-        key = _lowest_key(self, job)
-        self.idx.parking.wake(job_id)
-        if self.heap is not None:
-            heapq.heappush(self.heap, _HeapEntry(key, job_id, next(self.pushes), None))
+    def _wake(self, block: Block, before: OrderKey) -> None:
+        """Wake a block parked before this cycle, but its members whose turn came before the change
+        (they stay as judged); `before` is its first member's key before the change."""
+        keep = 0
+        current = self.current
+        if current is not None:
+            if before[:3] < current[:3]:
+                return
+            if before[:3] == current[:3]:
+                # members with a smaller seq than the current job came up before it
+                members = block.members
+                keep = len(members) - bisect.bisect_right(members, -current[3], key=_neg_seq)
+        self.idx.parking.wake(block, keep)
+        group = cast(Group, block.group)
+        active = self.idx.groups.get(group)
+        if self.heap is not None and active:
+            first = self.state.jobs[active[-1].job]
+            heapq.heappush(self.heap, _HeapEntry(_lowest_key(self, first), next(self.pushes), group))
 
     def finish(self) -> None:
         """Undo every tentative change, and hand the cycle's parks to the memo as a proposal.
@@ -246,48 +271,13 @@ class Cycle:
         """
         self.topo.rollback()
         self.idx.quota.rollback(self.quota_mark)
-        for job_id in self.parked_on_reserved:
-            self.idx.parking.wake(job_id)
+        for block in self.parked_on_reserved:
+            block.reason = None  # woken before its verdicts are folded
+            self.idx.parking.wake(block)
+        for job in self.taken:
+            self.idx.activate(self.state, job)
         decisions = sum(1 for ev in self.events if getattr(ev, "cycle", 0) == self.number)
         self.idx.parking.end_cycle(self.number, decisions)
-
-    def victim_order(self, queue: str, upto: int) -> list[VictimEntry]:
-        """A queue's preemptible running jobs of priority <= `upto` in victim order (priority,
-        lost work, newest); cached for the instant and the queue's running set. Callers walk it
-        in order and stop at a priority they may not take, so a longer list serves them too."""
-        idx, now = self.idx, self.now
-        version = idx.running_version.get(queue, 0)
-        hit = idx.victim_cache.get(queue)
-        if hit is not None and hit.at == now and hit.version == version and hit.upto >= upto:
-            return hit.entries
-        state = self.state
-        jobs = state.jobs
-        # a job's entry holds for the instant (and its admission): several cycles at one
-        # instant re-sort the same entries whenever the queue's running set changed
-        entries = idx.victim_entries
-        keys = []
-        for j in idx.running.get(queue, ()):
-            c = jobs[j]
-            hit_entry = entries.get(j)
-            if hit_entry is not None and hit_entry.admitted_at == c.admitted_at:
-                prio = hit_entry.priority
-                if prio is None or prio > upto:
-                    continue  # not preemptible, or out of reach
-                entry = hit_entry.entry
-                if hit_entry.at == now and entry is not None:
-                    keys.append(entry)
-                    continue
-            else:
-                prio = state.priority_of(c) if state.preemptible(c) else None
-                if prio is None or prio > upto:
-                    entries[j] = VictimMemo(-1, c.admitted_at, prio, None)
-                    continue
-            entry = VictimEntry(prio, c.lost_gpu_seconds(now), -(c.admitted_at or 0), -c.seq, c)
-            entries[j] = VictimMemo(now, c.admitted_at, prio, entry)
-            keys.append(entry)
-        keys.sort()
-        idx.victim_cache[queue] = VictimList(now, version, upto, keys)
-        return keys
 
     # ------------------------------------------------------------ events
 
@@ -324,15 +314,18 @@ def _lowest_key(cycle: Cycle, job: JobState) -> OrderKey:
 
 def _job_class(cycle: Cycle, job: JobState) -> tuple[object, ...] | None:
     """Jobs of one class get the same verdict on the same view (None: this job's verdict is its own)."""
-    state = cycle.state
     if (
         job.nominated
-        or job.chained_eviction(cycle.now)
-        or reach(state.queues[job.queue].preemption, None).equal_in_queue
+        or job.evicted_by is not None
+        or cycle.idx.equal_in_queue(job.queue)
+        or job.queue in cycle.heads.strict
     ):
-        return None  # its candidates depend on its own submission order (equal priorities, by seq)
-    shape = tuple((ps.name, ps.count, tuple(sorted(ps.requests.items())), ps.topology) for ps in job.podsets)
-    return (job.queue, state.priority_of(job), state.preemptible(job), shape)
+        # its candidates depend on its own history (the jobs it spares, see `eviction`) or on its
+        # own submission order (equal priorities, by seq); in a strict_fifo queue the jobs after a
+        # refused head are held behind it, not refused with it
+        return None
+    group = cycle.idx.group_of.get(job.id) or cycle.idx.group(job)
+    return group[:4]  # the group less whose job it is (when the job is grouped alone)
 
 
 Outcome = Literal["admitted", "preempting", "parked", "held"]
@@ -403,10 +396,66 @@ def _park(cycle: Cycle, job: JobState, reason: str, wake: Wake) -> None:
         cycle.events.append(
             JobInadmissible(at=cycle.now, job=JobId(job.id), reason=reason, cycle=cycle.number, epoch=cycle.epoch)
         )
-    idx.park(job, wake)
-    if cycle.reserved or _may_evict_new(cycle, job):
-        # judged without the jobs just admitted in its tree as possible victims
-        cycle.parked_on_reserved.append(job.id)
+    block = idx.park(job, wake, reason, cycle.number)
+    if cycle.reserved or _may_evict_new(cycle, job) or chain_may_shrink(cycle.state.jobs, job):
+        # judged without the jobs just admitted in its tree as possible victims, or
+        # sparing jobs it may evict once the waiting job between them runs again
+        cycle.parked_on_reserved.append(block)
+
+
+def _park_doomed(cycle: Cycle, bound: OrderKey | None) -> None:
+    """Park the jobs of the doomed groups whose turn comes before `bound` (None: all of them).
+
+    Tried one by one, each would find its class's verdict on an unchanged view
+    (`_try`): parked for the same reason, with the same wake. So each group's
+    are parked as one block, and only those whose recorded reason differs get a
+    `JobInadmissible`, in the order they would have been tried.
+    """
+    doomed = cycle.doomed
+    if not doomed:
+        return
+    idx, jobs = cycle.idx, cycle.state.jobs
+    now, number, epoch = cycle.now, cycle.number, cycle.epoch
+    waits: list[tuple[OrderKey, JobInadmissible]] = []
+    for group, verdict in list(doomed.items()):
+        members = idx.groups.get(group)
+        if not members:
+            del doomed[group]
+            continue
+        first = jobs[members[-1].job]
+        key = _lowest_key(cycle, first)
+        start = 0
+        if bound is not None:
+            if bound[:3] < key[:3]:
+                continue
+            if bound[:3] == key[:3]:
+                start = bisect.bisect_right(members, -bound[3], key=_neg_seq)
+                if start == len(members):
+                    continue
+        if start == 0:
+            run = members
+            del idx.groups[group]
+            del doomed[group]
+            uniform = idx.group_reason.pop(group, None)
+        else:
+            run = members[start:]
+            del members[start:]
+            uniform = idx.group_reason.get(group)
+        reason = verdict.reason
+        if uniform != reason:
+            for m in run:
+                if uniform is not None or jobs[m.job].reason != reason:
+                    wait = JobInadmissible(at=now, job=JobId(m.job), reason=reason, cycle=number, epoch=epoch)
+                    waits.append(((key[0], key[1], key[2], -m.neg_seq), wait))
+        block = idx.park_members(group, run, first, verdict.wake, reason, number)
+        if cycle.reserved or _may_evict_new(cycle, first):
+            cycle.parked_on_reserved.append(block)
+    waits.sort(key=lambda w: w[0])
+    cycle.events.extend(w for _, w in waits)
+
+
+def _neg_seq(m: Member) -> int:
+    return m.neg_seq
 
 
 def _may_evict_new(cycle: Cycle, job: JobState) -> bool:
@@ -542,63 +591,53 @@ def _evict_lost_nodes(cycle: Cycle) -> bool:
 def _admit(cycle: Cycle) -> None:
     state, idx = cycle.state, cycle.idx
     # preemptors whose victims were evicted go first, so the room they made is theirs
-    nominated = sorted((state.jobs[j] for j in idx.nominated if j in idx.keys), key=lambda j: j.seq)
+    nominated = sorted((state.jobs[j] for j in idx.nominated if idx.is_active(j)), key=lambda j: j.seq)
     for job in nominated:
-        cycle.tried.add(job.id)
         if _try(cycle, job) == "preempting":
             return
     # One order over every job to try: its key is judged when the job comes up
     # (keys only grow within a cycle, so a stale key is a lower bound and the
     # lazy heap still yields the job with the smallest current key). Parked jobs
     # are absent, and would only have failed without changing anything. Jobs of
-    # one queue, priority and requests always have the same key but for their
-    # seq, so only the first of each such group is in the heap at a time.
+    # one class always have the same key but for their seq, so the heap holds
+    # groups: popping one tries its first job, which leaves the group (parked or
+    # taken). A group whose first job failed for its class is doomed: its jobs
+    # are parked in bulk when a job after them in the order is tried, or at the
+    # end, unless an admission changes the view first (`_park_doomed`, `take`).
     jobs = state.jobs
     groups = idx.groups
-    visited: dict[Group, GroupMember] = {}
-    """Per group, the last of its jobs taken from it (the groups change as jobs are parked or woken)."""
-
-    def next_of(group: Group) -> str | None:
-        members = groups.get(group)
-        if not members:
-            return None
-        last = visited.get(group)
-        i = len(members) if last is None else bisect.bisect_left(members, last)
-        while i > 0:
-            i -= 1
-            job_id = members[i].job
-            if job_id not in cycle.tried:
-                visited[group] = members[i]
-                return job_id
-        return None
-
-    heap: list[_HeapEntry] = []
-    for g in sorted(groups):
-        head = next_of(g)
-        if head is not None:
-            heap.append(_HeapEntry(_lowest_key(cycle, jobs[head]), head, next(cycle.pushes), g))
+    heap = [_HeapEntry(_lowest_key(cycle, jobs[m[-1].job]), next(cycle.pushes), g) for g, m in groups.items()]
     heapq.heapify(heap)
     cycle.heap = heap
     while heap:
-        key, job_id, _, group = heapq.heappop(heap)
-        job = jobs[job_id]
+        key, _, group = heapq.heappop(heap)
+        members = groups.get(group)
+        if not members:
+            continue
+        job = jobs[members[-1].job]
         fresh = _lowest_key(cycle, job)
         if fresh != key and heap and fresh > heap[0].key:
-            heapq.heappush(heap, _HeapEntry(fresh, job_id, next(cycle.pushes), group))
+            heapq.heappush(heap, _HeapEntry(fresh, next(cycle.pushes), group))
             continue
-        if group is not None and not cycle.heads.holds(job, cycle.placed):
-            # the group's next job takes its place in the heap (none while this one waits behind its
-            # strict_fifo head: so do they)
-            nxt = next_of(group)
-            if nxt is not None:
-                heapq.heappush(heap, _HeapEntry(_lowest_key(cycle, jobs[nxt]), nxt, next(cycle.pushes), group))
-        if job_id in cycle.tried:
-            continue
-        cycle.tried.add(job_id)
+        _park_doomed(cycle, fresh)
         cycle.current = fresh
-        if _try(cycle, job) == "preempting":
+        outcome = _try(cycle, job)
+        if outcome == "preempting":
             # the room being freed is the preemptor's: the next cycle starts from it
             return
+        if outcome == "held":
+            # it waits behind its strict_fifo head, and so does the rest of its group: not visited again
+            continue
+        members = groups.get(group)
+        if not members:
+            continue
+        cls = _job_class(cycle, job) if outcome == "parked" else None
+        verdict = cycle.failed_classes.get(cls) if cls is not None else None
+        if verdict is not None:
+            cycle.doomed[group] = verdict
+        else:
+            heapq.heappush(heap, _HeapEntry(_lowest_key(cycle, jobs[members[-1].job]), next(cycle.pushes), group))
+    _park_doomed(cycle, None)
 
 
 def _reclaim_idle(cycle: Cycle) -> None:
@@ -621,7 +660,7 @@ def _reclaim_idle(cycle: Cycle) -> None:
     if not idle:
         return
     idle.sort(key=lambda j: (j.idle_since or 0, j.seq))
-    candidates = (set(idx.keys) | set(idx.parking.parked)) - set(cycle.placed)
+    candidates = set(idx.group_of) - set(cycle.placed)
     waiting = sorted((state.jobs[j] for j in candidates), key=lambda j: order_key(state.priority_of(j), j.seq))
     for job in idle:
         cycle.remove(job)

@@ -23,6 +23,7 @@ capacity - reserved - used of its node in the cluster state.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 from muster.projections.cluster import ClusterState, NodeState
 from muster.projections.resources import fmt
@@ -259,25 +260,42 @@ class TopologyIndex:
 
         Read-only: the caller takes the capacity (inside a transaction).
         """
+        plan = self._plan(count, req, required, preferred)
+        if isinstance(plan, str):
+            return None, plan
+        out: list[str] = []
+        if plan.one is not None:
+            self._assign(plan.one, count, req, plan.primary, out)
+        elif plan.spread is not None:
+            self._spread(plan.spread, plan.slots, count, req, plan.primary, out)
+        elif plan.hosts is not None:
+            out = [plan.hosts[i % len(plan.hosts)].name for i in range(count)]
+        return out, ""
+
+    def can_place(self, count: int, req: Mapping[str, int], required: str | None, preferred: str | None) -> bool:
+        """Whether `place` would find nodes (the same rule, without choosing them)."""
+        return not isinstance(self._plan(count, req, required, preferred), str)
+
+    def _plan(self, count: int, req: Mapping[str, int], required: str | None, preferred: str | None) -> _Plan | str:
+        """Where `place` puts the pods (one domain, a spread over domains, any hosts), or why not."""
         asked = sorted(k for k, v in req.items() if v > 0)
         primary = "gpu" if req.get("gpu", 0) > 0 or not asked else asked[0]
         if count <= 0:
-            return [], ""
+            return _Plan(primary)
         if not any(v > 0 for v in req.values()):
             # requests nothing: any schedulable host will do
             hosts = [h for h in self.by_level[-1] if h.schedulable]
             if not hosts:
-                return None, "no schedulable node"
-            return [hosts[i % len(hosts)].name for i in range(count)], ""
+                return "no schedulable node"
+            return _Plan(primary, hosts=hosts)
         level = required or preferred
         if level is not None:
             depth = self.level_depth(level)
             if depth is None:
-                return None, f"topology level {level!r} does not exist"
+                return f"topology level {level!r} does not exist"
         else:
             depth = 1
         domains = self.by_level[depth - 1]
-        out: list[str] = []
         # a domain's summed free capacity bounds what it can hold: skip the hopeless
         need = [(k, v * count) for k, v in req.items() if v > 0]
         if len(need) == 1:
@@ -288,17 +306,14 @@ class TopologyIndex:
         slots = {id(d): self.slots(d, req, count) for d in roomy}
         fitting = [d for d in roomy if slots[id(d)] >= count]
         if fitting:
-            best = min(fitting, key=lambda d: self._tight_key(d, primary))
-            self._assign(best, count, req, primary, out)
-            return out, ""
+            return _Plan(primary, one=min(fitting, key=lambda d: self._tight_key(d, primary)))
         what = f"{count} pod{'s' if count != 1 else ''} of {fmt(req)}"
         if required is not None:
-            return None, f"no {required} has room for {what}"
+            return f"no {required} has room for {what}"
         slots = {id(d): self.slots(d, req, count) for d in domains}
         if sum(slots.values()) < count:
-            return None, f"{what} do not fit on the schedulable nodes"
-        self._spread(domains, slots, count, req, primary, out)
-        return out, ""
+            return f"{what} do not fit on the schedulable nodes"
+        return _Plan(primary, spread=domains, slots=slots)
 
     def _assign(self, dom: Domain, count: int, req: Mapping[str, int], primary: str, out: list[str]) -> None:
         if dom.is_host:
@@ -342,6 +357,16 @@ class TopologyIndex:
             i += 1
         if remaining > 0:  # pragma: no cover - callers check total slots first
             raise AssertionError("spread ran out of room")
+
+
+class _Plan(NamedTuple):
+    """Where a podset goes: into one domain, spread over domains, or round-robin over any hosts."""
+
+    primary: str
+    one: Domain | None = None
+    spread: list[Domain] | None = None
+    slots: dict[int, int] = {}
+    hosts: list[Domain] | None = None
 
 
 class Transaction:

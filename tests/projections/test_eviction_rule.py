@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from muster.events.types import BorrowWithinCohort, PreemptionPolicy
-from muster.projections.eviction import Mode, Preemptor, evicts_from_others, evicts_nothing, may_evict
+from muster.events.types import BorrowWithinCohort, PodSet, PreemptionPolicy
+from muster.projections.cluster import JobState
+from muster.projections.eviction import (
+    Mode,
+    Preemptor,
+    chain_may_shrink,
+    eviction_chain,
+    evicts_from_others,
+    evicts_nothing,
+    may_evict,
+)
 
 
 def policy(
@@ -122,3 +131,40 @@ def test_policies_that_evict_nothing() -> None:
     assert evicts_from_others(policy(reclaim="Any"), "reclaim")
     assert not evicts_from_others(policy(reclaim="Any"), "borrow")
     assert evicts_from_others(policy(borrow="LowerPriority"), "fair")
+
+
+def _job(name: str, status: str = "pending", evicted_by: str | None = None) -> JobState:
+    """A one-pod job of queue `q` in `status`, evicted by `evicted_by`."""
+    podsets = [PodSet(name="w", count=1, requests={"gpu": 8})]
+    job = JobState(
+        id=name,
+        queue="q",
+        priority_class=None,
+        podsets=podsets,
+        runtime=None,
+        checkpoint_every=None,
+        seq=1,
+        submitted_at=0,
+    )
+    job.status = status  # type: ignore[assignment]
+    job.evicted_by = evicted_by
+    return job
+
+
+def test_a_job_never_evicts_a_job_its_own_eviction_descends_from() -> None:
+    """C waits, evicted by B, which waits, evicted by A (running): C spares A and B, whatever the policy allows."""
+    jobs = {j.id: j for j in (_job("a", "admitted"), _job("b", evicted_by="a"), _job("c", evicted_by="b"))}
+    chain = eviction_chain(jobs, jobs["c"])
+    assert chain == {"a", "b"}
+    assert chain_may_shrink(jobs, jobs["c"]) and not chain_may_shrink(jobs, jobs["b"])
+    p = Preemptor("q", 100, policy(reclaim="Any"), True, "reclaim", 10, chain)
+    assert not may_evict(p, "r", 0, 1, True, "a")
+    assert may_evict(p, "r", 0, 1, True, "d")
+    assert may_evict(p, "r", 0, 1, True)  # a job left unnamed is not spared
+
+
+def test_the_chain_ends_at_a_job_that_runs_again() -> None:
+    """Once the job that evicted it runs again (its own `evicted_by` cleared), the chain stops there."""
+    jobs = {j.id: j for j in (_job("a", "admitted"), _job("b", "admitted"), _job("c", evicted_by="b"))}
+    assert eviction_chain(jobs, jobs["c"]) == {"b"}
+    assert not chain_may_shrink(jobs, jobs["c"])
