@@ -75,6 +75,10 @@ def order_key(priority: int, seq: int, over_nominal: int = 0, share: int = 0) ->
     return (over_nominal, share, -priority, seq)
 
 
+STRICT_FIFO = "strict_fifo"
+"""The queueing strategy whose head blocks the rest of its queue (see `queueing`)."""
+
+
 class SchedulerIndex:
     def __init__(self, state: ClusterState) -> None:
         self.state = state
@@ -89,6 +93,8 @@ class SchedulerIndex:
         self._prio: dict[str, int] = {}
         self._shape: dict[str, Shape] = {}
         self._equal_in_queue: dict[str, bool] = {}
+        self.strict_fifo = frozenset(name for name, q in state.queues.items() if q.queueing_strategy == STRICT_FIFO)
+        """The queues whose head blocks the rest (`queueing`); the index is rebuilt when a queue changes."""
         self.group_of: dict[str, Group] = {}
         """The validated pending jobs (to try or parked), with their group."""
         self.groups: dict[Group, list[Member]] = {}

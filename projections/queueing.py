@@ -20,9 +20,9 @@ been held back or refused again, and a held-back job stays one to try.
 from __future__ import annotations
 
 from muster.projections.cluster import ClusterState, JobState
-from muster.projections.index import SchedulerIndex, order_key
+from muster.projections.index import STRICT_FIFO, SchedulerIndex, order_key
 
-STRICT_FIFO = "strict_fifo"
+__all__ = ["STRICT_FIFO", "StrictHeads"]
 
 
 class StrictHeads:
@@ -31,7 +31,7 @@ class StrictHeads:
     def __init__(self, state: ClusterState, idx: SchedulerIndex) -> None:
         self.state = state
         self.idx = idx
-        self.strict = frozenset(name for name, q in state.queues.items() if q.queueing_strategy == STRICT_FIFO)
+        self.strict = idx.strict_fifo
         self._order: dict[str, list[str]] | None = None
         """Per strict queue, its pending jobs in queue order (as the cycle first asked)."""
         self._head: dict[str, int] = {}
