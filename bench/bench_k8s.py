@@ -25,6 +25,7 @@ from kubernetes_asyncio.client import CoreV1Api
 from muster.daemon.k8s import Backoff, KubernetesAdapter
 from muster.daemon.k8s import manifests as m
 from muster.daemon.k8s.emulator import KubeEmulator, running
+from muster.daemon.k8s.owners import Sizing
 from muster.daemon.k8s.pods import Owner
 from muster.daemon.k8s.translating import Translator
 from muster.daemon.k8s.watching import WatchEvent
@@ -50,7 +51,7 @@ def translate(nodes: int, gangs: int, pods: int) -> None:
     for ev in pod_events:
         translator.on_pod(ev, 1)
     for owner in owners:  # sizes arrive after the pods, as when the owner lookups answer
-        translator.on_owner_size(owner, pods, 1)
+        translator.on_owner_size(owner, Sizing(pods), 1)
     out += translator.flush(1)
     elapsed = time.perf_counter() - t0
     assert sum(isinstance(e, JobSubmitted) for e in out) == gangs

@@ -333,16 +333,7 @@ class KubernetesAdapter:
             self.translator.on_namespace_queue(item.namespace, item.queue, at)
             return
         if isinstance(item, _OwnerSize):
-            sizing = item.sizing
-            self.translator.on_owner_size(
-                item.owner,
-                sizing.size,
-                at,
-                uid=sizing.uid,
-                queue=sizing.queue,
-                completions=sizing.completions,
-                max_runtime=sizing.max_runtime,
-            )
+            self.translator.on_owner_size(item.owner, item.sizing, at)
             return
         if item.resource == "nodes":
             self.translator.on_node(item)

@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from muster.daemon.k8s.owners import Sizing
 from muster.daemon.k8s.pods import TERMINATED, UNOWNED, Owner, PodInfo, recreated
 from muster.events.types import (
     Event,
@@ -254,28 +255,20 @@ class Gangs:
         self._collect(gang)
         return events
 
-    def set_size(
-        self,
-        owner: Owner,
-        size: int | None,
-        at: int,
-        *,
-        uid: str = "",
-        queue: str = "",
-        completions: int | None = None,
-        max_runtime: int | None = None,
-    ) -> list[Event]:
-        """The owner's gang size, or None when the owner is gone (its pods will be garbage-collected).
+    def set_size(self, owner: Owner, sizing: Sizing, at: int) -> list[Event]:
+        """What the owner's lookup found (`Sizing`); a size of None means the owner is gone (its pods
+        will be garbage-collected).
 
-        `uid`, `queue` and `max_runtime` are the owner's as its lookup found them (used when the pods
-        lack them); `completions` a Job's successful pods needed in all. A size below 1 (a PodGroup with
-        `minMember: 0`) leaves the pods alone, like a gone owner. A gang sized already (from the
-        log) asked only for its Job's completions.
+        Its uid, queue and time limit are used when the pods lack them; `completions` is a Job's
+        successful pods needed in all. A size below 1 (a PodGroup with `minMember: 0`) leaves the
+        pods alone, like a gone owner. A gang sized already (from the log) asked only for its Job's
+        completions.
         """
         self._unsized.discard(owner)
         gang = self._gangs.get(owner)
         if gang is None:
             return []
+        size, completions = sizing.size, sizing.completions
         if gang.size is not None:
             gang.completions = max(gang.size, completions or 0)
             return self._evaluate(gang, at)
@@ -287,9 +280,9 @@ class Gangs:
         if owner.kind == "Job":
             gang.completions = max(size, completions or 0)
         if not owner.uid:
-            gang.uid = uid
-        gang.queue = queue
-        gang.max_runtime = max_runtime
+            gang.uid = sizing.uid
+        gang.queue = sizing.queue
+        gang.max_runtime = sizing.max_runtime
         return self._evaluate(gang, at)
 
     def set_namespace_queue(self, namespace: str, queue: str, at: int) -> list[Event]:

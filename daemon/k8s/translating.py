@@ -29,6 +29,7 @@ from typing import Any
 
 from muster.daemon.k8s.gangs import Gangs
 from muster.daemon.k8s.objects import DEFAULT_TOLERATED_TAINTS, NodeView, node_view
+from muster.daemon.k8s.owners import Sizing
 from muster.daemon.k8s.pods import Owner, PodInfo, pod_info
 from muster.daemon.k8s.watching import WatchEvent, object_key
 from muster.events.types import (
@@ -137,20 +138,8 @@ class Translator:
             else:
                 self._unreserve(key)
 
-    def on_owner_size(
-        self,
-        owner: Owner,
-        size: int | None,
-        at: int,
-        *,
-        uid: str = "",
-        queue: str = "",
-        completions: int | None = None,
-        max_runtime: int | None = None,
-    ) -> None:
-        self._jobs += self.gangs.set_size(
-            owner, size, at, uid=uid, queue=queue, completions=completions, max_runtime=max_runtime
-        )
+    def on_owner_size(self, owner: Owner, sizing: Sizing, at: int) -> None:
+        self._jobs += self.gangs.set_size(owner, sizing, at)
         self._recheck()
 
     def on_namespace_queue(self, namespace: str, queue: str, at: int) -> None:

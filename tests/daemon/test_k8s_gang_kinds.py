@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from muster.daemon.k8s import manifests as m
-from muster.daemon.k8s.owners import api_of, namespace_queue, owner_sizing
+from muster.daemon.k8s.owners import Sizing, api_of, namespace_queue, owner_sizing
 from muster.daemon.k8s.pods import pod_info
 from muster.daemon.k8s.translating import Translator
 from muster.daemon.k8s.watching import WatchEvent
@@ -32,7 +32,7 @@ def answer_lookups(t: Translator, objects: dict[str, dict[str, Any]]) -> list[Jo
     """Answer every owner lookup the translator asked for from `objects` (by owner name), as the adapter would."""
     for owner in t.gangs.owners_to_fetch():
         sizing = owner_sizing(owner, objects[owner.name])
-        t.on_owner_size(owner, sizing.size, 2, uid=sizing.uid, queue=sizing.queue)
+        t.on_owner_size(owner, Sizing(sizing.size, uid=sizing.uid, queue=sizing.queue), 2)
     return [e for e in t.flush(2) if isinstance(e, JobSubmitted)]
 
 
@@ -99,7 +99,7 @@ def test_a_pod_group_without_a_positive_min_member_is_ignored_with_a_reason(min_
     sizing = owner_sizing(owner, group)
     assert sizing.size == 0
     assert sizing.problem.startswith("VolcanoPodGroup/team/bad: spec.minMember")
-    t.on_owner_size(owner, sizing.size, 2, uid=sizing.uid)
+    t.on_owner_size(owner, Sizing(sizing.size, uid=sizing.uid), 2)
     assert [e for e in t.flush(2) if isinstance(e, JobSubmitted)] == []
     # a later pod of the same group does not bring it back to life
     assert feed(t, m.pod_group_pods(group, 3)[2:]) == []
@@ -163,7 +163,7 @@ def test_any_kubeflow_jobs_pods_are_sized_from_its_owner() -> None:
     feed(t, pods)
     [owner] = t.gangs.owners_to_fetch()
     assert api_of(owner).plural == "tfjobs"
-    t.on_owner_size(owner, owner_sizing(owner, tf).size, 2)
+    t.on_owner_size(owner, Sizing(owner_sizing(owner, tf).size), 2)
     [sub] = [e for e in t.flush(2) if isinstance(e, JobSubmitted)]
     assert (sub.source, sorted((p.name, p.count) for p in sub.podsets)) == ("TFJob/team/tf", [("ps", 1), ("worker", 2)])
 

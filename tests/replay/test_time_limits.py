@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from muster.daemon.k8s import manifests as m
-from muster.daemon.k8s.owners import owner_sizing
+from muster.daemon.k8s.owners import Sizing, owner_sizing
 from muster.daemon.k8s.pods import pod_info
 from muster.daemon.k8s.translating import Translator
 from muster.daemon.k8s.watching import WatchEvent
@@ -144,7 +144,9 @@ def test_a_jobs_active_deadline_is_its_gangs_limit(
     t.flush(1)
     for owner in t.gangs.owners_to_fetch():
         sizing = owner_sizing(owner, job)
-        t.on_owner_size(owner, sizing.size, 2, uid=sizing.uid, queue=sizing.queue, max_runtime=sizing.max_runtime)
+        t.on_owner_size(
+            owner, Sizing(sizing.size, uid=sizing.uid, queue=sizing.queue, max_runtime=sizing.max_runtime), 2
+        )
     [sub] = [e for e in t.flush(2) if isinstance(e, JobSubmitted)]
     assert sub.max_runtime == expected
 
