@@ -227,7 +227,7 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
                 from muster.ui.server import serve_stream
 
                 dashboard = functools.partial(
-                    serve_stream, store, host=cfg.ui_host, port=cfg.ui_port, token_file=cfg.ui_token_file
+                    serve_stream, store, shared=loop, host=cfg.ui_host, port=cfg.ui_port, token_file=cfg.ui_token_file
                 )
                 log.info("serving the dashboard", host=cfg.ui_host, port=await tg.start(dashboard))
             await loop.run()

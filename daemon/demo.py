@@ -176,7 +176,7 @@ async def run_demo(options: DemoOptions) -> DemoResult:
                     await tg.start(daemon)
                     tg.start_soon(workload.run)
                     if options.ui_port is not None:
-                        ui_url = f"http://127.0.0.1:{await _dashboard(tg, store, options.ui_port, rates)}/"
+                        ui_url = f"http://127.0.0.1:{await _dashboard(tg, store, loop, options.ui_port, rates)}/"
                         _console(options).print(f"dashboard: [bold]{ui_url}[/bold] (until the demo ends)")
                     with anyio.move_on_after(options.duration):
                         await _show(options, loop, stats, stop, started)
@@ -218,14 +218,14 @@ async def run_demo(options: DemoOptions) -> DemoResult:
     )
 
 
-async def _dashboard(tg: Any, store: Any, port: int, rates: Path) -> int:
-    """Start the web dashboard on `port` (any free port when it is taken); returns the port it listens on."""
+async def _dashboard(tg: Any, store: Any, loop: Any, port: int, rates: Path) -> int:
+    """Start the web dashboard of the daemon's fold on `port` (any free port when taken); returns its port."""
     import functools
 
     from muster.daemon.billing_report import load_rate_card
     from muster.ui.server import serve_stream
 
-    serving = functools.partial(serve_stream, store, rates=load_rate_card(rates))
+    serving = functools.partial(serve_stream, store, shared=loop, rates=load_rate_card(rates))
     try:
         port_used: int = await tg.start(functools.partial(serving, port=port))
     except OSError:  # another program (another demo?) holds the port

@@ -1,59 +1,74 @@
-"""The dashboard's memory: one fold of the log, kept current, and the log as of any past point.
+"""The dashboard's memory: the live fold of the log, and the log as of any past point.
 
-Role: fold the log once from the start into the cluster state
-(`projections.cluster.evolve`) and the billing state
-(`projections.billing.evolve_billing`), then follow the stream. While folding
-it keeps, all derived from the log alone:
-- in-memory snapshots of the cluster state every `every` events
-  (`replay.snapshots.Snapshotter`, verified by construction: folded from the
-  empty state), so `replay.rebuild.state_at` reaches any point by folding at
-  most `every` events;
-- billing checkpoints at the same sequences: the tracker's bytes and the
-  ledger rows accrued since the previous checkpoint, so the ledger at a past
-  point is the sum of the deltas before it plus a short fold. The rows are
-  kept summed per queue and priority class (`by_queue`): the dashboard bills
-  by queue and GPU model, and a report by queue is the same over the sums
-  (every column is additive; prices depend on hour, model and class only);
-- a thinned history of each queue's GPUs in use (sparklines).
+Role: give the pages the cluster state as of any point. The live state is
+either the feed's own fold (`muster ui`: `run` folds the log from the start,
+or from the newest stored snapshot when given some, then follows the stream)
+or the daemon's (`share`: the daemon's scheduler loop folds, and calls the
+feed after each event it folded; the dashboard reads that state and never
+writes it, so there is no second fold of the log). Beside it, derived from
+the log alone:
+- past states (`moments.PastStates`): a checkpoint every `every` events
+  without the ended jobs, so any point it passed costs a small decode and at
+  most `every` events of fold; points before a fold joined midway (the
+  daemon's warm start, a stored snapshot) come from the stored snapshots
+  (`state_at`);
+- the books (`books.Books`): the billing fold with its checkpoints and where
+  each job's story starts. Beside a fold that did not start from the empty
+  state they read the log on their own from the start, behind the live pages
+  (the billing fold needs no cluster state);
+- a thinned history of each queue's GPUs in use (sparklines), from where the
+  feed started observing.
 
-Invariant: the moment `at(point)` gives equals the fold of the log up to the
-point (the rule of `state_at`), whether the point is the live end or the past.
+Invariants: the moment `at(point)` gives equals the fold of the log up to the
+point (the rule of `replay.rebuild.state_at`), whether the point is the live
+end or the past. A failure in what the feed does after a daemon's event is
+logged and stops the feed's observing; it never reaches the daemon's fold.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.lowlevel
-import msgspec
+import structlog
 
 from muster.events.store import EventStore
-from muster.events.types import JobSubmitted
-from muster.projections.billing import (
-    DEFAULT_GPU_LABEL,
-    BillingState,
-    Ledger,
-    decode_tracker,
-    drain,
-    encode_tracker,
-    evolve_billing,
-    merge_into,
-    new_billing_state,
-    settle,
-)
+from muster.events.types import Event
+from muster.projections.billing import DEFAULT_GPU_LABEL, BillingState
 from muster.projections.cluster import ClusterState, evolve
 from muster.replay.points import Point
 from muster.replay.rebuild import state_at
-from muster.replay.snapshots import MemorySnapshots, Snapshots, Snapshotter, fold_range, no_gc
+from muster.replay.snapshots import Snapshots, Verify, fold_range, no_gc
 from muster.replay.source import LogSource
+from muster.ui.books import Books
+from muster.ui.moments import EVERY, Past, PastStates
 
 HISTORY_POINTS = 240
-EVERY = 25_000
-"""Events between two in-memory snapshots: a past point costs at most this many events of fold."""
+SHARED_POLL = 0.05
+"""Seconds between two looks at whether a shared fold has caught up with the log."""
+
+log = structlog.get_logger("muster.ui")
+
+
+class SharedFold(Protocol):
+    """A fold of the log the feed shows instead of folding it again (the daemon's `SchedulerLoop`)."""
+
+    @property
+    def state(self) -> ClusterState: ...
+
+    @property
+    def folded_seq(self) -> int: ...
+
+    @property
+    def ready(self) -> bool:
+        """Caught up with the log as it was at start."""
+        ...
+
+    def on_fold(self, callback: Callable[[int, Event, bool], None]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -90,33 +105,6 @@ class History:
         return [s for s in self.samples if s.seq <= seq]
 
 
-def by_queue(ledger: Ledger) -> Ledger:
-    """The ledger's usage rows summed per (queue and priority class, hour, GPU model); capacity and queues kept.
-
-    The row key's job part becomes `QUEUE CLASS`: `build_report(by="queue")`,
-    which groups by `Usage.queue` and prices per hour, model and class, gives
-    the same report over these rows as over the per-job ones (tested).
-    """
-    out = Ledger(capacity=dict(ledger.capacity), queues=dict(ledger.queues))
-    for (_job, hour, model), row in ledger.usage.items():
-        key = (f"{row.queue} {row.priority_class}", hour, model)
-        have = out.usage.get(key)
-        if have is None:
-            out.usage[key] = msgspec.structs.replace(row)
-        else:
-            have.add(row)
-    return out
-
-
-@dataclass
-class Checkpoint:
-    """The billing fold at `seq`: its tracker, and the ledger rows accrued since the previous checkpoint."""
-
-    seq: int
-    tracker: bytes
-    delta: Ledger
-
-
 @dataclass
 class Moment:
     """The log as of one point: the cluster state and the queue history up to it (`live`: the end, followed)."""
@@ -129,7 +117,7 @@ class Moment:
 
 
 class Feed:
-    """Folds `source` (then follows `store`, when given) and gives the log as of any point (`at`)."""
+    """Folds `source` (then follows `store`, when given), or shows a shared fold, and gives the log at any point."""
 
     def __init__(
         self,
@@ -138,77 +126,119 @@ class Feed:
         *,
         every: int = EVERY,
         gpu_label: str = DEFAULT_GPU_LABEL,
+        snapshots: Snapshots | None = None,
+        verify: Verify = "marks",
     ) -> None:
         self.source = source
+        self.verify = verify
         self.store = store
-        self.gpu_label = gpu_label
-        self.state = ClusterState()
-        self.billing = new_billing_state(gpu_label)
-        self.ledger = Ledger()
-        """Every billing row drained so far, summed `by_queue` (the live ledger)."""
-        self.checkpoints: list[Checkpoint] = [Checkpoint(0, encode_tracker(self.billing.tracker), Ledger())]
-        self.snapshots = Snapshots(MemorySnapshots(), source)
-        self.writer = Snapshotter(self.snapshots, every, trusted_from=0)
+        self.snapshots = snapshots
+        """Stored snapshots of the log, for points before the first checkpoint (a fold joined midway)."""
+        self.past = PastStates(every)
+        self.books = Books(source, gpu_label=gpu_label)
         self.history = History()
-        self.submissions: dict[str, int] = {}
-        """Job id -> sequence of its (first) JobSubmitted: where its story starts."""
         self.seq = 0
         self.target = 0
         """The end of the log when the first fold started (progress while catching up)."""
         self.ready = anyio.Event()
+        self.broken: str | None = None
+        """Why the feed stopped observing a shared fold (None: it did not)."""
+        self._own = ClusterState()
+        self._shared: SharedFold | None = None
         self._changed = anyio.Event()
         self._past: Moment | None = None
-        self._past_billing: tuple[int, BillingState] | None = None
         self._past_lock = anyio.Lock()
+
+    @property
+    def state(self) -> ClusterState:
+        """The live state: the feed's own fold, or the shared one (read only)."""
+        return self._shared.state if self._shared is not None else self._own
+
+    def share(self, fold: SharedFold) -> None:
+        """Show `fold`'s state instead of folding the log (before `run`); the feed observes each event it folds."""
+        self._shared = fold
+        fold.on_fold(self._on_shared)
 
     # ------------------------------------------------------------ folding
 
     async def run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-        """Fold to the end, then follow the stream (a file log ends there); reports started at once."""
+        """Fold to the end (or wait for the shared fold to), then follow; reports started at once.
+
+        With stored snapshots the own fold starts from the newest trusted one,
+        so the live pages answer after the log's tail; the books then read the
+        log from the start behind them, as beside a shared fold.
+        """
         task_status.started()
+        if self._shared is not None:
+            await self._run_shared(self._shared)
+            return
         self.target = await self.source.last_seq()
-        async for batch in self.source.batches(1, self.target):
-            with no_gc():
-                for seq, ev in batch:
-                    self._fold(seq, ev)
-                    if self.writer.due(seq):
-                        await self._snapshot(seq)
+        if self.snapshots is not None:
+            loaded = await self.snapshots.nearest(max_seq=self.target, verify=self.verify)
+            self._own, self.seq = loaded.state, loaded.seq
+        warm = self.seq > 0
+        self.past.begin(self._own, self.seq)
+        async with anyio.create_task_group() as tg:
+            if warm:
+                tg.start_soon(self.books.follow, self.store)
+            async for batch in self.source.batches(self.seq + 1, self.target):
+                with no_gc():
+                    for seq, ev in batch:
+                        self._fold(seq, ev, books=not warm)
+                self._advanced()
+                await anyio.lowlevel.checkpoint()  # a file log never awaits: let the server answer meanwhile
+            self.seq = max(self.seq, self.target)
+            if not warm:
+                self.books.seq = self.seq
+                self.books.ready.set()
+            self.ready.set()
             self._advanced()
-            await anyio.lowlevel.checkpoint()  # a file log never awaits: let the server answer meanwhile
-        self.seq = max(self.seq, self.target)
+            if self.store is None:
+                return
+            async with contextlib.aclosing(self.store.follow(self.seq + 1)) as events:
+                async for seq, ev in events:
+                    self._fold(seq, ev, books=not warm)
+                    self._advanced()
+
+    def _fold(self, seq: int, ev: Event, *, books: bool) -> None:
+        evolve(self._own, ev)
+        self._observe(seq, ev, self._own)
+        if books:
+            self.books.observe(seq, ev)
+
+    def _observe(self, seq: int, ev: Event, state: ClusterState) -> None:
+        self.past.observe(seq, ev, state)
+        self.history.observe(seq, state)
+        self.seq = seq
+
+    async def _run_shared(self, fold: SharedFold) -> None:
+        while not fold.ready:  # the loop says so by a flag only: look after each event it folds, or now and then
+            with anyio.move_on_after(SHARED_POLL):
+                await self.changed()
+        if self.past.first is None and self.broken is None:
+            self._join(fold.state, fold.folded_seq)  # it folded nothing since we joined: start where it is
+        self.target = self.seq
         self.ready.set()
         self._advanced()
-        if self.store is None:
-            return
-        async with contextlib.aclosing(self.store.follow(self.seq + 1)) as events:
-            async for seq, ev in events:
-                self._fold(seq, ev)
-                if self.writer.due(seq):
-                    await self._snapshot(seq)
-                self._advanced()
+        await self.books.follow(self.store)
 
-    def _fold(self, seq: int, ev: Any) -> None:
-        evolve(self.state, ev)
-        evolve_billing(self.billing, seq, ev)
-        if isinstance(ev, JobSubmitted):
-            self.submissions.setdefault(ev.job, seq)
+    def _join(self, state: ClusterState, seq: int) -> None:
+        self.past.begin(state, seq)
         self.seq = seq
-        self.history.observe(seq, self.state)
 
-    async def _snapshot(self, seq: int) -> None:
-        await self.writer.maybe_snapshot(self.state, seq)
-        self._checkpoint(seq)
-
-    def _checkpoint(self, seq: int) -> None:
-        delta = by_queue(drain(self.billing))
-        merge_into(self.ledger, delta)
-        tracker = encode_tracker(self.billing.tracker)
-        last = self.checkpoints[-1]
-        if last.seq == seq:  # a reader settled again at the same point: one checkpoint per sequence
-            merge_into(last.delta, delta)
-            last.tracker = tracker
-        else:
-            self.checkpoints.append(Checkpoint(seq, tracker, delta))
+    def _on_shared(self, seq: int, ev: Event, accepted: bool) -> None:
+        if self.broken is not None or seq <= self.seq:
+            return
+        try:
+            state = self._shared.state if self._shared is not None else self._own
+            if self.past.first is None:
+                self._join(state, seq)
+            else:
+                self._observe(seq, ev, state)
+            self._advanced()
+        except Exception as exc:  # the daemon's fold goes on; the dashboard keeps what it had
+            self.broken = f"{type(exc).__name__}: {exc}"
+            log.exception("the dashboard stopped following the daemon's fold", seq=seq)
 
     def _advanced(self) -> None:
         self._changed.set()
@@ -224,12 +254,12 @@ class Feed:
     async def at(self, point: Point) -> AsyncIterator[Moment]:
         """The log as of `point`, for the time a page is built from it.
 
-        The end of the log is the live fold. A past point is built from the
+        The end of the log is the live state. A past point is built from the
         last past moment when it lies ahead of it by at most `every` events (a
-        slider moved forward, another page at the same point: no snapshot to
-        decode), else from the nearest snapshot (`state_at`). Past moments are
-        built one at a time and their state belongs to the page being built
-        until the block ends.
+        slider moved forward, another page at the same point), else from the
+        checkpoint before it (`state_at`). Past moments are built one at a
+        time and their state belongs to the page being built until the block
+        ends.
         """
         if point.time is None and (point.seq is None or point.seq >= self.seq):
             yield Moment(self.state, self.seq, self.seq, True, self.history.until(self.seq))
@@ -243,46 +273,28 @@ class Feed:
             recent is not None
             and point.time is None
             and point.seq is not None
-            and 0 <= point.seq - recent.seq <= self.writer.every
+            and 0 <= point.seq - recent.seq <= self.past.every
         ):
             await fold_range(self.source, recent.state, recent.seq + 1, point.seq)
             moment = Moment(recent.state, point.seq, self.seq, False, self.history.until(point.seq))
         else:
-            # never past what this feed folded: its snapshots and history end there
+            # never past what this feed folded: its checkpoints and history end there
             upto = Point(seq=self.seq if point.seq is None else point.seq, time=point.time, text=point.text)
-            replayed = await state_at(self.source, upto, self.snapshots)
-            moment = Moment(replayed.state, replayed.seq, self.seq, False, self.history.until(replayed.seq))
-        if self._past_billing is not None and self._past_billing[0] != moment.seq:
-            self._past_billing = None
+            past = await self.state_at(upto)
+            moment = Moment(past.state, past.seq, self.seq, False, self.history.until(past.seq))
         self._past = moment
         return moment
 
-    async def billing_at(self, moment: Moment) -> BillingState:
-        """The billing state (settled, rows `by_queue`) as of a moment given by `at`, inside its block.
+    async def state_at(self, point: Point) -> Past:
+        """A new state, the fold of the log up to `point` (not past the live end): the caller's to change."""
+        if self.past.covers(point):
+            return await self.past.state_at(self.source, point, self.seq)
+        upto = Point(seq=self.seq if point.seq is None else min(point.seq, self.seq), time=point.time)
+        replayed = await state_at(self.source, upto, self.snapshots, verify=self.verify)
+        return Past(replayed.state, replayed.seq)
 
-        Live: the running jobs are booked up to now and the rows kept as a
-        checkpoint (sums do not depend on where runs are cut). Past: the deltas
-        up to the checkpoint before it, then a fold.
-        """
-        if moment.live:
-            settle(self.billing)
-            self._checkpoint(self.seq)
-            return BillingState(tracker=self.billing.tracker, ledger=self.ledger)
-        if self._past_billing is not None:
-            return self._past_billing[1]
-        seq = moment.seq
-        base = next(c for c in reversed(self.checkpoints) if c.seq <= seq)
-        state = BillingState(tracker=decode_tracker(base.tracker), ledger=Ledger())
-        for c in self.checkpoints:
-            if c.seq > base.seq:
-                break
-            merge_into(state.ledger, c.delta)
-        if seq > base.seq:
-            with no_gc():
-                async for batch in self.source.batches(base.seq + 1, seq):
-                    for s, ev in batch:
-                        evolve_billing(state, s, ev)
-        settle(state)
-        state.ledger = by_queue(state.ledger)  # the deltas' sums and the fold's per-job rows, summed alike
-        self._past_billing = (seq, state)
-        return state
+    async def billing_at(self, moment: Moment) -> BillingState:
+        """The billing state (settled, rows summed by queue) as of a moment given by `at`, inside its block."""
+        if moment.live or moment.seq >= self.books.seq:
+            return self.books.live()
+        return await self.books.at(moment.seq)

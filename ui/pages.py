@@ -23,7 +23,6 @@ from muster.projections.quota import QuotaTree
 from muster.replay.explain import Storyteller
 from muster.replay.explaincli import document as story_document
 from muster.replay.points import Clock, Point
-from muster.replay.rebuild import state_at
 from muster.replay.snapshots import no_gc
 from muster.replay.views import domain_rows, job_counts, job_shape, node_rows, pending_reason, queue_rows
 from muster.ui.feed import Feed, Moment
@@ -157,17 +156,17 @@ def jobs(moment: Moment, *, text: str = "", status: str = "", queue: str = "", l
 async def job(feed: Feed, moment: Moment, job_id: str) -> dict[str, Any] | None:
     """The job's `explain` story up to the moment (None: no such job then).
 
-    The story starts from the state just before the job's submission (snapshots
-    and a fold) rather than from sequence 1, and ends where the job ended: the
+    The story starts from the state just before the job's submission (a
+    checkpoint and a short fold) rather than from sequence 1, and ends where the job ended: the
     lines are the same, since a job's story begins at its submission and the
     fold changes a terminal job no more (only a later duplicate submission of
     its id would add a line to `explain`'s story, which the page leaves out).
     So a page costs the events of the job's lifetime, not of the log.
     """
-    start = feed.submissions.get(job_id)
+    start = feed.books.submissions.get(job_id)
     if start is None or start > moment.seq or job_id not in moment.state.jobs:
         return None
-    before = await state_at(feed.source, Point(seq=start - 1), feed.snapshots)
+    before = await feed.state_at(Point(seq=start - 1))
     teller = Storyteller(job_id, before.state)
     with no_gc():
         async for batch in feed.source.batches(start, moment.seq):

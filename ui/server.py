@@ -30,9 +30,10 @@ from aiohttp import web
 from muster.events.store import EventStore
 from muster.projections.chargeback import RateCard
 from muster.replay.points import PointError, parse_point
+from muster.replay.snapshots import NatsSnapshots, Snapshots, default_bucket
 from muster.replay.source import NatsLog
 from muster.ui import pages
-from muster.ui.feed import Feed, Moment
+from muster.ui.feed import Feed, Moment, SharedFold
 
 COOKIE = "muster_ui_token"
 STATIC = ("index.html", "app.js", "style.css")
@@ -97,13 +98,18 @@ def _json(doc: Any) -> web.Response:
 Page = Callable[[web.Request, Feed, Moment], Awaitable[Any]]
 
 
-def page(build: Page) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """A JSON route: the moment `?at=` names, the page's document, and the header every page shows."""
+def page(build: Page, *, books: bool = False) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """A JSON route: the moment `?at=` names, the page's document, and the header every page shows.
+
+    Until the fold has caught up (and, for a page that reads the books, the
+    books too: `books.Books`, filled in behind a shared fold) it answers 503
+    with the progress.
+    """
 
     async def handler(request: web.Request) -> web.Response:
         feed = request.app[FEED]
-        if not feed.ready.is_set():
-            doc = {"header": {"ready": False, "folded": feed.seq, "target": feed.target}}
+        if not feed.ready.is_set() or (books and not feed.books.ready.is_set()):
+            doc = {"header": {"ready": False, "folded": feed.seq, "target": feed.target, "books": feed.books.seq}}
             return web.Response(body=pages.dumps(doc), status=503, content_type="application/json")
         async with feed.at(_moment_point(request)) as moment:
             body = await build(request, feed, moment)
@@ -210,8 +216,8 @@ def make_app(feed: Feed, *, token: str | None = None, rates: RateCard | None = N
     app.router.add_get("/api/cluster", page(_cluster))
     app.router.add_get("/api/queues", page(_queues))
     app.router.add_get("/api/jobs", page(_jobs))
-    app.router.add_get("/api/jobs/{job:.+}", page(_job))  # ids hold slashes (team/gang/name)
-    app.router.add_get("/api/chargeback", page(_chargeback))
+    app.router.add_get("/api/jobs/{job:.+}", page(_job, books=True))  # ids hold slashes (team/gang/name)
+    app.router.add_get("/api/chargeback", page(_chargeback, books=True))
     app.router.add_get("/api/events", _events)
     return app
 
@@ -249,13 +255,26 @@ async def serve(
 async def serve_stream(
     store: EventStore,
     *,
+    shared: SharedFold | None = None,
     host: str = "127.0.0.1",
     port: int = 0,
     token_file: str | None = None,
     rates: RateCard | None = None,
     task_status: Any = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """The dashboard of a stream, followed live (the daemon's and the demo's); reports started with the port."""
+    """The dashboard of a stream, followed live (the daemon's and the demo's); reports started with the port.
+
+    With `shared` (the daemon's scheduler loop) the pages show its fold of the
+    stream instead of folding it again; points before the fold joined come
+    from the stream's stored snapshots (the sidecar's bucket), when it has any.
+    """
     token = read_token(token_file, None)
-    feed = Feed(NatsLog(store), store)
+    source = NatsLog(store)
+    try:
+        stored = await NatsSnapshots.open(store.js, default_bucket(store.stream), create=False)
+    except Exception:  # not allowed to read them, NATS trouble: such points are folded from the start
+        stored = None
+    feed = Feed(source, store, snapshots=None if stored is None else Snapshots(stored, source))
+    if shared is not None:
+        feed.share(shared)
     await serve(feed, host=host, port=port, token=token, rates=rates, task_status=task_status)

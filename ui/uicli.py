@@ -3,7 +3,10 @@
 Serves http://127.0.0.1:8321/ by default until Ctrl-C. `--host 0.0.0.0` (any
 address beyond this machine) needs a bearer token: `--token-file FILE` or
 `$MUSTER_UI_TOKEN`. `--rates FILE` prices the Chargeback page with a rate
-card (`muster billing report --rates`). Exit status 2 on bad arguments, a log
+card (`muster billing report --rates`). With stored snapshots (`--snapshots`,
+or the stream's bucket) the live pages answer once the log after the newest
+one is folded; the chargeback and job pages once the billing fold, which reads
+the log from its start behind them, has caught up. Exit status 2 on bad arguments, a log
 that cannot be opened or a dashboard that would be exposed without a token.
 Top-level imports stay light (the CLI imports every command).
 """
@@ -18,7 +21,7 @@ DEFAULT_PORT = 8321
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from muster.replay.cliargs import add_source_arguments
+    from muster.replay.cliargs import add_snapshot_arguments, add_source_arguments
 
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks a free one)")
@@ -27,15 +30,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--snapshot-every",
         type=int,
-        default=25_000,
+        default=5_000,
         metavar="N",
-        help="keep a state every N events in memory for time travel (default 25,000)",
+        help="keep a checkpoint every N events in memory for time travel (default 5,000)",
     )
     add_source_arguments(p)
+    add_snapshot_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    from muster.replay.cliutil import UsageError, run_command
+    from muster.replay.cliutil import UsageError, open_snapshots, run_command
 
     async def body(source: Any, store: Any) -> int:
         import functools
@@ -46,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
         from muster.ui.server import serve
 
         token, rates = _settings(args)
-        feed = Feed(source, store, every=args.snapshot_every)
+        snapshots = await open_snapshots(args, source, store)
+        feed = Feed(source, store, every=args.snapshot_every, snapshots=snapshots, verify=args.verify)
         async with anyio.create_task_group() as tg:
             try:
                 port = await tg.start(

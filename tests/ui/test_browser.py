@@ -23,19 +23,9 @@ from muster.events.embedded import EmbeddedNats
 from muster.events.store import EventStore
 from muster.projections.cluster import ClusterState, evolve
 from muster.replay.source import FileLog, NatsLog
+from muster.ui.browser import CHROMIUM, headless_page
 from muster.ui.feed import Feed
 
-CHROMIUM = Path("/usr/bin/chromium")
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 ARTIFACTS = Path(__file__).resolve().parents[2] / ".artifacts" / "ui"
 
 pytestmark = [
@@ -47,14 +37,9 @@ pytestmark = [
 
 @contextlib.asynccontextmanager
 async def browser_page() -> AsyncIterator[Any]:
-    playwright = pytest.importorskip("playwright.async_api")
-    async with playwright.async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        try:
-            page = await browser.new_page(viewport={"width": 1400, "height": 900})
-            yield page
-        finally:
-            await browser.close()
+    pytest.importorskip("playwright.async_api")
+    async with headless_page() as page:
+        yield page
 
 
 async def _dump(result: Any, path: Path) -> None:

@@ -7,12 +7,24 @@ import itertools
 import pytest
 from uikit import IDLE, STORY, memory_log, mixed, sim
 
+from muster.events.types import (
+    Event,
+    JobCancelled,
+    JobHeld,
+    JobId,
+    JobReleased,
+    JobSubmitted,
+    PodSet,
+    QueueConfigured,
+    QueueName,
+)
 from muster.projections.billing import fold_billing
 from muster.projections.chargeback import build_report
 from muster.projections.cluster import ClusterState, evolve
 from muster.replay.explain import explain
 from muster.replay.explaincli import document
 from muster.replay.points import END, Point
+from muster.replay.snapshots import MemorySnapshots, Snapshots
 from muster.ui import pages
 from muster.ui.feed import Feed, History
 
@@ -34,10 +46,10 @@ async def folded(events: list, every: int = 25) -> Feed:
     "scenario", [pytest.param(mixed(3, idle=True), id="mixed-idle"), pytest.param(STORY, id="story")]
 )
 async def test_every_point_shows_the_fold_of_the_log_up_to_it(scenario: str) -> None:
-    """The state at any sequence (nearest in-memory snapshot + fold) equals the plain fold of that prefix."""
+    """The state at any sequence (checkpoint, ended jobs put back, fold) equals the plain fold of that prefix."""
     events = sim(scenario).events
     feed = await folded(events, every=9)
-    assert len(await feed.snapshots.catalog()) >= len(events) // 9
+    assert len(feed.past.checkpoints) >= len(events) // 9
     n = len(events)
     for seq in [*range(0, n, 5), n, *range(n - 1, 0, -7)]:  # forward from the last point, the end, then back
         async with feed.at(Point(seq=seq)) as moment:
@@ -77,7 +89,7 @@ async def test_chargeback_at_any_point_is_the_billing_fold_of_that_prefix() -> N
 
 
 async def test_the_job_page_tells_the_story_explain_tells() -> None:
-    """Started from the snapshot before its submission, each job's story is line for line `muster explain`'s."""
+    """Started from the checkpoint before its submission, each job's story is line for line `muster explain`'s."""
     events = sim(IDLE).events
     log = memory_log(events)
     feed = Feed(log, every=3)
@@ -114,3 +126,49 @@ def test_the_queue_history_stays_small_and_spans_the_whole_log() -> None:
     assert seqs[0] == history.stride and seqs[-1] > 10_000 - history.stride
     assert all(b - a == history.stride for a, b in itertools.pairwise(seqs))
     assert history.samples[-1].used == {name: q.usage.get("gpu", 0) for name, q in state.queues.items()}
+
+
+async def test_a_job_that_ended_while_held_is_kept_live_until_released() -> None:
+    """A job cancelled while held changes once more (its release): every point around it still equals the fold."""
+    sub = [PodSet(name="w", count=1, requests={"gpu": 8})]  # no nodes: it waits
+    events: list[Event] = [
+        QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8}),
+        JobSubmitted(at=1, job=JobId("a"), queue=QueueName("q"), podsets=sub),
+        JobHeld(at=2, job=JobId("a")),
+        JobCancelled(at=3, job=JobId("a")),
+        JobSubmitted(at=4, job=JobId("b"), queue=QueueName("q"), podsets=sub),
+        JobReleased(at=5, job=JobId("a")),
+        JobCancelled(at=6, job=JobId("b")),
+        JobSubmitted(at=7, job=JobId("c"), queue=QueueName("q"), podsets=sub),
+    ]
+    feed = await folded(events, every=1)
+    for seq in range(len(events), -1, -1):  # backwards: every point from its own checkpoint
+        async with feed.at(Point(seq=seq)) as moment:
+            assert moment.state == fold(events, seq), f"seq {seq}"
+            assert list(moment.state.jobs) == list(fold(events, seq).jobs), "the fold's order (submission order)"
+    assert [j.id for j in feed.past.ended] == ["a", "b"]
+    assert not feed.past.ended[0].held
+
+
+async def test_a_feed_started_from_a_stored_snapshot_shows_every_point_and_bills_from_the_start() -> None:
+    """From the newest stored snapshot: points before it and after it, the chargeback and the stories are the fold's."""
+    events = sim(mixed(3, idle=True)).events
+    log = memory_log(events)
+    n, k = len(events), len(events) * 2 // 3
+    snapshots = Snapshots(MemorySnapshots(), log)
+    await snapshots.write(fold(events, k), k, verified_from=0)
+    feed = Feed(log, every=7, snapshots=snapshots)
+    await feed.run()
+    assert feed.past.first == k, "the live fold started from the snapshot"
+    for seq in [n, *range(n - 1, 0, -6)]:
+        async with feed.at(Point(seq=seq)) as moment:
+            assert moment.state == fold(events, seq), f"seq {seq}"
+    async with feed.at(END) as live:
+        expected = fold_billing(list(enumerate(events, start=1)))
+        assert report(await feed.billing_at(live), live.state.now) == report(expected, live.state.now)
+        early = [j for j, s in feed.books.submissions.items() if s < k][:3]
+        assert early
+        for job_id in early:
+            doc = await pages.job(feed, live, job_id)
+            story, now = await explain(log, job_id, END)
+            assert doc is not None and doc["story"] == document(story, now)["story"], job_id

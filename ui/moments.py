@@ -1,0 +1,143 @@
+"""Past states of the log for the dashboard: dense in-memory checkpoints that leave the ended jobs out.
+
+Role: keep, while a fold advances, what rebuilds the cluster state at any
+sequence it passed, cheaply: on a long log most jobs have ended, and decoding
+them is what made a far past point slow (a full snapshot of 1M events holds
+~50,000 ended jobs). So:
+- each ended job is kept once, in the order jobs ended (`ended`), a copy
+  taken when it ended;
+- a checkpoint every `every` sequences keeps the state without its ended jobs
+  (encoded as `replay.snapshots` encodes a state: small, since only the live
+  jobs, nodes and queues remain) and how many jobs had ended by then.
+A past state is a checkpoint decoded, its ended jobs put back in the fold's
+order (submission order), then a fold of at most `every` events.
+
+Invariant: `state_at(point)` equals the fold of the log up to the point (the
+rule of `replay.rebuild.state_at`). It holds because the fold never changes a
+job once it is in `TERMINAL` (every handler of `projections.cluster` passes
+over such a job) but for one field: `JobReleased` clears `held` of a job that
+was held when it ended. A job counts as ended here only when it is terminal
+and not held, so what is kept is final. Tests compare every checkpoint with a
+fresh fold.
+
+The live state is only read (encoded, and its ended jobs copied): the caller's
+fold may be the daemon's own (`feed.SharedFold`), which the dashboard must
+never change.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import msgspec
+
+from muster.events.types import Event
+from muster.projections.cluster import TERMINAL, ClusterState, JobState
+from muster.replay.points import Point
+from muster.replay.snapshots import decode_state, encode_state, fold_range, no_gc
+from muster.replay.source import LogSource
+
+EVERY = 5_000
+"""Events between two checkpoints: a past point costs at most this many events of fold."""
+FORMAT = "msgpack+zlib"
+
+_job_encoder = msgspec.msgpack.Encoder()
+_job_decoder = msgspec.msgpack.Decoder(JobState)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The fold at `seq` (its latest event time `at`) without the first `ended` ended jobs, encoded."""
+
+    seq: int
+    at: int
+    ended: int
+    data: bytes
+
+
+@dataclass
+class Past:
+    """A state rebuilt for a point: the fold of sequences 1..seq."""
+
+    state: ClusterState
+    seq: int
+
+
+class PastStates:
+    """Checkpoints of a fold from sequence `first` on (`observe` after each event), and states rebuilt from them."""
+
+    def __init__(self, every: int = EVERY) -> None:
+        if every < 1:
+            raise ValueError("every must be at least 1")
+        self.every = every
+        self.ended: list[JobState] = []
+        """Copies of the ended jobs, in the order they ended; none is ever changed."""
+        self._ended_ids: set[str] = set()
+        self.checkpoints: list[Checkpoint] = []
+
+    @property
+    def first(self) -> int | None:
+        """The first sequence this can rebuild (None: nothing observed yet)."""
+        return self.checkpoints[0].seq if self.checkpoints else None
+
+    def begin(self, state: ClusterState, seq: int) -> None:
+        """Start from `state`, the fold of 1..seq (the empty state at 0, or a fold joined midway)."""
+        for job in state.jobs.values():
+            self._maybe_ended(job)
+        self._checkpoint(state, seq)
+
+    def observe(self, seq: int, ev: Event, state: ClusterState) -> None:
+        """`state` has just folded `ev` at `seq`: keep the job it ended, and a checkpoint when one is due."""
+        job_id = getattr(ev, "job", None)
+        if isinstance(job_id, str):
+            job = state.jobs.get(job_id)
+            if job is not None:
+                self._maybe_ended(job)
+        if seq // self.every > self.checkpoints[-1].seq // self.every:
+            self._checkpoint(state, seq)
+
+    def _maybe_ended(self, job: JobState) -> None:
+        if job.status in TERMINAL and not job.held and job.id not in self._ended_ids:
+            self._ended_ids.add(job.id)
+            self.ended.append(_job_decoder.decode(_job_encoder.encode(job)))
+
+    def _checkpoint(self, state: ClusterState, seq: int) -> None:
+        ended = self._ended_ids
+        with no_gc():
+            live = {k: j for k, j in state.jobs.items() if k not in ended}
+            data = encode_state(msgspec.structs.replace(state, jobs=live), FORMAT)
+        self.checkpoints.append(Checkpoint(seq, state.now, len(self.ended), data))
+
+    # ------------------------------------------------------------ reading
+
+    def covers(self, point: Point) -> bool:
+        """Whether a checkpoint lies at or before `point` (else the state comes from elsewhere)."""
+        first = self.checkpoints[0] if self.checkpoints else None
+        if first is None:
+            return False
+        return (point.seq is None or point.seq >= first.seq) and (point.time is None or point.time >= first.at)
+
+    def restore(self, checkpoint: Checkpoint) -> ClusterState:
+        """The fold at the checkpoint: its state with the jobs ended by then put back, in submission order."""
+        with no_gc():
+            state = decode_state(checkpoint.data, FORMAT)
+            jobs = [*state.jobs.values(), *self.ended[: checkpoint.ended]]
+            jobs.sort(key=lambda j: j.seq)
+            state.jobs = {j.id: j for j in jobs}
+        state.reset_bookkeeping()
+        return state
+
+    async def state_at(self, source: LogSource, point: Point, last: int) -> Past:
+        """The fold of the log up to `point` (not past `last`), from the checkpoint before it; `covers(point)`."""
+        target = last if point.seq is None else min(point.seq, last)
+        seqs = [c.seq for c in self.checkpoints]
+        i = bisect.bisect_right(seqs, target) - 1
+        while point.time is not None and i > 0 and self.checkpoints[i].at > point.time:
+            i -= 1
+        checkpoint = self.checkpoints[i]
+        state = self.restore(checkpoint)
+        folded_to, folded = await fold_range(source, state, checkpoint.seq + 1, target, until=point.time)
+        if folded:
+            return Past(state, folded_to)
+        return Past(state, target if point.time is None else checkpoint.seq)
