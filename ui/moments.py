@@ -40,20 +40,28 @@ from muster.replay.source import LogSource
 
 EVERY = 5_000
 """Events between two checkpoints: a past point costs at most this many events of fold."""
-FORMAT = "msgpack+zlib"
 
 _job_encoder = msgspec.msgpack.Encoder()
 _job_decoder = msgspec.msgpack.Decoder(JobState)
 
 
+def _copy(job: JobState) -> JobState:
+    """A deep copy of an ended job (msgpack; JSON for a quantity past 64 bits, folded though rejected)."""
+    try:
+        return _job_decoder.decode(_job_encoder.encode(job))
+    except OverflowError:
+        return msgspec.json.decode(msgspec.json.encode(job), type=JobState)
+
+
 @dataclass(frozen=True)
 class Checkpoint:
-    """The fold at `seq` (its latest event time `at`) without the first `ended` ended jobs, encoded."""
+    """The fold at `seq` (its latest event time `at`) without the first `ended` ended jobs, encoded in `fmt`."""
 
     seq: int
     at: int
     ended: int
     data: bytes
+    fmt: str
 
 
 @dataclass
@@ -100,14 +108,18 @@ class PastStates:
     def _maybe_ended(self, job: JobState) -> None:
         if job.status in TERMINAL and not job.held and job.id not in self._ended_ids:
             self._ended_ids.add(job.id)
-            self.ended.append(_job_decoder.decode(_job_encoder.encode(job)))
+            self.ended.append(_copy(job))
 
     def _checkpoint(self, state: ClusterState, seq: int) -> None:
         ended = self._ended_ids
         with no_gc():
             live = {k: j for k, j in state.jobs.items() if k not in ended}
-            data = encode_state(msgspec.structs.replace(state, jobs=live), FORMAT)
-        self.checkpoints.append(Checkpoint(seq, state.now, len(self.ended), data))
+            kept = msgspec.structs.replace(state, jobs=live)
+            try:
+                fmt, data = "msgpack+zlib", encode_state(kept, "msgpack+zlib")
+            except OverflowError:  # msgpack holds 64-bit integers only, as for stored snapshots
+                fmt, data = "json", encode_state(kept, "json")
+        self.checkpoints.append(Checkpoint(seq, state.now, len(self.ended), data, fmt))
 
     # ------------------------------------------------------------ reading
 
@@ -121,7 +133,7 @@ class PastStates:
     def restore(self, checkpoint: Checkpoint) -> ClusterState:
         """The fold at the checkpoint: its state with the jobs ended by then put back, in submission order."""
         with no_gc():
-            state = decode_state(checkpoint.data, FORMAT)
+            state = decode_state(checkpoint.data, checkpoint.fmt)
             jobs = [*state.jobs.values(), *self.ended[: checkpoint.ended]]
             jobs.sort(key=lambda j: j.seq)
             state.jobs = {j.id: j for j in jobs}

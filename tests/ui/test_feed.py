@@ -12,6 +12,7 @@ from muster.events.types import (
     JobCancelled,
     JobHeld,
     JobId,
+    JobRejected,
     JobReleased,
     JobSubmitted,
     PodSet,
@@ -172,3 +173,18 @@ async def test_a_feed_started_from_a_stored_snapshot_shows_every_point_and_bills
             doc = await pages.job(feed, live, job_id)
             story, now = await explain(log, job_id, END)
             assert doc is not None and doc["story"] == document(story, now)["story"], job_id
+
+
+async def test_a_quantity_past_64_bits_is_kept_like_any_other() -> None:
+    """A job asking for more than msgpack can hold (rejected, but folded) is checkpointed and shown as the fold."""
+    huge = [PodSet(name="w", count=1, requests={"gpu": 2**70})]
+    events: list[Event] = [
+        QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8}),
+        JobSubmitted(at=1, job=JobId("huge"), queue=QueueName("q"), podsets=huge),
+        JobRejected(at=2, job=JobId("huge"), reason="too big"),
+        JobSubmitted(at=3, job=JobId("b"), queue=QueueName("q"), podsets=[PodSet(name="w", count=1, requests={})]),
+    ]
+    feed = await folded(events, every=1)
+    for seq in range(len(events), -1, -1):
+        async with feed.at(Point(seq=seq)) as moment:
+            assert moment.state == fold(events, seq), f"seq {seq}"

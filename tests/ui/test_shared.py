@@ -8,7 +8,7 @@ from typing import Any
 
 import aiohttp
 import anyio
-from uikit import serving, wait_for
+from uikit import memory_log, serving, wait_for
 
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
 from muster.daemon.simcluster import SimulatedCluster, block_rack_nodes
@@ -108,3 +108,30 @@ async def test_the_dashboard_shares_the_daemons_fold_and_changes_no_decision(sto
     report = await audit(NatsLog(store))
     assert report.ok and report.identical >= JOBS, report.differences
     assert feed.broken is None
+
+
+class BrokenFold:
+    """A shared fold whose state cannot be read: whatever the feed does after an event fails."""
+
+    ready = True
+    folded_seq = 1
+
+    def __init__(self) -> None:
+        self.listeners: list[Any] = []
+
+    @property
+    def state(self) -> ClusterState:
+        raise RuntimeError("unreadable")
+
+    def on_fold(self, callback: Any) -> None:
+        self.listeners.append(callback)
+
+
+def test_a_failing_dashboard_never_stops_the_daemons_fold() -> None:
+    """An error in what the feed does after the daemon folded an event is kept by the feed, never raised to the fold."""
+    fold = BrokenFold()
+    feed = Feed(memory_log([]))
+    feed.share(fold)
+    for seq in (1, 2):
+        fold.listeners[0](seq, QueueConfigured(at=0, name=QueueName("q"), nominal={}), True)
+    assert feed.broken == "RuntimeError: unreadable"
