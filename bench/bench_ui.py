@@ -18,13 +18,17 @@ client: the machine may be shared, CPU time is what the dashboard costs):
   warm start  a second start with a stored snapshot 20,000 events before the end
               (what the sidecar keeps): until the live pages answer, and until
               the books behind them (chargeback, stories) have caught up
+  shared fold what the dashboard adds to the daemon's fold (CPU): a fold of the log
+              alone, the same fold with a feed sharing it (`Feed.share`), and the
+              books the feed then reads behind it; before, the daemon's
+              dashboard folded the whole log a second time
   browser     with Debian's chromium (`muster.ui.browser`) and playwright: from
               navigation to the page drawn, live and after moving the time field
               to the past point; target <= 1 s (skipped without chromium)
 
 Exit status 1 when a target is missed.
 
-Usage: python bench/bench_ui.py [--events 1000000] [--every 5000] [--trials 3] [--no-browser] [--no-warm]
+Usage: python bench/bench_ui.py [--events 1000000] [--every 5000] [--trials 3] [--no-browser] [--no-warm] [--no-shared]
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import functools
 import gc
 import logging
 import os
+import resource
 import statistics
 import sys
 import time
@@ -45,12 +50,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import aiohttp
 import anyio
+import anyio.lowlevel
 import structlog
 from bench_events import realistic_events
 
 from muster.events.codec import encode
+from muster.projections.cluster import ClusterState, evolve
 from muster.replay.points import Point
-from muster.replay.snapshots import MemorySnapshots, Snapshots
+from muster.replay.snapshots import MemorySnapshots, Snapshots, no_gc
 from muster.replay.source import MemoryLog
 from muster.ui.browser import CHROMIUM, headless_page
 from muster.ui.feed import Feed
@@ -164,9 +171,11 @@ async def main_async(args: argparse.Namespace) -> bool:
         await feed.ready.wait()
         started, cpu = time.perf_counter() - t0, time.process_time() - c0
         kept = sum(len(c.data) for c in feed.past.checkpoints) / 1e6
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
         print(
             f"{'start: fold, checkpoints, billing':<52} {started:7.1f} s  {cpu:6.1f} s CPU  "
-            f"{len(feed.past.checkpoints)} checkpoints ({kept:,.0f} MB), {len(feed.past.ended):,} ended jobs kept",
+            f"{len(feed.past.checkpoints)} checkpoints ({kept:,.0f} MB), {len(feed.past.ended):,} ended jobs kept; "
+            f"max RSS {rss:,.0f} MB",
             flush=True,
         )
         base = f"http://127.0.0.1:{port}"
@@ -185,7 +194,62 @@ async def main_async(args: argparse.Namespace) -> bool:
         tg.cancel_scope.cancel()
     if not args.no_warm:
         await warm_start(MemoryLog(raws, "memory"), feed, args.every)
+    if not args.no_shared:
+        await shared_fold(MemoryLog(raws, "memory"), args.every)
     return ok
+
+
+class Folder:
+    """A fold of the log that calls its listeners after each event, as the daemon's `LogFollower` does."""
+
+    def __init__(self, source: MemoryLog) -> None:
+        self.source = source
+        self.state = ClusterState()
+        self.folded_seq = 0
+        self.ready = False
+        self.listeners: list[Any] = []
+
+    def on_fold(self, callback: Any) -> None:
+        self.listeners.append(callback)
+
+    async def run(self) -> None:
+        async for batch in self.source.batches(1, await self.source.last_seq()):
+            with no_gc():
+                for seq, ev in batch:
+                    evolve(self.state, ev)
+                    self.folded_seq = seq
+                    for listener in self.listeners:
+                        listener(seq, ev, True)
+            await anyio.lowlevel.checkpoint()
+        self.ready = True
+
+
+async def shared_fold(log: MemoryLog, every: int) -> None:
+    """What the dashboard adds to a daemon's fold: the fold alone, then with a feed sharing it, then the books."""
+    alone = Folder(log)
+    c0 = time.process_time()
+    await alone.run()
+    fold_cpu = time.process_time() - c0
+    del alone
+    folder = Folder(log)
+    feed = Feed(log, every=every)
+    feed.share(folder)
+    c0 = time.process_time()
+    await folder.run()
+    shared_cpu = time.process_time() - c0
+    c0 = time.process_time()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(feed.run)
+        await feed.books.ready.wait()
+        tg.cancel_scope.cancel()
+    books_cpu = time.process_time() - c0
+    print(
+        f"{'shared fold (the daemon): the fold alone':<52} {fold_cpu:7.1f} s CPU\n"
+        f"{'  the fold with the dashboard observing it':<52} {shared_cpu:7.1f} s CPU "
+        f"(+{shared_cpu - fold_cpu:.1f} s: checkpoints, ended jobs, history)\n"
+        f"{'  the books behind it (billing fold, own read)':<52} {books_cpu:7.1f} s CPU",
+        flush=True,
+    )
 
 
 async def warm_start(log: MemoryLog, folded: Feed, every: int) -> None:
@@ -220,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--no-browser", action="store_true", help="HTTP timings only")
     ap.add_argument("--no-warm", action="store_true", help="no second start from a stored snapshot")
+    ap.add_argument("--no-shared", action="store_true", help="no measure of a feed sharing another fold")
     args = ap.parse_args(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     return 0 if asyncio.run(main_async(args)) else 1

@@ -146,6 +146,7 @@ class Feed:
         self._own = ClusterState()
         self._shared: SharedFold | None = None
         self._changed = anyio.Event()
+        self._signalled = False
         self._past: Moment | None = None
         self._past_lock = anyio.Lock()
 
@@ -241,11 +242,16 @@ class Feed:
             log.exception("the dashboard stopped following the daemon's fold", seq=seq)
 
     def _advanced(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
+        # called after every event of a shared fold: a flag, not a new Event each time
+        if not self._signalled:
+            self._signalled = True
+            self._changed.set()
 
     async def changed(self) -> None:
-        """Wait until the fold advances."""
+        """Wait until the fold advances (after this call)."""
+        if self._signalled:
+            self._signalled = False
+            self._changed = anyio.Event()
         await self._changed.wait()
 
     # ------------------------------------------------------------ reading

@@ -83,6 +83,8 @@ class PastStates:
         """Copies of the ended jobs, in the order they ended; none is ever changed."""
         self._ended_ids: set[str] = set()
         self.checkpoints: list[Checkpoint] = []
+        self._due = 0
+        """The next sequence a checkpoint is taken at (the next multiple of `every`)."""
 
     @property
     def first(self) -> int | None:
@@ -102,7 +104,7 @@ class PastStates:
             job = state.jobs.get(job_id)
             if job is not None:
                 self._maybe_ended(job)
-        if seq // self.every > self.checkpoints[-1].seq // self.every:
+        if seq >= self._due:
             self._checkpoint(state, seq)
 
     def _maybe_ended(self, job: JobState) -> None:
@@ -120,6 +122,7 @@ class PastStates:
             except OverflowError:  # msgpack holds 64-bit integers only, as for stored snapshots
                 fmt, data = "json", encode_state(kept, "json")
         self.checkpoints.append(Checkpoint(seq, state.now, len(self.ended), data, fmt))
+        self._due = (seq // self.every + 1) * self.every
 
     # ------------------------------------------------------------ reading
 
