@@ -16,8 +16,8 @@ from typing import Any
 
 import msgspec
 
-from muster.projections.billing import Usage, UsageKey
-from muster.projections.chargeback import RateCard, build_report, hourly_series
+from muster.projections.billing import HOUR, Usage, UsageKey
+from muster.projections.chargeback import HourPoint, RateCard, build_report, hourly_series
 from muster.projections.cluster import TERMINAL, JobState, node_pods
 from muster.projections.quota import QuotaTree
 from muster.replay.explain import Storyteller
@@ -29,6 +29,8 @@ from muster.ui.feed import Feed, Moment
 
 JOB_ROWS = 200
 """Most rows a job search returns (the count says how many matched)."""
+BARS = 168
+"""Most bars of the chargeback's hourly chart (a week of hours; longer logs get several hours a bar)."""
 
 _json = msgspec.json.Encoder(decimal_format="number")
 
@@ -200,13 +202,40 @@ async def chargeback(feed: Feed, moment: Moment, rates: RateCard | None) -> dict
         model: build_report(_of_model(usage, model), [], ledger.queues, start=start, end=end, rates=rates).totals
         for model in models
     }
-    series = hourly_series(usage, capacity, start=start, end=end)
+    series, span = bars(hourly_series(usage, capacity, start=start, end=end))
     return {
         "report": report,
         "by_model": by_model,
         "hours": series,
+        "bar_hours": span,
         "priced": rates is not None,
     }
+
+
+def bars(series: list[HourPoint], limit: int = BARS) -> tuple[list[HourPoint], int]:
+    """The hourly series in at most `limit` bars of whole hours (sums per bar), and the hours per bar.
+
+    A chart is ~700 pixels wide: a long log's thousands of hours would draw
+    tens of thousands of shapes no one can tell apart.
+    """
+    if not series:
+        return series, 1
+    first = series[0].hour
+    span = max(1, -(-(series[-1].hour - first + HOUR) // (limit * HOUR)))
+    if span == 1:
+        return series, 1
+    out: dict[int, HourPoint] = {}
+    for p in series:
+        at = first + (p.hour - first) // (span * HOUR) * span * HOUR
+        bar = out.get(at)
+        if bar is None:
+            bar = out[at] = HourPoint(hour=at, allocated_by_queue={})
+        for queue, gpu_s in p.allocated_by_queue.items():
+            bar.allocated_by_queue[queue] = bar.allocated_by_queue.get(queue, 0) + gpu_s
+        bar.used_mgpu_s += p.used_mgpu_s
+        bar.sampled_gpu_s += p.sampled_gpu_s
+        bar.capacity_gpu_s += p.capacity_gpu_s
+    return list(out.values()), span
 
 
 def _of_model(usage: Iterable[tuple[UsageKey, Usage]], model: str) -> list[tuple[UsageKey, Usage]]:

@@ -12,8 +12,9 @@ Invariants:
   once sets (a browser's EventSource cannot send headers).
 - `?at=POINT` takes the points of `muster replay --at` (sequence, `@seconds`,
   a date and time, `end`); a bad one is a 400 with the reason, never a 500.
-- `/api/events` sends `{"seq", "ready"}` whenever the fold advances (at most
-  twice a second) and a comment every 15 s, so proxies keep it open.
+- `/api/events` sends `{"seq", "ready", "books", "books_ready"}` whenever the
+  fold or the books advance (at most twice a second) and a comment every
+  15 s, so proxies keep it open.
 """
 
 from __future__ import annotations
@@ -108,8 +109,11 @@ def page(build: Page, *, books: bool = False) -> Callable[[web.Request], Awaitab
 
     async def handler(request: web.Request) -> web.Response:
         feed = request.app[FEED]
-        if not feed.ready.is_set() or (books and not feed.books.ready.is_set()):
-            doc = {"header": {"ready": False, "folded": feed.seq, "target": feed.target, "books": feed.books.seq}}
+        if not feed.ready.is_set():
+            doc = {"header": {"ready": False, "what": "fold", "folded": feed.seq, "target": feed.target}}
+            return web.Response(body=pages.dumps(doc), status=503, content_type="application/json")
+        if books and not feed.books.ready.is_set():
+            doc = {"header": {"ready": False, "what": "books", "folded": feed.books.seq, "target": feed.seq}}
             return web.Response(body=pages.dumps(doc), status=503, content_type="application/json")
         async with feed.at(_moment_point(request)) as moment:
             body = await build(request, feed, moment)
@@ -163,13 +167,14 @@ async def _events(request: web.Request) -> web.StreamResponse:
     feed, stopping = request.app[FEED], request.app[STOPPING]
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
     await response.prepare(request)
-    sent: tuple[int, bool] | None = None
+    sent: tuple[int, bool, int, bool] | None = None
     written = anyio.current_time()
     try:
         while not stopping.is_set():
-            now = (feed.seq, feed.ready.is_set())
+            now = (feed.seq, feed.ready.is_set(), feed.books.seq, feed.books.ready.is_set())
             if now != sent:
-                await response.write(b"data: " + pages.dumps({"seq": now[0], "ready": now[1]}) + b"\n\n")
+                doc = {"seq": now[0], "ready": now[1], "books": now[2], "books_ready": now[3]}
+                await response.write(b"data: " + pages.dumps(doc) + b"\n\n")
                 sent, written = now, anyio.current_time()
             elif anyio.current_time() - written >= KEEPALIVE:
                 await response.write(b": keepalive\n\n")

@@ -11,7 +11,9 @@ from uikit import STORY, memory_log, serving, sim, wait_for, write_jsonl
 
 from muster.cli import main
 from muster.events.store import EventStore
+from muster.projections.chargeback import HourPoint
 from muster.replay.source import NatsLog
+from muster.ui import pages
 from muster.ui.feed import Feed
 from muster.ui.server import exposure_problem
 
@@ -115,7 +117,7 @@ async def test_the_stream_s_new_events_reach_the_page_without_a_reload(store: Ev
     feed = Feed(NatsLog(store), store)
     async with serving(feed) as base, aiohttp.ClientSession() as http, http.get(f"{base}/api/events") as stream:
         first = json.loads((await stream.content.readline()).decode().removeprefix("data: "))
-        assert first == {"seq": 6, "ready": True}
+        assert first == {"seq": 6, "ready": True, "books": 6, "books_ready": True}
         await store.append(events[6:])
         line = b""
         while not line.startswith(b"data: ") or json.loads(line[6:])["seq"] < len(events):
@@ -126,3 +128,20 @@ async def test_the_stream_s_new_events_reach_the_page_without_a_reload(store: Ev
             return {r["job"]: r["status"] for r in doc["page"]["rows"]}.get("b-big") == "finished"
 
         await wait_for(finished, "b-big finished on the live page")
+
+
+def test_a_long_chargeback_chart_sums_whole_hours_into_at_most_a_week_of_bars() -> None:
+    """Thousands of hours become at most `BARS` bars of whole hours; the sums per queue and of capacity stay."""
+    hours = [
+        HourPoint(hour=h * 3600, allocated_by_queue={"a": 10, "b": h}, capacity_gpu_s=100, used_mgpu_s=1)
+        for h in range(0, 1000)
+        if h % 7  # with gaps
+    ]
+    drawn, span = pages.bars(hours)
+    assert len(drawn) <= pages.BARS and span == 6
+    assert all((p.hour - hours[0].hour) % (span * 3600) == 0 for p in drawn), "whole hours from the first"
+    for field in ("capacity_gpu_s", "used_mgpu_s"):
+        assert sum(getattr(p, field) for p in drawn) == sum(getattr(p, field) for p in hours)
+    for queue in ("a", "b"):
+        assert sum(p.allocated_by_queue[queue] for p in drawn) == sum(h.allocated_by_queue[queue] for h in hours)
+    assert pages.bars(hours[:100]) == (hours[:100], 1), "a short log keeps its hours"

@@ -82,7 +82,9 @@ async function draw() {
   }
   if (doc.catchingUp) {
     const c = doc.catchingUp;
-    main.innerHTML = `<p class="muted">folding the log: ${num(c.folded)} of ${num(c.target)} events…</p>`;
+    const what = c.what === "books" ? "reading the log for billing and stories" : "folding the log";
+    main.innerHTML = `<p class="muted" data-testid="catching-up">${what}: ${num(c.folded)} of ${num(c.target)} events…</p>`;
+    ui.header = null;  // the next message of /api/events draws the page again
     return;
   }
   showHeader(doc.header);
@@ -300,7 +302,7 @@ function hbars(rows, fields, title) {
   return `<h3>${esc(title)}</h3>` + svg + `</svg>`;
 }
 
-function hourly(hours, queues) {
+function hourly(hours, queues, span) {
   if (!hours.length) return "";
   const w = 700, hgt = 160, bw = Math.max(2, Math.min(28, w / hours.length - 2));
   const totals = hours.map((h) => Math.max(h.capacity_gpu_s, Object.values(h.allocated_by_queue).reduce((a, b) => a + b, 0)));
@@ -319,7 +321,8 @@ function hourly(hours, queues) {
     svg += `<line x1="${x}" x2="${x + bw}" y1="${cy.toFixed(1)}" y2="${cy.toFixed(1)}" stroke="#1d2433" stroke-width="2"><title>capacity ${num(h.capacity_gpu_s / 3600, 2)} GPU-h</title></line>`;
   });
   svg += `<text x="30" y="${hgt + 16}">${esc(when(hours[0].hour))}</text><text x="${w - 120}" y="${hgt + 16}">${esc(when(hours[hours.length - 1].hour))}</text>`;
-  return `<h3>Allocated GPU-hours per hour, by queue (line: capacity)</h3>` + svg + `</svg>`;
+  const per = span > 1 ? `${span} hours` : "hour";
+  return `<h3>Allocated GPU-hours per ${per}, by queue (line: capacity)</h3>` + svg + `</svg>`;
 }
 
 function drawChargeback(main, p) {
@@ -334,7 +337,7 @@ function drawChargeback(main, p) {
     { key: "lost_gpu_hours", label: "lost GPU-h", fill: "#e15759" },
   ], "GPU-hours by queue") + `</div>`;
   if (p.priced) html += `<div class="card">` + hbars(r.rows, [{ key: "total_cost", label: `cost ${cur}`, fill: "queue" }], `Cost by queue (${cur})`) + `</div>`;
-  html += `<div class="card">` + hourly(p.hours, ui.header.queues || []) + `</div>`;
+  html += `<div class="card">` + hourly(p.hours, ui.header.queues || [], p.bar_hours || 1) + `</div>`;
   const cols = ["allocated_gpu_hours", "used_gpu_hours", "idle_gpu_hours", "borrowed_gpu_hours", "lost_gpu_hours", "total_cost"];
   const head = ["GPU-h alloc", "used", "idle", "borrowed", "lost", `total ${cur}`];
   const line = (key, row) => `<tr><td>${esc(key)}</td>${cols.map((c) => `<td class="n">${num(row[c], 2)}</td>`).join("")}<td class="n">${row.efficiency === null ? "-" : Math.round(row.efficiency * 100) + "%"}</td></tr>`;
