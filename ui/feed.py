@@ -134,7 +134,7 @@ class Feed:
         self.store = store
         self.snapshots = snapshots
         """Stored snapshots of the log, for points before the first checkpoint (a fold joined midway)."""
-        self.past = PastStates(every)
+        self.past = PastStates(every, copy=False)
         self.books = Books(source, gpu_label=gpu_label)
         self.history = History()
         self.seq = 0
@@ -156,8 +156,13 @@ class Feed:
         return self._shared.state if self._shared is not None else self._own
 
     def share(self, fold: SharedFold) -> None:
-        """Show `fold`'s state instead of folding the log (before `run`); the feed observes each event it folds."""
+        """Show `fold`'s state instead of folding the log (before `run`); the feed observes each event it folds.
+
+        The ended jobs the past states hold are then copies: no state the
+        dashboard folds (a past point, a story) holds an object of the daemon's.
+        """
         self._shared = fold
+        self.past = PastStates(self.past.every, copy=True)
         fold.on_fold(self._on_shared)
 
     # ------------------------------------------------------------ folding
@@ -180,8 +185,6 @@ class Feed:
         warm = self.seq > 0
         self.past.begin(self._own, self.seq)
         async with anyio.create_task_group() as tg:
-            if warm:
-                tg.start_soon(self.books.follow, self.store)
             async for batch in self.source.batches(self.seq + 1, self.target):
                 with no_gc():
                     for seq, ev in batch:
@@ -189,7 +192,9 @@ class Feed:
                 self._advanced()
                 await anyio.lowlevel.checkpoint()  # a file log never awaits: let the server answer meanwhile
             self.seq = max(self.seq, self.target)
-            if not warm:
+            if warm:
+                tg.start_soon(self.books.follow, self.store)  # behind the live pages, not before them
+            else:
                 self.books.seq = self.seq
                 self.books.ready.set()
             self.ready.set()

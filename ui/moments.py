@@ -4,8 +4,9 @@ Role: keep, while a fold advances, what rebuilds the cluster state at any
 sequence it passed, cheaply: on a long log most jobs have ended, and decoding
 them is what made a far past point slow (a full snapshot of 1M events holds
 ~50,000 ended jobs). So:
-- each ended job is kept once, in the order jobs ended (`ended`), a copy
-  taken when it ended;
+- each ended job is kept once, in the order jobs ended (`ended`): the
+  fold's own object, or a copy taken when it ended when the fold is another's
+  (the daemon's);
 - a checkpoint every `every` sequences keeps the state without its ended jobs
   (encoded as `replay.snapshots` encodes a state: small, since only the live
   jobs, nodes and queues remain) and how many jobs had ended by then.
@@ -28,6 +29,8 @@ never change.
 from __future__ import annotations
 
 import bisect
+import itertools
+import operator
 from dataclasses import dataclass
 
 import msgspec
@@ -41,6 +44,7 @@ from muster.replay.source import LogSource
 EVERY = 5_000
 """Events between two checkpoints: a past point costs at most this many events of fold."""
 
+_submission = operator.attrgetter("seq")
 _job_encoder = msgspec.msgpack.Encoder()
 _job_decoder = msgspec.msgpack.Decoder(JobState)
 
@@ -75,14 +79,20 @@ class Past:
 class PastStates:
     """Checkpoints of a fold from sequence `first` on (`observe` after each event), and states rebuilt from them."""
 
-    def __init__(self, every: int = EVERY) -> None:
+    def __init__(self, every: int = EVERY, *, copy: bool = True) -> None:
+        """`copy`: keep copies of the ended jobs, not the fold's own (a fold the caller must not reach into)."""
         if every < 1:
             raise ValueError("every must be at least 1")
         self.every = every
+        self.copy = copy
         self.ended: list[JobState] = []
-        """Copies of the ended jobs, in the order they ended; none is ever changed."""
+        """The ended jobs, in the order they ended; none is ever changed."""
         self._ended_ids: set[str] = set()
         self.checkpoints: list[Checkpoint] = []
+        self._live: dict[str, None] = {}
+        """Ids of the jobs not (yet) counted as ended, in the fold's order (a checkpoint keeps these)."""
+        self._scanned = 0
+        """How many of the fold's jobs (which only grow, in submission order) `_live` has seen."""
         self._due = 0
         """The next sequence a checkpoint is taken at (the next multiple of `every`)."""
 
@@ -102,7 +112,7 @@ class PastStates:
         job_id = getattr(ev, "job", None)
         if isinstance(job_id, str):
             job = state.jobs.get(job_id)
-            if job is not None:
+            if job is not None and job.status in TERMINAL:  # most events leave their job running
                 self._maybe_ended(job)
         if seq >= self._due:
             self._checkpoint(state, seq)
@@ -110,12 +120,17 @@ class PastStates:
     def _maybe_ended(self, job: JobState) -> None:
         if job.status in TERMINAL and not job.held and job.id not in self._ended_ids:
             self._ended_ids.add(job.id)
-            self.ended.append(_copy(job))
+            self._live.pop(job.id, None)
+            self.ended.append(_copy(job) if self.copy else job)
 
     def _checkpoint(self, state: ClusterState, seq: int) -> None:
-        ended = self._ended_ids
+        ended, jobs = self._ended_ids, state.jobs
         with no_gc():
-            live = {k: j for k, j in state.jobs.items() if k not in ended}
+            for k in itertools.islice(jobs, self._scanned, None):  # the jobs submitted since the last one
+                if k not in ended:
+                    self._live[k] = None
+            self._scanned = len(jobs)
+            live = {k: jobs[k] for k in self._live}
             kept = msgspec.structs.replace(state, jobs=live)
             try:
                 fmt, data = "msgpack+zlib", encode_state(kept, "msgpack+zlib")
@@ -138,7 +153,7 @@ class PastStates:
         with no_gc():
             state = decode_state(checkpoint.data, checkpoint.fmt)
             jobs = [*state.jobs.values(), *self.ended[: checkpoint.ended]]
-            jobs.sort(key=lambda j: j.seq)
+            jobs.sort(key=_submission)  # two runs already nearly in order: a merge, not a sort
             state.jobs = {j.id: j for j in jobs}
         state.reset_bookkeeping()
         return state

@@ -105,6 +105,8 @@ async def test_the_dashboard_shares_the_daemons_fold_and_changes_no_decision(sto
                 async with feed.at(Point(seq=seq)) as moment:
                     assert moment.state == await plain_fold(store, seq), f"seq {seq}"
             assert encode_state(loop.state) == encode_state(await plain_fold(store))
+            assert feed.past.ended, "the finished jobs are kept for past points"
+            assert all(job is not loop.state.jobs[job.id] for job in feed.past.ended), "copies, not the daemon's"
     report = await audit(NatsLog(store))
     assert report.ok and report.identical >= JOBS, report.differences
     assert feed.broken is None
