@@ -80,6 +80,14 @@ async def test_every_page_renders_the_demo_log(demo_log: Path) -> None:
         await page.goto(base + "/")
         assert await shows(page, "cluster", ".gang") > 0
         assert await page.locator(".node").count() == 64
+        expect = pytest.importorskip("playwright.async_api").expect
+        gang = page.locator(".gang").first
+        job = await gang.get_attribute("data-job")
+        await gang.hover()  # outlines every cell of that gang, on every node
+        cells = page.locator(f".gang[data-job='{job}']")
+        await expect(page.locator(".gang.hl")).to_have_count(await cells.count())
+        await gang.click()  # its story
+        await page.wait_for_selector("main[data-page=jobs] [data-testid=story]", timeout=20_000)
         assert await shows(page, "queues", "tr[data-queue]") == 4
         assert await page.locator("svg[data-testid=spark]").count() == 4
         assert await shows(page, "jobs", "tr[data-job]") > 5

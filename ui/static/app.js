@@ -88,6 +88,7 @@ async function draw() {
     return;
   }
   showHeader(doc.header);
+  main.onmouseover = main.onclick = null;  // the cluster map's, on another page
   const painter = { queues: drawQueues, chargeback: drawChargeback, jobs: ui.arg ? drawJob : drawJobs }[page] || drawCluster;
   painter(main, doc.page);
   main.dataset.page = page;
@@ -134,11 +135,20 @@ function drawCluster(main, p) {
   }
   html += `</div>`;
   main.innerHTML = html;
-  main.querySelectorAll(".gang").forEach((el) => {
-    el.addEventListener("mouseenter", () => main.querySelectorAll(`.gang[data-job="${CSS.escape(el.dataset.job)}"]`).forEach((g) => g.classList.add("hl")));
-    el.addEventListener("mouseleave", () => main.querySelectorAll(".gang.hl").forEach((g) => g.classList.remove("hl")));
-    el.addEventListener("click", () => { location.hash = "#/jobs/" + encodeURIComponent(el.dataset.job); });
-  });
+  // one handler for the whole map (thousands of cells), not three per gang
+  let lit = null;
+  main.onmouseover = (e) => {
+    const el = e.target.closest(".gang");
+    const job = el ? el.dataset.job : null;
+    if (job === lit) return;
+    main.querySelectorAll(".gang.hl").forEach((g) => g.classList.remove("hl"));
+    if (job !== null) main.querySelectorAll(`.gang[data-job="${CSS.escape(job)}"]`).forEach((g) => g.classList.add("hl"));
+    lit = job;
+  };
+  main.onclick = (e) => {
+    const el = e.target.closest(".gang");
+    if (el) location.hash = "#/jobs/" + encodeURIComponent(el.dataset.job);
+  };
 }
 
 function drawNode(n, gangs) {
