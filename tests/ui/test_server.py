@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import anyio
 import pytest
 from uikit import STORY, memory_log, serving, sim, wait_for, write_jsonl
 
 from muster.cli import main
 from muster.events.store import EventStore
 from muster.projections.chargeback import HourPoint
-from muster.replay.source import NatsLog
+from muster.projections.cluster import ClusterState, evolve
+from muster.replay.snapshots import MemorySnapshots, Snapshots
+from muster.replay.source import MemoryLog, NatsLog
 from muster.ui import pages
 from muster.ui.feed import Feed
 from muster.ui.server import exposure_problem
@@ -145,3 +149,48 @@ def test_a_long_chargeback_chart_sums_whole_hours_into_at_most_a_week_of_bars() 
     for queue in ("a", "b"):
         assert sum(p.allocated_by_queue[queue] for p in drawn) == sum(h.allocated_by_queue[queue] for h in hours)
     assert pages.bars(hours[:100]) == (hours[:100], 1), "a short log keeps its hours"
+
+
+class HeldStart:
+    """A log whose reads from sequence 1 wait for `opened` (the books' reader), the others not (the live fold's)."""
+
+    def __init__(self, log: MemoryLog) -> None:
+        self.log = log
+        self.name = log.name
+        self.opened = anyio.Event()
+
+    async def last_seq(self) -> int:
+        return await self.log.last_seq()
+
+    async def raw(self, seq: int) -> bytes | None:
+        return await self.log.raw(seq)
+
+    async def batches(self, from_seq: int = 1, to_seq: int | None = None, *, until: int | None = None) -> Any:
+        if from_seq == 1:
+            await self.opened.wait()
+        async for batch in self.log.batches(from_seq, to_seq, until=until):
+            yield batch
+
+
+async def test_live_pages_answer_from_a_snapshot_while_the_books_catch_up_behind() -> None:
+    """Started from a stored snapshot: the cluster answers at once; chargeback and stories say they wait, then draw."""
+    events = sim(STORY).events
+    log = HeldStart(memory_log(events))
+    snapshots = Snapshots(MemorySnapshots(), log)
+    state = ClusterState()
+    for ev in events:
+        evolve(state, ev)
+    await snapshots.write(state, len(events), verified_from=0)
+    feed = Feed(log, snapshots=snapshots)
+    async with serving(feed) as base:
+        assert (await get(f"{base}/api/cluster"))[0] == 200
+        status, body = await get(f"{base}/api/chargeback")
+        assert status == 503 and json.loads(body)["header"]["what"] == "books"
+        assert (await get(f"{base}/api/jobs/b-big"))[0] == 503
+        log.opened.set()
+
+        async def books_caught_up() -> bool:
+            return (await get(f"{base}/api/chargeback"))[0] == 200
+
+        await wait_for(books_caught_up, "the chargeback once the books caught up")
+        assert (await get(f"{base}/api/jobs/b-big"))[0] == 200
