@@ -6,7 +6,8 @@ it waits for from `replay.explain` (rendered by `explaincli.document`),
 fair share from the core's own `QuotaTree`, chargeback from
 `projections.chargeback.build_report` and `hourly_series` over the billing
 fold. What is added here is only layout: nodes grouped by topology domain
-with the GPUs each gang holds on them, job search, and the queue history.
+with the GPUs each gang holds on them, job search, the queue history, and the
+hourly chart summed into at most `BARS` bars.
 """
 
 from __future__ import annotations
@@ -159,10 +160,11 @@ async def job(feed: Feed, moment: Moment, job_id: str) -> dict[str, Any] | None:
     """The job's `explain` story up to the moment (None: no such job then).
 
     The story starts from the state just before the job's submission (a
-    checkpoint and a short fold) rather than from sequence 1, and ends where the job ended: the
-    lines are the same, since a job's story begins at its submission and the
-    fold changes a terminal job no more (only a later duplicate submission of
-    its id would add a line to `explain`'s story, which the page leaves out).
+    checkpoint and a short fold) rather than from sequence 1, and ends where
+    the job ended: the lines are the same, since a job's story begins at its
+    submission and the fold changes a terminal job no more (only a later
+    duplicate submission of its id would add a line to `explain`'s story,
+    which the page leaves out).
     So a page costs the events of the job's lifetime, not of the log.
     """
     start = feed.books.submissions.get(job_id)
