@@ -73,6 +73,7 @@ from muster.events.errors import (  # re-exported
 )
 from muster.events.subjects import (  # re-exported
     DEFAULT_PREFIX,
+    SCOPED_KINDS,
     SubjectRule,
     subject_for,
     subject_problem,
@@ -184,9 +185,14 @@ _Answer = int | _AckError | None
 
 
 def _check_prefix(prefix: str) -> None:
-    if not prefix or "" in prefix.split(".") or prefix.split(".")[-1] == "submit" or any(c in prefix for c in " *>"):
+    if (
+        not prefix
+        or "" in prefix.split(".")
+        or prefix.split(".")[-1] in SCOPED_KINDS
+        or any(c in prefix for c in " *>")
+    ):
         # subject_problem finds an event's kind counting tokens from the right
-        raise StoreError(f"subject prefix {prefix!r}: must be subject tokens, the last one not 'submit'")
+        raise StoreError(f"subject prefix {prefix!r}: must be subject tokens, the last one not {sorted(SCOPED_KINDS)}")
 
 
 def msg_id_token(value: str) -> str:

@@ -1,9 +1,11 @@
 """Subjects of the log: where each event is published, and which subjects an event counts on.
 
-Role: `<prefix>.<kind>.<id>` for every event (`subject_for`), tokens made safe
-for NATS (`subject_token`), and the rule readers apply to every message
+Role: `<prefix>.<kind>.<id>` for every event, `<prefix>.<kind>.<queue>.<id>` for
+a job's events where its queue is known (`subject_for`), tokens made safe for
+NATS (`subject_token`), and the rule readers apply to every message
 (`subject_problem`): an event counts only on its own subjects, so NATS
-permissions on subjects are permissions on what the events say.
+permissions on subjects are permissions on what the events say (who may write)
+and on which events an identity may read (a team: its own queue's).
 """
 
 from __future__ import annotations
@@ -37,7 +39,15 @@ from muster.events.types import (
     SubmissionRejected,
 )
 
-__all__ = ["DEFAULT_PREFIX", "SubjectRule", "subject_for", "subject_problem", "subject_token"]
+__all__ = [
+    "DEFAULT_PREFIX",
+    "SCOPED_KINDS",
+    "SubjectRule",
+    "control_queue",
+    "subject_for",
+    "subject_problem",
+    "subject_token",
+]
 
 DEFAULT_PREFIX = "muster"
 
@@ -68,7 +78,7 @@ def subject_token(value: str) -> str:
     return token
 
 
-# the events about one job: published on `job.<id>`, by the daemon's identity only
+# the events about one job: published on `job.<id>` (or `job.<queue>.<id>`), by the daemon's identity only
 _JOB_EVENTS = (
     JobCancelled,
     JobHeld,
@@ -83,11 +93,26 @@ _JOB_EVENTS = (
     SubmissionRejected,
     GpuUtilizationSampled,
 )
+# a user's job control (`muster cancel|hold|release`) names the job's queue and goes on
+# `control.<queue>.<id>`, which that queue's own identity may publish to
+_CONTROL_EVENTS = (JobCancelled, JobHeld, JobReleased)
+
+SCOPED_KINDS = frozenset({"submit", "control", "job"})
+"""Kinds whose subjects may carry a queue (`<kind>.<queue>.<id>`); a prefix may not end in one."""
 
 
-def _route(event: Event) -> tuple[str, str]:
-    """(kind, id) of an event's subject; a submission's id is `<queue>.<job>`."""
+def control_queue(event: Event) -> str | None:
+    """The queue a user's control event names (None for every other event, and the daemon's own)."""
+    return event.queue if isinstance(event, _CONTROL_EVENTS) else None
+
+
+def _route(event: Event, queue: str | None) -> tuple[str, str]:
+    """(kind, id) of an event's subject; a queue-scoped id is `<queue>.<job>`."""
+    if isinstance(event, _CONTROL_EVENTS) and event.queue is not None:
+        return "control", f"{subject_token(event.queue)}.{subject_token(event.job)}"
     if isinstance(event, _JOB_EVENTS):
+        if queue is not None:
+            return "job", f"{subject_token(queue)}.{subject_token(event.job)}"
         return "job", subject_token(event.job)
     match event:
         case JobSubmitted():
@@ -107,9 +132,16 @@ def _route(event: Event) -> tuple[str, str]:
     return "other", subject_token(type(event).__name__)
 
 
-def subject_for(event: Event, prefix: str = DEFAULT_PREFIX) -> str:
-    """`<prefix>.<kind>.<id>` for an event (`<prefix>.submit.<queue>.<job>` for a submission)."""
-    kind, ident = _route(event)
+def subject_for(event: Event, prefix: str = DEFAULT_PREFIX, queue: str | None = None) -> str:
+    """`<prefix>.<kind>.<id>` for an event; `<prefix>.<kind>.<queue>.<job>` where a queue is known.
+
+    A submission and a user's control event name their queue themselves
+    (`submit.<queue>.<job>`, `control.<queue>.<job>`); the daemon passes the
+    `queue` of a job's other events (`job.<queue>.<job>`) so a team's identity
+    can be allowed to read its own jobs' events and no others. Without it they
+    go to `job.<job>`, as every job event did before.
+    """
+    kind, ident = _route(event, queue)
     return f"{prefix}.{kind}.{ident}"
 
 
@@ -125,40 +157,63 @@ _KIND: dict[type, bytes] = {
 }
 
 
+def _scoped_kind(tokens: list[bytes]) -> bytes | None:
+    """`submit`, `control` or `job` for a `<kind>.<queue>.<id>` subject, else None."""
+    if len(tokens) >= 4 and tokens[-3] in (b"submit", b"control", b"job"):
+        return tokens[-3]
+    return None
+
+
 def subject_problem(subject: bytes, event: Event) -> str | None:
     """Why `event` must not be taken from `subject` (None when it may), whatever the prefix.
 
     Each kind of event has its own subjects, and NATS permissions say who may
     publish where (deploy/nats/accounts.conf): only the daemon publishes on
-    `job.*`, a team only on `submit.<its queue>.*`. So a job event counts only
-    on `<kind>.<id>` subjects of its kind, and a submission only on the
-    `submit.<queue>.<job>` subject of its own queue and job, or on `job.<id>`
-    (the daemon's, where logs written before submissions had their own
-    subjects keep them). Tokens never contain dots, so the kind is found from
-    the right and the prefix need not be known.
+    `job.>`, a team only on `submit.<its queue>.*` and `control.<its queue>.*`.
+    So a submission counts only on the `submit.<queue>.<job>` subject of its
+    own queue and job (or on `job.<id>`, the daemon's, where logs written
+    before submissions had their own subjects keep them); a user's control
+    event (one naming its queue) only on `control.<queue>.<job>` of that queue
+    and job; every other event only on a subject of its kind (`job.<id>` or
+    `job.<queue>.<id>` for a job's). Tokens never contain dots, so the kind is
+    found from the right and the prefix need not be known.
     """
     tokens = subject.split(b".")
-    kind = _KIND.get(type(event), b"other")
-    on_submit = len(tokens) >= 4 and tokens[-3] == b"submit"
-    if on_submit and isinstance(event, JobSubmitted):
-        if tokens[-2] == subject_token(event.queue).encode() and tokens[-1] == subject_token(event.job).encode():
+    scoped = _scoped_kind(tokens)
+    shown = subject.decode(errors="replace")
+    if isinstance(event, JobSubmitted):
+        if scoped == b"submit" and _names(tokens, event.queue, event.job):
+            return None
+        if scoped is None and len(tokens) >= 3 and tokens[-2] == b"job":
             return None
         return (
-            f"submission of job {event.job!r} to queue {event.queue!r} published on "
-            f"{subject.decode(errors='replace')!r}: a submission counts only on its own queue's and job's subject"
+            f"submission of job {event.job!r} to queue {event.queue!r} published on {shown!r}: "
+            "a submission counts only on its own queue's and job's subject"
         )
-    if not on_submit and len(tokens) >= 3 and (tokens[-2] == kind or (kind == b"submit" and tokens[-2] == b"job")):
+    named = control_queue(event)
+    if named is not None:
+        if scoped == b"control" and _names(tokens, named, event.job):  # type: ignore[attr-defined]
+            return None
+        return (
+            f"{type(event).__name__} of job {event.job!r} for queue {named!r} published on {shown!r}: "  # type: ignore[attr-defined]
+            "a user's job control counts only on its own queue's and job's control subject"
+        )
+    kind = _KIND.get(type(event), b"other")
+    if scoped == b"job" == kind or (scoped is None and len(tokens) >= 3 and tokens[-2] == kind):
         return None
-    return (
-        f"{type(event).__name__} published on {subject.decode(errors='replace')!r}, "
-        f"not on a {kind.decode()}.* subject where it belongs"
-    )
+    return f"{type(event).__name__} published on {shown!r}, not on a {kind.decode()}.* subject where it belongs"
+
+
+def _names(tokens: list[bytes], queue: str, job: str) -> bool:
+    """Whether `<kind>.<queue>.<job>` subject tokens name this queue and job."""
+    return tokens[-2] == subject_token(queue).encode() and tokens[-1] == subject_token(job).encode()
 
 
 class SubjectRule:
     """`subject_problem` for a reader's hot loop: a subject's slot found good once is not split again.
 
-    Except for a submission (whose rule reads its last two tokens), whether
+    Except for a submission or a user's control event (whose rule reads its
+    last two tokens), whether
     an event may be taken from a subject depends only on the event's type
     and the subject without its last token (the slot, `<prefix>.<kind>`): a
     good (slot, type) pair is remembered, anything else goes to
@@ -173,7 +228,8 @@ class SubjectRule:
 
     def problem(self, subject: bytes, event: Event) -> str | None:
         cls = type(event)
-        if cls is JobSubmitted:
+        if cls is JobSubmitted or control_queue(event) is not None:
+            # the rule reads the subject's last two tokens: not a matter of the slot alone
             return subject_problem(subject, event)
         key = (subject.rpartition(b".")[0], cls)
         if key in self._good:

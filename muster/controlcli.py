@@ -60,14 +60,17 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def event_for(action: Action, job: str, at: int, reason: str) -> Any:
-    from muster.events.types import JobCancelled, JobHeld, JobId, JobReleased
+def event_for(action: Action, job: str, queue: str, at: int, reason: str) -> Any:
+    """The action's event, naming the job's queue: it goes on that queue's control subject, which the
+    queue's own identity may publish to, and counts only for a job of that queue (`foreign_control`)."""
+    from muster.events.types import JobCancelled, JobHeld, JobId, JobReleased, QueueName
 
+    q = QueueName(queue)
     if action.verb == "cancel":
-        return JobCancelled(at=at, job=JobId(job), reason=f"Cancelled: {reason or 'by muster cancel'}")
+        return JobCancelled(at=at, job=JobId(job), reason=f"Cancelled: {reason or 'by muster cancel'}", queue=q)
     if action.verb == "hold":
-        return JobHeld(at=at, job=JobId(job), reason=reason)
-    return JobReleased(at=at, job=JobId(job))
+        return JobHeld(at=at, job=JobId(job), reason=reason, queue=q)
+    return JobReleased(at=at, job=JobId(job), queue=q)
 
 
 def msg_id(event: Any, last_seq: int) -> str:
@@ -116,7 +119,7 @@ async def _control(action: Action, args: argparse.Namespace) -> int:
             if found.job not in chosen:
                 chosen.append(found.job)
         now = int(time.time())
-        events = [event_for(action, job, now, args.reason) for job in chosen]
+        events = [event_for(action, job, jobs[job].queue, now, args.reason) for job in chosen]
         try:
             seqs = await store.append(events, msg_ids=[msg_id(e, replayed.last_seq) for e in events])
         except StoreError as exc:
