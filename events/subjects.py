@@ -40,10 +40,12 @@ from muster.events.types import (
 )
 
 __all__ = [
+    "CLUSTER_KINDS",
     "DEFAULT_PREFIX",
     "SCOPED_KINDS",
     "SubjectRule",
     "control_queue",
+    "queue_filters",
     "subject_for",
     "subject_problem",
     "subject_token",
@@ -111,8 +113,10 @@ def _route(event: Event, queue: str | None) -> tuple[str, str]:
     if isinstance(event, _CONTROL_EVENTS) and event.queue is not None:
         return "control", f"{subject_token(event.queue)}.{subject_token(event.job)}"
     if isinstance(event, _JOB_EVENTS):
-        if queue is not None:
-            return "job", f"{subject_token(queue)}.{subject_token(event.job)}"
+        own = getattr(event, "queue", None)  # an admission's, or the refused submission's
+        scope = own if own is not None else queue
+        if scope is not None:
+            return "job", f"{subject_token(scope)}.{subject_token(event.job)}"
         return "job", subject_token(event.job)
     match event:
         case JobSubmitted():
@@ -136,10 +140,12 @@ def subject_for(event: Event, prefix: str = DEFAULT_PREFIX, queue: str | None = 
     """`<prefix>.<kind>.<id>` for an event; `<prefix>.<kind>.<queue>.<job>` where a queue is known.
 
     A submission and a user's control event name their queue themselves
-    (`submit.<queue>.<job>`, `control.<queue>.<job>`); the daemon passes the
-    `queue` of a job's other events (`job.<queue>.<job>`) so a team's identity
-    can be allowed to read its own jobs' events and no others. Without it they
-    go to `job.<job>`, as every job event did before.
+    (`submit.<queue>.<job>`, `control.<queue>.<job>`), and so do an admission
+    and a refused submission (`job.<queue>.<job>`); for a job's other events
+    the writer passes its `queue` (the daemon: `EventStore.queue_of`), so a
+    team's identity can be allowed to read its own jobs' events and no others
+    (`queue_filters`). Without it they go to `job.<job>`, as every job event
+    did before.
     """
     kind, ident = _route(event, queue)
     return f"{prefix}.{kind}.{ident}"
@@ -155,6 +161,22 @@ _KIND: dict[type, bytes] = {
     SchedulerConfigured: b"scheduler",
     LeaderElected: b"leader",
 }
+
+
+CLUSTER_KINDS = ("queue", "cohort", "priorityclass", "scheduler", "node", "leader")
+"""Kinds every reader needs to fold a queue's jobs: configuration, nodes, leadership (fencing)."""
+
+
+def queue_filters(queue: str, prefix: str = DEFAULT_PREFIX) -> list[str]:
+    """The subjects a queue's own identity reads: its jobs' (`<kind>.<queue>.*`) and the cluster-wide kinds.
+
+    One filter per kind, because NATS can permit a consumer by the one filter
+    named in its create subject (deploy/nats/accounts.conf grants exactly
+    these). Job events written without their queue (`job.<job>`: logs
+    from before, a fact the daemon wrote before folding its job) are not among
+    them.
+    """
+    return [f"{prefix}.*.{subject_token(queue)}.*", *(f"{prefix}.{kind}.*" for kind in CLUSTER_KINDS)]
 
 
 def _scoped_kind(tokens: list[bytes]) -> bytes | None:

@@ -107,8 +107,11 @@ def stderr_discarded(d: Discarded) -> None:
 async def open_snapshots(
     args: argparse.Namespace, source: LogSource, store: EventStore | None, *, create: bool = False
 ) -> Snapshots | None:
-    """The snapshots the arguments name (None with --no-snapshots or when there are none)."""
-    if getattr(args, "no_snapshots", False):
+    """The snapshots the arguments name (None with --no-snapshots, --scope, or when there are none).
+
+    A snapshot holds every queue's state: a reader of one queue's subjects (`--scope`) folds from the start.
+    """
+    if getattr(args, "no_snapshots", False) or getattr(args, "scope", None) is not None:
         return None
     where = getattr(args, "snapshots", None)
     if store is None:
@@ -152,9 +155,18 @@ def run_command(
     except NatsError as exc:  # a request refused or timed out mid-way: say so, no traceback
         print(f"muster {prog}: NATS: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    except StoreError as exc:  # the log cannot be read through: a damaged archive segment, a hole
-        print(f"muster {prog}: {exc}", file=sys.stderr)
+    except StoreError as exc:  # the log cannot be read through: a damaged archive segment, a hole, permissions
+        print(f"muster {prog}: {exc}{refusal_hint(args, exc)}", file=sys.stderr)
         return 1
+
+
+def refusal_hint(args: argparse.Namespace, exc: Exception) -> str:
+    """What to try when NATS refused reading the whole log: a queue's identity reads its own subjects."""
+    from muster.events.store import StoreRefused
+
+    if isinstance(exc, StoreRefused) and getattr(args, "scope", None) is None and hasattr(args, "scope"):
+        return "; an identity of one queue reads its own jobs with --scope QUEUE"
+    return ""
 
 
 class _Stderr:

@@ -2,7 +2,9 @@
 
 Reads the folded state (the nearest snapshot plus the events since, see `rebuild`), by
 default the live jobs (pending, held, running) of every queue. Filters: `--queue`,
-`--state`, `--namespace`; `--all` for every state. `-o wide` adds the full id, namespace,
+`--state`, `--namespace`; `--all` for every state. `--scope QUEUE` reads only what that
+queue's own identity may (its jobs' events, the configuration, nodes, leadership) and shows
+its jobs. `-o wide` adds the full id, namespace,
 shape, priority, preemptions and nodes; `-o json` and `-o jsonl` print the rows as data.
 `--watch` keeps reading the log and refreshes the table in place on a terminal (like
 `kubectl get -w`); into a pipe, or with `-o jsonl`, it prints the rows that changed.
@@ -18,7 +20,13 @@ from typing import Any
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from muster.replay.cliargs import POINT_HELP, add_output, add_snapshot_arguments, add_source_arguments
+    from muster.replay.cliargs import (
+        POINT_HELP,
+        add_output,
+        add_scope_argument,
+        add_snapshot_arguments,
+        add_source_arguments,
+    )
     from muster.replay.status import STATES
     from muster.replay.watching import add_watch_arguments
 
@@ -36,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_watch_arguments(p)
     add_output(p, "wide")
     add_source_arguments(p)
+    add_scope_argument(p)
     add_snapshot_arguments(p)
 
 
@@ -54,7 +63,7 @@ def job_filter(args: argparse.Namespace, state: Any) -> Any:
         raise UsageError(f"--state {unknown[0]}: not a state (one of {', '.join(STATES)})")
     if args.all:
         states = frozenset(STATES)
-    queues = _split(args.queue)
+    queues = _split(args.queue) or (frozenset({args.scope}) if args.scope is not None else frozenset())
     missing = sorted(queues - set(state.queues))
     if missing:
         known = ", ".join(sorted(state.queues)) or "none"
