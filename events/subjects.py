@@ -231,6 +231,10 @@ def _names(tokens: list[bytes], queue: str, job: str) -> bool:
     return tokens[-2] == subject_token(queue).encode() and tokens[-1] == subject_token(job).encode()
 
 
+_QUEUE_NAMING = frozenset({JobSubmitted, *_CONTROL_EVENTS})
+"""Types whose subjects may name their queue and job (a submission, a user's control)."""
+
+
 class SubjectRule:
     """`subject_problem` for a reader's hot loop: a subject's slot found good once is not split again.
 
@@ -250,8 +254,8 @@ class SubjectRule:
 
     def problem(self, subject: bytes, event: Event) -> str | None:
         cls = type(event)
-        if cls is JobSubmitted or control_queue(event) is not None:
-            # the rule reads the subject's last two tokens: not a matter of the slot alone
+        if cls in _QUEUE_NAMING:
+            # the rule may read the subject's last two tokens: not a matter of the slot alone
             return subject_problem(subject, event)
         key = (subject.rpartition(b".")[0], cls)
         if key in self._good:
