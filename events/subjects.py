@@ -44,7 +44,6 @@ __all__ = [
     "DEFAULT_PREFIX",
     "SCOPED_KINDS",
     "SubjectRule",
-    "control_queue",
     "queue_filters",
     "subject_for",
     "subject_problem",
@@ -101,11 +100,6 @@ _CONTROL_EVENTS = (JobCancelled, JobHeld, JobReleased)
 
 SCOPED_KINDS = frozenset({"submit", "control", "job"})
 """Kinds whose subjects may carry a queue (`<kind>.<queue>.<id>`); a prefix may not end in one."""
-
-
-def control_queue(event: Event) -> str | None:
-    """The queue a user's control event names (None for every other event, and the daemon's own)."""
-    return event.queue if isinstance(event, _CONTROL_EVENTS) else None
 
 
 def _route(event: Event, queue: str | None) -> tuple[str, str]:
@@ -179,9 +173,12 @@ def queue_filters(queue: str, prefix: str = DEFAULT_PREFIX) -> list[str]:
     return [f"{prefix}.*.{subject_token(queue)}.*", *(f"{prefix}.{kind}.*" for kind in CLUSTER_KINDS)]
 
 
+_SCOPED = frozenset(kind.encode() for kind in SCOPED_KINDS)
+
+
 def _scoped_kind(tokens: list[bytes]) -> bytes | None:
     """`submit`, `control` or `job` for a `<kind>.<queue>.<id>` subject, else None."""
-    if len(tokens) >= 4 and tokens[-3] in (b"submit", b"control", b"job"):
+    if len(tokens) >= 4 and tokens[-3] in _SCOPED:
         return tokens[-3]
     return None
 
@@ -202,28 +199,30 @@ def subject_problem(subject: bytes, event: Event) -> str | None:
     """
     tokens = subject.split(b".")
     scoped = _scoped_kind(tokens)
-    shown = subject.decode(errors="replace")
     if isinstance(event, JobSubmitted):
         if scoped == b"submit" and _names(tokens, event.queue, event.job):
             return None
         if scoped is None and len(tokens) >= 3 and tokens[-2] == b"job":
             return None
         return (
-            f"submission of job {event.job!r} to queue {event.queue!r} published on {shown!r}: "
-            "a submission counts only on its own queue's and job's subject"
+            f"submission of job {event.job!r} to queue {event.queue!r} published on "
+            f"{subject.decode(errors='replace')!r}: a submission counts only on its own queue's and job's subject"
         )
-    named = control_queue(event)
-    if named is not None:
-        if scoped == b"control" and _names(tokens, named, event.job):  # type: ignore[attr-defined]
+    if isinstance(event, _CONTROL_EVENTS) and event.queue is not None:
+        if scoped == b"control" and _names(tokens, event.queue, event.job):
             return None
         return (
-            f"{type(event).__name__} of job {event.job!r} for queue {named!r} published on {shown!r}: "  # type: ignore[attr-defined]
-            "a user's job control counts only on its own queue's and job's control subject"
+            f"{type(event).__name__} of job {event.job!r} for queue {event.queue!r} published on "
+            f"{subject.decode(errors='replace')!r}: a user's job control counts only on its own queue's "
+            "and job's control subject"
         )
     kind = _KIND.get(type(event), b"other")
     if scoped == b"job" == kind or (scoped is None and len(tokens) >= 3 and tokens[-2] == kind):
         return None
-    return f"{type(event).__name__} published on {shown!r}, not on a {kind.decode()}.* subject where it belongs"
+    return (
+        f"{type(event).__name__} published on {subject.decode(errors='replace')!r}, "
+        f"not on a {kind.decode()}.* subject where it belongs"
+    )
 
 
 def _names(tokens: list[bytes], queue: str, job: str) -> bool:
@@ -239,12 +238,12 @@ class SubjectRule:
     """`subject_problem` for a reader's hot loop: a subject's slot found good once is not split again.
 
     Except for a submission or a user's control event (whose rule reads its
-    last two tokens), whether
-    an event may be taken from a subject depends only on the event's type
-    and the subject without its last token (the slot, `<prefix>.<kind>`): a
-    good (slot, type) pair is remembered, anything else goes to
-    `subject_problem`, which also words the problem. A stream has a handful
-    of good slots, so the memory stays small.
+    last two tokens), whether an event may be taken from a subject depends
+    only on the event's type and the subject without its last token (the
+    slot, `<prefix>.<kind>` or `<prefix>.job.<queue>`): a good (slot, type)
+    pair is remembered, anything else goes to `subject_problem`, which also
+    words the problem. A stream has a handful of good slots per queue, so the
+    memory stays small.
     """
 
     __slots__ = ("_good",)
