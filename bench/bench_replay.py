@@ -11,7 +11,8 @@ to an embedded nats-server. For each source it measures `rebuild.state_at`:
                    case: N-1 events after the nearest one), to a time point;
                    target <= 5 s to any point
   status views     `muster jobs` (live, and --all) and `muster queues` at the end: the
-                   snapshot + tail and the rows (goal: well under a second)
+                   snapshot + tail, the rows and the table, as the commands do them
+                   (goal: well under a second)
   first load       the daemon's writer leaves snapshots unverified: the first
                    load checks one interval by folding it, later loads do not
 
@@ -44,6 +45,7 @@ from muster.events.codec import decode, encode
 from muster.events.embedded import EmbeddedNats
 from muster.events.store import EventStore
 from muster.projections.cluster import ClusterState, evolve
+from muster.replay import jobscli, queuesviewcli
 from muster.replay.points import Point
 from muster.replay.rebuild import state_at
 from muster.replay.snapshots import (
@@ -56,7 +58,8 @@ from muster.replay.snapshots import (
     write_snapshots,
 )
 from muster.replay.source import LogSource, MemoryLog, NatsLog
-from muster.replay.status import STATES, JobFilter, cohort_status, job_rows, queue_status
+from muster.replay.status import STATES, JobFilter
+from muster.replay.watching import Printer, build
 
 TARGET = 5.0
 
@@ -137,31 +140,41 @@ async def measure(
     row(name, f"snapshots, to time @{t} (seq {seq:,})", r.seconds, cpu, r.folded, target=True)
 
 
-def _queue_rows(state: ClusterState) -> list[dict[str, Any]]:
-    queues = queue_status(state)
-    return [*queues, *cohort_status(state, queues)]
+def _jobs_view(flt: JobFilter) -> Any:
+    """`muster jobs`' view of a replayed state with this filter (its document and rows)."""
+
+    def view(replayed: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        doc = jobscli.document(replayed, flt)
+        return doc, doc["jobs"]
+
+    return view
 
 
 async def status_views(source: LogSource, name: str, snapshots: Snapshots, worst: int) -> None:
-    """`muster jobs` and `muster queues`: the state (snapshot + tail), then each view's rows.
+    """`muster jobs` and `muster queues` as the commands run them: the state (snapshot + tail), the
+    view's rows (`watching.build`), and the table printed (into /dev/null).
 
     At the end of the log (on a snapshot) and at the worst point (N-1 events after one)."""
     views = (
-        ("jobs", lambda state: job_rows(state, JobFilter(), state.now)),
-        ("jobs --all", lambda state: job_rows(state, JobFilter(states=frozenset(STATES)), state.now)),
-        ("queues", _queue_rows),
+        ("jobs", _jobs_view(JobFilter()), jobscli.render),
+        ("jobs --all", _jobs_view(JobFilter(states=frozenset(STATES))), jobscli.render),
+        ("queues", queuesviewcli.view, queuesviewcli.render),
     )
-    for label, view in views:
-        for where, point in (("end", Point()), ("worst", Point(seq=worst))):
-            t0, c0 = time.perf_counter(), time.process_time()
-            r = await state_at(source, point, snapshots)
-            c1 = time.process_time()
-            with no_gc():  # as `muster jobs` does (watching.run_view)
-                rows = view(r.state)
-            seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-            # CPU time too: on a shared machine the wall time is mostly the others' load
-            extra = f"{len(rows):,} rows, of which the rows {time.process_time() - c1:.2f} cpu-s"
-            row(name, f"muster {label} ({where}), snapshots", seconds, cpu, r.folded, extra)
+    with open(os.devnull, "w") as null:  # noqa: ASYNC230 (the null device does not block)
+        for label, view, table in views:
+            for where, point in (("end", Point()), ("worst", Point(seq=worst))):
+                t0, c0 = time.perf_counter(), time.process_time()
+                r = await state_at(source, point, snapshots)
+                c1 = time.process_time()
+                doc, rows = build(view, r)
+                c2 = time.process_time()
+                with Printer("table", False, key="name", out=null) as printer:
+                    printer.show(doc, rows, table)
+                gc.unfreeze()  # the bench goes on with other states
+                seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+                # CPU time too: on a shared machine the wall time is mostly the others' load
+                extra = f"{len(rows):,} rows; cpu-s: rows {c2 - c1:.2f}, table {time.process_time() - c2:.2f}"
+                row(name, f"muster {label} ({where}), snapshots", seconds, cpu, r.folded, extra)
 
 
 async def first_load(source: LogSource, name: str, snapshots: Snapshots, n: int, every: int) -> None:

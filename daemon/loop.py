@@ -114,6 +114,8 @@ class SchedulerLoop:
             store, self.metrics, buffer=opts.follow_buffer, catch_up_timeout=opts.catch_up_timeout
         )
         self.metrics.watch(lambda: follower.state)
+        # a job's events go on its queue's subjects, which that queue's identity may read
+        store.queue_of = lambda job: j.queue if (j := follower.state.jobs.get(job)) is not None else None
         self.book = DecisionBook(self.metrics)
         follower.on_accepted = self.book.track
         self.timer = WakeTimer(lambda: follower.state, clock)

@@ -9,6 +9,7 @@ reconnect as the caller's options say.
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any
 
 import anyio
@@ -19,7 +20,7 @@ from nats.aio.client import Client as NatsClient
 from muster.events.errors import StoreError, StoreUnreachable
 from muster.events.wire import redact
 
-__all__ = ["DEFAULT_URL", "NATS_SCHEMES", "connect_client", "default_url", "url_problem"]
+__all__ = ["DEFAULT_URL", "NATS_SCHEMES", "connect_client", "default_url", "refusal", "url_problem"]
 
 log = structlog.get_logger("muster.events.store")
 
@@ -45,6 +46,22 @@ def url_problem(url: str) -> str | None:
             f"{redact(url)} is not a NATS URL: NATS speaks its own protocol, not {scheme}; "
             f"use nats://{host} (or {', '.join(s + '://' for s in NATS_SCHEMES[1:])})"
         )
+    return None
+
+
+_ERRORS: weakref.WeakKeyDictionary[NatsClient, list[Exception]] = weakref.WeakKeyDictionary()
+"""The latest errors the server sent each client connected here."""
+
+
+def refusal(nc: NatsClient) -> str | None:
+    """The latest permissions violation the server told `nc` of, or None.
+
+    NATS answers a publish its permissions refuse with an asynchronous `-ERR`
+    and no reply, so the request itself only times out: this says why.
+    """
+    for exc in reversed(_ERRORS.get(nc, [])):
+        if "permissions violation" in str(exc).lower():
+            return str(exc).strip().strip("'")
     return None
 
 
@@ -95,6 +112,7 @@ async def _connect(servers: list[str], attempts: int, nats_options: dict[str, An
         where = ", ".join(redact(u) for u in servers)  # never a password in a message or a log
         raise StoreUnreachable(f"cannot connect to {where}: {type(reason).__name__}: {reason}") from None
     nc.options["max_reconnect_attempts"] = reconnects
+    _ERRORS[nc] = last_error
     return nc
 
 

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["AppendError", "ConcurrencyConflict", "EventTooLarge", "StoreError", "StoreUnreachable", "StreamMissing"]
+__all__ = [
+    "AppendError",
+    "ConcurrencyConflict",
+    "EventTooLarge",
+    "StoreError",
+    "StoreRefused",
+    "StoreUnreachable",
+    "StreamMissing",
+]
 
 
 class StoreError(Exception):
@@ -13,6 +21,10 @@ class StoreError(Exception):
 
 class StoreUnreachable(StoreError):
     """No server of the URLs answered the first connection (a runtime failure, not bad input)."""
+
+
+class StoreRefused(StoreError):
+    """The server refused this identity what it asked (NATS permissions): trying again cannot help."""
 
 
 class StreamMissing(StoreError):

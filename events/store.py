@@ -40,10 +40,11 @@ import asyncio
 import bisect
 import contextlib
 import hashlib
+import heapq
 import itertools
 import re
 import uuid
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import anyio
@@ -60,6 +61,7 @@ from muster.events.connecting import (  # re-exported: callers know them as the 
     NATS_SCHEMES,
     connect_client,
     default_url,
+    refusal,
     url_problem,
 )
 from muster.events.connecting import connect_client as _connect
@@ -68,17 +70,19 @@ from muster.events.errors import (  # re-exported
     ConcurrencyConflict,
     EventTooLarge,
     StoreError,
+    StoreRefused,
     StoreUnreachable,
     StreamMissing,
 )
 from muster.events.subjects import (  # re-exported
     DEFAULT_PREFIX,
+    SCOPED_KINDS,
     SubjectRule,
     subject_for,
     subject_problem,
     subject_token,
 )
-from muster.events.types import AnyEvent, Event
+from muster.events.types import AnyEvent, Event, JobSubmitted
 from muster.events.wire import (
     JetStreamApiError,
     PublishResult,
@@ -86,6 +90,7 @@ from muster.events.wire import (
     WireConnection,
     WireError,
     WireOptions,
+    WireRefused,
     consume,
     publish_pipelined,
 )
@@ -101,6 +106,7 @@ __all__ = [
     "EventTooLarge",
     "Retention",
     "StoreError",
+    "StoreRefused",
     "StoreUnreachable",
     "StoredEvent",
     "StreamMissing",
@@ -130,6 +136,8 @@ _STREAM_NAME_IN_USE = 10058
 _WIRE_MIN_BATCH = 64
 """Batches at least this big are appended through `wire`; smaller ones through nats-py."""
 _MAX_MSG_ID = 200
+_FILTERED_BATCH = 4096
+"""Events per batch of a filtered read (its filters' messages are merged in memory first)."""
 _HEADER_ROOM = 512
 """Bytes kept free for our headers when checking a message against the server's max_payload."""
 
@@ -184,9 +192,14 @@ _Answer = int | _AckError | None
 
 
 def _check_prefix(prefix: str) -> None:
-    if not prefix or "" in prefix.split(".") or prefix.split(".")[-1] == "submit" or any(c in prefix for c in " *>"):
+    if (
+        not prefix
+        or "" in prefix.split(".")
+        or prefix.split(".")[-1] in SCOPED_KINDS
+        or any(c in prefix for c in " *>")
+    ):
         # subject_problem finds an event's kind counting tokens from the right
-        raise StoreError(f"subject prefix {prefix!r}: must be subject tokens, the last one not 'submit'")
+        raise StoreError(f"subject prefix {prefix!r}: must be subject tokens, the last one not {sorted(SCOPED_KINDS)}")
 
 
 def msg_id_token(value: str) -> str:
@@ -203,6 +216,10 @@ def msg_id_token(value: str) -> str:
 
 def _default_msg_id(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def _no_queue(job: str) -> None:
+    return None
 
 
 def _log_bad(bad: BadEvent) -> None:
@@ -226,6 +243,8 @@ def _wire_options(nc: NatsClient, servers: Sequence[str], api_prefix: str) -> Wi
         tls_hostname=opts.get("tls_hostname"),
         connect_timeout=float(opts.get("connect_timeout") or 5.0),
         api_prefix=api_prefix,
+        # nats-py keeps the inbox prefix (an identity's own, in accounts.conf) only on the client
+        inbox_prefix=bytes(getattr(nc, "_inbox_prefix", b"_INBOX")).decode() or "_INBOX",
     )
 
 
@@ -264,6 +283,9 @@ class EventStore:
         self._chains = itertools.count(1)
         self.atomic = False
         """The stream takes atomic batches (NATS 2.12+, `allow_atomic`): fenced appends are all or nothing."""
+        self.queue_of: Callable[[str], str | None] | None = None
+        """The queue of a job, for the subjects of its events (`job.<queue>.<job>`, which that queue's
+        identity may read); the daemon answers from its folded state. None: `job.<job>`."""
 
     # ------------------------------------------------------------ lifecycle
 
@@ -389,6 +411,17 @@ class EventStore:
             with anyio.move_on_after(5, shield=True):
                 await self.nc.close()
 
+    @contextlib.contextmanager
+    def refusals(self) -> Iterator[None]:
+        """Raise StoreRefused for a NATS request that timed out because the server refused it (permissions)."""
+        try:
+            yield
+        except nats.errors.TimeoutError:
+            why = refusal(self.nc)
+            if why is None:
+                raise
+            raise StoreRefused(f"NATS refused a request: {why}") from None
+
     async def __aenter__(self) -> EventStore:
         return self
 
@@ -425,15 +458,28 @@ class EventStore:
         limit = min(MAX_EVENT_BYTES, max(0, self.nc.max_payload - _HEADER_ROOM) or MAX_EVENT_BYTES)
         items: list[tuple[str, bytes, str]] = []
         prefix = self.prefix
+        queue_of = self._queues_of(events)
         for i, event in enumerate(events):
             data = encode(event)
             if len(data) > limit:
                 raise EventTooLarge(i, type(event).__name__, len(data), limit)
             mid = msg_id_token(msg_ids[i]) if msg_ids is not None else _default_msg_id(data)
-            items.append((subject_for(event, prefix), data, mid))
+            job = getattr(event, "job", None)
+            items.append((subject_for(event, prefix, queue_of(job) if job is not None else None), data, mid))
         if expected_last_seq is not None:
             return await self._append_fenced(items, expected_last_seq)
         return await self._append_pipelined(items)
+
+    def _queues_of(self, events: Sequence[Event]) -> Callable[[str], str | None]:
+        """Jobs' queues for a batch's subjects: its own submissions first (a job found and ended at once),
+        then `queue_of`."""
+        known = self.queue_of
+        if known is None:
+            return _no_queue
+        submitted: dict[str, str] = {e.job: e.queue for e in events if isinstance(e, JobSubmitted)}
+        if not submitted:
+            return known
+        return lambda job: submitted.get(job) or known(job)
 
     async def _append_pipelined(self, items: list[tuple[str, bytes, str]]) -> list[int]:
         """Publish without waiting for each ack; confirm the stragglers one by one.
@@ -525,6 +571,9 @@ class EventStore:
             except (TimeoutError, nats.errors.Error) as exc:
                 last = exc
             await anyio.sleep(0.1 * (attempt + 1))
+        why = refusal(self.nc)
+        if why is not None:
+            raise StoreRefused(f"publish to {subject}: {why}")
         raise AppendError(f"publish to {subject} not confirmed after {attempts} attempts: {last}")
 
     async def _append_fenced(self, items: list[tuple[str, bytes, str]], expected: int) -> list[int]:
@@ -706,7 +755,7 @@ class EventStore:
             log.exception("on_bad callback failed", seq=seq)
 
     async def _raw_batches(
-        self, from_seq: int, *, follow: bool, give_up_after: float = 30.0
+        self, from_seq: int, *, follow: bool, give_up_after: float = 30.0, filter_subject: str | None = None
     ) -> AsyncGenerator[list[Raw], None]:
         """Raw stored messages from `from_seq`, resuming after connection loss.
 
@@ -729,6 +778,7 @@ class EventStore:
                         next_seq,
                         stop_when_caught_up=not follow,
                         api_prefix=self._wire.api_prefix,
+                        filter_subject=filter_subject,
                     )
                 ) as batches:
                     async for batch in batches:
@@ -739,6 +789,9 @@ class EventStore:
             except (WireError, JetStreamApiError) as exc:
                 if isinstance(exc, JetStreamApiError) and exc.code == 404 and not follow:
                     raise StoreError(f"stream {self.stream}: {exc.description}") from exc
+                if isinstance(exc, WireRefused):
+                    what = f"subjects {filter_subject}" if filter_subject is not None else "the whole stream"
+                    raise StoreRefused(f"reading {what} of {self.stream}: {exc}") from exc
                 if failures == 0:
                     failing_since = anyio.current_time()
                 failures += 1
@@ -751,17 +804,33 @@ class EventStore:
                     await conn.close()
 
     async def iter_batches(
-        self, from_seq: int = 1, to_seq: int | None = None, *, until: int | None = None
+        self,
+        from_seq: int = 1,
+        to_seq: int | None = None,
+        *,
+        until: int | None = None,
+        subjects: Sequence[str] | None = None,
     ) -> AsyncGenerator[list[StoredEvent], None]:
         """Decoded events `from_seq..to_seq` (default: the end at call time) in batches.
 
         With `until`, stops before the first event whose `at` is later than `until`.
+        With `subjects` (filters, e.g. `subjects.queue_filters`), only the events of
+        those subjects, one filtered consumer each, in sequence order.
         """
         if to_seq is None:
             to_seq = await self.last_seq()
         if from_seq > to_seq:
             return
         rule = SubjectRule()
+        if subjects is not None:
+            merged = await self._filtered_raws(subjects, from_seq, to_seq)
+            for start in range(0, len(merged), _FILTERED_BATCH):
+                out, done = decode_raws(merged[start : start + _FILTERED_BATCH], to_seq, until, rule, self.report)
+                if out:
+                    yield out
+                if done:
+                    return
+            return
         async with contextlib.aclosing(self._raw_batches(from_seq, follow=False)) as raws:
             async for raw_batch in raws:
                 out, done = decode_raws(raw_batch, to_seq, until, rule, self.report)
@@ -769,6 +838,19 @@ class EventStore:
                     yield out
                 if done:
                     return
+
+    async def _filtered_raws(self, subjects: Sequence[str], from_seq: int, to_seq: int) -> list[Raw]:
+        """The stored messages `from_seq..to_seq` of the `subjects` filters, merged in sequence order."""
+        per_filter: list[list[Raw]] = []
+        for subject in subjects:
+            got: list[Raw] = []
+            async with contextlib.aclosing(self._raw_batches(from_seq, follow=False, filter_subject=subject)) as raws:
+                async for raw_batch in raws:
+                    got.extend(raw_batch[: _count_upto(raw_batch, to_seq)])
+                    if raw_batch[-1][0] >= to_seq:
+                        break
+            per_filter.append(got)
+        return list(heapq.merge(*per_filter, key=lambda raw: raw[0]))
 
     async def raw_batches(self, from_seq: int, to_seq: int) -> AsyncGenerator[list[Raw], None]:
         """The stored messages `from_seq..to_seq` as the stream holds them (for sealing them elsewhere)."""
@@ -792,11 +874,16 @@ class EventStore:
                     yield stored
 
     async def read(
-        self, from_seq: int = 1, to_seq: int | None = None, *, until: int | None = None
+        self,
+        from_seq: int = 1,
+        to_seq: int | None = None,
+        *,
+        until: int | None = None,
+        subjects: Sequence[str] | None = None,
     ) -> list[StoredEvent]:
         """Decoded events `from_seq..to_seq` (inclusive; default to the end), bad ones reported and skipped."""
         out: list[StoredEvent] = []
-        async with contextlib.aclosing(self.iter_batches(from_seq, to_seq, until=until)) as batches:
+        async with contextlib.aclosing(self.iter_batches(from_seq, to_seq, until=until, subjects=subjects)) as batches:
             async for batch in batches:
                 out.extend(batch)
         return out

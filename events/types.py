@@ -186,26 +186,31 @@ class JobCancelled(Event, frozen=True, kw_only=True, tag="JobCancelled"):
     """The job will not run (any more): withdrawn by its user, or its workload is gone from the cluster.
 
     `reason` (added later, so last and defaulted) says which, e.g. `WorkloadDeleted: ...`.
+    `queue` is set by a user's `muster cancel` (the job's queue, on that queue's control subject,
+    which the queue's own identity may publish to); None from the daemon and in older logs.
     """
 
     job: JobId
     reason: str = ""
+    queue: QueueName | None = None
 
 
 class JobHeld(Event, frozen=True, kw_only=True, tag="JobHeld"):
     """A user held a pending job (`muster hold`): the scheduler does not try it until a `JobReleased`.
 
-    It keeps its place in its queue (its submission order) while held.
+    It keeps its place in its queue (its submission order) while held. `queue`: as `JobCancelled`'s.
     """
 
     job: JobId
     reason: str = ""
+    queue: QueueName | None = None
 
 
 class JobReleased(Event, frozen=True, kw_only=True, tag="JobReleased"):
-    """A held job may run again (`muster release`)."""
+    """A held job may run again (`muster release`). `queue`: as `JobCancelled`'s."""
 
     job: JobId
+    queue: QueueName | None = None
 
 
 class JobStarted(Event, frozen=True, kw_only=True, tag="JobStarted"):

@@ -41,6 +41,7 @@ __all__ = [
     "WireConnection",
     "WireError",
     "WireOptions",
+    "WireRefused",
     "consume",
     "publish_pipelined",
 ]
@@ -52,6 +53,10 @@ _NS = 1_000_000_000
 
 class WireError(ConnectionError):
     """The connection broke or the consumer lost its place; resume from the last sequence seen."""
+
+
+class WireRefused(WireError):
+    """The server refused what this identity asked (a permissions violation): trying again cannot help."""
 
 
 class JetStreamApiError(RuntimeError):
@@ -94,17 +99,21 @@ class WireOptions:
     connect_timeout: float = 5.0
     api_prefix: str = "$JS.API"
     name: str = "muster-wire"
+    inbox_prefix: str = "_INBOX"
+    """Where deliveries and answers come (an identity may be allowed to receive only under its own)."""
 
 
 class WireConnection:
     """One TCP (or TLS) connection speaking the NATS client protocol."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, inbox_prefix: str = "_INBOX"
+    ) -> None:
         self._reader = reader
         self._writer = writer
         self._buf = b""
         self._next_sid = 0
-        self._inbox_prefix = "_INBOX." + _nuid()
+        self._inbox_prefix = f"{inbox_prefix}.{_nuid()}"
 
     @classmethod
     async def open(cls, options: WireOptions) -> WireConnection:
@@ -124,7 +133,7 @@ class WireConnection:
         host = parsed.hostname or "127.0.0.1"
         port = parsed.port or 4222
         reader, writer = await asyncio.open_connection(host, port, limit=_READ_SIZE)
-        conn = cls(reader, writer)
+        conn = cls(reader, writer, options.inbox_prefix)
         try:
             info_line = await reader.readuntil(_CRLF)
             if not info_line.startswith(b"INFO "):
@@ -273,7 +282,10 @@ class WireConnection:
                 if startswith(b"PING", pos):
                     self._writer.write(b"PONG\r\n")
                 elif startswith(b"-ERR", pos):
-                    raise WireError(f"server error: {buf[pos + 5 : eol].decode(errors='replace')}")
+                    why = buf[pos + 5 : eol].decode(errors="replace")
+                    if "permissions violation" in why.lower():
+                        raise WireRefused(f"refused by the server: {why.strip(chr(39))}")
+                    raise WireError(f"server error: {why}")
                 # else PONG, +OK, INFO (cluster topology updates)
                 pos = eol + 2
                 continue
@@ -340,12 +352,16 @@ async def consume(
     api_prefix: str = "$JS.API",
     heartbeat: float = 2.0,
     inactive_threshold: float = 60.0,
+    filter_subject: str | None = None,
 ) -> AsyncGenerator[list[Raw], None]:
     """Batches of stored messages from `from_seq` on, through an ephemeral push consumer.
 
     With `stop_when_caught_up`, ends once the last message stored when the
     consumer was created (or delivered since) has been yielded; otherwise
-    follows new messages forever.
+    follows new messages forever. With `filter_subject`, only the messages of
+    those subjects, the consumer created through the API subject that names
+    the filter (`CONSUMER.CREATE.<stream>.<name>.<filter>`), so NATS
+    permissions can allow an identity to read some subjects and no others.
     """
     deliver = conn.new_inbox()
     api_inbox = conn.new_inbox()
@@ -353,23 +369,25 @@ async def consume(
     api_sid = conn.subscribe(api_inbox)
     # named by us, so it can be deleted even if we stop before the create reply arrives
     name = "muster_" + _nuid()
-    config = {
-        "stream_name": stream,
-        "config": {
-            "name": name,
-            "deliver_subject": deliver,
-            "deliver_policy": "by_start_sequence",
-            "opt_start_seq": max(1, from_seq),
-            "ack_policy": "none",
-            "replay_policy": "instant",
-            "flow_control": True,
-            "idle_heartbeat": int(heartbeat * _NS),
-            "inactive_threshold": int(inactive_threshold * _NS),
-            "mem_storage": True,
-            "num_replicas": 1,
-        },
+    consumer: dict[str, Any] = {
+        "name": name,
+        "deliver_subject": deliver,
+        "deliver_policy": "by_start_sequence",
+        "opt_start_seq": max(1, from_seq),
+        "ack_policy": "none",
+        "replay_policy": "instant",
+        "flow_control": True,
+        "idle_heartbeat": int(heartbeat * _NS),
+        "inactive_threshold": int(inactive_threshold * _NS),
+        "mem_storage": True,
+        "num_replicas": 1,
     }
-    conn.publish(f"{api_prefix}.CONSUMER.CREATE.{stream}.{name}", json.dumps(config).encode(), reply=api_inbox)
+    create = f"{api_prefix}.CONSUMER.CREATE.{stream}.{name}"
+    if filter_subject is not None:
+        consumer["filter_subject"] = filter_subject
+        create += f".{filter_subject}"
+    config = {"stream_name": stream, "config": consumer}
+    conn.publish(create, json.dumps(config).encode(), reply=api_inbox)
     await conn.flush()
     deliveries = Deliveries(str(data_sid).encode())
     api_sid_b = str(api_sid).encode()

@@ -1,9 +1,10 @@
-"""Connecting the small admin commands (`queues apply`, `submit`) to the log.
+"""Connecting the commands that append (`queues apply`, `submit`, `cancel`, `hold`, `release`) to the log.
 
 They read the same config file as the daemon (`--config`: the chart's
 admin.yaml, with its `nats` block: url, stream, subject_prefix, inbox_prefix,
-auth and TLS files), `MUSTER_*` variables and flags, and open the event store
-without holding a connection longer than the command.
+auth and TLS files), `MUSTER_*` variables and flags (`--creds` and `--tls-*`
+as every command reads them, `replay.natsconnect.flag_options`), and open the
+event store without holding a connection longer than the command.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ class CommandFailed(Exception):
 
 
 def add_nats_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="YAML config with a `nats` block (the chart's admin.yaml)")
+    from muster.replay.natsconnect import add_connection_arguments
+
+    add_connection_arguments(parser)
     parser.add_argument("--nats", help="NATS URL(s), comma-separated (default: $NATS_URL or nats://127.0.0.1:4222)")
     parser.add_argument("--stream", help="JetStream stream of the log (default MUSTER)")
     parser.add_argument("--subject-prefix", help="subject prefix of the log (default muster)")
@@ -36,6 +39,7 @@ async def open_store(args: argparse.Namespace, *, command: str, create: bool = T
     from muster.daemon.config import ConfigError, load_config, nats_connect_options
     from muster.daemon.logs import configure_logging
     from muster.events.store import EventStore, StoreError
+    from muster.replay.natsconnect import ConfigProblem, flag_options
 
     configure_logging("warning", "console")  # the command's own output is the answer; logs only for trouble
     try:
@@ -43,8 +47,8 @@ async def open_store(args: argparse.Namespace, *, command: str, create: bool = T
             args.config,
             overrides={"nats": {"url": args.nats, "stream": args.stream, "subject_prefix": args.subject_prefix}},
         )
-        options = nats_connect_options(cfg)
-    except ConfigError as exc:
+        options = nats_connect_options(cfg) | flag_options(args)
+    except (ConfigError, ConfigProblem) as exc:
         print(f"muster {command}: {exc}", file=sys.stderr)
         raise CommandFailed(2) from None
     from muster.events.store import url_problem

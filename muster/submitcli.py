@@ -175,6 +175,7 @@ _STATES = {
     "JobFinished": "finished",
     "JobFailed": "failed",
     "JobCancelled": "cancelled",
+    "JobHeld": "held",
     "GpuUtilizationSampled": "running",
 }
 
@@ -205,10 +206,20 @@ async def existing_job(store: Any, job: str) -> str | None:
         try:
             first = await store.js.get_msg(store.stream, subject=subjects[0], direct=True)
             what = f"submitted to queue {queue} at sequence {first.seq}"
-            last = await store.js.get_msg(store.stream, subject=f"{store.prefix}.job.{token}", direct=True)
-            state = _STATES.get(type(decode(last.data or b"")).__name__, "pending")
-        except NotFoundError:
-            state = "pending, no decision yet"
+            # a job's events are on its queue's subjects (`events.subjects.subject_for`), or on
+            # job.<job> where their writer did not know the queue: the latest of them says the state
+            latest = None
+            for kind in (f"job.{queue}.{token}", f"control.{queue}.{token}", f"job.{token}"):
+                try:
+                    msg = await store.js.get_msg(store.stream, subject=f"{store.prefix}.{kind}", direct=True)
+                except NotFoundError:
+                    continue
+                if latest is None or msg.seq > latest.seq:
+                    latest = msg
+            if latest is None:
+                state = "pending, no decision yet"
+            else:
+                state = _STATES.get(type(decode(latest.data or b"")).__name__, "pending")
         except (nats.errors.Error, StoreError, DecodeError):
             pass
     return f"{what} ({state})"

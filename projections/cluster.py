@@ -9,7 +9,8 @@ and returned; callers that need the old state keep a snapshot
 Invariants:
 - Deterministic: the same events in the same order give equal states.
 - Robust: an event that does not fit the state (an unknown job or node, a
-  decision of a deposed leader's epoch, a duplicate submission) leaves the state
+  decision of a deposed leader's epoch, a duplicate submission, a user's
+  control event for another queue's job: `foreign_control`) leaves the state
   as it was and is counted in `state.skipped`.
 - Usage per node and per queue is the sum of the requests of admitted jobs.
 
@@ -666,13 +667,33 @@ def _on_failed(state: ClusterState, ev: JobFailed) -> ClusterState:
     return _end(state, ev.job, ev.at, "failed", ev.reason)
 
 
+def foreign_control(state: ClusterState, ev: JobCancelled | JobHeld | JobReleased) -> str | None:
+    """Why a user's control event does not count: it names a queue that is not its job's (None if it counts).
+
+    A queue's identity may publish control events on its own queue's subjects
+    only (`events.subjects`), naming any job; this is the other half of the
+    rule, kept in the fold so replay, audit and every leader ignore the same
+    events. The daemon's own cancellations and older logs name no queue.
+    """
+    if ev.queue is None:
+        return None
+    job = state.jobs.get(ev.job)
+    if job is None or job.queue == ev.queue:
+        return None
+    return (
+        f"{type(ev).__name__} from queue {ev.queue} for a job of queue {job.queue}: a queue controls its own jobs only"
+    )
+
+
 def _on_cancelled(state: ClusterState, ev: JobCancelled) -> ClusterState:
+    if foreign_control(state, ev) is not None:
+        return _skip(state)
     return _end(state, ev.job, ev.at, "cancelled", ev.reason)
 
 
 def _on_held(state: ClusterState, ev: JobHeld) -> ClusterState:
     job = state.jobs.get(ev.job)
-    if job is None or job.status != "pending" or job.held:
+    if job is None or job.status != "pending" or job.held or foreign_control(state, ev) is not None:
         return _skip(state)
     job.held = True
     state.dirty_jobs.add(job.id)
@@ -681,7 +702,7 @@ def _on_held(state: ClusterState, ev: JobHeld) -> ClusterState:
 
 def _on_released(state: ClusterState, ev: JobReleased) -> ClusterState:
     job = state.jobs.get(ev.job)
-    if job is None or not job.held:
+    if job is None or not job.held or foreign_control(state, ev) is not None:
         return _skip(state)
     job.held = False
     state.dirty_jobs.add(job.id)  # the index validates and tries it like a new submission

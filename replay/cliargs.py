@@ -32,6 +32,16 @@ def add_source_arguments(p: argparse.ArgumentParser) -> None:
     add_connection_arguments(g)
 
 
+def add_scope_argument(p: argparse.ArgumentParser) -> None:
+    """`--scope QUEUE`: read what that queue's own identity may read (a team's credentials)."""
+    p.add_argument(
+        "--scope",
+        metavar="QUEUE",
+        help="read only QUEUE's jobs' events and the cluster's configuration, nodes and leadership "
+        "(what QUEUE's own NATS identity may read; no snapshots)",
+    )
+
+
 def add_snapshot_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("snapshots")
     g.add_argument(

@@ -44,7 +44,7 @@ from muster.events.types import (
     QueueConfigured,
     SubmissionRejected,
 )
-from muster.projections.cluster import DEFAULT_IDLE_THRESHOLD, ClusterState, JobState, evolve
+from muster.projections.cluster import DEFAULT_IDLE_THRESHOLD, ClusterState, JobState, evolve, foreign_control
 from muster.projections.queueing import STRICT_FIFO
 from muster.projections.resources import fmt
 from muster.replay.points import Point, duration
@@ -301,6 +301,11 @@ class Storyteller:
             return
         if job is None:
             return
+        if isinstance(ev, (JobCancelled, JobHeld, JobReleased)) and ev.job == self.job_id:
+            refused = foreign_control(state, ev)
+            if refused is not None:
+                self._add(seq, at, "ignored", f"ignored: {refused}", queue=ev.queue)
+                return
         if isinstance(ev, JobInadmissible):
             numbers = numbers_text(state, job)
             text = f"waits: {ev.reason}"

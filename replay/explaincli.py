@@ -14,11 +14,12 @@ from typing import IO, Any
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from muster.replay.cliargs import POINT_HELP, add_common
+    from muster.replay.cliargs import POINT_HELP, add_common, add_scope_argument
 
     p.add_argument("job", help="job id, short name or unique prefix")
     p.add_argument("--at", metavar="POINT", default="end", help=f"tell the story up to: {POINT_HELP} (default)")
     add_common(p, snapshots=False)
+    add_scope_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:

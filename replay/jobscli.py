@@ -2,7 +2,9 @@
 
 Reads the folded state (the nearest snapshot plus the events since, see `rebuild`), by
 default the live jobs (pending, held, running) of every queue. Filters: `--queue`,
-`--state`, `--namespace`; `--all` for every state. `-o wide` adds the full id, namespace,
+`--state`, `--namespace`; `--all` for every state. `--scope QUEUE` reads only what that
+queue's own identity may (its jobs' events, the configuration, nodes, leadership) and shows
+its jobs. `-o wide` adds the full id, namespace,
 shape, priority, preemptions and nodes; `-o json` and `-o jsonl` print the rows as data.
 `--watch` keeps reading the log and refreshes the table in place on a terminal (like
 `kubectl get -w`); into a pipe, or with `-o jsonl`, it prints the rows that changed.
@@ -18,7 +20,13 @@ from typing import Any
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from muster.replay.cliargs import POINT_HELP, add_output, add_snapshot_arguments, add_source_arguments
+    from muster.replay.cliargs import (
+        POINT_HELP,
+        add_output,
+        add_scope_argument,
+        add_snapshot_arguments,
+        add_source_arguments,
+    )
     from muster.replay.status import STATES
     from muster.replay.watching import add_watch_arguments
 
@@ -36,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_watch_arguments(p)
     add_output(p, "wide")
     add_source_arguments(p)
+    add_scope_argument(p)
     add_snapshot_arguments(p)
 
 
@@ -54,7 +63,7 @@ def job_filter(args: argparse.Namespace, state: Any) -> Any:
         raise UsageError(f"--state {unknown[0]}: not a state (one of {', '.join(STATES)})")
     if args.all:
         states = frozenset(STATES)
-    queues = _split(args.queue)
+    queues = _split(args.queue) or (frozenset({args.scope}) if args.scope is not None else frozenset())
     missing = sorted(queues - set(state.queues))
     if missing:
         known = ", ".join(sorted(state.queues)) or "none"
@@ -91,38 +100,49 @@ def document(replayed: Any, flt: Any, now: int | None = None) -> dict[str, Any]:
 
 
 def render(doc: dict[str, Any], *, wide: bool = False) -> Any:
-    """The jobs table (a rich renderable)."""
+    """The jobs table: a rich renderable, or for more than `cliutil.PLAIN_ROWS` jobs plain text."""
     from rich.table import Table
 
-    from muster.replay.cliutil import add_row
-    from muster.replay.points import duration
+    from muster.replay.cliutil import PLAIN_ROWS, add_row, plain_table
 
-    t = Table(title=f"{len(doc['jobs'])} jobs at seq {doc['seq']:,}", title_justify="left", box=None)
+    title = f"{len(doc['jobs'])} jobs at seq {doc['seq']:,}"
     cols = ["JOB", "QUEUE", "STATE", "POS", "GPUS", "AGE"]
     if wide:
         cols += ["ID", "NAMESPACE", "SHAPE", "PRIORITY", "PREEMPTED", "NODES"]
-    for col in [*cols, "REASON"]:
-        right = col in ("POS", "GPUS", "AGE", "PREEMPTED")
+    cols.append("REASON")
+    right = frozenset({"POS", "GPUS", "AGE", "PREEMPTED"})
+    cells = [_cells(r, wide) for r in doc["jobs"]]
+    if len(cells) > PLAIN_ROWS:
+        return plain_table(title, cols, cells, right)
+    t = Table(title=title, title_justify="left", box=None)
+    for col in cols:
         # ids wrap, never cut: what the table shows can be copied back into a command
-        t.add_column(col, justify="right" if right else "left", overflow="fold")
-    for r in doc["jobs"]:
-        cells = [
-            r["name"],
-            r["queue"],
-            r["state"],
-            str(r["position"]) if r["position"] is not None else "",
-            str(r["gpus"]),
-            duration(r["age"]),
-        ]
-        if wide:
-            nodes = r["nodes"]
-            cells += [
-                r["job"],
-                r["namespace"] or "-",
-                r["shape"],
-                f"{r['priority_class'] or '-'} ({r['priority']})",
-                str(r["preemptions"] or ""),
-                ", ".join(nodes[:4]) + (f" +{len(nodes) - 4}" if len(nodes) > 4 else ""),
-            ]
-        add_row(t, *cells, r["reason"] or "")
+        t.add_column(col, justify="right" if col in right else "left", overflow="fold")
+    for row in cells:
+        add_row(t, *row)
     return t
+
+
+def _cells(r: dict[str, Any], wide: bool) -> list[str]:
+    from muster.replay.points import duration
+
+    cells = [
+        r["name"],
+        r["queue"],
+        r["state"],
+        str(r["position"]) if r["position"] is not None else "",
+        str(r["gpus"]),
+        duration(r["age"]),
+    ]
+    if wide:
+        nodes = r["nodes"]
+        cells += [
+            r["job"],
+            r["namespace"] or "-",
+            r["shape"],
+            f"{r['priority_class'] or '-'} ({r['priority']})",
+            str(r["preemptions"] or ""),
+            ", ".join(nodes[:4]) + (f" +{len(nodes) - 4}" if len(nodes) > 4 else ""),
+        ]
+    cells.append(r["reason"] or "")
+    return cells

@@ -1,7 +1,8 @@
 """How the replay commands connect to NATS: the daemon's config file, credentials and TLS flags.
 
 Role: one reading of connection settings for every command that reads the log through
-`replay.source.open_source` (replay, explain, audit, whatif, jobs, queues, snapshot):
+`replay.source.open_source` (replay, explain, audit, whatif, jobs, queues, snapshot), and of
+the credential and TLS flags (`flag_options`) for the commands that append too:
 `--config FILE` reads the `nats` block of the daemon's config file (url, stream,
 subject_prefix, inbox_prefix, auth and TLS files), the same reading as the daemon's
 (`daemon.config`, which this layer may not import); `--creds FILE` (a NATS .creds file)
@@ -25,7 +26,8 @@ def add_connection_arguments(g: Any) -> None:
     g.add_argument(
         "--config",
         metavar="FILE",
-        help="the daemon's config file: connect with its `nats` block (url, stream, inbox prefix, auth, TLS files)",
+        help="a muster config file (the daemon's, or the chart's admin.yaml): connect with its `nats` block "
+        "(url, stream, inbox prefix, auth, TLS files)",
     )
     g.add_argument("--creds", metavar="FILE", help="NATS user credentials file (.creds)")
     g.add_argument("--tls-ca", metavar="FILE", help="CA bundle to verify the NATS server (enables TLS)")
@@ -36,6 +38,12 @@ def add_connection_arguments(g: Any) -> None:
 def _tls_context(ca: str | None, cert: str | None, key: str | None, what: str) -> Any:
     import ssl
 
+    for path in (ca, cert, key):
+        if path:
+            try:
+                open(path, "rb").close()
+            except OSError as exc:
+                raise ConfigProblem(f"{what}: {path}: {exc.strerror or exc}") from None
     try:
         ctx = ssl.create_default_context(cafile=ca)
         if cert:
@@ -49,18 +57,29 @@ def settings_of(args: argparse.Namespace) -> NatsSettings:
     """The connection the arguments ask for: `--config`'s `nats` block, then the credential and TLS flags."""
     config = getattr(args, "config", None)
     out = read_config(config) if config else NatsSettings()
+    out.options.update(flag_options(args))
+    return out
+
+
+def flag_options(args: argparse.Namespace) -> dict[str, Any]:
+    """`nats.connect` keywords of `--creds` and `--tls-*` (they override the config file's), checked.
+
+    The one reading of these flags, for the commands that read the log and
+    those that append to it (`muster.adminconnect`).
+    """
+    out: dict[str, Any] = {}
     creds = getattr(args, "creds", None)
     if creds:
         try:
             open(creds, "rb").close()
         except OSError as exc:
             raise ConfigProblem(f"--creds {creds}: {exc.strerror or exc}") from None
-        out.options["user_credentials"] = creds
+        out["user_credentials"] = creds
     ca, cert, key = (getattr(args, f, None) for f in ("tls_ca", "tls_cert", "tls_key"))
     if key and not cert:
         raise ConfigProblem("--tls-key goes with --tls-cert")
     if ca or cert:
-        out.options["tls"] = _tls_context(ca, cert, key, "--tls-ca/--tls-cert")
+        out["tls"] = _tls_context(ca, cert, key, "--tls-ca/--tls-cert")
     return out
 
 

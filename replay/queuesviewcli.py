@@ -28,13 +28,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from muster.replay.watching import run_view
 
-    def view(replayed: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        doc = document(replayed)
-        rows = [{"kind": "queue", "name": r["queue"], **r} for r in doc["queues"]]
-        rows += [{"kind": "cohort", "name": f"cohort:{r['cohort']}", **r} for r in doc["cohorts"]]
-        return doc, rows
-
     return run_view(args, "queues", "name", view, render)
+
+
+def view(replayed: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The document of a replayed state, and its rows (queues, then cohorts) for `-o jsonl`."""
+    doc = document(replayed)
+    rows = [{"kind": "queue", "name": r["queue"], **r} for r in doc["queues"]]
+    rows += [{"kind": "cohort", "name": f"cohort:{r['cohort']}", **r} for r in doc["cohorts"]]
+    return doc, rows
 
 
 def document(replayed: Any) -> dict[str, Any]:

@@ -29,6 +29,7 @@ import anyio
 from muster.events.archive import DirectoryArchive
 from muster.events.codec import DecodeError, decode, encode
 from muster.events.store import BadEvent, EventStore, StoredEvent, StoreError, SubjectRule, decode_raws
+from muster.events.subjects import queue_filters
 from muster.events.types import Event
 
 BATCH = 4096
@@ -171,9 +172,34 @@ class NatsLog:
                 f"events {max(1, from_seq)}..{first - 1} left stream {self.store.stream} and are in no archive "
                 "segment read here (--archive DIR reads the sealed ones)"
             )
-        async with contextlib.aclosing(self.store.iter_batches(from_seq, to_seq, until=until)) as batches:
+        async with contextlib.aclosing(self._read(from_seq, to_seq, until)) as batches:
             async for batch in batches:
                 yield batch
+
+    def _read(self, from_seq: int, to_seq: int | None, until: int | None) -> AsyncGenerator[list[StoredEvent], None]:
+        return self.store.iter_batches(from_seq, to_seq, until=until)
+
+
+class QueueLog(NatsLog):
+    """What one queue's own identity may read of a stream: its jobs' events and the cluster-wide ones.
+
+    The subjects are `events.subjects.queue_filters` (deploy/nats/accounts.conf grants a team
+    exactly those). Folded, they give the queue's jobs as the whole log does: their
+    submissions, decisions, facts and control, the configuration, nodes and leadership. Other
+    queues' jobs are absent, so what they hold (nodes, borrowed quota) does not show. Raw
+    reads by sequence (snapshot anchors) are not among the identity's rights: None.
+    """
+
+    def __init__(self, store: EventStore, queue: str) -> None:
+        super().__init__(store)
+        self.name = f"{store.stream} (queue {queue}'s subjects)"
+        self.filters = queue_filters(queue, store.prefix)
+
+    async def raw(self, seq: int) -> bytes | None:
+        return None
+
+    def _read(self, from_seq: int, to_seq: int | None, until: int | None) -> AsyncGenerator[list[StoredEvent], None]:
+        return self.store.iter_batches(from_seq, to_seq, until=until, subjects=self.filters)
 
 
 class ArchivedLog:
@@ -247,7 +273,8 @@ async def open_source(
 ) -> AsyncGenerator[tuple[LogSource, EventStore | None], None]:
     """The log the arguments name, and the store behind it (None for a file).
 
-    A stream is reached as `natsconnect.settings_of` says (`--config`, `--creds`, TLS). With
+    A stream is reached as `natsconnect.settings_of` says (`--config`, `--creds`, TLS); with
+    `--scope QUEUE`, only what that queue's own identity may read of it (`QueueLog`). With
     `wait` (a sidecar that may start before NATS or its stream exists) it tries again, with
     growing pauses, instead of failing.
     """
@@ -255,6 +282,9 @@ async def open_source(
 
     from muster.replay.natsconnect import ConfigProblem, settings_of
 
+    scope = getattr(args, "scope", None)
+    if scope is not None and (args.log or getattr(args, "archive", None)):
+        raise SourceError("--scope reads one queue's subjects of a stream; it goes with neither --log nor --archive")
     if args.log:
         if _connecting(args):
             raise SourceError("--config, --creds and --tls-* connect to NATS; they do not go with --log")
@@ -302,8 +332,13 @@ async def open_source(
             pause = min(30.0, 0.5 * 2.0**attempt)
             print(f"cannot open stream {args.stream} yet ({exc}); trying again in {pause:g} s", file=sys.stderr)
             await anyio.sleep(pause)
+    if scope is not None:
+        source: LogSource = QueueLog(store, scope)
+    else:
+        source = NatsLog(store) if archive is None else ArchivedLog(DirectoryArchive(archive), NatsLog(store))
     try:
-        yield (NatsLog(store) if archive is None else ArchivedLog(DirectoryArchive(archive), NatsLog(store))), store
+        with store.refusals():
+            yield source, store
     finally:
         with anyio.move_on_after(5, shield=True):
             await store.close()

@@ -49,10 +49,11 @@ class JobFilter:
     states: frozenset[str] = LIVE
     namespaces: frozenset[str] = frozenset()
 
-    def admits(self, job: JobState) -> bool:
+    def admits(self, job: JobState, state: str) -> bool:
+        """Whether the filter shows `job`, whose `job_state` is `state`."""
         return (
-            (not self.queues or job.queue in self.queues)
-            and job_state(job) in self.states
+            state in self.states
+            and (not self.queues or job.queue in self.queues)
             and (not self.namespaces or namespace_of(job) in self.namespaces)
         )
 
@@ -74,19 +75,29 @@ def positions(state: ClusterState, queues: set[str]) -> dict[str, int]:
 
 
 def job_rows(state: ClusterState, flt: JobFilter, now: int) -> list[dict[str, Any]]:
-    """The jobs `flt` admits, by queue then submission order; `now` measures their age."""
-    jobs = sorted((j for j in state.jobs.values() if flt.admits(j)), key=lambda j: (j.queue, j.seq))
-    names = display_names((j.id for j in jobs), state.jobs)
-    pos = positions(state, {j.queue for j in jobs if j.status == "pending"})
+    """The jobs `flt` admits, by queue then submission order; `now` measures their age.
+
+    `muster jobs --all` makes a row of every job the log ever saw: each job's state is found
+    once, and what many jobs share (a priority class's value) once per class.
+    """
+    admits = flt.admits
+    chosen = [(job, st) for job in state.jobs.values() if admits(job, st := job_state(job))]
+    chosen.sort(key=lambda pair: (pair[0].queue, pair[0].seq))
+    names = display_names((j.id for j, _ in chosen), state.jobs)
+    pos = positions(state, {j.queue for j, st in chosen if st == "pending"})
+    priorities: dict[str | None, int] = {}
     rows = []
-    for job in jobs:
-        st = job_state(job)
+    for job, st in chosen:
         if st == "pending":
             reason = pending_reason(job)
         elif st == "held":
             reason = "held by a user (muster release to let it run)"
         else:
             reason = job.reason
+        cls = job.priority_class
+        priority = priorities.get(cls)
+        if priority is None:
+            priority = priorities[cls] = state.priority_of(job)
         rows.append(
             {
                 "job": job.id,
@@ -97,14 +108,14 @@ def job_rows(state: ClusterState, flt: JobFilter, now: int) -> list[dict[str, An
                 "position": pos.get(job.id),
                 "gpus": job.gpus,
                 "shape": job_shape(job),
-                "priority_class": job.priority_class,
-                "priority": state.priority_of(job),
+                "priority_class": cls,
+                "priority": priority,
                 "submitted_at": job.submitted_at,
                 "age": max(0, now - job.submitted_at),
                 "admitted_at": job.admitted_at,
                 "finished_at": job.finished_at,
                 "preemptions": job.preemptions,
-                "nodes": sorted(set(job.placement.values())),
+                "nodes": sorted(set(job.placement.values())) if job.placement else [],
                 "reason": reason,
                 "source": job.source,
             }

@@ -91,6 +91,24 @@ def test_a_refused_nats_fails_within_2s_naming_the_url(index: int, tmp_path: Pat
     assert elapsed < 2.0, f"{' '.join(argv)} took {elapsed:.1f} s"
 
 
+CREDS_COMMANDS = [i for i, name in enumerate(NATS_COMMANDS) if name != "billing run"]
+"""`billing run` is a service: it connects as its config file's `nats` block says (the chart mounts it)."""
+
+
+@pytest.mark.parametrize("index", CREDS_COMMANDS, ids=[NATS_COMMANDS[i] for i in CREDS_COMMANDS])
+def test_every_command_on_nats_takes_creds_and_tls_flags(index: int, tmp_path: Path, capsys) -> None:
+    """Readers and appenders alike take `--creds` and `--tls-*`: an unreadable one exits 2 naming it, before NATS."""
+    argv = _nats_commands(tmp_path)[index]
+    url = f"nats://127.0.0.1:{free_port()}"
+    missing = tmp_path / "team-a.creds"
+    assert main([*argv, "--nats", url, "--creds", str(missing)]) == 2
+    assert f"--creds {missing}" in capsys.readouterr().err
+    assert main([*argv, "--nats", url, "--tls-ca", str(tmp_path / "ca.pem")]) == 2
+    assert "ca.pem" in capsys.readouterr().err
+    assert main([*argv, "--nats", url, "--tls-key", str(tmp_path / "client.key")]) == 2
+    assert "--tls-key goes with --tls-cert" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("index", range(len(NATS_COMMANDS)), ids=NATS_COMMANDS)
 def test_an_http_url_is_refused_as_no_nats_url(index: int, tmp_path: Path, capsys) -> None:
     """`--nats http://...` exits 2 saying it is no NATS URL and what to write instead."""

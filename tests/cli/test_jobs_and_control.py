@@ -250,3 +250,24 @@ def test_a_narrow_table_wraps_an_id_and_never_cuts_it() -> None:
     Console(file=out, width=50).print(render({"seq": 1, "jobs": [row]}))
     column = "".join(line.split()[0] for line in out.getvalue().splitlines()[2:] if line.strip())
     assert "…" not in out.getvalue() and column.startswith(long_id)
+
+
+def test_a_table_of_thousands_of_jobs_is_plain_aligned_text_with_every_id_whole(tmp_path, capsys) -> None:
+    """Past PLAIN_ROWS jobs the table is aligned columns, ids and reasons uncut, printed as is (not by rich)."""
+    from muster.replay.cliutil import PLAIN_ROWS
+    from muster.replay.jobscli import render
+    from muster.replay.watching import Printer
+
+    def row(i: int) -> dict[str, object]:
+        name = f"team-a/job/train-{i}" + ("-with-a-long-name-that-a-terminal-would-wrap" * (i % 7 == 0))
+        return {"name": name, "queue": "q", "state": "pending", "position": i, "gpus": 8, "age": i, "reason": "ré"}
+
+    doc = {"seq": 9, "jobs": [row(i) for i in range(1, PLAIN_ROWS + 2)]}
+    with (tmp_path / "out.txt").open("w") as out, Printer("table", False, key="job", out=out) as printer:
+        printer.show(doc, doc["jobs"], render)
+    lines = (tmp_path / "out.txt").read_text().splitlines()
+    header = ["JOB", "QUEUE", "STATE", "POS", "GPUS", "AGE", "REASON"]
+    assert lines[0] == f"{PLAIN_ROWS + 1} jobs at seq 9" and lines[1].split() == header
+    assert [ln.split()[0] for ln in lines[2:]] == [r["name"] for r in doc["jobs"]]
+    assert len({ln.index(" q ") for ln in lines[2:]}) == 1  # one column for the queue, whatever the name's length
+    assert all(ln.endswith("ré") for ln in lines[2:])

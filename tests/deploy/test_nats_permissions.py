@@ -30,11 +30,14 @@ from muster.daemon.billing import BillingMetrics, BillingSubscriber, SubscriberO
 from muster.daemon.billing_store import LedgerDB
 from muster.events.codec import encode
 from muster.events.embedded import EmbeddedNats, find_nats_server
-from muster.events.store import BadEvent, EventStore, StoreError, subject_for
+from muster.events.store import BadEvent, EventStore, StoreError, StoreRefused, subject_for
 from muster.events.types import (
     JobAdmitted,
+    JobCancelled,
     JobId,
+    JobInadmissible,
     JobSubmitted,
+    LeaderElected,
     NodeAdded,
     NodeName,
     PodSet,
@@ -455,3 +458,111 @@ def test_example_server_config_is_valid_and_fails_closed(tmp_path: Path) -> None
     )
     assert missing.returncode != 0
     assert "SUBMIT_TEAM_B_PASSWORD" in missing.stderr + missing.stdout
+
+
+def _config_as(server: EmbeddedNats, name: str, tmp_path: Path) -> Path:
+    """A config file whose `nats` block connects as `name` (user and password files, its own inbox)."""
+    user, inbox, var = IDENTITIES[name]
+    (tmp_path / f"{name}.user").write_text(user)
+    (tmp_path / f"{name}.password").write_text(PASSWORDS[var])
+    auth = {"username_file": str(tmp_path / f"{name}.user"), "password_file": str(tmp_path / f"{name}.password")}
+    config = tmp_path / f"{name}.yaml"
+    config.write_text(yaml.safe_dump({"nats": {"url": server.url, "inbox_prefix": inbox, "auth": auth}}))
+    return config
+
+
+async def _cli(*argv: str) -> int:
+    from muster.cli import main
+
+    code: int = await anyio.to_thread.run_sync(main, list(argv))
+    return code
+
+
+TEAMS = ("team-a", "team-b")
+
+
+async def _two_teams_log(server: EmbeddedNats) -> EventStore:
+    """team-a's job ctl-a and team-b's ctl-b, pending, each with a reason the daemon wrote on its queue's subject."""
+    daemon = await _store_as(server, "daemon", create=True)
+    daemon.queue_of = {"ctl-a": "team-a", "ctl-b": "team-b"}.get
+    admin = await _store_as(server, "admin")
+    try:
+        await admin.append([QueueConfigured(at=1_800_000_000, name=QueueName(q), nominal={"gpu": 8}) for q in TEAMS])
+    finally:
+        await admin.close()
+    for team, job in (("team-a", "ctl-a"), ("team-b", "ctl-b")):
+        store = await _store_as(server, team)
+        try:
+            await store.append([_job(job, team)])
+        finally:
+            await store.close()
+    waits = [
+        JobInadmissible(at=1_800_000_002, job=JobId(j), reason=f"{j} waits for GPUs", epoch=1)
+        for j in ("ctl-a", "ctl-b")
+    ]
+    await daemon.append([LeaderElected(at=1_800_000_001, epoch=1, holder="muster-0"), *waits])
+    return daemon
+
+
+@pytest.fixture
+async def two_teams(server: EmbeddedNats, tmp_path: Path) -> AsyncIterator[tuple[EventStore, str]]:
+    """The daemon's store on a log holding team-a's ctl-a and team-b's ctl-b, and team-a's config file."""
+    daemon = await _two_teams_log(server)
+    try:
+        yield daemon, str(_config_as(server, "team-a", tmp_path))
+    finally:
+        await daemon.close()
+
+
+async def test_a_team_reads_its_own_jobs_story_and_no_other_teams(
+    two_teams: tuple[EventStore, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`jobs`/`explain --scope team-a` as team-a show its job and the daemon's reasons; team-b's stay unread."""
+    _, config = two_teams
+    capsys.readouterr()
+    assert await _cli("jobs", "--scope", "team-a", "--config", config, "-o", "json") == 0
+    rows = {r["job"]: r for r in json.loads(capsys.readouterr().out)["jobs"]}
+    assert rows["ctl-a"]["reason"] == "ctl-a waits for GPUs" and "ctl-b" not in rows
+    assert await _cli("explain", "ctl-a", "--scope", "team-a", "--config", config, "-o", "json") == 0
+    story = json.dumps(json.loads(capsys.readouterr().out))
+    assert "submitted to queue team-a" in story and "ctl-a waits for GPUs" in story
+    assert await _cli("explain", "ctl-b", "--scope", "team-a", "--config", config) == 2
+    capsys.readouterr()
+    # the whole log, or another queue's subjects: refused by NATS, exit 1 with what to do
+    assert await _cli("jobs", "--config", config) == 1
+    err = capsys.readouterr().err
+    assert "permissions violation" in err.lower() and "--scope QUEUE" in err
+    assert await _cli("jobs", "--scope", "team-b", "--config", config) == 1
+    assert "muster.*.team-b.*" in capsys.readouterr().err
+
+
+async def test_a_team_controls_its_own_queues_jobs_and_only_those(
+    server: EmbeddedNats, two_teams: tuple[EventStore, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """team-a holds and cancels its job with its own identity; team-b's job it can neither find nor touch."""
+    from muster.projections.cluster import fold
+
+    daemon, config = two_teams
+    before = await daemon.last_seq()
+    capsys.readouterr()
+    assert await _cli("hold", "ctl-a", "--scope", "team-a", "--config", config) == 0
+    assert await _cli("cancel", "ctl-a", "--scope", "team-a", "--config", config) == 0
+    assert "cancelled ctl-a" in capsys.readouterr().out
+    assert await _cli("cancel", "ctl-b", "--scope", "team-a", "--config", config) == 2
+    assert "ctl-b" in capsys.readouterr().err
+    assert await _cli("cancel", "ctl-b", "--scope", "team-b", "--config", config) == 1
+    assert "permissions violation" in capsys.readouterr().err.lower()
+    team_a = await _store_as(server, "team-a")
+    try:
+        with pytest.raises(StoreRefused, match=r"(?i)permissions violation.*muster\.control\.team-b\.ctl-b"):
+            await team_a.append([JobCancelled(at=1_800_000_010, job=JobId("ctl-b"), queue=QueueName("team-b"))])
+        # on team-a's own control subject it is stored, and the fold ignores it
+        await team_a.append([JobCancelled(at=1_800_000_011, job=JobId("ctl-b"), queue=QueueName("team-a"))])
+    finally:
+        await team_a.close()
+    new = await daemon.read(before + 1)
+    subjects = [subject_for(s.event, "muster") for s in new]
+    assert subjects == ["muster.control.team-a.ctl-a"] * 2 + ["muster.control.team-a.ctl-b"]
+    state = fold([s.event for s in await daemon.read()])
+    assert state.jobs["ctl-a"].status == "cancelled"
+    assert state.jobs["ctl-b"].status == "pending"

@@ -233,3 +233,32 @@ async def test_the_daemon_with_a_wrong_password_exits_1_without_printing_it(
     assert proc.returncode == 1, text[-3000:]
     assert "uthorization" in text
     assert wrong not in text and PASSWORD not in text
+
+
+async def test_the_appending_commands_take_the_tls_flags_directly(
+    secured: EmbeddedNats, pki: Pki, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`queues apply`, `submit`, `hold` and `cancel` reach a mutual-TLS server with --tls-ca/--tls-cert/--tls-key."""
+    from muster.cli import main
+
+    async with await EventStore.connect(
+        secured.url, stream="TLS3", user=USER, password=PASSWORD, tls=pki.client_context()
+    ) as es:
+        url = f"tls://{USER}:{PASSWORD}@{secured.host}:{secured.port}"
+        tls = ["--tls-ca", str(pki.ca), "--tls-cert", str(pki.client_cert), "--tls-key", str(pki.client_key)]
+        common = ["--nats", url, "--stream", "TLS3", "--connect-timeout", "5"]
+        queues = tmp_path / "queues.yaml"
+        queues.write_text("queues:\n  - {name: q, nominal: {gpu: 8}}\n")
+        assert await anyio.to_thread.run_sync(main, ["submit", "--queue", "q", "--job", "tls-0", *common]) == 1
+        capsys.readouterr()
+        for argv in (
+            ["queues", "apply", str(queues)],
+            ["submit", "--queue", "q", "--job", "tls-1"],
+            ["hold", "tls-1"],
+            ["cancel", "tls-1"],
+        ):
+            assert await anyio.to_thread.run_sync(main, [*argv, *common, *tls]) == 0, capsys.readouterr().err
+        kinds = [type(s.event).__name__ for s in await es.read()]
+        assert kinds == ["QueueConfigured", "JobSubmitted", "JobHeld", "JobCancelled"]
+        assert PASSWORD not in capsys.readouterr().err
+        await es.delete_stream()

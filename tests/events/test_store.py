@@ -116,6 +116,12 @@ async def test_a_range_ending_inside_a_delivery_stops_at_its_last_sequence(any_s
     assert [s.event.at for s in await any_store.read(10, until=4500)] == list(range(9, 4501))
 
 
+async def _stored_subjects(store: EventStore, events: list[Event]) -> list[str]:
+    """Append `events`; the subject each was stored on."""
+    seqs = await store.append(events)
+    return [(await store.js.get_msg(store.stream, seq)).subject for seq in seqs]
+
+
 async def test_events_land_on_kind_and_id_subjects(any_store: EventStore) -> None:
     """Each event is stored on `<prefix>.<kind>.<id>` with the id made safe for a subject token."""
     events: list[Event] = [
@@ -123,10 +129,56 @@ async def test_events_land_on_kind_and_id_subjects(any_store: EventStore) -> Non
         NodeAdded(at=1, node="gpu-node-1"),
         QueueConfigured(at=1, name="équipe a"),
     ]
-    seqs = await any_store.append(events)
-    subjects = [(await any_store.js.get_msg(any_store.stream, seq)).subject for seq in seqs]
+    subjects = await _stored_subjects(any_store, events)
     p = any_store.prefix
     assert subjects == [f"{p}.job.ns/train%2Ev2", f"{p}.node.gpu-node-1", f"{p}.queue.%C3%A9quipe%20a"]
+
+
+async def test_a_jobs_events_go_on_its_queues_subjects_when_the_writer_knows_it(any_store: EventStore) -> None:
+    """With `queue_of` (the daemon's folded state), and for a job submitted in the same batch, job.<queue>.<job>."""
+    any_store.queue_of = {"known": "team-a"}.get
+    events: list[Event] = [
+        JobFinished(at=1, job="known"),
+        *submissions(1),
+        JobFailed(at=1, job="job-0"),
+        JobFinished(at=1, job="unknown"),
+    ]
+    subjects = await _stored_subjects(any_store, events)
+    p = any_store.prefix
+    assert subjects == [
+        f"{p}.job.team-a.known",
+        f"{p}.submit.team-a.job-0",
+        f"{p}.job.team-a.job-0",
+        f"{p}.job.unknown",
+    ]
+    assert [s.event for s in await any_store.read(await any_store.last_seq() - 3)] == events
+
+
+async def test_a_read_by_queue_filters_gets_that_queues_jobs_and_the_cluster_in_order(any_store: EventStore) -> None:
+    """`subjects=queue_filters(q)` reads q's submissions, control and job events, config, nodes; no other queue's."""
+    from muster.events.subjects import queue_filters
+    from muster.events.types import JobCancelled, JobId, LeaderElected, QueueName
+
+    any_store.queue_of = {"a-1": "team-a", "b-1": "team-b"}.get
+    mine = JobSubmitted(at=3, job="a-1", queue="team-a", podsets=[PodSet(name="w", count=1, requests={"gpu": 1})])
+    theirs = JobSubmitted(at=3, job="b-1", queue="team-b", podsets=[PodSet(name="w", count=1, requests={"gpu": 1})])
+    events: list[Event] = [
+        QueueConfigured(at=1, name="team-a"),
+        NodeAdded(at=1, node="n1", capacity={"gpu": 8}),
+        LeaderElected(at=2, epoch=1, holder="d"),
+        theirs,
+        mine,
+        JobFinished(at=4, job="b-1"),
+        JobCancelled(at=5, job=JobId("a-1"), queue=QueueName("team-a")),
+        JobFailed(at=5, job="a-1"),
+    ]
+    seqs = await any_store.append(events)
+    got = await any_store.read(seqs[0], subjects=queue_filters("team-a", any_store.prefix))
+    wanted = [0, 1, 2, 4, 6, 7]
+    assert [(s.seq, s.event) for s in got] == [(seqs[i], events[i]) for i in wanted]
+    assert [
+        s.seq for s in await any_store.read(seqs[0], seqs[4], subjects=queue_filters("nobody", any_store.prefix))
+    ] == seqs[:3]
 
 
 # ---------------------------------------------------------------- de-duplication and fencing

@@ -11,6 +11,8 @@ from muster.events.types import (
     JobAdmitted,
     JobCancelled,
     JobFinished,
+    JobHeld,
+    JobReleased,
     JobSubmitted,
     LeaderElected,
     NodeCordoned,
@@ -77,6 +79,9 @@ def test_every_event_is_taken_from_its_own_subject(job: str, queue: str) -> None
         QueueConfigured(at=1, name=queue),
         SchedulerConfigured(at=1),
         LeaderElected(at=1, epoch=2, holder=job),
+        JobCancelled(at=1, job=job, queue=queue),
+        JobHeld(at=1, job=job, queue=queue),
+        JobReleased(at=1, job=job),
     ]
     for event in events:
         assert subject_problem(subject_for(event, "a.b").encode(), event) is None
@@ -96,12 +101,14 @@ def test_events_off_their_subjects_are_refused_with_a_reason() -> None:
     assert subject_problem(b"garbage", admitted) is not None
 
 
-_TOKENS = st.sampled_from(["muster", "a", "job", "submit", "queue", "node", "leader", "team-a", "j", ""])
+_TOKENS = st.sampled_from(
+    ["muster", "a", "job", "submit", "control", "queue", "node", "leader", "team-a", "team-b", "j", ""]
+)
 
 
 @given(
     st.lists(
-        st.tuples(st.lists(_TOKENS, max_size=5).map(".".join), st.sampled_from(range(5))),
+        st.tuples(st.lists(_TOKENS, max_size=5).map(".".join), st.sampled_from(range(7))),
         max_size=30,
     )
 )
@@ -113,6 +120,8 @@ def test_the_readers_remembered_rule_answers_as_subject_problem(reads: list[tupl
         QueueConfigured(at=1, name="team-a"),
         LeaderElected(at=1, epoch=1, holder="a"),
         NodeCordoned(at=1, node="job"),
+        JobCancelled(at=1, job="j", queue="team-a"),
+        JobCancelled(at=1, job="j"),
     ]
     rule = SubjectRule()
     for subject, which in reads * 2:  # the second pass answers from what the first remembered
@@ -125,12 +134,46 @@ def test_submissions_of_old_logs_stay_readable_on_job_subjects() -> None:
     assert subject_problem(b"muster.job.j", _submission("j", "team-b")) is None
 
 
-def test_a_prefix_ending_in_submit_is_refused() -> None:
-    """The kind is counted from the right, so a prefix ending in a `submit` token would be ambiguous."""
+@pytest.mark.parametrize("last", ["submit", "control", "job"])
+def test_a_prefix_ending_in_a_queue_scoped_kind_is_refused(last: str) -> None:
+    """The kind is counted from the right, so a prefix ending in `submit`, `control` or `job` would be ambiguous."""
     import anyio
 
     async def connect() -> None:
-        await EventStore.connect("nats://127.0.0.1:1", prefix="org.submit", connect_attempts=1)
+        await EventStore.connect("nats://127.0.0.1:1", prefix=f"org.{last}", connect_attempts=1)
 
     with pytest.raises(StoreError, match="prefix"):
         anyio.run(connect)
+
+
+def test_a_users_job_control_goes_to_its_queues_control_subject() -> None:
+    """`muster cancel|hold|release` events name the job's queue and land on control.<queue>.<job>."""
+    assert subject_for(JobCancelled(at=1, job="train.1", queue="team-a")) == "muster.control.team-a.train%2E1"
+    assert subject_for(JobHeld(at=1, job="j", queue="team-a"), prefix="t1") == "t1.control.team-a.j"
+    assert subject_for(JobReleased(at=1, job="j", queue="team-b")) == "muster.control.team-b.j"
+
+
+def test_a_users_job_control_counts_only_on_its_own_queues_and_jobs_control_subject() -> None:
+    """A control event naming team-b on team-a's subject, another job's subject or a job.* subject is bad."""
+    cancel = JobCancelled(at=1, job="j", queue="team-b")
+    problem = subject_problem(b"muster.control.team-a.j", cancel)
+    assert problem is not None and "'team-b'" in problem and "muster.control.team-a.j" in problem
+    assert subject_problem(b"muster.control.team-b.other", cancel) is not None
+    assert subject_problem(b"muster.job.j", cancel) is not None
+    assert subject_problem(b"muster.job.team-b.j", cancel) is not None
+    assert subject_problem(b"muster.control.team-b.j", cancel) is None
+    # the control subjects carry a user's control events and nothing else
+    assert subject_problem(b"muster.control.team-a.j", JobCancelled(at=1, job="j")) is not None
+    admitted = JobAdmitted(at=1, job="j", queue="team-a", placement={"w-0": "n"})
+    assert "JobAdmitted" in (subject_problem(b"muster.control.team-a.j", admitted) or "")
+    assert subject_problem(b"muster.control.team-a.j", _submission("j", "team-a")) is not None
+
+
+def test_the_daemons_job_events_may_name_the_queue_in_their_subject() -> None:
+    """A job event goes on job.<queue>.<job> when the writer gives its queue, on job.<job> otherwise; both count."""
+    finished = JobFinished(at=1, job="train.1")
+    assert subject_for(finished, queue="team-a") == "muster.job.team-a.train%2E1"
+    assert subject_for(JobCancelled(at=1, job="j"), queue="team-a") == "muster.job.team-a.j"
+    assert subject_problem(b"muster.job.team-a.train%2E1", finished) is None
+    assert subject_problem(b"muster.job.train%2E1", finished) is None
+    assert subject_problem(b"muster.job.team-a.q", QueueConfigured(at=1, name="q")) is not None
