@@ -44,13 +44,18 @@ def point_arg(text: str | None, what: str) -> Point:
 
 
 async def _edge(source: LogSource, forward: bool) -> tuple[int, int] | None:
-    """(seq, time) of the first (or last) event that decodes, looking at most 100 sequences in."""
+    """(seq, time) of the first (or last) event that decodes, looking at most 100 sequences in.
+
+    A source that may not read by sequence (a queue's scoped view) answers from its own events.
+    """
     last = await source.last_seq()
     if last < 1:
         return None
     span = range(1, min(last, 100) + 1) if forward else range(last, max(0, last - 100), -1)
     for seq in span:
         raw = await source.raw(seq)
+        if raw is None and seq == span[0]:
+            return await _edge_by_reading(source, forward)
         if not raw or not raw.strip():
             continue
         try:
@@ -58,6 +63,23 @@ async def _edge(source: LogSource, forward: bool) -> tuple[int, int] | None:
         except DecodeError:
             continue
     return None
+
+
+async def _edge_by_reading(source: LogSource, forward: bool) -> tuple[int, int] | None:
+    """The first (or last) event the source yields: a read of what it holds, not of sequences."""
+    edge: tuple[int, int] | None = None
+    batches = source.batches(1)
+    try:
+        async for batch in batches:
+            if batch:
+                edge = (batch[0].seq, batch[0].event.at) if forward else (batch[-1].seq, batch[-1].event.at)
+                if forward:
+                    break
+    finally:
+        close = getattr(batches, "aclose", None)
+        if close is not None:
+            await close()
+    return edge
 
 
 async def check_point(source: LogSource, point: Point | None, what: str) -> None:

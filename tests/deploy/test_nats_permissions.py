@@ -528,6 +528,11 @@ async def test_a_team_reads_its_own_jobs_story_and_no_other_teams(
     assert "submitted to queue team-a" in story and "ctl-a waits for GPUs" in story
     assert await _cli("explain", "ctl-b", "--scope", "team-a", "--config", config) == 2
     capsys.readouterr()
+    # a past point is checked against what the queue's identity may read, not refused as an empty log
+    assert await _cli("jobs", "--scope", "team-a", "--at", "@1800000002", "--config", config, "-o", "json") == 0
+    assert "ctl-a" in {r["job"] for r in json.loads(capsys.readouterr().out)["jobs"]}
+    assert await _cli("jobs", "--scope", "team-a", "--at", "@1900000000", "--config", config) == 2
+    assert "past the end" in capsys.readouterr().err
     # the whole log, or another queue's subjects: refused by NATS, exit 1 with what to do
     assert await _cli("jobs", "--config", config) == 1
     err = capsys.readouterr().err
