@@ -125,3 +125,9 @@ def _fmt_bytes(v: int) -> str:
         if v >= size and v % size == 0:
             return f"{v // size}{suffix}"
     return str(v)
+
+
+def flavored(resource: str, flavor: str) -> str:
+    """The quota key of a resource in a flavor (`gpu@h100`): quota is kept per flavor and resource,
+    so a cohort adds up each flavor's quota on its own. Unflavored quota keeps the plain name."""
+    return f"{resource}@{flavor}"

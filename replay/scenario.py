@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+import msgspec
 import yaml
 
 from muster.events.types import (
@@ -27,6 +28,9 @@ from muster.events.types import (
     CohortConfigured,
     CohortName,
     Event,
+    FlavorConfigured,
+    FlavorFungibility,
+    FlavorQuota,
     IdleReclaimPolicy,
     NodeAdded,
     NodeName,
@@ -36,7 +40,9 @@ from muster.events.types import (
     QueueConfigured,
     QueueName,
     ReclaimPolicy,
+    ResourceGroup,
     SchedulerConfigured,
+    Taint,
     Topology,
     WithinQueuePolicy,
 )
@@ -75,6 +81,7 @@ class Scenario:
     levels: list[str]
     queues: dict[str, QueueConfigured] = field(default_factory=dict)
     nodes: dict[str, NodeAdded] = field(default_factory=dict)
+    flavors: dict[str, FlavorConfigured] = field(default_factory=dict)
     keys: frozenset[str] = frozenset()
     """The top-level keys the file gives (`queues apply` changes only what the file mentions)."""
 
@@ -192,6 +199,7 @@ _TOP = {
     "priority_classes",
     "cohorts",
     "fair_sharing",
+    "flavors",
     "queues",
     "idle_reclaim",
     "timeline",
@@ -268,13 +276,16 @@ def loads(
     cohort_names: set[str] = {str(c.name) for c in cohorts} | set(known_cohorts or ())
     if known_cohorts is None:
         cohort_names = _AnyName(cohort_names)
-    queues = _queues(r, top.get("queues"), cohort_names)
-    config.extend(queues.values())
     nodes = _nodes(r, top.get("nodes"), levels)
+    flavors = _flavors(r, top.get("flavors"), nodes)
+    config.extend(flavors.values())
+    known = Known(cohort_names, set(flavors))
+    queues = _queues(r, top.get("queues"), known)
+    config.extend(queues.values())
     config.extend(nodes.values())
     inputs: list[Input] = []
     if "timeline" in top:
-        inputs.extend(_timeline(r, top["timeline"], queues, cohort_names, set(nodes)))
+        inputs.extend(_timeline(r, top["timeline"], queues, known, set(nodes)))
     _unique_jobs(name, inputs, {})
     if "timeline_csv" in top:
         csv_name = r.string(top["timeline_csv"], "timeline_csv")
@@ -285,7 +296,7 @@ def loads(
     # at equal times, timeline entries come before CSV rows (stable sort keeps file order)
     inputs.sort(key=lambda i: (i.at, i.order))
     until = r.integer(top["until"], "until") if "until" in top else None
-    return Scenario(name, config, inputs, until, levels, queues, nodes, keys=frozenset(top))
+    return Scenario(name, config, inputs, until, levels, queues, nodes, flavors, keys=frozenset(top))
 
 
 def _unique_jobs(path: str, inputs: list[Input], seen: dict[str, str]) -> None:
@@ -361,27 +372,56 @@ QUEUE_FIELDS = {
     "nominal",
     "borrowing_limit",
     "lending_limit",
+    "resource_groups",
+    "flavor_fungibility",
     "weight",
     "preemption",
     "queueing_strategy",
 }
 _STRATEGIES = ("best_effort_fifo", "strict_fifo")
+_PLAIN_QUOTA = ("nominal", "borrowing_limit", "lending_limit")
+_WHEN_CAN_BORROW = ("Borrow", "TryNextFlavor")
+_WHEN_CAN_PREEMPT = ("Preempt", "TryNextFlavor")
 
 
-def queue_from(r: _Reader, n: yaml.Node, cohorts: set[str], base: QueueConfigured | None = None) -> QueueConfigured:
+@dataclass
+class Known:
+    """Names a queue may refer to: cohorts and flavors."""
+
+    cohorts: set[str]
+    flavors: set[str] = field(default_factory=set)
+
+
+def queue_from(r: _Reader, n: yaml.Node, known: Known, base: QueueConfigured | None = None) -> QueueConfigured:
     """A queue definition (or, with `base`, an update of some of its fields)."""
-    required = {"name"} if base is not None else {"name", "nominal"}
-    m = r.mapping(n, "queue", QUEUE_FIELDS, required)
+    m = r.mapping(n, "queue", QUEUE_FIELDS, {"name"})
     name = r.string(m["name"], "queue name")
+    grouped = "resource_groups" in m or (base is not None and bool(base.resource_groups) and "nominal" not in m)
+    plain = [f for f in _PLAIN_QUOTA if f in m]
+    if "resource_groups" in m and plain:
+        raise r.fail(
+            m[plain[0]], f"queue {name!r}: {plain[0]} and resource_groups exclude each other (give quota per flavor)"
+        )
+    if grouped and plain:
+        raise r.fail(m[plain[0]], f"queue {name!r} has resource_groups: change its quota there, not with {plain[0]}")
+    if base is None and "nominal" not in m and "resource_groups" not in m:
+        raise r.fail(n, "queue: missing field 'nominal' (or 'resource_groups')")
     kw: dict[str, Any] = {}
     if "cohort" in m:
         cohort = r.string(m["cohort"], "cohort")
-        if cohort not in cohorts:
+        if cohort not in known.cohorts:
             raise r.fail(m["cohort"], f"queue {name!r}: cohort {cohort!r} is not defined")
         kw["cohort"] = cohort
-    for f in ("nominal", "borrowing_limit", "lending_limit"):
+    for f in _PLAIN_QUOTA:
         if f in m:
             kw[f] = r.resources(m[f], f"queue {name}: {f}")
+    if "nominal" in m and base is not None:
+        kw["resource_groups"] = msgspec.UNSET  # back to one pool over every node
+    if "resource_groups" in m:
+        kw["resource_groups"] = _resource_groups(r, m["resource_groups"], name, known.flavors)
+        kw.update(nominal={}, borrowing_limit=None, lending_limit=None)
+    if "flavor_fungibility" in m:
+        kw["flavor_fungibility"] = _fungibility(r, m["flavor_fungibility"], base)
     if "weight" in m:
         kw["weight"] = r.number(m["weight"], f"queue {name}: weight", 0, None)
     if "queueing_strategy" in m:
@@ -412,22 +452,125 @@ def queue_from(r: _Reader, n: yaml.Node, cohorts: set[str], base: QueueConfigure
             borrow_within_cohort=bwc,
         )
     if base is not None:
-        import msgspec
-
         return msgspec.structs.replace(base, **kw)
     return QueueConfigured(at=0, name=QueueName(name), **kw)
 
 
-def _queues(r: _Reader, node: yaml.Node | None, cohorts: set[str]) -> dict[str, QueueConfigured]:
+def _fungibility(r: _Reader, node: yaml.Node, base: QueueConfigured | None) -> FlavorFungibility:
+    """`flavor_fungibility`; a field it leaves out keeps its value (Kueue's default on a new queue)."""
+    m = r.mapping(node, "flavor_fungibility", {"when_can_borrow", "when_can_preempt"})
+    old = base.flavor_fungibility if base is not None and base.flavor_fungibility else FlavorFungibility()
+    chosen = {
+        key: r.choice(m[key], key, options) if key in m else getattr(old, key)
+        for key, options in (("when_can_borrow", _WHEN_CAN_BORROW), ("when_can_preempt", _WHEN_CAN_PREEMPT))
+    }
+    return msgspec.convert(chosen, FlavorFungibility)
+
+
+def _resource_groups(r: _Reader, node: yaml.Node, queue: str, flavors: set[str]) -> list[ResourceGroup]:
+    """A queue's quota per flavor; a resource in two groups, a flavor twice, or an unknown flavor is an error."""
+    groups: list[ResourceGroup] = []
+    covered_by: dict[str, int] = {}
+    flavor_in: dict[str, int] = {}
+    items = r.seq(node, f"queue {queue}: resource_groups")
+    if not items:
+        raise r.fail(node, f"queue {queue}: resource_groups is empty")
+    for gi, gn in enumerate(items):
+        g = r.mapping(gn, "resource group", {"covered", "flavors"}, {"covered", "flavors"})
+        covered: list[str] = []
+        for cn in r.seq(g["covered"], "covered"):
+            res = r.string(cn, "covered resource")
+            res = "gpu" if res == "nvidia.com/gpu" else res
+            if "@" in res:
+                raise r.fail(cn, f"queue {queue}: resource name {res!r} may not contain '@'")
+            if res in covered_by:
+                raise r.fail(cn, f"queue {queue}: resource {res!r} is in two resource groups (one group per resource)")
+            covered_by[res] = gi
+            covered.append(res)
+        if not covered:
+            raise r.fail(g["covered"], f"queue {queue}: a resource group must cover at least one resource")
+        fqs: list[FlavorQuota] = []
+        fitems = r.seq(g["flavors"], "flavors")
+        if not fitems:
+            raise r.fail(g["flavors"], f"queue {queue}: a resource group needs at least one flavor")
+        for fn in fitems:
+            f = r.mapping(fn, "flavor quota", {"name", "nominal", "borrowing_limit", "lending_limit"}, {"name"})
+            fname = r.string(f["name"], "flavor name")
+            if fname not in flavors:
+                raise r.fail(
+                    f["name"],
+                    f"queue {queue}: flavor {fname!r} is not defined (flavors: {', '.join(sorted(flavors)) or 'none'})",
+                )
+            if fname in flavor_in:
+                raise r.fail(f["name"], f"queue {queue}: flavor {fname!r} appears twice in its resource groups")
+            flavor_in[fname] = gi
+            limits: dict[str, dict[str, int] | None] = {}
+            for key in ("nominal", "borrowing_limit", "lending_limit"):
+                limits[key] = r.resources(f[key], f"queue {queue}: flavor {fname}: {key}") if key in f else None
+                for res in limits[key] or {}:
+                    if res not in covered:
+                        raise r.fail(
+                            f[key],
+                            f"queue {queue}: flavor {fname}: {key} names {res!r}, "
+                            f"which its group does not cover ({', '.join(covered)})",
+                        )
+            fqs.append(
+                FlavorQuota(
+                    name=fname,
+                    nominal=limits["nominal"] or {},
+                    borrowing_limit=limits["borrowing_limit"],
+                    lending_limit=limits["lending_limit"],
+                )
+            )
+        groups.append(ResourceGroup(covered=covered, flavors=fqs))
+    return groups
+
+
+def _queues(r: _Reader, node: yaml.Node | None, known: Known) -> dict[str, QueueConfigured]:
     out: dict[str, QueueConfigured] = {}
     if node is None:
         return out
     for n in r.seq(node, "queues"):
-        q = queue_from(r, n, cohorts)
+        q = queue_from(r, n, known)
         if q.name in out:
             raise r.fail(n, f"queue {q.name!r} is defined twice")
         out[q.name] = q
     return out
+
+
+def _flavors(r: _Reader, node: yaml.Node | None, nodes: dict[str, NodeAdded]) -> dict[str, FlavorConfigured]:
+    """Resource flavors: each names node labels (and taints), and must match at least one node."""
+    out: dict[str, FlavorConfigured] = {}
+    if node is None:
+        return out
+    for n in r.seq(node, "flavors"):
+        m = r.mapping(n, "flavor", {"name", "node_labels", "taints"}, {"name"})
+        name = r.string(m["name"], "flavor name")
+        if name in out:
+            raise r.fail(n, f"flavor {name!r} is defined twice")
+        if not name or "@" in name:
+            raise r.fail(m["name"], f"flavor name {name!r} must be non-empty and may not contain '@'")
+        labels: dict[str, str] = {}
+        if "node_labels" in m:
+            lm = r.mapping(m["node_labels"], f"flavor {name}: node_labels", set(_keys(m["node_labels"])))
+            labels = {k: r.string(v, f"label {k}") for k, v in lm.items()}
+        taints: list[Taint] = []
+        for tn in r.seq(m["taints"], f"flavor {name}: taints") if "taints" in m else []:
+            t = r.mapping(tn, "taint", {"key", "value", "effect"}, {"key"})
+            taints.append(
+                Taint(
+                    key=r.string(t["key"], "taint key"),
+                    value=r.string(t["value"], "taint value") if "value" in t else "",
+                    effect=r.choice(t["effect"], "taint effect", _EFFECTS) if "effect" in t else "NoSchedule",
+                )
+            )
+        if not any(all(nd.labels.get(k) == v for k, v in labels.items()) for nd in nodes.values()):
+            raise r.fail(n, f"flavor {name!r} has no nodes (no node carries {labels or 'any labels'})")
+        out[name] = FlavorConfigured(at=0, name=name, node_labels=labels, taints=taints)
+    return out
+
+
+_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
 MAX_NODES = 100_000
@@ -505,7 +648,7 @@ _EVENT_KINDS = {"submit", "node_down", "node_up", "cordon", "uncordon", "cancel"
 
 
 def _timeline(
-    r: _Reader, node: yaml.Node, queues: dict[str, QueueConfigured], cohorts: set[str], nodes: set[str]
+    r: _Reader, node: yaml.Node, queues: dict[str, QueueConfigured], known: Known, nodes: set[str]
 ) -> list[Input]:
     out: list[Input] = []
     for order, n in enumerate(r.seq(node, "timeline")):
@@ -518,7 +661,7 @@ def _timeline(
         v = m[kind]
         line = n.start_mark.line + 1
         if kind == "submit":
-            data = _submit(r, v)
+            data = _submit(r, v, known.flavors)
         elif kind in ("node_down", "node_up", "cordon", "uncordon", "cancel"):
             data = {"name": r.string(v, kind)}
             if kind != "cancel" and data["name"] not in nodes:
@@ -531,18 +674,27 @@ def _timeline(
             qname = r.string(um["name"], "queue_update.name")
             if qname not in queues:
                 raise r.fail(v, f"queue_update: queue {qname!r} is not defined")
-            parsed = queue_from(r, v, cohorts, base=queues[qname])
-            data = {"name": qname, "fields": sorted(f for f in um if f != "name"), "queue": parsed}
+            parsed = queue_from(r, v, known, base=queues[qname])
+            fields = {f for f in um if f != "name"}
+            # plain quota and groups replace each other: new groups clear the plain quota, and
+            # plain quota clears the groups (a no-op on a queue that has none)
+            if "resource_groups" in fields:
+                fields |= set(_PLAIN_QUOTA)
+            elif fields & set(_PLAIN_QUOTA):
+                fields.add("resource_groups")
+            data = {"name": qname, "fields": sorted(fields), "queue": parsed}
         out.append(Input(at, order, kind, data, line))
     return out
 
 
-_PODSET_FIELDS = {"name", "count", "requests", "topology"}
+_PODSET_FIELDS = {"name", "count", "requests", "topology", "flavors"}
 _SUBMIT_FIELDS = {"job", "queue", "priority_class", "podsets", "runtime", "checkpoint_every", "max_runtime"}
 
 
-def _submit(r: _Reader, node: yaml.Node) -> dict[str, Any]:
-    """A job as written; shape errors are scenario errors, spec errors become JobRejected."""
+def _submit(r: _Reader, node: yaml.Node, flavors: Collection[str] | None = None) -> dict[str, Any]:
+    """A job as written; shape errors are scenario errors, spec errors become JobRejected.
+
+    `flavors` are the names a podset may restrict itself to (None: any; the core rejects unknown ones)."""
     m = r.mapping(node, "submit", _SUBMIT_FIELDS, {"job", "queue"})
     podsets: list[PodSet] = []
     invalid: str | None = None
@@ -556,6 +708,12 @@ def _submit(r: _Reader, node: yaml.Node) -> dict[str, Any]:
                 preferred=r.string(t["preferred"], "topology.preferred") if "preferred" in t else None,
             )
         name = r.string(p["name"], "podset name") if "name" in p else "worker"
+        allowed: list[str] = []
+        for fn in r.seq(p["flavors"], f"podset {name!r}: flavors") if "flavors" in p else []:
+            fname = r.string(fn, "flavor")
+            if flavors is not None and fname not in flavors:
+                raise r.fail(fn, f"podset {name!r}: flavor {fname!r} is not defined")
+            allowed.append(fname)
         # a count or a request that is not a whole quantity (1.5 pods, 0.5 GPUs) makes the
         # job invalid, not the scenario: the job is rejected and the run goes on
         try:
@@ -564,7 +722,7 @@ def _submit(r: _Reader, node: yaml.Node) -> dict[str, Any]:
         except ScenarioError as exc:
             invalid = invalid or exc.message
             count, requests = 0, {}
-        podsets.append(PodSet(name=name, count=count, requests=requests, topology=topo))
+        podsets.append(PodSet(name=name, count=count, requests=requests, topology=topo, flavors=allowed))
     out: dict[str, Any] = {
         "job": r.string(m["job"], "job"),
         "queue": r.string(m["queue"], "queue"),

@@ -1,0 +1,270 @@
+"""Resource flavors: which flavor each podset of a gang takes its quota and its nodes from.
+
+Kueue's flavor assigner (pkg/scheduler/flavorassigner), in muster's terms:
+- a flavor is a set of nodes: those carrying all of its labels. The topology
+  index gives each such node a marker resource (`flavor:NAME`, never taken),
+  and a podset placed on a flavor requests one marker per pod, so it lands
+  only on that flavor's nodes with the ordinary placement rules;
+- a queue with resource groups has quota per flavor and resource, kept in the
+  quota tree under `resource@flavor` keys: cohorts add each flavor up on its
+  own, and borrowing, lending, preemption and fair sharing work per flavor;
+- per podset, for each resource group its requests touch, the group's flavors
+  are tried in order and every resource of the group comes from one flavor; a
+  podset's own `flavors` list rules the others out; podsets are assigned in
+  order, each judged with the podsets before it, and may get different flavors;
+- a flavor fits when the quota holds the podset within nominal or by borrowing
+  and the flavor's nodes hold its pods. Fungibility (Kueue's defaults):
+  `when_can_borrow: Borrow` stops at the first flavor that fits by borrowing,
+  `TryNextFlavor` looks on for one within nominal and falls back to the first
+  that borrows; `when_can_preempt: TryNextFlavor` preempts only when no flavor
+  fits, in the first flavor where victims make room, `Preempt` preempts in a
+  flavor where victims make room before trying the flavors after it;
+- the gang is admitted whole (every podset has a flavor) or not at all.
+
+The choice reads only the cycle's view (quota tree and topology), so replay,
+audit and a new leader make the same one; the chosen flavors go on
+`JobAdmitted.flavors` and the fold keys the job's quota usage by them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Literal, NamedTuple
+
+import msgspec
+
+from muster.events.types import ResourceGroup
+from muster.projections.cluster import ClusterState, JobState, QueueState, flavored_requests
+from muster.projections.resources import fmt
+
+if TYPE_CHECKING:
+    from muster.projections.scheduler import Cycle
+
+MARKER = "flavor:"
+"""Prefix of the marker resource a flavor's nodes carry in the topology index."""
+_ROOM = 1 << 40
+"""A marker's capacity on a node: more pods than any node holds, so it never limits placement."""
+
+Flavors = dict[str, dict[str, str]]
+"""Per podset, resource -> flavor (`JobAdmitted.flavors`)."""
+
+Mode = Literal["fit", "borrow", "no"]
+
+
+class Choice(NamedTuple):
+    """A flavored job's flavors on the cycle's view."""
+
+    admit: JobState | None
+    """The job on its flavors, when every podset has one that fits now."""
+    preempt: list[JobState]
+    """Else the job on each flavor to look for victims in, in order."""
+    reason: str
+    """Else why each flavor tried failed (`h100: quota (...); a100: no rack has room ...`)."""
+
+
+class _Verdict(NamedTuple):
+    mode: Mode
+    why: str
+
+
+# ---------------------------------------------------------------- nodes
+
+
+def node_markers(state: ClusterState, labels: Mapping[str, str]) -> dict[str, int]:
+    """The marker resources of the flavors a node with `labels` belongs to."""
+    return {
+        MARKER + f.name: _ROOM
+        for f in state.flavors.values()
+        if all(labels.get(k) == v for k, v in f.node_labels.items())
+    }
+
+
+def plain(req: Mapping[str, int]) -> dict[str, int]:
+    """A request without its flavor markers (for words)."""
+    return {k: v for k, v in req.items() if not k.startswith(MARKER)}
+
+
+def placement_request(job: JobState, podset_name: str, requests: Mapping[str, int]) -> Mapping[str, int]:
+    """One pod's request as placement sees it: with a marker per flavor chosen for its podset."""
+    chosen = job.flavors.get(podset_name) if job.flavors else None
+    if not chosen:
+        return requests
+    out = dict(requests)
+    for f in sorted(set(chosen.values())):
+        out[MARKER + f] = 1
+    return out
+
+
+# ---------------------------------------------------------------- jobs
+
+
+def unassigned(state: ClusterState, job: JobState) -> bool:
+    """Whether the job's queue has flavors and the job has none chosen (a pending job, not a view)."""
+    if job.flavors:
+        return False
+    queue = state.queues.get(job.queue)
+    return queue is not None and bool(queue.resource_groups)
+
+
+def view(job: JobState, chosen: Flavors, upto: int | None = None) -> JobState:
+    """The job on `chosen` flavors (its first `upto` podsets), with its requests keyed as its quota."""
+    podsets = job.podsets if upto is None else job.podsets[:upto]
+    kept = {ps: dict(c) for ps, c in chosen.items() if c}
+    return msgspec.structs.replace(job, podsets=podsets, flavors=kept, requests=flavored_requests(podsets, kept))
+
+
+def order_requests(state: ClusterState, job: JobState) -> Mapping[str, int]:
+    """The requests that place a job in the admission order: on the first flavors it may use."""
+    if not unassigned(state, job):
+        return job.requests
+    groups = state.queues[job.queue].resource_groups
+    first: Flavors = {}
+    for ps in job.podsets:
+        for group in groups:
+            allowed = _allowed(group, ps.flavors)
+            covered = _covered(group, ps.requests)
+            if allowed and covered:
+                first.setdefault(ps.name, {}).update(dict.fromkeys(covered, allowed[0]))
+    return flavored_requests(job.podsets, first)
+
+
+def summary(chosen: Flavors) -> str:
+    """`worker=h100 launcher=cpu` (a podset with flavors of several groups: `worker=h100+fast`)."""
+    return " ".join(f"{ps}={'+'.join(sorted(set(c.values())))}" for ps, c in sorted(chosen.items()) if c)
+
+
+def _allowed(group: ResourceGroup, restriction: list[str]) -> list[str]:
+    return [fq.name for fq in group.flavors if not restriction or fq.name in restriction]
+
+
+def _covered(group: ResourceGroup, requests: Mapping[str, int]) -> list[str]:
+    return [r for r in group.covered if requests.get(r, 0) > 0]
+
+
+# ---------------------------------------------------------------- assignment
+
+
+def choose(
+    cycle: Cycle, job: JobState, allow_borrow: bool, victims_in: Callable[[JobState], bool] | None = None
+) -> Choice:
+    """The flavors of every podset of `job` (see the module docstring); leaves the view as found.
+
+    `victims_in(job_on_flavors)` says whether preemption makes room there (for `Preempt`)."""
+    queue = cycle.state.queues[job.queue]
+    policy = queue.fungibility
+    chosen: Flavors = {}
+    reasons: list[str] = []
+    stuck: list[tuple[str, list[str], list[str]]] = []
+    """Podset-groups no flavor fits now: (podset, covered resources, allowed flavors)."""
+    many = len(job.podsets) > 1
+    for i, ps in enumerate(job.podsets):
+        for group in queue.resource_groups:
+            covered = _covered(group, ps.requests)
+            if not covered:
+                continue
+            allowed = _allowed(group, ps.flavors)
+            words: list[str] = []
+            pick: str | None = None
+            fallback: str | None = None
+            for f in allowed:
+                trial = {**chosen, ps.name: {**chosen.get(ps.name, {}), **dict.fromkeys(covered, f)}}
+                verdict = _judge(cycle, job, i + 1, trial, allow_borrow, queue, f)
+                if verdict.mode == "fit" or (verdict.mode == "borrow" and policy.when_can_borrow == "Borrow"):
+                    pick = f
+                    break
+                if verdict.mode == "borrow":
+                    fallback = fallback or f
+                    continue
+                words.append(f"{f}: {verdict.why}")
+                if policy.when_can_preempt == "Preempt" and victims_in is not None:
+                    whole = view(job, _complete(job, trial, queue))
+                    if victims_in(whole):
+                        return Choice(None, [whole], "; ".join([*reasons, *words]))
+            pick = pick or fallback
+            if pick is not None:
+                chosen.setdefault(ps.name, {}).update(dict.fromkeys(covered, pick))
+                continue
+            if not allowed:
+                words.append(f"none of its flavors ({', '.join(ps.flavors)}) is one of queue {job.queue}'s")
+            reasons.append(f"{ps.name}: {'; '.join(words)}" if many else "; ".join(words))
+            stuck.append((ps.name, covered, allowed))
+    if not stuck:
+        whole = view(job, chosen)
+        final = _judge(cycle, job, None, chosen, allow_borrow, queue, None)
+        if final.mode != "no":
+            return Choice(whole, [], "")
+        return Choice(None, [whole], final.why)
+    options: list[JobState] = []
+    for name, covered, allowed in stuck:
+        for f in allowed:
+            trial = {**chosen, name: {**chosen.get(name, {}), **dict.fromkeys(covered, f)}}
+            options.append(view(job, _complete(job, trial, queue)))
+    return Choice(None, options, "; ".join(reasons))
+
+
+def _complete(job: JobState, chosen: Flavors, queue: QueueState) -> Flavors:
+    """`chosen`, with every podset-group it leaves open on its first allowed flavor."""
+    out = {ps: dict(c) for ps, c in chosen.items()}
+    for ps in job.podsets:
+        for group in queue.resource_groups:
+            covered = _covered(group, ps.requests)
+            allowed = _allowed(group, ps.flavors)
+            mine = out.setdefault(ps.name, {})
+            if covered and allowed and covered[0] not in mine:
+                mine.update(dict.fromkeys(covered, allowed[0]))
+    return out
+
+
+def _judge(
+    cycle: Cycle,
+    job: JobState,
+    upto: int | None,
+    chosen: Flavors,
+    allow_borrow: bool,
+    queue: QueueState,
+    flavor: str | None,
+) -> _Verdict:
+    """Whether the job's first `upto` podsets on `chosen` fit quota (within nominal or borrowing) and nodes now."""
+    partial = view(job, chosen, upto)
+    quota = cycle.idx.quota
+    if not quota.fits(job.queue, partial.requests, allow_borrow):
+        return _Verdict("no", _quota_words(cycle, queue, partial, flavor, allow_borrow))
+    mark = cycle.topo.mark()
+    placement, why = cycle.place(partial)
+    cycle.topo.rollback(mark)
+    if placement is None:
+        return _Verdict("no", why)
+    return _Verdict("fit" if quota.within_nominal(job.queue, partial.requests) else "borrow", "")
+
+
+def _quota_words(cycle: Cycle, queue: QueueState, partial: JobState, flavor: str | None, allow_borrow: bool) -> str:
+    """Why a flavor's quota does not hold the request: which of its limits stops it."""
+    node = cycle.idx.quota.queues[queue.name]
+    suffix = f"@{flavor}" if flavor is not None else ""
+    asked = {k: v for k, v in partial.requests.items() if v > 0 and k in queue.nominal and k.endswith(suffix)}
+
+    def short(d: Mapping[str, int]) -> str:
+        return fmt({k.partition("@")[0]: v for k, v in d.items()})
+
+    nominal = {k: queue.nominal[k] for k in asked}
+    limits = {k: queue.borrowing_limit[k] for k in asked if queue.borrowing_limit and k in queue.borrowing_limit}
+    if not allow_borrow:
+        return f"quota (nominal {short(nominal)} in use; a non-preemptible job never borrows)"
+    if queue.cohort is None:
+        if any(v > nominal[k] for k, v in asked.items()):
+            return f"quota ({short(asked)} requested is more than nominal {short(nominal)})"
+        return f"quota (nominal {short(nominal)} in use; no cohort to borrow from)"
+    for k, v in asked.items():
+        if k in limits and v > nominal[k] + limits[k]:
+            most = f"nominal {short({k: nominal[k]})} + borrowing limit {short({k: limits[k]})}"
+            return f"quota ({short({k: v})} requested is more than {most})"
+    for k, v in asked.items():
+        if k in limits and node.usage.get(k, 0) + v > nominal[k] + limits[k]:
+            return f"quota (borrowing limit {short({k: limits[k]})} reached)"
+    return f"quota (nominal {short(nominal)} in use; the cohort has no room to lend)"
+
+
+def rejudged(state: ClusterState, job: JobState) -> bool:
+    """Whether a parked job is tried again every cycle: a flavored job's verdict spans several
+    flavors' quota and nodes, which no single wake condition covers."""
+    return unassigned(state, job)
