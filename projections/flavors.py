@@ -35,9 +35,12 @@ import msgspec
 
 from muster.events.types import ResourceGroup
 from muster.projections.cluster import ClusterState, JobState, QueueState, flavored_requests
+from muster.projections.eviction import evicts_from_others
+from muster.projections.parking import Wake
 from muster.projections.resources import fmt
 
 if TYPE_CHECKING:
+    from muster.projections.preemption import Result
     from muster.projections.scheduler import Cycle
 
 MARKER = "flavor:"
@@ -60,11 +63,17 @@ class Choice(NamedTuple):
     """Else the job on each flavor to look for victims in, in order."""
     reason: str
     """Else why each flavor tried failed (`h100: quota (...); a100: no rack has room ...`)."""
+    consumed: dict[str, int] = {}
+    """Else, per quota key, the use in the tree after which the words may change (see `wake`)."""
+    short: dict[str, int] = {}
+    """Else, per quota key, what a flavor whose quota stopped it lacks (its largest shortfall)."""
 
 
 class _Verdict(NamedTuple):
     mode: Mode
     why: str
+    consumed: dict[str, int] = {}
+    short: dict[str, int] = {}
 
 
 # ---------------------------------------------------------------- nodes
@@ -154,6 +163,10 @@ def choose(
     policy = queue.fungibility
     chosen: Flavors = {}
     reasons: list[str] = []
+    consumed: dict[str, int] = {}
+    short: dict[str, int] = {}
+    full = False
+    """Whether the last verdict judged the whole gang on `chosen` (then it needs no final look)."""
     stuck: list[tuple[str, list[str], list[str]]] = []
     """Podset-groups no flavor fits now: (podset, covered resources, allowed flavors)."""
     many = len(job.podsets) > 1
@@ -175,12 +188,20 @@ def choose(
                 if verdict.mode == "borrow":
                     fallback = fallback or f
                     continue
+                for k, v in verdict.consumed.items():
+                    consumed[k] = min(v, consumed.get(k, v))
+                for k, v in verdict.short.items():
+                    short[k] = min(v, short.get(k, v))
                 words.append(f"{f}: {verdict.why}")
                 if policy.when_can_preempt == "Preempt" and victims_in is not None:
                     whole = view(job, _complete(job, trial, queue))
                     if victims_in(whole):
                         return Choice(None, [whole], "; ".join([*reasons, *words]))
-            pick = pick or fallback
+            if pick is None and fallback is not None:
+                pick = fallback
+                full = False  # judged last on a flavor after the one taken
+            elif pick is not None:
+                full = i + 1 == len(job.podsets)
             if pick is not None:
                 chosen.setdefault(ps.name, {}).update(dict.fromkeys(covered, pick))
                 continue
@@ -190,16 +211,18 @@ def choose(
             stuck.append((ps.name, covered, allowed))
     if not stuck:
         whole = view(job, chosen)
+        if full:
+            return Choice(whole, [], "")
         final = _judge(cycle, job, None, chosen, allow_borrow, queue, None)
         if final.mode != "no":
             return Choice(whole, [], "")
-        return Choice(None, [whole], final.why)
+        return Choice(None, [whole], final.why, final.consumed, final.short)
     options: list[JobState] = []
     for name, covered, allowed in stuck:
         for f in allowed:
             trial = {**chosen, name: {**chosen.get(name, {}), **dict.fromkeys(covered, f)}}
             options.append(view(job, _complete(job, trial, queue)))
-    return Choice(None, options, "; ".join(reasons))
+    return Choice(None, options, "; ".join(reasons), consumed, short)
 
 
 def _complete(job: JobState, chosen: Flavors, queue: QueueState) -> Flavors:
@@ -224,24 +247,45 @@ def _judge(
     queue: QueueState,
     flavor: str | None,
 ) -> _Verdict:
-    """Whether the job's first `upto` podsets on `chosen` fit quota (within nominal or borrowing) and nodes now."""
-    partial = view(job, chosen, upto)
+    """Whether the job's first `upto` podsets on `chosen` fit quota (within nominal or borrowing) and nodes now.
+
+    A failure says why, and the use of quota in the tree after which those words may change
+    (quota words that name a borrowing limit; a placement failure turning into a quota one)."""
+    podsets = job.podsets if upto is None else job.podsets[:upto]
+    requests = flavored_requests(podsets, chosen)
     quota = cycle.idx.quota
-    if not quota.fits(job.queue, partial.requests, allow_borrow):
-        return _Verdict("no", _quota_words(cycle, queue, partial, flavor, allow_borrow))
-    mark = cycle.topo.mark()
-    placement, why = cycle.place(partial)
-    cycle.topo.rollback(mark)
-    if placement is None:
-        return _Verdict("no", why)
-    return _Verdict("fit" if quota.within_nominal(job.queue, partial.requests) else "borrow", "")
+    if not quota.fits(job.queue, requests, allow_borrow):
+        why, limited = _quota_words(cycle, queue, requests, flavor, allow_borrow)
+        lacking = {k: -h for k, h in quota.headroom(job.queue, requests, allow_borrow).items() if h < 0}
+        most = max(sorted(lacking), key=lambda k: lacking[k])
+        return _Verdict("no", why, dict.fromkeys(limited, 1), {most: lacking[most]})
+    partial = view(job, chosen, upto)
+    if len(podsets) == 1:
+        ps = podsets[0]
+        t = ps.topology
+        required, preferred = (t.required, t.preferred) if t is not None else (None, None)
+        req = placement_request(partial, ps.name, ps.requests)
+        placeable = cycle.idx.topology.can_place(ps.count, req, required, preferred)
+        why = "" if placeable else cycle.place(partial)[1]
+    else:
+        mark = cycle.topo.mark()
+        placement, why = cycle.place(partial)
+        cycle.topo.rollback(mark)
+        placeable = placement is not None
+    if not placeable:
+        headroom = quota.headroom(job.queue, requests, allow_borrow)
+        return _Verdict("no", why, {k: h + 1 for k, h in headroom.items()})
+    return _Verdict("fit" if quota.within_nominal(job.queue, requests) else "borrow", "")
 
 
-def _quota_words(cycle: Cycle, queue: QueueState, partial: JobState, flavor: str | None, allow_borrow: bool) -> str:
-    """Why a flavor's quota does not hold the request: which of its limits stops it."""
+def _quota_words(
+    cycle: Cycle, queue: QueueState, requests: Mapping[str, int], flavor: str | None, allow_borrow: bool
+) -> tuple[str, list[str]]:
+    """Why a flavor's quota does not hold the request (which of its limits stops it), and the keys
+    whose use decides between "limit reached" and "no room to lend"."""
     node = cycle.idx.quota.queues[queue.name]
     suffix = f"@{flavor}" if flavor is not None else ""
-    asked = {k: v for k, v in partial.requests.items() if v > 0 and k in queue.nominal and k.endswith(suffix)}
+    asked = {k: v for k, v in requests.items() if v > 0 and k in queue.nominal and k.endswith(suffix)}
 
     def short(d: Mapping[str, int]) -> str:
         return fmt({k.partition("@")[0]: v for k, v in d.items()})
@@ -249,22 +293,43 @@ def _quota_words(cycle: Cycle, queue: QueueState, partial: JobState, flavor: str
     nominal = {k: queue.nominal[k] for k in asked}
     limits = {k: queue.borrowing_limit[k] for k in asked if queue.borrowing_limit and k in queue.borrowing_limit}
     if not allow_borrow:
-        return f"quota (nominal {short(nominal)} in use; a non-preemptible job never borrows)"
+        return f"quota (nominal {short(nominal)} in use; a non-preemptible job never borrows)", []
     if queue.cohort is None:
         if any(v > nominal[k] for k, v in asked.items()):
-            return f"quota ({short(asked)} requested is more than nominal {short(nominal)})"
-        return f"quota (nominal {short(nominal)} in use; no cohort to borrow from)"
+            return f"quota ({short(asked)} requested is more than nominal {short(nominal)})", []
+        return f"quota (nominal {short(nominal)} in use; no cohort to borrow from)", []
     for k, v in asked.items():
         if k in limits and v > nominal[k] + limits[k]:
             most = f"nominal {short({k: nominal[k]})} + borrowing limit {short({k: limits[k]})}"
-            return f"quota ({short({k: v})} requested is more than {most})"
+            return f"quota ({short({k: v})} requested is more than {most})", []
     for k, v in asked.items():
         if k in limits and node.usage.get(k, 0) + v > nominal[k] + limits[k]:
-            return f"quota (borrowing limit {short({k: limits[k]})} reached)"
-    return f"quota (nominal {short(nominal)} in use; the cohort has no room to lend)"
+            return f"quota (borrowing limit {short({k: limits[k]})} reached)", []
+    return f"quota (nominal {short(nominal)} in use; the cohort has no room to lend)", sorted(limits)
 
 
-def rejudged(state: ClusterState, job: JobState) -> bool:
-    """Whether a parked job is tried again every cycle: a flavored job's verdict spans several
-    flavors' quota and nodes, which no single wake condition covers."""
-    return unassigned(state, job)
+def wake(state: ClusterState, job: JobState, choice: Choice, now: int, found: list[Result]) -> Wake:
+    """What must happen before a flavored job's verdict (or its words) can change (see `parking`).
+
+    Any of its flavors may become possible: one its quota stopped, once its tree gives back what
+    that flavor lacks (less what its candidates hold); one its nodes stopped, once GPUs are freed
+    beyond what the candidates hold; the words, once the quota used in its tree crosses
+    `Choice.consumed`; a reclaim, once its queue gives back its use over nominal quota; and,
+    when the victims' order moves with time (or it was just evicted), the next second. `found` are
+    the victim searches made for it, one per flavor tried."""
+    held: dict[str, int] = {}
+    for result in found:
+        for k, v in result.candidate_requests.items():
+            held[k] = max(held.get(k, 0), v)
+    woken = Wake(
+        freed_short=job.gpus - max((r.candidate_gpus for r in found), default=0),
+        released={k: max(1, v - held.get(k, 0)) for k, v in choice.short.items()},
+        consumed=dict(choice.consumed),
+    )
+    queue = state.queues[job.queue]
+    if queue.cohort is not None and evicts_from_others(queue.preemption, None):
+        for k in queue.nominal:
+            woken.own_released[k] = 1
+    if any(r.order_matters for r in found) or job.chained_eviction(now):
+        woken.at_time = now + 1
+    return woken

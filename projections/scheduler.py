@@ -45,7 +45,7 @@ from muster.events.types import (
 from muster.projections.cluster import ClusterState, JobState, node_pods
 from muster.projections.duplicates import refuse_taken_ids
 from muster.projections.eviction import Preemptor, chain_may_shrink, evicts_from_others, may_evict
-from muster.projections.flavors import Choice, choose, order_requests, placement_request, rejudged, summary, unassigned
+from muster.projections.flavors import Choice, choose, order_requests, placement_request, summary, unassigned, wake
 from muster.projections.index import (
     Group,
     OrderKey,
@@ -426,15 +426,17 @@ def _try_flavors(cycle: Cycle, job: JobState, cls: tuple[object, ...] | None, al
         if placement is not None:
             _admitted(cycle, on, placement, borrowed)
             return "admitted"
+    found: list[Result] = []
     for on in choice.preempt:
         result = find_victims(cycle, on, allow_borrow)
         if result.victims:
             _evict_for(cycle, on, result.victims)
             return "preempting"
-    # judged again every cycle (`flavors.rejudged`): no wake condition to keep
+        found.append(result)
+    woken = wake(cycle.state, job, choice, cycle.now, found)
     if cls is not None:
-        cycle.failed_classes[cls] = Verdict(choice.reason, Wake())
-    _park(cycle, job, choice.reason, Wake())
+        cycle.failed_classes[cls] = Verdict(choice.reason, woken)
+    _park(cycle, job, choice.reason, woken)
     return "parked"
 
 
@@ -446,12 +448,7 @@ def _park(cycle: Cycle, job: JobState, reason: str, wake: Wake) -> None:
             JobInadmissible(at=cycle.now, job=JobId(job.id), reason=reason, cycle=cycle.number, epoch=cycle.epoch)
         )
     block = idx.park(job, wake, reason, cycle.number)
-    if (
-        cycle.reserved
-        or _may_evict_new(cycle, job)
-        or chain_may_shrink(cycle.state.jobs, job)
-        or rejudged(cycle.state, job)
-    ):
+    if cycle.reserved or _may_evict_new(cycle, job) or chain_may_shrink(cycle.state.jobs, job):
         # judged without the jobs just admitted in its tree as possible victims, or
         # sparing jobs it may evict once the waiting job between them runs again
         cycle.parked_on_reserved.append(block)
@@ -502,7 +499,7 @@ def _park_doomed(cycle: Cycle, bound: OrderKey | None) -> None:
                     wait = JobInadmissible(at=now, job=JobId(m.job), reason=reason, cycle=number, epoch=epoch)
                     waits.append(((key[0], key[1], key[2], -m.neg_seq), wait))
         block = idx.park_members(group, run, first, verdict.wake, reason, number)
-        if cycle.reserved or _may_evict_new(cycle, first) or rejudged(cycle.state, first):
+        if cycle.reserved or _may_evict_new(cycle, first):
             cycle.parked_on_reserved.append(block)
     waits.sort(key=lambda w: w[0])
     cycle.events.extend(w for _, w in waits)

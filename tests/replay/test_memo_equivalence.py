@@ -46,6 +46,7 @@ def _scenarios(tmp: Path) -> Iterator[tuple[str, Scenario]]:
     yield "bench-kueue", load(bench.case_kueue(tmp, 0.05))
     yield "bench-b", load(bench.case_b(tmp, 0.01))
     yield "bench-c", load(bench.case_c(tmp, 0.02, 1000))
+    yield "bench-a3-flavors", load(bench.case_flavors(tmp, 0.03))
 
 
 def _log(scenario: Scenario) -> list[bytes]:
