@@ -209,17 +209,19 @@ _TOP = {
 
 
 class _AnyName(set[str]):
-    """Every name is defined: checking a queues file's cohorts is left to the caller (`queues apply`)."""
+    """Every name is defined: checking a queues file's cohorts and flavors is left to the caller (`queues apply`)."""
 
     def __contains__(self, item: object) -> bool:
         return True
 
 
-def load(path: str | Path, known_cohorts: Collection[str] | None = ()) -> Scenario:
+def load(
+    path: str | Path, known_cohorts: Collection[str] | None = (), known_flavors: Collection[str] | None = ()
+) -> Scenario:
     """Read and check a scenario file; raise ScenarioError naming file and line on anything wrong.
 
-    `known_cohorts` are defined besides the file's own (`queues apply`: those on the log); None
-    accepts any cohort name."""
+    `known_cohorts` and `known_flavors` are defined besides the file's own (`queues apply`: those
+    on the log); None accepts any name."""
     p = Path(path)
     name = str(path)
     try:
@@ -228,11 +230,15 @@ def load(path: str | Path, known_cohorts: Collection[str] | None = ()) -> Scenar
         raise ScenarioError(name, None, f"cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ScenarioError(name, None, "not UTF-8 text") from None
-    return loads(text, name, base=p.parent, known_cohorts=known_cohorts)
+    return loads(text, name, base=p.parent, known_cohorts=known_cohorts, known_flavors=known_flavors)
 
 
 def loads(
-    text: str, name: str = "<scenario>", base: Path | None = None, known_cohorts: Collection[str] | None = ()
+    text: str,
+    name: str = "<scenario>",
+    base: Path | None = None,
+    known_cohorts: Collection[str] | None = (),
+    known_flavors: Collection[str] | None = (),
 ) -> Scenario:
     r = _Reader(name)
     try:
@@ -279,7 +285,8 @@ def loads(
     nodes = _nodes(r, top.get("nodes"), levels)
     flavors = _flavors(r, top.get("flavors"), nodes)
     config.extend(flavors.values())
-    known = Known(cohort_names, set(flavors))
+    flavor_names: set[str] = set(flavors) | set(known_flavors or ())
+    known = Known(cohort_names, flavor_names if known_flavors is not None else _AnyName(flavor_names))
     queues = _queues(r, top.get("queues"), known)
     config.extend(queues.values())
     config.extend(nodes.values())
@@ -564,7 +571,8 @@ def _flavors(r: _Reader, node: yaml.Node | None, nodes: dict[str, NodeAdded]) ->
                     effect=r.choice(t["effect"], "taint effect", _EFFECTS) if "effect" in t else "NoSchedule",
                 )
             )
-        if not any(all(nd.labels.get(k) == v for k, v in labels.items()) for nd in nodes.values()):
+        # a queues file has no nodes (the cluster's come from Kubernetes): only a scenario's are checked
+        if nodes and not any(all(nd.labels.get(k) == v for k, v in labels.items()) for nd in nodes.values()):
             raise r.fail(n, f"flavor {name!r} has no nodes (no node carries {labels or 'any labels'})")
         out[name] = FlavorConfigured(at=0, name=name, node_labels=labels, taints=taints)
     return out
