@@ -77,6 +77,7 @@ from muster.events.types import (
     QueueConfigured,
 )
 from muster.projections.fencing import fenced, newer_leader
+from muster.projections.resources import gpus_of
 
 HOUR = 3600
 MIB = 1 << 20
@@ -404,8 +405,7 @@ def _on_admitted(state: BillingState, ev: JobAdmitted, now: int) -> None:
     job = tracker.jobs.get(ev.job)
     if job is None or job.run is not None:
         return _ignore(state)
-    borrowed = sum(v for k, v in ev.borrowed.items() if k == "gpu" or k.startswith("gpu@"))
-    slices = _slices(tracker, job, ev.placement, borrowed)
+    slices = _slices(tracker, job, ev.placement, gpus_of(ev.borrowed))
     if slices is None:
         return _ignore(state)
     job.run = Run(since=now, slices=slices)

@@ -119,9 +119,11 @@ def _nominal_gpu(queue: Any) -> str:
     """A queue's nominal GPUs; with flavors, the sum over them."""
     if queue is None:
         return "-"
-    if queue.resource_groups:
-        return str(sum(v for k, v in queue.nominal.items() if k.startswith("gpu@")))
-    return str(queue.nominal.get("gpu", "-"))
+    from muster.projections.resources import gpus_of
+
+    if queue.resource_groups or "gpu" in queue.nominal:
+        return str(gpus_of(queue.nominal))
+    return "-"
 
 
 def print_tables(result: Any, out: IO[str]) -> None:

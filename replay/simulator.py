@@ -41,6 +41,7 @@ from muster.events.types import (
     QueueConfigured,
 )
 from muster.projections.cluster import ClusterState, JobState, evolve
+from muster.projections.resources import gpus_of
 from muster.projections.scheduler import decide, next_wakeup
 from muster.replay.scenario import Input, Scenario
 
@@ -167,7 +168,7 @@ class Accounting:
                 if js.admitted is None:
                     js.admitted = ev.at
                 js.status = "running"
-                entry = (job.queue, job.gpus, _gpus(ev.borrowed))
+                entry = (job.queue, job.gpus, gpus_of(ev.borrowed))
                 self.running[ev.job] = entry
                 self._hold(ev.job, entry, 1)
                 if job.flavors:
@@ -195,11 +196,6 @@ class Accounting:
     def _release_flavors(self, job: str) -> None:
         for held in self.running_flavors.pop(job, []):
             self._hold(job, held, -1)
-
-
-def _gpus(resources: dict[str, int]) -> int:
-    """GPUs of a resource vector, plain or keyed `gpu@flavor`."""
-    return sum(v for k, v in resources.items() if k == "gpu" or k.startswith("gpu@"))
 
 
 def _per_flavor(job: JobState, borrowed: dict[str, int]) -> list[tuple[str, int, int]]:

@@ -66,6 +66,7 @@ from muster.events.types import (
     SchedulerConfigured,
 )
 from muster.projections.cluster import ClusterState, QueueState, evolve
+from muster.projections.resources import gpus_of
 from muster.replay.points import Point
 from muster.replay.rebuild import state_at
 from muster.replay.scenario import Input, Scenario, ScenarioError, loads
@@ -128,7 +129,7 @@ class Tally:
         for name, node in state.nodes.items():
             self.nodes[name] = node.capacity.get("gpu", 0) if node.ready else 0
         for qname, q in state.queues.items():
-            self.nominal[qname] = _gpus(q.nominal)
+            self.nominal[qname] = gpus_of(q.nominal)
         for job in sorted(state.jobs.values(), key=lambda j: j.seq):
             if job.status in ("pending", "admitted"):
                 per_podset = {ps.name: ps.requests.get("gpu", 0) * ps.count for ps in job.podsets}
@@ -137,7 +138,7 @@ class Tally:
                 )
             if job.status == "admitted":
                 self.jobs[job.id].status = "running"
-                self.running[job.id] = (job.queue, job.gpus, _gpus(job.borrowed))
+                self.running[job.id] = (job.queue, job.gpus, gpus_of(job.borrowed))
                 self._on_flavors(job.id, job.flavors)
 
     def advance(self, now: int) -> None:
@@ -192,7 +193,7 @@ class Tally:
                 if jt.admitted is None:
                     jt.admitted = ev.at
                 jt.status = "running"
-                self.running[ev.job] = (jt.queue, jt.gpus, _gpus(ev.borrowed))
+                self.running[ev.job] = (jt.queue, jt.gpus, gpus_of(ev.borrowed))
                 self._on_flavors(ev.job, ev.flavors)
         elif isinstance(ev, JobPreempted):
             jt = self.jobs.get(ev.job)
@@ -213,11 +214,6 @@ class Tally:
     @property
     def utilization(self) -> float:
         return self.used_gpu_seconds / self.capacity_gpu_seconds if self.capacity_gpu_seconds else 0.0
-
-
-def _gpus(resources: dict[str, int]) -> int:
-    """GPUs of a resource vector, plain or keyed `gpu@flavor`."""
-    return sum(v for k, v in resources.items() if k == "gpu" or k.startswith("gpu@"))
 
 
 # ---------------------------------------------------------------- the comparison
