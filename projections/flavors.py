@@ -104,6 +104,27 @@ def placement_request(job: JobState, podset_name: str, requests: Mapping[str, in
     return out
 
 
+def tolerations(state: ClusterState, chosen: Mapping[str, Mapping[str, str]]) -> dict[str, list[dict[str, str]]]:
+    """Per podset, the Kubernetes tolerations of its flavors' taints: what its pods get at binding."""
+    out: dict[str, list[dict[str, str]]] = {}
+    for podset, by_resource in sorted(chosen.items()):
+        needed: list[dict[str, str]] = []
+        for name in sorted(set(by_resource.values())):
+            flavor = state.flavors.get(name)
+            for t in flavor.taints if flavor is not None else []:
+                toleration = {"key": t.key, "operator": "Equal", "value": t.value, "effect": t.effect}
+                if toleration not in needed:
+                    needed.append(toleration)
+        if needed:
+            out[podset] = needed
+    return out
+
+
+def tolerated_taint_keys(state: ClusterState) -> frozenset[str]:
+    """The taint keys some flavor's pods tolerate: nodes carrying only those stay schedulable."""
+    return frozenset(t.key for f in state.flavors.values() for t in f.taints)
+
+
 # ---------------------------------------------------------------- jobs
 
 
