@@ -79,13 +79,18 @@ class _Verdict(NamedTuple):
 # ---------------------------------------------------------------- nodes
 
 
+UNTAINTED = MARKER + "*"
+"""The marker of the nodes of no flavor with taints, when some flavor has taints: the only nodes a pod
+placed on no flavor may take (it tolerates no flavor's taint)."""
+
+
 def node_markers(state: ClusterState, labels: Mapping[str, str]) -> dict[str, int]:
-    """The marker resources of the flavors a node with `labels` belongs to."""
-    return {
-        MARKER + f.name: _ROOM
-        for f in state.flavors.values()
-        if all(labels.get(k) == v for k, v in f.node_labels.items())
-    }
+    """The marker resources of the flavors a node with `labels` belongs to (and `UNTAINTED`)."""
+    mine = [f for f in state.flavors.values() if all(labels.get(k) == v for k, v in f.node_labels.items())]
+    out = {MARKER + f.name: _ROOM for f in mine}
+    if any(f.taints for f in state.flavors.values()) and not any(f.taints for f in mine):
+        out[UNTAINTED] = _ROOM
+    return out
 
 
 def plain(req: Mapping[str, int]) -> dict[str, int]:
@@ -93,11 +98,14 @@ def plain(req: Mapping[str, int]) -> dict[str, int]:
     return {k: v for k, v in req.items() if not k.startswith(MARKER)}
 
 
-def placement_request(job: JobState, podset_name: str, requests: Mapping[str, int]) -> Mapping[str, int]:
-    """One pod's request as placement sees it: with a marker per flavor chosen for its podset."""
+def placement_request(
+    job: JobState, podset_name: str, requests: Mapping[str, int], tainted: bool = False
+) -> Mapping[str, int]:
+    """One pod's request as placement sees it: with a marker per flavor chosen for its podset, or, for a
+    podset on no flavor while some flavor has taints (`tainted`), the marker of the untainted nodes."""
     chosen = job.flavors.get(podset_name) if job.flavors else None
     if not chosen:
-        return requests
+        return {**requests, UNTAINTED: 1} if tainted else requests
     out = dict(requests)
     for f in sorted(set(chosen.values())):
         out[MARKER + f] = 1
@@ -285,7 +293,7 @@ def _judge(
         ps = podsets[0]
         t = ps.topology
         required, preferred = (t.required, t.preferred) if t is not None else (None, None)
-        req = placement_request(partial, ps.name, ps.requests)
+        req = placement_request(partial, ps.name, ps.requests, cycle.idx.topology.tainted)
         placeable = cycle.idx.topology.can_place(ps.count, req, required, preferred)
         why = "" if placeable else cycle.place(partial)[1]
     else:

@@ -164,7 +164,7 @@ class Cycle:
             t = ps.topology
             nodes, why = topology.place(
                 ps.count,
-                placement_request(job, ps.name, ps.requests),
+                placement_request(job, ps.name, ps.requests, topology.tainted),
                 t.required if t is not None else None,
                 t.preferred if t is not None else None,
             )
@@ -195,7 +195,7 @@ class Cycle:
             t = ps.topology
             required, preferred = (t.required, t.preferred) if t is not None else (None, None)
             return self.idx.topology.can_place(
-                ps.count, placement_request(job, ps.name, ps.requests), required, preferred
+                ps.count, placement_request(job, ps.name, ps.requests, self.idx.topology.tainted), required, preferred
             )
         mark = self.topo.mark()
         placement, _ = self.place(job)

@@ -90,6 +90,8 @@ class TopologyIndex:
             {name: node_markers(state, node.labels) for name, node in state.nodes.items()} if state.flavors else {}
         )
         """Per node, the marker resources of its flavors (see `flavors`); flavors and labels change the structure."""
+        self.tainted = any(f.taints for f in state.flavors.values())
+        """Whether some flavor has taints: a pod on no flavor then stays off its nodes."""
         index: dict[tuple[str, ...], Domain] = {(): self.root}
         for name in sorted(state.nodes):
             node = state.nodes[name]

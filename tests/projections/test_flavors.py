@@ -388,3 +388,29 @@ def test_admission_without_flavors_encodes_as_before() -> None:
     adm = decode(old_adm)
     assert isinstance(adm, JobAdmitted)
     assert encode(adm) == old_adm
+
+
+def test_nodes_of_a_tainted_flavor_take_only_pods_on_that_flavor() -> None:
+    """Pods of a plain queue tolerate no flavor's taint: they wait rather than go to the spot nodes, which a
+    queue with quota on the spot flavor uses."""
+    text = """\
+nodes:
+  - {name: od0, labels: {pool: on-demand}, capacity: {gpu: 8}}
+  - {name: spot0, labels: {pool: spot}, capacity: {gpu: 8}}
+  - {name: spot1, labels: {pool: spot}, capacity: {gpu: 8}}
+flavors:
+  - {name: spot, node_labels: {pool: spot}, taints: [{key: spot, effect: NoSchedule}]}
+queues:
+  - {name: plain, nominal: {gpu: 64}}
+  - name: cheap
+    resource_groups: [{covered: [gpu], flavors: [{name: spot, nominal: {gpu: 16}}]}]
+timeline:
+  - {at: 0, submit: {job: p1, queue: plain, podsets: [{count: 2, requests: {gpu: 8}}], runtime: 100}}
+  - {at: 0, submit: {job: p2, queue: plain, podsets: [{count: 1, requests: {gpu: 8}}], runtime: 100}}
+  - {at: 0, submit: {job: s1, queue: cheap, podsets: [{count: 2, requests: {gpu: 8}}], runtime: 100}}
+"""
+    out = run(text)
+    assert set(out.admitted("p2").placement.values()) == {"od0"}
+    assert set(out.admitted("s1").placement.values()) == {"spot0", "spot1"}
+    assert not out.admissions("p1")  # 16 GPUs: more than the untainted node holds, though spot is free
+    assert out.reasons("p1") == ["2 pods of gpu=8 do not fit on the schedulable nodes"]
