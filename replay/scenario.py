@@ -29,8 +29,6 @@ from muster.events.types import (
     CohortName,
     Event,
     FlavorConfigured,
-    FlavorFungibility,
-    FlavorQuota,
     IdleReclaimPolicy,
     NodeAdded,
     NodeName,
@@ -40,14 +38,13 @@ from muster.events.types import (
     QueueConfigured,
     QueueName,
     ReclaimPolicy,
-    ResourceGroup,
     SchedulerConfigured,
-    Taint,
     Topology,
     WithinQueuePolicy,
 )
 from muster.projections.resources import parse_quantity, parse_resources
 from muster.projections.validation import MAX_QUANTITY, quantity_problem
+from muster.replay import flavorspec
 
 
 class ScenarioError(Exception):
@@ -184,6 +181,10 @@ class _Reader:
             raise self.fail(node, f"{what}: {problem}")
         return parsed
 
+    def labels(self, node: yaml.Node, what: str) -> dict[str, str]:
+        """A mapping of label keys to values."""
+        return {k: self.string(v, f"label {k}") for k, v in self.mapping(node, what, set(_keys(node))).items()}
+
     def choice(self, node: yaml.Node, what: str, options: tuple[str, ...]) -> str:
         v = self.string(node, what)
         if v not in options:
@@ -283,7 +284,7 @@ def loads(
     if known_cohorts is None:
         cohort_names = _AnyName(cohort_names)
     nodes = _nodes(r, top.get("nodes"), levels)
-    flavors = _flavors(r, top.get("flavors"), nodes)
+    flavors = flavorspec.flavors(r, top.get("flavors"), nodes)
     config.extend(flavors.values())
     flavor_names: set[str] = set(flavors) | set(known_flavors or ())
     known = Known(cohort_names, flavor_names if known_flavors is not None else _AnyName(flavor_names))
@@ -387,8 +388,6 @@ QUEUE_FIELDS = {
 }
 _STRATEGIES = ("best_effort_fifo", "strict_fifo")
 _PLAIN_QUOTA = ("nominal", "borrowing_limit", "lending_limit")
-_WHEN_CAN_BORROW = ("Borrow", "TryNextFlavor")
-_WHEN_CAN_PREEMPT = ("Preempt", "TryNextFlavor")
 
 
 @dataclass
@@ -425,10 +424,10 @@ def queue_from(r: _Reader, n: yaml.Node, known: Known, base: QueueConfigured | N
     if "nominal" in m and base is not None:
         kw["resource_groups"] = msgspec.UNSET  # back to one pool over every node
     if "resource_groups" in m:
-        kw["resource_groups"] = _resource_groups(r, m["resource_groups"], name, known.flavors)
+        kw["resource_groups"] = flavorspec.resource_groups(r, m["resource_groups"], name, known.flavors)
         kw.update(nominal={}, borrowing_limit=None, lending_limit=None)
     if "flavor_fungibility" in m:
-        kw["flavor_fungibility"] = _fungibility(r, m["flavor_fungibility"], base)
+        kw["flavor_fungibility"] = flavorspec.fungibility(r, m["flavor_fungibility"], base)
     if "weight" in m:
         kw["weight"] = r.number(m["weight"], f"queue {name}: weight", 0, None)
     if "queueing_strategy" in m:
@@ -463,76 +462,6 @@ def queue_from(r: _Reader, n: yaml.Node, known: Known, base: QueueConfigured | N
     return QueueConfigured(at=0, name=QueueName(name), **kw)
 
 
-def _fungibility(r: _Reader, node: yaml.Node, base: QueueConfigured | None) -> FlavorFungibility:
-    """`flavor_fungibility`; a field it leaves out keeps its value (Kueue's default on a new queue)."""
-    m = r.mapping(node, "flavor_fungibility", {"when_can_borrow", "when_can_preempt"})
-    old = base.flavor_fungibility if base is not None and base.flavor_fungibility else FlavorFungibility()
-    chosen = {
-        key: r.choice(m[key], key, options) if key in m else getattr(old, key)
-        for key, options in (("when_can_borrow", _WHEN_CAN_BORROW), ("when_can_preempt", _WHEN_CAN_PREEMPT))
-    }
-    return msgspec.convert(chosen, FlavorFungibility)
-
-
-def _resource_groups(r: _Reader, node: yaml.Node, queue: str, flavors: set[str]) -> list[ResourceGroup]:
-    """A queue's quota per flavor; a resource in two groups, a flavor twice, or an unknown flavor is an error."""
-    groups: list[ResourceGroup] = []
-    covered_by: dict[str, int] = {}
-    flavor_in: dict[str, int] = {}
-    items = r.seq(node, f"queue {queue}: resource_groups")
-    if not items:
-        raise r.fail(node, f"queue {queue}: resource_groups is empty")
-    for gi, gn in enumerate(items):
-        g = r.mapping(gn, "resource group", {"covered", "flavors"}, {"covered", "flavors"})
-        covered: list[str] = []
-        for cn in r.seq(g["covered"], "covered"):
-            res = r.string(cn, "covered resource")
-            res = "gpu" if res == "nvidia.com/gpu" else res
-            if "@" in res:
-                raise r.fail(cn, f"queue {queue}: resource name {res!r} may not contain '@'")
-            if res in covered_by:
-                raise r.fail(cn, f"queue {queue}: resource {res!r} is in two resource groups (one group per resource)")
-            covered_by[res] = gi
-            covered.append(res)
-        if not covered:
-            raise r.fail(g["covered"], f"queue {queue}: a resource group must cover at least one resource")
-        fqs: list[FlavorQuota] = []
-        fitems = r.seq(g["flavors"], "flavors")
-        if not fitems:
-            raise r.fail(g["flavors"], f"queue {queue}: a resource group needs at least one flavor")
-        for fn in fitems:
-            f = r.mapping(fn, "flavor quota", {"name", "nominal", "borrowing_limit", "lending_limit"}, {"name"})
-            fname = r.string(f["name"], "flavor name")
-            if fname not in flavors:
-                raise r.fail(
-                    f["name"],
-                    f"queue {queue}: flavor {fname!r} is not defined (flavors: {', '.join(sorted(flavors)) or 'none'})",
-                )
-            if fname in flavor_in:
-                raise r.fail(f["name"], f"queue {queue}: flavor {fname!r} appears twice in its resource groups")
-            flavor_in[fname] = gi
-            limits: dict[str, dict[str, int] | None] = {}
-            for key in ("nominal", "borrowing_limit", "lending_limit"):
-                limits[key] = r.resources(f[key], f"queue {queue}: flavor {fname}: {key}") if key in f else None
-                for res in limits[key] or {}:
-                    if res not in covered:
-                        raise r.fail(
-                            f[key],
-                            f"queue {queue}: flavor {fname}: {key} names {res!r}, "
-                            f"which its group does not cover ({', '.join(covered)})",
-                        )
-            fqs.append(
-                FlavorQuota(
-                    name=fname,
-                    nominal=limits["nominal"] or {},
-                    borrowing_limit=limits["borrowing_limit"],
-                    lending_limit=limits["lending_limit"],
-                )
-            )
-        groups.append(ResourceGroup(covered=covered, flavors=fqs))
-    return groups
-
-
 def _queues(r: _Reader, node: yaml.Node | None, known: Known) -> dict[str, QueueConfigured]:
     out: dict[str, QueueConfigured] = {}
     if node is None:
@@ -543,42 +472,6 @@ def _queues(r: _Reader, node: yaml.Node | None, known: Known) -> dict[str, Queue
             raise r.fail(n, f"queue {q.name!r} is defined twice")
         out[q.name] = q
     return out
-
-
-def _flavors(r: _Reader, node: yaml.Node | None, nodes: dict[str, NodeAdded]) -> dict[str, FlavorConfigured]:
-    """Resource flavors: each names node labels (and taints), and must match at least one node."""
-    out: dict[str, FlavorConfigured] = {}
-    if node is None:
-        return out
-    for n in r.seq(node, "flavors"):
-        m = r.mapping(n, "flavor", {"name", "node_labels", "taints"}, {"name"})
-        name = r.string(m["name"], "flavor name")
-        if name in out:
-            raise r.fail(n, f"flavor {name!r} is defined twice")
-        if not name or "@" in name:
-            raise r.fail(m["name"], f"flavor name {name!r} must be non-empty and may not contain '@'")
-        labels: dict[str, str] = {}
-        if "node_labels" in m:
-            lm = r.mapping(m["node_labels"], f"flavor {name}: node_labels", set(_keys(m["node_labels"])))
-            labels = {k: r.string(v, f"label {k}") for k, v in lm.items()}
-        taints: list[Taint] = []
-        for tn in r.seq(m["taints"], f"flavor {name}: taints") if "taints" in m else []:
-            t = r.mapping(tn, "taint", {"key", "value", "effect"}, {"key"})
-            taints.append(
-                Taint(
-                    key=r.string(t["key"], "taint key"),
-                    value=r.string(t["value"], "taint value") if "value" in t else "",
-                    effect=r.choice(t["effect"], "taint effect", _EFFECTS) if "effect" in t else "NoSchedule",
-                )
-            )
-        # a queues file has no nodes (the cluster's come from Kubernetes): only a scenario's are checked
-        if nodes and not any(all(nd.labels.get(k) == v for k, v in labels.items()) for nd in nodes.values()):
-            raise r.fail(n, f"flavor {name!r} has no nodes (no node carries {labels or 'any labels'})")
-        out[name] = FlavorConfigured(at=0, name=name, node_labels=labels, taints=taints)
-    return out
-
-
-_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
 MAX_NODES = 100_000
@@ -624,8 +517,7 @@ def _nodes(r: _Reader, node: yaml.Node | None, levels: list[str]) -> dict[str, N
             name = r.string(m["name"], "node name")
             node_labels: dict[str, str] = {}
             if "labels" in m:
-                lm = r.mapping(m["labels"], f"node {name}: labels", set(_keys(m["labels"])))
-                node_labels = {k: r.string(v, f"label {k}") for k, v in lm.items()}
+                node_labels = r.labels(m["labels"], f"node {name}: labels")
             capacity = r.resources(m["capacity"], f"node {name}: capacity") if "capacity" in m else {}
             add(n, name, node_labels, capacity)
     return out
