@@ -30,7 +30,7 @@ _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
 def flavors(r: _Reader, node: yaml.Node | None, nodes: dict[str, NodeAdded]) -> dict[str, FlavorConfigured]:
-    """Resource flavors: each names node labels (and taints), and must match at least one node."""
+    """Resource flavors: each names node labels (and taints); in a file with nodes it must match one."""
     out: dict[str, FlavorConfigured] = {}
     if node is None:
         return out
