@@ -151,6 +151,16 @@ def view(job: JobState, chosen: Flavors, upto: int | None = None) -> JobState:
     return msgspec.structs.replace(job, podsets=podsets, flavors=kept, requests=flavored_requests(podsets, kept))
 
 
+def on_any_flavor(state: ClusterState, job: JobState) -> JobState:
+    """A pending flavored job as asking for every flavored resource of its queue (and its plain ones):
+    who may be its victim on some flavor holds one of them. Any other job is itself."""
+    if not unassigned(state, job):
+        return job
+    wide = {k: 1 for k in state.queues[job.queue].nominal}
+    wide.update((k, v) for k, v in job.requests.items() if v > 0)
+    return msgspec.structs.replace(job, requests=wide)
+
+
 def order_requests(state: ClusterState, job: JobState) -> Mapping[str, int]:
     """The requests that place a job in the admission order: on the first flavors it may use."""
     if not unassigned(state, job):

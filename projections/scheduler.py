@@ -45,7 +45,16 @@ from muster.events.types import (
 from muster.projections.cluster import ClusterState, JobState, node_pods
 from muster.projections.duplicates import refuse_taken_ids
 from muster.projections.eviction import Preemptor, chain_may_shrink, evicts_from_others, may_evict
-from muster.projections.flavors import Choice, choose, order_requests, placement_request, summary, unassigned, wake
+from muster.projections.flavors import (
+    Choice,
+    choose,
+    on_any_flavor,
+    order_requests,
+    placement_request,
+    summary,
+    unassigned,
+    wake,
+)
 from muster.projections.index import (
     Group,
     OrderKey,
@@ -448,7 +457,11 @@ def _park(cycle: Cycle, job: JobState, reason: str, wake: Wake) -> None:
             JobInadmissible(at=cycle.now, job=JobId(job.id), reason=reason, cycle=cycle.number, epoch=cycle.epoch)
         )
     block = idx.park(job, wake, reason, cycle.number)
-    if cycle.reserved or _may_evict_new(cycle, job) or chain_may_shrink(cycle.state.jobs, job):
+    if (
+        cycle.reserved
+        or _may_evict_new(cycle, on_any_flavor(cycle.state, job))
+        or chain_may_shrink(cycle.state.jobs, job)
+    ):
         # judged without the jobs just admitted in its tree as possible victims, or
         # sparing jobs it may evict once the waiting job between them runs again
         cycle.parked_on_reserved.append(block)
@@ -499,7 +512,7 @@ def _park_doomed(cycle: Cycle, bound: OrderKey | None) -> None:
                     wait = JobInadmissible(at=now, job=JobId(m.job), reason=reason, cycle=number, epoch=epoch)
                     waits.append(((key[0], key[1], key[2], -m.neg_seq), wait))
         block = idx.park_members(group, run, first, verdict.wake, reason, number)
-        if cycle.reserved or _may_evict_new(cycle, first):
+        if cycle.reserved or _may_evict_new(cycle, on_any_flavor(cycle.state, first)):
             cycle.parked_on_reserved.append(block)
     waits.sort(key=lambda w: w[0])
     cycle.events.extend(w for _, w in waits)
