@@ -347,13 +347,14 @@ def _quota_words(
     return f"quota (nominal {short(nominal)} in use; the cohort has no room to lend)", sorted(limits)
 
 
-def wake(state: ClusterState, job: JobState, choice: Choice, now: int, found: list[Result]) -> Wake:
+def wake(cycle: Cycle, job: JobState, choice: Choice, found: list[Result]) -> Wake:
     """What must happen before a flavored job's verdict (or its words) can change (see `parking`).
 
     Any of its flavors may become possible: one its quota stopped, once its tree gives back what
     that flavor lacks (less what its candidates hold); one its nodes stopped, once GPUs are freed
     beyond what the candidates hold; the words, once the quota used in its tree crosses
-    `Choice.consumed`; a reclaim, once its queue gives back its use over nominal quota; and,
+    `Choice.consumed`; a reclaim, once its queue gives back what it would hold over nominal quota
+    on a flavor (the least over the flavors tried); and,
     when the victims' order moves with time (or it was just evicted), the next second. `found` are
     the victim searches made for it, one per flavor tried."""
     held: dict[str, int] = {}
@@ -365,10 +366,14 @@ def wake(state: ClusterState, job: JobState, choice: Choice, now: int, found: li
         released={k: max(1, v - held.get(k, 0)) for k, v in choice.short.items()},
         consumed=dict(choice.consumed),
     )
-    queue = state.queues[job.queue]
+    queue = cycle.state.queues[job.queue]
     if queue.cohort is not None and evicts_from_others(queue.preemption, None):
-        for k in queue.nominal:
-            woken.own_released[k] = 1
-    if any(r.order_matters for r in found) or job.chained_eviction(now):
-        woken.at_time = now + 1
+        for on in choice.preempt:
+            over = cycle.idx.quota.over_nominal(job.queue, on.requests)
+            if not over:
+                continue
+            k = max(sorted(over), key=lambda r: over[r])
+            woken.own_released[k] = min(over[k], woken.own_released.get(k, over[k]))
+    if any(r.order_matters for r in found) or job.chained_eviction(cycle.now):
+        woken.at_time = cycle.now + 1
     return woken

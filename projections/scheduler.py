@@ -442,7 +442,7 @@ def _try_flavors(cycle: Cycle, job: JobState, cls: tuple[object, ...] | None, al
             _evict_for(cycle, on, result.victims)
             return "preempting"
         found.append(result)
-    woken = wake(cycle.state, job, choice, cycle.now, found)
+    woken = wake(cycle, job, choice, found)
     if cls is not None:
         cycle.failed_classes[cls] = Verdict(choice.reason, woken)
     _park(cycle, job, choice.reason, woken)
