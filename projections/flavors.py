@@ -20,6 +20,10 @@ Kueue's flavor assigner (pkg/scheduler/flavorassigner), in muster's terms:
   fits, in the first flavor where victims make room, `Preempt` preempts in a
   flavor where victims make room before trying the flavors after it;
 - the gang is admitted whole (every podset has a flavor) or not at all.
+- a flavor's taints keep pods on no flavor off its nodes: when some flavor has
+  taints, the other nodes carry an `UNTAINTED` marker that such pods request;
+- a flavored job that waits is parked (`parking`) with a wake that covers every
+  flavor it tried (`wake`); the memo-equivalence tests hold with flavors too.
 
 The choice reads only the cycle's view (quota tree and topology), so replay,
 audit and a new leader make the same one; the chosen flavors go on
