@@ -5,6 +5,8 @@ Generates scenario files and runs them with the simulator in this process
 and wall time:
 
   (a) 5 cohorts x 6 queues, 15,000 Poisson arrivals at 90 % load    target < 15 s CPU
+  (a3) (a) over three flavors (one block each: h100, a100, l4), every queue
+      with quota in each, half trying them in the other order        target < 15 s CPU
   (kueue) Kueue's test/performance/scheduler baseline, 1 CPU -> 1 GPU and
       1 ms -> 1 s: 5 cohorts x 6 queues (nominal 20, borrowing limit 100,
       reclaim_within_cohort Any, within_queue LowerPriority); per queue 350
@@ -24,7 +26,7 @@ machine wall time runs several times CPU time), evictions per admitted gang
 and the GPU-hours of work lost to preemption (since each victim's last
 checkpoint).
 
-Usage: python bench/bench_sim.py [--only a,kueue,b,c,scale,depth,philly] [--jobs-scale 0.1] [--keep DIR]
+Usage: python bench/bench_sim.py [--only a,a3,kueue,b,c,scale,depth,philly] [--jobs-scale 0.1] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -216,6 +218,29 @@ def case_a(d: Path, scale: float) -> Path:
     return _scenario(
         d, "a", nodes_yaml=nodes, levels=["block", "rack"], cohorts=cohorts, queues=queues, nominal=16, rows=rows
     )
+
+
+def case_flavors(d: Path, scale: float) -> Path:
+    """(a) with a resource group over three flavors (one block each) instead of one GPU pool."""
+    path = case_a(d, scale)
+    text = path.read_text()
+    head, _, rest = text.partition("queues:\n")
+    queues, _, tail = rest.partition("timeline_csv:")
+    flavors = "flavors:\n" + "".join(
+        f"  - {{name: {f}, node_labels: {{block: {b}}}}}\n" for f, b in (("h100", "b0"), ("a100", "b1"), ("l4", "b2"))
+    )
+    order = [("h100", 8), ("a100", 8), ("l4", 8)]
+    out = []
+    for i, line in enumerate(queues.splitlines()):
+        if "nominal:" in line:
+            ranked = order if (i // 4) % 2 == 0 else order[::-1]
+            fl = ", ".join(f"{{name: {f}, nominal: {{gpu: {n}}}}}" for f, n in ranked)
+            out.append(f"    resource_groups: [{{covered: [gpu], flavors: [{fl}]}}]")
+        else:
+            out.append(line)
+    flavored = d / "a3.yaml"
+    flavored.write_text(head + flavors + "queues:\n" + "\n".join(out) + "\ntimeline_csv:" + tail)
+    return flavored
 
 
 def case_kueue(d: Path, scale: float) -> Path:
@@ -415,7 +440,7 @@ def fmt_row(name: str, r: dict[str, float], target: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", default="a,kueue,b,c,scale,depth,philly")
+    ap.add_argument("--only", default="a,a3,kueue,b,c,scale,depth,philly")
     ap.add_argument("--jobs-scale", type=float, default=1.0, help="fraction of the job counts (for a quick look)")
     ap.add_argument("--keep", help="write the generated scenarios here instead of a temp dir")
     ap.add_argument("--load", type=float, default=0.9, help="offered load of (a) and (b) (1.1 = overload)")
@@ -428,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
         d.mkdir(parents=True, exist_ok=True)
         if "a" in only:
             print(fmt_row("(a) 30 queues", run(case_a(d, args.jobs_scale)), "target cpu < 15 s"), flush=True)
+        if "a3" in only:
+            print(fmt_row("(a3) 3 flavors", run(case_flavors(d, args.jobs_scale)), "target cpu < 15 s"), flush=True)
         if "kueue" in only:
             print(fmt_row("kueue baseline", run(case_kueue(d, args.jobs_scale)), "target cpu < 15 s"), flush=True)
         if "b" in only:

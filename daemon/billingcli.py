@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rep.add_argument("--db", default=DEFAULT_DB, help=f"ledger URL (default {DEFAULT_DB})")
     rep.add_argument("--from", dest="start", help="start: ISO date/time (UTC) or epoch seconds (default: ledger start)")
     rep.add_argument("--to", dest="end", help="end (exclusive): ISO date/time or epoch seconds (default: ledger end)")
-    rep.add_argument("--by", choices=("queue", "job", "team"), default="queue")
+    rep.add_argument("--by", choices=("queue", "job", "team", "flavor"), default="queue")
     rep.add_argument(
         "-o",
         "--output",

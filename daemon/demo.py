@@ -44,14 +44,14 @@ log = structlog.get_logger("muster.demo")
 MARKER = ".muster-demo"
 STREAM = "MUSTER"
 RATES = """\
-# The demo's rate card (illustrative prices): muster billing report --rates FILE
+# The demo's rate card (illustrative prices, per GPU flavor): muster billing report --rates FILE
 currency: USD
 versions:
   - version: demo-2026
     effective_from: 2020-01-01
-    gpu_hour: {{default: 2.50, {model}: 4.00}}
+    gpu_hour: {default: 2.50, h100: 4.00, a100: 2.00}
     borrowed_premium: 1.25
-    priority_discounts: {{scavenger: 0.6}}
+    priority_discounts: {scavenger: 0.6}
 """
 
 
@@ -113,7 +113,7 @@ async def run_demo(options: DemoOptions) -> DemoResult:
     from muster.daemon.cluster import KubeCluster
     from muster.daemon.demo_dcgm import FakeDcgm, serving
     from muster.daemon.demo_view import DemoStats
-    from muster.daemon.demo_workload import GPU_MODEL, Workload, demo_config, demo_nodes
+    from muster.daemon.demo_workload import Workload, demo_config, demo_nodes
     from muster.daemon.k8s import SimulatedKubelet
     from muster.daemon.k8s.emulator import KubeEmulator, running
     from muster.daemon.leader import KvElector
@@ -124,7 +124,7 @@ async def run_demo(options: DemoOptions) -> DemoResult:
 
     store_dir = prepare_dir(options.directory)
     rates = store_dir.parent / "rates.yaml"
-    rates.write_text(RATES.format(model=GPU_MODEL))
+    rates.write_text(RATES)
     server = EmbeddedNats(store_dir, stop_timeout=5, binary=own_session_binary(store_dir.parent))
     await server.astart()
     started = time.monotonic()

@@ -24,6 +24,7 @@ from muster.events.types import (
     LeaderElected,
 )
 from muster.projections.cluster import ClusterState
+from muster.projections.resources import gpus_of, gpus_over
 
 __all__ = ["DemoStats", "render"]
 
@@ -123,9 +124,9 @@ def render(state: ClusterState, stats: DemoStats, *, elapsed: float, duration: f
     for col in ("queue", "quota", "used", "borrow", "run", "wait", "admit", "evict", "done"):
         table.add_column(col, justify="left" if col == "queue" else "right", no_wrap=True)
     for name, q in sorted(state.queues.items()):
-        nominal = q.nominal.get("gpu", 0)
-        use = q.usage.get("gpu", 0)
-        borrowed = max(0, use - nominal)
+        nominal = gpus_of(q.nominal)
+        use = gpus_of(q.usage)
+        borrowed = gpus_over(q.usage, q.nominal)
         table.add_row(
             name,
             str(nominal),

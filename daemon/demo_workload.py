@@ -45,15 +45,29 @@ from muster.events.types import (
     CohortConfigured,
     CohortName,
     Event,
+    FlavorConfigured,
+    FlavorQuota,
     IdleReclaimPolicy,
     PreemptionPolicy,
     PriorityClassConfigured,
     QueueConfigured,
     QueueName,
+    ResourceGroup,
     SchedulerConfigured,
 )
 
-__all__ = ["BLOCK", "GPU_MODEL", "RACK", "TEAMS", "GangSpec", "Workload", "demo_config", "demo_nodes", "gpu_profile"]
+__all__ = [
+    "BLOCK",
+    "FLAVORS",
+    "GPU_MODEL",
+    "RACK",
+    "TEAMS",
+    "GangSpec",
+    "Workload",
+    "demo_config",
+    "demo_nodes",
+    "gpu_profile",
+]
 
 BLOCK = "muster.dev/block"
 RACK = "muster.dev/rack"
@@ -62,7 +76,10 @@ TEAM_WEIGHTS = (0.4, 0.3, 0.2, 0.1)
 NOMINAL_GPUS = 128
 GPU_PRODUCT = "nvidia.com/gpu.product"
 GPU_MODEL = "NVIDIA-H100-80GB-HBM3"
-"""The demo nodes' GPU model label (what gpu-feature-discovery sets; billing prices by it)."""
+"""The GPU model label of the first half of the demo's blocks (what gpu-feature-discovery sets)."""
+FLAVORS = {"h100": GPU_MODEL, "a100": "NVIDIA-A100-SXM4-80GB"}
+"""The demo's two GPU models as resource flavors (flavor -> model label): half of the blocks each;
+billing books and prices GPUs by flavor."""
 IDLE_SHARE = 0.25
 """Share of small training jobs that hold their GPUs without using them."""
 IDLE_THRESHOLD = 0.05
@@ -73,18 +90,22 @@ CONTROLLER = {"apiVersion": "demo.muster.dev/v1", "kind": "Trainer", "controller
 
 
 def demo_nodes(blocks: int = 4, racks: int = 4, nodes: int = 4, gpus: int = 8) -> list[dict[str, Any]]:
-    """Node objects of a blocks x racks x nodes cluster, labelled with their block and rack."""
+    """Node objects of a blocks x racks x nodes cluster, labelled with their block, rack and GPU model
+    (the first half of the blocks H100, the rest A100)."""
     out = []
+    models = list(FLAVORS.values())
     for b in range(blocks):
+        model = models[min(len(models) - 1, b * len(models) // blocks)]
         for r in range(racks):
             for n in range(nodes):
-                labels = {BLOCK: f"b{b}", RACK: f"b{b}-r{r}", GPU_PRODUCT: GPU_MODEL}
+                labels = {BLOCK: f"b{b}", RACK: f"b{b}-r{r}", GPU_PRODUCT: model}
                 out.append(manifests.node(f"b{b}-r{r}-n{n}", gpus=gpus, labels=labels))
     return out
 
 
 def demo_config(at: int, *, idle_after: int | None = None) -> list[Event]:
-    """Topology levels, priority classes, one cohort and four teams of 128 GPUs each.
+    """Topology levels, priority classes, two GPU flavors, one cohort and four teams of 128 GPUs each:
+    64 of each flavor, team-a and team-b trying H100 first, team-c and team-d A100 first.
 
     With `idle_after` (seconds), idle reclaim is on: a preemptible job whose GPUs stay at or below 5 %
     that long is preempted when a waiting gang could use its GPUs, borrowed or not (so that a short
@@ -99,20 +120,24 @@ def demo_config(at: int, *, idle_after: int | None = None) -> list[Event]:
         PriorityClassConfigured(at=at, name="training", value=100),
         PriorityClassConfigured(at=at, name="scavenger", value=0),
         CohortConfigured(at=at, name=CohortName("org")),
+        *(FlavorConfigured(at=at, name=f, node_labels={GPU_PRODUCT: m}) for f, m in FLAVORS.items()),
     ]
     policy = PreemptionPolicy(
         within_queue="LowerPriority",
         reclaim_within_cohort="Any",
         borrow_within_cohort=BorrowWithinCohort(policy="LowerPriority", max_priority_threshold=0),
     )
-    for team in TEAMS:
+    for i, team in enumerate(TEAMS):
+        order = list(FLAVORS) if i < len(TEAMS) // 2 else list(reversed(FLAVORS))
+        share = NOMINAL_GPUS // len(order)
+        group = ResourceGroup(covered=["gpu"], flavors=[FlavorQuota(name=f, nominal={"gpu": share}) for f in order])
         events.append(
             QueueConfigured(
                 at=at,
                 name=QueueName(team),
                 cohort=CohortName("org"),
-                nominal={"gpu": NOMINAL_GPUS},
                 preemption=policy,
+                resource_groups=[group],
             )
         )
     return events

@@ -16,6 +16,7 @@ import re
 from muster.events.types import (
     CohortConfigured,
     Event,
+    FlavorConfigured,
     GpuUtilizationSampled,
     JobAdmitted,
     JobCancelled,
@@ -123,6 +124,8 @@ def _route(event: Event, queue: str | None) -> tuple[str, str]:
             return "cohort", subject_token(event.name)
         case PriorityClassConfigured():
             return "priorityclass", subject_token(event.name)
+        case FlavorConfigured():
+            return "flavor", subject_token(event.name)
         case SchedulerConfigured():
             return "scheduler", "config"
         case LeaderElected():
@@ -152,6 +155,7 @@ _KIND: dict[type, bytes] = {
     QueueConfigured: b"queue",
     CohortConfigured: b"cohort",
     PriorityClassConfigured: b"priorityclass",
+    FlavorConfigured: b"flavor",
     SchedulerConfigured: b"scheduler",
     LeaderElected: b"leader",
 }

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Literal, NewType
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 JobId = NewType("JobId", str)
 QueueName = NewType("QueueName", str)
@@ -54,6 +55,8 @@ class PodSet(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=F
     count: int
     requests: Resources
     topology: Topology | None = None
+    flavors: list[str] = []
+    """The flavors its pods may use (empty: any of its queue's); Kueue's node selector on a podset."""
 
 
 class BorrowWithinCohort(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -71,6 +74,41 @@ class IdleReclaimPolicy(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     threshold: float = 0.05
     after: int = 1800
     only_borrowing: bool = True
+
+
+class Taint(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False):
+    """A node taint a flavor's pods tolerate (Kubernetes' `key=value:effect`)."""
+
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+
+class FlavorQuota(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False):
+    """One flavor of a resource group: its quota per covered resource."""
+
+    name: str
+    nominal: Resources = {}
+    borrowing_limit: Resources | None = None
+    lending_limit: Resources | None = None
+
+
+class ResourceGroup(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Resources whose quota a podset takes from one flavor, tried in order (Kueue's resourceGroups)."""
+
+    covered: list[str]
+    flavors: list[FlavorQuota]
+
+
+WhenCanBorrow = Literal["Borrow", "TryNextFlavor"]
+WhenCanPreempt = Literal["Preempt", "TryNextFlavor"]
+
+
+class FlavorFungibility(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Whether a podset stops at a flavor where it must borrow or preempt (Kueue's defaults)."""
+
+    when_can_borrow: WhenCanBorrow = "Borrow"
+    when_can_preempt: WhenCanPreempt = "TryNextFlavor"
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", gc=False):
@@ -120,6 +158,10 @@ class QueueConfigured(Event, frozen=True, kw_only=True, tag="QueueConfigured"):
     preemption: PreemptionPolicy = PreemptionPolicy()
     queueing_strategy: QueueingStrategy = "best_effort_fifo"
     """`strict_fifo`: the job at the head of the queue holds back every job behind it (Kueue's StrictFIFO)."""
+    resource_groups: list[ResourceGroup] | UnsetType = UNSET
+    """Quota per flavor (Kueue's resourceGroups); unset: `nominal` and the limits hold over every node.
+    UNSET, not `[]`, so a queue without flavors is stored exactly as before they existed."""
+    flavor_fungibility: FlavorFungibility | UnsetType = UNSET
 
 
 # ---------------------------------------------------------------- nodes
@@ -259,6 +301,8 @@ class JobAdmitted(Event, frozen=True, kw_only=True, tag="JobAdmitted"):
     epoch: int = 0
     policy_version: str = ""
     explanation: str = ""
+    flavors: dict[str, dict[str, str]] | UnsetType = UNSET
+    """Per podset, the flavor of each resource its quota was taken from (unset: no flavors)."""
 
 
 class JobPreempted(Event, frozen=True, kw_only=True, tag="JobPreempted"):
@@ -288,6 +332,16 @@ class JobRejected(Event, frozen=True, kw_only=True, tag="JobRejected"):
     reason: str
     cycle: int = 0
     epoch: int = 0
+
+
+class FlavorConfigured(Event, frozen=True, kw_only=True, tag="FlavorConfigured"):
+    """A resource flavor: the nodes carrying all of `node_labels`; its pods tolerate `taints`.
+
+    A later event of the same name replaces it (Kueue's ResourceFlavor)."""
+
+    name: str
+    node_labels: dict[str, str] = {}
+    taints: list[Taint] = []
 
 
 class SubmissionRejected(Event, frozen=True, kw_only=True, tag="SubmissionRejected"):
@@ -325,6 +379,7 @@ AnyEvent = (
     | JobInadmissible
     | JobRejected
     | SubmissionRejected
+    | FlavorConfigured
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -350,6 +405,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     JobInadmissible,
     JobRejected,
     SubmissionRejected,
+    FlavorConfigured,
 )
 
 DECISION_TYPES: tuple[type[Event], ...] = (
@@ -368,6 +424,9 @@ __all__ = [
     "CohortConfigured",
     "CohortName",
     "Event",
+    "FlavorConfigured",
+    "FlavorFungibility",
+    "FlavorQuota",
     "GpuUtilizationSampled",
     "IdleReclaimPolicy",
     "JobAdmitted",
@@ -396,10 +455,14 @@ __all__ = [
     "QueueName",
     "QueueingStrategy",
     "ReclaimPolicy",
+    "ResourceGroup",
     "Resources",
     "SchedulerConfigured",
     "SubmissionRejected",
+    "Taint",
     "Topology",
+    "WhenCanBorrow",
+    "WhenCanPreempt",
     "WithinQueuePolicy",
     "event_tag",
 ]

@@ -4,15 +4,16 @@
 
 The file uses the field names of spec/scenario.md (and of the configuration
 events): `topology.levels`, `fair_sharing`, `idle_reclaim`, `priority_classes`,
-`cohorts`, `queues`. It is read by the scenario reader of `muster sim`, so
-both accept exactly the same thing and report errors with file and line;
-scenario-only keys (`nodes`, `timeline`, `timeline_csv`, `until`) are refused.
+`cohorts`, `flavors`, `queues` (plain quota or `resource_groups` per flavor).
+It is read by the scenario reader of `muster sim`, so both accept exactly
+the same thing and report errors with file and line; scenario-only keys
+(`nodes`, `timeline`, `timeline_csv`, `until`) are refused.
 
 Apply is declarative: it reads the configuration the log folds to (the last
 event on each configuration subject) and appends only what differs, stamped
 with the current time: a SchedulerConfigured when a scheduler setting the
-file gives differs, then the PriorityClassConfigured, CohortConfigured and
-QueueConfigured whose object differs or is new, in file order. Each object
+file gives differs, then the PriorityClassConfigured, CohortConfigured,
+FlavorConfigured and QueueConfigured whose object differs or is new, in file order. Each object
 the file names is replaced whole (a queue's unmentioned fields take their
 defaults). What the file does not mention is left as it is: a file holding
 only a queue leaves the topology levels, fair sharing and idle reclaim
@@ -66,11 +67,11 @@ _SETTINGS = {"topology": "levels", "fair_sharing": "fair_sharing", "idle_reclaim
 """Top-level key of the file -> field of SchedulerConfigured."""
 
 
-def load_file(path: str, known_cohorts: Any = ()) -> Scenario:
+def load_file(path: str, known_cohorts: Any = (), known_flavors: Any = ()) -> Scenario:
     """The queues file as a scenario without nodes or timeline (raises ScenarioError naming file and line)."""
     from muster.replay.scenario import ScenarioError, load
 
-    scenario = load(path, known_cohorts=known_cohorts)
+    scenario = load(path, known_cohorts=known_cohorts, known_flavors=known_flavors)
     if scenario.nodes or scenario.inputs or scenario.until is not None:
         raise ScenarioError(path, None, _SCENARIO_ONLY)
     return scenario
@@ -85,7 +86,7 @@ class Current:
     last_seq: int = 0
 
 
-_KINDS = ("scheduler", "priorityclass", "cohort", "queue")
+_KINDS = ("scheduler", "priorityclass", "cohort", "flavor", "queue")
 
 
 async def read_current(store: EventStore) -> Current:
@@ -127,7 +128,7 @@ def _kind_and_name(event: Event) -> tuple[str, str]:
     return subject_for(event).split(".")[1], str(getattr(event, "name", ""))
 
 
-_LABEL = {"priorityclass": "priority class", "cohort": "cohort", "queue": "queue"}
+_LABEL = {"priorityclass": "priority class", "cohort": "cohort", "flavor": "flavor", "queue": "queue"}
 
 
 def _fields(event: Event) -> dict[str, Any]:
@@ -196,7 +197,8 @@ def run(args: argparse.Namespace) -> int:
     from muster.replay.scenario import ScenarioError
 
     try:
-        load_file(args.file, known_cohorts=None)  # everything but cohorts defined on the log, before connecting
+        # everything but the cohorts and flavors defined on the log, before connecting
+        load_file(args.file, known_cohorts=None, known_flavors=None)
     except ScenarioError as exc:
         print(f"muster queues apply: {exc}", file=sys.stderr)
         return 2
@@ -228,7 +230,11 @@ async def _apply(args: argparse.Namespace) -> int:
             print(f"muster queues apply: cannot read the configuration on the log: {exc}", file=sys.stderr)
             return 1
         try:
-            scenario = load_file(args.file, known_cohorts={n for k, n in current.objects if k == "cohort"})
+            scenario = load_file(
+                args.file,
+                known_cohorts={n for k, n in current.objects if k == "cohort"},
+                known_flavors={n for k, n in current.objects if k == "flavor"},
+            )
         except ScenarioError as exc:
             print(f"muster queues apply: {exc}", file=sys.stderr)
             return 2

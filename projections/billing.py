@@ -16,12 +16,15 @@ halves:
 What is counted (GPU quantities are whole GPUs times seconds):
 - allocated: GPUs held from `JobAdmitted` to `JobFinished`, `JobFailed`,
   `JobCancelled` or `JobPreempted`, split per hour and per GPU model of the
-  nodes the gang was placed on (node label `gpu_label`, "" when absent);
+  nodes the gang was placed on (node label `gpu_label`, "" when absent). On a
+  cluster with resource flavors the "model" of a node is its flavor (the first
+  by name whose labels it carries; the label when it has none), so the ledger,
+  the capacity and the rate card are per flavor;
 - sampled/used: from a `GpuUtilizationSampled` on, utilization is piecewise
   constant until the next sample or the end of the run; `sampled` is the
   allocation covered by samples and `used` is allocation x utilization, kept in
   milli-GPU-seconds with utilization rounded to 0.1 %; idle = sampled - used;
-- borrowed: `JobAdmitted.borrowed["gpu"]` GPUs x time held;
+- borrowed: `JobAdmitted.borrowed` GPUs (`gpu`, or `gpu@FLAVOR` per flavor) x time held;
 - lost: `JobPreempted.lost_gpu_seconds`, booked in the hour of the preemption;
 - CPU milli-core-seconds and memory MiB-seconds from the gang's requests
   (memory rounded up to whole MiB per pod);
@@ -57,6 +60,7 @@ import msgspec
 
 from muster.events.types import (
     Event,
+    FlavorConfigured,
     GpuUtilizationSampled,
     JobAdmitted,
     JobCancelled,
@@ -73,6 +77,7 @@ from muster.events.types import (
     QueueConfigured,
 )
 from muster.projections.fencing import fenced, newer_leader
+from muster.projections.resources import gpus_of
 
 HOUR = 3600
 MIB = 1 << 20
@@ -173,6 +178,8 @@ class NodeInfo(msgspec.Struct, array_like=True):
     model: str
     gpus: int
     """Allocatable GPUs counted as capacity (0 while not ready)."""
+    labels: dict[str, str] = {}
+    """Its labels, to find its flavor again when flavors change (kept only while flavors exist)."""
 
 
 class Tracker(msgspec.Struct, kw_only=True):
@@ -188,6 +195,8 @@ class Tracker(msgspec.Struct, kw_only=True):
     jobs: dict[str, ActiveJob] = {}
     capacity: dict[str, int] = {}
     """GPU model -> GPUs of ready nodes now."""
+    flavors: dict[str, dict[str, str]] = {}
+    """Resource flavor -> the node labels it stands for."""
     cap_since: int | None = None
     applied: int = 0
     """Events folded (each sequence once)."""
@@ -396,7 +405,7 @@ def _on_admitted(state: BillingState, ev: JobAdmitted, now: int) -> None:
     job = tracker.jobs.get(ev.job)
     if job is None or job.run is not None:
         return _ignore(state)
-    slices = _slices(tracker, job, ev.placement, ev.borrowed.get("gpu", 0))
+    slices = _slices(tracker, job, ev.placement, gpus_of(ev.borrowed))
     if slices is None:
         return _ignore(state)
     job.run = Run(since=now, slices=slices)
@@ -490,9 +499,32 @@ def _on_node(state: BillingState, ev: NodeAdded | NodeUpdated, now: int) -> None
     _accrue_capacity(tracker, state.ledger, now)
     old = tracker.nodes.get(ev.node)
     gpus = max(0, ev.capacity.get("gpu", 0) - ev.reserved.get("gpu", 0)) if ev.ready else 0
-    node = NodeInfo(ev.labels.get(tracker.gpu_label, ""), gpus)
+    node = NodeInfo(_model(tracker, ev.labels), gpus, dict(ev.labels) if tracker.flavors else {})
     _set_capacity(tracker, old, node)
     tracker.nodes[ev.node] = node
+
+
+def _model(tracker: Tracker, labels: Mapping[str, str]) -> str:
+    """What a node's GPUs are booked and priced as: its flavor (the first by name), else its model label."""
+    for name in sorted(tracker.flavors):
+        if all(labels.get(k) == v for k, v in tracker.flavors[name].items()):
+            return name
+    return labels.get(tracker.gpu_label, "")
+
+
+def _on_flavor(state: BillingState, ev: FlavorConfigured, now: int) -> None:
+    """A flavor (re)defined: capacity so far stays where it was; from now on nodes count under their flavor.
+    Runs already going keep their rows' model until they end; a node seen before the first flavor is
+    matched by its model label only."""
+    tracker = state.tracker
+    _accrue_capacity(tracker, state.ledger, now)
+    tracker.flavors[ev.name] = dict(ev.node_labels)
+    for name, old in sorted(tracker.nodes.items()):
+        # a node seen before the first flavor kept only its model label
+        labels = old.labels or ({tracker.gpu_label: old.model} if old.model else {})
+        new = NodeInfo(_model(tracker, labels), old.gpus, labels)
+        _set_capacity(tracker, old, new)
+        tracker.nodes[name] = new
 
 
 def _on_node_removed(state: BillingState, ev: NodeRemoved, now: int) -> None:
@@ -513,9 +545,10 @@ def _set_capacity(tracker: Tracker, old: NodeInfo | None, new: NodeInfo | None) 
 
 
 def _on_queue(state: BillingState, ev: QueueConfigured, now: int) -> None:
-    state.ledger.queues[ev.name] = QueueRecord(
-        queue=ev.name, cohort=ev.cohort or "", nominal_gpu=max(0, ev.nominal.get("gpu", 0))
-    )
+    nominal = ev.nominal.get("gpu", 0)
+    for group in ev.resource_groups or []:
+        nominal += sum(fq.nominal.get("gpu", 0) for fq in group.flavors)
+    state.ledger.queues[ev.name] = QueueRecord(queue=ev.name, cohort=ev.cohort or "", nominal_gpu=max(0, nominal))
 
 
 def _on_leader(state: BillingState, ev: LeaderElected, now: int) -> None:
@@ -539,6 +572,7 @@ _HANDLERS: dict[type[Event], Any] = {
     NodeRemoved: _on_node_removed,
     QueueConfigured: _on_queue,
     LeaderElected: _on_leader,
+    FlavorConfigured: _on_flavor,
 }
 
 

@@ -43,7 +43,7 @@ import msgspec
 
 from muster.projections.billing import HOUR, CapacityKey, QueueRecord, Usage, UsageKey
 
-GroupBy = Literal["queue", "job", "team"]
+GroupBy = Literal["queue", "job", "team", "flavor"]
 ShareIdle = Literal["nominal", "usage", "none"]
 
 HOURS_PLACES = 6
@@ -345,10 +345,10 @@ def build_report(
         if not in_window(hour, start, end):
             continue
         team = card.team_of(row.queue)
-        key = row.queue if by == "queue" else job if by == "job" else team
+        key = row.queue if by == "queue" else job if by == "job" else team if by == "team" else model or "-"
         acc = groups.get(key)
         if acc is None:
-            acc = groups[key] = _Acc(row.queue if by != "team" else "", team)
+            acc = groups[key] = _Acc(row.queue if by in ("queue", "job") else "", team if by != "flavor" else "")
         acc.usage.add(row)
         pkey = (key, hour, model, row.priority_class)
         p = priced.get(pkey)
@@ -376,6 +376,8 @@ def build_report(
     cap_s = alloc_s = unalloc_s = 0
     idle_cost = Fraction(0)
     idle_versions: set[str] = set()
+    idle_by_model: dict[str, Fraction] = {}
+    idle_s_by_model: dict[str, int] = {}
     for (hour, model), gpu_s in capacity:
         if not in_window(hour, start, end):
             continue
@@ -384,15 +386,23 @@ def build_report(
         alloc_s += min(held, gpu_s)
         free = max(0, gpu_s - held)
         unalloc_s += free
+        idle_s_by_model[model or "-"] = idle_s_by_model.get(model or "-", 0) + free
         v = version(hour)
         if v is not None and free:
             idle_versions.add(v.version)
-            idle_cost += Fraction(free) * Fraction(v.gpu_rate(model)) / HOUR
+            cost = Fraction(free) * Fraction(v.gpu_rate(model)) / HOUR
+            idle_cost += cost
+            idle_by_model[model or "-"] = idle_by_model.get(model or "-", Fraction(0)) + cost
     idle_units = _money_units(idle_cost)
 
-    share_units, share_s = _shares(
-        share_idle, by, groups, queues, card, queue_alloc, job_queue_alloc, idle_units, unalloc_s
-    )
+    if by == "flavor" and share_idle != "none":
+        # a flavor's idle capacity is its own: each row takes the idle cost of its flavor
+        weights = [(m, _money_units(c)) for m, c in sorted(idle_by_model.items())]
+        share_units, share_s = split(idle_units, weights), {m: s for m, s in idle_s_by_model.items() if s}
+    else:
+        share_units, share_s = _shares(
+            share_idle, by, groups, queues, card, queue_alloc, job_queue_alloc, idle_units, unalloc_s
+        )
     for key in share_units.keys() | share_s.keys():
         if key not in groups:
             queue = key[1:-1] if by == "job" else key if by == "queue" else ""

@@ -30,6 +30,8 @@ from muster.events.types import (
     AnyEvent,
     CohortConfigured,
     Event,
+    FlavorConfigured,
+    FlavorFungibility,
     GpuUtilizationSampled,
     IdleReclaimPolicy,
     JobAdmitted,
@@ -52,10 +54,13 @@ from muster.events.types import (
     PreemptionPolicy,
     PriorityClassConfigured,
     QueueConfigured,
+    ResourceGroup,
     SchedulerConfigured,
     SubmissionRejected,
+    Taint,
 )
 from muster.projections.fencing import fenced, newer_leader
+from muster.projections.resources import flavored
 
 JobStatus = Literal["pending", "admitted", "finished", "failed", "cancelled", "rejected"]
 TERMINAL: frozenset[str] = frozenset({"finished", "failed", "cancelled", "rejected"})
@@ -97,6 +102,15 @@ class QueueState(msgspec.Struct, kw_only=True):
     preemption: PreemptionPolicy = PreemptionPolicy()
     usage: dict[str, int] = {}
     queueing_strategy: str = "best_effort_fifo"
+    resource_groups: list[ResourceGroup] = []
+    """Its quota per flavor; `nominal` and the limits then hold it flattened, keyed `resource@flavor`."""
+    fungibility: FlavorFungibility = FlavorFungibility()
+
+
+class FlavorState(msgspec.Struct, kw_only=True):
+    name: str
+    node_labels: dict[str, str] = {}
+    taints: list[Taint] = []
 
 
 class PriorityClassState(msgspec.Struct, kw_only=True):
@@ -144,10 +158,16 @@ class JobState(msgspec.Struct, kw_only=True):
     """Held by a user (`JobHeld`) while pending: the scheduler's index leaves it out until released."""
     max_runtime: int | None = None
     """Its declared time limit (seconds per run), `JobSubmitted.max_runtime`."""
+    flavors: dict[str, dict[str, str]] = {}
+    """While admitted with flavors: per podset, resource -> flavor (`JobAdmitted.flavors`); its
+    `requests` are then keyed `resource@flavor`, as its queue's quota is."""
 
     @property
     def gpus(self) -> int:
-        return self.requests.get("gpu", 0)
+        requests = self.requests
+        if not self.flavors:
+            return requests.get("gpu", 0)
+        return sum(v * ps.count for ps in self.podsets for k, v in ps.requests.items() if k == "gpu")
 
     def chained_eviction(self, now: int) -> bool:
         """Evicted at `now` by another job's preemption: it does not evict others at that instant.
@@ -221,6 +241,7 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
     """Decisions ignored because a newer leader epoch was already on the log."""
     refused: list[RefusedSubmission] = []
     """Submissions of a taken job id, in log order, waiting for their `SubmissionRejected`."""
+    flavors: dict[str, FlavorState] = {}
 
     def __post_init__(self) -> None:
         self.reset_bookkeeping()
@@ -293,6 +314,18 @@ def _podset_requests(podsets: list[PodSet]) -> dict[str, int]:
     return out
 
 
+def flavored_requests(podsets: list[PodSet], flavors: Mapping[str, Mapping[str, str]]) -> dict[str, int]:
+    """A gang's total requests keyed as its queue's quota is: `resource@flavor` where a flavor was chosen."""
+    out: dict[str, int] = {}
+    for ps in podsets:
+        chosen = flavors.get(ps.name, {})
+        for k, v in ps.requests.items():
+            f = chosen.get(k)
+            key = flavored(k, f) if f is not None else k
+            out[key] = out.get(key, 0) + v * ps.count
+    return out
+
+
 def node_pods(podsets: list[PodSet], placement: Mapping[str, str]) -> list[tuple[str, int, dict[str, int]]]:
     """A placement grouped by node and podset, in order of first appearance: (node, pods, one pod's requests).
 
@@ -358,7 +391,10 @@ def _release(state: ClusterState, job: JobState) -> None:
             usage[k] = usage.get(k, 0) - v
             moved[k] = moved.get(k, 0) + v
         state.dirty_queues.add(job.queue)
-    state.gpus_freed += job.requests.get("gpu", 0)
+    state.gpus_freed += job.gpus
+    if job.flavors:
+        job.flavors = {}
+        job.requests = _podset_requests(job.podsets)
     job.placement = {}
     job.borrowed = {}
     job.utilization = None
@@ -430,6 +466,9 @@ def _on_admitted(state: ClusterState, ev: JobAdmitted) -> ClusterState:
             used[k] = used.get(k, 0) + v * pods
         node.jobs[job.id] = node.jobs.get(job.id, 0) + pods
         state.dirty_nodes.add(node_name)
+    if ev.flavors:
+        job.flavors = {ps: dict(chosen) for ps, chosen in ev.flavors.items()}
+        job.requests = flavored_requests(job.podsets, job.flavors)
     queue = state.queues.get(job.queue)
     if queue is not None:
         usage = queue.usage
@@ -559,18 +598,54 @@ def _on_cordoned(state: ClusterState, ev: NodeCordoned) -> ClusterState:
 
 def _on_queue(state: ClusterState, ev: QueueConfigured) -> ClusterState:
     old = state.queues.get(ev.name)
+    groups = ev.resource_groups if ev.resource_groups else []
+    nominal, borrowing, lending = _flat_quota(ev, groups)
     state.queues[ev.name] = QueueState(
         name=ev.name,
         cohort=ev.cohort,
-        nominal=dict(ev.nominal),
-        borrowing_limit=dict(ev.borrowing_limit) if ev.borrowing_limit is not None else None,
-        lending_limit=dict(ev.lending_limit) if ev.lending_limit is not None else None,
+        nominal=nominal,
+        borrowing_limit=borrowing,
+        lending_limit=lending,
         weight=ev.weight,
         preemption=ev.preemption,
         usage=old.usage if old is not None else {},
         queueing_strategy=ev.queueing_strategy,
+        resource_groups=list(groups),
+        fungibility=ev.flavor_fungibility if ev.flavor_fungibility else FlavorFungibility(),
     )
     state.dirty_queues.add(ev.name)
+    state.structure += 1
+    state.released += 1
+    return state
+
+
+def _flat_quota(
+    ev: QueueConfigured, groups: list[ResourceGroup]
+) -> tuple[dict[str, int], dict[str, int] | None, dict[str, int] | None]:
+    """A queue's quota as the quota tree reads it: per flavor and resource (`gpu@h100`) when it has
+    resource groups, else as configured. A limit a flavor leaves out is no limit there."""
+    if not groups:
+        return (
+            dict(ev.nominal),
+            dict(ev.borrowing_limit) if ev.borrowing_limit is not None else None,
+            dict(ev.lending_limit) if ev.lending_limit is not None else None,
+        )
+    nominal: dict[str, int] = {}
+    borrowing: dict[str, int] = {}
+    lending: dict[str, int] = {}
+    for group in groups:
+        for fq in group.flavors:
+            for r in group.covered:
+                nominal[flavored(r, fq.name)] = fq.nominal.get(r, 0)
+            for r, v in (fq.borrowing_limit or {}).items():
+                borrowing[flavored(r, fq.name)] = v
+            for r, v in (fq.lending_limit or {}).items():
+                lending[flavored(r, fq.name)] = v
+    return nominal, borrowing or None, lending or None
+
+
+def _on_flavor(state: ClusterState, ev: FlavorConfigured) -> ClusterState:
+    state.flavors[ev.name] = FlavorState(name=ev.name, node_labels=dict(ev.node_labels), taints=list(ev.taints))
     state.structure += 1
     state.released += 1
     return state
@@ -732,6 +807,7 @@ _HANDLERS: dict[type[Event], object] = {
     PriorityClassConfigured: _on_priority_class,
     SchedulerConfigured: _on_scheduler,
     LeaderElected: _on_leader,
+    FlavorConfigured: _on_flavor,
 }
 
 

@@ -178,7 +178,10 @@ class SchedulerIndex:
     def group(self, job: JobState) -> Group:
         """The job's class (see `Group`)."""
         own = job.id if job.nominated or job.evicted_by is not None else ""
-        podsets = tuple((ps.name, ps.count, tuple(sorted(ps.requests.items())), ps.topology) for ps in job.podsets)
+        podsets = tuple(
+            (ps.name, ps.count, tuple(sorted(ps.requests.items())), ps.topology, tuple(ps.flavors))
+            for ps in job.podsets
+        )
         return (self.shape(job), self.priority(job), self.state.preemptible(job), podsets, own)
 
     def activate(self, state: ClusterState, job: JobState) -> None:

@@ -125,3 +125,20 @@ def _fmt_bytes(v: int) -> str:
         if v >= size and v % size == 0:
             return f"{v // size}{suffix}"
     return str(v)
+
+
+def flavored(resource: str, flavor: str) -> str:
+    """The quota key of a resource in a flavor (`gpu@h100`): quota is kept per flavor and resource,
+    so a cohort adds up each flavor's quota on its own. Unflavored quota keeps the plain name."""
+    return f"{resource}@{flavor}"
+
+
+def gpus_of(resources: Mapping[str, int]) -> int:
+    """The GPUs of a resource vector, plain (`gpu`) or per flavor (`gpu@h100`): a queue's nominal quota,
+    usage or `borrowed`, whether or not it has flavors."""
+    return sum(v for k, v in resources.items() if k == "gpu" or k.startswith("gpu@"))
+
+
+def gpus_over(usage: Mapping[str, int], nominal: Mapping[str, int]) -> int:
+    """GPUs used above nominal quota, flavor by flavor (a flavor's spare quota does not cover another's)."""
+    return sum(max(0, usage.get(k, 0) - v) for k, v in nominal.items() if k == "gpu" or k.startswith("gpu@"))

@@ -30,6 +30,8 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Literal, NamedTuple, cast
 
+from msgspec import UNSET
+
 from muster.events.types import (
     Event,
     JobAdmitted,
@@ -43,6 +45,16 @@ from muster.events.types import (
 from muster.projections.cluster import ClusterState, JobState, node_pods
 from muster.projections.duplicates import refuse_taken_ids
 from muster.projections.eviction import Preemptor, chain_may_shrink, evicts_from_others, may_evict
+from muster.projections.flavors import (
+    Choice,
+    choose,
+    on_any_flavor,
+    order_requests,
+    placement_request,
+    summary,
+    unassigned,
+    wake,
+)
 from muster.projections.index import (
     Group,
     OrderKey,
@@ -160,7 +172,10 @@ class Cycle:
         for ps in job.podsets:
             t = ps.topology
             nodes, why = topology.place(
-                ps.count, ps.requests, t.required if t is not None else None, t.preferred if t is not None else None
+                ps.count,
+                placement_request(job, ps.name, ps.requests, topology.tainted),
+                t.required if t is not None else None,
+                t.preferred if t is not None else None,
             )
             if nodes is None:
                 self.topo.rollback(mark)
@@ -178,6 +193,8 @@ class Cycle:
 
     def fits(self, job: JobState, allow_borrow: bool) -> bool:
         """Whether the job fits quota and nodes now (leaves nothing taken)."""
+        if unassigned(self.state, job):
+            return choose(self, job, allow_borrow).admit is not None
         if not self.idx.quota.fits(job.queue, job.requests, allow_borrow):
             return False
         if not self.could_place(job):
@@ -186,7 +203,9 @@ class Cycle:
             ps = job.podsets[0]
             t = ps.topology
             required, preferred = (t.required, t.preferred) if t is not None else (None, None)
-            return self.idx.topology.can_place(ps.count, ps.requests, required, preferred)
+            return self.idx.topology.can_place(
+                ps.count, placement_request(job, ps.name, ps.requests, self.idx.topology.tainted), required, preferred
+            )
         mark = self.topo.mark()
         placement, _ = self.place(job)
         self.topo.rollback(mark)
@@ -306,8 +325,9 @@ def _lowest_key(cycle: Cycle, job: JobState) -> OrderKey:
     if known is not None and known.version == quota.version:
         borrows, share = known.over_nominal, known.share
     else:
-        borrows = 0 if quota.within_nominal(job.queue, job.requests) else 1
-        share = quota.share(job.queue, job.requests) if cycle.state.fair_sharing else 0
+        requests = order_requests(cycle.state, job)
+        borrows = 0 if quota.within_nominal(job.queue, requests) else 1
+        share = quota.share(job.queue, requests) if cycle.state.fair_sharing else 0
         cycle.quota_keys[shape] = QuotaPosition(quota.version, borrows, share)
     return order_key(idx.priority(job), job.seq, borrows, share)
 
@@ -348,6 +368,8 @@ def _try(cycle: Cycle, job: JobState) -> Outcome:
     preemptible = state.preemptible(job)
     # non-preemptible work never borrows, so no guarantee depends on evicting it
     allow_borrow = preemptible
+    if unassigned(state, job):
+        return _try_flavors(cycle, job, cls, allow_borrow)
     quota_reason = idx.quota.blocking(job.queue, job.requests, allow_borrow)
     reason = quota_reason or ""
     if quota_reason is None:
@@ -355,37 +377,75 @@ def _try(cycle: Cycle, job: JobState) -> Outcome:
             borrowed = idx.quota.borrowed_by(job.queue, job.requests)
             placement, reason = cycle.place(job)
             if placement is not None:
-                cycle.take(job, placement)
-                explanation = "within nominal quota" if not borrowed else f"borrowing {fmt(borrowed)} from the cohort"
-                cycle.events.append(
-                    JobAdmitted(
-                        at=cycle.now,
-                        job=JobId(job.id),
-                        queue=QueueName(job.queue),
-                        placement={pod: NodeName(node) for pod, node in placement.items()},
-                        borrowed=borrowed,
-                        cycle=cycle.number,
-                        epoch=cycle.epoch,
-                        policy_version=POLICY_VERSION,
-                        explanation=explanation,
-                    )
-                )
+                _admitted(cycle, job, placement, borrowed)
                 return "admitted"
         else:
             reason = _capacity_reason(job)
     result = find_victims(cycle, job, allow_borrow)
     if result.victims:
-        for victim in result.victims:
-            cycle.preempt(victim, job.id)
-        placement, _ = cycle.place(job)
-        if placement is not None:
-            cycle.take(job, placement)
-        cycle.reserved = True
+        _evict_for(cycle, job, result.victims)
         return "preempting"
     wake = _wake_rule(cycle, job, allow_borrow, quota_reason is not None, result.quota_possible, result)
     if cls is not None:
         cycle.failed_classes[cls] = Verdict(reason, wake)
     _park(cycle, job, reason, wake)
+    return "parked"
+
+
+def _evict_for(cycle: Cycle, job: JobState, victims: list[Victim]) -> None:
+    """Evict the victims and hold the room they leave for `job` (the cycle ends)."""
+    for victim in victims:
+        cycle.preempt(victim, job.id)
+    placement, _ = cycle.place(job)
+    if placement is not None:
+        cycle.take(job, placement)
+    cycle.reserved = True
+
+
+def _admitted(cycle: Cycle, job: JobState, placement: dict[str, str], borrowed: dict[str, int]) -> None:
+    """Take the job's room and write its admission (`job` on its flavors, if its queue has them)."""
+    cycle.take(job, placement)
+    explanation = "within nominal quota" if not borrowed else f"borrowing {fmt(borrowed)} from the cohort"
+    if job.flavors:
+        explanation = f"on flavors {summary(job.flavors)}, {explanation}"
+    cycle.events.append(
+        JobAdmitted(
+            at=cycle.now,
+            job=JobId(job.id),
+            queue=QueueName(job.queue),
+            placement={pod: NodeName(node) for pod, node in placement.items()},
+            borrowed=borrowed,
+            cycle=cycle.number,
+            epoch=cycle.epoch,
+            policy_version=POLICY_VERSION,
+            explanation=explanation,
+            flavors=job.flavors if job.flavors else UNSET,
+        )
+    )
+
+
+def _try_flavors(cycle: Cycle, job: JobState, cls: tuple[object, ...] | None, allow_borrow: bool) -> Outcome:
+    """`_try` for a job of a queue with flavors: admit it on the flavors `flavors.choose` finds, else
+    preempt in the first flavor where victims make room, else park it saying why each flavor failed."""
+    choice: Choice = choose(cycle, job, allow_borrow, lambda v: bool(find_victims(cycle, v, allow_borrow).victims))
+    if choice.admit is not None:
+        on = choice.admit
+        borrowed = cycle.idx.quota.borrowed_by(on.queue, on.requests)
+        placement, _ = cycle.place(on)
+        if placement is not None:
+            _admitted(cycle, on, placement, borrowed)
+            return "admitted"
+    found: list[Result] = []
+    for on in choice.preempt:
+        result = find_victims(cycle, on, allow_borrow)
+        if result.victims:
+            _evict_for(cycle, on, result.victims)
+            return "preempting"
+        found.append(result)
+    woken = wake(cycle, job, choice, found)
+    if cls is not None:
+        cycle.failed_classes[cls] = Verdict(choice.reason, woken)
+    _park(cycle, job, choice.reason, woken)
     return "parked"
 
 
@@ -397,7 +457,11 @@ def _park(cycle: Cycle, job: JobState, reason: str, wake: Wake) -> None:
             JobInadmissible(at=cycle.now, job=JobId(job.id), reason=reason, cycle=cycle.number, epoch=cycle.epoch)
         )
     block = idx.park(job, wake, reason, cycle.number)
-    if cycle.reserved or _may_evict_new(cycle, job) or chain_may_shrink(cycle.state.jobs, job):
+    if (
+        cycle.reserved
+        or _may_evict_new(cycle, on_any_flavor(cycle.state, job))
+        or chain_may_shrink(cycle.state.jobs, job)
+    ):
         # judged without the jobs just admitted in its tree as possible victims, or
         # sparing jobs it may evict once the waiting job between them runs again
         cycle.parked_on_reserved.append(block)
@@ -448,7 +512,7 @@ def _park_doomed(cycle: Cycle, bound: OrderKey | None) -> None:
                     wait = JobInadmissible(at=now, job=JobId(m.job), reason=reason, cycle=number, epoch=epoch)
                     waits.append(((key[0], key[1], key[2], -m.neg_seq), wait))
         block = idx.park_members(group, run, first, verdict.wake, reason, number)
-        if cycle.reserved or _may_evict_new(cycle, first):
+        if cycle.reserved or _may_evict_new(cycle, on_any_flavor(cycle.state, first)):
             cycle.parked_on_reserved.append(block)
     waits.sort(key=lambda w: w[0])
     cycle.events.extend(w for _, w in waits)

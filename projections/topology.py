@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from muster.projections.cluster import ClusterState, NodeState
+from muster.projections.flavors import node_markers, plain
 from muster.projections.resources import fmt
 
 HOST = "host"
@@ -85,6 +86,12 @@ class TopologyIndex:
         self.root = Domain("", 0, None, False)
         self.hosts: dict[str, Domain] = {}
         self.by_level: list[list[Domain]] = [[] for _ in range(len(self.levels) + 1)]
+        self.markers: dict[str, dict[str, int]] = (
+            {name: node_markers(state, node.labels) for name, node in state.nodes.items()} if state.flavors else {}
+        )
+        """Per node, the marker resources of its flavors (see `flavors`); flavors and labels change the structure."""
+        self.tainted = any(f.taints for f in state.flavors.values())
+        """Whether some flavor has taints: a pod on no flavor then stays off its nodes."""
         index: dict[tuple[str, ...], Domain] = {(): self.root}
         for name in sorted(state.nodes):
             node = state.nodes[name]
@@ -129,6 +136,8 @@ class TopologyIndex:
         self.max_bucket = max(self.max_bucket, _bucket(node.capacity.get("gpu", 0)))
         used, reserved = node.used, node.reserved
         free = {k: v - used.get(k, 0) - reserved.get(k, 0) for k, v in node.capacity.items()}
+        if self.markers:
+            free.update(self.markers.get(node.name, {}))
         self._replace_host(host, free, node.schedulable)
 
     def _replace_host(self, host: Domain, free: dict[str, int], schedulable: bool) -> None:
@@ -307,7 +316,7 @@ class TopologyIndex:
         fitting = [d for d in roomy if slots[id(d)] >= count]
         if fitting:
             return _Plan(primary, one=min(fitting, key=lambda d: self._tight_key(d, primary)))
-        what = f"{count} pod{'s' if count != 1 else ''} of {fmt(req)}"
+        what = f"{count} pod{'s' if count != 1 else ''} of {fmt(plain(req) if self.markers else req)}"
         if required is not None:
             return f"no {required} has room for {what}"
         slots = {id(d): self.slots(d, req, count) for d in domains}

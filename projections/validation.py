@@ -86,6 +86,13 @@ def invalid_reason(state: ClusterState, job: JobState) -> str | None:
         for r, v in sorted(ps.requests.items()):
             if v < 0:
                 return f"podset {ps.name!r}: request {r}={v} is negative"
+            if "@" in r:
+                return f"podset {ps.name!r}: resource name {r!r} may not contain '@' (it names flavors)"
+        unknown = [f for f in ps.flavors if f not in state.flavors]
+        if unknown:
+            return (
+                f"podset {ps.name!r}: flavor {unknown[0]!r} does not exist (known: {', '.join(sorted(state.flavors))})"
+            )
         topo = ps.topology
         if topo is not None:
             if topo.required is not None and topo.preferred is not None:

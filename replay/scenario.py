@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+import msgspec
 import yaml
 
 from muster.events.types import (
@@ -27,6 +28,7 @@ from muster.events.types import (
     CohortConfigured,
     CohortName,
     Event,
+    FlavorConfigured,
     IdleReclaimPolicy,
     NodeAdded,
     NodeName,
@@ -42,6 +44,7 @@ from muster.events.types import (
 )
 from muster.projections.resources import parse_quantity, parse_resources
 from muster.projections.validation import MAX_QUANTITY, quantity_problem
+from muster.replay import flavorspec
 
 
 class ScenarioError(Exception):
@@ -75,6 +78,7 @@ class Scenario:
     levels: list[str]
     queues: dict[str, QueueConfigured] = field(default_factory=dict)
     nodes: dict[str, NodeAdded] = field(default_factory=dict)
+    flavors: dict[str, FlavorConfigured] = field(default_factory=dict)
     keys: frozenset[str] = frozenset()
     """The top-level keys the file gives (`queues apply` changes only what the file mentions)."""
 
@@ -177,6 +181,10 @@ class _Reader:
             raise self.fail(node, f"{what}: {problem}")
         return parsed
 
+    def labels(self, node: yaml.Node, what: str) -> dict[str, str]:
+        """A mapping of label keys to values."""
+        return {k: self.string(v, f"label {k}") for k, v in self.mapping(node, what, set(_keys(node))).items()}
+
     def choice(self, node: yaml.Node, what: str, options: tuple[str, ...]) -> str:
         v = self.string(node, what)
         if v not in options:
@@ -192,6 +200,7 @@ _TOP = {
     "priority_classes",
     "cohorts",
     "fair_sharing",
+    "flavors",
     "queues",
     "idle_reclaim",
     "timeline",
@@ -201,17 +210,19 @@ _TOP = {
 
 
 class _AnyName(set[str]):
-    """Every name is defined: checking a queues file's cohorts is left to the caller (`queues apply`)."""
+    """Every name is defined: checking a queues file's cohorts and flavors is left to the caller (`queues apply`)."""
 
     def __contains__(self, item: object) -> bool:
         return True
 
 
-def load(path: str | Path, known_cohorts: Collection[str] | None = ()) -> Scenario:
+def load(
+    path: str | Path, known_cohorts: Collection[str] | None = (), known_flavors: Collection[str] | None = ()
+) -> Scenario:
     """Read and check a scenario file; raise ScenarioError naming file and line on anything wrong.
 
-    `known_cohorts` are defined besides the file's own (`queues apply`: those on the log); None
-    accepts any cohort name."""
+    `known_cohorts` and `known_flavors` are defined besides the file's own (`queues apply`: those
+    on the log); None accepts any name."""
     p = Path(path)
     name = str(path)
     try:
@@ -220,11 +231,15 @@ def load(path: str | Path, known_cohorts: Collection[str] | None = ()) -> Scenar
         raise ScenarioError(name, None, f"cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ScenarioError(name, None, "not UTF-8 text") from None
-    return loads(text, name, base=p.parent, known_cohorts=known_cohorts)
+    return loads(text, name, base=p.parent, known_cohorts=known_cohorts, known_flavors=known_flavors)
 
 
 def loads(
-    text: str, name: str = "<scenario>", base: Path | None = None, known_cohorts: Collection[str] | None = ()
+    text: str,
+    name: str = "<scenario>",
+    base: Path | None = None,
+    known_cohorts: Collection[str] | None = (),
+    known_flavors: Collection[str] | None = (),
 ) -> Scenario:
     r = _Reader(name)
     try:
@@ -268,13 +283,17 @@ def loads(
     cohort_names: set[str] = {str(c.name) for c in cohorts} | set(known_cohorts or ())
     if known_cohorts is None:
         cohort_names = _AnyName(cohort_names)
-    queues = _queues(r, top.get("queues"), cohort_names)
-    config.extend(queues.values())
     nodes = _nodes(r, top.get("nodes"), levels)
+    flavors = flavorspec.flavors(r, top.get("flavors"), nodes)
+    config.extend(flavors.values())
+    flavor_names: set[str] = set(flavors) | set(known_flavors or ())
+    known = Known(cohort_names, flavor_names if known_flavors is not None else _AnyName(flavor_names))
+    queues = _queues(r, top.get("queues"), known)
+    config.extend(queues.values())
     config.extend(nodes.values())
     inputs: list[Input] = []
     if "timeline" in top:
-        inputs.extend(_timeline(r, top["timeline"], queues, cohort_names, set(nodes)))
+        inputs.extend(_timeline(r, top["timeline"], queues, known, set(nodes)))
     _unique_jobs(name, inputs, {})
     if "timeline_csv" in top:
         csv_name = r.string(top["timeline_csv"], "timeline_csv")
@@ -285,7 +304,7 @@ def loads(
     # at equal times, timeline entries come before CSV rows (stable sort keeps file order)
     inputs.sort(key=lambda i: (i.at, i.order))
     until = r.integer(top["until"], "until") if "until" in top else None
-    return Scenario(name, config, inputs, until, levels, queues, nodes, keys=frozenset(top))
+    return Scenario(name, config, inputs, until, levels, queues, nodes, flavors, keys=frozenset(top))
 
 
 def _unique_jobs(path: str, inputs: list[Input], seen: dict[str, str]) -> None:
@@ -361,27 +380,54 @@ QUEUE_FIELDS = {
     "nominal",
     "borrowing_limit",
     "lending_limit",
+    "resource_groups",
+    "flavor_fungibility",
     "weight",
     "preemption",
     "queueing_strategy",
 }
 _STRATEGIES = ("best_effort_fifo", "strict_fifo")
+_PLAIN_QUOTA = ("nominal", "borrowing_limit", "lending_limit")
 
 
-def queue_from(r: _Reader, n: yaml.Node, cohorts: set[str], base: QueueConfigured | None = None) -> QueueConfigured:
+@dataclass
+class Known:
+    """Names a queue may refer to: cohorts and flavors."""
+
+    cohorts: set[str]
+    flavors: set[str] = field(default_factory=set)
+
+
+def queue_from(r: _Reader, n: yaml.Node, known: Known, base: QueueConfigured | None = None) -> QueueConfigured:
     """A queue definition (or, with `base`, an update of some of its fields)."""
-    required = {"name"} if base is not None else {"name", "nominal"}
-    m = r.mapping(n, "queue", QUEUE_FIELDS, required)
+    m = r.mapping(n, "queue", QUEUE_FIELDS, {"name"})
     name = r.string(m["name"], "queue name")
+    grouped = "resource_groups" in m or (base is not None and bool(base.resource_groups) and "nominal" not in m)
+    plain = [f for f in _PLAIN_QUOTA if f in m]
+    if "resource_groups" in m and plain:
+        raise r.fail(
+            m[plain[0]], f"queue {name!r}: {plain[0]} and resource_groups exclude each other (give quota per flavor)"
+        )
+    if grouped and plain:
+        raise r.fail(m[plain[0]], f"queue {name!r} has resource_groups: change its quota there, not with {plain[0]}")
+    if base is None and "nominal" not in m and "resource_groups" not in m:
+        raise r.fail(n, "queue: missing field 'nominal' (or 'resource_groups')")
     kw: dict[str, Any] = {}
     if "cohort" in m:
         cohort = r.string(m["cohort"], "cohort")
-        if cohort not in cohorts:
+        if cohort not in known.cohorts:
             raise r.fail(m["cohort"], f"queue {name!r}: cohort {cohort!r} is not defined")
         kw["cohort"] = cohort
-    for f in ("nominal", "borrowing_limit", "lending_limit"):
+    for f in _PLAIN_QUOTA:
         if f in m:
             kw[f] = r.resources(m[f], f"queue {name}: {f}")
+    if "nominal" in m and base is not None:
+        kw["resource_groups"] = msgspec.UNSET  # back to one pool over every node
+    if "resource_groups" in m:
+        kw["resource_groups"] = flavorspec.resource_groups(r, m["resource_groups"], name, known.flavors)
+        kw.update(nominal={}, borrowing_limit=None, lending_limit=None)
+    if "flavor_fungibility" in m:
+        kw["flavor_fungibility"] = flavorspec.fungibility(r, m["flavor_fungibility"], base)
     if "weight" in m:
         kw["weight"] = r.number(m["weight"], f"queue {name}: weight", 0, None)
     if "queueing_strategy" in m:
@@ -412,18 +458,16 @@ def queue_from(r: _Reader, n: yaml.Node, cohorts: set[str], base: QueueConfigure
             borrow_within_cohort=bwc,
         )
     if base is not None:
-        import msgspec
-
         return msgspec.structs.replace(base, **kw)
     return QueueConfigured(at=0, name=QueueName(name), **kw)
 
 
-def _queues(r: _Reader, node: yaml.Node | None, cohorts: set[str]) -> dict[str, QueueConfigured]:
+def _queues(r: _Reader, node: yaml.Node | None, known: Known) -> dict[str, QueueConfigured]:
     out: dict[str, QueueConfigured] = {}
     if node is None:
         return out
     for n in r.seq(node, "queues"):
-        q = queue_from(r, n, cohorts)
+        q = queue_from(r, n, known)
         if q.name in out:
             raise r.fail(n, f"queue {q.name!r} is defined twice")
         out[q.name] = q
@@ -473,8 +517,7 @@ def _nodes(r: _Reader, node: yaml.Node | None, levels: list[str]) -> dict[str, N
             name = r.string(m["name"], "node name")
             node_labels: dict[str, str] = {}
             if "labels" in m:
-                lm = r.mapping(m["labels"], f"node {name}: labels", set(_keys(m["labels"])))
-                node_labels = {k: r.string(v, f"label {k}") for k, v in lm.items()}
+                node_labels = r.labels(m["labels"], f"node {name}: labels")
             capacity = r.resources(m["capacity"], f"node {name}: capacity") if "capacity" in m else {}
             add(n, name, node_labels, capacity)
     return out
@@ -505,7 +548,7 @@ _EVENT_KINDS = {"submit", "node_down", "node_up", "cordon", "uncordon", "cancel"
 
 
 def _timeline(
-    r: _Reader, node: yaml.Node, queues: dict[str, QueueConfigured], cohorts: set[str], nodes: set[str]
+    r: _Reader, node: yaml.Node, queues: dict[str, QueueConfigured], known: Known, nodes: set[str]
 ) -> list[Input]:
     out: list[Input] = []
     for order, n in enumerate(r.seq(node, "timeline")):
@@ -518,7 +561,7 @@ def _timeline(
         v = m[kind]
         line = n.start_mark.line + 1
         if kind == "submit":
-            data = _submit(r, v)
+            data = _submit(r, v, known.flavors)
         elif kind in ("node_down", "node_up", "cordon", "uncordon", "cancel"):
             data = {"name": r.string(v, kind)}
             if kind != "cancel" and data["name"] not in nodes:
@@ -531,18 +574,27 @@ def _timeline(
             qname = r.string(um["name"], "queue_update.name")
             if qname not in queues:
                 raise r.fail(v, f"queue_update: queue {qname!r} is not defined")
-            parsed = queue_from(r, v, cohorts, base=queues[qname])
-            data = {"name": qname, "fields": sorted(f for f in um if f != "name"), "queue": parsed}
+            parsed = queue_from(r, v, known, base=queues[qname])
+            fields = {f for f in um if f != "name"}
+            # plain quota and groups replace each other: new groups clear the plain quota, and
+            # plain quota clears the groups (a no-op on a queue that has none)
+            if "resource_groups" in fields:
+                fields |= set(_PLAIN_QUOTA)
+            elif fields & set(_PLAIN_QUOTA):
+                fields.add("resource_groups")
+            data = {"name": qname, "fields": sorted(fields), "queue": parsed}
         out.append(Input(at, order, kind, data, line))
     return out
 
 
-_PODSET_FIELDS = {"name", "count", "requests", "topology"}
+_PODSET_FIELDS = {"name", "count", "requests", "topology", "flavors"}
 _SUBMIT_FIELDS = {"job", "queue", "priority_class", "podsets", "runtime", "checkpoint_every", "max_runtime"}
 
 
-def _submit(r: _Reader, node: yaml.Node) -> dict[str, Any]:
-    """A job as written; shape errors are scenario errors, spec errors become JobRejected."""
+def _submit(r: _Reader, node: yaml.Node, flavors: Collection[str] | None = None) -> dict[str, Any]:
+    """A job as written; shape errors are scenario errors, spec errors become JobRejected.
+
+    `flavors` are the names a podset may restrict itself to (None: any; the core rejects unknown ones)."""
     m = r.mapping(node, "submit", _SUBMIT_FIELDS, {"job", "queue"})
     podsets: list[PodSet] = []
     invalid: str | None = None
@@ -556,6 +608,12 @@ def _submit(r: _Reader, node: yaml.Node) -> dict[str, Any]:
                 preferred=r.string(t["preferred"], "topology.preferred") if "preferred" in t else None,
             )
         name = r.string(p["name"], "podset name") if "name" in p else "worker"
+        allowed: list[str] = []
+        for fn in r.seq(p["flavors"], f"podset {name!r}: flavors") if "flavors" in p else []:
+            fname = r.string(fn, "flavor")
+            if flavors is not None and fname not in flavors:
+                raise r.fail(fn, f"podset {name!r}: flavor {fname!r} is not defined")
+            allowed.append(fname)
         # a count or a request that is not a whole quantity (1.5 pods, 0.5 GPUs) makes the
         # job invalid, not the scenario: the job is rejected and the run goes on
         try:
@@ -564,7 +622,7 @@ def _submit(r: _Reader, node: yaml.Node) -> dict[str, Any]:
         except ScenarioError as exc:
             invalid = invalid or exc.message
             count, requests = 0, {}
-        podsets.append(PodSet(name=name, count=count, requests=requests, topology=topo))
+        podsets.append(PodSet(name=name, count=count, requests=requests, topology=topo, flavors=allowed))
     out: dict[str, Any] = {
         "job": r.string(m["job"], "job"),
         "queue": r.string(m["queue"], "queue"),

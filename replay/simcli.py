@@ -49,6 +49,11 @@ def summary(result: Any) -> dict[str, Any]:
     }
     for name in sorted(result.state.queues):
         queues.setdefault(name, {"gpu_seconds": 0, "borrowed_gpu_seconds": 0})
+    for name, per_flavor in sorted(acct.flavors.items()):
+        queues[name]["flavors"] = {
+            f: {"gpu_seconds": fs.gpu_seconds, "borrowed_gpu_seconds": fs.borrowed_gpu_seconds}
+            for f, fs in sorted(per_flavor.items())
+        }
     util = acct.used_gpu_seconds / acct.capacity_gpu_seconds if acct.capacity_gpu_seconds else 0.0
     return {
         "type": "Summary",
@@ -110,6 +115,17 @@ def _t(v: int | None) -> str:
     return "-" if v is None else str(v)
 
 
+def _nominal_gpu(queue: Any) -> str:
+    """A queue's nominal GPUs; with flavors, the sum over them."""
+    if queue is None:
+        return "-"
+    from muster.projections.resources import gpus_of
+
+    if queue.resource_groups or "gpu" in queue.nominal:
+        return str(gpus_of(queue.nominal))
+    return "-"
+
+
 def print_tables(result: Any, out: IO[str]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -162,11 +178,25 @@ def print_tables(result: Any, out: IO[str]) -> None:
         q.add_row(
             name,
             (queue.cohort or "-") if queue else "-",
-            str(queue.nominal.get("gpu", "-")) if queue else "-",
+            _nominal_gpu(queue),
             f"{qs['gpu_seconds'] / 3600:.1f}",
             f"{qs['borrowed_gpu_seconds'] / 3600:.1f}",
             str(pending.get(name, 0)),
         )
+        # a queue with flavors: one row per flavor of its GPU quota
+        for group in queue.resource_groups if queue else []:
+            if "gpu" not in group.covered:
+                continue
+            for fq in group.flavors:
+                fs = qs.get("flavors", {}).get(fq.name, {})
+                q.add_row(
+                    f"  {name} on {fq.name}",
+                    "",
+                    str(fq.nominal.get("gpu", 0)),
+                    f"{fs.get('gpu_seconds', 0) / 3600:.1f}",
+                    f"{fs.get('borrowed_gpu_seconds', 0) / 3600:.1f}",
+                    "",
+                )
     console.print(q)
     w = Table(title="Queueing delay, seconds (still pending: waited so far)")
     for col in ("by", "jobs", "still pending", "avg", "p50", "p99", "max"):

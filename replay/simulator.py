@@ -41,6 +41,7 @@ from muster.events.types import (
     QueueConfigured,
 )
 from muster.projections.cluster import ClusterState, JobState, evolve
+from muster.projections.resources import gpus_of
 from muster.projections.scheduler import decide, next_wakeup
 from muster.replay.scenario import Input, Scenario
 
@@ -98,6 +99,10 @@ class Accounting:
     queues: dict[str, QueueStats] = field(default_factory=dict)
     running: dict[str, tuple[str, int, int]] = field(default_factory=dict)
     """job -> (queue, gpus, borrowed gpus)."""
+    flavors: dict[str, dict[str, QueueStats]] = field(default_factory=dict)
+    """Queue -> flavor -> its GPU-seconds there (queues with flavors only)."""
+    running_flavors: dict[str, list[tuple[str, int, int]]] = field(default_factory=dict)
+    """job -> ("queue@flavor", gpus, borrowed gpus) per flavor it holds GPUs of."""
     capacity_gpu_seconds: int = 0
     used_gpu_seconds: int = 0
     last: int = 0
@@ -111,6 +116,8 @@ class Accounting:
     instant costs the same with 10 queues or 1,000."""
     in_use: int = 0
     """GPUs held by running jobs, all queues."""
+    running_keys: set[str] = field(default_factory=set)
+    """The `queue@flavor` holders of `held` (counted in `flavors`, not in `queues` or `in_use`)."""
 
     def advance(self, state: ClusterState, now: int) -> None:
         dt = now - self.last
@@ -130,7 +137,11 @@ class Accounting:
     def _count(self, queue: str) -> None:
         gpus, borrowed = self.held.get(queue, (0, 0))
         dt = self.last - self.since.get(queue, self.last)
-        qs = self.queues.setdefault(queue, QueueStats())
+        if queue in self.running_keys:
+            name, _, flavor = queue.partition("@")
+            qs = self.flavors.setdefault(name, {}).setdefault(flavor, QueueStats())
+        else:
+            qs = self.queues.setdefault(queue, QueueStats())
         qs.gpu_seconds += gpus * dt
         qs.borrowed_gpu_seconds += borrowed * dt
         self.since[queue] = self.last
@@ -142,7 +153,8 @@ class Accounting:
         self._count(queue)
         g, b = self.held.get(queue, (0, 0))
         self.held[queue] = (g + sign * gpus, b + sign * borrowed)
-        self.in_use += sign * gpus
+        if queue not in self.running_keys:
+            self.in_use += sign * gpus
 
     def record(self, state: ClusterState, ev: Event) -> None:
         if isinstance(ev, (NodeAdded, NodeUpdated, NodeRemoved)):
@@ -156,23 +168,44 @@ class Accounting:
                 if js.admitted is None:
                     js.admitted = ev.at
                 js.status = "running"
-                entry = (job.queue, job.gpus, ev.borrowed.get("gpu", 0))
+                entry = (job.queue, job.gpus, gpus_of(ev.borrowed))
                 self.running[ev.job] = entry
                 self._hold(ev.job, entry, 1)
+                if job.flavors:
+                    self.running_flavors[ev.job] = _per_flavor(job, ev.borrowed)
+                    for part in self.running_flavors[ev.job]:
+                        self.running_keys.add(part[0])
+                        self._hold(ev.job, part, 1)
         elif isinstance(ev, JobPreempted):
             js = self.jobs.get(ev.job)
             held = self.running.pop(ev.job, None)
             self._hold(ev.job, held, -1)
+            self._release_flavors(ev.job)
             if js is not None and held is not None:
                 js.preemptions += 1
                 js.status = "pending"
         elif isinstance(ev, (JobFinished, JobCancelled, JobRejected, JobFailed)):
             js = self.jobs.get(ev.job)
             self._hold(ev.job, self.running.pop(ev.job, None), -1)
+            self._release_flavors(ev.job)
             if js is not None and js.status not in _ENDED.values():
                 js.status = _ENDED[type(ev)]
                 if isinstance(ev, JobFinished):
                     js.finished = ev.at
+
+    def _release_flavors(self, job: str) -> None:
+        for held in self.running_flavors.pop(job, []):
+            self._hold(job, held, -1)
+
+
+def _per_flavor(job: JobState, borrowed: dict[str, int]) -> list[tuple[str, int, int]]:
+    """A flavored job's GPUs per flavor: ("queue@flavor", gpus, borrowed gpus)."""
+    gpus: dict[str, int] = {}
+    for ps in job.podsets:
+        flavor = job.flavors.get(ps.name, {}).get("gpu")
+        if flavor is not None:
+            gpus[flavor] = gpus.get(flavor, 0) + ps.count * ps.requests.get("gpu", 0)
+    return [(f"{job.queue}@{f}", n, borrowed.get(f"gpu@{f}", 0)) for f, n in sorted(gpus.items())]
 
 
 _ENDED: dict[type[Event], str] = {

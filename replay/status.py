@@ -23,6 +23,7 @@ from typing import Any
 from muster.projections.cluster import ClusterState, JobState
 from muster.projections.index import order_key
 from muster.projections.quota import QuotaTree
+from muster.projections.resources import gpus_of, gpus_over
 from muster.replay.jobnames import display_names
 from muster.replay.views import job_shape, lent_by_queue, pending_reason
 
@@ -143,8 +144,8 @@ def queue_status(state: ClusterState) -> list[dict[str, Any]]:
     rows = []
     for name in sorted(state.queues):
         q = state.queues[name]
-        used = q.usage.get("gpu", 0)
-        nominal = q.nominal.get("gpu", 0)
+        used = gpus_of(q.usage)
+        nominal = gpus_of(q.nominal)
         rows.append(
             {
                 "queue": name,
@@ -154,7 +155,7 @@ def queue_status(state: ClusterState) -> list[dict[str, Any]]:
                 "borrowing_limit": _gpu(q.borrowing_limit),
                 "lending_limit": _gpu(q.lending_limit),
                 "used": used,
-                "borrowed": max(0, used - nominal) if "gpu" in q.nominal else 0,
+                "borrowed": gpus_over(q.usage, q.nominal),
                 "lent": lent.get(name, {}).get("gpu", 0),
                 **counts[name],
                 "fair_share": tree.share(name),

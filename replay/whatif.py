@@ -23,16 +23,18 @@ How the log becomes a scenario:
   reclaim is not replayed) and leader changes are dropped.
 
 The configuration file holds the scenario sections `queues` (required),
-`cohorts`, `priority_classes`, `fair_sharing`, `idle_reclaim` (spec/scenario.md);
+`cohorts`, `priority_classes`, `flavors`, `fair_sharing`, `idle_reclaim` (spec/scenario.md);
 a section it leaves out keeps the log's, and so does a queue it does not name
 (a file changing one queue's quota need not repeat the others). Both sides are measured the same
 way (`Tally`): admission wait (submission to first admission), preemptions,
-GPU-seconds held and borrowed, utilization: the cluster's, and per queue its
-share of the cluster and its use of its own nominal quota.
+GPU-seconds held and borrowed (per flavor too, where jobs ran on flavors),
+utilization: the cluster's, and per queue its share of the cluster and its
+use of its own nominal quota.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,8 @@ from muster.events.types import (
     CohortConfigured,
     CohortName,
     Event,
+    FlavorConfigured,
+    FlavorFungibility,
     JobAdmitted,
     JobCancelled,
     JobFailed,
@@ -61,7 +65,8 @@ from muster.events.types import (
     QueueName,
     SchedulerConfigured,
 )
-from muster.projections.cluster import ClusterState, evolve
+from muster.projections.cluster import ClusterState, QueueState, evolve
+from muster.projections.resources import gpus_of
 from muster.replay.points import Point
 from muster.replay.rebuild import state_at
 from muster.replay.scenario import Input, Scenario, ScenarioError, loads
@@ -69,7 +74,7 @@ from muster.replay.simulator import simulate
 from muster.replay.snapshots import Snapshots, no_gc
 from muster.replay.source import LogSource
 
-CONFIG_SECTIONS = ("queues", "cohorts", "priority_classes", "fair_sharing", "idle_reclaim")
+CONFIG_SECTIONS = ("queues", "cohorts", "priority_classes", "flavors", "fair_sharing", "idle_reclaim")
 
 
 # ---------------------------------------------------------------- measuring
@@ -86,6 +91,8 @@ class JobTally:
     preemptions: int = 0
     gpu_seconds: int = 0
     status: str = "pending"
+    podset_gpus: dict[str, int] = field(default_factory=dict)
+    """GPUs of each podset (to split a flavored run's GPUs by flavor)."""
 
 
 @dataclass
@@ -94,6 +101,8 @@ class QueueTally:
     borrowed_gpu_seconds: int = 0
     nominal_gpu_seconds: int = 0
     """The queue's nominal GPU quota integrated over time (its guaranteed GPU-seconds)."""
+    flavor_gpu_seconds: dict[str, int] = field(default_factory=dict)
+    """GPU-seconds held per flavor (runs admitted on flavors only)."""
 
 
 class Tally:
@@ -107,6 +116,8 @@ class Tally:
         """Node -> GPUs while ready."""
         self.running: dict[str, tuple[str, int, int]] = {}
         """Job -> (queue, GPUs, borrowed GPUs)."""
+        self.on_flavors: dict[str, dict[str, int]] = {}
+        """Running job -> its GPUs per flavor (runs admitted on flavors)."""
         self.nominal: dict[str, int] = {}
         """Queue -> its nominal GPU quota as configured now."""
         self.capacity_gpu_seconds = 0
@@ -118,13 +129,17 @@ class Tally:
         for name, node in state.nodes.items():
             self.nodes[name] = node.capacity.get("gpu", 0) if node.ready else 0
         for qname, q in state.queues.items():
-            self.nominal[qname] = q.nominal.get("gpu", 0)
+            self.nominal[qname] = gpus_of(q.nominal)
         for job in sorted(state.jobs.values(), key=lambda j: j.seq):
             if job.status in ("pending", "admitted"):
-                self.jobs[job.id] = JobTally(job.queue, job.gpus, job.submitted_at, in_window=False)
+                per_podset = {ps.name: ps.requests.get("gpu", 0) * ps.count for ps in job.podsets}
+                self.jobs[job.id] = JobTally(
+                    job.queue, job.gpus, job.submitted_at, in_window=False, podset_gpus=per_podset
+                )
             if job.status == "admitted":
                 self.jobs[job.id].status = "running"
-                self.running[job.id] = (job.queue, job.gpus, job.borrowed.get("gpu", 0))
+                self.running[job.id] = (job.queue, job.gpus, gpus_of(job.borrowed))
+                self._on_flavors(job.id, job.flavors)
 
     def advance(self, now: int) -> None:
         dt = now - self.last
@@ -140,35 +155,56 @@ class Tally:
             qt.borrowed_gpu_seconds += borrowed * dt
             self.used_gpu_seconds += gpus * dt
             self.jobs[job_id].gpu_seconds += gpus * dt
+            for flavor, n in self.on_flavors.get(job_id, {}).items():
+                qt.flavor_gpu_seconds[flavor] = qt.flavor_gpu_seconds.get(flavor, 0) + n * dt
         self.last = now
+
+    def _on_flavors(self, job: str, flavors: dict[str, dict[str, str]] | Any) -> None:
+        """Note a run's GPUs per flavor (nothing for a run without flavors)."""
+        if not flavors:
+            return
+        per: dict[str, int] = {}
+        for ps, gpus in self.jobs[job].podset_gpus.items():
+            flavor = flavors.get(ps, {}).get("gpu")
+            if flavor is not None and gpus:
+                per[flavor] = per.get(flavor, 0) + gpus
+        self.on_flavors[job] = per
 
     def feed(self, ev: Event) -> None:
         """Count one event (call `advance(ev.at)` first). Decisions the fold would skip are not sent here."""
         if isinstance(ev, (NodeAdded, NodeUpdated)):
             self.nodes[ev.node] = ev.capacity.get("gpu", 0) if ev.ready else 0
         elif isinstance(ev, QueueConfigured):
-            self.nominal[ev.name] = ev.nominal.get("gpu", 0)
+            groups = ev.resource_groups or []
+            self.nominal[ev.name] = ev.nominal.get("gpu", 0) + sum(
+                fq.nominal.get("gpu", 0) for g in groups for fq in g.flavors
+            )
         elif isinstance(ev, NodeRemoved):
             self.nodes.pop(ev.node, None)
         elif isinstance(ev, JobSubmitted):
             if ev.job not in self.jobs:
-                gpus = sum(ps.requests.get("gpu", 0) * ps.count for ps in ev.podsets)
-                self.jobs[ev.job] = JobTally(ev.queue, gpus, ev.at, in_window=self.window)
+                per_podset = {ps.name: ps.requests.get("gpu", 0) * ps.count for ps in ev.podsets}
+                self.jobs[ev.job] = JobTally(
+                    ev.queue, sum(per_podset.values()), ev.at, in_window=self.window, podset_gpus=per_podset
+                )
         elif isinstance(ev, JobAdmitted):
             jt = self.jobs.get(ev.job)
             if jt is not None and ev.job not in self.running:
                 if jt.admitted is None:
                     jt.admitted = ev.at
                 jt.status = "running"
-                self.running[ev.job] = (jt.queue, jt.gpus, ev.borrowed.get("gpu", 0))
+                self.running[ev.job] = (jt.queue, jt.gpus, gpus_of(ev.borrowed))
+                self._on_flavors(ev.job, ev.flavors)
         elif isinstance(ev, JobPreempted):
             jt = self.jobs.get(ev.job)
+            self.on_flavors.pop(ev.job, None)
             if jt is not None and self.running.pop(ev.job, None) is not None:
                 jt.preemptions += 1
                 jt.status = "pending"
         elif isinstance(ev, (JobFinished, JobFailed, JobCancelled, JobRejected)):
             jt = self.jobs.get(ev.job)
             self.running.pop(ev.job, None)
+            self.on_flavors.pop(ev.job, None)
             if jt is not None and jt.status not in ("finished", "failed", "cancelled", "rejected"):
                 jt.status = {JobFinished: "finished", JobFailed: "failed", JobCancelled: "cancelled"}.get(
                     type(ev), "rejected"
@@ -249,6 +285,7 @@ class WhatIf:
                     "of_nominal": (
                         round(qt.gpu_seconds / qt.nominal_gpu_seconds, 6) if qt.nominal_gpu_seconds else None
                     ),
+                    "flavor_gpu_seconds": dict(sorted(qt.flavor_gpu_seconds.items())),
                 }
             out.append(row)
         return out
@@ -324,6 +361,17 @@ def load_config(text: str, name: str, state: ClusterState) -> tuple[list[Event],
             f"  - {{name: {_q(pc.name)}, value: {pc.value}, preemptible: {'true' if pc.preemptible else 'false'}}}\n"
             for pc in sorted(state.priority_classes.values(), key=lambda p: p.name)
         )
+    if "flavors" not in root and state.flavors:
+        # JSON is YAML: label keys and values go through whatever they hold
+        extra += "\nflavors:\n" + "".join(
+            "  - "
+            + json.dumps(
+                {"name": f.name, "node_labels": f.node_labels, "taints": msgspec.to_builtins(f.taints)},
+                sort_keys=True,
+            )
+            + "\n"
+            for f in sorted(state.flavors.values(), key=lambda f: f.name)
+        )
     try:
         scenario = loads(text.rstrip("\n") + "\n" + extra, name)
     except ScenarioError as exc:
@@ -342,26 +390,35 @@ def load_config(text: str, name: str, state: ClusterState) -> tuple[list[Event],
     named = {ev.name for ev in events if isinstance(ev, QueueConfigured)}
     for q in sorted(state.queues.values(), key=lambda q: q.name):
         if q.name not in named:
-            events.append(
-                QueueConfigured(
-                    at=0,
-                    name=QueueName(q.name),
-                    cohort=CohortName(q.cohort) if q.cohort is not None else None,
-                    nominal=dict(q.nominal),
-                    borrowing_limit=dict(q.borrowing_limit) if q.borrowing_limit is not None else None,
-                    lending_limit=dict(q.lending_limit) if q.lending_limit is not None else None,
-                    weight=q.weight,
-                    preemption=q.preemption,
-                )
-            )
+            events.append(_queue_event(q))
     replaced = {"QueueConfigured"}
     if "cohorts" in root:
         replaced.add("CohortConfigured")
     if "priority_classes" in root:
         replaced.add("PriorityClassConfigured")
+    if "flavors" in root:
+        replaced.add("FlavorConfigured")
     if "fair_sharing" in root or "idle_reclaim" in root:
         replaced.add("SchedulerConfigured")
     return events, replaced
+
+
+def _queue_event(q: QueueState) -> QueueConfigured:
+    """The configuration event a folded queue came from (its quota per flavor given back as groups)."""
+    grouped = bool(q.resource_groups)
+    return QueueConfigured(
+        at=0,
+        name=QueueName(q.name),
+        cohort=CohortName(q.cohort) if q.cohort is not None else None,
+        nominal={} if grouped else dict(q.nominal),
+        borrowing_limit=dict(q.borrowing_limit) if q.borrowing_limit is not None and not grouped else None,
+        lending_limit=dict(q.lending_limit) if q.lending_limit is not None and not grouped else None,
+        weight=q.weight,
+        preemption=q.preemption,
+        queueing_strategy=q.queueing_strategy,  # type: ignore[arg-type]
+        resource_groups=list(q.resource_groups) if grouped else msgspec.UNSET,
+        flavor_fungibility=q.fungibility if grouped else msgspec.UNSET,
+    )
 
 
 def _q(name: str) -> str:
@@ -486,21 +543,19 @@ def _queues(config: list[Event]) -> list[QueueConfigured]:
 
 
 def _changed_queues(state: ClusterState, config: list[Event]) -> list[str]:
+    """The queues whose configuration differs from the log's (quota per flavor included)."""
     out = []
     for q in _queues(config):
         old = state.queues.get(q.name)
-        if (
-            old is None
-            or old.nominal != q.nominal
-            or old.cohort != q.cohort
-            or old.borrowing_limit != q.borrowing_limit
-            or old.lending_limit != q.lending_limit
-            or old.weight != q.weight
-            or old.preemption != q.preemption
-            or old.queueing_strategy != q.queueing_strategy
-        ):
+        if old is None or _same_terms(_queue_event(old)) != _same_terms(q):
             out.append(q.name)
     return sorted(out)
+
+
+def _same_terms(q: QueueConfigured) -> QueueConfigured:
+    """A queue's configuration with what the fold fills in made explicit (time aside)."""
+    fungibility = (q.flavor_fungibility or FlavorFungibility()) if q.resource_groups else msgspec.UNSET
+    return msgspec.structs.replace(q, at=0, flavor_fungibility=fungibility)
 
 
 def _scenario(
@@ -552,7 +607,10 @@ def _scenario(
             isinstance(ev, (NodeAdded, NodeUpdated, NodeRemoved, NodeCordoned))
             or (isinstance(ev, JobRejected) and ev.cycle == 0)
             or (
-                isinstance(ev, (QueueConfigured, CohortConfigured, PriorityClassConfigured, SchedulerConfigured))
+                isinstance(
+                    ev,
+                    (QueueConfigured, CohortConfigured, PriorityClassConfigured, FlavorConfigured, SchedulerConfigured),
+                )
                 and type(ev).__name__ not in replaced
             )
         ):

@@ -154,6 +154,11 @@ def render(doc: dict[str, Any], out: IO[str] | None = None, *, jobs: int = 20) -
             f"{_pct(r['cluster_share'])} -> {_pct(a['cluster_share'])}",
             f"{_pct(r['of_nominal'])} -> {_pct(a['of_nominal'])}",
         )
+        # a queue with flavors: its GPU-hours on each flavor, real -> what-if
+        real_f, alt_f = r.get("flavor_gpu_seconds", {}), a.get("flavor_gpu_seconds", {})
+        for flavor in sorted(set(real_f) | set(alt_f)):
+            hours = f"{gpu_hours(real_f.get(flavor, 0))} -> {gpu_hours(alt_f.get(flavor, 0))}"
+            add_row(t, f"  on {flavor}", "", "", "", "", "", "", "", hours, "", "", "")
     con.print(t)
     # a job rejected on both sides has no wait to compare
     rows = [

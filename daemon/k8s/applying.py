@@ -2,7 +2,9 @@
 
 `Applier.apply(event) -> ApplyResult` never raises for Kubernetes trouble.
 
-- `JobAdmitted`: bind every pod of the gang to its decided node (pods/binding).
+- `JobAdmitted`: bind every pod of the gang to its decided node (pods/binding),
+  after giving a pod admitted on flavors their taints' tolerations (pods may
+  gain tolerations; its flavor's nodes are where it was placed).
   A pod already on the decided node counts as done (no request, or a 409
   naming that node); a pod on another node is a conflict; a pod that is gone
   ends the job with JobFailed. Bindings are sent only once every pod of the
@@ -156,8 +158,11 @@ class Applier:
         pod_wait_seconds: float = 10.0,
         concurrency: int = 64,
         clock: Callable[[], float] = time.time,
+        tolerations: Callable[[JobAdmitted], Mapping[str, list[dict[str, str]]]] | None = None,
     ) -> None:
+        """`tolerations(admission)`: per podset, what its pods must tolerate on their flavors' nodes."""
         self.client = client
+        self._tolerations = tolerations
         self.gangs = gangs
         self._changed = changed
         self.backoff = backoff or Backoff(initial=0.1, maximum=5.0)
@@ -207,7 +212,8 @@ class Applier:
 
     async def _admit(self, event: JobAdmitted) -> ApplyResult:
         await self.ready(event)  # at once when the caller already waited
-        return await self._bind_gang(event.job, event.placement)
+        needed = self._tolerations(event) if self._tolerations is not None and event.flavors else {}
+        return await self._bind_gang(event.job, event.placement, needed)
 
     async def rebind(self, job: JobId, placement: Mapping[str, str]) -> ApplyResult:
         """Bind the pods that took over slots of `job`'s admitted gang (an Indexed Job's next indexes).
@@ -219,7 +225,9 @@ class Applier:
             return ApplyResult(True, "skipped", "the gang is not whole (preempted, or a pod on its way)")
         return await self._bind_gang(job, placement)
 
-    async def _bind_gang(self, job: JobId, placement: Mapping[str, str]) -> ApplyResult:
+    async def _bind_gang(
+        self, job: JobId, placement: Mapping[str, str], tolerations: Mapping[str, list[dict[str, str]]] | None = None
+    ) -> ApplyResult:
         if self.gangs.ended(job):
             return ApplyResult(True, "skipped", "the job already ended")
         pods = self.gangs.pods_of(job)
@@ -243,7 +251,8 @@ class Applier:
         async def bind(name: str, pod: PodInfo, node: str) -> None:
             with self.binding.running():
                 async with self._bind_limit:
-                    results[pod.key] = await self._bind_one(pod, node, deadline)
+                    needed = (tolerations or {}).get(name.rpartition("-")[0], [])
+                    results[pod.key] = await self._bind_one(pod, node, deadline, needed)
 
         async with anyio.create_task_group() as tg:
             for name, node in sorted(placement.items()):
@@ -265,12 +274,16 @@ class Applier:
             return ApplyResult(True, "noop", "every pod was already on its node", (), results)
         return ApplyResult(True, "applied", f"bound {len(results)} pods", (), results)
 
-    async def _bind_one(self, pod: PodInfo, node: str, deadline: float) -> str:
+    async def _bind_one(
+        self, pod: PodInfo, node: str, deadline: float, tolerations: list[dict[str, str]] | None = None
+    ) -> str:
         if pod.node:
             return "already-bound" if pod.node == node else f"conflict: on {pod.node}"
 
         async def bind() -> str:
             try:
+                if tolerations:
+                    await self._tolerate(pod, tolerations)
                 await self.client.bind(pod.namespace, pod.name, node)
                 return "bound"
             except Conflict as exc:
@@ -282,6 +295,14 @@ class Applier:
                 return "gone"
 
         return await self._retrying(bind, deadline, "binding failed, retrying", pod=pod.key, node=node)
+
+    async def _tolerate(self, pod: PodInfo, tolerations: list[dict[str, str]]) -> None:
+        """Add the tolerations the pod lacks (a merge patch replaces the list: the old ones stay in it)."""
+        spec = (await self.client.get_pod(pod.namespace, pod.name)).get("spec") or {}
+        have = list(spec.get("tolerations") or [])
+        missing = [t for t in tolerations if t not in have]
+        if missing:
+            await self.client.patch_pod(pod.namespace, pod.name, {"spec": {"tolerations": have + missing}})
 
     async def _retrying(self, op: Callable[[], Awaitable[str]], deadline: float, retrying: str, **context: str) -> str:
         """`op()`'s outcome, retrying what the API says is worth retrying until `deadline`.

@@ -225,6 +225,10 @@ class KubeClient:
         _, data = await self._call(self.core.read_namespaced_pod, name, namespace)
         return dict(data)
 
+    async def patch_pod(self, namespace: str, name: str, patch: Obj) -> None:
+        """A merge patch of the pod (e.g. its tolerations, which may only grow)."""
+        await self._call(self.core.patch_namespaced_pod, name, namespace, patch, _content_type=MERGE_PATCH)
+
     async def patch_pod_status(self, namespace: str, name: str, patch: Obj) -> Obj:
         _, data = await self._call(self.core.patch_namespaced_pod_status, name, namespace, patch)
         return dict(data)

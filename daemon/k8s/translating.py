@@ -42,6 +42,7 @@ from muster.events.types import (
     NodeUpdated,
 )
 from muster.projections.cluster import ClusterState
+from muster.projections.flavors import tolerated_taint_keys
 
 __all__ = ["Translator"]
 
@@ -92,6 +93,13 @@ class Translator:
         self.gangs = Gangs(known=self._known_job if state is not None else None, namespace_queues=namespace_queues)
         self.problems: list[str] = []
 
+    def _tolerated(self) -> frozenset[str]:
+        """The taints that leave a node schedulable: the configured ones, and those of the log's flavors
+        (their pods get the tolerations at binding)."""
+        if self._state is None:
+            return self.tolerated_taints
+        return self.tolerated_taints | tolerated_taint_keys(self._state())
+
     # ------------------------------------------------------------ inputs
 
     def on_node(self, event: WatchEvent) -> None:
@@ -103,7 +111,7 @@ class Translator:
             self._lost.add(name)
         else:
             problems: list[str] = []
-            self._nodes[name] = node_view(event.obj, self.tolerated_taints, problems)
+            self._nodes[name] = node_view(event.obj, self._tolerated(), problems)
             if problems:
                 self.problems.append(f"node {name}: " + "; ".join(problems))
         self._dirty.add(name)

@@ -340,3 +340,40 @@ def test_submit_and_apply_print_records_with_o_json_and_jsonl(tmp_path, log, cap
     assert main(["submit", "--queue", "team-a", "--job", "j-1", "-o", "jsonl", *log.flags]) == 0
     (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert (record["job"], record["queue"]) == ("j-1", "team-a") and record["seq"] == len(log.events())
+
+
+FLAVORED = """\
+flavors:
+  - {name: h100, node_labels: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}, taints: [{key: gpu, value: h100}]}
+  - {name: a100, node_labels: {nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB}}
+queues:
+  - name: team-f
+    resource_groups:
+      - covered: [gpu]
+        flavors: [{name: h100, nominal: {gpu: 16}}, {name: a100, nominal: {gpu: 32}}]
+    flavor_fungibility: {when_can_borrow: TryNextFlavor}
+"""
+
+
+def test_queues_apply_takes_flavors_and_the_grouped_form(tmp_path, log, capsys):
+    """Flavors and a queue's quota per flavor are applied; a later file may name flavors already on the log."""
+    from muster.events.types import FlavorConfigured
+    from muster.projections.cluster import fold
+
+    (tmp_path / "f.yaml").write_text(FLAVORED)
+    assert _apply(tmp_path / "f.yaml", log) == 0
+    assert "+ flavor h100" in capsys.readouterr().out
+    state = fold(log.events())
+    assert [type(e) for e in log.events()] == [FlavorConfigured, FlavorConfigured, QueueConfigured]
+    assert state.flavors["h100"].taints[0].value == "h100"
+    assert state.queues["team-f"].nominal == {"gpu@h100": 16, "gpu@a100": 32}
+    assert state.queues["team-f"].fungibility.when_can_borrow == "TryNextFlavor"
+    (tmp_path / "g.yaml").write_text(FLAVORED.split("queues:\n")[1].join(["queues:\n", ""]).replace("16", "24"))
+    assert _apply(tmp_path / "g.yaml", log) == 0  # its flavors are defined on the log, not in the file
+    assert fold(log.events()).queues["team-f"].nominal == {"gpu@h100": 24, "gpu@a100": 32}
+    assert _apply(tmp_path / "f.yaml", log) == 0
+    assert _apply(tmp_path / "f.yaml", log) == 0
+    assert "nothing to apply" in capsys.readouterr().out
+    (tmp_path / "bad.yaml").write_text(FLAVORED.split("queues:\n")[1].join(["queues:\n", ""]).replace("a100", "l4"))
+    assert _apply(tmp_path / "bad.yaml", log) == 2
+    assert "flavor 'l4' is not defined" in capsys.readouterr().err

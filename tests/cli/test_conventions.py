@@ -221,4 +221,4 @@ def test_completion_script_completes_commands_options_and_choices(tmp_path: Path
     assert complete("muster", "queues", "ap") == ["apply"]
     assert "--dry-run" in complete("muster", "queues", "apply", "--")
     assert complete("muster", "jobs", "-o", "") == ["table", "wide", "json", "jsonl"]
-    assert complete("muster", "billing", "report", "--by", "") == ["queue", "job", "team"]
+    assert complete("muster", "billing", "report", "--by", "") == ["queue", "job", "team", "flavor"]

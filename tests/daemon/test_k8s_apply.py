@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from adapterkit import eventually
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
@@ -278,3 +279,31 @@ async def test_a_binding_the_server_refuses_says_scheduler_error_on_the_pod(kube
 
         await eventually(scheduler_error)
         await eventually(warned)
+
+
+async def test_pods_admitted_on_a_tainted_flavor_get_its_tolerations_before_binding(kube, start_adapter):
+    """A gang admitted on a flavor with taints has its pods tolerate them, then bound; nodes carrying only
+    a flavor's taint stay schedulable."""
+    from muster.events.types import FlavorConfigured, NodeAdded, Taint
+    from muster.projections.cluster import ClusterState, evolve
+
+    emulator, api = kube
+    state = ClusterState()
+    evolve(state, FlavorConfigured(at=0, name="spot", node_labels={"pool": "spot"}, taints=[Taint(key="spot")]))
+    emulator.put_object(
+        "v1/nodes", m.node("s1", labels={"pool": "spot"}, taints=[{"key": "spot", "effect": "NoSchedule"}])
+    )
+    async with start_adapter(api, state=lambda: state) as (adapter, events):
+        sub = await submit_gang(emulator, api, adapter, events, size=2)
+        (s1,) = [e for e in events.of(NodeAdded) if e.node == "s1"]
+        assert not s1.unschedulable
+        on_spot = {pod.rsplit("-", 1)[0]: {"gpu": "spot"} for pod in sub.pods}
+        decision = msgspec.structs.replace(admission(sub, ["s1"]), flavors=on_spot)
+        result = await adapter.apply(decision)
+        assert (result.ok, result.outcome) == (True, "applied")
+        for key in sub.pods.values():
+            pod = pod_object(emulator, key)
+            assert pod["spec"]["nodeName"] == "s1"
+            assert {"key": "spot", "operator": "Equal", "value": "", "effect": "NoSchedule"} in pod["spec"][
+                "tolerations"
+            ]

@@ -56,6 +56,23 @@ CASES: dict[str, dict[str, Any]] = {
     "no-workload-status": {"workloadStatus": False},
     "snapshots-tuned": {"snapshots": {"every": 1000}, "leaderElection": {"kvBucket": "leases"}},
     "ui-local": {"ui": {"enabled": True}},
+    "flavors": {
+        "queues": {
+            "flavors": [
+                {"name": "h100", "node_labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+                {"name": "spot", "node_labels": {"pool": "spot"}, "taints": [{"key": "spot", "effect": "NoSchedule"}]},
+            ],
+            "queues": [
+                {
+                    "name": "team-f",
+                    "resource_groups": [
+                        {"covered": ["gpu"], "flavors": [{"name": "h100", "nominal": {"gpu": 16}}, {"name": "spot"}]}
+                    ],
+                    "flavor_fungibility": {"when_can_borrow": "TryNextFlavor"},
+                }
+            ],
+        }
+    },
     "ui-exposed": {"ui": {"enabled": True, "port": 9000, "tokenSecret": "muster-ui", "tokenKey": "t"}},
 }
 BAD_CASES: dict[str, tuple[dict[str, Any], str]] = {
@@ -67,6 +84,10 @@ BAD_CASES: dict[str, tuple[dict[str, Any], str]] = {
         "within_queue",
     ),
     "no-nats": ({"nats": {"url": ""}}, "set nats.url"),
+    "bad-fungibility": (
+        {"queues": {"queues": [{"name": "x", "flavor_fungibility": {"when_can_borrow": "Sometimes"}}]}},
+        "when_can_borrow",
+    ),
     "pdb-blocks-drains": ({"podDisruptionBudget": {"minAvailable": 2}}, "must be below replicaCount"),
     "typo": ({"replicas": 3}, "replicas"),
     "snapshots-every-zero": ({"snapshots": {"every": 0}}, "snapshots/every"),
@@ -460,6 +481,18 @@ def test_queues_file_uses_the_scenario_and_event_field_names(run: ChartRun) -> N
     )
     team_b = next(q for q in queues["queues"] if q["name"] == "team-b")
     assert team_b["borrowing_limit"] == {"gpu": 8} and team_b["lending_limit"] == {"gpu": 4}
+
+
+def test_flavors_in_the_values_become_a_queues_file_apply_reads(run: ChartRun, tmp_path: Path) -> None:
+    """Flavors and a queue's quota per flavor pass the values schema and are read by `muster queues apply`."""
+    from muster.queuescli import load_file
+
+    path = tmp_path / "queues.yaml"
+    path.write_text(run.rendered["flavors"].one("ConfigMap")["data"]["queues.yaml"])
+    scenario = load_file(str(path))
+    assert sorted(scenario.flavors) == ["h100", "spot"] and scenario.flavors["spot"].taints[0].key == "spot"
+    groups = scenario.queues["team-f"].resource_groups
+    assert groups and [f.name for f in groups[0].flavors] == ["h100", "spot"]
 
 
 def test_queues_apply_hook_runs_after_install_and_upgrade(run: ChartRun) -> None:

@@ -10,6 +10,9 @@ from muster.events.types import (
     BorrowWithinCohort,
     CohortConfigured,
     Event,
+    FlavorConfigured,
+    FlavorFungibility,
+    FlavorQuota,
     GpuUtilizationSampled,
     IdleReclaimPolicy,
     JobAdmitted,
@@ -32,8 +35,10 @@ from muster.events.types import (
     PreemptionPolicy,
     PriorityClassConfigured,
     QueueConfigured,
+    ResourceGroup,
     SchedulerConfigured,
     SubmissionRejected,
+    Taint,
     Topology,
     event_tag,
 )
@@ -123,7 +128,49 @@ def one_of_each() -> list[Event]:
         ),
         JobInadmissible(at=18, job="train-2", reason="insufficient gpu in cohort org", cycle=9, epoch=3),
         JobRejected(at=19, job="train-3", reason="podset worker requests 0 pods", cycle=9, epoch=3),
+        FlavorConfigured(
+            at=20, name="h100", node_labels={"nvidia.com/gpu.product": "H100"}, taints=[Taint(key="gpu", value="h100")]
+        ),
     ]
+
+
+def flavored() -> list[Event]:
+    """Events with the fields flavors added (queues by flavor, a podset's flavors, an admission's)."""
+    return [
+        QueueConfigured(
+            at=21,
+            name="team-b",
+            resource_groups=[
+                ResourceGroup(
+                    covered=["gpu", "cpu"],
+                    flavors=[FlavorQuota(name="h100", nominal={"gpu": 16}, borrowing_limit={"gpu": 8})],
+                )
+            ],
+            flavor_fungibility=FlavorFungibility(when_can_borrow="TryNextFlavor", when_can_preempt="Preempt"),
+        ),
+        JobAdmitted(
+            at=22,
+            job="train-4",
+            queue="team-b",
+            placement={"worker-0": "b0-r0-n0"},
+            borrowed={"gpu@h100": 8},
+            flavors={"worker": {"gpu": "h100", "cpu": "h100"}},
+        ),
+        JobSubmitted(
+            at=23,
+            job="train-4",
+            queue="team-b",
+            podsets=[PodSet(name="w", count=1, requests={"gpu": 8}, flavors=["h100"])],
+        ),
+    ]
+
+
+def test_flavor_fields_round_trip() -> None:
+    """The fields flavors added survive encoding, and are absent from the bytes when unset."""
+    for ev in flavored():
+        assert codec.decode(codec.encode(ev)) == ev
+    plain = QueueConfigured(at=0, name="q", nominal={"gpu": 8})
+    assert b"resource_groups" not in codec.encode(plain) and b"flavor" not in codec.encode(plain)
 
 
 def test_samples_cover_every_event_type() -> None:

@@ -136,3 +136,36 @@ async def test_a_muster_pod_bound_by_nobody_we_know_holds_capacity(api: ApiClien
         await events.wait_for(lambda e: bool(e.of(JobSubmitted)) and any(n.node == node for n in e.of(NodeAdded)))
     [added] = [n for n in events.of(NodeAdded) if n.node == node]
     assert added.reserved == {"gpu": 4}
+
+
+async def test_a_gang_on_a_tainted_flavor_tolerates_its_taint_and_is_bound(api: ApiClient, kube: Kube) -> None:
+    """The server takes the tolerations added to a gang admitted on a tainted flavor, then its bindings; the
+    node, tainted only with the flavor's taint, counts as schedulable."""
+    import msgspec
+
+    from muster.daemon.k8s.client import MERGE_PATCH
+    from muster.events.types import FlavorConfigured, Taint
+    from muster.projections.cluster import ClusterState, evolve
+
+    node = await kube.node("spot1", labels={"pool": "spot"})
+    taint = {"key": "example.com/spot", "value": "true", "effect": "NoSchedule"}
+    await kube.core.patch_node(node, {"spec": {"taints": [taint]}}, _content_type=MERGE_PATCH)
+    state = ClusterState()
+    flavor = FlavorConfigured(
+        at=0, name="spot", node_labels={"pool": "spot"}, taints=[Taint(key="example.com/spot", value="true")]
+    )
+    evolve(state, flavor)
+    await kube.gang("g", 2)
+    async with running_adapter(api, state=lambda: state) as (adapter, events):
+        await events.wait_for(lambda e: bool(e.of(JobSubmitted)) and any(n.node == node for n in e.of(NodeAdded)))
+        [added] = [n for n in events.of(NodeAdded) if n.node == node]
+        assert not added.unschedulable
+        [sub] = events.of(JobSubmitted)
+        on_spot = {pod.rsplit("-", 1)[0]: {"gpu": "spot"} for pod in sub.pods}
+        result = await adapter.apply(msgspec.structs.replace(admitted(sub, node), flavors=on_spot))
+        assert (result.ok, result.outcome) == (True, "applied"), result
+    for i in range(2):
+        assert await kube.pod_node(f"g-{i}") == node
+        pod = await kube.core.read_namespaced_pod(f"g-{i}", kube.ns)
+        tolerations = [(t.key, t.operator, t.value, t.effect) for t in pod.spec.tolerations or []]
+        assert ("example.com/spot", "Equal", "true", "NoSchedule") in tolerations

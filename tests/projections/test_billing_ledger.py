@@ -433,3 +433,57 @@ def test_split_adds_up(total: int, weights: dict[str, int]) -> None:
                 assert abs(shares[a] - shares[b]) <= 1
     else:
         assert shares == {}
+
+
+# ---------------------------------------------------------------- resource flavors
+
+FLAVOR_RATES = {
+    "currency": "EUR",
+    "versions": [{"version": "f1", "effective_from": 0, "gpu_hour": {"h100": 4, "a100": 2, "l4": 0.5}}],
+}
+
+
+def _flavors_log() -> tuple[list[Event], dict[str, Any]]:
+    """The log and summary of `examples/flavors.yaml` (three GPU models as flavors, four teams)."""
+    from pathlib import Path
+
+    from muster.replay.scenario import load
+    from muster.replay.simcli import summary
+    from muster.replay.simulator import simulate
+
+    result = simulate(load(Path(__file__).resolve().parents[2] / "examples" / "flavors.yaml"))
+    return list(result.events), summary(result)
+
+
+def test_ledger_is_per_flavor_and_flavors_add_up_to_the_totals() -> None:
+    """With flavors, GPU-seconds are booked per flavor, each queue's match the sim's per-flavor figures,
+    and the flavors' allocated, capacity and cost add up to the totals."""
+    events, sim = _flavors_log()
+    ledger = fold_billing(enumerate(events, start=1)).ledger
+    per: dict[tuple[str, str], int] = {}
+    for (_job, _hour, flavor), row in ledger.usage.items():
+        per[(row.queue, flavor)] = per.get((row.queue, flavor), 0) + row.alloc_gpu_s
+    want = {
+        (q, f): v["gpu_seconds"]
+        for q, qs in sim["queues"].items()
+        for f, v in qs.get("flavors", {}).items()
+        if v["gpu_seconds"]
+    }
+    assert per == want
+    capacity: dict[str, int] = {}
+    for (_hour, flavor), gpu_s in ledger.capacity.items():
+        capacity[flavor] = capacity.get(flavor, 0) + gpu_s
+    end = events[-1].at
+    assert capacity == {"h100": 32 * end, "a100": 32 * end, "l4": 16 * end}
+    args = {"start": 0, "end": end, "rates": parse_rate_card(FLAVOR_RATES), "share_idle": "usage"}
+    by_flavor = build_report(ledger.usage.items(), ledger.capacity.items(), ledger.queues, by="flavor", **args)
+    by_queue = build_report(ledger.usage.items(), ledger.capacity.items(), ledger.queues, by="queue", **args)
+    assert [r.key for r in by_flavor.rows] == ["a100", "h100", "l4"]
+    for name in ("allocated_gpu_hours", "borrowed_gpu_hours", "cost"):
+        assert sum(getattr(r, name) for r in by_flavor.rows) == getattr(by_flavor.totals, name)
+        assert getattr(by_flavor.totals, name) == getattr(by_queue.totals, name), name
+    h100 = next(r for r in by_flavor.rows if r.key == "h100")
+    assert h100.allocated_gpu_hours == Decimal(24)  # r-pretrain: 24 H100 for an hour
+    rows = {r.key: r for r in by_flavor.rows}
+    assert rows["h100"].cost == Decimal(96)  # 24 GPU-h x 4.00; its idle is apart (idle_share_cost)
+    assert rows["h100"].idle_share_cost == Decimal(4 * (32 * end - 24 * 3600) // 3600)  # its own idle GPU-h

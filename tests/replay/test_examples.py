@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from muster.events.types import Event, JobAdmitted, JobFailed, JobInadmissible, JobPreempted
-from muster.replay.scenario import load
+from muster.replay.scenario import load, loads
 from muster.replay.simulator import simulate
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -35,6 +35,7 @@ def test_every_example_is_tested_here() -> None:
         "idle_reclaim",
         "trace_replay",
         "strict_fifo",
+        "flavors",
     }
     assert {p.stem for p in EXAMPLES.glob("*.yaml")} == tested
 
@@ -99,3 +100,25 @@ def test_strict_fifo_the_head_gang_starts_first_and_a_limit_ends_a_run() -> None
     assert all(a.at >= 600 for j in ("small-1", "small-2") for a in admissions(events, j))
     [failed] = [e for e in events if isinstance(e, JobFailed) and e.job == "small-2"]
     assert failed.reason.startswith("DeadlineExceeded")
+
+
+def test_flavors_three_models_four_teams() -> None:
+    """Each team's jobs run on its flavors' nodes; training reclaims its A100 (Preempt) instead of spilling
+    onto H100, which it takes with Kueue's default; the evaluation that fits no flavor says why for each."""
+    events = run("flavors.yaml")
+    on = {
+        e.job: (e.flavors, {n.split("-")[0] for n in e.placement.values()})
+        for e in reversed(events)
+        if isinstance(e, JobAdmitted)
+    }
+    assert on["r-pretrain"] == ({"worker": {"gpu": "h100"}}, {"h100"})
+    assert on["serve"] == ({"server": {"gpu": "l4"}}, {"l4"})
+    assert on["t-eval"] == ({"worker": {"gpu": "a100"}}, {"a100"})
+    assert preemptions(events) == [("i-sweep", "t-eval", "ReclaimWithinCohort", 300)]
+    (wait,) = [e.reason for e in events if isinstance(e, JobInadmissible) and e.job == "r-eval"]
+    assert wait.startswith("h100: quota (") and "; a100: quota (" in wait
+    assert admissions(events, "r-eval")[0].at == 2100 and admissions(events, "i-sweep")[1].at == 3900
+    text = (EXAMPLES / "flavors.yaml").read_text().replace("    flavor_fungibility: {when_can_preempt: Preempt}\n", "")
+    default = list(simulate(loads(text, "flavors.yaml")).events)
+    assert preemptions(default) == []
+    assert admissions(default, "t-eval")[0].flavors == {"worker": {"gpu": "h100"}}

@@ -41,11 +41,44 @@ def _scenarios(tmp: Path) -> Iterator[tuple[str, Scenario]]:
     for seed in range(3):  # every queue strict_fifo (a held-back job is not parked), every job a 300 s limit
         strict = mixed(seed, jobs=60).replace("  - {name: q", "  - {queueing_strategy: strict_fifo, name: q")
         yield f"mixed-strict-{seed}", loads(strict.replace("runtime: ", "max_runtime: 300, runtime: "), "m.yaml")
+    for seed in range(4):  # the same over two flavors (one block each), fungibility and fair sharing mixed
+        yield f"mixed-flavors-{seed}", loads(_flavored(mixed(seed, jobs=60, fair=seed % 2 == 1, idle=True)), "m.yaml")
     bench = _bench()
     yield "bench-a", load(bench.case_a(tmp, 0.05))
     yield "bench-kueue", load(bench.case_kueue(tmp, 0.05))
     yield "bench-b", load(bench.case_b(tmp, 0.01))
     yield "bench-c", load(bench.case_c(tmp, 0.02, 1000))
+    yield "bench-a3-flavors", load(bench.case_flavors(tmp, 0.03))
+
+
+def _flavored(text: str) -> str:
+    """A `mixed` scenario with each queue's GPU quota split over flavors x (block b0) and y (block b1)."""
+
+    def groups(x: str, y: str, extra: str = "") -> str:
+        fx, fy = f"{{name: x, nominal: {{gpu: 4}}{x}}}", f"{{name: y, nominal: {{gpu: 4}}{y}}}"
+        return f"resource_groups: [{{covered: [gpu], flavors: [{fx}, {fy}]}}]{extra}"
+
+    flavors = "flavors:\n  - {name: x, node_labels: {block: b0}}\n  - {name: y, node_labels: {block: b1}}\nqueues:"
+    return (
+        text.replace("queues:", flavors, 1)
+        .replace(
+            "name: qa, cohort: org, nominal: {gpu: 8}",
+            "name: qa, cohort: org, " + groups("", "", ", flavor_fungibility: {when_can_borrow: TryNextFlavor}"),
+        )
+        .replace(
+            "name: qb, cohort: lab, nominal: {gpu: 8}, borrowing_limit: {gpu: 16}",
+            "name: qb, cohort: lab, " + groups(", borrowing_limit: {gpu: 8}", ", borrowing_limit: {gpu: 8}"),
+        )
+        .replace(
+            "name: qc, cohort: lab, nominal: {gpu: 8}, lending_limit: {gpu: 4}",
+            "name: qc, cohort: lab, "
+            + groups(
+                ", lending_limit: {gpu: 2}",
+                ", lending_limit: {gpu: 2}",
+                ", flavor_fungibility: {when_can_preempt: Preempt}",
+            ),
+        )
+    )
 
 
 def _log(scenario: Scenario) -> list[bytes]:

@@ -208,3 +208,50 @@ def test_whatif_cli_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[s
     config.write_text("queues:\n  - {name: qa}\n")
     assert main(["whatif", "--log", str(log), "--queues", str(config)]) == 2
     assert "missing field 'nominal'" in capsys.readouterr().err
+
+
+FLAVORS_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flavors.yaml"
+
+INTERNS_GET_A100 = """\
+queues:
+  - name: interns
+    cohort: org
+    resource_groups:
+      - covered: [gpu]
+        flavors:
+          - {name: a100, nominal: {gpu: 16}}
+          - {name: l4, nominal: {gpu: 4}}
+"""
+
+
+def _flavored_log() -> list:
+    from muster.replay.scenario import load
+    from muster.replay.simulator import simulate
+
+    return list(simulate(load(FLAVORS_EXAMPLE)).events)
+
+
+async def test_flavored_log_reproduces_itself_and_shows_the_per_flavor_difference() -> None:
+    """With the log's own flavors and quotas, a flavored log runs again as it ran; giving interns A100 quota
+    of their own moves GPU-hours between flavors and teams, per flavor."""
+    events = _flavored_log()
+    same = await whatif(memory_log(events), "queues: []\n")
+    assert same.queues_changed == []
+    for q in same.queue_rows():
+        assert q["whatif"]["flavor_gpu_seconds"] == q["real"]["flavor_gpu_seconds"], q["queue"]
+    assert _queues(same)["research"]["real"]["flavor_gpu_seconds"] == {"a100": 16 * 1800, "h100": 24 * 3600}
+    moved = await whatif(memory_log(events), INTERNS_GET_A100)
+    q = _queues(moved)
+    assert moved.queues_changed == ["interns"]
+    assert q["interns"]["real"]["preemptions"] == 1 and q["interns"]["whatif"]["preemptions"] == 0
+    assert q["training"]["whatif"]["flavor_gpu_seconds"]["h100"] > 0  # its evaluation spills onto H100
+
+
+def test_whatif_cli_shows_gpu_hours_per_flavor(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI's queue table has a row per flavor of a flavored queue, real -> what-if."""
+    log = write_jsonl(tmp_path / "log.jsonl", _flavored_log())
+    config = tmp_path / "interns.yaml"
+    config.write_text(INTERNS_GET_A100)
+    assert main(["whatif", "--log", str(log), "--queues", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "  on h100" in out and "  on a100" in out

@@ -1,0 +1,416 @@
+"""Resource flavors as given/when/then scenarios: Kueue's flavor assigner and fungibility, in GPUs.
+
+The cases port, by behaviour, those of Kueue's `pkg/scheduler/flavorassigner/flavorassigner_test.go`
+(flavors tried in order, one flavor per resource group and podset, resource groups apart, podsets
+apart and cumulative, a podset's node selector) and of its flavor fungibility tests
+(`whenCanBorrow`, `whenCanPreempt`), with quota per flavor in a cohort (spec/scenario.md, Flavors).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from simkit import PRIORITIES, run
+
+from muster.events.codec import decode, encode
+from muster.events.types import JobAdmitted
+
+
+def cluster(h100: int = 2, a100: int = 2, cpu: int = 0) -> str:
+    """Nodes of 8 GPUs labelled by model (`h{i}` H100, `a{i}` A100), CPU-only nodes `c{i}`, one rack each
+    model, and the flavors `h100`, `a100` (and `cpu` when there are CPU nodes)."""
+    lines = ["topology: {levels: [rack]}", "nodes:"]
+    for i in range(h100):
+        lines.append(f"  - {{name: h{i}, labels: {{rack: rh, model: H100}}, capacity: {{gpu: 8, cpu: 64}}}}")
+    for i in range(a100):
+        lines.append(f"  - {{name: a{i}, labels: {{rack: ra, model: A100}}, capacity: {{gpu: 8, cpu: 64}}}}")
+    for i in range(cpu):
+        lines.append(f"  - {{name: c{i}, labels: {{rack: rc, model: none}}, capacity: {{cpu: 64}}}}")
+    lines.append("flavors:")
+    if h100:
+        lines.append("  - {name: h100, node_labels: {model: H100}}")
+    if a100:
+        lines.append("  - {name: a100, node_labels: {model: A100}}")
+    if cpu:
+        lines.append("  - {name: cpu, node_labels: {model: none}}")
+    return "\n".join(lines) + "\n" + PRIORITIES
+
+
+def fq(name: str, gpu: int, borrowing: int | None = None, lending: int | None = None, cpu: int | None = None) -> str:
+    """One flavor of a resource group, in flow style."""
+    nominal = f"gpu: {gpu}" + (f", cpu: {cpu}" if cpu is not None else "")
+    out = f"{{name: {name}, nominal: {{{nominal}}}"
+    if borrowing is not None:
+        out += f", borrowing_limit: {{gpu: {borrowing}}}"
+    if lending is not None:
+        out += f", lending_limit: {{gpu: {lending}}}"
+    return out + "}"
+
+
+def fqueue(
+    name: str,
+    *flavors: str,
+    cohort: str | None = None,
+    covered: str = "gpu",
+    borrow: str | None = None,
+    preempt: str | None = None,
+    policy: str | None = None,
+    groups: list[tuple[str, list[str]]] | None = None,
+) -> str:
+    """A `queues` entry with resource groups (one over `covered` with `flavors`, or `groups`)."""
+    rg = groups if groups is not None else [(covered, list(flavors))]
+    text = f"  - name: {name}\n"
+    if cohort is not None:
+        text += f"    cohort: {cohort}\n"
+    text += "    resource_groups:\n"
+    for cov, fls in rg:
+        text += f"      - covered: [{cov}]\n        flavors: [{', '.join(fls)}]\n"
+    fung = [f"when_can_borrow: {borrow}"] if borrow else []
+    fung += [f"when_can_preempt: {preempt}"] if preempt else []
+    if fung:
+        text += f"    flavor_fungibility: {{{', '.join(fung)}}}\n"
+    if policy is not None:
+        text += f"    preemption: {{{policy}}}\n"
+    return text
+
+
+def job(
+    name: str,
+    q: str,
+    *podsets: str,
+    at: int = 0,
+    prio: str | None = None,
+    runtime: int = 3600,
+) -> str:
+    """A timeline `submit`; each podset is `NAME:COUNTxGPU[:cpu=N][:flavors=a+b]`."""
+    ps = []
+    for spec in podsets:
+        parts = spec.split(":")
+        psname, shape = parts[0], parts[1]
+        count, gpu = shape.split("x")
+        req = [f"gpu: {gpu}"] if int(gpu) else []
+        restrict = ""
+        for extra in parts[2:]:
+            key, _, value = extra.partition("=")
+            if key == "cpu":
+                req.append(f"cpu: {value}")
+            elif key == "flavors":
+                restrict = f", flavors: [{', '.join(value.split('+'))}]"
+        ps.append(f"{{name: {psname}, count: {count}, requests: {{{', '.join(req)}}}{restrict}}}")
+    out = f"job: {name}, queue: {q}, podsets: [{', '.join(ps)}], runtime: {runtime}"
+    if prio is not None:
+        out += f", priority_class: {prio}"
+    return f"  - {{at: {at}, submit: {{{out}}}}}\n"
+
+
+def scenario(nodes: str, queues: list[str], timeline: list[str], cohorts: tuple[str, ...] = ()) -> str:
+    text = nodes
+    if cohorts:
+        text += "cohorts:\n" + "".join(f"  - {{name: {c}}}\n" for c in cohorts)
+    return text + "queues:\n" + "".join(queues) + "timeline:\n" + "".join(timeline)
+
+
+def flavors_of(out: Any, name: str) -> dict[str, str]:
+    """Per podset, the flavor of its GPUs (or CPUs) at the job's first admission."""
+    adm = out.admitted(name)
+    return {ps: chosen.get("gpu", chosen.get("cpu", "?")) for ps, chosen in adm.flavors.items()}
+
+
+# ---------------------------------------------------------------- assignment (Kueue's flavor assigner)
+
+ASSIGN_CASES = [
+    pytest.param(
+        scenario(cluster(), [fqueue("q", fq("h100", 16))], [job("j", "q", "w:2x8")]),
+        {"j": {"w": "h100"}},
+        {},
+        id="single-flavor-fits",
+    ),
+    pytest.param(
+        scenario(cluster(), [fqueue("q", fq("h100", 8), fq("a100", 16))], [job("j", "q", "w:2x8")]),
+        {"j": {"w": "a100"}},
+        {},
+        id="first-flavor-too-small-next-fits",
+    ),
+    pytest.param(
+        scenario(
+            cluster(),
+            [fqueue("q", fq("h100", 16), fq("a100", 16))],
+            [job("j1", "q", "w:2x8"), job("j2", "q", "w:1x8")],
+        ),
+        {"j1": {"w": "h100"}, "j2": {"w": "a100"}},
+        {},
+        id="first-flavor-used-up-next-fits",
+    ),
+    pytest.param(
+        scenario(cluster(), [fqueue("q", fq("h100", 16), fq("a100", 16))], [job("j", "q", "w:1x8:flavors=a100")]),
+        {"j": {"w": "a100"}},
+        {},
+        id="podset-selector-rules-out-first-flavor",
+    ),
+    pytest.param(
+        scenario(cluster(), [fqueue("q", fq("h100", 32), fq("a100", 32))], [job("j", "q", "w:3x8")]),
+        {},
+        {"j": ["h100: 3 pods of gpu=8 do not fit on the schedulable nodes; a100: 3 pods of gpu=8 do not fit"]},
+        id="quota-fits-but-no-flavor-has-the-nodes",
+    ),
+    pytest.param(
+        scenario(cluster(h100=4), [fqueue("q", fq("h100", 8), fq("a100", 16))], [job("j", "q", "w:3x8")]),
+        {},
+        {"j": ["h100: quota (gpu=24 requested is more than nominal gpu=8)", "a100: quota"]},
+        id="exceeds-every-flavor-says-why-each",
+    ),
+    pytest.param(
+        scenario(
+            cluster(),
+            [fqueue("q", fq("h100", 16), fq("a100", 16))],
+            [job("j", "q", "launcher:1x8", "workers:2x8")],
+        ),
+        {"j": {"launcher": "h100", "workers": "a100"}},
+        {},
+        id="podsets-cumulative-second-takes-next-flavor",
+    ),
+    pytest.param(
+        scenario(
+            cluster(h100=2, a100=0, cpu=1),
+            [
+                fqueue(
+                    "q",
+                    groups=[("gpu", [fq("h100", 16)]), ("cpu", ["{name: cpu, nominal: {cpu: 64}}"])],
+                )
+            ],
+            [job("j", "q", "launcher:1x0:cpu=4", "workers:2x8")],
+        ),
+        {"j": {"launcher": "cpu", "workers": "h100"}},
+        {},
+        id="resource-groups-apart-cpu-launcher-gpu-workers",
+    ),
+    pytest.param(
+        scenario(
+            cluster(),
+            [fqueue("q", fq("h100", 8), fq("a100", 8))],
+            [job("j", "q", "a:1x8:flavors=h100", "b:2x8:flavors=h100")],
+        ),
+        {},
+        {"j": ["b: h100: quota"]},
+        id="gang-whole-or-not-second-podset-has-no-flavor",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "placed", "waiting"), ASSIGN_CASES)
+def test_flavor_assignment(text: str, placed: dict[str, dict[str, str]], waiting: dict[str, list[str]]) -> None:
+    """Each podset takes the first flavor (in order, as its selector allows) whose quota and nodes hold it."""
+    out = run(text)
+    for name, want in placed.items():
+        assert flavors_of(out, name) == want
+        adm = out.admitted(name)
+        models = {ps: {n[0] for pod, n in adm.placement.items() if pod.rsplit("-", 1)[0] == ps} for ps in want}
+        expected = {ps: {"h100": {"h"}, "a100": {"a"}, "cpu": {"c"}}[f] for ps, f in want.items()}
+        assert models == expected, "pods land on their flavor's nodes"
+    for name, fragments in waiting.items():
+        assert not out.admissions(name), f"{name} is admitted whole or not at all"
+        reason = out.reasons(name)[-1]
+        for fragment in fragments:
+            assert fragment in reason, reason
+
+
+# ---------------------------------------------------------------- fungibility and cohorts per flavor
+
+COHORT = ("org",)
+
+
+def lender(gpu_h100: int = 16, gpu_a100: int = 16) -> str:
+    return fqueue("lender", fq("h100", gpu_h100), fq("a100", gpu_a100), cohort="org")
+
+
+FUNGIBILITY_CASES = [
+    pytest.param(
+        scenario(
+            cluster(h100=4, a100=2),
+            [fqueue("q", fq("h100", 8), fq("a100", 16), cohort="org"), lender()],
+            [job("j", "q", "w:2x8")],
+            COHORT,
+        ),
+        {"j": "h100"},
+        id="borrow-default-stops-at-first-flavor-that-borrows",
+    ),
+    pytest.param(
+        scenario(
+            cluster(h100=4, a100=2),
+            [fqueue("q", fq("h100", 8), fq("a100", 16), cohort="org", borrow="TryNextFlavor"), lender()],
+            [job("j", "q", "w:2x8")],
+            COHORT,
+        ),
+        {"j": "a100"},
+        id="try-next-flavor-prefers-nominal-elsewhere",
+    ),
+    pytest.param(
+        scenario(
+            cluster(h100=4, a100=2),
+            [fqueue("q", fq("h100", 8), fq("a100", 8), cohort="org", borrow="TryNextFlavor"), lender()],
+            [job("j", "q", "w:2x8")],
+            COHORT,
+        ),
+        {"j": "h100"},
+        id="try-next-flavor-falls-back-to-first-that-borrows",
+    ),
+    pytest.param(
+        scenario(
+            cluster(h100=4, a100=2),
+            [fqueue("q", fq("h100", 8, borrowing=0), fq("a100", 16), cohort="org"), lender()],
+            [job("j", "q", "w:2x8")],
+            COHORT,
+        ),
+        {"j": "a100"},
+        id="borrowing-limit-is-per-flavor",
+    ),
+    pytest.param(
+        scenario(
+            cluster(h100=4, a100=2),
+            [
+                fqueue("q", fq("h100", 8), fq("a100", 8), cohort="org"),
+                fqueue("lender", fq("h100", 16, lending=0), fq("a100", 16), cohort="org"),
+            ],
+            [job("j", "q", "w:2x8")],
+            COHORT,
+        ),
+        {"j": "a100"},
+        id="lending-limit-is-per-flavor",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "flavor"), FUNGIBILITY_CASES)
+def test_fungibility_and_cohorts(text: str, flavor: dict[str, str]) -> None:
+    """Borrowing is per flavor; `when_can_borrow` decides between borrowing early and a later flavor."""
+    out = run(text)
+    for name, want in flavor.items():
+        assert flavors_of(out, name) == {"w": want}
+
+
+def _preempt_scenario(preempt: str | None) -> str:
+    """q holds all of h100 with low-priority work; a100 has room; a high-priority job arrives."""
+    return scenario(
+        cluster(h100=2, a100=2),
+        [fqueue("q", fq("h100", 16), fq("a100", 16), preempt=preempt, policy="within_queue: LowerPriority")],
+        [job("low", "q", "w:2x8", prio="low"), job("high", "q", "w:2x8", prio="high", at=10)],
+    )
+
+
+def test_when_can_preempt_try_next_flavor_avoids_preemption() -> None:
+    """By default (TryNextFlavor) a job that fits on a later flavor goes there instead of preempting."""
+    out = run(_preempt_scenario(None))
+    assert not out.preemptions()
+    assert flavors_of(out, "high") == {"w": "a100"}
+
+
+def test_when_can_preempt_preempt_evicts_in_the_first_flavor() -> None:
+    """With `Preempt` the job preempts in the first flavor where victims make room, before trying later ones."""
+    out = run(_preempt_scenario("Preempt"))
+    assert [(p.job, p.preemptor) for p in out.preemptions()] == [("low", "high")]
+    assert flavors_of(out, "high") == {"w": "h100"}
+
+
+def test_preemption_when_no_flavor_fits_picks_the_flavor_with_victims() -> None:
+    """When no flavor fits, victims are looked for flavor by flavor; they hold the same flavor's quota."""
+    text = scenario(
+        cluster(h100=2, a100=2),
+        [fqueue("q", fq("h100", 16), fq("a100", 16), policy="within_queue: LowerPriority")],
+        [
+            job("h-top", "q", "w:2x8", prio="urgent"),
+            job("a-low", "q", "w:2x8", prio="low", at=1),
+            job("high", "q", "w:2x8", prio="high", at=10),
+        ],
+    )
+    out = run(text)
+    assert flavors_of(out, "h-top") == {"w": "h100"}
+    assert flavors_of(out, "a-low") == {"w": "a100"}
+    assert [(p.job, p.preemptor, p.at) for p in out.preemptions()] == [("a-low", "high", 10)]
+    assert flavors_of(out, "high") == {"w": "a100"}
+
+
+def test_preemption_takes_the_first_flavor_in_order_with_victims() -> None:
+    """Victims in both flavors: the preemptor evicts in the first flavor of its group, as Kueue does."""
+    text = scenario(
+        cluster(h100=2, a100=2),
+        [fqueue("q", fq("h100", 16), fq("a100", 16), policy="within_queue: LowerPriority")],
+        [
+            job("h-low", "q", "w:2x8", prio="low"),
+            job("a-low", "q", "w:2x8", prio="low", at=1),
+            job("high", "q", "w:2x8", prio="high", at=10),
+        ],
+    )
+    out = run(text)
+    assert [(p.job, p.preemptor) for p in out.preemptions()][:1] == [("h-low", "high")]
+    assert flavors_of(out, "high") == {"w": "h100"}
+
+
+def test_cohort_adds_up_per_flavor() -> None:
+    """A queue borrows a flavor's quota only from what its cohort has of that flavor."""
+    text = scenario(
+        cluster(h100=4, a100=4),
+        [fqueue("q", fq("h100", 8), cohort="org"), fqueue("lender", fq("a100", 32), cohort="org")],
+        [job("j", "q", "w:2x8")],
+        COHORT,
+    )
+    out = run(text)
+    assert not out.admissions("j")
+    assert "h100: quota (nominal gpu=8 in use; the cohort has no room to lend)" in out.reasons("j")[-1]
+
+
+def test_borrowed_and_usage_are_per_flavor_on_the_log() -> None:
+    """`JobAdmitted.borrowed` names the flavor, and the summary splits a queue's GPU-seconds by flavor."""
+    text = scenario(
+        cluster(h100=4, a100=2),
+        [fqueue("q", fq("h100", 8), fq("a100", 16), cohort="org"), lender()],
+        [job("j", "q", "w:2x8", runtime=100), job("k", "q", "w:1x8", runtime=100, at=1)],
+        COHORT,
+    )
+    out = run(text)
+    assert out.admitted("j").borrowed == {"gpu@h100": 8}
+    per_flavor = out.summary()["queues"]["q"]["flavors"]
+    assert out.admitted("k").borrowed == {"gpu@h100": 8}
+    assert per_flavor == {"h100": {"gpu_seconds": 2400, "borrowed_gpu_seconds": 1600}}
+    total = out.summary()["queues"]["q"]["gpu_seconds"]
+    assert total == sum(f["gpu_seconds"] for f in per_flavor.values())
+
+
+# ---------------------------------------------------------------- the log stays as it was without flavors
+
+
+def test_admission_without_flavors_encodes_as_before() -> None:
+    """An admission written before flavors decodes, and encodes again to the same bytes."""
+    old_adm = (
+        b'{"type":"JobAdmitted","at":0,"v":1,"job":"j","queue":"q","placement":{"w-0":"n0"},'
+        b'"borrowed":{},"cycle":1,"epoch":0,"policy_version":"muster/1","explanation":""}'
+    )
+    adm = decode(old_adm)
+    assert isinstance(adm, JobAdmitted)
+    assert encode(adm) == old_adm
+
+
+def test_nodes_of_a_tainted_flavor_take_only_pods_on_that_flavor() -> None:
+    """Pods of a plain queue tolerate no flavor's taint: they wait rather than go to the spot nodes, which a
+    queue with quota on the spot flavor uses."""
+    text = """\
+nodes:
+  - {name: od0, labels: {pool: on-demand}, capacity: {gpu: 8}}
+  - {name: spot0, labels: {pool: spot}, capacity: {gpu: 8}}
+  - {name: spot1, labels: {pool: spot}, capacity: {gpu: 8}}
+flavors:
+  - {name: spot, node_labels: {pool: spot}, taints: [{key: spot, effect: NoSchedule}]}
+queues:
+  - {name: plain, nominal: {gpu: 64}}
+  - name: cheap
+    resource_groups: [{covered: [gpu], flavors: [{name: spot, nominal: {gpu: 16}}]}]
+timeline:
+  - {at: 0, submit: {job: p1, queue: plain, podsets: [{count: 2, requests: {gpu: 8}}], runtime: 100}}
+  - {at: 0, submit: {job: p2, queue: plain, podsets: [{count: 1, requests: {gpu: 8}}], runtime: 100}}
+  - {at: 0, submit: {job: s1, queue: cheap, podsets: [{count: 2, requests: {gpu: 8}}], runtime: 100}}
+"""
+    out = run(text)
+    assert set(out.admitted("p2").placement.values()) == {"od0"}
+    assert set(out.admitted("s1").placement.values()) == {"spot0", "spot1"}
+    assert not out.admissions("p1")  # 16 GPUs: more than the untainted node holds, though spot is free
+    assert out.reasons("p1") == ["2 pods of gpu=8 do not fit on the schedulable nodes"]
