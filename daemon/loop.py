@@ -6,7 +6,8 @@ Every replica runs the same loop, composed of one part per concern:
   following it (every replica, leading or not);
 - `terms.Leadership` announces, begins and ends leadership terms as the lease
   and the log say; `terms.DecisionBook` hands a term's decisions to its
-  applier as they are folded, and re-applies earlier terms' at its start;
+  applier as they are folded, and at its start what earlier terms decided
+  that the cluster must reflect (`reapply`);
 - `facts.FactWriter` appends what the term's cluster reports (group commit);
 - `cycles.CycleRunner` runs scheduling cycles and appends their decisions,
   fenced; `timers.WakeTimer` says when a cycle falls due with no new event;
@@ -42,7 +43,7 @@ from muster.daemon.leader import Elector, SoleElector
 from muster.daemon.metrics import DaemonMetrics
 from muster.daemon.terms import DecisionBook, Leadership, Term
 from muster.daemon.timers import WakeTimer
-from muster.daemon.warmstart import StartingPoint, admissions
+from muster.daemon.warmstart import StartingPoint
 from muster.events.store import EventStore
 from muster.projections.cluster import ClusterState
 from muster.projections.scheduler import decide
@@ -204,8 +205,8 @@ class SchedulerLoop:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                if self.start is not None and (trusted := await follower.start_from(self.start)) is not None:
-                    self.book.seed(admissions(trusted.state))  # the admissions the snapshot's prefix held
+                if self.start is not None:
+                    await follower.start_from(self.start)
                 await follower.replay()
                 tg.start_soon(follower.follow)
                 tg.start_soon(follower.watch_lag, self.options.lag_every)
