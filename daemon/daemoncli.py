@@ -140,7 +140,7 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
     from muster.daemon.config import nats_connect_options
     from muster.daemon.endpoints import serve_http
     from muster.daemon.leader import KvElector
-    from muster.daemon.loop import Elector, SchedulerLoop, Service, SoleElector
+    from muster.daemon.loop import Elector, SchedulerLoop, Service, SoleElector, Standby
     from muster.daemon.metrics import DaemonMetrics
     from muster.events.store import EventStore, StoreError, url_problem
 
@@ -183,6 +183,7 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
             elector = LeaseElector(api_client, cfg.lease_namespace, cfg.lease_name, cfg.identity, cfg.leader_ttl)
         else:
             elector = KvElector(store.js, holder=cfg.identity, bucket=cfg.leader_bucket, ttl=cfg.leader_ttl)
+        standby: list[Standby] = []
         if cfg.simulated_cluster:
             from muster.daemon.simcluster import SimulatedCluster, block_rack_nodes
 
@@ -195,13 +196,14 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
         else:
             from muster.daemon.cluster import KubeCluster
 
-            cluster = KubeCluster.factory(
+            clusters = KubeCluster.factory(
                 api_client,
                 scheduler_name=cfg.scheduler_name,
                 pod_conditions=cfg.pod_conditions,
                 workload_status=cfg.workload_status,
                 report=cfg.events,
             )
+            cluster, standby = clusters, [clusters.standby]  # a standby watches too: a takeover starts warm
         services: list[Service] = []
         if cfg.utilization_url:
             from muster.daemon.utilization import UtilizationScraper
@@ -213,7 +215,9 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
         from muster.daemon.warmstart import stream_snapshots
 
         start = await stream_snapshots(store)
-        loop = SchedulerLoop(store, elector=elector, cluster=cluster, metrics=metrics, services=services, start=start)
+        loop = SchedulerLoop(
+            store, elector=elector, cluster=cluster, metrics=metrics, services=services, standby=standby, start=start
+        )
         async with anyio.create_task_group() as tg:
             if threading.current_thread() is threading.main_thread():
                 tg.start_soon(_stop_on_signal, loop)

@@ -48,7 +48,7 @@ from muster.events.store import EventStore
 from muster.projections.cluster import ClusterState
 from muster.projections.scheduler import decide
 
-__all__ = ["Elector", "Hooks", "LoopOptions", "NoHooks", "SchedulerLoop", "SoleElector", "Term"]
+__all__ = ["Elector", "Hooks", "LoopOptions", "NoHooks", "SchedulerLoop", "SoleElector", "Standby", "Term"]
 
 log = structlog.get_logger("muster.loop")
 
@@ -72,6 +72,9 @@ class LoopOptions:
 
 Service = Callable[["SchedulerLoop", Term], Coroutine[Any, Any, None]]
 """Something that runs for a leadership term, e.g. the utilization scraper: `await service(loop, term)`."""
+Standby = Callable[..., Coroutine[Any, Any, None]]
+"""Something that runs for the replica's whole life, leading or not, started with `await tg.start(standby)`:
+what a term starts from, kept warm (`cluster.KubeClusters.standby`, the standing watch of the cluster)."""
 
 
 class SchedulerLoop:
@@ -86,10 +89,12 @@ class SchedulerLoop:
         metrics: DaemonMetrics | None = None,
         hooks: Hooks | None = None,
         services: Sequence[Service] = (),
+        standby: Sequence[Standby] = (),
         decider: Decider = decide,
         start: StartingPoint | None = None,
     ) -> None:
-        """`services` are started in every term with (loop, term), e.g. the utilization scraper.
+        """`services` are started in every term with (loop, term), e.g. the utilization scraper; `standby`
+        once, for the replica's life.
 
         `decider` is the scheduling policy, `projections.scheduler.decide` (tests give a slow one).
         `start` gives the state to fold the log's tail onto (`warmstart.SnapshotStart`); None: fold it all.
@@ -101,6 +106,7 @@ class SchedulerLoop:
         self.options = opts = options or LoopOptions()
         self.metrics = metrics or DaemonMetrics()
         self.services = list(services)
+        self.standby = list(standby)
         self.start = start
         self.ready = False
         self.heartbeat = 0.0
@@ -207,6 +213,8 @@ class SchedulerLoop:
                 self._tg = tg
                 if self.start is not None:
                     await follower.start_from(self.start)
+                for service in self.standby:
+                    await tg.start(service)
                 await follower.replay()
                 tg.start_soon(follower.follow)
                 tg.start_soon(follower.watch_lag, self.options.lag_every)
