@@ -213,11 +213,11 @@ class SchedulerLoop:
                 self._tg = tg
                 if self.start is not None:
                     await follower.start_from(self.start)
-                for service in self.standby:
-                    await tg.start(service)
                 await follower.replay()
                 tg.start_soon(follower.follow)
                 tg.start_soon(follower.watch_lag, self.options.lag_every)
+                for service in self.standby:  # warm before it campaigns: a term it wins starts from them
+                    await tg.start(service)
                 await tg.start(self.elector.run)
                 self.ready = True
                 log.info("caught up with the log", seq=follower.folded_seq, events=follower.state.applied)

@@ -36,6 +36,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
@@ -365,8 +366,16 @@ class KubernetesAdapter:
                 server_seconds=self._watch_seconds,
                 page_size=self._page_size,
             )
+        listing = True
         async with send, aclosing(stream):
             async for item in stream:
+                if listing:
+                    # `run` flushes nothing before every list ended: with no checkpoint per object while there
+                    # is room, a mirror's snapshot reaches it in batches instead of one by one
+                    listing = not isinstance(item, Synced)
+                    with contextlib.suppress(anyio.WouldBlock):
+                        send.send_nowait(item)
+                        continue
                 await send.send(item)
 
     async def _resolve(self, owner: Owner, send: MemoryObjectSendStream[_Item]) -> None:

@@ -6,7 +6,8 @@ they are now. When the replica takes over, its term's adapter subscribes
 (`subscribe`) instead of listing: it gets every object the mirror holds as
 ADDED, then `Synced` at the mirror's resourceVersion, then the changes as
 they come. That is what a fresh list and watch would give it, without the
-requests and their decoding between winning the lease and deciding.
+requests and their decoding between winning the lease and deciding; and
+each pod comes already read (`pods.pod_info`, done while standing by).
 
 Invariants:
 - A subscriber sees each object in its current form, then every later
@@ -22,7 +23,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
@@ -31,6 +32,7 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
 from muster.daemon.k8s.client import KubeClient
+from muster.daemon.k8s.pods import pod_info
 from muster.daemon.k8s.watching import Backoff, Obj, Synced, WatchEvent, object_key, watch_objects
 
 __all__ = ["Mirror"]
@@ -40,7 +42,8 @@ Item = WatchEvent | Synced
 
 @dataclass
 class _View:
-    objects: dict[str, Obj] = field(default_factory=dict)
+    objects: dict[str, WatchEvent] = field(default_factory=dict)
+    """Each object's last change (ADDED or MODIFIED), with the pod already read."""
     version: str | None = None
     """The resourceVersion of the last (re)list, once one ended."""
     subscribers: list[MemoryObjectSendStream[Item]] = field(default_factory=list)
@@ -53,7 +56,7 @@ class _View:
         elif item.type == "DELETED":
             self.objects.pop(object_key(item.obj), None)
         else:
-            self.objects[object_key(item.obj)] = item.obj
+            self.objects[object_key(item.obj)] = item
 
 
 class Mirror:
@@ -79,12 +82,13 @@ class Mirror:
         """Whether `run` is watching (a term's adapter lists by itself otherwise)."""
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Watch every resource until cancelled; reports started at once (subscribers wait for the lists)."""
+        """Watch every resource until cancelled; reports started once every first list has ended."""
         try:
             async with anyio.create_task_group() as tg:
                 for resource in self._views:
                     tg.start_soon(self._watch, resource)
                 self.running = True
+                await self.listed()
                 task_status.started()
         finally:
             self.running = False
@@ -94,15 +98,15 @@ class Mirror:
         for view in self._views.values():
             await view.listed.wait()
 
-    def objects(self, resource: str) -> Mapping[str, Obj]:
-        """The objects of `resource` the mirror holds now, by `namespace/name` (read only)."""
-        return self._views[resource].objects
+    def objects(self, resource: str) -> dict[str, Obj]:
+        """The objects of `resource` the mirror holds now, by `namespace/name`."""
+        return {key: event.obj for key, event in self._views[resource].objects.items()}
 
     async def subscribe(self, resource: str) -> AsyncGenerator[Item, None]:
         """What a list and watch of `resource` would yield from now on (see the module docstring)."""
         view = self._views[resource]
         send, receive = anyio.create_memory_object_stream[Item](self.buffer)
-        snapshot: list[Item] = [WatchEvent(resource, "ADDED", obj) for obj in view.objects.values()]
+        snapshot: list[Item] = [WatchEvent(resource, "ADDED", e.obj, e.info) for e in view.objects.values()]
         if view.version is not None:
             snapshot.append(Synced(resource, view.version))
         view.subscribers.append(send)
@@ -123,6 +127,8 @@ class Mirror:
         )
         async with aclosing(stream):
             async for item in stream:
+                if isinstance(item, WatchEvent) and resource == "pods" and item.type != "DELETED":
+                    item = WatchEvent(item.resource, item.type, item.obj, pod_info(item.obj))  # read while standing by
                 view.take(item)
                 for send in list(view.subscribers):
                     try:
