@@ -142,7 +142,7 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
     from muster.daemon.leader import KvElector
     from muster.daemon.loop import Elector, SchedulerLoop, Service, SoleElector, Standby
     from muster.daemon.metrics import DaemonMetrics
-    from muster.events.store import EventStore, StoreError, url_problem
+    from muster.events.store import EventStore, Retention, StoreError, url_problem
 
     log = structlog.get_logger("muster.daemon")
     structlog.contextvars.bind_contextvars(replica=cfg.identity)
@@ -163,6 +163,7 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
                 stream=cfg.stream,
                 prefix=cfg.subject_prefix,
                 name=f"muster-daemon/{cfg.identity}",
+                retention=Retention(cfg.retention_max_age, cfg.retention_max_bytes),
                 **options,
             )
     except (StoreError, TimeoutError) as exc:
@@ -212,6 +213,12 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
                 cfg.utilization_url, source=cfg.utilization_source, interval=cfg.utilization_interval
             )
             services.append(scraper.run)
+        if cfg.archive_directory:
+            from muster.daemon.archiving import Sealer, SealerOptions
+            from muster.events.archive import DirectoryArchive
+
+            sealing = SealerOptions(cfg.archive_segment_events, cfg.archive_interval, tuple(cfg.archive_consumers))
+            services.append(Sealer(store, DirectoryArchive(cfg.archive_directory), sealing).run)
         from muster.daemon.warmstart import stream_snapshots
 
         start = await stream_snapshots(store)

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+import anyio.to_thread
 import msgspec
 
 from muster.events.errors import StoreError
@@ -175,6 +176,6 @@ async def seal_new(
         if not raws or raws[0][0] != start:  # `through` is stored, so what is missing left the window
             raise ArchiveError(f"events from {start} left stream {store.stream} before they were sealed")
         snapshot = snapshot_at(start) if snapshot_at is not None else b""
-        sealed.append(archive.seal(raws, snapshot))
+        sealed.append(await anyio.to_thread.run_sync(archive.seal, raws, snapshot))  # compress and write off the loop
         start = raws[-1][0] + 1
     return sealed

@@ -195,7 +195,7 @@ def test_the_daemon_runs_from_the_chart_config_and_stops_cleanly_on_sigterm(tmp_
         pytest.param(
             {"nats": {"strem": "MUSTER"}}, "unknown key nats.strem (valid: auth, inbox_prefix,", id="nats-strem"
         ),
-        pytest.param({"leader_elction": {}}, "unknown key leader_elction (valid: http, identity,", id="top-level"),
+        pytest.param({"leader_elction": {}}, "unknown key leader_elction (valid: archive, http, identity,", id="top-level"),
         pytest.param({"nats": {"tls": {"ca": "x"}}}, "unknown key nats.tls.ca (valid: ca_file,", id="nested"),
     ],
 )
