@@ -24,11 +24,11 @@ from kubernetes_asyncio.client import CoreV1Api
 
 from muster.daemon.k8s import Backoff, KubernetesAdapter
 from muster.daemon.k8s import manifests as m
-from muster.daemon.k8s.emulator import KubeEmulator, running
 from muster.daemon.k8s.owners import Sizing
 from muster.daemon.k8s.pods import Owner
 from muster.daemon.k8s.translating import Translator
 from muster.daemon.k8s.watching import WatchEvent
+from muster.demo.emulator import KubeEmulator, running
 from muster.events.types import Event, JobAdmitted, JobPreempted, JobSubmitted, NodeAdded, NodeName, QueueName
 
 

@@ -186,7 +186,7 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
             elector = KvElector(store.js, holder=cfg.identity, bucket=cfg.leader_bucket, ttl=cfg.leader_ttl)
         standby: list[Standby] = []
         if cfg.simulated_cluster:
-            from muster.daemon.simcluster import SimulatedCluster, block_rack_nodes
+            from muster.demo.simcluster import SimulatedCluster, block_rack_nodes
 
             nodes = block_rack_nodes(*parse_shape(cfg.simulated_cluster))
 

@@ -24,7 +24,7 @@ from muster.cli import main
 from muster.daemon.config import ConfigError, load_config, nats_connect_options
 from muster.daemon.endpoints import serve_http
 from muster.daemon.loop import SchedulerLoop, SoleElector
-from muster.daemon.simcluster import SimulatedCluster, block_rack_nodes
+from muster.demo.simcluster import SimulatedCluster, block_rack_nodes
 from muster.events.embedded import free_port
 from muster.events.store import EventStore
 from muster.events.types import JobAdmitted, JobId, JobSubmitted, LeaderElected, PodSet, QueueConfigured, QueueName
@@ -195,7 +195,9 @@ def test_the_daemon_runs_from_the_chart_config_and_stops_cleanly_on_sigterm(tmp_
         pytest.param(
             {"nats": {"strem": "MUSTER"}}, "unknown key nats.strem (valid: auth, inbox_prefix,", id="nats-strem"
         ),
-        pytest.param({"leader_elction": {}}, "unknown key leader_elction (valid: archive, http, identity,", id="top-level"),
+        pytest.param(
+            {"leader_elction": {}}, "unknown key leader_elction (valid: archive, http, identity,", id="top-level"
+        ),
         pytest.param({"nats": {"tls": {"ca": "x"}}}, "unknown key nats.tls.ca (valid: ca_file,", id="nested"),
     ],
 )

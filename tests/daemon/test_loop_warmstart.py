@@ -11,8 +11,8 @@ import pytest
 from test_loop import NODES, configure, daemon, job, of, wait_for
 
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
-from muster.daemon.simcluster import SimulatedCluster
 from muster.daemon.warmstart import SnapshotStart
+from muster.demo.simcluster import SimulatedCluster
 from muster.events.store import EventStore
 from muster.events.types import Event, JobAdmitted, JobCancelled, JobHeld, JobId, JobPreempted
 from muster.projections.cluster import ClusterState, evolve

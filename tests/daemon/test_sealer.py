@@ -15,14 +15,14 @@ from muster.daemon.archiving import Sealer, SealerOptions
 from muster.daemon.billing import BillingMetrics, BillingSubscriber, SubscriberOptions
 from muster.daemon.billing_store import LedgerDB
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
-from muster.daemon.simcluster import SimulatedCluster
+from muster.demo.simcluster import SimulatedCluster
 from muster.events.archive import DirectoryArchive
 from muster.events.store import EventStore, Retention
 from muster.events.types import Event
 from muster.replay.audit import audit
 from muster.replay.source import ArchivedLog, NatsLog
 
-WAVES = 10
+WAVES = 8
 Factory = Callable[..., contextlib.AbstractAsyncContextManager[EventStore]]
 
 
@@ -81,7 +81,7 @@ async def test_billing_and_audit_over_a_stream_the_daemon_rolled_over(
             )
             await tg.start(loop.run)
             for wave in range(WAVES):  # each wave billed and sealed before the next: the window holds two
-                await store.append([job(f"j{wave}-{i}", gpus=8, runtime=2) for i in range(4)])
+                await store.append([job(f"j{wave}-{i}", gpus=8, runtime=40) for i in range(4)])
                 with anyio.fail_after(60):
                     while not await settled(loop, sub, sealer, 4 * (wave + 1)):  # noqa: ASYNC110
                         await anyio.sleep(0.05)

@@ -31,7 +31,7 @@ import kmock
 import nats
 from anyio.abc import TaskStatus
 
-from muster.daemon.k8s.emulator import KubeEmulator
+from muster.demo.emulator import KubeEmulator
 from muster.events.embedded import EmbeddedNats, free_port
 from muster.events.store import EventStore, StoredEvent
 from muster.events.types import Event, JobSubmitted, PodSet, QueueConfigured
