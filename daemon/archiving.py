@@ -5,7 +5,8 @@ The stream keeps a bounded window (JetStream's `max_age` and `max_bytes`,
 `whatif` read the archive's sealed segments and then the window as one log
 (`replay.source.ArchivedLog`). While its replica leads, the sealer runs as a
 term service: every `interval` seconds it seals the messages after the
-archive's end in whole segments of `segment_events` (`events.archive.seal_new`).
+archive's end in whole segments of `segment_events` (`events.archive.seal_new`),
+into a directory or a JetStream object store bucket (`events.archive.open_archive`).
 
 Invariants:
 - One writer: only the leader seals (a term service), so segments never
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import structlog
 
-from muster.events.archive import DirectoryArchive, SegmentRef, seal_new
+from muster.events.archive import Archive, SegmentRef, seal_new
 from muster.events.store import EventStore
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ class SealerOptions:
 
 
 class Sealer:
-    def __init__(self, store: EventStore, archive: DirectoryArchive, options: SealerOptions | None = None) -> None:
+    def __init__(self, store: EventStore, archive: Archive, options: SealerOptions | None = None) -> None:
         self.store = store
         self.archive = archive
         self.options = options or SealerOptions()

@@ -51,7 +51,7 @@ KEYS: dict[str, frozenset[str]] = {
     "log": frozenset({"level", "format"}),
     "billing": frozenset({"consumer", "data_dir"}),
     "ui": frozenset({"port", "host", "token_file"}),
-    "archive": frozenset({"directory", "segment_events", "interval_seconds", "consumers"}),
+    "archive": frozenset({"directory", "bucket", "segment_events", "interval_seconds", "consumers"}),
     "retention": frozenset({"max_age_seconds", "max_bytes"}),
 }
 """The keys each section of a config file may hold (deploy/README.md); a typo is an error, not a default."""
@@ -257,10 +257,13 @@ class DaemonConfig:
         return str(value) if value else None
 
     @property
-    def archive_directory(self) -> str | None:
-        """Where the leader seals the stream's past (`archive.directory`); None: no sealer."""
-        value = self.get("archive", "directory")
-        return str(value) if value else None
+    def archive_location(self) -> str | None:
+        """Where the leader seals the stream's past: `archive.bucket` (a JetStream object store, as
+        `nats-object:BUCKET`) or `archive.directory`; None: no sealer."""
+        bucket, directory = self.get("archive", "bucket"), self.get("archive", "directory")
+        if bucket and directory:
+            raise ConfigError("archive: set directory or bucket, not both")
+        return f"nats-object:{bucket}" if bucket else str(directory) if directory else None
 
     @property
     def archive_segment_events(self) -> int:
@@ -346,8 +349,8 @@ class DaemonConfig:
         # the typed views raise ConfigError on values they cannot read
         _ = (self.leader_ttl, self.utilization_interval, self.health_port, self.metrics_port, self.namespaces)
         _ = (self.archive_segment_events, self.archive_interval, self.retention_max_age, self.retention_max_bytes)
-        if (self.retention_max_age or self.retention_max_bytes) and not self.archive_directory:
-            raise ConfigError("retention: a bounded stream needs archive.directory, or its past is lost to replay")
+        if (self.retention_max_age or self.retention_max_bytes) and not self.archive_location:
+            raise ConfigError("retention: a bounded stream needs an archive, or its past is lost to replay")
 
     def describe(self) -> dict[str, Any]:
         """What may be logged: credentials appear only as the paths of their files."""
@@ -373,7 +376,7 @@ class DaemonConfig:
             "utilization": {"url": _without_userinfo(self.utilization_url), "source": self.utilization_source},
             "http": {"health_port": self.health_port, "metrics_port": self.metrics_port},
             "ui": {"port": self.ui_port, "host": self.ui_host, "token": bool(self.ui_token_file)},
-            "archive": {"directory": self.archive_directory, "consumers": self.archive_consumers},
+            "archive": {"location": self.archive_location, "consumers": self.archive_consumers},
             "retention": {"max_age_seconds": self.retention_max_age, "max_bytes": self.retention_max_bytes},
             "simulated_cluster": self.simulated_cluster,
         }

@@ -213,12 +213,12 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
                 cfg.utilization_url, source=cfg.utilization_source, interval=cfg.utilization_interval
             )
             services.append(scraper.run)
-        if cfg.archive_directory:
+        if cfg.archive_location:
             from muster.daemon.archiving import Sealer, SealerOptions
-            from muster.events.archive import DirectoryArchive
+            from muster.events.archive import open_archive
 
             sealing = SealerOptions(cfg.archive_segment_events, cfg.archive_interval, tuple(cfg.archive_consumers))
-            services.append(Sealer(store, DirectoryArchive(cfg.archive_directory), sealing).run)
+            services.append(Sealer(store, await open_archive(cfg.archive_location, store.js), sealing).run)
         from muster.daemon.warmstart import stream_snapshots
 
         start = await stream_snapshots(store)

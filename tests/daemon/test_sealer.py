@@ -16,7 +16,7 @@ from muster.daemon.billing import BillingMetrics, BillingSubscriber, SubscriberO
 from muster.daemon.billing_store import LedgerDB
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
 from muster.demo.simcluster import SimulatedCluster
-from muster.events.archive import DirectoryArchive
+from muster.events.archive import DirectoryArchive, last_sealed
 from muster.events.store import EventStore, Retention
 from muster.events.types import Event
 from muster.replay.audit import audit
@@ -50,7 +50,7 @@ async def settled(loop: SchedulerLoop, sub: BillingSubscriber, sealer: Sealer, j
     """Every job so far finished, billing has everything, and every whole segment is sealed."""
     end = await loop.store.last_seq()
     done = sum(j.status == "finished" for j in loop.state.jobs.values())
-    return done == jobs and sub.tracker.seq == end and sealer.archive.last_sealed() > end - 10
+    return done == jobs and sub.tracker.seq == end and await last_sealed(sealer.archive) > end - 10
 
 
 def ledger_of(db: Path) -> Any:
@@ -122,6 +122,6 @@ async def test_sealing_waits_for_a_consumer_that_has_not_read_the_events(
         sealer = Sealer(store, archive, SealerOptions(segment_events=10, consumers=("slow",)))
         assert await sealer.seal() == [], "no consumer yet: its position is unknown"
         await store.js.add_consumer(store.stream, ConsumerConfig(durable_name="slow", ack_policy=AckPolicy.EXPLICIT))
-        assert await sealer.seal() == [] and archive.last_sealed() == 0
+        assert await sealer.seal() == [] and await last_sealed(archive) == 0
         unbounded = Sealer(store, archive, SealerOptions(segment_events=10, consumers=()))
         assert [(r.first, r.last) for r in await unbounded.seal()] == [(1, 10), (11, 20), (21, 30)]
