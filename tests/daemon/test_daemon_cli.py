@@ -215,3 +215,23 @@ def test_a_config_key_typo_is_refused_naming_it_and_the_valid_keys(tmp_path, cap
         load_config(str(path), env={})
     assert main(["daemon", "--config", str(path)]) == 2
     assert words in capsys.readouterr().err
+
+
+def test_the_archive_and_the_window_are_read_from_the_config_and_checked(tmp_path):
+    """archive.bucket or .directory names where the leader seals; a bounded stream without an archive is refused."""
+    path = chart_config(tmp_path, "nats://127.0.0.1:1", "S", "p")
+    raw = yaml.safe_load(path.read_text())
+    raw["archive"] = {"bucket": "MUSTER-archive", "segment_events": 500, "consumers": ["muster-billing", "audit"]}
+    raw["retention"] = {"max_age_seconds": 86400, "max_bytes": 1 << 30}
+    path.write_text(yaml.safe_dump(raw))
+    cfg = load_config(str(path), env={})
+    assert (cfg.archive_location, cfg.archive_segment_events) == ("nats-object:MUSTER-archive", 500)
+    assert (cfg.archive_consumers, cfg.retention_max_age, cfg.retention_max_bytes) == (
+        ["muster-billing", "audit"],
+        86400.0,
+        1 << 30,
+    )
+    with pytest.raises(ConfigError, match="needs an archive"):
+        load_config(str(path), env={"MUSTER_ARCHIVE_BUCKET": ""})
+    with pytest.raises(ConfigError, match="not both"):
+        load_config(str(path), env={"MUSTER_ARCHIVE_DIRECTORY": "/var/lib/muster/archive"})
