@@ -7,7 +7,9 @@ reflect now (idempotent in the cluster, which answers `noop` where it already
 does, without a request):
 
 - an admitted job: its admission (bind the gang where the log placed it);
-- a pending job that was evicted: its eviction (its pods must be gone);
+- a pending job that was evicted: its eviction (its pods must be gone), only
+  where pods of it still hold nodes (its replacements wait unbound: those
+  must stay);
 - a job a user cancelled: the cancel (its workload must stop), only where
   the cluster still holds pods of it (the log keeps every cancelled job).
 
@@ -48,7 +50,7 @@ def owed(state: ClusterState, exact: Mapping[str, Event], holds: Callable[[str],
     """The decision each job's cluster must reflect now, in job order.
 
     `exact`: job -> its last admission or eviction as folded (applied as it is when it matches the state);
-    `holds(job)`: whether the cluster still holds pods of the job (a user's cancel is owed only then).
+    `holds(job)`: whether pods of the job still hold nodes (an eviction or a user's cancel is owed only then).
     """
     from muster.daemon.k8s.cancelling import by_user  # the Kubernetes client only when a term starts
 
@@ -57,7 +59,7 @@ def owed(state: ClusterState, exact: Mapping[str, Event], holds: Callable[[str],
         known = exact.get(job_id)
         if job.status == "admitted":
             out.append(known if isinstance(known, JobAdmitted) else _admission(job))
-        elif job.status == "pending" and job.preemptions:
+        elif job.status == "pending" and job.preemptions and holds(job_id):
             out.append(known if isinstance(known, JobPreempted) else _eviction(state, job))
         elif job.status == "cancelled" and holds(job_id):
             cancel = JobCancelled(at=job.finished_at or 0, job=JobId(job_id), reason=job.reason)
