@@ -23,7 +23,7 @@ lint: $(STAMP)
 # top-level folders (setuptools package-dir mapping), so lay it out with symlinks.
 .layers/muster: $(STAMP)
 	rm -rf .layers && mkdir -p .layers/muster
-	for d in events projections daemon replay ui; do ln -s ../../$$d .layers/muster/$$d; done
+	for d in events projections daemon replay ui demo; do ln -s ../../$$d .layers/muster/$$d; done
 	for f in muster/*.py; do ln -s ../../$$f .layers/muster/$$(basename $$f); done
 
 typecheck: .layers/muster

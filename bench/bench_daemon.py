@@ -2,7 +2,7 @@
 
 One embedded nats-server (JetStream on disk). This process runs the real
 daemon loop (`SchedulerLoop`, NATS KV leader election) against an in-process
-simulated cluster of `--nodes` 8-GPU nodes (`daemon/simcluster.py`: gangs run
+simulated cluster of `--nodes` 8-GPU nodes (`demo/simcluster.py`: gangs run
 for their runtime and report JobStarted/JobFinished through the log, as the
 Kubernetes adapter does). A second process plays the users: it appends
 `--rate` JobSubmitted per second for `--seconds`, and follows the log; a
@@ -124,7 +124,7 @@ async def main(args: argparse.Namespace) -> None:
     from muster.daemon.leader import KvElector
     from muster.daemon.logs import configure_logging
     from muster.daemon.loop import LoopOptions, SchedulerLoop
-    from muster.daemon.simcluster import SimulatedCluster, block_rack_nodes
+    from muster.demo.simcluster import SimulatedCluster, block_rack_nodes
     from muster.events.embedded import EmbeddedNats
     from muster.events.store import EventStore
     from muster.events.types import (

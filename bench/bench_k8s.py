@@ -7,6 +7,9 @@ Serves `KubeEmulator` (kmock) on a local port and measures the adapter over HTTP
   gangs      G Jobs of P pods created through the API -> G JobSubmitted (watch, owner lookup, gang)
   bind       apply G admissions (G*P pods/binding calls, 16 in flight per gang)
   evict      apply G preemptions (G*P pods/eviction calls)
+  term       a new leader's adapter syncing with that cluster (the log knowing it): listing it, and
+             from a standby's standing watch (`mirroring.Mirror`); wall, and CPU of this process (which
+             serves the API double too: listing costs it some of that)
 
 The emulator is Python on the same core as the adapter, so these are lower
 bounds for the adapter against a real API server.
@@ -18,18 +21,31 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 import anyio
 from kubernetes_asyncio.client import CoreV1Api
 
 from muster.daemon.k8s import Backoff, KubernetesAdapter
 from muster.daemon.k8s import manifests as m
-from muster.daemon.k8s.emulator import KubeEmulator, running
+from muster.daemon.k8s.client import KubeClient
+from muster.daemon.k8s.mirroring import Mirror
 from muster.daemon.k8s.owners import Sizing
 from muster.daemon.k8s.pods import Owner
 from muster.daemon.k8s.translating import Translator
 from muster.daemon.k8s.watching import WatchEvent
-from muster.events.types import Event, JobAdmitted, JobPreempted, JobSubmitted, NodeAdded, NodeName, QueueName
+from muster.demo.emulator import KubeEmulator, running
+from muster.events.types import (
+    Event,
+    JobAdmitted,
+    JobPreempted,
+    JobSubmitted,
+    NodeAdded,
+    NodeName,
+    QueueConfigured,
+    QueueName,
+)
+from muster.projections.cluster import ClusterState, fold
 
 
 def translate(nodes: int, gangs: int, pods: int) -> None:
@@ -98,6 +114,8 @@ async def main(nodes: int, gangs: int, pods: int) -> None:
             t_gangs = time.perf_counter() - t0
 
             subs = [e for e in events if isinstance(e, JobSubmitted)]
+            known = [QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 1 << 30}), *events]
+            takeover = await term_sync(api, fold(known))
             t0 = time.perf_counter()
             for i, sub in enumerate(subs):
                 placement = {name: NodeName(f"node-{(i + j) % nodes:04d}") for j, name in enumerate(sorted(sub.pods))}
@@ -120,6 +138,33 @@ async def main(nodes: int, gangs: int, pods: int) -> None:
     per_gang = t_bind / gangs * 1000
     print(f"bind   {total} bindings: {t_bind:6.2f} s  ({total / t_bind:7.0f} bindings/s, {per_gang:.1f} ms/gang)")
     print(f"evict  {total} evictions: {t_evict:6.2f} s  ({total / t_evict:7.0f} evictions/s)")
+    for how, (wall, cpu) in takeover.items():
+        print(f"term   a new term's sync, {how:<12} {wall * 1000:8.1f} ms wall, {cpu * 1000:8.1f} ms CPU")
+
+
+async def term_sync(api: Any, state: ClusterState) -> dict[str, tuple[float, float]]:
+    """A new leader's adapter syncing with the cluster the log knows: listing it, and from a standby's mirror."""
+    out: dict[str, tuple[float, float]] = {}
+    mirror = Mirror(KubeClient(api), backoff=Backoff(initial=0.01, maximum=0.1))
+
+    async def sync(how: str, **options: Any) -> None:
+        adapter = KubernetesAdapter(api, state=lambda: state, report=False, **options)
+        async with anyio.create_task_group() as tg:
+            wall, cpu = time.perf_counter(), time.process_time()
+            await tg.start(adapter.run, _discard)
+            out[how] = (time.perf_counter() - wall, time.process_time() - cpu)
+            tg.cancel_scope.cancel()
+
+    await sync("listing")
+    async with anyio.create_task_group() as tg:
+        await tg.start(mirror.run)  # the standby: listed and watching before the term starts
+        await sync("from mirror", mirror=mirror)
+        tg.cancel_scope.cancel()
+    return out
+
+
+async def _discard(events: list[Event]) -> None:
+    """A term's sink that appends nothing (the log already holds what the cluster reports)."""
 
 
 if __name__ == "__main__":

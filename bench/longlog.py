@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from muster.daemon.simcluster import block_rack_nodes
+from muster.demo.simcluster import block_rack_nodes
 from muster.events.codec import encode
 from muster.events.store import EventStore, subject_for
 from muster.events.types import (

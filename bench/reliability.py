@@ -301,13 +301,14 @@ async def takeover(tmp: Path, count: int, rng: random.Random, *, rate: float, tt
     row = Row("takeover")
     elected: list[float] = []
     async with world(_nats_url(tmp), tmp, nodes=max(16, int(rate * 2 * 1.5 / 8)), ttl=ttl) as w:
-        w.start_daemon()
-        w.start_daemon()
+        standbys = [w.start_daemon(), w.start_daemon()]
         await w.wait_log(lambda log: w.leader()[0] > 0)
         w.tg.start_soon(w.submit, rate)
         for k in range(count):
             epoch, holder = w.leader()
             try:
+                for standby in standbys:  # the standby taking over has folded the log and watches the cluster
+                    await standby.wait_caught_up()
                 await w.wait_log(admitted_after(epoch - 1), 60)
                 await anyio.sleep(rng.uniform(0.1, 1.5))
                 killed = time.monotonic()
@@ -320,7 +321,7 @@ async def takeover(tmp: Path, count: int, rng: random.Random, *, rate: float, tt
                 row.note = f"STALLED after kill {k + 1}: no admission by a new leader; "
                 break
             row.faults = {"kill -9": k + 1}
-            w.start_daemon()  # the next standby
+            standbys = [w.start_daemon()]  # the next standby
         w.stop_submitting()
 
         def missing(log: list[Any]) -> list[str]:

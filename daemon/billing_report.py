@@ -197,8 +197,11 @@ def render_plot(
 
 
 def plot_problem(path: str) -> str | None:
-    """Why a plot cannot be written to `path` (an unknown image type, a missing folder), or None."""
-    from matplotlib.figure import Figure
+    """Why a plot cannot be written to `path` (no matplotlib, an unknown image type, a missing folder), or None."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return "--plot needs matplotlib, an extra: pip install 'muster-scheduler[plot]'"
 
     kinds = sorted(Figure().canvas.get_supported_filetypes())
     suffix = Path(path).suffix.lower().lstrip(".")

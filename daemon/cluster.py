@@ -10,7 +10,9 @@ says whether pods of `job` still occupy nodes (a preemptor is bound only once
 its victims' pods are gone).
 
 A cluster is made per leadership term (`ClusterFactory`), with a view of the
-log, so that its first push writes only what the log lacks.
+log, so that its first push writes only what the log lacks. What a term's
+cluster starts from may be kept warm for the replica's whole life, leading or
+not (`KubeClusters.standby`, run by the loop as a standby service).
 
 Implementations: `KubeCluster` (the Kubernetes adapter, `daemon/k8s`) and
 `simcluster.SimulatedCluster` (in-process, for tests, benchmarks and
@@ -28,7 +30,7 @@ from anyio.abc import TaskStatus
 from muster.events.types import Event
 from muster.projections.cluster import ClusterState
 
-__all__ = ["Cluster", "ClusterFactory", "KubeCluster", "Sink"]
+__all__ = ["Cluster", "ClusterFactory", "KubeCluster", "KubeClusters", "Sink"]
 
 Sink = Callable[[list[Event]], Awaitable[None]]
 
@@ -95,8 +97,30 @@ class KubeCluster:
         return [p.key for p in pods.values()]
 
     @staticmethod
-    def factory(api_client: Any, **adapter_options: Any) -> ClusterFactory:
-        def make(state: Callable[[], ClusterState]) -> Cluster:
-            return KubeCluster(api_client, state, **adapter_options)
+    def factory(api_client: Any, **adapter_options: Any) -> KubeClusters:
+        return KubeClusters(api_client, **adapter_options)
 
-        return make
+
+class KubeClusters:
+    """Makes each term's `KubeCluster`; `standby` keeps the replica's watch of the cluster warm in between.
+
+    With `standby` running (every replica, leading or not), a new term's adapter starts from the
+    objects it holds instead of listing the cluster (`k8s.mirroring`): a takeover decides sooner.
+    """
+
+    def __init__(self, api_client: Any, **adapter_options: Any) -> None:
+        from muster.daemon.k8s.client import KubeClient
+        from muster.daemon.k8s.mirroring import Mirror
+
+        self.api_client = api_client
+        self.adapter_options = adapter_options
+        watch = {k: adapter_options[k] for k in ("backoff", "watch_seconds", "page_size") if k in adapter_options}
+        client = KubeClient(api_client, request_seconds=adapter_options.get("request_seconds", 30.0))
+        self.mirror = Mirror(client, **watch)
+
+    def __call__(self, state: Callable[[], ClusterState]) -> Cluster:
+        return KubeCluster(self.api_client, state, mirror=self.mirror, **self.adapter_options)
+
+    async def standby(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Watch the cluster for the replica's whole life (until cancelled)."""
+        await self.mirror.run(task_status=task_status)

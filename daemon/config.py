@@ -35,7 +35,7 @@ SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/names
 
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
-SECTIONS = ("leader_election", "kubernetes", "utilization", "http", "nats", "log", "ui")
+SECTIONS = ("leader_election", "kubernetes", "utilization", "http", "nats", "log", "ui", "archive", "retention")
 _TOP_KEYS = {*SECTIONS, "queues_file", "identity", "simulated_cluster"}
 
 KEYS: dict[str, frozenset[str]] = {
@@ -51,6 +51,8 @@ KEYS: dict[str, frozenset[str]] = {
     "log": frozenset({"level", "format"}),
     "billing": frozenset({"consumer", "data_dir"}),
     "ui": frozenset({"port", "host", "token_file"}),
+    "archive": frozenset({"directory", "bucket", "segment_events", "interval_seconds", "consumers"}),
+    "retention": frozenset({"max_age_seconds", "max_bytes"}),
 }
 """The keys each section of a config file may hold (deploy/README.md); a typo is an error, not a default."""
 
@@ -255,6 +257,39 @@ class DaemonConfig:
         return str(value) if value else None
 
     @property
+    def archive_location(self) -> str | None:
+        """Where the leader seals the stream's past: `archive.bucket` (a JetStream object store, as
+        `nats-object:BUCKET`) or `archive.directory`; None: no sealer."""
+        bucket, directory = self.get("archive", "bucket"), self.get("archive", "directory")
+        if bucket and directory:
+            raise ConfigError("archive: set directory or bucket, not both")
+        return f"nats-object:{bucket}" if bucket else str(directory) if directory else None
+
+    @property
+    def archive_segment_events(self) -> int:
+        return int(self._number("archive", "segment_events", 10_000, minimum=1))
+
+    @property
+    def archive_interval(self) -> float:
+        return self._number("archive", "interval_seconds", 30.0, minimum=0.01)
+
+    @property
+    def archive_consumers(self) -> list[str]:
+        """Durable consumers whose ack floor sealing never passes (default: billing's, `muster-billing`)."""
+        value = self.get("archive", "consumers", ["muster-billing"])
+        return [str(v) for v in value] if isinstance(value, list) else [str(value)]
+
+    @property
+    def retention_max_age(self) -> float:
+        """Seconds the stream keeps a message when the daemon creates it (0: no limit)."""
+        return self._number("retention", "max_age_seconds", 0.0, minimum=0.0)
+
+    @property
+    def retention_max_bytes(self) -> int:
+        """Bytes the stream keeps when the daemon creates it (0: no limit)."""
+        return int(self._number("retention", "max_bytes", 0, minimum=0))
+
+    @property
     def log_level(self) -> str:
         return str(self.get("log", "level", "info")).lower()
 
@@ -313,6 +348,9 @@ class DaemonConfig:
                 raise ConfigError(f"ui: {problem}")
         # the typed views raise ConfigError on values they cannot read
         _ = (self.leader_ttl, self.utilization_interval, self.health_port, self.metrics_port, self.namespaces)
+        _ = (self.archive_segment_events, self.archive_interval, self.retention_max_age, self.retention_max_bytes)
+        if (self.retention_max_age or self.retention_max_bytes) and not self.archive_location:
+            raise ConfigError("retention: a bounded stream needs an archive, or its past is lost to replay")
 
     def describe(self) -> dict[str, Any]:
         """What may be logged: credentials appear only as the paths of their files."""
@@ -338,6 +376,8 @@ class DaemonConfig:
             "utilization": {"url": _without_userinfo(self.utilization_url), "source": self.utilization_source},
             "http": {"health_port": self.health_port, "metrics_port": self.metrics_port},
             "ui": {"port": self.ui_port, "host": self.ui_host, "token": bool(self.ui_token_file)},
+            "archive": {"location": self.archive_location, "consumers": self.archive_consumers},
+            "retention": {"max_age_seconds": self.retention_max_age, "max_bytes": self.retention_max_bytes},
             "simulated_cluster": self.simulated_cluster,
         }
 

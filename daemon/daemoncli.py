@@ -140,9 +140,9 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
     from muster.daemon.config import nats_connect_options
     from muster.daemon.endpoints import serve_http
     from muster.daemon.leader import KvElector
-    from muster.daemon.loop import Elector, SchedulerLoop, Service, SoleElector
+    from muster.daemon.loop import Elector, SchedulerLoop, Service, SoleElector, Standby
     from muster.daemon.metrics import DaemonMetrics
-    from muster.events.store import EventStore, StoreError, url_problem
+    from muster.events.store import EventStore, Retention, StoreError, url_problem
 
     log = structlog.get_logger("muster.daemon")
     structlog.contextvars.bind_contextvars(replica=cfg.identity)
@@ -163,6 +163,7 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
                 stream=cfg.stream,
                 prefix=cfg.subject_prefix,
                 name=f"muster-daemon/{cfg.identity}",
+                retention=Retention(cfg.retention_max_age, cfg.retention_max_bytes),
                 **options,
             )
     except (StoreError, TimeoutError) as exc:
@@ -183,8 +184,9 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
             elector = LeaseElector(api_client, cfg.lease_namespace, cfg.lease_name, cfg.identity, cfg.leader_ttl)
         else:
             elector = KvElector(store.js, holder=cfg.identity, bucket=cfg.leader_bucket, ttl=cfg.leader_ttl)
+        standby: list[Standby] = []
         if cfg.simulated_cluster:
-            from muster.daemon.simcluster import SimulatedCluster, block_rack_nodes
+            from muster.demo.simcluster import SimulatedCluster, block_rack_nodes
 
             nodes = block_rack_nodes(*parse_shape(cfg.simulated_cluster))
 
@@ -195,13 +197,14 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
         else:
             from muster.daemon.cluster import KubeCluster
 
-            cluster = KubeCluster.factory(
+            clusters = KubeCluster.factory(
                 api_client,
                 scheduler_name=cfg.scheduler_name,
                 pod_conditions=cfg.pod_conditions,
                 workload_status=cfg.workload_status,
                 report=cfg.events,
             )
+            cluster, standby = clusters, [clusters.standby]  # a standby watches too: a takeover starts warm
         services: list[Service] = []
         if cfg.utilization_url:
             from muster.daemon.utilization import UtilizationScraper
@@ -210,10 +213,18 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
                 cfg.utilization_url, source=cfg.utilization_source, interval=cfg.utilization_interval
             )
             services.append(scraper.run)
+        if cfg.archive_location:
+            from muster.daemon.archiving import Sealer, SealerOptions
+            from muster.events.archive import open_archive
+
+            sealing = SealerOptions(cfg.archive_segment_events, cfg.archive_interval, tuple(cfg.archive_consumers))
+            services.append(Sealer(store, await open_archive(cfg.archive_location, store.js), sealing).run)
         from muster.daemon.warmstart import stream_snapshots
 
         start = await stream_snapshots(store)
-        loop = SchedulerLoop(store, elector=elector, cluster=cluster, metrics=metrics, services=services, start=start)
+        loop = SchedulerLoop(
+            store, elector=elector, cluster=cluster, metrics=metrics, services=services, standby=standby, start=start
+        )
         async with anyio.create_task_group() as tg:
             if threading.current_thread() is threading.main_thread():
                 tg.start_soon(_stop_on_signal, loop)

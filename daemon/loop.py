@@ -6,7 +6,8 @@ Every replica runs the same loop, composed of one part per concern:
   following it (every replica, leading or not);
 - `terms.Leadership` announces, begins and ends leadership terms as the lease
   and the log say; `terms.DecisionBook` hands a term's decisions to its
-  applier as they are folded, and re-applies earlier terms' at its start;
+  applier as they are folded, and at its start what earlier terms decided
+  that the cluster must reflect (`reapply`);
 - `facts.FactWriter` appends what the term's cluster reports (group commit);
 - `cycles.CycleRunner` runs scheduling cycles and appends their decisions,
   fenced; `timers.WakeTimer` says when a cycle falls due with no new event;
@@ -42,12 +43,12 @@ from muster.daemon.leader import Elector, SoleElector
 from muster.daemon.metrics import DaemonMetrics
 from muster.daemon.terms import DecisionBook, Leadership, Term
 from muster.daemon.timers import WakeTimer
-from muster.daemon.warmstart import StartingPoint, admissions
+from muster.daemon.warmstart import StartingPoint
 from muster.events.store import EventStore
 from muster.projections.cluster import ClusterState
 from muster.projections.scheduler import decide
 
-__all__ = ["Elector", "Hooks", "LoopOptions", "NoHooks", "SchedulerLoop", "SoleElector", "Term"]
+__all__ = ["Elector", "Hooks", "LoopOptions", "NoHooks", "SchedulerLoop", "SoleElector", "Standby", "Term"]
 
 log = structlog.get_logger("muster.loop")
 
@@ -71,6 +72,9 @@ class LoopOptions:
 
 Service = Callable[["SchedulerLoop", Term], Coroutine[Any, Any, None]]
 """Something that runs for a leadership term, e.g. the utilization scraper: `await service(loop, term)`."""
+Standby = Callable[..., Coroutine[Any, Any, None]]
+"""Something that runs for the replica's whole life, leading or not, started with `await tg.start(standby)`:
+what a term starts from, kept warm (`cluster.KubeClusters.standby`, the standing watch of the cluster)."""
 
 
 class SchedulerLoop:
@@ -85,10 +89,12 @@ class SchedulerLoop:
         metrics: DaemonMetrics | None = None,
         hooks: Hooks | None = None,
         services: Sequence[Service] = (),
+        standby: Sequence[Standby] = (),
         decider: Decider = decide,
         start: StartingPoint | None = None,
     ) -> None:
-        """`services` are started in every term with (loop, term), e.g. the utilization scraper.
+        """`services` are started in every term with (loop, term), e.g. the utilization scraper; `standby`
+        once, for the replica's life.
 
         `decider` is the scheduling policy, `projections.scheduler.decide` (tests give a slow one).
         `start` gives the state to fold the log's tail onto (`warmstart.SnapshotStart`); None: fold it all.
@@ -100,6 +106,7 @@ class SchedulerLoop:
         self.options = opts = options or LoopOptions()
         self.metrics = metrics or DaemonMetrics()
         self.services = list(services)
+        self.standby = list(standby)
         self.start = start
         self.ready = False
         self.heartbeat = 0.0
@@ -206,11 +213,13 @@ class SchedulerLoop:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                if self.start is not None and (trusted := await follower.start_from(self.start)) is not None:
-                    self.book.seed(admissions(trusted.state))  # the admissions the snapshot's prefix held
+                if self.start is not None:
+                    await follower.start_from(self.start)
                 await follower.replay()
                 tg.start_soon(follower.follow)
                 tg.start_soon(follower.watch_lag, self.options.lag_every)
+                for service in self.standby:  # warm before it campaigns: a term it wins starts from them
+                    await tg.start(service)
                 await tg.start(self.elector.run)
                 self.ready = True
                 log.info("caught up with the log", seq=follower.folded_seq, events=follower.state.applied)

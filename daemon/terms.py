@@ -8,16 +8,17 @@ leader, or when the loop stops (which resigns the lease).
 `DecisionBook` keeps, from the fold, what a term applies: each accepted
 decision of the term's own epoch goes to its applier as it is folded, and at
 the start of a term the last decision of every live job from earlier epochs
-is applied again (idempotent in the cluster), since a deposed leader may
-have stored decisions it never applied.
+the decision each job's cluster must reflect is applied again (`reapply`,
+idempotent in the cluster), since a deposed leader may have stored decisions
+it never applied, and a user's cancel may have been folded while no term ran.
 
 Invariants:
 - Decisions are only taken by a replica whose lease is valid, whose epoch is
   the log's current one and that has folded everything its cluster pushed
   when its term started (`may_decide`).
 - Only decisions that are on the log (folded, not fenced or skipped by the
-  fold) of this term's epoch, or the last decision of a live job from an
-  earlier epoch (at the start of a term), are applied.
+  fold) of this term's epoch, users' cancels, or (at the start of a term)
+  what the fold says the cluster must reflect, are applied.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 import anyio
 import structlog
 
+from muster.daemon import reapply
 from muster.daemon.applier import DecisionApplier
 from muster.daemon.cluster import Cluster
 from muster.daemon.following import LogFollower
@@ -79,13 +81,8 @@ class DecisionBook:
         self.term: Term | None = None
         """The term being led, whose applier gets this epoch's decisions as they are folded."""
         self.last_decision: dict[str, Event] = {}
-        """Live job -> its last admission or preemption on the log."""
+        """Live job -> its last admission or preemption folded since this replica started."""
         self.victims: dict[str, set[str]] = {}
-
-    def seed(self, admitted: list[JobAdmitted]) -> None:
-        """Start from a snapshot's admissions (`warmstart.admissions`) rather than the log's prefix."""
-        for event in admitted:
-            self.last_decision[event.job] = event
 
     def track(self, event: Event) -> None:
         """Bookkeeping of an accepted event: what to apply, and what to re-apply in a new term."""
@@ -115,21 +112,15 @@ class DecisionBook:
                 term.applier.submit(event)  # the user's cancel: the cluster's workload must stop
 
     def reconcile(self, term: Term, state: ClusterState) -> None:
-        """Re-apply the last decision of every live job from earlier epochs (idempotent in the cluster)."""
-        assert term.applier is not None
-        n = 0
-        for job_id in sorted(self.last_decision):
-            event = self.last_decision[job_id]
-            job = state.jobs.get(job_id)
-            if job is None or getattr(event, "epoch", 0) >= term.epoch:
-                continue
-            if (isinstance(event, JobAdmitted) and job.status == "admitted") or (
-                isinstance(event, JobPreempted) and job.status == "pending"
-            ):
-                term.applier.submit(event)
-                n += 1
-        if n:
-            log.info("re-applying decisions of earlier terms", count=n, epoch=term.epoch)
+        """Apply again what earlier terms decided and the cluster must reflect (`reapply`), idempotently."""
+        assert term.applier is not None and term.cluster is not None
+        for preemptor, evicted in reapply.victims(state).items():
+            self.victims.setdefault(preemptor, set()).update(evicted)
+        owed = reapply.owed(state, self.last_decision, term.cluster.holds)
+        for event in owed:
+            term.applier.submit(event)
+        if owed:
+            log.info("re-applying decisions of earlier terms", count=len(owed), epoch=term.epoch)
 
 
 class Leadership:

@@ -10,11 +10,9 @@ fresh fold), so the state it starts from is the fold of the log up to that
 sequence, byte for byte: replay, audit and a new leader reach the same state
 whether they folded the snapshot's prefix or loaded it.
 
-The loop keeps, beside the state, each live job's last admission (re-applied
-at the start of a term, idempotently, in case an earlier leader stored it but
-never applied it). For the jobs admitted before the snapshot it is rebuilt
-from the state (`admissions`): placement, queue and borrowed quota are all
-the cluster needs to bind again.
+What a new leader applies again at the start of its term is derived from
+the state too (`reapply`), so it owes the cluster the same decisions whether
+it started warm or cold.
 """
 
 from __future__ import annotations
@@ -25,12 +23,11 @@ from typing import Protocol
 import structlog
 
 from muster.events.store import EventStore
-from muster.events.types import JobAdmitted, JobId, NodeName, QueueName
 from muster.projections.cluster import ClusterState
 from muster.replay.snapshots import NatsSnapshots, Snapshots, default_bucket
 from muster.replay.source import NatsLog
 
-__all__ = ["SnapshotStart", "Start", "StartingPoint", "admissions", "stream_snapshots"]
+__all__ = ["SnapshotStart", "Start", "StartingPoint", "stream_snapshots"]
 
 log = structlog.get_logger("muster.loop")
 
@@ -82,18 +79,3 @@ async def stream_snapshots(store: EventStore) -> SnapshotStart | None:
         log.warning("cannot open the snapshots; folding the log from its start", error=f"{type(exc).__name__}: {exc}")
         return None
     return None if backend is None else SnapshotStart(Snapshots(backend, NatsLog(store)))
-
-
-def admissions(state: ClusterState) -> list[JobAdmitted]:
-    """Each admitted job's admission, as the cluster needs it to bind the gang again (epoch 0: an earlier term)."""
-    return [
-        JobAdmitted(
-            at=job.admitted_at or 0,
-            job=JobId(job.id),
-            queue=QueueName(job.queue),
-            placement={pod: NodeName(node) for pod, node in job.placement.items()},
-            borrowed=dict(job.borrowed),
-        )
-        for _, job in sorted(state.jobs.items())
-        if job.status == "admitted"
-    ]

@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cancel": ("muster.controlcli", "end jobs: JobCancelled on the log; the cluster's workload is stopped"),
     "hold": ("muster.controlcli", "keep pending jobs from being scheduled (they keep their place) until released"),
     "release": ("muster.controlcli", "let held jobs be scheduled again"),
-    "demo": ("muster.daemon.democli", "muster end to end on a laptop: embedded NATS, emulated cluster, live view"),
+    "demo": ("muster.demo.cli", "muster end to end on a laptop: embedded NATS, emulated cluster, live view"),
     "replay": ("muster.replay.replaycli", "the cluster state at any point of the log"),
     "explain": ("muster.replay.explaincli", "a job's story from the log, and what it waits for"),
     "audit": ("muster.replay.auditcli", "re-derive every recorded decision and compare"),

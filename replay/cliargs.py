@@ -25,9 +25,10 @@ def add_source_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--archive",
-        metavar="DIR",
+        metavar="DIR|nats-object:BUCKET",
         default=os.environ.get("MUSTER_ARCHIVE") or None,
-        help="sealed segments of what left the stream's window: read them, then the stream (default: $MUSTER_ARCHIVE)",
+        help="sealed segments of what left the stream's window, in a directory or a JetStream object store bucket: "
+        "read them, then the stream (default: $MUSTER_ARCHIVE)",
     )
     add_connection_arguments(g)
 

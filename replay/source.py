@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import anyio
 
-from muster.events.archive import DirectoryArchive
+from muster.events.archive import Archive, ArchiveError, last_sealed, open_archive
 from muster.events.codec import DecodeError, decode, encode
 from muster.events.store import BadEvent, EventStore, StoredEvent, StoreError, SubjectRule, decode_raws
 from muster.events.subjects import queue_filters
@@ -210,18 +210,18 @@ class ArchivedLog:
     falls in a hole: events that left the stream without being sealed.
     """
 
-    def __init__(self, archive: DirectoryArchive, stream: NatsLog) -> None:
+    def __init__(self, archive: Archive, stream: NatsLog) -> None:
         self.archive = archive
         self.stream = stream
         self.name = f"{archive.name}+{stream.name}"
 
     async def last_seq(self) -> int:
-        return max(await self.stream.last_seq(), self.archive.last_sealed())
+        return max(await self.stream.last_seq(), await last_sealed(self.archive))
 
     async def raw(self, seq: int) -> bytes | None:
-        for ref in self.archive.segments():
+        for ref in await self.archive.segments():
             if ref.first <= seq <= ref.last:
-                segment = await anyio.to_thread.run_sync(self.archive.read, ref)
+                segment = await self.archive.read(ref)
                 return segment.payloads[segment.seqs.index(seq)] if seq in segment.seqs else None
         return await self.stream.raw(seq)
 
@@ -232,12 +232,12 @@ class ArchivedLog:
         store = self.stream.store
         rule = SubjectRule()
         seq = max(1, from_seq)
-        for ref in self.archive.segments():
+        for ref in await self.archive.segments():
             if ref.last < seq:
                 continue
             if ref.first > end:
                 return
-            segment = await anyio.to_thread.run_sync(self.archive.read, ref)  # a file read and a checksum
+            segment = await self.archive.read(ref)  # a read and a checksum
             raws = [raw for raw in segment.raws() if raw[0] >= seq]
             out, done = decode_raws(raws, end, until, rule, store.report)
             if out:
@@ -297,7 +297,6 @@ async def open_source(
             raise SourceError(problem)
         yield log, None
         return
-    import anyio
 
     from muster.events.store import StoreError, StoreUnreachable
 
@@ -332,13 +331,18 @@ async def open_source(
             pause = min(30.0, 0.5 * 2.0**attempt)
             print(f"cannot open stream {args.stream} yet ({exc}); trying again in {pause:g} s", file=sys.stderr)
             await anyio.sleep(pause)
-    if scope is not None:
-        source: LogSource = QueueLog(store, scope)
-    else:
-        source = NatsLog(store) if archive is None else ArchivedLog(DirectoryArchive(archive), NatsLog(store))
     try:
         with store.refusals():
-            yield source, store
+            if scope is not None:
+                yield QueueLog(store, scope), store
+            elif archive is None:
+                yield NatsLog(store), store
+            else:
+                try:
+                    segments = await open_archive(archive, store.js, create=False)
+                except ArchiveError as exc:
+                    raise SourceError(str(exc)) from None
+                yield ArchivedLog(segments, NatsLog(store)), store
     finally:
         with anyio.move_on_after(5, shield=True):
             await store.close()

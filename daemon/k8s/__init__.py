@@ -2,15 +2,13 @@
 
 - `KubernetesAdapter(api_client, *, scheduler_name="muster")`: `await tg.start(adapter.run, sink)`,
   then `await adapter.apply(decision) -> ApplyResult`.
-- `SimulatedKubelet(api_client, *, speed=1.0)`: runs bound pods in a cluster without kubelets.
-- `muster.daemon.k8s.emulator` (imports kmock, so it is not imported here): `KubeEmulator`, a
-  Kubernetes API server double, and `running()` to serve it with an ApiClient.
+- The demo's Kubernetes API double and simulated kubelet live in `muster.demo` (`demo/`): the
+  production daemon imports none of it.
 """
 
 from muster.daemon.k8s.adapter import KubernetesAdapter, Sink
 from muster.daemon.k8s.applying import Applier, ApplyResult
 from muster.daemon.k8s.errors import Conflict, KubeError, NotFound, PermanentError, ResourceGone, TemporaryError
-from muster.daemon.k8s.kubelet_sim import SimulatedKubelet
 from muster.daemon.k8s.watching import Backoff
 
 __all__ = [
@@ -23,7 +21,6 @@ __all__ = [
     "NotFound",
     "PermanentError",
     "ResourceGone",
-    "SimulatedKubelet",
     "Sink",
     "TemporaryError",
 ]

@@ -26,6 +26,8 @@ Invariants:
 - With a view of the log (`state`), `run` reconciles it with the cluster
   (`reconciling`) before it reports started, and then every `reconcile_seconds`:
   a job whose workload went while no adapter watched is ended on the log.
+- A replica's standing watch (`mirroring.Mirror`), when it runs, stands in for the lists: a new
+  term starts from the objects it holds, without a request.
 - The work of a (re)list is cut into pieces that give the event loop back in
   between (the lease is refreshed on it): lists come in pages, at most
   `batch_limit` objects are translated at a time, and at most `lookups` owner
@@ -34,8 +36,9 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TypeAlias
@@ -49,6 +52,7 @@ from kubernetes_asyncio.client import ApiClient
 from muster.daemon.k8s.applying import Applier, ApplyResult
 from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import KubeError
+from muster.daemon.k8s.mirroring import Mirror
 from muster.daemon.k8s.objects import DEFAULT_TOLERATED_TAINTS
 from muster.daemon.k8s.owners import Sizing, fetch_namespace_queue, fetch_sizing
 from muster.daemon.k8s.pods import Owner, PodInfo
@@ -121,6 +125,7 @@ class KubernetesAdapter:
         pod_conditions: bool = True,
         workload_status: bool = True,
         namespace_queues: bool = True,
+        mirror: Mirror | None = None,
     ) -> None:
         """`state`, when given, is the fold of the log; the first batch then writes only what the log lacks.
 
@@ -128,7 +133,8 @@ class KubernetesAdapter:
         `PodScheduled=False` on the pods of a waiting gang (and a pod group's status on its pods);
         `workload_status`: the gang's status as annotations on its Job, JobSet or Kubeflow job.
         `namespace_queues`: a gang naming no queue takes its namespace's `muster.dev/default-queue`
-        (one `get` per namespace).
+        (one `get` per namespace). `mirror`: the replica's standing watch (`mirroring`), which the
+        adapter starts from instead of listing when it runs.
         """
         self.client = KubeClient(api_client, request_seconds=request_seconds)
         self.translator = Translator(
@@ -153,6 +159,7 @@ class KubernetesAdapter:
         self._sink: Sink | None = None
         self._synced = anyio.Event()
         self._versions: dict[str, int] = {}
+        self._mirror = mirror
         self.applier = Applier(
             self.client,
             self.translator.gangs,
@@ -350,19 +357,27 @@ class KubernetesAdapter:
         await self._changed.wait()
 
     async def _pump(self, resource: str, send: MemoryObjectSendStream[_Item]) -> None:
-        async with (
-            send,
-            aclosing(
-                watch_objects(
-                    self.client,
-                    resource,
-                    backoff=self._backoff,
-                    server_seconds=self._watch_seconds,
-                    page_size=self._page_size,
-                )
-            ) as stream,
-        ):
+        """Feed `resource`'s changes to the queue: from the replica's mirror when it runs, else a list and watch."""
+        if self._mirror is not None and self._mirror.running:
+            stream: AsyncGenerator[WatchEvent | Synced, None] = self._mirror.subscribe(resource)
+        else:
+            stream = watch_objects(
+                self.client,
+                resource,
+                backoff=self._backoff,
+                server_seconds=self._watch_seconds,
+                page_size=self._page_size,
+            )
+        listing = True
+        async with send, aclosing(stream):
             async for item in stream:
+                if listing:
+                    # `run` flushes nothing before every list ended: with no checkpoint per object while there
+                    # is room, a mirror's snapshot reaches it in batches instead of one by one
+                    listing = not isinstance(item, Synced)
+                    with contextlib.suppress(anyio.WouldBlock):
+                        send.send_nowait(item)
+                        continue
                 await send.send(item)
 
     async def _resolve(self, owner: Owner, send: MemoryObjectSendStream[_Item]) -> None:

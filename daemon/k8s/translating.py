@@ -122,7 +122,7 @@ class Translator:
             self._unreserve(key)
             self._jobs += self.gangs.pod_deleted(key, at)
             return
-        info = pod_info(event.obj)
+        info = event.info if event.info is not None else pod_info(event.obj)
         if info.scheduler == self.scheduler_name and info.gated and not info.node:
             # as kube-scheduler: a pod is not schedulable until its gates are removed (gates can only be
             # removed, so a gated pod was never part of a gang); its gang waits for it, whole

@@ -24,13 +24,16 @@ import random
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import structlog
 
 from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import KubeError, ResourceGone
+
+if TYPE_CHECKING:
+    from muster.daemon.k8s.pods import PodInfo
 
 __all__ = ["Backoff", "Synced", "WatchEvent", "object_key", "watch_objects"]
 
@@ -45,6 +48,8 @@ class WatchEvent:
     resource: str
     type: EventType
     obj: Obj
+    info: PodInfo | None = None
+    """A pod as `pods.pod_info` reads it, when a reader did already (the standby's `mirroring.Mirror`)."""
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from adapterkit import EventLog, running_adapter
 from kubernetes_asyncio.client import ApiClient
 
 from muster.daemon.k8s import Backoff, KubernetesAdapter
-from muster.daemon.k8s.emulator import KubeEmulator, running
+from muster.demo.emulator import KubeEmulator, running
 
 # ---------------------------------------------------------------- Kubernetes
 

@@ -24,7 +24,7 @@ from muster.cli import main
 from muster.daemon.config import ConfigError, load_config, nats_connect_options
 from muster.daemon.endpoints import serve_http
 from muster.daemon.loop import SchedulerLoop, SoleElector
-from muster.daemon.simcluster import SimulatedCluster, block_rack_nodes
+from muster.demo.simcluster import SimulatedCluster, block_rack_nodes
 from muster.events.embedded import free_port
 from muster.events.store import EventStore
 from muster.events.types import JobAdmitted, JobId, JobSubmitted, LeaderElected, PodSet, QueueConfigured, QueueName
@@ -195,7 +195,9 @@ def test_the_daemon_runs_from_the_chart_config_and_stops_cleanly_on_sigterm(tmp_
         pytest.param(
             {"nats": {"strem": "MUSTER"}}, "unknown key nats.strem (valid: auth, inbox_prefix,", id="nats-strem"
         ),
-        pytest.param({"leader_elction": {}}, "unknown key leader_elction (valid: http, identity,", id="top-level"),
+        pytest.param(
+            {"leader_elction": {}}, "unknown key leader_elction (valid: archive, http, identity,", id="top-level"
+        ),
         pytest.param({"nats": {"tls": {"ca": "x"}}}, "unknown key nats.tls.ca (valid: ca_file,", id="nested"),
     ],
 )
@@ -213,3 +215,23 @@ def test_a_config_key_typo_is_refused_naming_it_and_the_valid_keys(tmp_path, cap
         load_config(str(path), env={})
     assert main(["daemon", "--config", str(path)]) == 2
     assert words in capsys.readouterr().err
+
+
+def test_the_archive_and_the_window_are_read_from_the_config_and_checked(tmp_path):
+    """archive.bucket or .directory names where the leader seals; a bounded stream without an archive is refused."""
+    path = chart_config(tmp_path, "nats://127.0.0.1:1", "S", "p")
+    raw = yaml.safe_load(path.read_text())
+    raw["archive"] = {"bucket": "MUSTER-archive", "segment_events": 500, "consumers": ["muster-billing", "audit"]}
+    raw["retention"] = {"max_age_seconds": 86400, "max_bytes": 1 << 30}
+    path.write_text(yaml.safe_dump(raw))
+    cfg = load_config(str(path), env={})
+    assert (cfg.archive_location, cfg.archive_segment_events) == ("nats-object:MUSTER-archive", 500)
+    assert (cfg.archive_consumers, cfg.retention_max_age, cfg.retention_max_bytes) == (
+        ["muster-billing", "audit"],
+        86400.0,
+        1 << 30,
+    )
+    with pytest.raises(ConfigError, match="needs an archive"):
+        load_config(str(path), env={"MUSTER_ARCHIVE_BUCKET": ""})
+    with pytest.raises(ConfigError, match="not both"):
+        load_config(str(path), env={"MUSTER_ARCHIVE_DIRECTORY": "/var/lib/muster/archive"})

@@ -13,10 +13,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from muster.daemon.demo_dcgm import FakeDcgm
-from muster.daemon.demo_workload import GPU_MODEL, demo_nodes, gpu_profile, next_gang
 from muster.daemon.k8s import manifests
 from muster.daemon.utilization import samples_from_text
+from muster.demo.dcgm import FakeDcgm
+from muster.demo.workload import GPU_MODEL, demo_nodes, gpu_profile, next_gang
 from muster.events.embedded import EmbeddedNats
 from muster.events.store import EventStore
 
@@ -126,8 +126,8 @@ def test_the_closing_hints_name_a_muster_this_shell_can_run(tmp_path, monkeypatc
     import sys
     from pathlib import Path
 
-    from muster.daemon.demo import DemoResult
-    from muster.daemon.democli import print_summary
+    from muster.demo.cli import print_summary
+    from muster.demo.harness import DemoResult
 
     venv_bin = Path(sys.executable).parent
     monkeypatch.chdir(venv_bin.parent.parent)

@@ -11,8 +11,8 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api
 from muster.daemon.k8s import Applier
 from muster.daemon.k8s import manifests as m
 from muster.daemon.k8s.client import KubeClient
-from muster.daemon.k8s.emulator import KubeEmulator
 from muster.daemon.k8s.pods import PodInfo, pod_info
+from muster.demo.emulator import KubeEmulator
 from muster.events.types import (
     Event,
     JobAdmitted,

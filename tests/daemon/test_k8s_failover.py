@@ -16,7 +16,7 @@ from adapterkit import eventually
 from kubernetes_asyncio.client import CoreV1Api
 
 from muster.daemon.k8s import manifests as m
-from muster.daemon.k8s.emulator import KubeEmulator
+from muster.demo.emulator import KubeEmulator
 from muster.events.types import (
     Event,
     JobAdmitted,

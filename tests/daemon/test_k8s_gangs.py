@@ -9,7 +9,7 @@ import anyio
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
 from muster.daemon.k8s import manifests as m
-from muster.daemon.k8s.emulator import KubeEmulator
+from muster.demo.emulator import KubeEmulator
 from muster.events.types import JobSubmitted, PodSet
 
 GiB = 2**30

@@ -9,10 +9,9 @@ from typing import Any
 import anyio
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
-from muster.daemon.k8s import SimulatedKubelet
 from muster.daemon.k8s import manifests as m
-from muster.daemon.k8s.emulator import KubeEmulator
-from muster.daemon.k8s.kubelet_sim import OUTCOME_ANNOTATION
+from muster.demo.emulator import KubeEmulator
+from muster.demo.kubelet_sim import OUTCOME_ANNOTATION, SimulatedKubelet
 from muster.events.types import (
     JobAdmitted,
     JobFailed,

@@ -6,7 +6,7 @@ from collections import Counter
 from typing import Any
 
 from muster.daemon.k8s import manifests as m
-from muster.daemon.k8s.emulator import KubeEmulator
+from muster.demo.emulator import KubeEmulator
 from muster.events.types import Event, JobSubmitted, NodeAdded, NodeRemoved, NodeUpdated
 
 

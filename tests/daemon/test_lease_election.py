@@ -23,10 +23,10 @@ import anyio
 import yaml
 from kubernetes_asyncio.client import ApiClient
 
-from muster.daemon.k8s.emulator import KubeEmulator
 from muster.daemon.k8s.lease import LeaseElector
 from muster.daemon.loop import LoopOptions, SchedulerLoop
-from muster.daemon.simcluster import SimulatedCluster, block_rack_nodes
+from muster.demo.emulator import KubeEmulator
+from muster.demo.simcluster import SimulatedCluster, block_rack_nodes
 from muster.events.store import EventStore, StoredEvent
 from muster.events.types import (
     DECISION_TYPES,

@@ -14,7 +14,7 @@ import nats.js.errors
 
 from muster.daemon.leader import KvElector
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
-from muster.daemon.simcluster import SimulatedCluster, block_rack_nodes
+from muster.demo.simcluster import SimulatedCluster, block_rack_nodes
 from muster.events.store import EventStore, StoredEvent
 from muster.events.types import (
     Event,

@@ -17,7 +17,7 @@ from anyio.abc import TaskStatus
 
 from muster.daemon.cluster import Sink
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
-from muster.daemon.simcluster import block_rack_nodes
+from muster.demo.simcluster import block_rack_nodes
 from muster.events.store import EventStore
 from muster.events.types import Event, JobFinished, JobId, JobStarted, JobSubmitted, PodSet, QueueConfigured, QueueName
 

@@ -25,7 +25,7 @@ import pytest
 
 from muster.daemon.leader import KvElector
 from muster.daemon.loop import LoopOptions, SchedulerLoop
-from muster.daemon.simcluster import SimulatedCluster, block_rack_nodes
+from muster.demo.simcluster import SimulatedCluster, block_rack_nodes
 from muster.events.store import EventStore, StoredEvent
 from muster.events.types import (
     DECISION_TYPES,

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import anyio
+import pytest
 from test_loop import NODES, configure, daemon, job, of, wait_for
 
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
-from muster.daemon.simcluster import SimulatedCluster
 from muster.daemon.warmstart import SnapshotStart
+from muster.demo.simcluster import SimulatedCluster
 from muster.events.store import EventStore
-from muster.events.types import Event, JobAdmitted
+from muster.events.types import Event, JobAdmitted, JobCancelled, JobHeld, JobId, JobPreempted
 from muster.projections.cluster import ClusterState, evolve
 from muster.replay.snapshots import MemorySnapshots, Snapshots
 from muster.replay.source import NatsLog
@@ -34,22 +35,26 @@ async def snapshot_of_the_log(store: EventStore) -> tuple[Snapshots, int]:
     return snapshots, seq
 
 
-async def admitted_log(store: EventStore) -> list[Any]:
-    """A log on which an earlier leader admitted two jobs (and stopped)."""
+async def admitted_log(store: EventStore, names: Sequence[str] = ("a", "b")) -> list[Any]:
+    """A log on which an earlier leader admitted jobs `names` (and stopped)."""
     await configure(store)
     async with daemon(store) as d:
-        await d.loop.store.append([job("a"), job("b")])
-        events = await wait_for(store, lambda evs: len(of(evs, JobAdmitted)) == 2)
+        await d.loop.store.append([job(name) for name in names])
+        events = await wait_for(store, lambda evs: len(of(evs, JobAdmitted)) == len(names))
         assert d.loop.epoch == 1
     return of(events, JobAdmitted)
 
 
 @contextlib.asynccontextmanager
-async def replica(store: EventStore, snapshots: Snapshots, *, leads: bool) -> AsyncIterator[tuple[SchedulerLoop, list]]:
+async def replica(
+    store: EventStore, snapshots: Snapshots, *, leads: bool, running: Sequence[str] = ()
+) -> AsyncIterator[tuple[SchedulerLoop, list]]:
+    """A replica "d2" started from `snapshots`; its cluster runs `running` (what a dead leader left there)."""
     clusters: list[SimulatedCluster] = []
 
     def cluster(state: Any) -> SimulatedCluster:
         clusters.append(SimulatedCluster(NODES, state))
+        clusters[-1].running = {name: 0 for name in running}
         return clusters[-1]
 
     elector = SoleElector("d2")
@@ -96,3 +101,47 @@ async def test_a_leader_started_from_a_snapshot_binds_again_what_it_holds(store)
 
 def applied_admissions(events: list[Event]) -> list[JobAdmitted]:
     return [e for e in events if isinstance(e, JobAdmitted)]
+
+
+async def undone_decisions_log(store: EventStore) -> None:
+    """Leader 1 admitted a, b and c and applied that; then it evicted a (held since) and a user cancelled b,
+    and it died before applying either."""
+    admitted = await admitted_log(store, ["a", "b", "c"])
+    epoch = admitted[0].epoch
+    await store.append(
+        [
+            JobPreempted(at=0, job=JobId("a"), preemptor=None, reason="IdleReclaim", epoch=epoch),
+            JobHeld(at=0, job=JobId("a"), reason="by alice"),
+            JobCancelled(at=0, job=JobId("b"), reason="Cancelled: by bob"),
+        ]
+    )
+
+
+@pytest.mark.parametrize("start", ["warm", "cold"])
+async def test_a_new_leader_applies_every_earlier_decision_the_cluster_does_not_reflect(store, start):
+    """A new leader (from a snapshot, or cold) applies an unapplied eviction and cancel; the next term owes neither."""
+    await undone_decisions_log(store)
+    snapshots = (
+        (await snapshot_of_the_log(store))[0] if start == "warm" else Snapshots(MemorySnapshots(), NatsLog(store))
+    )
+    async with replica(store, snapshots, leads=True, running=["a", "b", "c"]) as (loop, clusters):
+        with anyio.fail_after(10):
+            await loop.first_term.wait()
+            while set(clusters[0].running) != {"c"}:  # noqa: ASYNC110 - the applier has no "done" event
+                await anyio.sleep(0.02)
+    applied = {(type(e).__name__, e.job) for e in clusters[0].applied}
+    assert applied == {("JobPreempted", "a"), ("JobCancelled", "b"), ("JobAdmitted", "c")}
+    evicted = next(e for e in clusters[0].applied if isinstance(e, JobPreempted))
+    assert (evicted.reason, evicted.preemptor) == ("IdleReclaim", None)
+    async with replica(store, snapshots, leads=True, running=["c"]) as (loop, clusters):  # the next term
+        with anyio.fail_after(10):
+            await loop.first_term.wait()
+            while not clusters or not clusters[0].applied or settling(loop):  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+    assert [(type(e).__name__, e.job) for e in clusters[0].applied] == [("JobAdmitted", "c")], "nothing else is owed"
+
+
+def settling(loop: SchedulerLoop) -> bool:
+    """Whether the term's applier still holds decisions it was handed."""
+    term = loop.term
+    return term is None or term.applier is None or term.applier.backlog > 0

@@ -12,8 +12,8 @@ import pytest
 from aiohttp import web
 
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
-from muster.daemon.simcluster import SimulatedCluster, block_rack_nodes
 from muster.daemon.utilization import Sampler, UtilizationScraper, samples_from_prometheus, samples_from_text
+from muster.demo.simcluster import SimulatedCluster, block_rack_nodes
 from muster.events.types import (
     GpuUtilizationSampled,
     JobAdmitted,

@@ -428,6 +428,21 @@ async def test_leader_election_bucket_belongs_to_the_daemon(connect: Connect) ->
         assert await other.refused_publish("$JS.API.STREAM.CREATE.KV_muster-leader"), name
 
 
+async def test_the_daemon_seals_into_the_archive_bucket_and_reads_it_back(connect: Connect) -> None:
+    """As the daemon, the sealer creates the archive bucket MUSTER-archive, seals a segment there and reads it."""
+    from muster.events.archive import last_sealed, open_archive
+
+    daemon = await connect("daemon")
+    archive = await open_archive("nats-object:MUSTER-archive", daemon.js)
+    start = await last_sealed(archive) + 1
+    raws = [(seq, b"muster.job.j", b"{}") for seq in range(start, start + 3)]
+    ref = await archive.seal(raws)
+    assert (await archive.read(ref)).raws() == raws
+    assert not daemon.violations.seen
+    for name in ("billing", "team-a"):
+        assert await (await connect(name)).refused_publish("$JS.API.STREAM.CREATE.OBJ_MUSTER-archive"), name
+
+
 async def _absent(kv: KeyValue, key: str) -> bool:
     try:
         await kv.get(key)

@@ -22,9 +22,10 @@ import anyio
 from anyio.abc import TaskGroup
 from faultkit import DaemonProcess, Follower, RecordingEmulator, kubeconfig
 
-from muster.daemon.k8s import Backoff, SimulatedKubelet
+from muster.daemon.k8s import Backoff
 from muster.daemon.k8s import manifests as m
-from muster.daemon.k8s.emulator import running
+from muster.demo.emulator import running
+from muster.demo.kubelet_sim import SimulatedKubelet
 from muster.events.store import EventStore, StoredEvent
 from muster.events.types import Event, JobAdmitted, JobSubmitted, LeaderElected, QueueConfigured, SchedulerConfigured
 from muster.replay.invariants import Binding, Report, check_log

@@ -31,7 +31,7 @@ import kmock
 import nats
 from anyio.abc import TaskStatus
 
-from muster.daemon.k8s.emulator import KubeEmulator
+from muster.demo.emulator import KubeEmulator
 from muster.events.embedded import EmbeddedNats, free_port
 from muster.events.store import EventStore, StoredEvent
 from muster.events.types import Event, JobSubmitted, PodSet, QueueConfigured
@@ -318,3 +318,9 @@ class DaemonProcess:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    async def wait_caught_up(self, seconds: float = 60.0) -> None:
+        """Wait until the replica has folded the log and started campaigning (a standby, if another leads)."""
+        with anyio.fail_after(seconds):
+            while "caught up with the log" not in self.log_text():  # noqa: ASYNC110 - a process: read its log
+                await anyio.sleep(0.1)

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
-from muster.daemon.simcluster import SimulatedCluster
+from muster.demo.simcluster import SimulatedCluster
 from muster.events.codec import encode
 from muster.events.store import EventStore, subject_for
 from muster.events.types import (

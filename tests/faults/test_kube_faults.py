@@ -21,9 +21,10 @@ import pytest
 from faultkit import RecordingEmulator
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
-from muster.daemon.k8s import Backoff, KubernetesAdapter, SimulatedKubelet
+from muster.daemon.k8s import Backoff, KubernetesAdapter
 from muster.daemon.k8s import manifests as m
-from muster.daemon.k8s.emulator import KubeEmulator, running
+from muster.demo.emulator import KubeEmulator, running
+from muster.demo.kubelet_sim import SimulatedKubelet
 from muster.events.types import Event, JobAdmitted, JobId, JobPreempted, JobSubmitted, NodeName, QueueConfigured
 from muster.replay.invariants import Binding, check_log
 

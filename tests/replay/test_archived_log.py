@@ -37,7 +37,7 @@ async def test_a_rolled_over_log_replays_and_audits_like_the_whole_log(
             await store.append(events[start : start + 10])
             await seal_new(store, archive, through=await store.last_seq(), every=10)
         assert await store.first_seq() > 100, "the stream should have rolled over several times"
-        assert len(archive.segments()) >= 5
+        assert len(await archive.segments()) >= 5
         log = ArchivedLog(archive, NatsLog(store))
         assert await _stored(log) == await _stored(whole)
         assert await _stored(log, from_seq=30, to_seq=170) == await _stored(whole, from_seq=30, to_seq=170)

@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
-from muster.daemon.simcluster import SimulatedCluster, block_rack_nodes
+from muster.demo.simcluster import SimulatedCluster, block_rack_nodes
 from muster.events.store import EventStore
 from muster.events.types import (
     Event,

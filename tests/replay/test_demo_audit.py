@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from muster.daemon.demo import DemoOptions, run_demo
+from muster.demo.harness import DemoOptions, run_demo
 from muster.events.embedded import EmbeddedNats
 from muster.events.store import EventStore
 from muster.replay.audit import audit

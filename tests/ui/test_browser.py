@@ -17,7 +17,7 @@ import anyio
 import pytest
 from uikit import STORY, serving, sim
 
-from muster.daemon.demo import DemoOptions, run_demo
+from muster.demo.harness import DemoOptions, run_demo
 from muster.events.codec import decode
 from muster.events.embedded import EmbeddedNats
 from muster.events.store import EventStore

@@ -11,7 +11,7 @@ import anyio
 from uikit import memory_log, serving, wait_for
 
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
-from muster.daemon.simcluster import SimulatedCluster, block_rack_nodes
+from muster.demo.simcluster import SimulatedCluster, block_rack_nodes
 from muster.events.store import EventStore
 from muster.events.types import (
     JobFinished,

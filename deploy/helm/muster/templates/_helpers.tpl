@@ -203,6 +203,17 @@ Paths point into the Secret volumes mounted by "muster.natsVolumeMounts".
 {{- $_ := set $cfg "ui" (dict "port" (int .Values.ui.port) "host" "127.0.0.1") }}
 {{- end }}
 {{- end }}
+{{- if .Values.archive.enabled }}
+{{- $a := .Values.archive }}
+{{- $archive := dict "segment_events" (int $a.segmentEvents) "interval_seconds" (int $a.intervalSeconds) "consumers" $a.consumers }}
+{{- if $a.bucket }}
+{{- $_ := set $archive "bucket" $a.bucket }}
+{{- else }}
+{{- $_ := set $archive "directory" $a.mountPath }}
+{{- end }}
+{{- $_ := set $cfg "archive" $archive }}
+{{- end }}
+{{- $_ := set $cfg "retention" (dict "max_age_seconds" (int .Values.retention.maxAgeSeconds) "max_bytes" (int64 .Values.retention.maxBytes)) }}
 {{- $cfg = mustMergeOverwrite $cfg (include "muster.natsConfig" (dict "ctx" . "identity" "muster-daemon") | fromYaml) }}
 {{- $cfg = mustMergeOverwrite $cfg (deepCopy .Values.daemon.extraConfig) }}
 {{- toYaml $cfg }}
@@ -231,6 +242,15 @@ Paths point into the Secret volumes mounted by "muster.natsVolumeMounts".
 {{- define "muster.validate" -}}
 {{- if and (not .Values.nats.install) (not .Values.nats.url) }}
 {{- fail "set nats.url to your NATS, or nats.install=true to install one" }}
+{{- end }}
+{{- if and .Values.archive.enabled (not .Values.archive.claimName) (not .Values.archive.bucket) }}
+{{- fail "archive.enabled needs archive.bucket (a JetStream object store) or archive.claimName (a ReadWriteMany PersistentVolumeClaim every replica mounts)" }}
+{{- end }}
+{{- if and .Values.archive.claimName .Values.archive.bucket }}
+{{- fail "archive: set bucket or claimName, not both" }}
+{{- end }}
+{{- if and (or .Values.retention.maxAgeSeconds .Values.retention.maxBytes) (not .Values.archive.enabled) }}
+{{- fail "retention bounds the stream: set archive.enabled, or its past is lost to replay and audit" }}
 {{- end }}
 {{- if not (has .Values.leaderElection.backend (list "nats-kv" "lease")) }}
 {{- fail "leaderElection.backend must be nats-kv or lease" }}

@@ -2,15 +2,15 @@
 
 It starts, in one process:
 - an embedded nats-server with JetStream, its store in `DIR/nats`;
-- an emulated Kubernetes API (kmock, `daemon/k8s/emulator.py`) holding a
+- an emulated Kubernetes API (kmock, `demo/emulator.py`) holding a
   512-GPU cluster (4 blocks x 4 racks x 4 nodes x 8 GPUs) and a simulated
   kubelet that runs bound pods for their runtime (divided by `speed`);
 - the queue configuration on the log (four teams of 128 GPUs in one cohort);
 - the real daemon: `SchedulerLoop` with NATS KV leader election and the
   Kubernetes adapter, exactly as `muster daemon` runs it;
-- the teams' workload (`demo_workload`), and a live view (`demo_view`);
+- the teams' workload (`workload`), and a live view (`view`);
 - GPU utilization measured as in production: a fake dcgm-exporter
-  (`demo_dcgm`) serves each running pod's GPU utilization (its gang's
+  (`dcgm`) serves each running pod's GPU utilization (its gang's
   profile) over HTTP, and the daemon's real `UtilizationScraper` scrapes it
   into `GpuUtilizationSampled` events, which idle reclaim (on in the demo)
   and billing read. A rate card for the demo's GPU model is
@@ -111,14 +111,14 @@ def prepare_dir(directory: Path) -> Path:
 async def run_demo(options: DemoOptions) -> DemoResult:
     """Run the demo; returns once it has stopped (duration over, Ctrl-C, or SIGTERM)."""
     from muster.daemon.cluster import KubeCluster
-    from muster.daemon.demo_dcgm import FakeDcgm, serving
-    from muster.daemon.demo_view import DemoStats
-    from muster.daemon.demo_workload import Workload, demo_config, demo_nodes
-    from muster.daemon.k8s import SimulatedKubelet
-    from muster.daemon.k8s.emulator import KubeEmulator, running
     from muster.daemon.leader import KvElector
     from muster.daemon.loop import LoopOptions, SchedulerLoop
     from muster.daemon.utilization import UtilizationScraper
+    from muster.demo.dcgm import FakeDcgm, serving
+    from muster.demo.emulator import KubeEmulator, running
+    from muster.demo.kubelet_sim import SimulatedKubelet
+    from muster.demo.view import DemoStats
+    from muster.demo.workload import Workload, demo_config, demo_nodes
     from muster.events.embedded import EmbeddedNats
     from muster.events.store import EventStore
 
@@ -264,7 +264,7 @@ def _console(options: DemoOptions) -> Any:
 async def _show(options: DemoOptions, loop: Any, stats: Any, stop: anyio.Event, started: float) -> None:
     from rich.live import Live
 
-    from muster.daemon.demo_view import render
+    from muster.demo.view import render
 
     console = _console(options)
 

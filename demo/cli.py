@@ -9,6 +9,7 @@ light.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -27,11 +28,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import anyio
 
-    from muster.daemon.demo import DemoDirError, DemoOptions, prepare_dir, run_demo
     from muster.daemon.logs import configure_logging
+    from muster.demo.harness import DemoDirError, DemoOptions, prepare_dir, run_demo
 
     if args.duration <= 0 or args.speed <= 0 or args.rate <= 0:
         print("muster demo: --duration, --speed and --rate must be positive", file=sys.stderr)
+        return 2
+    if importlib.util.find_spec("kmock") is None:
+        print("muster demo: needs the Kubernetes API double kmock, an extra: pip install 'muster-scheduler[demo]'")
         return 2
     if not 0 <= args.ui_port < 65536:
         print(f"muster demo: --ui-port {args.ui_port} is not a port number", file=sys.stderr)
@@ -82,7 +86,7 @@ def muster_command() -> str:
 
 
 def print_summary(result: object, directory: Path) -> None:
-    from muster.daemon.demo import DemoResult
+    from muster.demo.harness import DemoResult
     from muster.events.embedded import find_nats_server
 
     assert isinstance(result, DemoResult)

@@ -8,7 +8,7 @@ block), small training jobs and scavenger jobs (lowest priority, first to be
 preempted). The teams submit unevenly, so some borrow and others reclaim.
 
 Each gang also has a GPU utilization profile (`gpu_profile`), which the
-demo's fake dcgm-exporter (`demo_dcgm`) reports for its pods: training busy
+demo's fake dcgm-exporter (`dcgm`) reports for its pods: training busy
 70-95 %, scavengers 55-90 %, inference 20-45 %, and one small training job in
 four allocated but idle (0-3 %: a hung job, a notebook left open, held
 three times as long as drawn) - the allocated-versus-used gap billing reports
