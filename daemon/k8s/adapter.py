@@ -21,8 +21,10 @@ Invariants:
   condition) is queued once it is applied and written by its own task
   (`reporting`): feedback never delays a binding.
 - A pod that takes over a slot of an admitted gang (a Job's next index, `Gangs._take_successors`)
-  is bound by the adapter where the log placed that slot (`_rebind`): the admission applied
-  again, no decision of its own; without a view of the log it waits.
+  is bound where the log placed that slot (`_rebind`): the admission applied again, no decision
+  of its own; without a view of the log it waits. That binding is handed to `reapply` (in the
+  daemon: the `DecisionApplier`, `cluster.Reapplying`), so it waits for the lease and for the
+  job's earlier decisions like any binding; an adapter run alone (no `reapply`) binds at once.
 - With a view of the log (`state`), `run` reconciles it with the cluster
   (`reconciling`) before it reports started, and then every `reconcile_seconds`:
   a job whose workload went while no adapter watched is ended on the log.
@@ -34,6 +36,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
@@ -46,6 +49,7 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 from kubernetes_asyncio.client import ApiClient
 
+from muster.daemon.cluster import Reapply
 from muster.daemon.k8s.applying import Applier, ApplyResult
 from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import KubeError
@@ -152,6 +156,8 @@ class KubernetesAdapter:
         self._sink: Sink | None = None
         self._synced = anyio.Event()
         self._versions: dict[str, int] = {}
+        self.reapply: Callable[[Reapply], None] | None = None
+        """Where bindings of successor pods go (the daemon's applier); None: bound at once."""
         self.applier = Applier(
             self.client,
             self.translator.gangs,
@@ -215,7 +221,10 @@ class KubernetesAdapter:
                     for namespace in self.translator.gangs.namespaces_to_fetch():
                         tg.start_soon(self._resolve_namespace, namespace, send.clone())
                     for job in sorted(self.translator.gangs.rebind):
-                        tg.start_soon(self._rebind, job)
+                        if self.reapply is not None:
+                            self.reapply(Reapply(job, "Successors", functools.partial(self._rebind, job)))
+                        else:
+                            tg.start_soon(self._rebind, job)
                     self.translator.gangs.rebind.clear()
                     if events:
                         await sink(events)
@@ -280,18 +289,19 @@ class KubernetesAdapter:
                 await sink(events)
         return events
 
-    async def _rebind(self, job: JobId) -> None:
+    async def _rebind(self, job: JobId) -> ApplyResult:
         """Bind the pods that took over slots of `job`'s admitted gang (`Gangs._take_successors`), as placed."""
         known = self._state().jobs.get(job) if self._state is not None else None
         if known is None or known.status != "admitted":
             log.warning("a successor pod waits: the log has no admission of its job here", job=job)
-            return
+            return ApplyResult(True, "skipped", "the log has no admission of this job")
         gangs = self.translator.gangs
         pods, owner = gangs.pods_of(job) or {}, gangs.owner_of(job)
         result = await self.applier.rebind(job, known.placement)
         self._binding_failed(job, result, pods, owner)
         await self._push(result.events)
         log.info("successors bound", job=job, outcome=result.outcome, detail=result.detail)
+        return result
 
     def _binding_failed(self, job: JobId, result: ApplyResult, pods: dict[str, PodInfo], owner: Owner | None) -> None:
         """Tell the pods a refused binding left unbound (PodScheduled=False, SchedulerError)."""

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubekit import Kube, eventually, log_of, running_daemon
+import anyio
+from adapterkit import EventLog
+from kubekit import FAST, Kube, admitted, eventually, log_of, running_daemon, submitted
 from kubernetes_asyncio.client import ApiClient
 
+from muster.daemon.applier import DecisionApplier
+from muster.daemon.cluster import KubeCluster
 from muster.events.store import EventStore
 from muster.events.types import (
+    Event,
     JobAdmitted,
     JobFailed,
     JobFinished,
@@ -21,6 +26,7 @@ from muster.events.types import (
     QueueConfigured,
     QueueName,
 )
+from muster.projections.cluster import fold
 
 Pods = list[dict[str, Any]]
 
@@ -98,6 +104,34 @@ async def test_an_indexed_jobs_next_indexes_run_in_its_admitted_gang_until_compl
     assert len(await log_of(store, JobSubmitted)) == 1
     assert [a.job for a in await log_of(store, JobAdmitted)] == [sub.job]  # no re-queue, quota counted once
     assert len(await log_of(store, JobFinished)) == 1
+
+
+async def test_a_successor_pod_is_bound_only_while_the_lease_is_held(api: ApiClient, kube: Kube) -> None:
+    """The lease lapsed, a Job's next index waits unbound in the applier; the lease back, it binds in its slot."""
+    node = await kube.node("a", gpus=8)
+    job, pods = await kube.job("sweep", 2, gpus=4, completions=3)
+    log: list[Event] = [QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})]
+    lease = {"held": True}
+    cluster = KubeCluster(api, lambda: fold(log), backoff=FAST)
+    applier = DecisionApplier(cluster, leading=lambda: lease["held"], victims={}, poll=0.01)
+    events = EventLog()
+    async with anyio.create_task_group() as tg:
+        await tg.start(applier.run)
+        await tg.start(cluster.run, events)
+        admission = admitted(await submitted(events), node)
+        log += [*events.events, admission]
+        applier.submit(admission)
+        await eventually(lambda: _all_on(kube, pods, node))
+
+        lease["held"] = False  # lapsed (a slow refresh, a paused leader): its term has not ended yet
+        await kube.set_phase(names(pods)[0], "Succeeded")
+        [index2] = await kube.job_pods(job, [2], gpus=4, labels={"muster.dev/queue": "q"})
+        await eventually(lambda: applier.waits == 1)
+        assert await kube.pod_node(names([index2])[0]) == ""
+
+        lease["held"] = True
+        assert await eventually(lambda: kube.pod_node(names([index2])[0])) == node
+        tg.cancel_scope.cancel()
 
 
 async def _all_on(kube: Kube, pods: Pods, node: str) -> bool:
