@@ -9,12 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
+import pytest
 from adapterkit import EventLog
 from kubekit import FAST, Kube, admitted, eventually, log_of, running_daemon, submitted
 from kubernetes_asyncio.client import ApiClient
 
 from muster.daemon.applier import DecisionApplier
 from muster.daemon.cluster import KubeCluster
+from muster.daemon.k8s import manifests as m
 from muster.events.store import EventStore
 from muster.events.types import (
     Event,
@@ -132,6 +134,46 @@ async def test_a_successor_pod_is_bound_only_while_the_lease_is_held(api: ApiCli
         lease["held"] = True
         assert await eventually(lambda: kube.pod_node(names([index2])[0])) == node
         tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("restart", [pytest.param(False, id="watched"), pytest.param(True, id="daemon-restarted")])
+async def test_pods_made_again_under_the_names_of_an_ended_run_are_a_new_run(
+    api: ApiClient, kube: Kube, store: EventStore, restart: bool
+) -> None:
+    """An operator's pods (`<job>-worker-0`) finish, then come back with the same names: a new job, bound."""
+    await store.append([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})])
+    node = await kube.node("n1", gpus=8)
+    owner = await kube.custom(m.pytorchjob("ddp", kube.ns, masters=1, workers=1))
+
+    async def make_pods() -> Pods:
+        made = m.pytorchjob_pods(owner, gpus=2, labels={"muster.dev/queue": "q"}, grace_seconds=0)
+        return [await kube.create_pod(p) for p in made]
+
+    async def make_again() -> Pods:
+        for name in names(first):  # the operator restarts the job: same names, new uids
+            await kube.delete_pod(name)
+        return await make_pods()
+
+    first = await make_pods()
+    async with running_daemon(store, api):
+        await eventually(lambda: _all_on(kube, first, node))
+        [sub] = await log_of(store, JobSubmitted)
+        for name in names(first):
+            await kube.set_phase(name, "Succeeded")
+        await eventually(lambda: of_job(store, JobFinished, sub.job))
+        if not restart:
+            again = await make_again()
+            await eventually(lambda: _all_on(kube, again, node))
+    if restart:  # made again while no daemon ran: the next one tells them apart on its relist
+        again = await make_again()
+        async with running_daemon(store, api):
+            await eventually(lambda: _all_on(kube, again, node))
+
+    assert names(again) == names(first)
+    first_run, second_run = await log_of(store, JobSubmitted)
+    assert first_run == sub
+    assert second_run.job.startswith(f"{sub.job}-r") and second_run.pods == sub.pods
+    assert [a.job for a in await log_of(store, JobAdmitted)] == [sub.job, second_run.job]
 
 
 async def _all_on(kube: Kube, pods: Pods, node: str) -> bool:
