@@ -112,6 +112,24 @@ class KubeClient:
         is seconds of JSON parsing that holds the event loop (and the GIL).
         An expired continue token raises `ResourceGone` (relist).
         """
+        async for page in self._pages(self._lister(resource), page_size=page_size):
+            yield page
+
+    async def list_namespaced(
+        self, group: str, version: str, plural: str, namespace: str, *, page_size: int | None
+    ) -> AsyncGenerator[Page, None]:
+        """The objects of a Job or custom resource kind in `namespace`, page by page (see `list_pages`)."""
+        if (group, plural) == ("batch", "jobs"):
+            pages = self._pages(self.batch.list_namespaced_job, namespace, page_size=page_size)
+        else:
+            lister = self.custom.list_namespaced_custom_object
+            pages = self._pages(lister, group, version, namespace, plural, page_size=page_size)
+        async for page in pages:
+            yield page
+
+    async def _pages(
+        self, lister: Callable[..., Awaitable[Any]], *args: Any, page_size: int | None
+    ) -> AsyncGenerator[Page, None]:
         token = ""
         while True:
             kwargs: dict[str, Any] = {}
@@ -119,7 +137,7 @@ class KubeClient:
                 kwargs["limit"] = page_size
             if token:
                 kwargs["_continue"] = token
-            _, data = await self._call(self._lister(resource), **kwargs)
+            _, data = await self._call(lister, *args, **kwargs)
             items = data.get("items") or []
             meta = data.get("metadata") or {}
             yield [i for i in items if isinstance(i, dict)], str(meta.get("resourceVersion") or "")
