@@ -333,6 +333,8 @@ class KubernetesAdapter:
     async def _push(self, found: tuple[Event, ...]) -> None:
         """Push facts found while applying, with what they changed (evictions and failures change what
         muster's own pods hold: reserved capacity)."""
+        if not found and not self.translator.changed:
+            return  # a binding as decided: nothing to write, no lock to wait for behind the watch's writes
         async with self._lock:
             events = list(found) + self.translator.flush(int(self._clock()))
             if events and self._sink is not None:

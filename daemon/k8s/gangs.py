@@ -335,6 +335,11 @@ class Gangs:
             return None
         return {name: gang.pods[key] for name, key in gang.mapping.items() if key in gang.pods}
 
+    def job_known(self, job: JobId) -> bool:
+        """Whether `job`'s gang is known here (`pods_of` is not None), without building its pods."""
+        owner = self._by_job.get(job)
+        return owner is not None and owner in self._gangs
+
     def has_pod(self, key: str) -> bool:
         """Whether the pod `namespace/name` exists (seen and not deleted)."""
         return key in self._by_pod
