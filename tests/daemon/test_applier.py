@@ -6,6 +6,7 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
+from adapterkit import eventually
 
 from muster.daemon.applier import DecisionApplier
 from muster.daemon.cluster import Reapply
@@ -175,13 +176,9 @@ async def test_a_clusters_own_work_waits_for_the_lease_and_the_jobs_earlier_deci
         await tg.start(applier.run)
         applier.submit(preempted("j", None))
         cluster.successors("j")
-        with anyio.fail_after(30):
-            while applier.waits < 1:  # noqa: ASYNC110 - observing the applier
-                await anyio.sleep(0.01)
+        await eventually(lambda: applier.waits == 1)
         assert cluster.applied == []
         lease["valid"] = True
-        with anyio.fail_after(30):
-            while len(cluster.applied) < 2:  # noqa: ASYNC110 - observing a fake
-                await anyio.sleep(0.01)
+        await eventually(lambda: len(cluster.applied) == 2)
         tg.cancel_scope.cancel()
     assert cluster.applied == [("JobPreempted", "j"), ("Successors", "j")]
