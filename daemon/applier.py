@@ -20,6 +20,10 @@ Invariants:
   node until the victims' grace periods end.
 - Cluster trouble never escapes: `Cluster.apply` reports, this module counts
   and logs.
+- Work a `Reapplying` cluster finds for an applied decision (a Job's successor
+  pods to bind, `cluster.Reapply`) is queued like a decision of its job and
+  obeys the same rules: after the job's earlier decisions, under the lease,
+  within the concurrency limit. A deposed leader's cluster binds nothing.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import anyio
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
-from muster.daemon.cluster import Cluster
+from muster.daemon.cluster import Cluster, Reapply, Reapplying
 from muster.daemon.metrics import DaemonMetrics
 from muster.events.types import Event, JobAdmitted
 
@@ -60,7 +64,7 @@ class DecisionApplier:
         self.victim_wait = victim_wait
         self.poll = poll
         self._limit = anyio.CapacityLimiter(concurrency)
-        self._queues: dict[str, deque[Event]] = {}
+        self._queues: dict[str, deque[Event | Reapply]] = {}
         self._tg: TaskGroup | None = None
         if metrics is not None:
             metrics.apply_backlog.set_function(lambda: self.backlog)
@@ -71,11 +75,13 @@ class DecisionApplier:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with anyio.create_task_group() as tg:
             self._tg = tg
+            if isinstance(self.cluster, Reapplying):
+                self.cluster.reapply_through(self.submit)
             task_status.started()
             await anyio.sleep_forever()
 
-    def submit(self, event: Event) -> None:
-        """Queue a decision of the log for application (after the job's earlier ones)."""
+    def submit(self, event: Event | Reapply) -> None:
+        """Queue a decision of the log (or a cluster's work for one) for application, after the job's earlier ones."""
         job = str(getattr(event, "job", ""))
         queue = self._queues.get(job)
         if queue is not None:
@@ -98,8 +104,8 @@ class DecisionApplier:
         finally:
             del self._queues[job]
 
-    async def _apply(self, event: Event) -> None:
-        kind = type(event).__name__
+    async def _apply(self, event: Event | Reapply) -> None:
+        kind = event.kind if isinstance(event, Reapply) else type(event).__name__
         job = str(getattr(event, "job", ""))
         if isinstance(event, JobAdmitted):
             await self._wait_for_victims(job)
@@ -112,9 +118,13 @@ class DecisionApplier:
                 await anyio.sleep(self.poll)
         try:
             # waits for the cluster (an admission's pods) hold no slot: a slow gang stalls no other
-            await self.cluster.ready(event)
-            async with self._limit:
-                result = await self.cluster.apply(event)
+            if isinstance(event, Reapply):
+                async with self._limit:
+                    result = await event.run()
+            else:
+                await self.cluster.ready(event)
+                async with self._limit:
+                    result = await self.cluster.apply(event)
             outcome = result.outcome
         except Exception:
             log.exception("applying a decision failed", type=kind, job=job)

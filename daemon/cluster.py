@@ -9,6 +9,12 @@ is awaited before `apply` holding no slot of the applier's limit; `holds(job)`
 says whether pods of `job` still occupy nodes (a preemptor is bound only once
 its victims' pods are gone).
 
+A cluster may also find work of its own for a decision already applied (the Kubernetes
+adapter: the pods a Job creates after others succeeded take those pods' slots of the
+admitted gang, and are bound where the log placed them). Such a cluster is `Reapplying`:
+the applier hands it `submit`, and the work (a `Reapply`) goes through the applier like a
+decision of the log, so it too waits for the lease and for the job's earlier decisions.
+
 A cluster is made per leadership term (`ClusterFactory`), with a view of the
 log, so that its first push writes only what the log lacks. What a term's
 cluster starts from may be kept warm for the replica's whole life, leading or
@@ -22,7 +28,8 @@ Implementations: `KubeCluster` (the Kubernetes adapter, `daemon/k8s`) and
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import anyio
 from anyio.abc import TaskStatus
@@ -30,7 +37,7 @@ from anyio.abc import TaskStatus
 from muster.events.types import Event
 from muster.projections.cluster import ClusterState
 
-__all__ = ["Cluster", "ClusterFactory", "KubeCluster", "KubeClusters", "Sink"]
+__all__ = ["Cluster", "ClusterFactory", "KubeCluster", "KubeClusters", "Reapply", "Reapplying", "Sink"]
 
 Sink = Callable[[list[Event]], Awaitable[None]]
 
@@ -55,6 +62,23 @@ class Cluster(Protocol):
     def holds(self, job: str) -> bool: ...
 
 
+@dataclass(frozen=True)
+class Reapply:
+    """Work a cluster found for `job`'s decision already applied, e.g. binding its gang's successor pods."""
+
+    job: str
+    kind: str
+    """What it is, for logs and the `muster_applied_decisions` metric (e.g. `Successors`)."""
+    run: Callable[[], Awaitable[Applied]]
+
+
+@runtime_checkable
+class Reapplying(Protocol):
+    """A cluster that finds work of its own for applied decisions; it hands it to `submit` (the applier)."""
+
+    def reapply_through(self, submit: Callable[[Reapply], None]) -> None: ...
+
+
 ClusterFactory = Callable[[Callable[[], ClusterState]], Cluster]
 """Makes a cluster for one leadership term, given the fold of the log."""
 
@@ -76,6 +100,9 @@ class KubeCluster:
     async def apply(self, event: Event) -> Applied:
         result: Applied = await self.adapter.apply(event)
         return result
+
+    def reapply_through(self, submit: Callable[[Reapply], None]) -> None:
+        self.adapter.reapply = submit
 
     def holds(self, job: str) -> bool:
         """Whether a pod of `job` that the kubelet has not let go of is still bound to a node."""

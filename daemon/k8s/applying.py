@@ -81,6 +81,8 @@ class GangView(Protocol):
 
     def pods_of(self, job: JobId) -> dict[str, PodInfo] | None: ...
 
+    def job_known(self, job: JobId) -> bool: ...
+
     def complete(self, job: JobId) -> bool: ...
 
     def sizing(self) -> bool: ...
@@ -202,12 +204,15 @@ class Applier:
         if not isinstance(event, JobAdmitted):
             return
         job = event.job
+
+        def waiting() -> bool:
+            gangs = self.gangs
+            return not gangs.ended(job) and not gangs.complete(job) and (gangs.job_known(job) or gangs.sizing())
+
+        if not waiting():
+            return  # the common case, at once: no timeout scope to set up for every admission
         with anyio.move_on_after(self.pod_wait_seconds):
-            while (
-                not self.gangs.ended(job)
-                and not self.gangs.complete(job)
-                and (self.gangs.pods_of(job) is not None or self.gangs.sizing())
-            ):
+            while waiting():
                 await self._changed()
 
     async def _admit(self, event: JobAdmitted) -> ApplyResult:
@@ -254,9 +259,13 @@ class Applier:
                     needed = (tolerations or {}).get(name.rpartition("-")[0], [])
                     results[pod.key] = await self._bind_one(pod, node, deadline, needed)
 
-        async with anyio.create_task_group() as tg:
-            for name, node in sorted(placement.items()):
-                tg.start_soon(bind, name, pods[name], node)
+        if len(placement) == 1:  # a gang of one: no task group to set up for it
+            [(name, node)] = placement.items()
+            await bind(name, pods[name], node)
+        else:
+            async with anyio.create_task_group() as tg:
+                for name, node in sorted(placement.items()):
+                    tg.start_soon(bind, name, pods[name], node)
 
         outcomes = set(results.values())
         if any(r == "gone" for r in outcomes):

@@ -35,6 +35,12 @@ Invariants:
 - A Job's pod created after another succeeded (its next index) runs in that
   pod's slot of the admitted gang (`_take_successors`); pods of a recreating
   owner that come after its run ended are a new run, a new job (`_next_run`).
+- A pod is its uid, not its name: a pod deleted and created again under the
+  same name (an operator's `<job>-worker-0`, a user re-applying a manifest) is
+  a new pod. The uids of a run's pods are retired when it ends, so its owner's
+  pods made again under the same names are the next run. The log holds names,
+  not uids: a relisting leader takes pods under an ended run's names for a new
+  run when they wait unbound (`_new_to`), which no pod of an ended run does.
 """
 
 from __future__ import annotations
@@ -170,6 +176,18 @@ def _salt(gang: Gang, chosen: list[PodInfo]) -> str:
     if gang.owner.kind != "Gang":
         return gang.uid
     return hashlib.sha256("".join(sorted(p.uid for p in chosen)).encode()).hexdigest()
+
+
+def _new_to(ended: KnownJob, chosen: list[PodInfo]) -> bool:
+    """Whether `chosen` are not the pods of the `ended` run: none has its name, or those that do wait unbound.
+
+    The log names a run's pods, it does not hold their uids. A pod of an ended run is done, gone,
+    or bound (survivors of a failed gang may run on); one that waits unbound under such a name
+    was made again by its owner: a new pod (a rejected gang's pods, which wait by design, come
+    back once as a new run, rejected again, and are that run on the next relist).
+    """
+    names = set(ended.pods.values())
+    return all(p.active and not p.node for p in chosen if p.key in names)
 
 
 def _first(values: Iterable[Any]) -> Any:
@@ -317,6 +335,11 @@ class Gangs:
             return None
         return {name: gang.pods[key] for name, key in gang.mapping.items() if key in gang.pods}
 
+    def job_known(self, job: JobId) -> bool:
+        """Whether `job`'s gang is known here (`pods_of` is not None), without building its pods."""
+        owner = self._by_job.get(job)
+        return owner is not None and owner in self._gangs
+
     def has_pod(self, key: str) -> bool:
         """Whether the pod `namespace/name` exists (seen and not deleted)."""
         return key in self._by_pod
@@ -434,8 +457,7 @@ class Gangs:
         for owner in sorted(owners, key=lambda o: o.source):
             gang = self._gangs.get(owner)
             if gang is not None:
-                gang.done = True
-                self.recheck.update(gang.pods)
+                self._close(gang)
                 self._unsized.discard(owner)
         return [event]
 
@@ -445,8 +467,7 @@ class Gangs:
         gang = self._gangs.get(owner) if owner is not None else None
         self._ended.add(job)
         if gang is not None:
-            gang.done = True
-            self.recheck.update(gang.pods)
+            self._close(gang)
             self._collect(gang)
 
     # ------------------------------------------------------------ internals
@@ -454,11 +475,16 @@ class Gangs:
     def _end(self, gang: Gang, event: Event) -> list[Event]:
         if gang.done:
             return []
-        gang.done = True
-        self.recheck.update(gang.pods)
+        self._close(gang)
         if gang.job_id is not None:
             self._ended.add(gang.job_id)
         return [event]
+
+    def _close(self, gang: Gang) -> None:
+        """The gang's run is over: its pods (by uid: a pod made again under a name of it is new) are retired."""
+        gang.done = True
+        gang.retired |= {gang.pods[key].uid for key in gang.mapping.values() if key in gang.pods}
+        self.recheck.update(gang.pods)
 
     def _collect(self, gang: Gang) -> None:
         """Drop a finished gang once its last pod is gone (its job id stays known)."""
@@ -498,7 +524,7 @@ class Gangs:
             else:
                 gang.started = known.started_at is not None
                 if known.status in ENDED:
-                    gang.done = True
+                    self._close(gang)
                     self._ended.add(gang.job_id)
                     return events
                 if known.status == "admitted":
@@ -542,18 +568,18 @@ class Gangs:
         """The job of this run: the owner's, or, for a later run of a recreating owner, salted by its pods.
 
         A later run is one that began while this adapter watched (`_next_run`), or, for a new leader
-        relisting the cluster, pods that are not those of the owner's job the log saw end.
+        relisting the cluster, pods of a run the log holds, or that are not those of the owner's job
+        the log saw end (`_new_to`).
         """
         job = gang.owner.job_id(_salt(gang, chosen))
+        uids = "".join(sorted(p.uid for p in chosen))
+        run = JobId(f"{job}-r{hashlib.sha256(uids.encode()).hexdigest()[:6]}")
         if not gang.later_run and recreated(gang.owner) and self._known is not None:
             known = self._known(job)
             gang.later_run = (
-                known is not None and known.status in ENDED and not {p.key for p in chosen} & set(known.pods.values())
+                known is not None and known.status in ENDED and (self._known(run) is not None or _new_to(known, chosen))
             )
-        if not gang.later_run:
-            return job
-        uids = "".join(sorted(p.uid for p in chosen))
-        return JobId(f"{job}-r{hashlib.sha256(uids.encode()).hexdigest()[:6]}")
+        return run if gang.later_run else job
 
     def _next_run(self, gang: Gang, at: int) -> list[Event]:
         """A recreating owner's new pods for a gang whose run ended are a new run, submitted as a new job.
@@ -566,8 +592,7 @@ class Gangs:
         """
         if gang.size is None or gang.job_id is None or not recreated(gang.owner):
             return []
-        mapped = set(gang.mapping.values())
-        fresh = [p for p in gang.pods.values() if p.active and p.key not in mapped and p.uid not in gang.retired]
+        fresh = [p for p in gang.pods.values() if p.active and p.uid not in gang.retired]
         if len(fresh) < gang.size:
             return []
         fresh_uids = {p.uid for p in fresh}

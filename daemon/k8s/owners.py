@@ -1,7 +1,8 @@
 """The size of a gang from its owner object: Job, JobSet, Kubeflow job (PyTorchJob, MPIJob, ...) or PodGroup.
 
 `owner_sizing(owner, obj)` is pure; `fetch_sizing(client, owner)` reads the owner
-from the API. A missing owner (404), or one with another uid than the pods
+from the API, `list_sizings(client, owners)` many owners of one kind and namespace
+with one paged list. A missing owner (404), or one with another uid than the pods
 name (deleted and re-created), has no size: None. An owner whose size cannot
 be gang-scheduled (a PodGroup with `minMember: 0`, an MPIJob whose launcher
 waits for running workers) has size 0 and a `problem` saying why.
@@ -36,6 +37,7 @@ __all__ = [
     "job_pods",
     "jobset_size",
     "kubeflow_size",
+    "list_sizings",
     "namespace_queue",
     "owner_sizing",
 ]
@@ -176,15 +178,33 @@ async def fetch_owner(client: KubeClient, owner: Owner) -> dict[str, Any] | None
         return None
 
 
-async def fetch_sizing(client: KubeClient, owner: Owner) -> Sizing:
-    """The owner's gang size (None when the owner is gone). Raises KubeError for anything else."""
-    obj = await fetch_owner(client, owner)
+def sizing_of(owner: Owner, obj: Mapping[str, Any] | None) -> Sizing:
+    """The gang size the owner object `obj` gives (None when it is gone, or another object of that name)."""
     if obj is None:
         return Sizing(None)
     uid = (obj.get("metadata") or {}).get("uid")
     if owner.uid and uid and uid != owner.uid:
         return Sizing(None)
     return owner_sizing(owner, obj)
+
+
+async def fetch_sizing(client: KubeClient, owner: Owner) -> Sizing:
+    """The owner's gang size (None when the owner is gone). Raises KubeError for anything else."""
+    return sizing_of(owner, await fetch_owner(client, owner))
+
+
+async def list_sizings(client: KubeClient, owners: list[Owner], *, page_size: int | None) -> list[Sizing]:
+    """The sizes of `owners` (one kind, one namespace) from one paged list of that kind there.
+
+    Cheaper than a GET each when many are wanted at once (a relist finding a thousand Jobs).
+    An owner the list lacks is gone: the list is read after its pods were seen, and an owner
+    exists before its pods. Raises KubeError when the list cannot be read.
+    """
+    api, namespace = api_of(owners[0]), owners[0].namespace
+    found: dict[str, Mapping[str, Any]] = {}
+    async for items, _ in client.list_namespaced(api.group, api.version, api.plural, namespace, page_size=page_size):
+        found.update({str((obj.get("metadata") or {}).get("name")): obj for obj in items})
+    return [sizing_of(owner, found.get(owner.name)) for owner in owners]
 
 
 def namespace_queue(namespace: Mapping[str, Any]) -> str:

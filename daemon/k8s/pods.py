@@ -55,6 +55,8 @@ VOLCANO_GROUP_KEY = "scheduling.k8s.io/group-name"
 COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+STATUS_CONDITION = "muster.dev/Admitted"
+"""The pod condition holding the gang's status on the pods of a pod group or a lone pod (`reporting`)."""
 
 TERMINATED = ("Succeeded", "Failed")
 VOLCANO_POD_GROUP = "VolcanoPodGroup"
@@ -126,6 +128,10 @@ class PodInfo:
     """Its `spec.schedulingGates` are not all removed yet: no scheduler may bind it."""
     max_runtime: int | None = None
     """The declared time limit: the annotation, else the pod's own `activeDeadlineSeconds`."""
+    told: bool = False
+    """It shows `PodScheduled=False` from muster (a leader told it why it waits)."""
+    shown: tuple[str, str] | None = None
+    """The gang's status as a leader wrote it on the pod (`muster.dev/Admitted`): (reason, message)."""
 
     @property
     def active(self) -> bool:
@@ -252,6 +258,7 @@ def pod_info(pod: Obj) -> PodInfo:
         if isinstance(term, Mapping) and term.get("exitCode") not in (None, 0):
             reason = reason or f"container {cs.get('name')} exited with {term.get('exitCode')} ({term.get('reason')})"
     max_runtime = _max_runtime(annotations, spec, problems)  # before `problems` is frozen below
+    told, shown = _muster_conditions(status.get("conditions"))
     return PodInfo(
         key=f"{ns}/{name}",
         namespace=ns,
@@ -277,4 +284,20 @@ def pod_info(pod: Obj) -> PodInfo:
         completion_index=_int(annotations.get(COMPLETION_INDEX) or labels.get(COMPLETION_INDEX)),
         gated=bool(spec.get("schedulingGates")),
         max_runtime=max_runtime,
+        told=told,
+        shown=shown,
     )
+
+
+def _muster_conditions(conditions: Any) -> tuple[bool, tuple[str, str] | None]:
+    """What a leader of muster wrote on the pod: PodScheduled=False with its message, and the gang's status
+    (`reporting`); read from the pod, so a new leader's reporter knows what its predecessor said."""
+    told, shown = False, None
+    for c in conditions if isinstance(conditions, list) else ():
+        if not isinstance(c, Mapping):
+            continue
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            told = str(c.get("message") or "").startswith("muster")
+        elif c.get("type") == STATUS_CONDITION:
+            shown = (str(c.get("reason") or ""), str(c.get("message") or ""))
+    return told, shown

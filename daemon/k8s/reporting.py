@@ -33,8 +33,9 @@ Invariants:
   bindings (`give_way`, waited for at most `give_way_seconds`): they share the API server. API errors are logged, never
   raised; nothing is retried but an Event that exists already (409: count it).
 - What it remembers (which objects were told what) is bounded by `memory` objects; a
-  new leader's reporter starts blank, so a pod marked pending by an earlier leader keeps
-  that condition until it is bound (its PodScheduled turns True then).
+  new leader's reporter starts blank and goes by what the pods show of earlier leaders'
+  reports (`PodInfo.told`, `PodInfo.shown`): a pod told it waits hears of its admission,
+  and a pod group's status turns Admitted, also across a change of leader.
 """
 
 from __future__ import annotations
@@ -54,7 +55,14 @@ from anyio.streams.memory import MemoryObjectSendStream
 from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import Conflict, KubeError
 from muster.daemon.k8s.owners import api_of
-from muster.daemon.k8s.pods import COSCHEDULING_POD_GROUP, UNOWNED, VOLCANO_POD_GROUP, Owner, PodInfo
+from muster.daemon.k8s.pods import (
+    COSCHEDULING_POD_GROUP,
+    STATUS_CONDITION,
+    UNOWNED,
+    VOLCANO_POD_GROUP,
+    Owner,
+    PodInfo,
+)
 from muster.events.types import Event, JobAdmitted, JobInadmissible, JobPreempted, JobRejected
 
 __all__ = ["Report", "Reporter", "binding_failed", "reports_for"]
@@ -65,7 +73,6 @@ COMPONENT = "muster"
 MAX_MESSAGE = 1024
 STATUS_ANNOTATION = "muster.dev/status"
 STATUS_MESSAGE_ANNOTATION = "muster.dev/status-message"
-STATUS_CONDITION = "muster.dev/Admitted"
 POD_GROUPS = (*UNOWNED, VOLCANO_POD_GROUP, COSCHEDULING_POD_GROUP)
 """Owner kinds whose status goes on their pods: no object of theirs is muster's to annotate."""
 
@@ -88,7 +95,9 @@ class Report:
 
     `scheduled`: a pod's PodScheduled=False reason (`Unschedulable`, `SchedulerError`);
     `status`: the gang's status (see the module docstring); `quiet`: write it only to an
-    object told something before (an Admitted pod that had been told it waits).
+    object told something before (an Admitted pod that had been told it waits). `told` and
+    `shown` are what the object itself shows of earlier reports (a pod: `PodInfo.told`,
+    `PodInfo.shown`), which a new leader's reporter, blank, goes by.
     """
 
     target: Target
@@ -98,6 +107,8 @@ class Report:
     scheduled: str = ""
     status: str = ""
     quiet: bool = False
+    told: bool = False
+    shown: tuple[str, str] | None = None
 
 
 def _workload(owner: Owner) -> Target | None:
@@ -133,6 +144,8 @@ def reports_for(event: Event, pods: dict[str, PodInfo], owner: Owner | None) -> 
                 f"assigned {p.namespace}/{p.name} to {event.placement.get(name)}; {gang}",
                 status="Admitted" if on_pods else "",
                 quiet=workload is not None or i > 0,
+                told=p.told,
+                shown=p.shown,
             )
             for i, (name, p) in enumerate(sorted(pods.items()))
         ]
@@ -159,6 +172,8 @@ def reports_for(event: Event, pods: dict[str, PodInfo], owner: Owner | None) -> 
             message,
             scheduled="Unschedulable" if scheduled and not p.node and p.active else "",
             status=status if on_pods else "",
+            told=p.told,
+            shown=p.shown,
         )
         for p in ordered
     ]
@@ -237,11 +252,11 @@ class Reporter:
         for r in reports:
             if self._send is None:
                 return
-            if r.quiet and r.target not in self._told:
+            if r.quiet and r.target not in self._told and not r.told:
                 continue
             _remember(self._told, r.target, r.reason, self._memory)
             if r.status:
-                said = self._status.get(r.target)
+                said = self._status.get(r.target, r.shown)
                 if said == (r.status, r.message) or (
                     said is None and r.target.kind == "Pod" and r.status == "Admitted"
                 ):

@@ -159,6 +159,11 @@ class Translator:
         """Job events found while applying (a pod gone before its binding), written with the next flush."""
         self._jobs += events
 
+    @property
+    def changed(self) -> bool:
+        """Whether `flush` may have something to write (changes since the last flush)."""
+        return bool(not self._primed or self._lost or self.gangs.recheck or self._dirty or self._jobs)
+
     def flush(self, at: int) -> list[Event]:
         if not self._primed:
             self._primed = True

@@ -6,8 +6,10 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
+from adapterkit import eventually
 
 from muster.daemon.applier import DecisionApplier
+from muster.daemon.cluster import Reapply
 from muster.daemon.metrics import DaemonMetrics
 from muster.events.types import Event, JobAdmitted, JobId, JobPreempted, NodeName, QueueName
 
@@ -145,3 +147,38 @@ async def test_admissions_waiting_for_their_pods_hold_no_slot():
                 await anyio.sleep(0.01)
         tg.cancel_scope.cancel()
     assert metrics.registry.get_sample_value("muster_apply_backlog") == 0
+
+
+class ReapplyingRecorder(Recorder):
+    """A `Recorder` that, like the Kubernetes adapter, finds work of its own (a Job's successor pods to bind)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.submit: Any = None
+
+    def reapply_through(self, submit: Any) -> None:
+        self.submit = submit
+
+    def successors(self, job: str) -> None:
+        async def bind() -> Any:
+            self.applied.append(("Successors", job))
+            return type("Result", (), {"ok": True, "outcome": "applied"})()
+
+        self.submit(Reapply(job, "Successors", bind))
+
+
+async def test_a_clusters_own_work_waits_for_the_lease_and_the_jobs_earlier_decisions():
+    """A successor binding found by the cluster goes after its job's queued preemption, and only under the lease."""
+    cluster = ReapplyingRecorder()
+    lease = {"valid": False}
+    applier = DecisionApplier(cluster, leading=lambda: lease["valid"], victims={}, poll=0.01)
+    async with anyio.create_task_group() as tg:
+        await tg.start(applier.run)
+        applier.submit(preempted("j", None))
+        cluster.successors("j")
+        await eventually(lambda: applier.waits == 1)
+        assert cluster.applied == []
+        lease["valid"] = True
+        await eventually(lambda: len(cluster.applied) == 2)
+        tg.cancel_scope.cancel()
+    assert cluster.applied == [("JobPreempted", "j"), ("Successors", "j")]

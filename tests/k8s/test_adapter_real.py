@@ -14,6 +14,7 @@ import pytest
 from kubekit import Kube, admitted, eventually, running_adapter
 from kubernetes_asyncio.client import ApiClient
 
+from muster.daemon.k8s import manifests as m
 from muster.daemon.k8s.applying import _ASSIGNED
 from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import Conflict
@@ -169,3 +170,22 @@ async def test_a_gang_on_a_tainted_flavor_tolerates_its_taint_and_is_bound(api: 
         pod = await kube.core.read_namespaced_pod(f"g-{i}", kube.ns)
         tolerations = [(t.key, t.operator, t.value, t.effect) for t in pod.spec.tolerations or []]
         assert ("example.com/spot", "Equal", "true", "NoSchedule") in tolerations
+
+
+async def test_owners_wanted_together_are_sized_from_one_list(api: ApiClient, kube: Kube) -> None:
+    """Jobs and PyTorchJobs found at once are sized by a list of each kind; pods of a deleted Job stay alone."""
+    jobs = {name: size for name, size in (("a", 2), ("b", 3))}
+    for name, size in jobs.items():
+        await kube.job(name, size)
+    await kube.job("gone", 2)
+    # no garbage collector runs here: its pods stay
+    await kube.batch.delete_namespaced_job("gone", kube.ns, propagation_policy="Background")
+    for name in ("pt1", "pt2"):
+        owner = await kube.custom(m.pytorchjob(name, kube.ns, masters=1, workers=2))
+        for pod in m.pytorchjob_pods(owner, gpus=1, labels={"muster.dev/queue": "q"}, grace_seconds=0):
+            await kube.create_pod(pod)
+    async with running_adapter(api, list_owners_at=2) as (adapter, events):
+        await events.wait_for(lambda e: len(e.of(JobSubmitted)) == 4)
+        await eventually(lambda: not adapter.translator.gangs.sizing())
+    sizes = {s.source.split("/")[2]: sum(ps.count for ps in s.podsets) for s in events.of(JobSubmitted)}
+    assert sizes == {**jobs, "pt1": 3, "pt2": 3}

@@ -172,6 +172,26 @@ async def test_a_pod_groups_status_is_a_condition_on_its_pods(api: ApiClient, ku
             assert condition["reason"] == "Admitted"
 
 
+async def test_a_new_leader_tells_pods_an_earlier_leader_told_to_wait_that_they_are_admitted(
+    api: ApiClient, kube: Kube
+) -> None:
+    """A reporter starts blank: it goes by what the pods show (Pending, told to wait) and says Admitted on each."""
+    node = await kube.node("n1")
+    pods = await kube.gang("g", 2)
+    names = [p["metadata"]["name"] for p in pods]
+    async with running_adapter(api) as (adapter, events):
+        sub = await submitted(events)
+        await adapter.apply(JobInadmissible(at=1, job=sub.job, reason="queue q is full"))
+        for name in names:
+            await eventually(lambda name=name: _condition_is(kube, name, "False"))
+    async with running_adapter(api) as (adapter, events):  # the next leader
+        assert (await adapter.apply(admitted(await submitted(events), node, at=2))).ok
+        for name in names:
+            condition = await eventually(lambda name=name: _condition_is(kube, name, "True"))
+            assert condition["reason"] == "Admitted"
+            await eventually(lambda name=name: _has(kube, "Pod", name, "Admitted"))
+
+
 async def _condition_is(kube: Kube, pod: str, status: str) -> dict[str, Any] | None:
     condition = await gang_condition(kube, pod)
     return condition if condition is not None and condition["status"] == status else None

@@ -8,11 +8,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubekit import Kube, eventually, log_of, running_daemon
+import anyio
+import pytest
+from adapterkit import EventLog
+from kubekit import FAST, Kube, admitted, eventually, log_of, running_daemon, submitted
 from kubernetes_asyncio.client import ApiClient
 
+from muster.daemon.applier import DecisionApplier
+from muster.daemon.cluster import KubeCluster
+from muster.daemon.k8s import manifests as m
 from muster.events.store import EventStore
 from muster.events.types import (
+    Event,
     JobAdmitted,
     JobFailed,
     JobFinished,
@@ -21,6 +28,7 @@ from muster.events.types import (
     QueueConfigured,
     QueueName,
 )
+from muster.projections.cluster import fold
 
 Pods = list[dict[str, Any]]
 
@@ -98,6 +106,74 @@ async def test_an_indexed_jobs_next_indexes_run_in_its_admitted_gang_until_compl
     assert len(await log_of(store, JobSubmitted)) == 1
     assert [a.job for a in await log_of(store, JobAdmitted)] == [sub.job]  # no re-queue, quota counted once
     assert len(await log_of(store, JobFinished)) == 1
+
+
+async def test_a_successor_pod_is_bound_only_while_the_lease_is_held(api: ApiClient, kube: Kube) -> None:
+    """The lease lapsed, a Job's next index waits unbound in the applier; the lease back, it binds in its slot."""
+    node = await kube.node("a", gpus=8)
+    job, pods = await kube.job("sweep", 2, gpus=4, completions=3)
+    log: list[Event] = [QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})]
+    lease = {"held": True}
+    cluster = KubeCluster(api, lambda: fold(log), backoff=FAST)
+    applier = DecisionApplier(cluster, leading=lambda: lease["held"], victims={}, poll=0.01)
+    events = EventLog()
+    async with anyio.create_task_group() as tg:
+        await tg.start(applier.run)
+        await tg.start(cluster.run, events)
+        admission = admitted(await submitted(events), node)
+        log += [*events.events, admission]
+        applier.submit(admission)
+        await eventually(lambda: _all_on(kube, pods, node))
+
+        lease["held"] = False  # lapsed (a slow refresh, a paused leader): its term has not ended yet
+        await kube.set_phase(names(pods)[0], "Succeeded")
+        [index2] = await kube.job_pods(job, [2], gpus=4, labels={"muster.dev/queue": "q"})
+        await eventually(lambda: applier.waits == 1)
+        assert await kube.pod_node(names([index2])[0]) == ""
+
+        lease["held"] = True
+        assert await eventually(lambda: kube.pod_node(names([index2])[0])) == node
+        tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("restart", [pytest.param(False, id="watched"), pytest.param(True, id="daemon-restarted")])
+async def test_pods_made_again_under_the_names_of_an_ended_run_are_a_new_run(
+    api: ApiClient, kube: Kube, store: EventStore, restart: bool
+) -> None:
+    """An operator's pods (`<job>-worker-0`) finish, then come back with the same names: a new job, bound."""
+    await store.append([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})])
+    node = await kube.node("n1", gpus=8)
+    owner = await kube.custom(m.pytorchjob("ddp", kube.ns, masters=1, workers=1))
+
+    async def make_pods() -> Pods:
+        made = m.pytorchjob_pods(owner, gpus=2, labels={"muster.dev/queue": "q"}, grace_seconds=0)
+        return [await kube.create_pod(p) for p in made]
+
+    async def make_again() -> Pods:
+        for name in names(first):  # the operator restarts the job: same names, new uids
+            await kube.delete_pod(name)
+        return await make_pods()
+
+    first = await make_pods()
+    async with running_daemon(store, api):
+        await eventually(lambda: _all_on(kube, first, node))
+        [sub] = await log_of(store, JobSubmitted)
+        for name in names(first):
+            await kube.set_phase(name, "Succeeded")
+        await eventually(lambda: of_job(store, JobFinished, sub.job))
+        if not restart:
+            again = await make_again()
+            await eventually(lambda: _all_on(kube, again, node))
+    if restart:  # made again while no daemon ran: the next one tells them apart on its relist
+        again = await make_again()
+        async with running_daemon(store, api):
+            await eventually(lambda: _all_on(kube, again, node))
+
+    assert names(again) == names(first)
+    first_run, second_run = await log_of(store, JobSubmitted)
+    assert first_run == sub
+    assert second_run.job.startswith(f"{sub.job}-r") and second_run.pods == sub.pods
+    assert [a.job for a in await log_of(store, JobAdmitted)] == [sub.job, second_run.job]
 
 
 async def _all_on(kube: Kube, pods: Pods, node: str) -> bool:
