@@ -15,8 +15,11 @@ Placement rules (spec/scenario.md, Topology):
   resource: GPUs if requested), ties to the tightest enclosing domain, then name.
 
 The index is mutated only inside a `Transaction`, whose undo log puts every
-change back when the scheduling cycle ends; `decide` therefore leaves it as it
-found it. Invariant: outside a transaction, every host's free capacity equals
+change back. A cycle's own log is put back lazily (`Transaction.defer`): at
+the next sync (`settle`), only for the nodes whose state did not change since;
+a node the fold changed (the cycle's admissions and evictions, once folded) is
+set from its state instead, so an admission's nodes are not undone and then
+redone. Invariant: after a sync, every host's free capacity equals
 capacity - reserved - used of its node in the cluster state.
 """
 
@@ -26,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from muster.projections.cluster import ClusterState, NodeState
-from muster.projections.resources import fmt
+from muster.projections.resources import fmt, undoing
 
 HOST = "host"
 _MAX_GPU_BUCKET = 64
@@ -114,8 +117,18 @@ class TopologyIndex:
         for dom in index.values():
             dom.children.sort(key=lambda d: d.path)
         self.gpu_free_total: int = self.root.free.get("gpu", 0)
+        self.deferred: list[tuple[str, dict[str, int], int]] = []
+        """The last cycle's tentative changes, not undone yet (`settle`)."""
 
     # ------------------------------------------------------------ host updates
+
+    def settle(self, changed: set[str]) -> None:
+        """Undo the deferred changes of the hosts not in `changed` (those `sync_node` sets from the state)."""
+        if not self.deferred:
+            return
+        changes, self.deferred = undoing(self.deferred, changed), []
+        for host, delta in changes.items():
+            self.adjust(host, delta, 1)
 
     def level_depth(self, level: str) -> int | None:
         """Depth of a level's domains (1 = outermost); `host` is the innermost."""
@@ -129,6 +142,13 @@ class TopologyIndex:
         self.max_bucket = max(self.max_bucket, _bucket(node.capacity.get("gpu", 0)))
         used, reserved = node.used, node.reserved
         free = {k: v - used.get(k, 0) - reserved.get(k, 0) for k, v in node.capacity.items()}
+        if host.schedulable and node.schedulable and host.host_free.keys() <= free.keys():
+            # the common case (usage moved): one walk up with the difference
+            old = host.host_free
+            delta = {k: v - old.get(k, 0) for k, v in free.items() if v != old.get(k, 0)}
+            if delta:
+                self.adjust(host.name, delta, 1)
+            return
         self._replace_host(host, free, node.schedulable)
 
     def _replace_host(self, host: Domain, free: dict[str, int], schedulable: bool) -> None:
@@ -388,6 +408,11 @@ class Transaction:
 
     def mark(self) -> int:
         return len(self.log)
+
+    def defer(self) -> None:
+        """Leave every change in place, to be undone at the index's next sync (`TopologyIndex.settle`)."""
+        self.index.deferred.extend(self.log)
+        self.log = []
 
     def rollback(self, to: int = 0) -> None:
         while len(self.log) > to:
