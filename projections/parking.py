@@ -102,12 +102,22 @@ class HeapEntry(NamedTuple):
     block: Block
 
 
+class Park(NamedTuple):
+    """A block the running cycle parked, and what its wakes wait for (set once the park stands)."""
+
+    block: Block
+    queue: str
+    wake: Wake
+    freed_level: int | None
+    """The count of freed GPUs that wakes it (None: not on capacity)."""
+
+
 class Proposal(NamedTuple):
     """The parks of one cycle, kept once its decisions are folded (`cycle`, `decisions` in the state)."""
 
     cycle: int
     decisions: int
-    blocks: tuple[Block, ...]
+    parks: tuple[Park, ...]
 
 
 class Parking:
@@ -132,7 +142,7 @@ class Parking:
         self._freed_heap: list[HeapEntry] = []
         self._time_heap: list[HeapEntry] = []
         self.proposal: Proposal | None = None
-        self._proposed: list[Block] = []
+        self._proposed: list[Park] = []
         """Blocks parked by the running cycle (they become `proposal` at its end)."""
 
     @property
@@ -172,19 +182,27 @@ class Parking:
         block = Block(stamp, group, root, members, reason, cycle)
         self.blocks.setdefault(group, []).append(block)
         self.by_root.setdefault(root, {})[stamp] = block
-        self._proposed.append(block)
-        if wake.freed_short is not None:
-            lacking = max(1, wake.freed_short - gpu_free)
-            heapq.heappush(self._freed_heap, HeapEntry(self.freed_seen + lacking, stamp, block))
+        freed = None if wake.freed_short is None else self.freed_seen + max(1, wake.freed_short - gpu_free)
+        self._proposed.append(Park(block, queue, wake, freed))
+        return block
+
+    def _stand(self, park: Park) -> None:
+        """A proposed park stands: its wakes wait on the counters.
+
+        Set at the next sync, before it folds anything: the counters are still
+        those the cycle saw (a cycle whose park is dropped sets no wake at all).
+        """
+        block, wake, root = park.block, park.wake, park.block.root
+        if park.freed_level is not None:
+            heapq.heappush(self._freed_heap, HeapEntry(park.freed_level, block.stamp, block))
         for r, amount in wake.released.items():
             self._push(self._release_heaps, (root, r), self.released_total, amount, block)
         for r, amount in wake.own_released.items():
-            self._push(self._release_heaps, (f"own:{queue}", r), self.released_total, amount, block)
+            self._push(self._release_heaps, (f"own:{park.queue}", r), self.released_total, amount, block)
         for r, amount in wake.consumed.items():
             self._push(self._consume_heaps, (root, r), self.consumed_total, amount, block)
         if wake.at_time is not None:
-            heapq.heappush(self._time_heap, HeapEntry(wake.at_time, stamp, block))
-        return block
+            heapq.heappush(self._time_heap, HeapEntry(wake.at_time, block.stamp, block))
 
     @staticmethod
     def _push(
@@ -199,8 +217,8 @@ class Parking:
 
     def end_cycle(self, cycle: int, decisions: int) -> None:
         """The running cycle is over: its parks wait for its decisions to be folded."""
-        blocks, self._proposed = tuple(self._proposed), []
-        self.proposal = Proposal(cycle, decisions, blocks) if blocks else None
+        parks, self._proposed = tuple(self._proposed), []
+        self.proposal = Proposal(cycle, decisions, parks) if parks else None
 
     def settle(self, folded_cycle: int, folded_decisions: int) -> None:
         """Keep the last cycle's parks if the state shows its decisions folded, else judge those jobs again."""
@@ -208,10 +226,13 @@ class Parking:
         if p is None:
             return
         if p.decisions > 0 and p.cycle == folded_cycle and p.decisions == folded_decisions:
+            for park in p.parks:
+                if park.block.members:
+                    self._stand(park)
             return
-        for block in p.blocks:
-            block.reason = None  # its verdicts were not folded: the members keep what they had
-            self.wake(block)
+        for park in p.parks:
+            park.block.reason = None  # its verdicts were not folded: the members keep what they had
+            self.wake(park.block)
 
     # ------------------------------------------------------------ waking (by the sync and the cycle)
 

@@ -25,6 +25,7 @@ capacity - reserved - used of its node in the cluster state.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
@@ -358,16 +359,20 @@ class TopologyIndex:
         out: list[str],
     ) -> None:
         """Fewest domains: take the roomiest until the rest fits in one, then the tightest that holds it."""
-        rest = sorted(
-            (d for d in domains if slots[id(d)] > 0),
-            key=lambda d: (-slots[id(d)], self._tight_key(d, primary)),
-        )
+        # nothing changes while a plan is made: each domain's key is computed once
+        tight = {id(d): self._tight_key(d, primary) for d in domains if slots[id(d)] > 0}
+        rest = sorted((d for d in domains if id(d) in tight), key=lambda d: (-slots[id(d)], tight[id(d)]))
         remaining = count
         i = 0
         while remaining > 0 and i < len(rest):
-            holders = [d for d in rest[i:] if slots[id(d)] >= remaining]
-            if holders:
-                best = min(holders, key=lambda d: self._tight_key(d, primary))
+            # by room, the most first: the domains that hold the rest are the first ones
+            best: Domain | None = None
+            for d in itertools.islice(rest, i, None):
+                if slots[id(d)] < remaining:
+                    break
+                if best is None or tight[id(d)] < tight[id(best)]:
+                    best = d
+            if best is not None:
                 self._assign(best, remaining, req, primary, out)
                 return
             d = rest[i]
