@@ -126,8 +126,8 @@ class Parking:
     def __init__(self, on_wake: Callable[[Block, list[Member]], None]) -> None:
         self._on_wake = on_wake
         """Called with a block and its members woken: the index makes them jobs to try."""
-        self.blocks: dict[Hashable, list[Block]] = {}
-        """Group -> its parked blocks (a job is parked iff it is a member of one)."""
+        self.blocks: dict[Hashable, dict[int, Block]] = {}
+        """Group -> its parked blocks by stamp, oldest first (a job is parked iff it is a member of one)."""
         self.by_root: dict[str, dict[int, Block]] = {}
         """Tree root -> its parked blocks by stamp."""
         self.stamp = 0
@@ -148,12 +148,12 @@ class Parking:
     @property
     def parked(self) -> dict[str, Block]:
         """Every parked job with its block (built on demand: for tests and views, not the cycle)."""
-        return {m.job: b for bs in self.blocks.values() for b in bs for m in b.members}
+        return {m.job: b for bs in self.blocks.values() for b in bs.values() for m in b.members}
 
     def block_of(self, group: Hashable, neg_seq: int, job: str) -> Block | None:
         """The block a job of `group` is parked in, if any."""
         target = Member(neg_seq, job)
-        for b in self.blocks.get(group, ()):
+        for b in self.blocks.get(group, {}).values():
             i = bisect.bisect_left(b.members, target)
             if i < len(b.members) and b.members[i] == target:
                 return b
@@ -180,7 +180,7 @@ class Parking:
         self.stamp += 1
         stamp = self.stamp
         block = Block(stamp, group, root, members, reason, cycle)
-        self.blocks.setdefault(group, []).append(block)
+        self.blocks.setdefault(group, {})[stamp] = block
         self.by_root.setdefault(root, {})[stamp] = block
         freed = None if wake.freed_short is None else self.freed_seen + max(1, wake.freed_short - gpu_free)
         self._proposed.append(Park(block, queue, wake, freed))
@@ -249,7 +249,7 @@ class Parking:
     def _drop(self, block: Block) -> None:
         blocks = self.blocks.get(block.group)
         if blocks is not None:
-            blocks.remove(block)
+            del blocks[block.stamp]
             if not blocks:
                 del self.blocks[block.group]
         roots = self.by_root.get(block.root)
@@ -303,7 +303,7 @@ class Parking:
         self._pop_due(self._time_heap, now)
 
     def wake_all(self) -> None:
-        for block in sorted((b for bs in self.blocks.values() for b in bs), key=lambda b: b.stamp):
+        for block in sorted((b for bs in self.blocks.values() for b in bs.values()), key=lambda b: b.stamp):
             self.wake(block)
 
     def due_on_consumption(self, key: tuple[str, str], level: int) -> Iterable[Block]:

@@ -325,7 +325,9 @@ def _lowest_key(cycle: Cycle, job: JobState) -> OrderKey:
     """The job's `order_key` on the cycle's view (its quota position cached per shape and quota version)."""
     idx = cycle.idx
     quota = idx.quota
-    shape = idx.shape(job)
+    # a job to try has its class, which holds its shape and priority (one look-up, not two)
+    group = idx.group_of.get(job.id)
+    shape, priority = (group[0], group[1]) if group is not None else (idx.shape(job), idx.priority(job))
     known = cycle.quota_keys.get(shape)
     if known is not None and known.version == quota.version:
         borrows, share = known.over_nominal, known.share
@@ -333,7 +335,7 @@ def _lowest_key(cycle: Cycle, job: JobState) -> OrderKey:
         borrows = 0 if quota.within_nominal(job.queue, job.requests) else 1
         share = quota.share(job.queue, job.requests) if cycle.state.fair_sharing else 0
         cycle.quota_keys[shape] = QuotaPosition(quota.version, borrows, share)
-    return order_key(idx.priority(job), job.seq, borrows, share)
+    return order_key(priority, job.seq, borrows, share)
 
 
 def _job_class(cycle: Cycle, job: JobState) -> tuple[object, ...] | None:
