@@ -131,9 +131,10 @@ class SchedulerIndex:
     # ------------------------------------------------------------ job tracking
 
     def _untrack(self, job: JobState) -> None:
-        self.deactivate(job)
+        active = self.deactivate(job)
         group = self.group_of.pop(job.id, None)
-        if group is not None:
+        if group is not None and not active:
+            # a job to try is parked in no block (looking through its class's blocks costs one per block)
             self.parking.unpark(group, -job.seq, job.id)
         self._prio.pop(job.id, None)
         self._shape.pop(job.id, None)
