@@ -40,8 +40,9 @@ from muster.daemon.msgids import decision_ids
 from muster.daemon.terms import Leadership
 from muster.daemon.timers import WakeTimer
 from muster.events.store import ConcurrencyConflict, EventStore, StoreError
-from muster.events.types import Event, JobAdmitted, JobPreempted
+from muster.events.types import Event
 from muster.projections.cluster import ClusterState
+from muster.projections.settling import Settling
 
 __all__ = ["CycleOptions", "CycleRunner", "Hooks", "NoHooks"]
 
@@ -101,9 +102,13 @@ class CycleRunner:
         self._cycle_seconds = 0.0
 
     async def run(self, drain: Callable[[], Awaitable[None]]) -> None:
-        """Cycles until one admits and preempts nothing (or the term ends); `drain` folds what the follower brought."""
+        """One instant's cycles (`settling`): until one admits and preempts nothing, or the term ends.
+
+        `drain` folds what the follower brought.
+        """
         follower, leadership = self.follower, self.leadership
-        for _ in range(self.options.max_cycles):
+        settling = Settling(self.options.max_cycles)
+        for _ in settling:
             async with self.writing:
                 await drain()
                 term = leadership.term
@@ -138,8 +143,9 @@ class CycleRunner:
                     return
                 continue
             self.metrics.cycles.labels("decided").inc()
-            if not any(isinstance(ev, (JobAdmitted, JobPreempted)) for ev in events):
-                return
+            settling.decided(events)
+        if settling.settled:
+            return
         log.warning("scheduling did not settle", cycles=self.options.max_cycles, seq=follower.folded_seq)
 
     async def _decide(self, now: int, *, term_first: bool) -> list[Event]:

@@ -197,10 +197,12 @@ class JobState(msgspec.Struct, kw_only=True):
         """GPU-seconds of work a preemption at `now` would destroy."""
         if self.status != "admitted":
             return 0
+        # `saved_progress` inline: victim orders ask this of every candidate at every instant
         done = self.progress(now)
-        if self.runtime is not None:
-            done = min(done, self.runtime)
-        return (done - self.saved_progress(now)) * self.gpus
+        if self.runtime is not None and self.runtime < done:
+            done = self.runtime
+        every = self.checkpoint_every
+        return (done % every if every else done) * self.requests.get("gpu", 0)
 
     def remaining(self) -> int | None:
         if self.runtime is None:

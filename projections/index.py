@@ -113,6 +113,8 @@ class SchedulerIndex:
         self.running_version: dict[str, int] = {}
         self.victim_cache: dict[str, VictimList] = {}
         """Queue -> its running jobs in victim order (see `preemption.victim_order`)."""
+        self.running_changes: dict[str, list[str]] = {}
+        """Queue -> the jobs that joined or left its running set since its victim order was built."""
         self.victim_entries: dict[str, VictimMemo] = {}
         """Job -> its victim-order entry."""
         self.down_nodes: set[str] = {n for n, node in state.nodes.items() if not node.ready}
@@ -129,9 +131,10 @@ class SchedulerIndex:
     # ------------------------------------------------------------ job tracking
 
     def _untrack(self, job: JobState) -> None:
-        self.deactivate(job)
+        active = self.deactivate(job)
         group = self.group_of.pop(job.id, None)
-        if group is not None:
+        if group is not None and not active:
+            # a job to try is parked in no block (looking through its class's blocks costs one per block)
             self.parking.unpark(group, -job.seq, job.id)
         self._prio.pop(job.id, None)
         self._shape.pop(job.id, None)
@@ -141,7 +144,7 @@ class SchedulerIndex:
         running = self.running.get(job.queue)
         if running is not None and job.id in running:
             running.discard(job.id)
-            self.running_version[job.queue] = self.running_version.get(job.queue, 0) + 1
+            self._running_moved(job)
         self.orphans.discard(job.id)
 
     def _track(self, state: ClusterState, job: JobState) -> None:
@@ -152,7 +155,19 @@ class SchedulerIndex:
                 self.nominated.add(job.id)
         elif job.status == "admitted":
             self.running.setdefault(job.queue, set()).add(job.id)
-            self.running_version[job.queue] = self.running_version.get(job.queue, 0) + 1
+            self._running_moved(job)
+
+    def _running_moved(self, job: JobState) -> None:
+        """The job joined or left its queue's running set: its victim order is stale."""
+        queue = job.queue
+        self.running_version[queue] = self.running_version.get(queue, 0) + 1
+        if queue in self.victim_cache:
+            changes = self.running_changes.setdefault(queue, [])
+            changes.append(job.id)
+            if len(changes) > len(self.running[queue]) + 64:
+                # more changes than a rebuild's work: rebuild instead
+                del self.victim_cache[queue]
+                del self.running_changes[queue]
 
     def priority(self, job: JobState) -> int:
         """The job's priority value (classes change only with the index's structure)."""
@@ -278,6 +293,9 @@ class SchedulerIndex:
         memo = self.parking
         memo.settle(state.cycle, state.cycle_decisions)
         topo = self.topology
+        # the last cycle's tentative changes, but where the fold changed the node or queue
+        topo.settle(state.dirty_nodes)
+        self.quota.settle(state.dirty_queues)
         for name in sorted(state.dirty_nodes):
             node = state.nodes.get(name)
             if node is None:

@@ -102,12 +102,22 @@ class HeapEntry(NamedTuple):
     block: Block
 
 
+class Park(NamedTuple):
+    """A block the running cycle parked, and what its wakes wait for (set once the park stands)."""
+
+    block: Block
+    queue: str
+    wake: Wake
+    freed_level: int | None
+    """The count of freed GPUs that wakes it (None: not on capacity)."""
+
+
 class Proposal(NamedTuple):
     """The parks of one cycle, kept once its decisions are folded (`cycle`, `decisions` in the state)."""
 
     cycle: int
     decisions: int
-    blocks: tuple[Block, ...]
+    parks: tuple[Park, ...]
 
 
 class Parking:
@@ -116,8 +126,8 @@ class Parking:
     def __init__(self, on_wake: Callable[[Block, list[Member]], None]) -> None:
         self._on_wake = on_wake
         """Called with a block and its members woken: the index makes them jobs to try."""
-        self.blocks: dict[Hashable, list[Block]] = {}
-        """Group -> its parked blocks (a job is parked iff it is a member of one)."""
+        self.blocks: dict[Hashable, dict[int, Block]] = {}
+        """Group -> its parked blocks by stamp, oldest first (a job is parked iff it is a member of one)."""
         self.by_root: dict[str, dict[int, Block]] = {}
         """Tree root -> its parked blocks by stamp."""
         self.stamp = 0
@@ -132,18 +142,18 @@ class Parking:
         self._freed_heap: list[HeapEntry] = []
         self._time_heap: list[HeapEntry] = []
         self.proposal: Proposal | None = None
-        self._proposed: list[Block] = []
+        self._proposed: list[Park] = []
         """Blocks parked by the running cycle (they become `proposal` at its end)."""
 
     @property
     def parked(self) -> dict[str, Block]:
         """Every parked job with its block (built on demand: for tests and views, not the cycle)."""
-        return {m.job: b for bs in self.blocks.values() for b in bs for m in b.members}
+        return {m.job: b for bs in self.blocks.values() for b in bs.values() for m in b.members}
 
     def block_of(self, group: Hashable, neg_seq: int, job: str) -> Block | None:
         """The block a job of `group` is parked in, if any."""
         target = Member(neg_seq, job)
-        for b in self.blocks.get(group, ()):
+        for b in self.blocks.get(group, {}).values():
             i = bisect.bisect_left(b.members, target)
             if i < len(b.members) and b.members[i] == target:
                 return b
@@ -170,21 +180,29 @@ class Parking:
         self.stamp += 1
         stamp = self.stamp
         block = Block(stamp, group, root, members, reason, cycle)
-        self.blocks.setdefault(group, []).append(block)
+        self.blocks.setdefault(group, {})[stamp] = block
         self.by_root.setdefault(root, {})[stamp] = block
-        self._proposed.append(block)
-        if wake.freed_short is not None:
-            lacking = max(1, wake.freed_short - gpu_free)
-            heapq.heappush(self._freed_heap, HeapEntry(self.freed_seen + lacking, stamp, block))
+        freed = None if wake.freed_short is None else self.freed_seen + max(1, wake.freed_short - gpu_free)
+        self._proposed.append(Park(block, queue, wake, freed))
+        return block
+
+    def _stand(self, park: Park) -> None:
+        """A proposed park stands: its wakes wait on the counters.
+
+        Set at the next sync, before it folds anything: the counters are still
+        those the cycle saw (a cycle whose park is dropped sets no wake at all).
+        """
+        block, wake, root = park.block, park.wake, park.block.root
+        if park.freed_level is not None:
+            heapq.heappush(self._freed_heap, HeapEntry(park.freed_level, block.stamp, block))
         for r, amount in wake.released.items():
             self._push(self._release_heaps, (root, r), self.released_total, amount, block)
         for r, amount in wake.own_released.items():
-            self._push(self._release_heaps, (f"own:{queue}", r), self.released_total, amount, block)
+            self._push(self._release_heaps, (f"own:{park.queue}", r), self.released_total, amount, block)
         for r, amount in wake.consumed.items():
             self._push(self._consume_heaps, (root, r), self.consumed_total, amount, block)
         if wake.at_time is not None:
-            heapq.heappush(self._time_heap, HeapEntry(wake.at_time, stamp, block))
-        return block
+            heapq.heappush(self._time_heap, HeapEntry(wake.at_time, block.stamp, block))
 
     @staticmethod
     def _push(
@@ -199,8 +217,8 @@ class Parking:
 
     def end_cycle(self, cycle: int, decisions: int) -> None:
         """The running cycle is over: its parks wait for its decisions to be folded."""
-        blocks, self._proposed = tuple(self._proposed), []
-        self.proposal = Proposal(cycle, decisions, blocks) if blocks else None
+        parks, self._proposed = tuple(self._proposed), []
+        self.proposal = Proposal(cycle, decisions, parks) if parks else None
 
     def settle(self, folded_cycle: int, folded_decisions: int) -> None:
         """Keep the last cycle's parks if the state shows its decisions folded, else judge those jobs again."""
@@ -208,10 +226,13 @@ class Parking:
         if p is None:
             return
         if p.decisions > 0 and p.cycle == folded_cycle and p.decisions == folded_decisions:
+            for park in p.parks:
+                if park.block.members:
+                    self._stand(park)
             return
-        for block in p.blocks:
-            block.reason = None  # its verdicts were not folded: the members keep what they had
-            self.wake(block)
+        for park in p.parks:
+            park.block.reason = None  # its verdicts were not folded: the members keep what they had
+            self.wake(park.block)
 
     # ------------------------------------------------------------ waking (by the sync and the cycle)
 
@@ -228,7 +249,7 @@ class Parking:
     def _drop(self, block: Block) -> None:
         blocks = self.blocks.get(block.group)
         if blocks is not None:
-            blocks.remove(block)
+            del blocks[block.stamp]
             if not blocks:
                 del self.blocks[block.group]
         roots = self.by_root.get(block.root)
@@ -282,7 +303,7 @@ class Parking:
         self._pop_due(self._time_heap, now)
 
     def wake_all(self) -> None:
-        for block in sorted((b for bs in self.blocks.values() for b in bs), key=lambda b: b.stamp):
+        for block in sorted((b for bs in self.blocks.values() for b in bs.values()), key=lambda b: b.stamp):
             self.wake(block)
 
     def due_on_consumption(self, key: tuple[str, str], level: int) -> Iterable[Block]:

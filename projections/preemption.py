@@ -18,6 +18,7 @@ Everything is tentative on the cycle's view and undone before returning.
 
 from __future__ import annotations
 
+import bisect
 from typing import TYPE_CHECKING, NamedTuple
 
 from muster.events.types import PreemptionReason
@@ -97,41 +98,57 @@ def _candidates(cycle: Cycle, job: JobState, p: Preemptor) -> list[JobState]:
 
 def victim_order(cycle: Cycle, queue: str, upto: int) -> list[VictimEntry]:
     """A queue's preemptible running jobs of priority <= `upto` in victim order (priority,
-    lost work, newest); cached for the instant and the queue's running set. Callers walk it
-    in order and stop at a priority they may not take, so a longer list serves them too."""
+    lost work, newest); kept for the instant. Callers walk it in order and stop at a priority
+    they may not take, so a longer list serves them too."""
     idx, now = cycle.idx, cycle.now
     version = idx.running_version.get(queue, 0)
     hit = idx.victim_cache.get(queue)
-    if hit is not None and hit.at == now and hit.version == version and hit.upto >= upto:
-        return hit.entries
-    state = cycle.state
-    jobs = state.jobs
-    # a job's entry holds for the instant (and its admission): several cycles at one
-    # instant re-sort the same entries whenever the queue's running set changed
-    entries = idx.victim_entries
-    keys = []
-    for j in idx.running.get(queue, ()):
-        c = jobs[j]
-        hit_entry = entries.get(j)
-        if hit_entry is not None and hit_entry.admitted_at == c.admitted_at:
-            prio = hit_entry.priority
-            if prio is None or prio > upto:
-                continue  # not preemptible, or out of reach
-            entry = hit_entry.entry
-            if hit_entry.at == now and entry is not None:
-                keys.append(entry)
-                continue
-        else:
-            prio = state.priority_of(c) if state.preemptible(c) else None
-            if prio is None or prio > upto:
-                entries[j] = VictimMemo(-1, c.admitted_at, prio, None)
-                continue
-        entry = VictimEntry(prio, c.lost_gpu_seconds(now), -(c.admitted_at or 0), -c.seq, c)
-        entries[j] = VictimMemo(now, c.admitted_at, prio, entry)
-        keys.append(entry)
+    if hit is not None and hit.at == now and hit.upto >= upto:
+        if hit.version == version:
+            return hit.entries
+        # the running set changed since (admissions, ends, evictions folded at this instant):
+        # the other jobs' entries hold for the instant, so only the jobs that came or went move
+        changed = set(idx.running_changes.pop(queue, ()))
+        running = idx.running.get(queue, set())
+        keys = [e for e in hit.entries if e.job.id not in changed]
+        for j in sorted(changed):
+            if j in running:
+                entry = _victim_entry(cycle, j, hit.upto)
+                if entry is not None:
+                    bisect.insort(keys, entry)
+        idx.victim_cache[queue] = VictimList(now, version, hit.upto, keys)
+        return keys
+    idx.running_changes.pop(queue, None)
+    keys = [e for j in idx.running.get(queue, ()) if (e := _victim_entry(cycle, j, upto)) is not None]
     keys.sort()
     idx.victim_cache[queue] = VictimList(now, version, upto, keys)
     return keys
+
+
+def _victim_entry(cycle: Cycle, job_id: str, upto: int) -> VictimEntry | None:
+    """A running job's place in victim order at the cycle's instant (None: not preemptible, or above `upto`).
+
+    A job's entry holds for the instant (and its admission): several cycles at one
+    instant reuse it (`index.victim_entries`).
+    """
+    idx, now, state = cycle.idx, cycle.now, cycle.state
+    c = state.jobs[job_id]
+    entries = idx.victim_entries
+    memo = entries.get(job_id)
+    if memo is not None and memo.admitted_at == c.admitted_at:
+        prio = memo.priority
+        if prio is None or prio > upto:
+            return None  # not preemptible, or out of reach
+        if memo.at == now and memo.entry is not None:
+            return memo.entry
+    else:
+        prio = state.priority_of(c) if state.preemptible(c) else None
+        if prio is None or prio > upto:
+            entries[job_id] = VictimMemo(-1, c.admitted_at, prio, None)
+            return None
+    entry = VictimEntry(prio, c.lost_gpu_seconds(now), -(c.admitted_at or 0), -c.seq, c)
+    entries[job_id] = VictimMemo(now, c.admitted_at, prio, entry)
+    return entry
 
 
 def overlaps(candidate: JobState, job: JobState) -> bool:

@@ -15,7 +15,10 @@ Consequences (design invariant 4): a queue's usage never exceeds
 limit. A resource a queue does not name has no quota limit.
 
 The tree is derived from `ClusterState`; usage changes made while a cycle
-tries admissions and preemptions are undone by `rollback`.
+tries admissions and preemptions are undone by `rollback`, or, for the
+cycle's own, at the next sync (`settle`), where only the queues the fold did
+not change are undone (the others are set from the state). The tree's
+usage is a function of the queues' usage alone, so the order does not matter.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from muster.projections.cluster import ClusterState, QueueState
-from muster.projections.resources import fmt
+from muster.projections.resources import fmt, undoing
 
 UNLIMITED = 1 << 62
 
@@ -316,6 +319,14 @@ class QuotaTree:
 
     def mark(self) -> int:
         return len(self.undo)
+
+    def settle(self, changed: set[str]) -> None:
+        """Undo the changes logged since the last sync for the queues not in `changed` (`set_usage` sets those)."""
+        if not self.undo:
+            return
+        changes, self.undo = undoing(self.undo, changed), []
+        for queue, delta in changes.items():
+            self.add(queue, delta, 1, record=False)
 
     def rollback(self, to: int = 0) -> None:
         while len(self.undo) > to:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from fractions import Fraction
 
 Resources = dict[str, int]
@@ -104,6 +104,18 @@ def fits(request: Mapping[str, int], free: Mapping[str, int]) -> bool:
 def positive(a: Mapping[str, int]) -> Resources:
     """Only the strictly positive entries, in sorted key order (stable for output)."""
     return {k: a[k] for k in sorted(a) if a[k] > 0}
+
+
+def undoing(log: Iterable[tuple[str, Mapping[str, int], int]], keep: Container[str]) -> dict[str, Resources]:
+    """Per key, the one change that undoes a log of `(key, amounts, sign)` changes (keys in `keep` left out)."""
+    net: dict[str, Resources] = {}
+    for key, amounts, sign in log:
+        if key in keep:
+            continue
+        acc = net.setdefault(key, {})
+        for r, v in amounts.items():
+            acc[r] = acc.get(r, 0) - sign * v
+    return {key: delta for key, acc in net.items() if (delta := {r: v for r, v in acc.items() if v})}
 
 
 def fmt(a: Mapping[str, int]) -> str:

@@ -13,7 +13,9 @@ One call is one scheduling cycle. It reads like Kueue's `schedule()`:
    preemptor is admitted by a later cycle at the same instant); else explain
    why it waits (`JobInadmissible`, only when the reason changed) and park it;
 6. reclaim jobs idle for long enough when a pending job could use their room;
-7. undo every tentative change: the state is left exactly as it was found.
+7. undo every tentative change: the state is left exactly as it was found
+   (the derived index's nodes and quotas are put back at its next sync, but
+   those the fold of the decisions changes: see `topology`).
 
 The caller folds the returned events and calls again while a cycle admits or
 preempts something (`muster sim` and the daemon do so).
@@ -106,6 +108,15 @@ class EvictNewAnswer(NamedTuple):
     answer: bool
 
 
+class Removal(NamedTuple):
+    """A tentative eviction's place in the cycle's undo logs: from the marks before it to those after."""
+
+    topo_start: int
+    quota_start: int
+    topo_end: int
+    quota_end: int
+
+
 class Cycle:
     """One scheduling cycle's tentative view: the index plus undo logs."""
 
@@ -116,7 +127,6 @@ class Cycle:
         self.number = state.cycle + 1
         self.epoch = state.epoch
         self.topo = Transaction(idx.topology)
-        self.quota_mark = idx.quota.mark()
         self.current: OrderKey | None = None
         """Order key of the job being tried (None while nominated preemptors go first)."""
         self.heap: list[_HeapEntry] | None = None
@@ -136,6 +146,8 @@ class Cycle:
         """Jobs admitted (or holding room as preemptors) in this cycle, per tree: new victims next cycle."""
         self.removed: set[str] = set()
         """Jobs evicted (tentatively) in this cycle."""
+        self.removals: dict[str, Removal] = {}
+        """Where each `remove` sits in the undo logs (a `restore` right after it takes it out)."""
         self.placed: dict[str, dict[str, str]] = {}
         """Jobs admitted or reserved (tentatively) in this cycle, with their placement."""
         self.reserved = False
@@ -152,17 +164,28 @@ class Cycle:
 
     def remove(self, job: JobState) -> None:
         """Evict a running job tentatively: give back its node and quota usage."""
+        topo, quota = self.topo, self.idx.quota
+        before = (topo.mark(), quota.mark())
         for node, n, req in node_pods(job.podsets, job.placement):
-            self.topo.give(node, {k: v * n for k, v in req.items()} if n > 1 else req)
-        self.idx.quota.add(job.queue, job.requests, -1)
+            topo.give(node, {k: v * n for k, v in req.items()} if n > 1 else req)
+        quota.add(job.queue, job.requests, -1)
         self.removed.add(job.id)
+        self.removals[job.id] = Removal(*before, topo.mark(), quota.mark())
 
     def restore(self, job: JobState) -> None:
         """Undo `remove` (used while minimising a victim set)."""
-        for node, n, req in node_pods(job.podsets, job.placement):
-            self.topo.take(node, {k: v * n for k, v in req.items()} if n > 1 else req)
-        self.idx.quota.add(job.queue, job.requests, 1)
         self.removed.discard(job.id)
+        topo, quota = self.topo, self.idx.quota
+        r = self.removals.pop(job.id, None)
+        if r is not None and r.topo_end == topo.mark() and r.quota_end == quota.mark():
+            # nothing changed since: take the removal out of the undo logs (a victim search
+            # removes and restores thousands of jobs, which the logs would otherwise keep)
+            topo.rollback(r.topo_start)
+            quota.rollback(r.quota_start)
+            return
+        for node, n, req in node_pods(job.podsets, job.placement):
+            topo.take(node, {k: v * n for k, v in req.items()} if n > 1 else req)
+        quota.add(job.queue, job.requests, 1)
 
     def place(self, job: JobState) -> tuple[dict[str, str] | None, str]:
         """Place every podset (taking the capacity); on failure take nothing and say why."""
@@ -288,8 +311,9 @@ class Cycle:
         `parking`). Jobs parked while room was held for a preemptor are tried
         again whatever happens.
         """
-        self.topo.rollback()
-        self.idx.quota.rollback(self.quota_mark)
+        # the topology's and quota's changes are undone at the next sync, but where the fold
+        # changes the node or queue (`TopologyIndex.settle`, `QuotaTree.settle`)
+        self.topo.defer()
         for block in self.parked_on_reserved:
             block.reason = None  # woken before its verdicts are folded
             self.idx.parking.wake(block)
@@ -320,7 +344,9 @@ def _lowest_key(cycle: Cycle, job: JobState) -> OrderKey:
     """The job's `order_key` on the cycle's view (its quota position cached per shape and quota version)."""
     idx = cycle.idx
     quota = idx.quota
-    shape = idx.shape(job)
+    # a job to try has its class, which holds its shape and priority (one look-up, not two)
+    group = idx.group_of.get(job.id)
+    shape, priority = (group[0], group[1]) if group is not None else (idx.shape(job), idx.priority(job))
     known = cycle.quota_keys.get(shape)
     if known is not None and known.version == quota.version:
         borrows, share = known.over_nominal, known.share
@@ -329,7 +355,7 @@ def _lowest_key(cycle: Cycle, job: JobState) -> OrderKey:
         borrows = 0 if quota.within_nominal(job.queue, requests) else 1
         share = quota.share(job.queue, requests) if cycle.state.fair_sharing else 0
         cycle.quota_keys[shape] = QuotaPosition(quota.version, borrows, share)
-    return order_key(idx.priority(job), job.seq, borrows, share)
+    return order_key(priority, job.seq, borrows, share)
 
 
 def _job_class(cycle: Cycle, job: JobState) -> tuple[object, ...] | None:

@@ -15,19 +15,23 @@ Placement rules (spec/scenario.md, Topology):
   resource: GPUs if requested), ties to the tightest enclosing domain, then name.
 
 The index is mutated only inside a `Transaction`, whose undo log puts every
-change back when the scheduling cycle ends; `decide` therefore leaves it as it
-found it. Invariant: outside a transaction, every host's free capacity equals
+change back. A cycle's own log is put back lazily (`Transaction.defer`): at
+the next sync (`settle`), only for the nodes whose state did not change since;
+a node the fold changed (the cycle's admissions and evictions, once folded) is
+set from its state instead, so an admission's nodes are not undone and then
+redone. Invariant: after a sync, every host's free capacity equals
 capacity - reserved - used of its node in the cluster state.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from muster.projections.cluster import ClusterState, NodeState
 from muster.projections.flavors import node_markers, plain
-from muster.projections.resources import fmt
+from muster.projections.resources import fmt, undoing
 
 HOST = "host"
 _MAX_GPU_BUCKET = 64
@@ -121,8 +125,18 @@ class TopologyIndex:
         for dom in index.values():
             dom.children.sort(key=lambda d: d.path)
         self.gpu_free_total: int = self.root.free.get("gpu", 0)
+        self.deferred: list[tuple[str, dict[str, int], int]] = []
+        """The last cycle's tentative changes, not undone yet (`settle`)."""
 
     # ------------------------------------------------------------ host updates
+
+    def settle(self, changed: set[str]) -> None:
+        """Undo the deferred changes of the hosts not in `changed` (those `sync_node` sets from the state)."""
+        if not self.deferred:
+            return
+        changes, self.deferred = undoing(self.deferred, changed), []
+        for host, delta in changes.items():
+            self.adjust(host, delta, 1)
 
     def level_depth(self, level: str) -> int | None:
         """Depth of a level's domains (1 = outermost); `host` is the innermost."""
@@ -138,6 +152,13 @@ class TopologyIndex:
         free = {k: v - used.get(k, 0) - reserved.get(k, 0) for k, v in node.capacity.items()}
         if self.markers:
             free.update(self.markers.get(node.name, {}))
+        if host.schedulable and node.schedulable and host.host_free.keys() <= free.keys():
+            # the common case (usage moved): one walk up with the difference
+            old = host.host_free
+            delta = {k: v - old.get(k, 0) for k, v in free.items() if v != old.get(k, 0)}
+            if delta:
+                self.adjust(host.name, delta, 1)
+            return
         self._replace_host(host, free, node.schedulable)
 
     def _replace_host(self, host: Domain, free: dict[str, int], schedulable: bool) -> None:
@@ -347,16 +368,20 @@ class TopologyIndex:
         out: list[str],
     ) -> None:
         """Fewest domains: take the roomiest until the rest fits in one, then the tightest that holds it."""
-        rest = sorted(
-            (d for d in domains if slots[id(d)] > 0),
-            key=lambda d: (-slots[id(d)], self._tight_key(d, primary)),
-        )
+        # nothing changes while a plan is made: each domain's key is computed once
+        tight = {id(d): self._tight_key(d, primary) for d in domains if slots[id(d)] > 0}
+        rest = sorted((d for d in domains if id(d) in tight), key=lambda d: (-slots[id(d)], tight[id(d)]))
         remaining = count
         i = 0
         while remaining > 0 and i < len(rest):
-            holders = [d for d in rest[i:] if slots[id(d)] >= remaining]
-            if holders:
-                best = min(holders, key=lambda d: self._tight_key(d, primary))
+            # by room, the most first: the domains that hold the rest are the first ones
+            best: Domain | None = None
+            for d in itertools.islice(rest, i, None):
+                if slots[id(d)] < remaining:
+                    break
+                if best is None or tight[id(d)] < tight[id(best)]:
+                    best = d
+            if best is not None:
                 self._assign(best, remaining, req, primary, out)
                 return
             d = rest[i]
@@ -397,6 +422,11 @@ class Transaction:
 
     def mark(self) -> int:
         return len(self.log)
+
+    def defer(self) -> None:
+        """Leave every change in place, to be undone at the index's next sync (`TopologyIndex.settle`)."""
+        self.index.deferred.extend(self.log)
+        self.log = []
 
     def rollback(self, to: int = 0) -> None:
         while len(self.log) > to:

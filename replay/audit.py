@@ -49,6 +49,7 @@ from muster.projections.cluster import ClusterState, evolve
 from muster.projections.fencing import fenced
 from muster.projections.resources import fmt
 from muster.projections.scheduler import decide
+from muster.projections.settling import unsettled
 from muster.replay.points import Point
 from muster.replay.rebuild import state_at
 from muster.replay.snapshots import Snapshots, Verify
@@ -56,7 +57,6 @@ from muster.replay.source import LogSource
 
 _DECISIONS = (JobAdmitted, JobPreempted, JobInadmissible, JobRejected, SubmissionRejected)
 assert set(_DECISIONS) == set(DECISION_TYPES)
-_CHANGES = (JobAdmitted, JobPreempted)
 
 
 @dataclass
@@ -178,7 +178,7 @@ async def audit(
             evolve(state, ev)
         if b.differ:
             _reset_index(state)
-        if any(isinstance(ev, _CHANGES) for ev in b.recorded):
+        if unsettled(b.recorded):
             settle_at = b.at
         if on_batch is not None:
             on_batch(b)

@@ -5,8 +5,9 @@ times, finishes jobs when their work is done, ends a run that reaches its
 declared time limit first (`JobFailed`, reason DeadlineExceeded, as
 Kubernetes does at a Job's `activeDeadlineSeconds`), and between those runs
 scheduling cycles (`decide`, the same code the daemon runs) until a cycle
-admits and preempts nothing. Every event goes through `evolve` in log order,
-so the returned log replays to the same state and decisions.
+admits and preempts nothing (`settling.Settling`, the daemon's loop too).
+Every event goes through `evolve` in log order, so the returned log replays
+to the same state and decisions.
 
 Order at one instant: jobs due to finish (or past their limit), then the inputs
 in file order, then cycles. Work done exactly at the limit finishes the job.
@@ -43,6 +44,7 @@ from muster.events.types import (
 from muster.projections.cluster import ClusterState, JobState, evolve
 from muster.projections.resources import gpus_of
 from muster.projections.scheduler import decide, next_wakeup
+from muster.projections.settling import Settling
 from muster.replay.scenario import Input, Scenario
 
 MAX_CYCLES_PER_INSTANT = 10_000
@@ -338,17 +340,14 @@ def simulate(
         while i < len(inputs) and inputs[i].at <= now:
             apply(inputs[i], now)
             i += 1
-        for _ in range(MAX_CYCLES_PER_INSTANT):
+        settling = Settling(MAX_CYCLES_PER_INSTANT)
+        for _ in settling:
             decisions = decide(state, now)
             cycles += 1
-            changed = False
             for ev in decisions:
                 append(ev)
-                if isinstance(ev, (JobAdmitted, JobPreempted)):
-                    changed = True
-            if not changed:
-                break
-        else:
+            settling.decided(decisions)
+        if not settling.settled:
             raise SimulationError(f"scheduling did not settle at t={now} after {MAX_CYCLES_PER_INSTANT} cycles")
     end = until if until is not None else now
     acct.advance(state, end)
