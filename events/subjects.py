@@ -33,6 +33,8 @@ from muster.events.types import (
     NodeUpdated,
     PriorityClassConfigured,
     QueueConfigured,
+    ReservationMade,
+    ReservationReleased,
     SchedulerConfigured,
     SubmissionRejected,
 )
@@ -81,6 +83,8 @@ _JOB_EVENTS = (
     JobInadmissible,
     JobRejected,
     SubmissionRejected,
+    ReservationMade,
+    ReservationReleased,
     GpuUtilizationSampled,
 )
 

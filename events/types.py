@@ -7,7 +7,7 @@ Invariants:
 - Schemas evolve additively: new fields go last and have defaults. A breaking
   change bumps `v` and adds a pure upcaster in `codec.py`.
 - Quantities are integers in base units: whole GPUs, milli-CPU, bytes.
-- Decision events (admissions, preemptions, inadmissible, rejections) carry the
+- Decision events (admissions, preemptions, inadmissible, rejections, reservations) carry the
   leader `epoch` and the scheduling `cycle` that produced them.
 """
 
@@ -120,6 +120,9 @@ class QueueConfigured(Event, frozen=True, kw_only=True, tag="QueueConfigured"):
     preemption: PreemptionPolicy = PreemptionPolicy()
     queueing_strategy: QueueingStrategy = "best_effort_fifo"
     """`strict_fifo`: the job at the head of the queue holds back every job behind it (Kueue's StrictFIFO)."""
+    reserve_after: int | None = None
+    """Seconds a job may wait before the core reserves room for it (`projections.reservations`);
+    None: the queue makes no reservations."""
 
 
 # ---------------------------------------------------------------- nodes
@@ -297,6 +300,40 @@ class SubmissionRejected(Event, frozen=True, kw_only=True, tag="SubmissionReject
     epoch: int = 0
 
 
+class ExpectedEnd(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A running job a reservation waits for, and when its declared limit ends it (None: no limit)."""
+
+    job: JobId
+    end: int | None = None
+
+
+class ReservationMade(Event, frozen=True, kw_only=True, tag="ReservationMade"):
+    """Room held for a pending job: only jobs whose declared limit ends by `expected_start` may be
+    placed on `nodes` until it is released (`projections.reservations`)."""
+
+    job: JobId
+    queue: QueueName
+    nodes: list[NodeName]
+    domain: str = ""
+    """The topology domain the nodes lie in (`b1/r3`), "" when the job needs none."""
+    expected_start: int | None = None
+    """When the jobs it waits for end by their limits (None: one of them declared none)."""
+    waits_for: list[ExpectedEnd] = []
+    reason: str = ""
+    cycle: int = 0
+    epoch: int = 0
+
+
+class ReservationReleased(Event, frozen=True, kw_only=True, tag="ReservationReleased"):
+    """A job's reservation ends: `admitted`, `cancelled` (it left or was held), `replaced` (its room
+    changed: a new `ReservationMade` follows)."""
+
+    job: JobId
+    reason: str
+    cycle: int = 0
+    epoch: int = 0
+
+
 AnyEvent = (
     SchedulerConfigured
     | PriorityClassConfigured
@@ -320,6 +357,8 @@ AnyEvent = (
     | JobInadmissible
     | JobRejected
     | SubmissionRejected
+    | ReservationMade
+    | ReservationReleased
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -345,6 +384,8 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     JobInadmissible,
     JobRejected,
     SubmissionRejected,
+    ReservationMade,
+    ReservationReleased,
 )
 
 DECISION_TYPES: tuple[type[Event], ...] = (
@@ -353,6 +394,8 @@ DECISION_TYPES: tuple[type[Event], ...] = (
     JobInadmissible,
     JobRejected,
     SubmissionRejected,
+    ReservationMade,
+    ReservationReleased,
 )
 
 __all__ = [
@@ -363,6 +406,7 @@ __all__ = [
     "CohortConfigured",
     "CohortName",
     "Event",
+    "ExpectedEnd",
     "GpuUtilizationSampled",
     "IdleReclaimPolicy",
     "JobAdmitted",
@@ -391,6 +435,8 @@ __all__ = [
     "QueueName",
     "QueueingStrategy",
     "ReclaimPolicy",
+    "ReservationMade",
+    "ReservationReleased",
     "Resources",
     "SchedulerConfigured",
     "SubmissionRejected",

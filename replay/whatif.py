@@ -498,6 +498,7 @@ def _changed_queues(state: ClusterState, config: list[Event]) -> list[str]:
             or old.weight != q.weight
             or old.preemption != q.preemption
             or old.queueing_strategy != q.queueing_strategy
+            or old.reserve_after != q.reserve_after
         ):
             out.append(q.name)
     return sorted(out)
