@@ -322,6 +322,8 @@ class ReservationMade(Event, frozen=True, kw_only=True, tag="ReservationMade"):
     reason: str = ""
     cycle: int = 0
     epoch: int = 0
+    needs: dict[NodeName, Resources] = {}
+    """What the job's pods take on each node: no more than this is held back there ({}: all that is free)."""
 
 
 class ReservationReleased(Event, frozen=True, kw_only=True, tag="ReservationReleased"):

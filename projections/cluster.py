@@ -206,6 +206,8 @@ class Reservation(msgspec.Struct, kw_only=True):
     expected_start: int | None = None
     waits_for: list[ExpectedEnd] = []
     reason: str = ""
+    needs: dict[str, dict[str, int]] = {}
+    """Node -> what the job's pods take there: the most held back on it ({}: all that is free)."""
 
 
 class RefusedSubmission(msgspec.Struct, kw_only=True):
@@ -737,6 +739,7 @@ def _on_reservation_made(state: ClusterState, ev: ReservationMade) -> ClusterSta
         expected_start=ev.expected_start,
         waits_for=list(ev.waits_for),
         reason=ev.reason,
+        needs={n: dict(r) for n, r in ev.needs.items()},
     )
     state.structure += 1
     _count_decision(state, ev.cycle)

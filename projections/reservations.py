@@ -14,9 +14,11 @@ The rules (docs/spec/scenario.md, Reservations and backfill):
   running jobs' declared ends (admission + `max_runtime`); a job without a
   limit has an unknown end and is counted after every known one, in
   submission order. The reservation holds the fewest hosts of that domain
-  that hold the job then, and names the running jobs there it waits for.
-- What it holds back: every job but its holder sees the reserved hosts as
-  full, unless its own declared limit ends by the expected start (backfill).
+  that hold the job then (on each, what its pods take there), and names the
+  running jobs there it waits for.
+- What it holds back: on each reserved host, the free room up to what the
+  holder's pods will take there; every job but the holder sees it as taken,
+  unless its own declared limit ends by the expected start (backfill).
   With an unknown start (some job in the way declared no limit) nothing
   backfills; a job without a limit never does.
 - When: decided at the end of a cycle that evicted nothing, for the heads
@@ -64,19 +66,29 @@ class Fence:
         }
         self.taken: dict[str, dict[str, int]] = {}
         """Host -> what the fence holds back there now."""
+        self.needs: dict[str, dict[str, int] | None] = {}
+        """Host -> the most it holds back there (None: all that is free)."""
         for res in self.held.values():
+            for node in res.nodes:
+                self.needs[node] = res.needs.get(node) if res.needs else None
             self._close(res.nodes)
 
     def _close(self, nodes: Iterable[str]) -> None:
+        """Hold back the free room of `nodes` the holder needs (what it holds there already counts)."""
         hosts = self.topo.index.hosts
         for node in nodes:
             host = hosts.get(node)
             if host is None:
                 continue
-            room = {k: v for k, v in host.host_free.items() if v > 0}
+            need = self.needs.get(node)
+            held = self.taken.setdefault(node, {})
+            room: dict[str, int] = {}
+            for k, v in host.host_free.items():
+                cap = v if need is None else min(v, need.get(k, 0) - held.get(k, 0))
+                if cap > 0:
+                    room[k] = cap
             if room:
                 self.topo.take(node, room)
-                held = self.taken.setdefault(node, {})
                 for k, v in room.items():
                     held[k] = held.get(k, 0) + v
 
@@ -141,6 +153,7 @@ class Plan(NamedTuple):
     domain: str
     expected_start: int | None
     waits_for: list[ExpectedEnd]
+    needs: dict[str, dict[str, int]]
 
 
 class Running(NamedTuple):
@@ -214,6 +227,7 @@ def decide_reservations(
                 reason=reason,
                 cycle=cycle,
                 epoch=epoch,
+                needs={NodeName(n): r for n, r in sorted(plan.needs.items())},
             )
         )
     return events
@@ -291,6 +305,7 @@ def _running(
             for k, v in req.items():
                 host[k] = host.get(k, 0) + v * n
         out.append(Running(end, job.seq, job_id, room))
+    # known ends first, in order; then the jobs without a limit, in submission order
     out.sort(key=lambda r: (r.end is None, r.end or 0, r.seq))
     return out
 
@@ -312,6 +327,8 @@ def plan_for(job: JobState, topo: TopologyIndex, running: list[Running], taken: 
 
 
 def _plan_in(job: JobState, dom: Domain, running: list[Running], taken: set[str], now: int) -> Plan | None:
+    """When and on which of the domain's hosts the job fits soonest, the running jobs' room coming back
+    in `running`'s order."""
     hosts = [dom] if dom.is_host else dom.hosts
     room = {h.name: {k: v for k, v in h.host_free.items()} for h in hosts if h.schedulable and h.name not in taken}
     if not room:
@@ -322,14 +339,10 @@ def _plan_in(job: JobState, dom: Domain, running: list[Running], taken: set[str]
         if chosen is not None:
             break
         mine = {n: req for n, req in r.room.items() if n in room}
-        if not mine:
-            continue
-        for n, req in mine.items():
-            host = room[n]
-            for k, v in req.items():
-                host[k] = host.get(k, 0) + v
-        freed.append(r)
-        chosen = _fit(job, room)
+        if mine:
+            _give(room, mine)
+            freed.append(r)
+            chosen = _fit(job, room)
     if chosen is None:
         return None
     waits = [r for r in freed if any(n in chosen for n in r.room)]
@@ -340,13 +353,21 @@ def _plan_in(job: JobState, dom: Domain, running: list[Running], taken: set[str]
         domain="/".join(dom.path),
         expected_start=start,
         waits_for=[ExpectedEnd(job=JobId(r.job), end=r.end) for r in waits],
+        needs=chosen,
     )
 
 
-def _fit(job: JobState, room: Mapping[str, Mapping[str, int]]) -> set[str] | None:
-    """The hosts a greedy fill puts the job's pods on, roomiest first (None: they do not fit)."""
+def _give(room: dict[str, dict[str, int]], rooms: Mapping[str, Mapping[str, int]]) -> None:
+    for n, req in rooms.items():
+        host = room[n]
+        for k, v in req.items():
+            host[k] = host.get(k, 0) + v
+
+
+def _fit(job: JobState, room: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]] | None:
+    """What a greedy fill, roomiest host first, puts on each host (None: the job does not fit)."""
     left = {n: dict(r) for n, r in room.items()}
-    used: set[str] = set()
+    used: dict[str, dict[str, int]] = {}
     for ps in job.podsets:
         need = ps.count
         wanted = [(k, v) for k, v in ps.requests.items() if v > 0]
@@ -357,9 +378,10 @@ def _fit(job: JobState, room: Mapping[str, Mapping[str, int]]) -> set[str] | Non
             n = min(slots[name], need)
             if n <= 0:
                 break
+            on = used.setdefault(name, {})
             for k, v in wanted:
                 left[name][k] -= v * n
-            used.add(name)
+                on[k] = on.get(k, 0) + v * n
             need -= n
         if need > 0:
             return None
