@@ -741,7 +741,7 @@ def _on_reservation_made(state: ClusterState, ev: ReservationMade) -> ClusterSta
         reason=ev.reason,
         needs={n: dict(r) for n, r in ev.needs.items()},
     )
-    state.structure += 1
+    # no rebuild: held room only shrinks what others see, so every verdict parked before stands
     _count_decision(state, ev.cycle)
     return state
 

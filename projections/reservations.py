@@ -30,10 +30,13 @@ The rules (docs/spec/scenario.md, Reservations and backfill):
   closes backfill.
 
 Memory is the log: what a cycle holds back is a function of
-`state.reservations` (folded from those events) and `now`. Any change to
-what is held back rebuilds the scheduler's index in the fold (`cluster`),
+`state.reservations` (folded from those events) and `now`. A release, or a
+holder that leaves, rebuilds the scheduler's index in the fold (`cluster`),
 so jobs parked on the old view are tried again and the parking memo stays
-exact; within a cycle the held room only shrinks, as admissions shrink it.
+exact; a new reservation needs no rebuild, since held room only shrinks
+what the others see (their parked verdicts stand, and their wakes come
+early, never late). Within a cycle the held room only shrinks, as
+admissions shrink it.
 """
 
 from __future__ import annotations
