@@ -26,8 +26,8 @@ The rules (docs/spec/scenario.md, Reservations and backfill):
   Released (`ReservationReleased`) as `admitted` in the cycle that admits
   its holder, `cancelled` once the holder is no longer pending (it ended, or
   was held), `replaced` when a reserved host left or cannot take pods (a new
-  reservation follows). A start that passes does not move it: it only
-  closes backfill.
+  reservation for the same job follows at once). A start that passes does
+  not move it: it only closes backfill.
 
 Memory is the log: what a cycle holds back is a function of
 `state.reservations` (folded from those events) and `now`. A release, or a
@@ -178,62 +178,73 @@ def released_on_admission(state: ClusterState, job: JobState, now: int, cycle: i
 def decide_reservations(
     state: ClusterState,
     idx: SchedulerIndex,
-    now: int,
+    fence: Fence,
     placed: Mapping[str, Mapping[str, str]],
     cycle: int,
     epoch: int,
 ) -> list[Event]:
-    """Release the reservations whose holder left or whose hosts did, and reserve for the heads due one.
+    """Release the reservations whose holder left or whose hosts did (reserving again for the holder of
+    the latter), and reserve for the heads due one.
 
-    Judged on the cycle's view at its end (`placed`: the jobs it admitted).
+    Judged on the cycle's view at its end (`placed`: the jobs it admitted; `fence`: what it holds back).
     """
+    now = fence.now
     events: list[Event] = []
     held: dict[str, Reservation] = {}
+    moving: list[Reservation] = []
     for job_id, res in sorted(state.reservations.items()):
         if job_id in placed:
             continue  # released with its admission
         if not in_force(state, job_id):
             events.append(ReservationReleased(at=now, job=JobId(job_id), reason="cancelled", cycle=cycle, epoch=epoch))
-            continue
-        if all(_usable(state, n) for n in res.nodes):
+        elif not all(_usable(state, n) for n in res.nodes):
+            events.append(ReservationReleased(at=now, job=JobId(job_id), reason="replaced", cycle=cycle, epoch=epoch))
+            moving.append(res)
+        else:
             held[res.queue] = res
-            continue
-        events.append(ReservationReleased(at=now, job=JobId(job_id), reason="replaced", cycle=cycle, epoch=epoch))
     queues = sorted(q for q, qs in state.queues.items() if qs.reserve_after is not None and q not in held)
-    if not queues:
+    if not queues and not moving:
         return events
-    heads = _heads(state, idx, set(queues), placed)
-    running: list[Running] | None = None
+    running = _running(state, idx, now, placed)
+    topo = idx.topology
     taken = {n for res in held.values() for n in res.nodes}
+    for res in moving:
+        # its nodes cannot serve: the same holder is reserved for again, by the same rules
+        plan = plan_for(state.jobs[res.job], topo, running, taken, now, fence.taken)
+        if plan is not None:
+            taken.update(plan.nodes)
+            held[res.queue] = res
+            events.append(_made(state.jobs[res.job], plan, res.reason, now, cycle, epoch))
+    heads = _heads(state, idx, {q for q in queues if q not in held}, placed)
     for queue in queues:
         head = heads.get(queue)
-        if head is None:
+        if head is None or queue in held:
             continue
         reason = _due(state, idx, head, now)
         if reason is None:
             continue
-        if running is None:
-            running = _running(state, idx, now, placed)
-        plan = plan_for(head, idx.topology, running, taken, now)
+        plan = plan_for(head, topo, running, taken, now, fence.taken)
         if plan is None:
             continue
         taken.update(plan.nodes)
-        events.append(
-            ReservationMade(
-                at=now,
-                job=JobId(head.id),
-                queue=QueueName(queue),
-                nodes=[NodeName(n) for n in plan.nodes],
-                domain=plan.domain,
-                expected_start=plan.expected_start,
-                waits_for=plan.waits_for,
-                reason=reason,
-                cycle=cycle,
-                epoch=epoch,
-                needs={NodeName(n): r for n, r in sorted(plan.needs.items())},
-            )
-        )
+        events.append(_made(head, plan, reason, now, cycle, epoch))
     return events
+
+
+def _made(job: JobState, plan: Plan, reason: str, now: int, cycle: int, epoch: int) -> ReservationMade:
+    return ReservationMade(
+        at=now,
+        job=JobId(job.id),
+        queue=QueueName(job.queue),
+        nodes=[NodeName(n) for n in plan.nodes],
+        domain=plan.domain,
+        expected_start=plan.expected_start,
+        waits_for=plan.waits_for,
+        reason=reason,
+        cycle=cycle,
+        epoch=epoch,
+        needs={NodeName(n): r for n, r in sorted(plan.needs.items())},
+    )
 
 
 def _usable(state: ClusterState, node: str) -> bool:
@@ -313,14 +324,24 @@ def _running(
     return out
 
 
-def plan_for(job: JobState, topo: TopologyIndex, running: list[Running], taken: set[str], now: int) -> Plan | None:
-    """The domain where `job` fits soonest, and the fewest of its hosts that hold it then (None: nowhere)."""
+def plan_for(
+    job: JobState,
+    topo: TopologyIndex,
+    running: list[Running],
+    taken: set[str],
+    now: int,
+    held: Mapping[str, Mapping[str, int]],
+) -> Plan | None:
+    """The domain where `job` fits soonest, and the fewest of its hosts that hold it then (None: nowhere).
+
+    `taken`: hosts other reservations hold; `held`: room the cycle's fence holds back (free, for the plan).
+    """
     level = next((ps.topology.required for ps in job.podsets if ps.topology and ps.topology.required), None)
     depth = topo.level_depth(level) if level is not None else None
     domains = topo.by_level[depth - 1] if depth is not None else [topo.root]
     best: tuple[tuple[object, ...], Plan] | None = None
     for dom in domains:
-        plan = _plan_in(job, dom, running, taken, now)
+        plan = _plan_in(job, dom, running, taken, now, held)
         if plan is None:
             continue
         score = (plan.expected_start is None, plan.expected_start or 0, len(plan.waits_for), dom.path)
@@ -329,13 +350,21 @@ def plan_for(job: JobState, topo: TopologyIndex, running: list[Running], taken: 
     return best[1] if best is not None else None
 
 
-def _plan_in(job: JobState, dom: Domain, running: list[Running], taken: set[str], now: int) -> Plan | None:
+def _plan_in(
+    job: JobState,
+    dom: Domain,
+    running: list[Running],
+    taken: set[str],
+    now: int,
+    held: Mapping[str, Mapping[str, int]],
+) -> Plan | None:
     """When and on which of the domain's hosts the job fits soonest, the running jobs' room coming back
     in `running`'s order."""
     hosts = [dom] if dom.is_host else dom.hosts
-    room = {h.name: {k: v for k, v in h.host_free.items()} for h in hosts if h.schedulable and h.name not in taken}
+    room = {h.name: dict(h.host_free) for h in hosts if h.schedulable and h.name not in taken}
     if not room:
         return None
+    _give(room, {n: r for n, r in held.items() if n in room})
     chosen = _fit(job, room)
     freed: list[Running] = []
     for r in running:

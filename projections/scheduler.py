@@ -581,7 +581,8 @@ def decide(state: ClusterState, now: int) -> list[Event]:
             _admit(cycle)
             if not cycle.reserved:
                 # 5b. room held for the heads that waited too long, from the next cycle on
-                cycle.events.extend(decide_reservations(state, idx, now, cycle.placed, cycle.number, cycle.epoch))
+                reserving = decide_reservations(state, idx, cycle.fence, cycle.placed, cycle.number, cycle.epoch)
+                cycle.events.extend(reserving)
         # 6. idle reclaim
         _reclaim_idle(cycle)
     finally:
