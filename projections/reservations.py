@@ -6,9 +6,9 @@ The rules (docs/spec/scenario.md, Reservations and backfill):
   job by priority, then submission) once it has waited `reserve_after`
   seconds since it last became pending, or at once when the queue's usage
   with the job admitted stays within its nominal quota. A head its own
-  queue's limits leave no room for (nominal, plus borrowing limit when it may
-  borrow) gets none: nodes would not help it. At
-  most one reservation per queue, and no node is held by two.
+  queue's limits leave no room for (nominal, plus borrowing limit when it
+  may borrow) gets none: nodes would not help it. At most one reservation
+  per queue, and no node is held by two.
 - Where: among the domains of the level its podsets require (every host
   when none is required), the one where it fits soonest, counting the
   running jobs' declared ends (admission + `max_runtime`); a job without a
