@@ -8,6 +8,10 @@ the big gangs (32 GPUs or more). Not a test: it prints numbers (issue 12).
 Policies:
 - `default`: `muster sim` with today's defaults (`best_effort_fifo` everywhere);
 - `strict_fifo`: the same with every queue `strict_fifo`;
+- `reserve`: `best_effort_fifo` with every queue `reserve_after: --reserve-after`
+  (reservations, `projections/reservations.py`), no job declaring a time limit;
+- `reserve+limits`: the same with every job declaring a limit of its runtime
+  times `--limit-factor` (so it is never ended by it), which backfill reads;
 - `fifo`, `sjf`: reference simulators over one pool of the cluster's GPUs, no
   quotas and no placement: `fifo` admits in submission order and its head
   blocks everyone (no backfill); `sjf` admits the shortest job that fits first
@@ -23,6 +27,7 @@ Traces:
   of 1 to 64 GPUs (most small), seeded arrivals at offered load `--load`.
 
 Usage: python bench/bench_starvation.py [--only philly,synthetic] [--jobs N] [--shrink F] [--load L]
+       [--policies default,reserve,...] [--reserve-after S] [--limit-factor F]
 """
 
 from __future__ import annotations
@@ -127,24 +132,30 @@ def _load(jobs: list[TraceJob], gpus: int) -> float:
 # ---------------------------------------------------------------- policies
 
 
-def run_muster(trace: Trace, d: Path, strategy: str) -> list[Wait]:
-    """`muster sim` on the trace, every queue with `strategy`."""
-    rows = d / f"{trace.name}.csv"
+def run_muster(
+    trace: Trace, d: Path, strategy: str, reserve_after: int | None = None, limit_factor: float | None = None
+) -> list[Wait]:
+    """`muster sim` on the trace, every queue with `strategy` (and `reserve_after`); with `limit_factor`
+    every job declares a time limit of its runtime times that factor (rounded up)."""
+    name = f"{trace.name}-{strategy}-{reserve_after}-{limit_factor}"
+    rows = d / f"{name}.csv"
     with rows.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["job", "submit", "queue", "gpus", "gpus_per_pod", "runtime"])
+        w.writerow(["job", "submit", "queue", "gpus", "gpus_per_pod", "runtime", "limit"])
         for j in trace.jobs:
-            w.writerow([j.job, j.submit, j.queue, j.gpus, _per_pod(j.gpus), j.runtime])
+            limit = math.ceil(j.runtime * limit_factor) if limit_factor is not None else ""
+            w.writerow([j.job, j.submit, j.queue, j.gpus, _per_pod(j.gpus), j.runtime, limit])
     nodes = sum(trace.nominal.values()) // 8
+    reserve = f", reserve_after: {reserve_after}" if reserve_after is not None else ""
     queues = "".join(
-        f"  - {{name: {q}, cohort: org, nominal: {{gpu: {g}}}, queueing_strategy: {strategy}}}\n"
+        f"  - {{name: {q}, cohort: org, nominal: {{gpu: {g}}}, queueing_strategy: {strategy}{reserve}}}\n"
         for q, g in sorted(trace.nominal.items())
     )
     text = (
         f'nodes:\n  - generate: {{count: {nodes}, name: "n{{i}}", capacity: {{gpu: 8}}}}\n'
         f"cohorts:\n  - {{name: org}}\nqueues:\n{queues}timeline_csv: {rows.name}\n"
     )
-    path = d / f"{trace.name}-{strategy}.yaml"
+    path = d / f"{name}.yaml"
     path.write_text(text)
     return run_waits(simulate(load(path), keep_events=False))
 
@@ -198,11 +209,13 @@ def _fmt(s: WaitStats) -> str:
     return f"avg={s.avg:>10,.0f} p50={s.p50:>9,} p99={s.p99:>10,} max={s.max:>10,} pending={s.waiting}"
 
 
-def report(trace: Trace, d: Path, policies: list[str]) -> None:
+def report(trace: Trace, d: Path, policies: list[str], reserve_after: int, limit_factor: float) -> None:
     print(f"{trace.name}: {trace.note}", flush=True)
     runners: dict[str, Callable[[], list[Wait]]] = {
         "default": lambda: run_muster(trace, d, "best_effort_fifo"),
         "strict_fifo": lambda: run_muster(trace, d, "strict_fifo"),
+        "reserve": lambda: run_muster(trace, d, "best_effort_fifo", reserve_after),
+        "reserve+limits": lambda: run_muster(trace, d, "best_effort_fifo", reserve_after, limit_factor),
         "fifo": lambda: run_reference(trace, "fifo"),
         "sjf": lambda: run_reference(trace, "sjf"),
     }
@@ -211,14 +224,23 @@ def report(trace: Trace, d: Path, policies: list[str]) -> None:
         waits = runners[name]()
         cpu = time.process_time() - c0
         big = stats(w for w in waits if w.gpus >= BIG)
-        print(f"  {name:<12} all: {_fmt(stats(waits))}  cpu={cpu:6.1f}s", flush=True)
-        print(f"  {'':<12} >={BIG} GPUs: {_fmt(big)}  ({big.jobs} gangs)", flush=True)
+        print(f"  {name:<14} all: {_fmt(stats(waits))}  cpu={cpu:6.1f}s", flush=True)
+        print(f"  {'':<14} >={BIG} GPUs: {_fmt(big)}  ({big.jobs} gangs)", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default="philly,synthetic")
-    ap.add_argument("--policies", default="default,strict_fifo,fifo,sjf")
+    ap.add_argument("--policies", default="default,strict_fifo,reserve,reserve+limits,fifo,sjf")
+    ap.add_argument(
+        "--reserve-after", type=int, default=3600, help="reserve, reserve+limits: every queue's reserve_after"
+    )
+    ap.add_argument(
+        "--limit-factor",
+        type=float,
+        default=1.5,
+        help="reserve+limits: each job's declared limit is its runtime times this",
+    )
     ap.add_argument("--jobs", type=int, default=20_000, help="jobs of each trace (Philly: the first by submission)")
     ap.add_argument("--shrink", type=float, default=0.2, help="Philly: fraction of each VC's nodes kept")
     ap.add_argument("--load", type=float, default=0.9, help="synthetic: offered load")
@@ -232,9 +254,9 @@ def main(argv: list[str] | None = None) -> int:
             if trace is None:
                 print(f"philly: trace not found in {PHILLY}, skipped", flush=True)
             else:
-                report(trace, d, policies)
+                report(trace, d, policies, args.reserve_after, args.limit_factor)
         if "synthetic" in only:
-            report(synthetic(args.jobs, args.load), d, policies)
+            report(synthetic(args.jobs, args.load), d, policies, args.reserve_after, args.limit_factor)
     return 0
 
 

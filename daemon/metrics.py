@@ -7,7 +7,8 @@ from it. The age of a queue's oldest pending job is the one gauge that reads
 a clock (the scrape's time less when the job last became pending: its
 submission, or its last preemption); in the daemon event times are epoch
 seconds. Every replica folds the same log, so a standby reports the same
-cluster gauges as the leader; `muster_leader` tells them apart.
+cluster gauges as the leader; `muster_leader` tells them apart. Reservations
+held per queue (`muster_queue_reservations`) are read from the folded state too.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from muster.projections.cluster import ClusterState, JobState
+from muster.projections.cluster import ClusterState
 
 __all__ = ["DaemonMetrics"]
 
@@ -84,6 +85,11 @@ class _StateCollector(Collector):
             "Seconds the queue's longest-waiting pending job has waited since it last became pending (0: none)",
             labels=["queue"],
         )
+        reserved = GaugeMetricFamily(
+            "muster_queue_reservations",
+            "Reservations held for the queue's pending jobs (room held back from jobs that would delay them)",
+            labels=["queue"],
+        )
         if get is not None:
             state = get()
             now = self.metrics.clock()
@@ -92,13 +98,18 @@ class _StateCollector(Collector):
             for job in state.jobs.values():
                 if job.status == "pending":
                     counts.setdefault(job.queue, [0, 0])[0] += 1
-                    since[job.queue] = min(since.get(job.queue, _pending_since(job)), _pending_since(job))
+                    since[job.queue] = min(since.get(job.queue, job.pending_since()), job.pending_since())
                 elif job.status == "admitted":
                     counts.setdefault(job.queue, [0, 0])[1] += 1
             for q, (p, a) in sorted(counts.items()):
                 pending.add_metric([q], p)
                 running.add_metric([q], a)
                 oldest.add_metric([q], max(0.0, now - since[q]) if q in since else 0.0)
+            held: dict[str, int] = {}
+            for r in state.reservations.values():
+                held[r.queue] = held.get(r.queue, 0) + 1
+            for q in sorted(set(state.queues) | set(held)):
+                reserved.add_metric([q], held.get(q, 0))
             for name, queue in sorted(state.queues.items()):
                 for res in sorted(set(queue.usage) | set(queue.nominal)):
                     used = queue.usage.get(res, 0)
@@ -106,9 +117,4 @@ class _StateCollector(Collector):
                     nominal.add_metric([name, res], queue.nominal.get(res, 0))
                     if res in queue.nominal:
                         borrowed.add_metric([name, res], max(0, used - queue.nominal[res]))
-        yield from (pending, running, usage, nominal, borrowed, oldest)
-
-
-def _pending_since(job: JobState) -> int:
-    """When a pending job last became pending: its last preemption, else its submission."""
-    return job.preempted_at if job.preempted_at is not None else job.submitted_at
+        yield from (pending, running, usage, nominal, borrowed, oldest, reserved)

@@ -67,6 +67,8 @@ class DemoOptions:
     """Seconds between scrapes of the fake dcgm-exporter (wall clock)."""
     idle_after: float = 16.0
     """Seconds at speed 1 a job may stay idle before idle reclaim (divided by `speed`, like runtimes)."""
+    reserve_after: float | None = None
+    """Seconds at speed 1 a gang may wait before its queue reserves room for it (None: no reservations)."""
     live: bool = True
     console: Any = None
     ui_port: int | None = None
@@ -135,7 +137,8 @@ async def run_demo(options: DemoOptions) -> DemoResult:
         store = await EventStore.connect(server.url, stream=STREAM)
         try:
             idle_after = max(1, round(options.idle_after / options.speed))
-            await store.append(demo_config(int(time.time()), idle_after=idle_after))
+            reserve_after = None if options.reserve_after is None else round(options.reserve_after / options.speed)
+            await store.append(demo_config(int(time.time()), idle_after=idle_after, reserve_after=reserve_after))
             async with AsyncExitStack() as stack:
                 emulator, api = await stack.enter_async_context(running(KubeEmulator(keep_requests=2000)))
                 for node in demo_nodes():

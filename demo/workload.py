@@ -103,13 +103,14 @@ def demo_nodes(blocks: int = 4, racks: int = 4, nodes: int = 4, gpus: int = 8) -
     return out
 
 
-def demo_config(at: int, *, idle_after: int | None = None) -> list[Event]:
+def demo_config(at: int, *, idle_after: int | None = None, reserve_after: int | None = None) -> list[Event]:
     """Topology levels, priority classes, two GPU flavors, one cohort and four teams of 128 GPUs each:
     64 of each flavor, team-a and team-b trying H100 first, team-c and team-d A100 first.
 
     With `idle_after` (seconds), idle reclaim is on: a preemptible job whose GPUs stay at or below 5 %
     that long is preempted when a waiting gang could use its GPUs, borrowed or not (so that a short
-    demo shows it; a cluster would rather keep `only_borrowing`, the default).
+    demo shows it; a cluster would rather keep `only_borrowing`, the default). With `reserve_after`
+    (seconds) every team reserves room for its head (`projections.reservations`).
     """
     idle = None
     if idle_after is not None:
@@ -138,6 +139,7 @@ def demo_config(at: int, *, idle_after: int | None = None) -> list[Event]:
                 cohort=CohortName("org"),
                 preemption=policy,
                 resource_groups=[group],
+                reserve_after=reserve_after,
             )
         )
     return events

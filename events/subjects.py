@@ -36,6 +36,8 @@ from muster.events.types import (
     NodeUpdated,
     PriorityClassConfigured,
     QueueConfigured,
+    ReservationMade,
+    ReservationReleased,
     SchedulerConfigured,
     SubmissionRejected,
 )
@@ -93,6 +95,8 @@ _JOB_EVENTS = (
     JobInadmissible,
     JobRejected,
     SubmissionRejected,
+    ReservationMade,
+    ReservationReleased,
     GpuUtilizationSampled,
 )
 # a user's job control (`muster cancel|hold|release`) names the job's queue and goes on

@@ -7,7 +7,7 @@ Invariants:
 - Schemas evolve additively: new fields go last and have defaults. A breaking
   change bumps `v` and adds a pure upcaster in `codec.py`.
 - Quantities are integers in base units: whole GPUs, milli-CPU, bytes.
-- Decision events (admissions, preemptions, inadmissible, rejections) carry the
+- Decision events (admissions, preemptions, inadmissible, rejections, reservations) carry the
   leader `epoch` and the scheduling `cycle` that produced them.
 """
 
@@ -162,6 +162,9 @@ class QueueConfigured(Event, frozen=True, kw_only=True, tag="QueueConfigured"):
     """Quota per flavor (Kueue's resourceGroups); unset: `nominal` and the limits hold over every node.
     UNSET, not `[]`, so a queue without flavors is stored exactly as before they existed."""
     flavor_fungibility: FlavorFungibility | UnsetType = UNSET
+    reserve_after: int | None = None
+    """Seconds a job may wait before the core reserves room for it (`projections.reservations`);
+    None: the queue makes no reservations."""
 
 
 # ---------------------------------------------------------------- nodes
@@ -356,6 +359,42 @@ class SubmissionRejected(Event, frozen=True, kw_only=True, tag="SubmissionReject
     epoch: int = 0
 
 
+class ExpectedEnd(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A running job a reservation waits for, and when its declared limit ends it (None: no limit)."""
+
+    job: JobId
+    end: int | None = None
+
+
+class ReservationMade(Event, frozen=True, kw_only=True, tag="ReservationMade"):
+    """Room held for a pending job: only jobs whose declared limit ends by `expected_start` may be
+    placed on `nodes` until it is released (`projections.reservations`)."""
+
+    job: JobId
+    queue: QueueName
+    nodes: list[NodeName]
+    domain: str = ""
+    """The topology domain the nodes lie in (`b1/r3`), "" when the job needs none."""
+    expected_start: int | None = None
+    """When the jobs it waits for end by their limits (None: one of them declared none)."""
+    waits_for: list[ExpectedEnd] = []
+    reason: str = ""
+    cycle: int = 0
+    epoch: int = 0
+    needs: dict[NodeName, Resources] = {}
+    """What the job's pods take on each node: no more than this is held back there ({}: all that is free)."""
+
+
+class ReservationReleased(Event, frozen=True, kw_only=True, tag="ReservationReleased"):
+    """A job's reservation ends: `admitted`, `cancelled` (it left or was held), `replaced` (its room
+    changed: a new `ReservationMade` follows)."""
+
+    job: JobId
+    reason: str
+    cycle: int = 0
+    epoch: int = 0
+
+
 AnyEvent = (
     SchedulerConfigured
     | PriorityClassConfigured
@@ -380,6 +419,8 @@ AnyEvent = (
     | JobRejected
     | SubmissionRejected
     | FlavorConfigured
+    | ReservationMade
+    | ReservationReleased
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -406,6 +447,8 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     JobRejected,
     SubmissionRejected,
     FlavorConfigured,
+    ReservationMade,
+    ReservationReleased,
 )
 
 DECISION_TYPES: tuple[type[Event], ...] = (
@@ -414,6 +457,8 @@ DECISION_TYPES: tuple[type[Event], ...] = (
     JobInadmissible,
     JobRejected,
     SubmissionRejected,
+    ReservationMade,
+    ReservationReleased,
 )
 
 __all__ = [
@@ -424,6 +469,7 @@ __all__ = [
     "CohortConfigured",
     "CohortName",
     "Event",
+    "ExpectedEnd",
     "FlavorConfigured",
     "FlavorFungibility",
     "FlavorQuota",
@@ -455,6 +501,8 @@ __all__ = [
     "QueueName",
     "QueueingStrategy",
     "ReclaimPolicy",
+    "ReservationMade",
+    "ReservationReleased",
     "ResourceGroup",
     "Resources",
     "SchedulerConfigured",

@@ -30,6 +30,7 @@ from muster.events.types import (
     AnyEvent,
     CohortConfigured,
     Event,
+    ExpectedEnd,
     FlavorConfigured,
     FlavorFungibility,
     GpuUtilizationSampled,
@@ -54,6 +55,8 @@ from muster.events.types import (
     PreemptionPolicy,
     PriorityClassConfigured,
     QueueConfigured,
+    ReservationMade,
+    ReservationReleased,
     ResourceGroup,
     SchedulerConfigured,
     SubmissionRejected,
@@ -105,6 +108,7 @@ class QueueState(msgspec.Struct, kw_only=True):
     resource_groups: list[ResourceGroup] = []
     """Its quota per flavor; `nominal` and the limits then hold it flattened, keyed `resource@flavor`."""
     fungibility: FlavorFungibility = FlavorFungibility()
+    reserve_after: int | None = None
 
 
 class FlavorState(msgspec.Struct, kw_only=True):
@@ -178,6 +182,10 @@ class JobState(msgspec.Struct, kw_only=True):
         """
         return self.preempted_at == now and self.evicted_by is not None
 
+    def pending_since(self) -> int:
+        """When a pending job last became pending: its last preemption, else its submission."""
+        return self.preempted_at if self.preempted_at is not None else self.submitted_at
+
     def progress(self, now: int) -> int:
         """Seconds of work done by `now`, counting the current run."""
         if self.status == "admitted" and self.admitted_at is not None:
@@ -208,6 +216,21 @@ class JobState(msgspec.Struct, kw_only=True):
         if self.runtime is None:
             return None
         return max(0, self.runtime - self.work_done)
+
+
+class Reservation(msgspec.Struct, kw_only=True):
+    """Room held for a pending job, as its `ReservationMade` says (see `reservations`)."""
+
+    job: str
+    queue: str
+    nodes: list[str]
+    domain: str = ""
+    since: int = 0
+    expected_start: int | None = None
+    waits_for: list[ExpectedEnd] = []
+    reason: str = ""
+    needs: dict[str, dict[str, int]] = {}
+    """Node -> what the job's pods take there: the most held back on it ({}: all that is free)."""
 
 
 class RefusedSubmission(msgspec.Struct, kw_only=True):
@@ -244,6 +267,8 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
     refused: list[RefusedSubmission] = []
     """Submissions of a taken job id, in log order, waiting for their `SubmissionRejected`."""
     flavors: dict[str, FlavorState] = {}
+    reservations: dict[str, Reservation] = {}
+    """Job id -> the room held for it, until its `ReservationReleased`."""
 
     def __post_init__(self) -> None:
         self.reset_bookkeeping()
@@ -405,6 +430,12 @@ def _release(state: ClusterState, job: JobState) -> None:
     state.dirty_jobs.add(job.id)
 
 
+def _reservation_moved(state: ClusterState, job_id: str) -> None:
+    """A change to what a reservation holds back: the scheduler's index is rebuilt (see `reservations`)."""
+    if job_id in state.reservations:
+        state.structure += 1
+
+
 def _borrowing(queue: QueueState) -> bool:
     return any(v > queue.nominal[r] for r, v in queue.usage.items() if r in queue.nominal)
 
@@ -495,6 +526,7 @@ def _on_admitted(state: ClusterState, ev: JobAdmitted) -> ClusterState:
     job.evicted_by = None
     _count_decision(state, ev.cycle)
     state.dirty_jobs.add(job.id)
+    _reservation_moved(state, job.id)
     return state
 
 
@@ -533,6 +565,7 @@ def _end(state: ClusterState, job_id: str, at: int, status: JobStatus, reason: s
         if job.admitted_at is not None:
             job.work_done = job.progress(at) if job.runtime is None else min(job.runtime, job.progress(at))
         _release(state, job)
+    _reservation_moved(state, job_id)
     job.status = status
     job.finished_at = at
     job.admitted_at = None
@@ -614,6 +647,7 @@ def _on_queue(state: ClusterState, ev: QueueConfigured) -> ClusterState:
         queueing_strategy=ev.queueing_strategy,
         resource_groups=list(groups),
         fungibility=ev.flavor_fungibility if ev.flavor_fungibility else FlavorFungibility(),
+        reserve_after=ev.reserve_after,
     )
     state.dirty_queues.add(ev.name)
     state.structure += 1
@@ -774,6 +808,7 @@ def _on_held(state: ClusterState, ev: JobHeld) -> ClusterState:
         return _skip(state)
     job.held = True
     state.dirty_jobs.add(job.id)
+    _reservation_moved(state, job.id)
     return state
 
 
@@ -783,6 +818,39 @@ def _on_released(state: ClusterState, ev: JobReleased) -> ClusterState:
         return _skip(state)
     job.held = False
     state.dirty_jobs.add(job.id)  # the index validates and tries it like a new submission
+    _reservation_moved(state, job.id)
+    return state
+
+
+def _on_reservation_made(state: ClusterState, ev: ReservationMade) -> ClusterState:
+    if _fenced(state, ev.epoch):
+        return state
+    job = state.jobs.get(ev.job)
+    if job is None or job.status != "pending" or ev.job in state.reservations:
+        return _skip(state)
+    state.reservations[ev.job] = Reservation(
+        job=ev.job,
+        queue=ev.queue,
+        nodes=list(ev.nodes),
+        domain=ev.domain,
+        since=ev.at,
+        expected_start=ev.expected_start,
+        waits_for=list(ev.waits_for),
+        reason=ev.reason,
+        needs={n: dict(r) for n, r in ev.needs.items()},
+    )
+    # no rebuild: held room only shrinks what others see, so every verdict parked before stands
+    _count_decision(state, ev.cycle)
+    return state
+
+
+def _on_reservation_released(state: ClusterState, ev: ReservationReleased) -> ClusterState:
+    if _fenced(state, ev.epoch):
+        return state
+    if state.reservations.pop(ev.job, None) is None:
+        return _skip(state)
+    state.structure += 1
+    _count_decision(state, ev.cycle)
     return state
 
 
@@ -799,6 +867,8 @@ _HANDLERS: dict[type[Event], object] = {
     JobInadmissible: _on_inadmissible,
     JobRejected: _on_rejected,
     SubmissionRejected: _on_submission_rejected,
+    ReservationMade: _on_reservation_made,
+    ReservationReleased: _on_reservation_released,
     GpuUtilizationSampled: _on_utilization,
     NodeAdded: _on_node,
     NodeUpdated: _on_node,

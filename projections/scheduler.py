@@ -12,6 +12,8 @@ One call is one scheduling cycle. It reads like Kueue's `schedule()`:
    find a minimal set of victims the policies allow (`JobPreempted`; the
    preemptor is admitted by a later cycle at the same instant); else explain
    why it waits (`JobInadmissible`, only when the reason changed) and park it;
+   5b. reserve room for the queue heads that waited too long (`reservations`; reserved room is
+   held back from every other job but those whose declared limit ends before it is needed);
 6. reclaim jobs idle for long enough when a pending job could use their room;
 7. undo every tentative change: the state is left exactly as it was found
    (the derived index's nodes and quotas are put back at its next sync, but
@@ -69,6 +71,7 @@ from muster.projections.index import (
 from muster.projections.parking import Block, Member, Wake
 from muster.projections.preemption import Result, Victim, find_victims, overlaps
 from muster.projections.queueing import StrictHeads
+from muster.projections.reservations import Fence, decide_reservations, released_on_admission
 from muster.projections.resources import fmt
 from muster.projections.topology import Transaction
 
@@ -159,6 +162,8 @@ class Cycle:
         decisions are not folded (they are jobs to try again at `finish`)."""
         self.events: list[Event] = []
         self.heads = StrictHeads(state, idx)
+        self.fence = Fence(state, self.topo, now)
+        """The room reservations hold back in this cycle (`reservations`)."""
 
     # ------------------------------------------------------------ tentative changes
 
@@ -365,10 +370,12 @@ def _job_class(cycle: Cycle, job: JobState) -> tuple[object, ...] | None:
         or job.evicted_by is not None
         or cycle.idx.equal_in_queue(job.queue)
         or job.queue in cycle.heads.strict
+        or cycle.fence.own_verdict(job)
     ):
         # its candidates depend on its own history (the jobs it spares, see `eviction`) or on its
         # own submission order (equal priorities, by seq); in a strict_fifo queue the jobs after a
-        # refused head are held behind it, not refused with it
+        # refused head are held behind it, not refused with it; a job that may use reserved room
+        # sees more than its class
         return None
     group = cycle.idx.group_of.get(job.id) or cycle.idx.group(job)
     return group[:4]  # the group less whose job it is (when the job is grouped alone)
@@ -399,19 +406,24 @@ def _try(cycle: Cycle, job: JobState) -> Outcome:
     quota_reason = idx.quota.blocking(job.queue, job.requests, allow_borrow)
     reason = quota_reason or ""
     if quota_reason is None:
+        opened = cycle.fence.open(job)
         if cycle.could_place(job):
             borrowed = idx.quota.borrowed_by(job.queue, job.requests)
             placement, reason = cycle.place(job)
+            cycle.fence.close(opened)
             if placement is not None:
                 _admitted(cycle, job, placement, borrowed)
                 return "admitted"
         else:
+            cycle.fence.close(opened)
             reason = _capacity_reason(job)
     result = find_victims(cycle, job, allow_borrow)
     if result.victims:
         _evict_for(cycle, job, result.victims)
         return "preempting"
     wake = _wake_rule(cycle, job, allow_borrow, quota_reason is not None, result.quota_possible, result)
+    if wake.freed_short is not None:
+        wake.freed_short -= cycle.fence.held_gpus(job)  # it also sees the reserved room it may use
     if cls is not None:
         cycle.failed_classes[cls] = Verdict(reason, wake)
     _park(cycle, job, reason, wake)
@@ -448,6 +460,7 @@ def _admitted(cycle: Cycle, job: JobState, placement: dict[str, str], borrowed: 
             flavors=job.flavors if job.flavors else UNSET,
         )
     )
+    cycle.events.extend(released_on_admission(cycle.state, job, cycle.now, cycle.number, cycle.epoch))
 
 
 def _try_flavors(cycle: Cycle, job: JobState, cls: tuple[object, ...] | None, allow_borrow: bool) -> Outcome:
@@ -656,6 +669,10 @@ def decide(state: ClusterState, now: int) -> list[Event]:
         if not _evict_lost_nodes(cycle):
             # 4-5. heads in admission order; admit, preempt (which ends the cycle) or park
             _admit(cycle)
+            if not cycle.reserved:
+                # 5b. room held for the heads that waited too long, from the next cycle on
+                reserving = decide_reservations(state, idx, cycle.fence, cycle.placed, cycle.number, cycle.epoch)
+                cycle.events.extend(reserving)
         # 6. idle reclaim
         _reclaim_idle(cycle)
     finally:

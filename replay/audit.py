@@ -42,6 +42,8 @@ from muster.events.types import (
     JobInadmissible,
     JobPreempted,
     JobRejected,
+    ReservationMade,
+    ReservationReleased,
     SubmissionRejected,
 )
 from muster.projections import index as scheduler_index
@@ -55,7 +57,16 @@ from muster.replay.rebuild import state_at
 from muster.replay.snapshots import Snapshots, Verify
 from muster.replay.source import LogSource
 
-_DECISIONS = (JobAdmitted, JobPreempted, JobInadmissible, JobRejected, SubmissionRejected)
+# spelled out (not DECISION_TYPES) so that an isinstance test narrows to events that carry cycle and epoch
+_DECISIONS = (
+    JobAdmitted,
+    JobPreempted,
+    JobInadmissible,
+    JobRejected,
+    SubmissionRejected,
+    ReservationMade,
+    ReservationReleased,
+)
 assert set(_DECISIONS) == set(DECISION_TYPES)
 
 
@@ -282,6 +293,11 @@ def brief(ev: Event) -> str:
         return f"pending {ev.job}: {ev.reason}"
     if isinstance(ev, (JobRejected, SubmissionRejected)):
         return f"reject {ev.job}: {ev.reason}"
+    if isinstance(ev, ReservationMade):
+        start = f"expected at {ev.expected_start}" if ev.expected_start is not None else "start unknown"
+        return f"reserve {', '.join(ev.nodes)} for {ev.job} ({start}): {ev.reason}"
+    if isinstance(ev, ReservationReleased):
+        return f"release the reservation of {ev.job}: {ev.reason}"
     return f"{type(ev).__name__}"
 
 

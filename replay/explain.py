@@ -42,9 +42,18 @@ from muster.events.types import (
     NodeRemoved,
     NodeUpdated,
     QueueConfigured,
+    ReservationMade,
+    ReservationReleased,
     SubmissionRejected,
 )
-from muster.projections.cluster import DEFAULT_IDLE_THRESHOLD, ClusterState, JobState, evolve, foreign_control
+from muster.projections.cluster import (
+    DEFAULT_IDLE_THRESHOLD,
+    ClusterState,
+    JobState,
+    Reservation,
+    evolve,
+    foreign_control,
+)
 from muster.projections.queueing import STRICT_FIFO
 from muster.projections.resources import fmt
 from muster.replay.points import Point, duration
@@ -382,6 +391,20 @@ class Storyteller:
             self._add(seq, at, "held", f"held by a user{why}; it keeps its place and is not tried until released")
         elif isinstance(ev, JobReleased):
             self._add(seq, at, "released", "released by a user: it is tried again in its place")
+        elif isinstance(ev, ReservationMade):
+            held = Reservation(
+                job=ev.job,
+                queue=ev.queue,
+                nodes=list(ev.nodes),
+                domain=ev.domain,
+                since=at,
+                expected_start=ev.expected_start,
+                waits_for=list(ev.waits_for),
+                reason=ev.reason,
+            )
+            self._add(seq, at, "reserved", f"{reservation_text(held, at)} ({ev.reason})", **reservation_data(held))
+        elif isinstance(ev, ReservationReleased):
+            self._add(seq, at, "unreserved", f"its reservation released: {ev.reason}", reason=ev.reason)
         elif isinstance(ev, SubmissionRejected):
             self._add(seq, at, "refused", f"a second submission of this id (queue {ev.queue}) refused: {ev.reason}")
         elif isinstance(ev, (JobFinished, JobFailed, JobCancelled)):
@@ -544,6 +567,18 @@ def blockers(state: ClusterState, job: JobState) -> dict[str, Any]:
             f"strict_fifo: {order[0].id}, the head of {job.queue}, must be admitted first "
             "(no job behind it is admitted while it waits)",
         )
+    reservation = state.reservations.get(job.id)
+    if reservation is not None:
+        changes.insert(0, f"{reservation_text(reservation, state.now)}: no job that would delay it is placed there")
+    others = [o for o in sorted(state.reservations.values(), key=lambda o: o.job) if o.job != job.id]
+    for other in others:
+        if job.max_runtime is None:
+            verdict = "a job without a limit never backfills"
+        elif other.expected_start is not None and state.now + job.max_runtime <= other.expected_start:
+            verdict = "its limit ends in time to use it"
+        else:
+            verdict = "its limit ends too late to use it"
+        changes.append(f"reserved room: {', '.join(other.nodes)} held for {other.job}; {verdict}")
     victims = _victims(state, job)
     if victims.get("victims"):
         changes.append(
@@ -571,7 +606,43 @@ def blockers(state: ClusterState, job: JobState) -> dict[str, Any]:
         "quota": quota,
         "capacity": capacity,
         "preemption": victims,
+        "reservation": reservation_data(reservation) if reservation is not None else None,
         "what_would_have_to_change": changes,
+    }
+
+
+def reservation_text(r: Reservation, now: int) -> str:
+    """`reserved b1/r3 since 1h 02m; waiting for 3 jobs to end, expected in 1h 08m`."""
+    where = r.domain or ", ".join(r.nodes[:6]) + (f" +{len(r.nodes) - 6} more" if len(r.nodes) > 6 else "")
+    text = f"reserved {where}"
+    if now > r.since:
+        text += f" since {duration(now - r.since)} ago"
+    n = len(r.waits_for)
+    if not n:
+        return text + "; its room is free (it waits for quota)"
+    ends = [f"{w.job} {_end_text(w.end, now)}" for w in r.waits_for[:5]]
+    more = f" +{n - 5} more" if n > 5 else ""
+    text += f"; waiting for {n} job{'s' if n != 1 else ''} to end ({', '.join(ends)}{more})"
+    if r.expected_start is None:
+        return text + ", one without a declared limit (start unknown)"
+    if r.expected_start <= now:
+        return text + f", expected {duration(now - r.expected_start)} ago"
+    return text + f", expected in {duration(r.expected_start - now)}"
+
+
+def _end_text(end: int | None, now: int) -> str:
+    if end is None:
+        return "with no limit"
+    return f"in {duration(end - now)}" if end > now else "now"
+
+
+def reservation_data(r: Reservation) -> dict[str, Any]:
+    return {
+        "nodes": list(r.nodes),
+        "domain": r.domain,
+        "since": r.since,
+        "expected_start": r.expected_start,
+        "waits_for": [{"job": w.job, "expected_end": w.end} for w in r.waits_for],
     }
 
 

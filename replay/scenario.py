@@ -385,6 +385,7 @@ QUEUE_FIELDS = {
     "weight",
     "preemption",
     "queueing_strategy",
+    "reserve_after",
 }
 _STRATEGIES = ("best_effort_fifo", "strict_fifo")
 _PLAIN_QUOTA = ("nominal", "borrowing_limit", "lending_limit")
@@ -432,6 +433,8 @@ def queue_from(r: _Reader, n: yaml.Node, known: Known, base: QueueConfigured | N
         kw["weight"] = r.number(m["weight"], f"queue {name}: weight", 0, None)
     if "queueing_strategy" in m:
         kw["queueing_strategy"] = r.choice(m["queueing_strategy"], f"queue {name}: queueing_strategy", _STRATEGIES)
+    if "reserve_after" in m:
+        kw["reserve_after"] = r.integer(m["reserve_after"], f"queue {name}: reserve_after", 0, None)
     if "preemption" in m:
         p = r.mapping(m["preemption"], "preemption", {"within_queue", "reclaim_within_cohort", "borrow_within_cohort"})
         old = base.preemption if base is not None else PreemptionPolicy()

@@ -418,6 +418,7 @@ def _queue_event(q: QueueState) -> QueueConfigured:
         queueing_strategy=q.queueing_strategy,  # type: ignore[arg-type]
         resource_groups=list(q.resource_groups) if grouped else msgspec.UNSET,
         flavor_fungibility=q.fungibility if grouped else msgspec.UNSET,
+        reserve_after=q.reserve_after,
     )
 
 

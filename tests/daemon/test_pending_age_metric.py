@@ -1,4 +1,5 @@
-"""Prometheus: the age of each queue's oldest pending job, read from the folded log at scrape time."""
+"""Prometheus: the age of each queue's oldest pending job, and the reservations each queue holds, read from
+the folded log at scrape time."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from muster.events.types import (
     NodeName,
     PodSet,
     QueueConfigured,
+    ReservationMade,
+    ReservationReleased,
 )
 from muster.projections.cluster import fold
 
@@ -53,3 +56,18 @@ def test_oldest_pending_age_per_queue(events: list[Event], expected: dict[str, f
     metrics.watch(lambda: state)
     got = {q: metrics.registry.get_sample_value(AGE, {"queue": q}) for q in expected}
     assert got == expected
+
+
+def test_reservations_held_per_queue() -> None:
+    """A queue reports the reservations its pending jobs hold: 1 once made, 0 again once released."""
+    made = ReservationMade(at=50, job="a", queue="qa", nodes=[NodeName("n0")], expected_start=900, cycle=1)
+    held = fold([*CONFIG, _job("a", 10), made])
+    released = fold([*CONFIG, _job("a", 10), made, ReservationReleased(at=60, job="a", reason="cancelled", cycle=2)])
+    got = []
+    for state in (held, released):
+        metrics = DaemonMetrics(clock=lambda: 1000.0)
+        metrics.watch(lambda state=state: state)
+        got.append(
+            {q: metrics.registry.get_sample_value("muster_queue_reservations", {"queue": q}) for q in ("qa", "qb")}
+        )
+    assert got == [{"qa": 1.0, "qb": 0.0}, {"qa": 0.0, "qb": 0.0}]

@@ -82,11 +82,14 @@ def queue(
     borrow: str | None = None,
     threshold: int | None = None,
     strategy: str | None = None,
+    reserve_after: int | None = None,
 ) -> str:
     """One `queues` entry in flow style (GPU quotas only)."""
     parts = [f"name: {name}", f"nominal: {{gpu: {gpu}}}"]
     if strategy is not None:
         parts.append(f"queueing_strategy: {strategy}")
+    if reserve_after is not None:
+        parts.append(f"reserve_after: {reserve_after}")
     if cohort is not None:
         parts.append(f"cohort: {cohort}")
     if borrowing_limit is not None:
@@ -122,8 +125,9 @@ def submit(
     checkpoint: int | None = None,
     required: str | None = None,
     preferred: str | None = None,
+    limit: int | None = None,
 ) -> str:
-    """One timeline `submit` entry: a gang of `gpus / per_pod` pods of `per_pod` GPUs."""
+    """One timeline `submit` entry: a gang of `gpus / per_pod` pods of `per_pod` GPUs (`limit`: its max_runtime)."""
     count = max(1, gpus // per_pod)
     per = min(gpus, per_pod)
     podset = f"name: w, count: {count}, requests: {{gpu: {per}}}"
@@ -138,6 +142,8 @@ def submit(
         parts.append(f"runtime: {runtime}")
     if checkpoint is not None:
         parts.append(f"checkpoint_every: {checkpoint}")
+    if limit is not None:
+        parts.append(f"max_runtime: {limit}")
     return f"  - {{at: {at}, submit: {{{', '.join(parts)}}}}}\n"
 
 

@@ -18,7 +18,16 @@ from replaykit import IDLE, STORY, memory_log, mixed, sim, write_jsonl
 
 from muster.cli import main
 from muster.events.store import EventStore
-from muster.events.types import Event, JobAdmitted, JobPreempted, LeaderElected, NodeAdded, NodeUpdated
+from muster.events.types import (
+    Event,
+    JobAdmitted,
+    JobPreempted,
+    LeaderElected,
+    NodeAdded,
+    NodeUpdated,
+    ReservationMade,
+    ReservationReleased,
+)
 from muster.replay.audit import audit
 from muster.replay.points import Point
 from muster.replay.source import NatsLog
@@ -34,6 +43,9 @@ timeline:
   - {at: 5, submit: {job: ok, queue: q, podsets: [{count: 1, requests: {gpu: 8}}], runtime: 10}}
 """
 
+RESERVING = mixed(11, jobs=60).replace("  - {name: q", "  - {reserve_after: 200, name: q")
+"""Every queue reserves room for its head (at once within nominal quota, else after 200 s)."""
+
 HONEST = [
     pytest.param(STORY, {"ReclaimWithinCohort"}, id="reclaim-preempted-then-finished"),
     pytest.param(mixed(1), {"WithinQueue", "ReclaimWithinCohort", "NodeFailure"}, id="cohorts-limits-nodes"),
@@ -44,6 +56,8 @@ HONEST = [
     pytest.param(mixed(0, fair=True, idle=True), {"FairSharing"}, id="fair-sharing-idle-samples"),
     pytest.param(mixed(9, jobs=60), {"WithinQueue"}, id="sixty-jobs"),
     pytest.param(INVALID_JOBS, set(), id="rejections"),
+    pytest.param(RESERVING, set(), id="reservations"),
+    pytest.param(RESERVING.replace("runtime: ", "max_runtime: 700, runtime: "), set(), id="reservations-backfill"),
 ]
 
 
@@ -59,6 +73,13 @@ async def test_an_honest_log_re_derives_identically(text: str, reasons: set[str]
     decisions = sum(1 for e in events if isinstance(e, (JobAdmitted, JobPreempted)))
     assert report.identical >= decisions > 0
     assert report.cycles == report.cycles_identical > 0
+
+
+def test_the_reservation_scenario_makes_and_releases_reservations() -> None:
+    """The `reservations` case above has its point: reservations made, and one released (a reserved node left)."""
+    events = sim(RESERVING).events
+    assert sum(isinstance(e, ReservationMade) for e in events) >= 2
+    assert any(isinstance(e, ReservationReleased) and e.reason == "replaced" for e in events)
 
 
 async def test_rejections_of_input_translation_are_inputs_not_audited() -> None:

@@ -6,7 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from muster.events.types import Event, JobAdmitted, JobFailed, JobInadmissible, JobPreempted
+from muster.events.types import (
+    Event,
+    JobAdmitted,
+    JobFailed,
+    JobInadmissible,
+    JobPreempted,
+    ReservationMade,
+    ReservationReleased,
+)
 from muster.replay.scenario import load, loads
 from muster.replay.simulator import simulate
 
@@ -36,6 +44,7 @@ def test_every_example_is_tested_here() -> None:
         "trace_replay",
         "strict_fifo",
         "flavors",
+        "reservations",
     }
     assert {p.stem for p in EXAMPLES.glob("*.yaml")} == tested
 
@@ -122,3 +131,16 @@ def test_flavors_three_models_four_teams() -> None:
     default = list(simulate(loads(text, "flavors.yaml")).events)
     assert preemptions(default) == []
     assert admissions(default, "t-eval")[0].flavors == {"worker": {"gpu": "h100"}}
+
+
+def test_reservations_the_gang_starts_when_expected_and_only_a_job_that_ends_in_time_backfills() -> None:
+    """The nominal-quota gang reserves n0, n1 at once and starts at t=1800; dev-5 backfills, dev-6 waits."""
+    events = run("reservations.yaml")
+    made = [e for e in events if isinstance(e, ReservationMade)]
+    assert [(e.job, e.at, e.nodes, e.expected_start) for e in made] == [("gang", 100, ["n0", "n1"], 1800)]
+    assert [(w.job, w.end) for w in made[0].waits_for] == [("dev-1", 1200), ("dev-2", 1800)]
+    assert admissions(events, "gang")[0].at == 1800
+    released = [(e.job, e.reason, e.at) for e in events if isinstance(e, ReservationReleased)]
+    assert released == [("gang", "admitted", 1800)]
+    assert admissions(events, "dev-5")[0].at == 1200 and admissions(events, "dev-5")[0].placement == {"worker-0": "n0"}
+    assert admissions(events, "dev-6")[0].at == 2800

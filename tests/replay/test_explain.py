@@ -111,6 +111,30 @@ async def test_a_job_held_behind_its_strict_fifo_head_is_told_so() -> None:
     assert changes[0].startswith("strict_fifo: gang, the head of team-a, must be admitted first")
 
 
+RESERVATIONS_EXAMPLE = (Path(__file__).resolve().parents[2] / "examples" / "reservations.yaml").read_text()
+
+
+async def test_a_reserved_job_shows_its_reservation_and_the_jobs_it_waits_for() -> None:
+    """The gang's story says where it is reserved and whom it waits for; a job held back is told why."""
+    log = memory_log(sim(RESERVATIONS_EXAMPLE).events)
+    story, _ = await explain(log, "gang", Point(time=600))
+    [line] = [ln for ln in story.lines if ln.kind == "reserved"]
+    assert line.at == 100 and line.text.startswith("reserved n0, n1; waiting for 2 jobs to end (dev-1 in 18m 20s")
+    assert line.data["waits_for"] == [{"job": "dev-1", "expected_end": 1200}, {"job": "dev-2", "expected_end": 1800}]
+    assert story.pending is not None and story.pending["reservation"]["expected_start"] == 1800
+    changes = story.pending["what_would_have_to_change"]
+    assert changes[0].startswith("reserved n0, n1 since 1m 40s ago; waiting for 2 jobs to end")  # as of t=200
+    assert "expected in 26m 40s" in changes[0]
+    held, _ = await explain(log, "dev-6", Point(time=600))
+    assert held.pending is not None
+    assert (
+        "reserved room: n0, n1 held for gang; a job without a limit never backfills"
+        in (held.pending["what_would_have_to_change"])
+    )
+    done, _ = await explain(log, "gang", END)
+    assert [ln.text for ln in done.lines if ln.kind == "unreserved"] == ["its reservation released: admitted"]
+
+
 async def test_a_pending_job_blocked_by_topology_gets_the_best_domain() -> None:
     """A gang that needs one rack: the best rack's free GPUs and how many more it needs there."""
     story, _ = await explain(memory_log(sim(RACKS).events), "tight", Point(time=15))

@@ -43,6 +43,16 @@ def _scenarios(tmp: Path) -> Iterator[tuple[str, Scenario]]:
         yield f"mixed-strict-{seed}", loads(strict.replace("runtime: ", "max_runtime: 300, runtime: "), "m.yaml")
     for seed in range(4):  # the same over two flavors (one block each), fungibility and fair sharing mixed
         yield f"mixed-flavors-{seed}", loads(_flavored(mixed(seed, jobs=60, fair=seed % 2 == 1, idle=True)), "m.yaml")
+    for seed in (1, 5, 8, 11):  # every queue reserves (at once within nominal quota, else after 200 s)
+        reserving = mixed(seed, jobs=60, fair=seed == 8, idle=seed == 8).replace(
+            "  - {name: q", "  - {reserve_after: 200, name: q"
+        )
+        yield f"mixed-reserve-{seed}", loads(reserving, "m.yaml")
+        # every job a 700 s limit: backfill, and the holder's own room, wake parked jobs
+        yield (
+            f"mixed-reserve-limits-{seed}",
+            loads(reserving.replace("runtime: ", "max_runtime: 700, runtime: "), "m.yaml"),
+        )
     bench = _bench()
     yield "bench-a", load(bench.case_a(tmp, 0.05))
     yield "bench-kueue", load(bench.case_kueue(tmp, 0.05))
@@ -89,6 +99,7 @@ def test_every_scenario_and_bench_shape_decides_the_same_bytes_with_the_memo_off
     """Examples, findings, the replay kit's scenarios and small bench shapes: the same log with and without parking."""
     on = {name: _log(sc) for name, sc in _scenarios(tmp_path)}
     assert len(on) >= 14 and all(on.values())
+    assert sum(b"ReservationMade" in e for log in on.values() for e in log) > 20, "reservations lost their point"
     parking.PARKING = False
     try:
         off = {name: _log(sc) for name, sc in _scenarios(tmp_path)}

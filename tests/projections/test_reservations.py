@@ -1,0 +1,155 @@
+"""Reservations and backfill (spec/scenario.md, Reservations and backfill): a waiting gang's room is held
+back from every job that would delay it, a job whose declared limit ends in time may use it, and a
+queue's nominal quota is reached within the longest running limit in its way."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from simkit import Outcome, flat_nodes, queue, run, scenario, submit
+
+from muster.events.types import ReservationMade, ReservationReleased
+from muster.replay.scenario import ScenarioError, loads
+
+TWO_NODES = flat_nodes(8, 8)  # 16 GPUs
+
+
+def reservations(out: Outcome) -> list[ReservationMade]:
+    return [e for e in out.events if isinstance(e, ReservationMade)]
+
+
+def releases(out: Outcome) -> list[tuple[str, str, int]]:
+    return [(e.job, e.reason, e.at) for e in out.events if isinstance(e, ReservationReleased)]
+
+
+def backfill_case(limit: int | None, runtime: int, reserve_after: int | None = 0) -> Outcome:
+    """qb runs r1 (ends by 1000) and r2 (ends by 2000) on the two nodes; qa's 16-GPU gang arrives at 10 and
+    gets a reservation (expected start 2000); qb's job `c` (8 GPUs, `limit`) arrives at 20."""
+    queues = [queue("qa", 8, "org", reserve_after=reserve_after), queue("qb", 8, "org")]
+    timeline = [submit(f"r{i}", "qb", 8, runtime=t, limit=t) for i, t in ((1, 1000), (2, 2000))]
+    timeline += [submit("big", "qa", 16, at=10, runtime=100), submit("c", "qb", 8, at=20, runtime=runtime, limit=limit)]
+    return run(scenario(TWO_NODES, queues, timeline, cohorts=["org"]))
+
+
+@pytest.mark.parametrize(
+    ("limit", "runtime", "c_at", "big_at"),
+    [
+        pytest.param(900, 300, 1000, 2000, id="limit-ends-before-the-start-backfills"),
+        pytest.param(1000, 300, 1000, 2000, id="limit-ends-exactly-at-the-start-backfills"),
+        pytest.param(1001, 300, 2100, 2000, id="limit-ends-after-the-start-is-held-back"),
+        pytest.param(None, 300, 2100, 2000, id="no-limit-never-backfills"),
+        pytest.param(None, 1500, 2100, 2000, id="a-long-job-without-limit-does-not-delay-the-gang"),
+    ],
+)
+def test_a_reservation_lets_through_only_a_job_whose_limit_ends_in_time(
+    limit: int | None, runtime: int, c_at: int, big_at: int
+) -> None:
+    """Room freed on reserved nodes goes to a job only when its limit ends by the expected start."""
+    out = backfill_case(limit, runtime)
+    [made] = reservations(out)
+    assert (made.job, made.at, made.nodes, made.expected_start) == ("big", 10, ["n0", "n1"], 2000)
+    assert [(w.job, w.end) for w in made.waits_for] == [("r1", 1000), ("r2", 2000)]
+    assert out.admitted("c").at == c_at
+    assert out.admitted("big").at == big_at
+    assert releases(out) == [("big", "admitted", big_at)]
+
+
+def test_without_reserve_after_the_job_that_fits_delays_the_gang() -> None:
+    """The same arrivals with reservations off: `c` takes the first freed node and the gang waits for it to end."""
+    out = backfill_case(None, 1500, reserve_after=None)
+    assert reservations(out) == []
+    assert out.admitted("c").at == 1000 and out.admitted("big").at == 2500
+
+
+def test_a_reservation_waits_for_reserve_after_when_the_gang_borrows() -> None:
+    """A gang beyond its nominal quota is reserved for only once it has waited reserve_after seconds."""
+    out = backfill_case(None, 300, reserve_after=500)
+    [made] = reservations(out)
+    assert made.at == 1000 and made.reason == "waited 990 s (reserve_after 500 s)"
+    # at 1000, r1's node went to c in the cycle that found the gang due: the reservation holds from the next one
+    assert out.admitted("c").at == 1000 and out.admitted("big").at == 2000
+
+
+def reserved_behind(nodes: str, borrowers: list[int], qb_nominal: int, *more: str) -> Outcome:
+    """qb's jobs r1, r2, ... (8 GPUs each, ending by the given limits) fill `nodes`; qa's 16-GPU gang `big`
+    arrives at 10 and gets a reservation; then the `more` timeline entries."""
+    queues = [queue("qa", 8, "org", reserve_after=0), queue("qb", qb_nominal, "org")]
+    timeline = [submit(f"r{i}", "qb", 8, runtime=t, limit=t) for i, t in enumerate(borrowers, start=1)]
+    timeline += [submit("big", "qa", 16, at=10, runtime=100), *more]
+    return run(scenario(nodes, queues, timeline, cohorts=["org"]))
+
+
+def test_a_cancelled_holder_releases_its_room() -> None:
+    """The holder is cancelled: its reservation is released (`cancelled`) and the held-back job runs."""
+    out = reserved_behind(
+        TWO_NODES, [1000, 2000], 8, submit("c", "qb", 8, at=20, runtime=300), "  - {at: 1500, cancel: big}\n"
+    )
+    assert releases(out) == [("big", "cancelled", 1500)]
+    assert out.admitted("c").at == 1500
+
+
+def test_a_reserved_node_that_fails_is_replaced() -> None:
+    """A reserved node goes down: the reservation is released (`replaced`) and made again on nodes that can serve."""
+    out = reserved_behind(flat_nodes(8, 8, 8), [1000, 2000, 3000], 16, "  - {at: 500, node_down: n0}\n")
+    made = reservations(out)
+    assert [(m.at, m.nodes, m.expected_start) for m in made] == [(10, ["n0", "n1"], 2000), (500, ["n1", "n2"], 3000)]
+    assert releases(out)[0] == ("big", "replaced", 500)
+    # r1, evicted from n0 and requeued, backfills n1 at 2000: its limit ends by 3000
+    assert out.admissions("r1")[1].at == 2000
+    assert out.admitted("big").at == 3000
+
+
+def test_a_required_domain_is_reserved_where_it_frees_soonest() -> None:
+    """A gang that needs one rack reserves the rack whose jobs' limits end first, naming the jobs it waits for."""
+    nodes = (
+        "topology:\n  levels: [rack]\nnodes:\n"
+        '  - generate: {count: 2, name: "{rack}-n{i}", labels: {rack: [r0, r1]}, capacity: {gpu: 8}}\n'
+    )
+    queues = [queue("qa", 16, "org", reserve_after=0), queue("qb", 16, "org")]
+    timeline = [
+        submit("a", "qb", 16, runtime=900, limit=900, required="rack"),  # one whole rack until 900
+        submit("b", "qb", 8, runtime=300, limit=400),
+        submit("d", "qb", 8, runtime=300, limit=500),
+        submit("big", "qa", 16, at=10, runtime=100, required="rack"),
+    ]
+    out = run(scenario(nodes, queues, timeline, cohorts=["org"]))
+    [made] = reservations(out)
+    assert made.domain == "r1" and made.expected_start == 500
+    assert sorted((w.job, w.end) for w in made.waits_for) == [("b", 400), ("d", 500)]
+    assert out.admitted("big").at == 300  # b and d ran 300 s, less than their limits
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_nominal_quota_gang_starts_within_the_longest_running_limit_in_its_way(seed: int) -> None:
+    """A gang within its queue's nominal quota is reserved for at once and admitted by the latest end of the
+    limited jobs running when it arrived, whatever its own small jobs and the borrowers submit after it."""
+    rng = random.Random(seed)
+    queues = [queue("team", 16, "org", reserve_after=86_400), queue("others", 16, "org")]
+    timeline = []
+    limits: list[int] = []
+    for i in range(4):  # the borrowers fill the cluster with limited jobs
+        limit = rng.randint(200, 3000)
+        limits.append(limit)
+        timeline.append(submit(f"o{i}", "others", 8, runtime=rng.randint(100, limit), limit=limit))
+    timeline.append(submit("gang", "team", 16, at=50, runtime=100))
+    for i in range(20):  # then small jobs of both queues keep coming, half of them without a limit
+        q = rng.choice(["team", "others"])
+        limit = rng.choice([None, rng.randint(60, 600)])
+        at = 60 + 30 * i
+        timeline.append(submit(f"s{i}", q, rng.choice([1, 2, 4]), per_pod=1, at=at, runtime=60, limit=limit))
+    out = run(scenario(flat_nodes(8, 8, 8, 8), queues, timeline, cohorts=["org"]))
+    made = [m for m in reservations(out) if m.job == "gang"]
+    assert made and made[0].at == 50 and made[0].reason == "within its queue's nominal quota"
+    assert out.admitted("gang").at <= max(limits)
+
+
+def test_reserve_after_must_be_a_whole_number_of_seconds() -> None:
+    """`reserve_after` takes a whole number of seconds, 0 or more; anything else is a scenario error with its line."""
+    text = scenario(TWO_NODES, [queue("qa", 16)], [submit("a", "qa")]).replace(
+        "name: qa,", "name: qa, reserve_after: -5,"
+    )
+    with pytest.raises(ScenarioError) as err:
+        loads(text, "s.yaml")
+    assert "reserve_after must be at least 0" in str(err.value)
+    assert err.value.line is not None
