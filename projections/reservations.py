@@ -202,7 +202,10 @@ def decide_reservations(
             moving.append(res)
         else:
             held[res.queue] = res
-    queues = sorted(q for q, qs in state.queues.items() if qs.reserve_after is not None and q not in held)
+    # a reservation's room is counted in plain resources: a queue with quota per flavor makes none
+    queues = sorted(
+        q for q, qs in state.queues.items() if qs.reserve_after is not None and not qs.resource_groups and q not in held
+    )
     if not queues and not moving:
         return events
     running = _running(state, idx, now, placed)

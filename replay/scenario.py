@@ -434,6 +434,10 @@ def queue_from(r: _Reader, n: yaml.Node, known: Known, base: QueueConfigured | N
     if "queueing_strategy" in m:
         kw["queueing_strategy"] = r.choice(m["queueing_strategy"], f"queue {name}: queueing_strategy", _STRATEGIES)
     if "reserve_after" in m:
+        if grouped:
+            raise r.fail(
+                m["reserve_after"], f"queue {name!r} has resource_groups: reservations do not cover flavors yet"
+            )
         kw["reserve_after"] = r.integer(m["reserve_after"], f"queue {name}: reserve_after", 0, None)
     if "preemption" in m:
         p = r.mapping(m["preemption"], "preemption", {"within_queue", "reclaim_within_cohort", "borrow_within_cohort"})

@@ -117,6 +117,12 @@ timeline:
         "when_can_borrow must be one of Borrow, TryNextFlavor",
         id="unknown-fungibility",
     ),
+    pytest.param(
+        NODES + GOOD_QUEUE + "    reserve_after: 60\n",
+        14,
+        "reservations do not cover flavors yet",
+        id="reservations-on-a-flavored-queue",
+    ),
 ]
 
 
@@ -162,3 +168,26 @@ timeline:
     }
     assert set(admitted["j4"].placement.values()) == {"h0", "a0"}
     assert not admitted["j4"].flavors
+
+
+def test_a_flavored_queue_makes_no_reservation_even_if_its_configuration_asks() -> None:
+    """A QueueConfigured with groups and reserve_after (from a source other than a scenario) reserves nothing."""
+    import dataclasses
+
+    import msgspec
+
+    from muster.events.types import ReservationMade
+
+    text = (
+        NODES
+        + GOOD_QUEUE
+        + """\
+timeline:
+  - {at: 0, submit: {job: small, queue: q, podsets: [{count: 1, requests: {gpu: 8}}], runtime: 600}}
+  - {at: 0, submit: {job: wide, queue: q, podsets: [{count: 2, requests: {gpu: 8}}], runtime: 60}}
+"""
+    )
+    s = loads(text, "f.yaml")
+    config = [msgspec.structs.replace(e, reserve_after=0) if isinstance(e, QueueConfigured) else e for e in s.config]
+    events = list(simulate(dataclasses.replace(s, config=config)).events)
+    assert not [e for e in events if isinstance(e, ReservationMade)]
