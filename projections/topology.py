@@ -170,12 +170,15 @@ class TopologyIndex:
             self._contribute(host, free, 1)
 
     def _contribute(self, host: Domain, free: Mapping[str, int], sign: int) -> None:
+        # an over-committed host (capacity shrunk under its pods) adds no room, never less than none:
+        # a domain's sum must bound what its hosts hold, or a plan trusts room its parts deny
         bucket = _bucket(free.get("gpu", 0))
         dom: Domain | None = host
         while dom is not None:
             dfree = dom.free
             for k, v in free.items():
-                dfree[k] = dfree.get(k, 0) + sign * v
+                if v > 0:
+                    dfree[k] = dfree.get(k, 0) + sign * v
             dom.hist[bucket] += sign
             dom = dom.parent
 
@@ -198,9 +201,14 @@ class TopologyIndex:
             return
         free = host.host_free
         old_gpu = free.get("gpu", 0)
-        signed = [(k, sign * v) for k, v in delta.items()]
-        for k, d in signed:
-            free[k] = free.get(k, 0) + d
+        signed: list[tuple[str, int]] = []  # what the domains see: the change of the room above zero
+        for k, v in delta.items():
+            before = free.get(k, 0)
+            after = before + sign * v
+            free[k] = after
+            seen = (after if after > 0 else 0) - (before if before > 0 else 0)
+            if seen:
+                signed.append((k, seen))
         if not host.schedulable:
             return
         new_gpu = free.get("gpu", 0)

@@ -262,3 +262,30 @@ def test_cpu_and_memory_requests_limit_placement() -> None:
     # half a CPU fits on a (4 CPUs), not on c (no CPU at all)
     assert out.admitted("milli").placement == {"w-0": "a"}
     assert out.reasons("huge") == ["1 pod of cpu=40 gpu=1 do not fit on the schedulable nodes"]
+
+
+def test_an_over_committed_node_does_not_hide_the_room_of_its_rack() -> None:
+    """Foreign pods holding more than a node's capacity leave its rack's other nodes usable: the gang lands there."""
+    from muster.events.types import JobAdmitted, JobSubmitted, NodeAdded, PodSet, QueueConfigured, SchedulerConfigured
+    from muster.projections.cluster import fold
+    from muster.projections.scheduler import decide
+
+    def node(name: str, reserved: int) -> NodeAdded:
+        block, rack, _ = name.split("-")
+        labels = {"block": block, "rack": f"{block}-{rack}"}
+        return NodeAdded(at=0, node=name, labels=labels, capacity={"gpu": 8}, reserved={"gpu": reserved})  # type: ignore[arg-type]
+
+    state = fold(
+        [
+            SchedulerConfigured(at=0, levels=["block", "rack"]),
+            QueueConfigured(at=0, name="q", nominal={"gpu": 64}),  # type: ignore[arg-type]
+            node("b0-r0-n0", 2),
+            node("b0-r1-n0", 0),
+            node("b0-r1-n1", 0),
+            node("b0-r1-n2", 12),  # 4 GPUs over: its free room is -4, which must not count against b0-r1
+            JobSubmitted(at=1, job="gang", queue="q", podsets=[PodSet(name="w", count=2, requests={"gpu": 8})]),  # type: ignore[arg-type]
+        ]
+    )
+    [admitted] = decide(state, 1)
+    assert isinstance(admitted, JobAdmitted)
+    assert sorted(admitted.placement.values()) == ["b0-r1-n0", "b0-r1-n1"]
