@@ -110,7 +110,8 @@ def demo_config(at: int, *, idle_after: int | None = None, reserve_after: int | 
     With `idle_after` (seconds), idle reclaim is on: a preemptible job whose GPUs stay at or below 5 %
     that long is preempted when a waiting gang could use its GPUs, borrowed or not (so that a short
     demo shows it; a cluster would rather keep `only_borrowing`, the default). With `reserve_after`
-    (seconds) every team reserves room for its head (`projections.reservations`).
+    (seconds) every team reserves room for its head (`projections.reservations`); reservations do not
+    cover flavors yet, so each team's 128 GPUs are then one pool over both models.
     """
     idle = None
     if idle_after is not None:
@@ -132,14 +133,17 @@ def demo_config(at: int, *, idle_after: int | None = None, reserve_after: int | 
         order = list(FLAVORS) if i < len(TEAMS) // 2 else list(reversed(FLAVORS))
         share = NOMINAL_GPUS // len(order)
         group = ResourceGroup(covered=["gpu"], flavors=[FlavorQuota(name=f, nominal={"gpu": share}) for f in order])
+        quota: dict[str, Any] = (
+            {"resource_groups": [group]} if reserve_after is None else {"nominal": {"gpu": NOMINAL_GPUS}}
+        )
         events.append(
             QueueConfigured(
                 at=at,
                 name=QueueName(team),
                 cohort=CohortName("org"),
                 preemption=policy,
-                resource_groups=[group],
                 reserve_after=reserve_after,
+                **quota,
             )
         )
     return events
