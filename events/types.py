@@ -451,7 +451,9 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     ReservationReleased,
 )
 
-DECISION_TYPES: tuple[type[Event], ...] = (
+# not annotated as `tuple[type[Event], ...]`: an isinstance test against it narrows to these types
+# (all carry `cycle` and `epoch`)
+DECISION_TYPES = (
     JobAdmitted,
     JobPreempted,
     JobInadmissible,

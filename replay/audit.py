@@ -57,18 +57,6 @@ from muster.replay.rebuild import state_at
 from muster.replay.snapshots import Snapshots, Verify
 from muster.replay.source import LogSource
 
-# spelled out (not DECISION_TYPES) so that an isinstance test narrows to events that carry cycle and epoch
-_DECISIONS = (
-    JobAdmitted,
-    JobPreempted,
-    JobInadmissible,
-    JobRejected,
-    SubmissionRejected,
-    ReservationMade,
-    ReservationReleased,
-)
-assert set(_DECISIONS) == set(DECISION_TYPES)
-
 
 @dataclass
 class Batch:
@@ -210,10 +198,10 @@ async def audit(
         at = settle_at
         if at is None:
             return
-        if ev is not None and isinstance(ev, _DECISIONS) and ev.cycle != 0 and at <= ev.at <= at + 1:
+        if ev is not None and isinstance(ev, DECISION_TYPES) and ev.cycle != 0 and at <= ev.at <= at + 1:
             settle_at = None  # this batch is that cycle
             return
-        if ev is not None and not isinstance(ev, _DECISIONS) and ev.at <= at + 1:
+        if ev is not None and not isinstance(ev, DECISION_TYPES) and ev.at <= at + 1:
             return  # a fact the caller may have folded before its next cycle
         settle_at = None
         try:
@@ -228,7 +216,7 @@ async def audit(
     async for chunk in source.batches(from_seq, None):
         for seq, ev in chunk:
             beyond = seq > end_seq or (end_time is not None and ev.at > end_time)
-            if isinstance(ev, _DECISIONS) and ev.cycle != 0:
+            if isinstance(ev, DECISION_TYPES) and ev.cycle != 0:
                 key = (ev.epoch, ev.cycle)
                 if batch is not None and key == (batch.epoch, batch.cycle):
                     # a batch that started in the window is audited whole
@@ -261,7 +249,7 @@ async def audit(
             settle(seq, ev)
             report.events += 1
             partial_key = None
-            if isinstance(ev, _DECISIONS):
+            if isinstance(ev, DECISION_TYPES):
                 report.inputs += 1
             evolve(state, ev)
     flush()
