@@ -77,6 +77,7 @@ from muster.events.types import (
     QueueConfigured,
 )
 from muster.projections.fencing import fenced, newer_leader
+from muster.projections.flavors import carries
 from muster.projections.resources import gpus_of
 
 HOUR = 3600
@@ -507,7 +508,7 @@ def _on_node(state: BillingState, ev: NodeAdded | NodeUpdated, now: int) -> None
 def _model(tracker: Tracker, labels: Mapping[str, str]) -> str:
     """What a node's GPUs are booked and priced as: its flavor (the first by name), else its model label."""
     for name in sorted(tracker.flavors):
-        if all(labels.get(k) == v for k, v in tracker.flavors[name].items()):
+        if carries(labels, tracker.flavors[name]):
             return name
     return labels.get(tracker.gpu_label, "")
 

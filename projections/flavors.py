@@ -88,9 +88,14 @@ UNTAINTED = MARKER + "*"
 placed on no flavor may take (it tolerates no flavor's taint)."""
 
 
+def carries(labels: Mapping[str, str], flavor_labels: Mapping[str, str]) -> bool:
+    """Whether a node with `labels` belongs to a flavor of `flavor_labels`: it carries every one of them."""
+    return all(labels.get(k) == v for k, v in flavor_labels.items())
+
+
 def node_markers(state: ClusterState, labels: Mapping[str, str]) -> dict[str, int]:
     """The marker resources of the flavors a node with `labels` belongs to (and `UNTAINTED`)."""
-    mine = [f for f in state.flavors.values() if all(labels.get(k) == v for k, v in f.node_labels.items())]
+    mine = [f for f in state.flavors.values() if carries(labels, f.node_labels)]
     out = {MARKER + f.name: _ROOM for f in mine}
     if any(f.taints for f in state.flavors.values()) and not any(f.taints for f in mine):
         out[UNTAINTED] = _ROOM

@@ -20,6 +20,7 @@ from muster.events.types import (
     ResourceGroup,
     Taint,
 )
+from muster.projections.flavors import carries
 
 if TYPE_CHECKING:
     from muster.replay.scenario import _Reader
@@ -55,7 +56,7 @@ def flavors(r: _Reader, node: yaml.Node | None, nodes: dict[str, NodeAdded]) -> 
                 )
             )
         # a queues file has no nodes (the cluster's come from Kubernetes): only a scenario's are checked
-        if nodes and not any(all(nd.labels.get(k) == v for k, v in labels.items()) for nd in nodes.values()):
+        if nodes and not any(carries(nd.labels, labels) for nd in nodes.values()):
             raise r.fail(n, f"flavor {name!r} has no nodes (no node carries {labels or 'any labels'})")
         out[name] = FlavorConfigured(at=0, name=name, node_labels=labels, taints=taints)
     return out
