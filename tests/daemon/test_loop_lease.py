@@ -70,6 +70,9 @@ async def test_a_cycle_longer_than_the_lease_validity_keeps_the_lease_and_its_de
             await tg.start(loop.run)
             with anyio.fail_after(30):
                 await loop.first_term.wait()
+                # submitted once the first slow cycle is under way, so that a second one must admit it
+                while policy.calls < 1:  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
                 await store.append(
                     [
                         JobSubmitted(
