@@ -86,3 +86,34 @@ async def test_replay_and_audit_commands_read_across_the_archive(
             assert rolled == unrolled
         assert await anyio.to_thread.run_sync(main, ["replay", *nats[:4], "--no-snapshots"]) == 1
         assert "left stream" in capsys.readouterr().err
+
+
+async def test_an_archived_point_starts_from_the_state_sealed_with_its_segment(
+    nats_url: str, tmp_path: Path, store_factory: Factory
+) -> None:
+    """The state at an archived point is the plain fold's, byte for byte, folding only the tail after its segment."""
+    from muster.daemon.archiving import Sealer, SealerOptions
+    from muster.replay.points import Point
+    from muster.replay.rebuild import state_at
+    from muster.replay.snapshots import encode_state
+
+    events = sim(mixed(1)).events
+    whole = MemoryLog.from_events(events)
+    archive = DirectoryArchive(tmp_path / "archive")
+    async with store_factory(nats_url) as store:
+        sealer = Sealer(store, archive, SealerOptions(segment_events=25, consumers=(), window=Retention(max_bytes=1)))
+        for start in range(0, len(events), 40):  # sealed and purged as the log grows, several segments a pass
+            await store.append(events[start : start + 40])
+            await sealer.step()
+        assert await store.first_seq() > 100, "the sealer should have purged what it sealed"
+        log = ArchivedLog(archive, NatsLog(store))
+        last = (await archive.segments())[-1]
+        for seq in (1, 24, 25, 26, 60, 130, last.last, len(events)):
+            rolled, plain = await state_at(log, Point(seq=seq)), await state_at(whole, Point(seq=seq))
+            assert encode_state(rolled.state, "msgpack") == encode_state(plain.state, "msgpack"), seq
+            start = min(seq // 25 * 25, last.first - 1)  # the state before the last segment starting by seq + 1
+            assert (rolled.sealed or 0, rolled.folded) == (start, seq - start), seq
+        at = events[130].at
+        rolled, plain = await state_at(log, Point(time=at)), await state_at(whole, Point(time=at))
+        assert encode_state(rolled.state, "msgpack") == encode_state(plain.state, "msgpack")
+        assert rolled.seq == plain.seq and rolled.sealed is not None and rolled.folded < 25 + 1
