@@ -117,3 +117,34 @@ async def test_an_archived_point_starts_from_the_state_sealed_with_its_segment(
         rolled, plain = await state_at(log, Point(time=at)), await state_at(whole, Point(time=at))
         assert encode_state(rolled.state, "msgpack") == encode_state(plain.state, "msgpack")
         assert rolled.seq == plain.seq and rolled.sealed is not None and rolled.folded < 25 + 1
+
+
+async def test_a_jobs_story_in_the_archive_starts_from_the_state_sealed_before_its_submission(
+    nats_url: str, tmp_path: Path, store_factory: Factory
+) -> None:
+    """`explain` over a sealed archive tells every job's story as over the whole log, most from a sealed state."""
+    from muster.daemon.archiving import Sealer, SealerOptions
+    from muster.events.types import JobSubmitted
+    from muster.replay.explain import explain
+    from muster.replay.points import END, Point
+
+    events = sim(mixed(1)).events
+    whole = MemoryLog.from_events(events)
+    jobs = sorted({e.job for e in events if isinstance(e, JobSubmitted)})
+    async with store_factory(nats_url) as store:
+        await store.append(events)
+        await Sealer(store, DirectoryArchive(tmp_path / "archive"), SealerOptions(20, consumers=())).step()
+        log = ArchivedLog(DirectoryArchive(tmp_path / "archive"), NatsLog(store))
+        told_from = []
+        for job in jobs:
+            for point in (END, Point(seq=len(events) // 2)):
+                (rolled, now), (plain, plain_now) = await explain(log, job, point), await explain(whole, job, point)
+                assert (rolled.lines, rolled.status, rolled.summary, rolled.pending, now) == (
+                    plain.lines,
+                    plain.status,
+                    plain.summary,
+                    plain.pending,
+                    plain_now,
+                ), (job, point)
+                told_from.append(rolled.told_from)
+        assert sum(1 for seq in told_from if seq > 0) > len(told_from) // 2, told_from
