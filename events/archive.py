@@ -45,6 +45,7 @@ __all__ = [
     "ObjectArchive",
     "Segment",
     "SegmentRef",
+    "archive_problem",
     "last_sealed",
     "open_archive",
     "seal_new",
@@ -251,6 +252,13 @@ class ObjectArchive:
         data = await anyio.to_thread.run_sync(seal_bytes, segment)  # compressing a segment takes a while
         await self.obs.put(name, data)
         return SegmentRef(segment.first, segment.last, name)
+
+
+def archive_problem(location: str) -> str | None:
+    """Why a reader cannot use `location` as an archive before connecting anywhere (None: it may)."""
+    if location.startswith(_OBJECT_PREFIX):
+        return None if location.removeprefix(_OBJECT_PREFIX) else f"archive {location}: name the bucket"
+    return None if Path(location).is_dir() else f"archive {location} is not a directory"
 
 
 async def open_archive(location: str, js: Any = None, *, create: bool = True) -> Archive:

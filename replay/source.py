@@ -26,7 +26,15 @@ from typing import Any, Protocol
 
 import anyio
 
-from muster.events.archive import Archive, ArchiveError, Segment, SegmentRef, last_sealed, open_archive
+from muster.events.archive import (
+    Archive,
+    ArchiveError,
+    Segment,
+    SegmentRef,
+    archive_problem,
+    last_sealed,
+    open_archive,
+)
 from muster.events.codec import DecodeError, decode, encode
 from muster.events.store import BadEvent, EventStore, StoredEvent, StoreError, SubjectRule, decode_raws
 from muster.events.subjects import queue_filters
@@ -308,8 +316,8 @@ async def open_source(
     from muster.events.store import StoreError, StoreUnreachable
 
     archive = getattr(args, "archive", None)
-    if archive is not None and not await anyio.Path(archive).is_dir():
-        raise SourceError(f"archive {archive} is not a directory")
+    if archive is not None and (problem := archive_problem(archive)) is not None:
+        raise SourceError(problem)
     try:
         settings = settings_of(args)
     except ConfigProblem as exc:
