@@ -95,7 +95,6 @@ class Sealer:
         self.options = options or SealerOptions()
         self.clock = clock
         """Wall-clock seconds, for the window's age (JetStream's messages carry wall-clock times)."""
-        self.log = ArchivedLog(archive, NatsLog(store))
         self.failures = 0
         """Passes that failed (logged), for tests and metrics."""
 
@@ -130,14 +129,15 @@ class Sealer:
     async def seal(self) -> list[SegmentRef]:
         """Seal every whole segment up to the floor, each with the state before it."""
         through = await self.floor()
-        chain: list[Sealed] = []
+        whole = ArchivedLog(self.archive, NatsLog(self.store))  # one pass's: it keeps the segment it read last
+        start: Sealed | None = None
 
         async def state_before(seq: int) -> bytes:
             # folded on from the previous segment's state in this pass, else from the archive's nearest
-            if not chain:
-                chain.append(await nearest_sealed(self.log, max_seq=seq - 1))
-            start = chain[-1]
-            await fold_range(self.log, start.state, start.seq + 1, seq - 1)
+            nonlocal start
+            if start is None:
+                start = await nearest_sealed(whole, max_seq=seq - 1)
+            await fold_range(whole, start.state, start.seq + 1, seq - 1)
             start.seq = seq - 1
             return seal_state(start.state, start.seq) if start.seq else b""
 
