@@ -25,9 +25,10 @@ Invariants:
 - A sealed state is the fold of everything before its segment: it is folded
   on from the state sealed in an earlier segment (or the empty state) through
   the archived events in between.
-- Trouble (NATS, the archive's disk, a stream that denies purge, events that
-  left the stream before they were sealed: a hole) is logged and counted,
-  never stops the term; the next pass tries again.
+- Trouble (NATS, the archive's disk, events that left the stream before they
+  were sealed: a hole) is logged and counted, never stops the term; the next
+  pass tries again. A stream created with `deny_purge` (NATS never lifts it)
+  is sealed but not purged, and said so once.
 """
 
 from __future__ import annotations
@@ -97,6 +98,8 @@ class Sealer:
         """Wall-clock seconds, for the window's age (JetStream's messages carry wall-clock times)."""
         self.failures = 0
         """Passes that failed (logged), for tests and metrics."""
+        self.purge_denied = False
+        """The stream was created with `deny_purge`: the sealer only seals (said once)."""
 
     async def floor(self) -> int:
         """The last sequence every configured consumer has acknowledged (the stream's end without any)."""
@@ -110,14 +113,12 @@ class Sealer:
             floor = min(floor, int(info.ack_floor.stream_seq or 0))
         return floor
 
-    async def window_start(self) -> int:
+    async def window_start(self, state: Any) -> int:
         """The first sequence the window keeps: none older than `max_age`, at most `max_bytes` from the end.
 
-        Bytes are counted at the stream's average stored size per message.
+        Bytes are counted at the stream's (`state`, JetStream's) average stored size per message.
         """
         window = self.options.window
-        info: Any = await self.store.js.stream_info(self.store.stream)
-        state = info.state
         start = int(state.first_seq)
         if window.max_bytes and state.messages and state.bytes > window.max_bytes:
             kept = int(window.max_bytes // (state.bytes / state.messages))
@@ -153,11 +154,22 @@ class Sealer:
         window = self.options.window
         if not (window.max_age or window.max_bytes):
             return 0
+        info: Any = await self.store.js.stream_info(self.store.stream)
+        if info.config.deny_purge:
+            if not self.purge_denied:  # once: the stream cannot change, and its own limits do the dropping
+                log.warning(
+                    "the stream denies purge (created so; NATS never lifts it): its own limits stay its window",
+                    stream=self.store.stream,
+                )
+            self.purge_denied = True
+            return 0
         refs = await self.archive.segments()
         first = keep_from(
-            sealed=refs[-1].last if refs else 0, floor=await self.floor(), window_start=await self.window_start()
+            sealed=refs[-1].last if refs else 0,
+            floor=await self.floor(),
+            window_start=await self.window_start(info.state),
         )
-        if first <= await self.store.first_seq():
+        if first <= info.state.first_seq:
             return 0
         purged = await self.store.purge_before(first)
         log.info("purged", before=first, messages=purged)

@@ -180,3 +180,28 @@ async def test_only_sealed_events_past_the_window_leave_the_stream(
         sealed, purged = await sealer(Retention(max_bytes=int(per_message * 12.5))).step()
         assert [(r.first, r.last) for r in sealed] == [(21, 30), (31, 40), (41, 50)]
         assert (purged, await store.first_seq()) == (23, 44), "the window keeps the last 12 of 55"
+
+
+async def test_a_stream_that_denies_purge_is_sealed_and_left_to_its_own_limits(nats_url: str, tmp_path: Path) -> None:
+    """On a stream created with deny_purge (NATS never lifts it) the sealer seals, purges nothing and fails no pass."""
+    import uuid
+
+    from nats.js.api import StreamConfig
+
+    tag = uuid.uuid4().hex[:12]
+    stream, prefix = f"T{tag}", f"t{tag}"
+    nc = await nats.connect(nats_url)
+    try:
+        await nc.jetstream().add_stream(StreamConfig(name=stream, subjects=[f"{prefix}.>"], deny_purge=True))
+        store = await EventStore.connect(nc, stream=stream, prefix=prefix, create=False)
+        await store.append([job(f"j{i}") for i in range(25)])
+        sealer = Sealer(
+            store, DirectoryArchive(tmp_path), SealerOptions(10, consumers=(), window=Retention(max_bytes=1))
+        )
+        for _ in range(2):
+            assert (await sealer.step()).purged == 0 and sealer.purge_denied and sealer.failures == 0
+        assert (await last_sealed(sealer.archive), await store.first_seq()) == (20, 1)
+        await store.close()
+    finally:
+        await nc.jetstream().delete_stream(stream)
+        await nc.close()
