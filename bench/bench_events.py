@@ -184,7 +184,9 @@ async def archive_rows(store: EventStore, events: list[Event], path: Path, trial
     a read of archive + stream, and the state at an archived point from its segment's sealed state."""
     archive = DirectoryArchive(path)
     every = min(50_000, len(events) // 4)
-    sealer = Sealer(store, archive, SealerOptions(every, consumers=(), window=Retention(max_bytes=1)))
+    sealer = Sealer(
+        store, archive, SealerOptions(every, consumers=(), window=Retention(max_bytes=1), state_every=every)
+    )
     start = clock()
     segments, purged = await sealer.step()
     sealed = sum(ref.last - ref.first + 1 for ref in segments)

@@ -6,9 +6,10 @@ sealed segments and then the window as one log (`replay.source.ArchivedLog`).
 While its replica leads, the sealer runs as a term service; every `interval`
 seconds it
 1. seals the messages after the archive's end in whole segments of
-   `segment_events` (`events.archive.seal_new`), each with the state before
-   its first sequence (`replay.sealedstate`), into a directory or a JetStream
-   object store bucket (`events.archive.open_archive`);
+   `segment_events` (`events.archive.seal_new`), one every `state_every`
+   events with the state before its first sequence (`replay.sealedstate`),
+   into a directory or a JetStream object store bucket
+   (`events.archive.open_archive`);
 2. purges the stream before the first message it must keep (`keep_from`):
    the first one not sealed, not acknowledged by every configured consumer,
    or still inside the window, whichever comes first.
@@ -68,6 +69,8 @@ class SealerOptions:
     """Durable consumers of the stream whose ack floor sealing and purging never pass."""
     window: Retention = NO_LIMIT
     """What the stream keeps (age and bytes); older sealed messages are purged. No limit: nothing is purged."""
+    state_every: int = 50_000
+    """A segment holds the state at its start when the last state sealed is at least this many events older."""
 
 
 class Pass(NamedTuple):
@@ -134,13 +137,15 @@ class Sealer:
         start: Sealed | None = None
 
         async def state_before(seq: int) -> bytes:
-            # folded on from the previous segment's state in this pass, else from the archive's nearest
+            # folded on from the last state sealed (in this pass, else the archive's nearest) when one is due
             nonlocal start
             if start is None:
                 start = await nearest_sealed(whole, max_seq=seq - 1)
+            if seq - 1 - start.seq < self.options.state_every:
+                return b""
             await fold_range(whole, start.state, start.seq + 1, seq - 1)
             start.seq = seq - 1
-            return seal_state(start.state, start.seq) if start.seq else b""
+            return seal_state(start.state, start.seq)
 
         sealed = await seal_new(
             self.store, self.archive, through=through, every=self.options.segment_events, snapshot_at=state_before

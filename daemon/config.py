@@ -52,7 +52,9 @@ KEYS: dict[str, frozenset[str]] = {
     "log": frozenset({"level", "format"}),
     "billing": frozenset({"consumer", "data_dir"}),
     "ui": frozenset({"port", "host", "token_file"}),
-    "archive": frozenset({"directory", "bucket", "segment_events", "interval_seconds", "consumers"}),
+    "archive": frozenset(
+        {"directory", "bucket", "segment_events", "interval_seconds", "consumers", "state_every_events"}
+    ),
     "retention": frozenset({"max_age_seconds", "max_bytes", "ceiling_factor"}),
 }
 """The keys each section of a config file may hold (deploy/README.md); a typo is an error, not a default."""
@@ -271,6 +273,11 @@ class DaemonConfig:
         return int(self._number("archive", "segment_events", 10_000, minimum=1))
 
     @property
+    def archive_state_every(self) -> int:
+        """Events between the states sealed with segments (a replay of the archive folds at most this many more)."""
+        return int(self._number("archive", "state_every_events", 50_000, minimum=1))
+
+    @property
     def archive_interval(self) -> float:
         return self._number("archive", "interval_seconds", 30.0, minimum=0.01)
 
@@ -366,7 +373,8 @@ class DaemonConfig:
                 raise ConfigError(f"ui: {problem}")
         # the typed views raise ConfigError on values they cannot read
         _ = (self.leader_ttl, self.utilization_interval, self.health_port, self.metrics_port, self.namespaces)
-        _ = (self.archive_segment_events, self.archive_interval, self.retention_window, self.retention_ceiling)
+        _ = (self.archive_segment_events, self.archive_interval, self.archive_state_every)
+        _ = (self.retention_window, self.retention_ceiling)
         if (self.retention_max_age or self.retention_max_bytes) and not self.archive_location:
             raise ConfigError("retention: a bounded stream needs an archive, or its past is lost to replay")
 

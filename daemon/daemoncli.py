@@ -218,7 +218,11 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
             from muster.events.archive import open_archive
 
             sealing = SealerOptions(
-                cfg.archive_segment_events, cfg.archive_interval, tuple(cfg.archive_consumers), cfg.retention_window
+                cfg.archive_segment_events,
+                cfg.archive_interval,
+                tuple(cfg.archive_consumers),
+                cfg.retention_window,
+                cfg.archive_state_every,
             )
             services.append(Sealer(store, await open_archive(cfg.archive_location, store.js), sealing).run)
         from muster.daemon.warmstart import stream_snapshots

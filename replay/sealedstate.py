@@ -84,32 +84,44 @@ def open_state(data: bytes) -> SealedState | None:
 async def nearest_sealed(log: ArchivedLog, *, max_seq: int, max_time: int | None = None) -> Sealed:
     """The state sealed in the last segment starting at or before the point; the empty state when none fits.
 
-    For a sequence it reads the segment that holds the point (and earlier ones only while their
-    states are unusable); for a time, a binary search over the segments' sealed times.
+    Not every segment holds a state (`archive.state_every_events`). For a sequence it reads the
+    segment that holds the point, and earlier ones until one holds a usable state; for a time, a
+    binary search: the nearest state at or before a segment is not later than the point up to
+    some segment, and later after it (sealed times grow with the sequence).
     """
     refs = [ref for ref in await log.archive.segments() if ref.first - 1 <= max_seq]
+    nearest: dict[int, tuple[SegmentRef, SealedState] | None] = {}
 
-    async def usable(i: int) -> SealedState | None:
-        sealed = open_state((await log.segment(refs[i])).snapshot)
-        if sealed is None or sealed.seq != refs[i].first - 1 or (max_time is not None and sealed.at > max_time):
-            return None
-        return sealed
-
-    found: tuple[int, SealedState] | None = None
-    if max_time is None:
-        for i in reversed(range(len(refs))):  # the newest is nearly always usable: one read
-            if (sealed := await usable(i)) is not None:
-                found = (i, sealed)
+    async def at_or_before(i: int) -> tuple[SegmentRef, SealedState] | None:
+        """The nearest usable state sealed in segment i or before it (None: the empty state)."""
+        walked: list[int] = []
+        found: tuple[SegmentRef, SealedState] | None = None
+        while i >= 0 and i not in nearest:
+            walked.append(i)
+            sealed = open_state((await log.segment(refs[i])).snapshot)
+            if sealed is not None and sealed.seq == refs[i].first - 1:
+                found = (refs[i], sealed)
                 break
-    else:
-        lo, hi = 0, len(refs)  # sealed times grow with the sequence: the last usable one not later than max_time
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if (sealed := await usable(mid)) is not None:
-                found, lo = (mid, sealed), mid + 1
-            else:
-                hi = mid
-    if found is None:
+            i -= 1
+        else:
+            found = nearest.get(i) if i >= 0 else None
+        for j in walked:
+            nearest[j] = found
+        return found
+
+    def fits(found: tuple[SegmentRef, SealedState] | None) -> bool:
+        return found is None or max_time is None or found[1].at <= max_time
+
+    best: tuple[SegmentRef, SealedState] | None = None
+    lo, hi = 0, len(refs)
+    while lo < hi:  # the last segment whose nearest state fits; without a time, the last one at once
+        mid = hi - 1 if max_time is None else (lo + hi) // 2
+        found = await at_or_before(mid)
+        if fits(found):
+            best, lo = found, mid + 1
+        else:
+            hi = mid
+    if best is None:
         return Sealed(ClusterState(), 0)
-    i, sealed = found
-    return Sealed(decode_state(sealed.state, sealed.format), sealed.seq, refs[i])
+    ref, sealed = best
+    return Sealed(decode_state(sealed.state, sealed.format), sealed.seq, ref)

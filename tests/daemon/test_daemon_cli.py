@@ -222,10 +222,12 @@ def test_the_archive_and_the_window_are_read_from_the_config_and_checked(tmp_pat
     path = chart_config(tmp_path, "nats://127.0.0.1:1", "S", "p")
     raw = yaml.safe_load(path.read_text())
     raw["archive"] = {"bucket": "MUSTER-archive", "segment_events": 500, "consumers": ["muster-billing", "audit"]}
+    raw["archive"]["state_every_events"] = 2000
     raw["retention"] = {"max_age_seconds": 86400, "max_bytes": 1 << 30}
     path.write_text(yaml.safe_dump(raw))
     cfg = load_config(str(path), env={})
     assert (cfg.archive_location, cfg.archive_segment_events) == ("nats-object:MUSTER-archive", 500)
+    assert cfg.archive_state_every == 2000
     assert (cfg.archive_consumers, cfg.retention_max_age, cfg.retention_max_bytes) == (
         ["muster-billing", "audit"],
         86400.0,

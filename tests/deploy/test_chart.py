@@ -702,6 +702,7 @@ def test_retention_values_become_the_sealers_window_and_the_streams_ceiling(run:
     path.write_text(yaml.safe_dump(config_of(run.rendered["retention"], "config.yaml")))
     cfg = load_config(str(path), env={})
     assert (cfg.archive_location, cfg.archive_consumers) == ("nats-object:MUSTER-archive", ["muster-billing"])
+    assert (cfg.archive_segment_events, cfg.archive_state_every) == (10_000, 50_000)
     assert cfg.retention_window == (7 * 86400.0, 1 << 30)
     assert cfg.retention_ceiling == (28 * 86400.0, 4 << 30)
     path.write_text(yaml.safe_dump(config_of(run.rendered["default"], "config.yaml")))

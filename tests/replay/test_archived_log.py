@@ -101,22 +101,23 @@ async def test_an_archived_point_starts_from_the_state_sealed_with_its_segment(
     whole = MemoryLog.from_events(events)
     archive = DirectoryArchive(tmp_path / "archive")
     async with store_factory(nats_url) as store:
-        sealer = Sealer(store, archive, SealerOptions(segment_events=25, consumers=(), window=Retention(max_bytes=1)))
+        options = SealerOptions(segment_events=10, consumers=(), window=Retention(max_bytes=1), state_every=30)
+        sealer = Sealer(store, archive, options)
         for start in range(0, len(events), 40):  # sealed and purged as the log grows, several segments a pass
             await store.append(events[start : start + 40])
             await sealer.step()
         assert await store.first_seq() > 100, "the sealer should have purged what it sealed"
         log = ArchivedLog(archive, NatsLog(store))
         last = (await archive.segments())[-1]
-        for seq in (1, 24, 25, 26, 60, 130, last.last, len(events)):
+        for seq in (1, 29, 30, 31, 65, 130, last.last, len(events)):
             rolled, plain = await state_at(log, Point(seq=seq)), await state_at(whole, Point(seq=seq))
             assert encode_state(rolled.state, "msgpack") == encode_state(plain.state, "msgpack"), seq
-            start = min(seq // 25 * 25, last.first - 1)  # the state before the last segment starting by seq + 1
+            start = min(seq, last.first - 1) // 30 * 30  # states before segments 31, 61, ...: the last by seq + 1
             assert (rolled.sealed or 0, rolled.folded) == (start, seq - start), seq
         at = events[130].at
         rolled, plain = await state_at(log, Point(time=at)), await state_at(whole, Point(time=at))
         assert encode_state(rolled.state, "msgpack") == encode_state(plain.state, "msgpack")
-        assert rolled.seq == plain.seq and rolled.sealed is not None and rolled.folded < 25 + 1
+        assert rolled.seq == plain.seq and rolled.sealed is not None and rolled.folded <= 30
 
 
 async def test_a_jobs_story_in_the_archive_starts_from_the_state_sealed_before_its_submission(
@@ -133,7 +134,9 @@ async def test_a_jobs_story_in_the_archive_starts_from_the_state_sealed_before_i
     jobs = sorted({e.job for e in events if isinstance(e, JobSubmitted)})
     async with store_factory(nats_url) as store:
         await store.append(events)
-        await Sealer(store, DirectoryArchive(tmp_path / "archive"), SealerOptions(20, consumers=())).step()
+        await Sealer(
+            store, DirectoryArchive(tmp_path / "archive"), SealerOptions(20, consumers=(), state_every=20)
+        ).step()
         log = ArchivedLog(DirectoryArchive(tmp_path / "archive"), NatsLog(store))
         told_from = []
         for job in jobs:
@@ -166,7 +169,8 @@ async def test_replay_reads_an_object_store_archive_from_its_sealed_state(
     async with store_factory(nats_url) as store:
         archive = await open_archive(f"nats-object:{bucket}", store.js)
         await store.append(events)
-        await Sealer(store, archive, SealerOptions(30, consumers=(), window=Retention(max_bytes=1))).step()
+        options = SealerOptions(30, consumers=(), window=Retention(max_bytes=1), state_every=30)
+        await Sealer(store, archive, options).step()
         assert await store.first_seq() > 100
         at = ["--at", str(len(events) - 30)]
         nats = ["--nats", nats_url, "--stream", store.stream, "--no-snapshots", "-o", "json"]

@@ -205,7 +205,7 @@ Paths point into the Secret volumes mounted by "muster.natsVolumeMounts".
 {{- end }}
 {{- if .Values.archive.enabled }}
 {{- $a := .Values.archive }}
-{{- $archive := dict "segment_events" (int $a.segmentEvents) "interval_seconds" (int $a.intervalSeconds) "consumers" $a.consumers }}
+{{- $archive := dict "segment_events" (int $a.segmentEvents) "interval_seconds" (int $a.intervalSeconds) "consumers" $a.consumers "state_every_events" (int $a.stateEveryEvents) }}
 {{- if $a.bucket }}
 {{- $_ := set $archive "bucket" $a.bucket }}
 {{- else }}
