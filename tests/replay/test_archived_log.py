@@ -187,3 +187,36 @@ async def test_replay_reads_an_object_store_archive_from_its_sealed_state(
             assert "name the bucket" in capsys.readouterr().err
         finally:
             await store.js.delete_object_store(bucket)
+
+
+async def test_a_state_sealed_by_another_version_is_passed_over_for_an_older_one(
+    nats_url: str, tmp_path: Path, store_factory: Factory
+) -> None:
+    """A state sealed by a muster whose fold differs is passed over for the nearest usable one below it."""
+    import msgspec
+
+    from muster.projections.cluster import fold
+    from muster.replay.points import Point
+    from muster.replay.rebuild import state_at
+    from muster.replay.sealedstate import SealedState, open_state, seal_state
+    from muster.replay.snapshots import encode_state
+
+    events = sim(mixed(1)).events
+
+    async def state_before(seq: int) -> bytes:
+        sealed = seal_state(fold(events[: seq - 1]), seq - 1)
+        if seq == 61:  # as a muster whose fold differs would have sealed it
+            other = msgspec.structs.replace(msgspec.msgpack.decode(sealed, type=SealedState), fingerprint="other")
+            return msgspec.msgpack.encode(other)
+        return sealed if seq > 1 else b""
+
+    archive = DirectoryArchive(tmp_path / "archive")
+    async with store_factory(nats_url) as store:
+        await store.append(events)
+        await seal_new(store, archive, through=90, every=30, snapshot_at=state_before)
+        segments = await archive.segments()
+        assert open_state((await archive.read(segments[2])).snapshot) is None
+        log = ArchivedLog(archive, NatsLog(store))
+        rolled, plain = await state_at(log, Point(seq=70)), await state_at(MemoryLog.from_events(events), Point(seq=70))
+        assert (rolled.sealed, rolled.folded) == (30, 40)
+        assert encode_state(rolled.state, "msgpack") == encode_state(plain.state, "msgpack")
