@@ -42,17 +42,20 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import anyio
 import structlog
 
+from muster.daemon.warmstart import Start
 from muster.events.archive import Archive, SegmentRef, seal_new
-from muster.events.store import EventStore, Retention
+from muster.events.store import EventStore, Retention, StoreError
+from muster.replay.points import Point
+from muster.replay.rebuild import state_at
 from muster.replay.sealedstate import Sealed, nearest_sealed, seal_state
-from muster.replay.snapshots import fold_range
+from muster.replay.snapshots import SnapshotBackend, Snapshots, fold_range
 from muster.replay.source import ArchivedLog, NatsLog
 
 if TYPE_CHECKING:
     from muster.daemon.loop import SchedulerLoop
     from muster.daemon.terms import Term
 
-__all__ = ["Pass", "Sealer", "SealerOptions", "keep_from"]
+__all__ = ["ArchiveStart", "Pass", "Sealer", "SealerOptions", "keep_from"]
 
 log = structlog.get_logger("muster.archive")
 
@@ -194,3 +197,50 @@ class Sealer:
                 self.failures += 1
                 log.error("sealing failed", error=f"{type(exc).__name__}: {exc}", archive=self.archive.name)
             await anyio.sleep(self.options.interval)
+
+
+class ArchiveStart:
+    """Where a replica's fold starts when the stream's past may be in the archive (a `warmstart.StartingPoint`).
+
+    The stream alone would start a fold at its first message, silently without the purged past
+    (JetStream reads from a purged sequence start later). This folds archive and stream as one
+    log up to the stream's end, from the nearest trusted state: a snapshot of the sidecar's
+    `snapshots` (checked against the archive where the stream no longer holds its event) or a
+    state sealed with a segment. A hole (events that left unsealed) raises StoreError: a replica
+    never starts on a log with its past missing.
+    """
+
+    ATTEMPTS = 3
+    """A purge between listing the segments and reading the stream looks like a hole: list again."""
+
+    def __init__(self, store: EventStore, archive: Archive, snapshots: SnapshotBackend | None = None) -> None:
+        self.store = store
+        self.archive = archive
+        self.snapshots = snapshots
+
+    async def load(self, end: int) -> Start | None:
+        for attempt in range(1, self.ATTEMPTS + 1):
+            whole = ArchivedLog(self.archive, NatsLog(self.store))
+            snapshots = Snapshots(self.snapshots, whole) if self.snapshots is not None else None
+            try:
+                replayed = await state_at(whole, Point(seq=end), snapshots)
+            except StoreError as exc:
+                if attempt == self.ATTEMPTS:
+                    raise
+                log.warning("reading archive and stream failed; reading again", error=str(exc))
+                continue
+            except Exception as exc:  # the snapshots' bucket, not the log: go on without them
+                if snapshots is None:
+                    raise
+                log.warning("cannot use the snapshots; folding without them", error=f"{type(exc).__name__}: {exc}")
+                self.snapshots = None
+                continue
+            log.info(
+                "starting from archive and stream",
+                seq=replayed.seq,
+                snapshot=replayed.snapshot.seq if replayed.snapshot is not None else None,
+                sealed_state=replayed.sealed,
+                folded=replayed.folded,
+            )
+            return Start(replayed.state, replayed.seq) if replayed.seq else None
+        return None

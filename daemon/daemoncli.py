@@ -213,10 +213,14 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
                 cfg.utilization_url, source=cfg.utilization_source, interval=cfg.utilization_interval
             )
             services.append(scraper.run)
+        from muster.daemon.warmstart import SnapshotStart, StartingPoint, stream_snapshots
+
+        start: StartingPoint | None = await stream_snapshots(store)
         if cfg.archive_location:
-            from muster.daemon.archiving import Sealer, SealerOptions
+            from muster.daemon.archiving import ArchiveStart, Sealer, SealerOptions
             from muster.events.archive import open_archive
 
+            archive = await open_archive(cfg.archive_location, store.js)
             sealing = SealerOptions(
                 cfg.archive_segment_events,
                 cfg.archive_interval,
@@ -224,10 +228,10 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
                 cfg.retention_window,
                 cfg.archive_state_every,
             )
-            services.append(Sealer(store, await open_archive(cfg.archive_location, store.js), sealing).run)
-        from muster.daemon.warmstart import stream_snapshots
-
-        start = await stream_snapshots(store)
+            services.append(Sealer(store, archive, sealing).run)
+            # the stream's past may be purged: a replica folds archive and stream as one log
+            snapshots = start.snapshots.backend if isinstance(start, SnapshotStart) else None
+            start = ArchiveStart(store, archive, snapshots)
         loop = SchedulerLoop(
             store, elector=elector, cluster=cluster, metrics=metrics, services=services, standby=standby, start=start
         )

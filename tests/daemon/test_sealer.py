@@ -12,7 +12,7 @@ import anyio
 import nats
 from test_loop import NODES, configure, job
 
-from muster.daemon.archiving import Sealer, SealerOptions
+from muster.daemon.archiving import ArchiveStart, Sealer, SealerOptions
 from muster.daemon.billing import BillingMetrics, BillingSubscriber, SubscriberOptions
 from muster.daemon.billing_store import LedgerDB
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
@@ -20,6 +20,7 @@ from muster.demo.simcluster import SimulatedCluster
 from muster.events.archive import DirectoryArchive, last_sealed
 from muster.events.store import EventStore, Retention
 from muster.events.types import Event
+from muster.projections.cluster import ClusterState
 from muster.replay.audit import audit
 from muster.replay.source import ArchivedLog, NatsLog
 
@@ -205,3 +206,40 @@ async def test_a_stream_that_denies_purge_is_sealed_and_left_to_its_own_limits(n
     finally:
         await nc.jetstream().delete_stream(stream)
         await nc.close()
+
+
+async def caught_up_replica(store: EventStore, start: ArchiveStart | None) -> ClusterState:
+    """The state of a standby replica started from `start` once it has folded the stream's end."""
+    elector = SoleElector("d2")
+    await elector.resign()  # it follows the log and never leads
+    loop = SchedulerLoop(store, elector=elector, cluster=lambda state: SimulatedCluster(NODES, state), start=start)
+    end = await store.last_seq()
+    async with anyio.create_task_group() as tg:
+        await tg.start(loop.run)
+        with anyio.fail_after(20):
+            while loop.folded_seq < end:  # noqa: ASYNC110 - the follower has no "caught up" event
+                await anyio.sleep(0.02)
+        loop.stop()
+    return loop.state
+
+
+async def test_a_replica_started_on_a_purged_stream_folds_the_archive_too(
+    nats_url: str, tmp_path: Path, store_factory: Factory
+) -> None:
+    """A replica on a stream the sealer purged starts from archive and stream as one log: the whole log's state."""
+    from test_loop import daemon, of, wait_for
+
+    from muster.events.types import JobAdmitted
+    from muster.projections.cluster import fold
+
+    archive = DirectoryArchive(tmp_path / "archive")
+    async with store_factory(nats_url) as store:
+        await configure(store)
+        async with daemon(store):
+            await store.append([job(f"j{i}") for i in range(4)])
+            await wait_for(store, lambda events: len(of(events, JobAdmitted)) == 4)
+        whole = fold([s.event for s in await store.read()])
+        options = SealerOptions(5, consumers=(), window=Retention(max_bytes=1), state_every=10)
+        assert (await Sealer(store, archive, options).step()).purged > 10
+        assert await caught_up_replica(store, ArchiveStart(store, archive)) == whole
+        assert await caught_up_replica(store, None) != whole, "the stream alone lacks the purged past"
