@@ -78,6 +78,7 @@ CASES: dict[str, dict[str, Any]] = {
         "archive": {"enabled": True, "bucket": "MUSTER-archive"},
         "retention": {"maxAgeSeconds": 7 * 86400, "maxBytes": 1 << 30, "ceilingFactor": 4},
     },
+    "archive-volume": {"archive": {"enabled": True, "claimName": "muster-archive"}},
 }
 BAD_CASES: dict[str, tuple[dict[str, Any], str]] = {
     "token-without-secret": ({"nats": {"auth": {"type": "token"}}}, "nats.auth.existingSecret is required"),
@@ -707,3 +708,18 @@ def test_retention_values_become_the_sealers_window_and_the_streams_ceiling(run:
     assert cfg.retention_ceiling == (28 * 86400.0, 4 << 30)
     path.write_text(yaml.safe_dump(config_of(run.rendered["default"], "config.yaml")))
     assert load_config(str(path), env={}).retention_ceiling == (0.0, 0), "no window, no limits"
+
+
+def test_the_snapshot_sidecar_reads_the_archive_too(run: ChartRun) -> None:
+    """With an archive, the sidecar reads archive and stream as one log (the stream's past may be purged)."""
+    in_bucket = container(run.rendered["retention"].one("Deployment", "muster"), "snapshots")
+    assert in_bucket["args"][in_bucket["args"].index("--archive") + 1] == "nats-object:MUSTER-archive"
+    on_volume = container(run.rendered["archive-volume"].one("Deployment", "muster"), "snapshots")
+    assert on_volume["args"][on_volume["args"].index("--archive") + 1] == "/var/lib/muster/archive"
+    mounts = {m["mountPath"]: m for m in on_volume["volumeMounts"]}
+    assert mounts["/var/lib/muster/archive"] == {
+        "name": "archive",
+        "mountPath": "/var/lib/muster/archive",
+        "readOnly": True,
+    }
+    assert "--archive" not in container(run.rendered["default"].one("Deployment", "muster"), "snapshots")["args"]

@@ -220,3 +220,31 @@ async def test_a_state_sealed_by_another_version_is_passed_over_for_an_older_one
         rolled, plain = await state_at(log, Point(seq=70)), await state_at(MemoryLog.from_events(events), Point(seq=70))
         assert (rolled.sealed, rolled.folded) == (30, 40)
         assert encode_state(rolled.state, "msgpack") == encode_state(plain.state, "msgpack")
+
+
+async def test_snapshots_of_a_purged_stream_are_written_and_used_through_the_archive(
+    nats_url: str, tmp_path: Path, store_factory: Factory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`muster snapshot --archive` folds archive and stream; `replay` then starts from a snapshot in the purged past."""
+    from muster.daemon.archiving import Sealer, SealerOptions
+
+    events = sim(mixed(1)).events
+    archive = DirectoryArchive(tmp_path / "archive")
+    async with store_factory(nats_url) as store:
+        await store.append(events)
+        await Sealer(store, archive, SealerOptions(50, consumers=(), window=Retention(max_bytes=1))).step()
+        assert await store.first_seq() > 150
+        capsys.readouterr()  # the sealer's log lines
+        source = ["--nats", nats_url, "--stream", store.stream, "--archive", str(archive.path)]
+        snaps = ["--snapshots", f"{store.stream}-snaps"]
+        try:
+            snapshot = ["snapshot", *source, *snaps, "--every", "40", "-o", "json"]
+            assert await anyio.to_thread.run_sync(main, snapshot) == 0
+            assert json.loads(capsys.readouterr().out)["written"][:3] == [40, 80, 120]
+            at = ["--at", "130", "-o", "json"]
+            assert await anyio.to_thread.run_sync(main, ["replay", *at, *source, *snaps]) == 0
+            replayed = json.loads(capsys.readouterr().out)["replay"]
+            assert (replayed["snapshot"]["seq"], replayed["events_folded"]) == (120, 10)
+            assert replayed["discarded_snapshots"] == []
+        finally:
+            await store.js.delete_object_store(f"{store.stream}-snaps")
