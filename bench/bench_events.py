@@ -7,8 +7,10 @@ onto nodes, start, GPU utilization samples, finish, some preemptions):
   append     pipelined `EventStore.append` (publish_async + Nats-Msg-Id)
   fenced     `append(..., expected_last_seq=...)`, one message at a time
   read       read + decode from the stream (`NatsLog`, i.e. `iter_batches`), no fold
-  archive    seal the stream into segments of 50,000 (`events.archive.seal_new`), then
-             read + decode them (`replay.source.ArchivedLog`)
+  archive    the leader's sealer on the stream: segments of 50,000 with the state at
+             their start, then the purge (`daemon.archiving.Sealer`); read + decode archive
+             and stream (`replay.source.ArchivedLog`); the state at a point in the last
+             segment from its sealed state, and from zero
   end to end read + decode + fold from the stream (`iter_batches`)   target >= 100,000 events/s
   decode     decode + fold from in-memory bytes
   fold       fold from an in-memory list of events                  target >= 300,000 events/s
@@ -31,10 +33,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from muster.daemon.archiving import Sealer, SealerOptions
 from muster.events import codec
-from muster.events.archive import DirectoryArchive, seal_new
+from muster.events.archive import DirectoryArchive
 from muster.events.embedded import EmbeddedNats
-from muster.events.store import EventStore
+from muster.events.store import EventStore, Retention
 from muster.events.types import (
     Event,
     GpuUtilizationSampled,
@@ -51,7 +54,9 @@ from muster.events.types import (
     SchedulerConfigured,
 )
 from muster.projections.cluster import ClusterState, evolve, fold
-from muster.replay.source import ArchivedLog, LogSource, NatsLog
+from muster.replay.points import Point
+from muster.replay.rebuild import state_at
+from muster.replay.source import ArchivedLog, LogSource, MemoryLog, NatsLog
 
 
 def realistic_events(n: int, *, nodes: int = 512, live_jobs: int = 400, seed: int = 7) -> list[Event]:
@@ -174,6 +179,44 @@ def fold_timed(events: list[Event]) -> Timing:
     return since(start)
 
 
+async def archive_rows(store: EventStore, events: list[Event], path: Path, trials: int) -> None:
+    """The leader's sealer on the whole stream (segments with the state at their start, then the purge),
+    a read of archive + stream, and the state at an archived point from its segment's sealed state."""
+    archive = DirectoryArchive(path)
+    every = min(50_000, len(events) // 4)
+    sealer = Sealer(
+        store, archive, SealerOptions(every, consumers=(), window=Retention(max_bytes=1), state_every=every)
+    )
+    start = clock()
+    segments, purged = await sealer.step()
+    sealed = sum(ref.last - ref.first + 1 for ref in segments)
+    print(f"seal+purge ({every:,}/segment)", rate(sealed, [since(start)]))
+    size = sum(f.stat().st_size for f in archive.path.iterdir())
+    states = [len((await archive.read(ref)).snapshot) for ref in segments]
+    print(
+        f"  {len(segments)} segments, {size / sealed:.1f} bytes per event on disk (states included), "
+        f"sealed states {max(states) / 1e6:.2f} MB at most before compression; {purged:,} purged"
+    )
+    runs: list[Timing] = []
+    for _ in range(trials):
+        count, timing = await read(ArchivedLog(archive, NatsLog(store)))
+        assert count == len(events), f"read {count} of {len(events)} events across the archive"
+        runs.append(timing)
+    print("read+decode (archive)", rate(count, runs))
+    point = Point(seq=segments[-1].first + every // 2)
+    for how, log in (("sealed state", ArchivedLog(archive, NatsLog(store))), ("from zero", MemoryLog(raws_of(events)))):
+        start = clock()
+        replayed = await state_at(log, point)
+        wall, cpu = since(start)
+        print(
+            f"state at seq {point.seq:,} ({how}): {replayed.folded:,} events folded, {wall:.3f} s wall, {cpu:.3f} CPU-s"
+        )
+
+
+def raws_of(events: list[Event]) -> list[bytes]:
+    return [codec.encode(e) for e in events]
+
+
 async def bench(n: int, fenced: int, trials: int, profile: bool) -> int:
     events = realistic_events(n)
     raws = [codec.encode(e) for e in events]
@@ -209,19 +252,7 @@ async def bench(n: int, fenced: int, trials: int, profile: bool) -> int:
             assert state == fold(events), "the stream replay differs from the in-memory fold"
             end_to_end = count / min(w for w, _ in runs)
 
-            archive = DirectoryArchive(Path(tmp) / "archive")
-            start = clock()
-            segments = await seal_new(store, archive, through=len(events), every=50_000)
-            sealed = sum(ref.last - ref.first + 1 for ref in segments)
-            print("seal (50,000/segment)", rate(sealed, [since(start)]))
-            size = sum(f.stat().st_size for f in archive.path.iterdir())
-            print(f"  {len(segments)} segments, {size / sealed:.1f} bytes per event on disk")
-            runs = []
-            for _ in range(trials):
-                count, timing = await read(ArchivedLog(archive, NatsLog(store)))
-                assert count == len(events), f"read {count} of {len(events)} events across the archive"
-                runs.append(timing)
-            print("read+decode (archive)", rate(count, runs))
+            await archive_rows(store, events, Path(tmp) / "archive", trials)
 
     print("decode+fold (memory) ", rate(n, [decode_and_fold(raws) for _ in range(trials)]))
     runs = [fold_timed(events) for _ in range(trials)]

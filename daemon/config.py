@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from muster.events.leases import LEADER_NAME
+from muster.events.store import Retention
 
 __all__ = ["ConfigError", "DaemonConfig", "load_config", "nats_connect_options"]
 
@@ -51,8 +52,10 @@ KEYS: dict[str, frozenset[str]] = {
     "log": frozenset({"level", "format"}),
     "billing": frozenset({"consumer", "data_dir"}),
     "ui": frozenset({"port", "host", "token_file"}),
-    "archive": frozenset({"directory", "bucket", "segment_events", "interval_seconds", "consumers"}),
-    "retention": frozenset({"max_age_seconds", "max_bytes"}),
+    "archive": frozenset(
+        {"directory", "bucket", "segment_events", "interval_seconds", "consumers", "state_every_events"}
+    ),
+    "retention": frozenset({"max_age_seconds", "max_bytes", "ceiling_factor"}),
 }
 """The keys each section of a config file may hold (deploy/README.md); a typo is an error, not a default."""
 
@@ -270,6 +273,11 @@ class DaemonConfig:
         return int(self._number("archive", "segment_events", 10_000, minimum=1))
 
     @property
+    def archive_state_every(self) -> int:
+        """Events between the states sealed with segments (a replay of the archive folds at most this many more)."""
+        return int(self._number("archive", "state_every_events", 50_000, minimum=1))
+
+    @property
     def archive_interval(self) -> float:
         return self._number("archive", "interval_seconds", 30.0, minimum=0.01)
 
@@ -281,13 +289,30 @@ class DaemonConfig:
 
     @property
     def retention_max_age(self) -> float:
-        """Seconds the stream keeps a message when the daemon creates it (0: no limit)."""
+        """Seconds the stream keeps a message: older sealed ones are purged by the sealer (0: no limit)."""
         return self._number("retention", "max_age_seconds", 0.0, minimum=0.0)
 
     @property
     def retention_max_bytes(self) -> int:
-        """Bytes the stream keeps when the daemon creates it (0: no limit)."""
+        """Bytes the stream keeps: the sealer purges sealed messages beyond them (0: no limit)."""
         return int(self._number("retention", "max_bytes", 0, minimum=0))
+
+    @property
+    def retention_ceiling_factor(self) -> float:
+        """The stream's own JetStream limits are the window times this: they drop messages, sealed or
+        not, only when no sealer has purged for that long."""
+        return self._number("retention", "ceiling_factor", 10.0, minimum=1.0)
+
+    @property
+    def retention_window(self) -> Retention:
+        """What the stream keeps: the window the leader's sealer purges to."""
+        return Retention(self.retention_max_age, self.retention_max_bytes)
+
+    @property
+    def retention_ceiling(self) -> Retention:
+        """The stream's own limits when the daemon creates it: the window times `ceiling_factor`."""
+        factor = self.retention_ceiling_factor
+        return Retention(self.retention_max_age * factor, int(self.retention_max_bytes * factor))
 
     @property
     def log_level(self) -> str:
@@ -348,7 +373,8 @@ class DaemonConfig:
                 raise ConfigError(f"ui: {problem}")
         # the typed views raise ConfigError on values they cannot read
         _ = (self.leader_ttl, self.utilization_interval, self.health_port, self.metrics_port, self.namespaces)
-        _ = (self.archive_segment_events, self.archive_interval, self.retention_max_age, self.retention_max_bytes)
+        _ = (self.archive_segment_events, self.archive_interval, self.archive_state_every)
+        _ = (self.retention_window, self.retention_ceiling)
         if (self.retention_max_age or self.retention_max_bytes) and not self.archive_location:
             raise ConfigError("retention: a bounded stream needs an archive, or its past is lost to replay")
 
@@ -377,7 +403,11 @@ class DaemonConfig:
             "http": {"health_port": self.health_port, "metrics_port": self.metrics_port},
             "ui": {"port": self.ui_port, "host": self.ui_host, "token": bool(self.ui_token_file)},
             "archive": {"location": self.archive_location, "consumers": self.archive_consumers},
-            "retention": {"max_age_seconds": self.retention_max_age, "max_bytes": self.retention_max_bytes},
+            "retention": {
+                "max_age_seconds": self.retention_max_age,
+                "max_bytes": self.retention_max_bytes,
+                "ceiling_factor": self.retention_ceiling_factor,
+            },
             "simulated_cluster": self.simulated_cluster,
         }
 

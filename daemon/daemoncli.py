@@ -142,7 +142,7 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
     from muster.daemon.leader import KvElector
     from muster.daemon.loop import Elector, SchedulerLoop, Service, SoleElector, Standby
     from muster.daemon.metrics import DaemonMetrics
-    from muster.events.store import EventStore, Retention, StoreError, url_problem
+    from muster.events.store import EventStore, StoreError, url_problem
 
     log = structlog.get_logger("muster.daemon")
     structlog.contextvars.bind_contextvars(replica=cfg.identity)
@@ -163,7 +163,7 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
                 stream=cfg.stream,
                 prefix=cfg.subject_prefix,
                 name=f"muster-daemon/{cfg.identity}",
-                retention=Retention(cfg.retention_max_age, cfg.retention_max_bytes),
+                retention=cfg.retention_ceiling,
                 **options,
             )
     except (StoreError, TimeoutError) as exc:
@@ -213,15 +213,25 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
                 cfg.utilization_url, source=cfg.utilization_source, interval=cfg.utilization_interval
             )
             services.append(scraper.run)
+        from muster.daemon.warmstart import SnapshotStart, StartingPoint, stream_snapshots
+
+        start: StartingPoint | None = await stream_snapshots(store)
         if cfg.archive_location:
-            from muster.daemon.archiving import Sealer, SealerOptions
+            from muster.daemon.archiving import ArchiveStart, Sealer, SealerOptions
             from muster.events.archive import open_archive
 
-            sealing = SealerOptions(cfg.archive_segment_events, cfg.archive_interval, tuple(cfg.archive_consumers))
-            services.append(Sealer(store, await open_archive(cfg.archive_location, store.js), sealing).run)
-        from muster.daemon.warmstart import stream_snapshots
-
-        start = await stream_snapshots(store)
+            archive = await open_archive(cfg.archive_location, store.js)
+            sealing = SealerOptions(
+                cfg.archive_segment_events,
+                cfg.archive_interval,
+                tuple(cfg.archive_consumers),
+                cfg.retention_window,
+                cfg.archive_state_every,
+            )
+            services.append(Sealer(store, archive, sealing).run)
+            # the stream's past may be purged: a replica folds archive and stream as one log
+            snapshots = start.snapshots.backend if isinstance(start, SnapshotStart) else None
+            start = ArchiveStart(store, archive, snapshots)
         loop = SchedulerLoop(
             store, elector=elector, cluster=cluster, metrics=metrics, services=services, standby=standby, start=start
         )

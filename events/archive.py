@@ -27,7 +27,7 @@ import contextlib
 import hashlib
 import os
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -45,13 +45,14 @@ __all__ = [
     "ObjectArchive",
     "Segment",
     "SegmentRef",
+    "archive_problem",
     "last_sealed",
     "open_archive",
     "seal_new",
 ]
 
-SnapshotAt = Callable[[int], bytes]
-"""The stored snapshot of the state before a sequence (empty bytes: none)."""
+SnapshotAt = Callable[[int], Awaitable[bytes]]
+"""The snapshot of the state before a sequence, as opaque bytes (empty: none)."""
 
 _MAGIC = b"muster-segment-1\n"
 _SUFFIX = ".seg"
@@ -253,6 +254,13 @@ class ObjectArchive:
         return SegmentRef(segment.first, segment.last, name)
 
 
+def archive_problem(location: str) -> str | None:
+    """Why a reader cannot use `location` as an archive before connecting anywhere (None: it may)."""
+    if location.startswith(_OBJECT_PREFIX):
+        return None if location.removeprefix(_OBJECT_PREFIX) else f"archive {location}: name the bucket"
+    return None if Path(location).is_dir() else f"archive {location} is not a directory"
+
+
 async def open_archive(location: str, js: Any = None, *, create: bool = True) -> Archive:
     """`nats-object:BUCKET` (the JetStream object store, through `js`), else a directory."""
     if location.startswith(_OBJECT_PREFIX):
@@ -270,7 +278,7 @@ async def seal_new(
     The one writer (the leader) calls it with `through` no later than what
     every reader that must not miss an event has consumed (billing's ack
     floor) and well before the window's end. `snapshot_at(seq)` gives the
-    stored snapshot of the state before `seq` (empty: none).
+    snapshot of the state before `seq` (empty: none), asked in sequence order.
     """
     sealed: list[SegmentRef] = []
     start = await last_sealed(archive) + 1
@@ -281,7 +289,7 @@ async def seal_new(
                 raws.extend(batch)
         if not raws or raws[0][0] != start:  # `through` is stored, so what is missing left the window
             raise ArchiveError(f"events from {start} left stream {store.stream} before they were sealed")
-        snapshot = snapshot_at(start) if snapshot_at is not None else b""
+        snapshot = await snapshot_at(start) if snapshot_at is not None else b""
         sealed.append(await archive.seal(raws, snapshot))
         start = raws[-1][0] + 1
     return sealed

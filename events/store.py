@@ -9,8 +9,8 @@ needs. Where events go (`subjects`), what the store raises (`errors`) and how
 it connects (`connecting`) have modules of their own, re-exported here.
 
 Invariants:
-- One stream (file storage, deny_delete, deny_purge, messages capped at the
-  event size cap) holds subjects `<prefix>.<kind>.<id>`; `kind` comes from the
+- One stream (file storage, deny_delete, messages capped at the event size
+  cap) holds subjects `<prefix>.<kind>.<id>`; `kind` comes from the
   event type, `id` is the job, node, queue... name made safe for a subject
   token (`subject_token`). Submissions go to `<prefix>.submit.<queue>.<job>`,
   so NATS permissions can let a team publish to its own queues only.
@@ -33,14 +33,21 @@ Invariants:
   its sequence to `on_bad`, counted in `bad_events`, and skipped (it stays on
   the stream). `follow` yields every good event once, in order, across server
   restarts.
+- The log's past leaves the stream only by `purge_before`, which the leader's
+  sealer calls for what it has sealed into the archive (`daemon/archiving.py`).
+  The stream allows purge requests because NATS can never lift `deny_purge`
+  from a stream once set; who may send one is NATS permissions' business
+  (deploy/nats/accounts.conf grants it to the daemon's identity alone).
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
+import datetime as dt
 import hashlib
 import heapq
+import json
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -121,6 +128,8 @@ DEFAULT_STREAM = "MUSTER"
 _NO_LIMIT = 1 << 62
 """An `until` later than any event time."""
 _STREAM_NAME_IN_USE = 10058
+_PURGE_NOT_PERMITTED = 10110
+_NO_MESSAGE_FOUND = 10037
 _MAX_MSG_ID = 200
 _FILTERED_BATCH = 4096
 """Events per batch of a filtered read (its filters' messages are merged in memory first)."""
@@ -143,7 +152,9 @@ _stored: Callable[[type[StoredEvent], tuple[int, AnyEvent]], StoredEvent] = tupl
 
 
 class Retention(NamedTuple):
-    """The stream's window: messages older than `max_age` seconds, or beyond `max_bytes`, leave it (0: no limit)."""
+    """A window of the stream: messages older than `max_age` seconds, or beyond `max_bytes`, leave it (0: no limit).
+
+    The stream's own limits (JetStream's, `ensure_stream`), and the window the sealer purges to."""
 
     max_age: float = 0.0
     max_bytes: int = 0
@@ -236,6 +247,7 @@ class EventStore:
         _check_prefix(prefix)
         self.nc = nc
         self.js = nc.jetstream(prefix=api_prefix, timeout=request_timeout)
+        self._api_prefix = api_prefix
         self.stream = stream
         self.prefix = prefix
         self.request_timeout = request_timeout
@@ -318,9 +330,10 @@ class EventStore:
     ) -> None:
         """Create the stream if missing; an existing stream is used as configured by whoever made it.
 
-        With `retention`, the stream keeps a bounded window (the oldest
-        messages leave it first); what leaves must have been sealed into the
-        archive before (`events.archive.seal_new`), or readers find a hole.
+        With `retention`, JetStream drops the oldest messages past those limits
+        whether they were sealed or not (readers then find a hole): the daemon
+        sets them as a safety ceiling well above the window its sealer purges
+        to (`daemon/archiving.py`), reached only when the sealer stops for long.
         """
         window = retention if retention is not None else Retention()
         config = StreamConfig(
@@ -329,7 +342,7 @@ class EventStore:
             storage=StorageType.FILE,
             num_replicas=replicas,
             deny_delete=True,
-            deny_purge=True,
+            deny_purge=False,  # only the sealer purges, what it sealed (accounts.conf: the daemon alone may)
             discard=DiscardPolicy.OLD,
             max_age=window.max_age or None,
             max_bytes=window.max_bytes or None,
@@ -457,6 +470,43 @@ class EventStore:
         """Sequence of the first message still on the stream (older ones left its retention window)."""
         info = await self.js.stream_info(self.stream)
         return int(info.state.first_seq)
+
+    async def first_seq_since(self, wall_time: float) -> int:
+        """Sequence of the first message stored at or after `wall_time` (epoch seconds); past the end when none."""
+        stamp = dt.datetime.fromtimestamp(wall_time, dt.UTC).isoformat()
+        answer = await self._api(f"STREAM.MSG.GET.{self.stream}", {"start_time": stamp})
+        error = answer.get("error")
+        if error is not None:
+            if error.get("err_code") == _NO_MESSAGE_FOUND:
+                return await self.last_seq() + 1
+            raise StoreError(f"cannot look up stream {self.stream} by time: {error.get('description')}")
+        return int(answer["message"]["seq"])
+
+    async def purge_before(self, seq: int) -> int:
+        """Drop the messages before `seq` from the stream (they must be in the archive); how many went.
+
+        Only the leader's sealer calls it. A stream created with `deny_purge` (by muster before
+        the sealer purged) refuses for good: StoreError says so.
+        """
+        if seq < 1:
+            return 0  # a purge request without a sequence would empty the whole stream
+        answer = await self._api(f"STREAM.PURGE.{self.stream}", {"seq": seq})
+        error = answer.get("error")
+        if error is not None:
+            why = error.get("description")
+            if error.get("err_code") == _PURGE_NOT_PERMITTED:
+                why = "the stream was created with deny_purge, which NATS never lifts; its own limits stay its window"
+            raise StoreError(f"cannot purge stream {self.stream} before {seq}: {why}")
+        return int(answer.get("purged", 0))
+
+    async def _api(self, api: str, request: dict[str, Any]) -> dict[str, Any]:
+        """One JetStream API request and its decoded answer (errors are in the answer, not raised)."""
+        with self.refusals():
+            msg = await self.nc.request(
+                f"{self._api_prefix}.{api}", json.dumps(request).encode(), timeout=self.request_timeout
+            )
+        answer: dict[str, Any] = json.loads(msg.data)
+        return answer
 
     def report(self, seq: int, subject: bytes, data: bytes, error: str) -> None:
         """Count a bad message and hand it to `on_bad` (readers of the stream and of its archive)."""

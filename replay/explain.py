@@ -15,7 +15,8 @@ position in its queue and the jobs ahead, the quota shortfall in numbers,
 the free GPUs in the best topology domain, and whether preemption could
 make room (the core's own `find_victims` on a throwaway cycle).
 
-`Storyteller` is pure (events and states in, lines out; no clock); `explain` feeds it from a log.
+`Storyteller` is pure (events and states in, lines out; no clock); `explain` feeds it from a log,
+in an archived log from the state sealed before the job's submission (`replay.sealedstate`).
 """
 
 from __future__ import annotations
@@ -57,8 +58,10 @@ from muster.projections.cluster import (
 from muster.projections.queueing import STRICT_FIFO
 from muster.projections.resources import fmt
 from muster.replay.points import Point, duration
+from muster.replay.rebuild import state_at
+from muster.replay.sealedstate import Sealed, nearest_sealed
 from muster.replay.snapshots import no_gc
-from muster.replay.source import LogSource
+from muster.replay.source import ArchivedLog, LogSource
 from muster.replay.views import job_shape, priority_label, queue_order
 
 
@@ -82,6 +85,8 @@ class Story:
     pending: dict[str, Any] | None = None
     """For a job pending at the end: position, blockers, what would have to change."""
     summary: dict[str, Any] = field(default_factory=dict)
+    told_from: int = 0
+    """The sequence whose state the story was folded on from (0: the start of the log)."""
 
 
 # ---------------------------------------------------------------- numbers the scheduler saw
@@ -510,12 +515,29 @@ class Storyteller:
 async def explain(source: LogSource, job: str, point: Point) -> tuple[Story, int]:
     """Fold the log up to `point`, telling `job`'s story; returns (story, time of the last event folded)."""
     last = await source.last_seq()
-    teller = Storyteller(job)
+    end = point.seq if point.seq is not None else last
+    start = await _before_submission(source, job, end, point.time) if isinstance(source, ArchivedLog) else None
+    teller = Storyteller(job, start.state if start is not None else None)
+    teller.story.told_from = start.seq if start is not None else 0
     with no_gc():
-        async for batch in source.batches(1, point.seq if point.seq is not None else last, until=point.time):
+        async for batch in source.batches(teller.story.told_from + 1, end, until=point.time):
             for seq, ev in batch:
                 teller.step(seq, ev)
     return teller.finish(), teller.state.now
+
+
+async def _before_submission(log: ArchivedLog, job: str, end: int, until: int | None) -> Sealed | None:
+    """The state sealed in the archive before `job` was submitted (its story starts after it), or None.
+
+    Every event of the job's story comes at or after its submission, whose time the state at the
+    point holds: a state sealed at an earlier time precedes all of them.
+    """
+    at_point = await state_at(log, Point(seq=end, time=until))
+    found = at_point.state.jobs.get(job)
+    if found is None:
+        return None
+    sealed = await nearest_sealed(log, max_seq=end, max_time=found.submitted_at - 1)
+    return sealed if sealed.seq else None
 
 
 def blockers(state: ClusterState, job: JobState) -> dict[str, Any]:

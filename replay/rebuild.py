@@ -3,7 +3,9 @@
 Role: the one place that turns (log, point, snapshots) into a `ClusterState`,
 for `muster replay`, `explain`, `audit --from` and `whatif --from`. The cost
 is the events since the nearest snapshot at or before the point (plus, once,
-the interval that verifies an unverified snapshot; see `snapshots`).
+the interval that verifies an unverified snapshot; see `snapshots`); in the
+archive's past, the state sealed at a segment's start may be the nearest
+(`sealedstate`).
 
 Invariant: the state returned equals `fold(events 1..seq)` of the log, with
 `seq` the last sequence at or before the point (for a time T: before the first
@@ -18,8 +20,9 @@ from dataclasses import dataclass, field
 
 from muster.projections.cluster import ClusterState
 from muster.replay.points import Point
+from muster.replay.sealedstate import nearest_sealed
 from muster.replay.snapshots import Discarded, SnapshotMeta, Snapshots, Verify, fold_range
-from muster.replay.source import LogSource
+from muster.replay.source import ArchivedLog, LogSource
 
 
 @dataclass
@@ -30,7 +33,9 @@ class Replayed:
     last_seq: int
     """The end of the log when it was read."""
     snapshot: SnapshotMeta | None = None
-    """The snapshot the fold started from (None: the empty state)."""
+    """The snapshot the fold started from (None: the empty state, or `sealed`)."""
+    sealed: int | None = None
+    """The sequence of the archive segment's sealed state the fold started from (None: not one)."""
     folded: int = 0
     """Events folded after the snapshot to reach the point."""
     verify_folded: int = 0
@@ -56,6 +61,11 @@ async def state_at(
         verify_folded, discarded = loaded.folded, loaded.discarded
     else:
         state, seq, meta, verify_folded, discarded = ClusterState(), 0, None, 0, []
+    sealed_at = None
+    if isinstance(source, ArchivedLog):  # the state sealed with an archive segment may be nearer
+        sealed = await nearest_sealed(source, max_seq=target, max_time=point.time)
+        if sealed.seq > seq:
+            state, seq, meta, sealed_at = sealed.state, sealed.seq, None, sealed.seq
     folded_to, folded = await fold_range(source, state, seq + 1, target, until=point.time)
     if folded:
         seq = folded_to
@@ -66,6 +76,7 @@ async def state_at(
         seq=seq,
         last_seq=last,
         snapshot=meta,
+        sealed=sealed_at,
         folded=folded,
         verify_folded=verify_folded,
         discarded=discarded,

@@ -80,6 +80,7 @@ def document(replayed: Any, point: str, now: int | None = None) -> dict[str, Any
         "running": running_rows(state),
         "replay": {
             "snapshot": describe(replayed.snapshot) if replayed.snapshot is not None else None,
+            "sealed_state": replayed.sealed,
             "events_folded": replayed.folded,
             "events_folded_to_verify": replayed.verify_folded,
             "discarded_snapshots": [{"seq": d.seq, "reason": d.reason} for d in replayed.discarded],
@@ -107,6 +108,8 @@ def render(
         head += f" · leader {doc['leader']['holder']} (epoch {doc['leader']['epoch']})"
     con.print(f"[bold]{head}[/bold]")
     source = f"from the snapshot at seq {rp['snapshot']['seq']:,}" if rp["snapshot"] else "from the start of the log"
+    if rp.get("sealed_state") is not None:
+        source = f"from the state sealed in the archive at seq {rp['sealed_state']:,}"
     extra = f", {rp['events_folded_to_verify']:,} more to verify snapshots" if rp["events_folded_to_verify"] else ""
     n = rp["events_folded"]
     con.print(f"rebuilt {source} + {n:,} event{'s' if n != 1 else ''}{extra} in {rp['seconds']:.2f}s")

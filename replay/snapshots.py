@@ -2,7 +2,7 @@
 
 Role: encode `ClusterState` with msgspec (msgpack, zlib level 1; or JSON) and
 keep it, keyed by stream sequence, in a NATS object store bucket (never in
-the event stream, which denies purge), a directory, or memory; find the
+the event stream, which only the sealer purges), a directory, or memory; find the
 nearest trustworthy snapshot at or before a point; write one every N events
 (`Snapshotter.maybe_snapshot`, usable by the daemon's leader, and
 `muster snapshot`).

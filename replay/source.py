@@ -26,7 +26,15 @@ from typing import Any, Protocol
 
 import anyio
 
-from muster.events.archive import Archive, ArchiveError, last_sealed, open_archive
+from muster.events.archive import (
+    Archive,
+    ArchiveError,
+    Segment,
+    SegmentRef,
+    archive_problem,
+    last_sealed,
+    open_archive,
+)
 from muster.events.codec import DecodeError, decode, encode
 from muster.events.store import BadEvent, EventStore, StoredEvent, StoreError, SubjectRule, decode_raws
 from muster.events.subjects import queue_filters
@@ -214,6 +222,13 @@ class ArchivedLog:
         self.archive = archive
         self.stream = stream
         self.name = f"{archive.name}+{stream.name}"
+        self._last: tuple[SegmentRef, Segment] | None = None
+
+    async def segment(self, ref: SegmentRef) -> Segment:
+        """The segment, read and checked once for consecutive uses (its snapshot, then its events)."""
+        if self._last is None or self._last[0] != ref:
+            self._last = (ref, await self.archive.read(ref))
+        return self._last[1]
 
     async def last_seq(self) -> int:
         return max(await self.stream.last_seq(), await last_sealed(self.archive))
@@ -221,7 +236,7 @@ class ArchivedLog:
     async def raw(self, seq: int) -> bytes | None:
         for ref in await self.archive.segments():
             if ref.first <= seq <= ref.last:
-                segment = await self.archive.read(ref)
+                segment = await self.segment(ref)
                 return segment.payloads[segment.seqs.index(seq)] if seq in segment.seqs else None
         return await self.stream.raw(seq)
 
@@ -237,7 +252,7 @@ class ArchivedLog:
                 continue
             if ref.first > end:
                 return
-            segment = await self.archive.read(ref)  # a read and a checksum
+            segment = await self.segment(ref)  # a read and a checksum
             raws = [raw for raw in segment.raws() if raw[0] >= seq]
             out, done = decode_raws(raws, end, until, rule, store.report)
             if out:
@@ -301,8 +316,8 @@ async def open_source(
     from muster.events.store import StoreError, StoreUnreachable
 
     archive = getattr(args, "archive", None)
-    if archive is not None and not await anyio.Path(archive).is_dir():
-        raise SourceError(f"archive {archive} is not a directory")
+    if archive is not None and (problem := archive_problem(archive)) is not None:
+        raise SourceError(problem)
     try:
         settings = settings_of(args)
     except ConfigProblem as exc:

@@ -218,19 +218,31 @@ def test_a_config_key_typo_is_refused_naming_it_and_the_valid_keys(tmp_path, cap
 
 
 def test_the_archive_and_the_window_are_read_from_the_config_and_checked(tmp_path):
-    """archive.bucket or .directory names where the leader seals; a bounded stream without an archive is refused."""
+    """The archive and window come from the config, the stream's limits are the window times ceiling_factor."""
     path = chart_config(tmp_path, "nats://127.0.0.1:1", "S", "p")
     raw = yaml.safe_load(path.read_text())
     raw["archive"] = {"bucket": "MUSTER-archive", "segment_events": 500, "consumers": ["muster-billing", "audit"]}
+    raw["archive"]["state_every_events"] = 2000
     raw["retention"] = {"max_age_seconds": 86400, "max_bytes": 1 << 30}
     path.write_text(yaml.safe_dump(raw))
     cfg = load_config(str(path), env={})
     assert (cfg.archive_location, cfg.archive_segment_events) == ("nats-object:MUSTER-archive", 500)
+    assert cfg.archive_state_every == 2000
     assert (cfg.archive_consumers, cfg.retention_max_age, cfg.retention_max_bytes) == (
         ["muster-billing", "audit"],
         86400.0,
         1 << 30,
     )
+    assert (cfg.retention_window, cfg.retention_ceiling) == ((86400.0, 1 << 30), (864000.0, 10 << 30))
+    raw["retention"]["ceiling_factor"] = 3
+    path.write_text(yaml.safe_dump(raw))
+    assert load_config(str(path), env={}).retention_ceiling == (259200.0, 3 << 30)
+    raw["retention"]["ceiling_factor"] = 0.5
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match="ceiling_factor"):
+        load_config(str(path), env={})
+    raw["retention"]["ceiling_factor"] = 3
+    path.write_text(yaml.safe_dump(raw))
     with pytest.raises(ConfigError, match="needs an archive"):
         load_config(str(path), env={"MUSTER_ARCHIVE_BUCKET": ""})
     with pytest.raises(ConfigError, match="not both"):

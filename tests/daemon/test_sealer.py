@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ import anyio
 import nats
 from test_loop import NODES, configure, job
 
-from muster.daemon.archiving import Sealer, SealerOptions
+from muster.daemon.archiving import ArchiveStart, Sealer, SealerOptions
 from muster.daemon.billing import BillingMetrics, BillingSubscriber, SubscriberOptions
 from muster.daemon.billing_store import LedgerDB
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
@@ -19,6 +20,7 @@ from muster.demo.simcluster import SimulatedCluster
 from muster.events.archive import DirectoryArchive, last_sealed
 from muster.events.store import EventStore, Retention
 from muster.events.types import Event
+from muster.projections.cluster import ClusterState
 from muster.replay.audit import audit
 from muster.replay.source import ArchivedLog, NatsLog
 
@@ -61,16 +63,12 @@ def ledger_of(db: Path) -> Any:
 async def test_billing_and_audit_over_a_stream_the_daemon_rolled_over(
     nats_url: str, tmp_path: Path, store_factory: Factory
 ) -> None:
-    """The leader seals while a 16 KB window rolls over; billing equals billing of the unrolled log, audit finds 0.
-
-    JetStream's limits drop what leaves the window whether it was sealed or not, so the window must
-    hold more than billing may lag behind plus one sealing interval: here each wave of jobs is billed
-    and sealed before the next one comes.
-    """
+    """The leader seals and purges the stream to a 16 KB window; billing equals the unrolled log's, audit finds 0."""
     archive = DirectoryArchive(tmp_path / "archive")
-    async with store_factory(nats_url, retention=Retention(max_bytes=16_384)) as store:
+    async with store_factory(nats_url) as store:
         await configure(store)
-        sealer = Sealer(store, archive, SealerOptions(segment_events=10, interval=0.05, consumers=("billing",)))
+        window = Retention(max_bytes=16_384)
+        sealer = Sealer(store, archive, SealerOptions(10, 0.05, consumers=("billing",), window=window))
 
         def cluster(state: Any) -> SimulatedCluster:
             return SimulatedCluster(NODES, state, speed=20)
@@ -80,14 +78,14 @@ async def test_billing_and_audit_over_a_stream_the_daemon_rolled_over(
                 store, elector=SoleElector("d1"), cluster=cluster, options=LoopOptions(), services=[sealer.run]
             )
             await tg.start(loop.run)
-            for wave in range(WAVES):  # each wave billed and sealed before the next: the window holds two
+            for wave in range(WAVES):
                 await store.append([job(f"j{wave}-{i}", gpus=8, runtime=40) for i in range(4)])
                 with anyio.fail_after(60):
                     while not await settled(loop, sub, sealer, 4 * (wave + 1)):  # noqa: ASYNC110
                         await anyio.sleep(0.05)
             end = await store.last_seq()
             loop.stop()
-        assert await store.first_seq() > 3 * 10, "the window should have rolled over several times"
+        assert await store.first_seq() > 3 * 10, "the sealer should have purged several segments"
         assert sealer.failures == 0
         whole = ArchivedLog(archive, NatsLog(store))
         events: list[Event] = [s.event async for batch in whole.batches() for s in batch]
@@ -125,3 +123,123 @@ async def test_sealing_waits_for_a_consumer_that_has_not_read_the_events(
         assert await sealer.seal() == [] and await last_sealed(archive) == 0
         unbounded = Sealer(store, archive, SealerOptions(segment_events=10, consumers=()))
         assert [(r.first, r.last) for r in await unbounded.seal()] == [(1, 10), (11, 20), (21, 30)]
+
+
+async def acked_through(store: EventStore, durable: str, seq: int) -> None:
+    """Consumer `durable` (created if missing) fetches and acknowledges every message up to `seq`."""
+    psub = await store.js.pull_subscribe(f"{store.prefix}.>", durable=durable, stream=store.stream)
+    try:
+        info = await psub.consumer_info()
+        while info.delivered.stream_seq < seq:
+            for msg in await psub.fetch(seq - info.delivered.stream_seq, timeout=5):
+                await msg.ack_sync()
+            info = await psub.consumer_info()
+    finally:
+        await psub.unsubscribe()
+
+
+async def test_a_lagging_consumer_holds_the_purge_back(nats_url: str, tmp_path: Path, store_factory: Factory) -> None:
+    """Events past the window stay on the stream until the slowest configured consumer has acknowledged them."""
+    archive = DirectoryArchive(tmp_path / "archive")
+    async with store_factory(nats_url) as store:
+        await store.append([job(f"j{i}") for i in range(30)])
+        sealer = Sealer(store, archive, SealerOptions(10, consumers=("billing", "slow"), window=Retention(max_bytes=1)))
+        await acked_through(store, "billing", 30)
+        assert await sealer.step() == ([], 0), "slow does not exist yet: its position is unknown"
+        await acked_through(store, "slow", 15)
+        sealed, purged = await sealer.step()
+        assert [(r.first, r.last) for r in sealed] == [(1, 10)] and purged == 10
+        assert await store.first_seq() == 11
+        await acked_through(store, "slow", 30)
+        sealed, purged = await sealer.step()
+        assert [(r.first, r.last) for r in sealed] == [(11, 20), (21, 30)] and purged == 20
+        events = [s.event async for batch in ArchivedLog(archive, NatsLog(store)).batches() for s in batch]
+        assert [e.job for e in events] == [f"j{i}" for i in range(30)]  # type: ignore[attr-defined]
+
+
+async def test_only_sealed_events_past_the_window_leave_the_stream(
+    nats_url: str, tmp_path: Path, store_factory: Factory
+) -> None:
+    """Sealed events inside the window (age, bytes) stay; past it they go; unsealed ones stay wherever they are."""
+    archive = DirectoryArchive(tmp_path / "archive")
+    now = time.time()
+    async with store_factory(nats_url) as store:
+        await store.append([job(f"j{i}") for i in range(25)])
+
+        def sealer(window: Retention, clock: float = now) -> Sealer:
+            return Sealer(store, archive, SealerOptions(10, consumers=(), window=window), clock=lambda: clock)
+
+        assert (await sealer(Retention()).step()).purged == 0, "no window: the stream keeps everything"
+        assert await last_sealed(archive) == 20
+        assert await sealer(Retention(max_bytes=10**9)).step() == ([], 0), "all of it fits the window"
+        assert await sealer(Retention(max_age=3600)).step() == ([], 0), "none of it is an hour old"
+        assert await sealer(Retention(max_age=3600), clock=now + 7200).step() == ([], 20), "the unsealed 5 stay"
+        assert await store.first_seq() == 21
+        await store.append([job(f"k{i}") for i in range(30)])
+        info = await store.js.stream_info(store.stream)
+        per_message = info.state.bytes / info.state.messages
+        sealed, purged = await sealer(Retention(max_bytes=int(per_message * 12.5))).step()
+        assert [(r.first, r.last) for r in sealed] == [(21, 30), (31, 40), (41, 50)]
+        assert (purged, await store.first_seq()) == (23, 44), "the window keeps the last 12 of 55"
+
+
+async def test_a_stream_that_denies_purge_is_sealed_and_left_to_its_own_limits(nats_url: str, tmp_path: Path) -> None:
+    """On a stream created with deny_purge (NATS never lifts it) the sealer seals, purges nothing and fails no pass."""
+    import uuid
+
+    from nats.js.api import StreamConfig
+
+    tag = uuid.uuid4().hex[:12]
+    stream, prefix = f"T{tag}", f"t{tag}"
+    nc = await nats.connect(nats_url)
+    try:
+        await nc.jetstream().add_stream(StreamConfig(name=stream, subjects=[f"{prefix}.>"], deny_purge=True))
+        store = await EventStore.connect(nc, stream=stream, prefix=prefix, create=False)
+        await store.append([job(f"j{i}") for i in range(25)])
+        sealer = Sealer(
+            store, DirectoryArchive(tmp_path), SealerOptions(10, consumers=(), window=Retention(max_bytes=1))
+        )
+        for _ in range(2):
+            assert (await sealer.step()).purged == 0 and sealer.purge_denied and sealer.failures == 0
+        assert (await last_sealed(sealer.archive), await store.first_seq()) == (20, 1)
+        await store.close()
+    finally:
+        await nc.jetstream().delete_stream(stream)
+        await nc.close()
+
+
+async def caught_up_replica(store: EventStore, start: ArchiveStart | None) -> ClusterState:
+    """The state of a standby replica started from `start` once it has folded the stream's end."""
+    elector = SoleElector("d2")
+    await elector.resign()  # it follows the log and never leads
+    loop = SchedulerLoop(store, elector=elector, cluster=lambda state: SimulatedCluster(NODES, state), start=start)
+    end = await store.last_seq()
+    async with anyio.create_task_group() as tg:
+        await tg.start(loop.run)
+        with anyio.fail_after(20):
+            while loop.folded_seq < end:  # noqa: ASYNC110 - the follower has no "caught up" event
+                await anyio.sleep(0.02)
+        loop.stop()
+    return loop.state
+
+
+async def test_a_replica_started_on_a_purged_stream_folds_the_archive_too(
+    nats_url: str, tmp_path: Path, store_factory: Factory
+) -> None:
+    """A replica on a stream the sealer purged starts from archive and stream as one log: the whole log's state."""
+    from test_loop import daemon, of, wait_for
+
+    from muster.events.types import JobAdmitted
+    from muster.projections.cluster import fold
+
+    archive = DirectoryArchive(tmp_path / "archive")
+    async with store_factory(nats_url) as store:
+        await configure(store)
+        async with daemon(store):
+            await store.append([job(f"j{i}") for i in range(4)])
+            await wait_for(store, lambda events: len(of(events, JobAdmitted)) == 4)
+        whole = fold([s.event for s in await store.read()])
+        options = SealerOptions(5, consumers=(), window=Retention(max_bytes=1), state_every=10)
+        assert (await Sealer(store, archive, options).step()).purged > 10
+        assert await caught_up_replica(store, ArchiveStart(store, archive)) == whole
+        assert await caught_up_replica(store, None) != whole, "the stream alone lacks the purged past"

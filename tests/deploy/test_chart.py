@@ -74,6 +74,11 @@ CASES: dict[str, dict[str, Any]] = {
         }
     },
     "ui-exposed": {"ui": {"enabled": True, "port": 9000, "tokenSecret": "muster-ui", "tokenKey": "t"}},
+    "retention": {
+        "archive": {"enabled": True, "bucket": "MUSTER-archive"},
+        "retention": {"maxAgeSeconds": 7 * 86400, "maxBytes": 1 << 30, "ceilingFactor": 4},
+    },
+    "archive-volume": {"archive": {"enabled": True, "claimName": "muster-archive"}},
 }
 BAD_CASES: dict[str, tuple[dict[str, Any], str]] = {
     "token-without-secret": ({"nats": {"auth": {"type": "token"}}}, "nats.auth.existingSecret is required"),
@@ -92,6 +97,10 @@ BAD_CASES: dict[str, tuple[dict[str, Any], str]] = {
     "typo": ({"replicas": 3}, "replicas"),
     "snapshots-every-zero": ({"snapshots": {"every": 0}}, "snapshots/every"),
     "ui-typo": ({"ui": {"enabled": True, "token": "plain"}}, "token"),
+    "ceiling-below-the-window": (
+        {"archive": {"enabled": True, "bucket": "b"}, "retention": {"maxBytes": 1, "ceilingFactor": 0.5}},
+        "ceilingFactor",
+    ),
 }
 STUB_CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "stub-external": ("muster", {}),
@@ -686,3 +695,31 @@ def test_the_dashboard_is_off_by_default_local_without_a_token_and_internal_with
         {"key": "t", "path": "token"}
     ]
     assert config["token_file"].startswith(mount["mountPath"] + "/")
+
+
+def test_retention_values_become_the_sealers_window_and_the_streams_ceiling(run: ChartRun, tmp_path: Path) -> None:
+    """`retention` renders the window the sealer purges to; the stream's own limits are ceilingFactor times it."""
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config_of(run.rendered["retention"], "config.yaml")))
+    cfg = load_config(str(path), env={})
+    assert (cfg.archive_location, cfg.archive_consumers) == ("nats-object:MUSTER-archive", ["muster-billing"])
+    assert (cfg.archive_segment_events, cfg.archive_state_every) == (10_000, 50_000)
+    assert cfg.retention_window == (7 * 86400.0, 1 << 30)
+    assert cfg.retention_ceiling == (28 * 86400.0, 4 << 30)
+    path.write_text(yaml.safe_dump(config_of(run.rendered["default"], "config.yaml")))
+    assert load_config(str(path), env={}).retention_ceiling == (0.0, 0), "no window, no limits"
+
+
+def test_the_snapshot_sidecar_reads_the_archive_too(run: ChartRun) -> None:
+    """With an archive, the sidecar reads archive and stream as one log (the stream's past may be purged)."""
+    in_bucket = container(run.rendered["retention"].one("Deployment", "muster"), "snapshots")
+    assert in_bucket["args"][in_bucket["args"].index("--archive") + 1] == "nats-object:MUSTER-archive"
+    on_volume = container(run.rendered["archive-volume"].one("Deployment", "muster"), "snapshots")
+    assert on_volume["args"][on_volume["args"].index("--archive") + 1] == "/var/lib/muster/archive"
+    mounts = {m["mountPath"]: m for m in on_volume["volumeMounts"]}
+    assert mounts["/var/lib/muster/archive"] == {
+        "name": "archive",
+        "mountPath": "/var/lib/muster/archive",
+        "readOnly": True,
+    }
+    assert "--archive" not in container(run.rendered["default"].one("Deployment", "muster"), "snapshots")["args"]

@@ -402,17 +402,38 @@ async def test_identities_cannot_listen_to_others(connect: Connect) -> None:
     assert not await team_b.refused_subscribe("_INBOX.submit-team-b.x", wait=0.3)
 
 
-async def test_nobody_deletes_purges_or_rewrites_the_log(connect: Connect) -> None:
-    """Stream delete, purge, message delete and config update are refused to every identity, the daemon included."""
+async def test_nobody_deletes_or_rewrites_the_log(connect: Connect) -> None:
+    """Stream delete, message delete and config update are refused to every identity, the daemon included."""
     daemon = await connect("daemon")
     await ensure_stream(daemon)
     await daemon.js.publish("muster.node.gpu-1", b"{}", stream="MUSTER")
     stored = await last_seq(daemon)
     for name in IDENTITIES:
         ident = await connect(name)
-        for api in ("STREAM.DELETE", "STREAM.PURGE", "STREAM.MSG.DELETE", "STREAM.UPDATE"):
+        for api in ("STREAM.DELETE", "STREAM.MSG.DELETE", "STREAM.UPDATE"):
             assert await ident.refused_publish(f"$JS.API.{api}.MUSTER"), (name, api)
     assert await last_seq(daemon) == stored
+
+
+async def test_only_the_daemon_may_purge_the_stream(connect: Connect) -> None:
+    """The daemon's store purges (what its sealer sealed); a team, billing and the admin are refused a purge.
+
+    The daemon purges before the stream's first message (nothing goes): the module's other tests
+    read this stream from its start. The server answers it, so the right is there.
+    """
+    daemon = await connect("daemon")
+    store = await EventStore.connect(daemon.nc)
+    try:
+        first = await store.first_seq()
+        assert await store.purge_before(first) == 0
+    finally:
+        await store.close()
+    assert not daemon.violations.seen
+    stored = await last_seq(daemon)
+    for name in ("team-a", "team-b", "billing", "admin"):
+        assert await (await connect(name)).refused_publish("$JS.API.STREAM.PURGE.MUSTER"), name
+    info = await daemon.js.stream_info("MUSTER")
+    assert (info.state.first_seq, info.state.last_seq) == (first, stored)
 
 
 async def test_leader_election_bucket_belongs_to_the_daemon(connect: Connect) -> None:

@@ -205,7 +205,7 @@ Paths point into the Secret volumes mounted by "muster.natsVolumeMounts".
 {{- end }}
 {{- if .Values.archive.enabled }}
 {{- $a := .Values.archive }}
-{{- $archive := dict "segment_events" (int $a.segmentEvents) "interval_seconds" (int $a.intervalSeconds) "consumers" $a.consumers }}
+{{- $archive := dict "segment_events" (int $a.segmentEvents) "interval_seconds" (int $a.intervalSeconds) "consumers" $a.consumers "state_every_events" (int $a.stateEveryEvents) }}
 {{- if $a.bucket }}
 {{- $_ := set $archive "bucket" $a.bucket }}
 {{- else }}
@@ -213,7 +213,7 @@ Paths point into the Secret volumes mounted by "muster.natsVolumeMounts".
 {{- end }}
 {{- $_ := set $cfg "archive" $archive }}
 {{- end }}
-{{- $_ := set $cfg "retention" (dict "max_age_seconds" (int .Values.retention.maxAgeSeconds) "max_bytes" (int64 .Values.retention.maxBytes)) }}
+{{- $_ := set $cfg "retention" (dict "max_age_seconds" (int .Values.retention.maxAgeSeconds) "max_bytes" (int64 .Values.retention.maxBytes) "ceiling_factor" .Values.retention.ceilingFactor) }}
 {{- $cfg = mustMergeOverwrite $cfg (include "muster.natsConfig" (dict "ctx" . "identity" "muster-daemon") | fromYaml) }}
 {{- $cfg = mustMergeOverwrite $cfg (deepCopy .Values.daemon.extraConfig) }}
 {{- toYaml $cfg }}
