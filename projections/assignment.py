@@ -57,6 +57,8 @@ class Choice(NamedTuple):
     """Else, per quota key, the use in the tree after which the words may change (see `wake`)."""
     short: dict[str, int] = {}
     """Else, per quota key, what a flavor whose quota stopped it lacks (its largest shortfall)."""
+    nodes_short: int | None = None
+    """Else the fewest GPUs a flavor its nodes stopped lacked on them (None: no such flavor)."""
 
 
 class _Verdict(NamedTuple):
@@ -64,6 +66,7 @@ class _Verdict(NamedTuple):
     why: str
     consumed: dict[str, int] = {}
     short: dict[str, int] = {}
+    nodes_short: int | None = None
 
 
 class Admit(NamedTuple):
@@ -123,6 +126,7 @@ def choose(
     """Whether the last verdict judged the whole gang on `chosen` (then it needs no final look)."""
     stuck: list[tuple[str, list[str], list[str]]] = []
     """Podset-groups no flavor fits now: (podset, covered resources, allowed flavors)."""
+    nodes_short: int | None = None
     many = len(job.podsets) > 1
     for i, ps in enumerate(job.podsets):
         for group in queue.resource_groups:
@@ -146,6 +150,7 @@ def choose(
                     consumed[k] = min(v, consumed.get(k, v))
                 for k, v in verdict.short.items():
                     short[k] = min(v, short.get(k, v))
+                nodes_short = _least(nodes_short, verdict.nodes_short)
                 words.append(f"{f}: {verdict.why}")
                 if policy.when_can_preempt == "Preempt" and victims_in is not None:
                     whole = view(job, _complete(job, trial, queue))
@@ -170,13 +175,13 @@ def choose(
         final = _judge(cycle, job, None, chosen, allow_borrow, queue, None)
         if final.mode != "no":
             return Choice(whole, [], "")
-        return Choice(None, [whole], final.why, final.consumed, final.short)
+        return Choice(None, [whole], final.why, final.consumed, final.short, _least(nodes_short, final.nodes_short))
     options: list[JobState] = []
     for name, covered, allowed in stuck:
         for f in allowed:
             trial = {**chosen, name: {**chosen.get(name, {}), **dict.fromkeys(covered, f)}}
             options.append(view(job, _complete(job, trial, queue)))
-    return Choice(None, options, "; ".join(reasons), consumed, short)
+    return Choice(None, options, "; ".join(reasons), consumed, short, nodes_short)
 
 
 def _complete(job: JobState, chosen: Flavors, queue: QueueState) -> Flavors:
@@ -228,8 +233,32 @@ def _judge(
         placeable = placement is not None
     if not placeable:
         headroom = quota.headroom(job.queue, requests, allow_borrow)
-        return _Verdict("no", why, {k: h + 1 for k, h in headroom.items()})
+        return _Verdict("no", why, {k: h + 1 for k, h in headroom.items()}, {}, partial.gpus - gpu_room(cycle, partial))
     return _Verdict("fit" if quota.within_nominal(job.queue, requests) else "borrow", "")
+
+
+def _least(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _gpus(requests: Mapping[str, int]) -> int:
+    """The GPUs of requests keyed by flavor (`gpu@h100`) or not."""
+    return sum(v for k, v in requests.items() if k.partition("@")[0] == "gpu")
+
+
+def gpu_room(cycle: Cycle, on: JobState) -> int:
+    """The free GPUs of the nodes a job on its flavors may put its GPU pods on: its flavors' nodes
+    (counted once per flavor: an upper bound where flavors share nodes), or every node when a podset
+    has no flavor for its GPUs."""
+    topology = cycle.idx.topology
+    names: set[str] = set()
+    for ps in on.podsets:
+        if ps.requests.get("gpu", 0) > 0:
+            name = on.flavors.get(ps.name, {}).get("gpu") if on.flavors else None
+            if name is None:
+                return topology.gpu_free_total
+            names.add(name)
+    return sum(topology.gpu_free_on(name) for name in sorted(names))
 
 
 def _quota_words(
@@ -266,18 +295,31 @@ def wake(cycle: Cycle, job: JobState, choice: Choice, found: list[Result]) -> Wa
     """What must happen before a flavored job's verdict (or its words) can change (see `parking`).
 
     Any of its flavors may become possible: one its quota stopped, once its tree gives back what
-    that flavor lacks (less what its candidates hold); one its nodes stopped, once GPUs are freed
-    beyond what the candidates hold; the words, once the quota used in its tree crosses
-    `Choice.consumed`; a reclaim, once its queue gives back what it would hold over nominal quota
-    on a flavor (the least over the flavors tried); and,
-    when the victims' order moves with time (or it was just evicted), the next second. `found` are
-    the victim searches made for it, one per flavor tried."""
+    that flavor lacks (less what its candidates hold); one its nodes stopped (or whose quota
+    evicting candidates would make fit), once GPUs freed reach what it lacked on its nodes beyond
+    what the candidates hold; the words, once the quota used in its tree crosses `Choice.consumed`;
+    a reclaim, once its queue gives back what it would hold over nominal quota on a flavor (the
+    least over the flavors tried); and, when the victims' order moves with time (or it was just
+    evicted), the next second. `found` are the victim searches made for it, one per flavor tried."""
     held: dict[str, int] = {}
     for result in found:
         for k, v in result.candidate_requests.items():
             held[k] = max(held.get(k, 0), v)
+    # GPUs freed change nothing for flavors that only quota stopped, unless evicting candidates
+    # would make their quota fit (then placement decides, as for a plain job); a flavor whose
+    # nodes stopped it needs what it lacked on its nodes, less what the candidates hold
+    lacking = choice.nodes_short
+    for on, result in zip(choice.preempt, found, strict=True):
+        if result.quota_possible:
+            lacking = _least(lacking, on.gpus - gpu_room(cycle, on))
+    freed_short = None
+    if lacking is not None:
+        # `parking` counts what a job lacks beyond the free GPUs of the whole cluster; a flavor's
+        # pods see only its nodes' free GPUs, so those of the other nodes are added back
+        cand = max((_gpus(r.candidate_requests) for r in found), default=0)
+        freed_short = lacking - cand + cycle.idx.topology.gpu_free_total
     woken = Wake(
-        freed_short=job.gpus - max((r.candidate_gpus for r in found), default=0),
+        freed_short=freed_short,
         released={k: max(1, v - held.get(k, 0)) for k, v in choice.short.items()},
         consumed=dict(choice.consumed),
     )
