@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
+from muster.events.types import PodSet
 from muster.projections import flavors
 from muster.projections.cluster import JobState, QueueState, flavored_requests
 from muster.projections.eviction import evicts_from_others
@@ -219,22 +220,53 @@ def _judge(
         most = max(sorted(lacking), key=lambda k: lacking[k])
         return _Verdict("no", why, dict.fromkeys(limited, 1), {most: lacking[most]})
     partial = view(job, chosen, upto)
-    if len(podsets) == 1:
-        ps = podsets[0]
+    refused = _nodes_refuse(cycle, partial)
+    if refused is not None:
+        headroom = quota.headroom(job.queue, requests, allow_borrow)
+        return _Verdict("no", refused.why, {k: h + 1 for k, h in headroom.items()}, {}, refused.lacking)
+    return _Verdict("fit" if quota.within_nominal(job.queue, requests) else "borrow", "")
+
+
+class Refusal(NamedTuple):
+    """Why the nodes cannot hold a job on its flavors, and how many GPUs it lacks on the nodes it may take."""
+
+    why: str
+    lacking: int
+
+
+def _nodes_refuse(cycle: Cycle, on: JobState) -> Refusal | None:
+    """Why the nodes cannot hold `on` now (None when they can), with `Cycle.place`'s words.
+
+    Jobs of many queues ask the same flavors for the same pods in a cycle: the answer is kept
+    until the view changes, that is until the cycle takes room for a job (`Cycle.placed` grows);
+    a view with jobs tentatively removed (a victim search, idle reclaim) is judged afresh."""
+    topology = cycle.idx.topology
+    key: tuple[object, ...] | None = None
+    if not cycle.removed:
+        key = (len(cycle.placed), *(_podset_key(on, ps, topology.tainted) for ps in on.podsets))
+        if key in cycle.nodes_judged:
+            return cycle.nodes_judged[key]
+    if len(on.podsets) == 1:
+        ps = on.podsets[0]
         t = ps.topology
         required, preferred = (t.required, t.preferred) if t is not None else (None, None)
-        req = placement_request(partial, ps.name, ps.requests, cycle.idx.topology.tainted)
-        placeable = cycle.idx.topology.can_place(ps.count, req, required, preferred)
-        why = "" if placeable else cycle.place(partial)[1]
+        req = placement_request(on, ps.name, ps.requests, topology.tainted)
+        _, why = topology.place(ps.count, req, required, preferred)  # read-only: it takes nothing
     else:
         mark = cycle.topo.mark()
-        placement, why = cycle.place(partial)
+        placement, why = cycle.place(on)
         cycle.topo.rollback(mark)
-        placeable = placement is not None
-    if not placeable:
-        headroom = quota.headroom(job.queue, requests, allow_borrow)
-        return _Verdict("no", why, {k: h + 1 for k, h in headroom.items()}, {}, partial.gpus - gpu_room(cycle, partial))
-    return _Verdict("fit" if quota.within_nominal(job.queue, requests) else "borrow", "")
+        why = "" if placement is not None else why
+    refusal = Refusal(why, on.gpus - gpu_room(cycle, on)) if why else None
+    if key is not None:
+        cycle.nodes_judged[key] = refusal
+    return refusal
+
+
+def _podset_key(on: JobState, ps: PodSet, tainted: bool) -> tuple[object, ...]:
+    t = ps.topology
+    req = placement_request(on, ps.name, ps.requests, tainted)
+    return (ps.count, tuple(sorted(req.items())), t.required if t else None, t.preferred if t else None)
 
 
 def _least(a: int | None, b: int | None) -> int | None:

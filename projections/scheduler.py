@@ -46,7 +46,7 @@ from muster.events.types import (
     NodeName,
     QueueName,
 )
-from muster.projections.assignment import Admit, Evict, Wait, attempt, choose
+from muster.projections.assignment import Admit, Evict, Refusal, Wait, attempt, choose
 from muster.projections.cluster import ClusterState, JobState, node_pods
 from muster.projections.duplicates import refuse_taken_ids
 from muster.projections.eviction import Preemptor, chain_may_shrink, evicts_from_others, may_evict
@@ -136,6 +136,8 @@ class Cycle:
         self.quota_keys: dict[Shape, QuotaPosition] = {}
         """`_lowest_key`'s quota part by (queue, requests)."""
         self.may_evict_new: dict[tuple[str, int, tuple[str, ...]], EvictNewAnswer] = {}
+        self.nodes_judged: dict[tuple[object, ...], Refusal | None] = {}
+        """`assignment`'s placement verdicts on flavors, by admissions so far and podsets (see there)."""
         """`_may_evict_new` by (queue, priority, resources)."""
         self.admitted_by_root: dict[str, list[JobState]] = {}
         """Jobs admitted (or holding room as preemptors) in this cycle, per tree: new victims next cycle."""
