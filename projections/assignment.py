@@ -58,8 +58,8 @@ class Choice(NamedTuple):
     """Else, per quota key, the use in the tree after which the words may change (see `wake`)."""
     short: dict[str, int] = {}
     """Else, per quota key, what a flavor whose quota stopped it lacks (its largest shortfall)."""
-    nodes_short: int | None = None
-    """Else the fewest GPUs a flavor its nodes stopped lacked on them (None: no such flavor)."""
+    refusals: list[Refusal] = []
+    """Else the flavors tried that their nodes stopped (GPUs freed there may change the choice)."""
 
 
 class _Verdict(NamedTuple):
@@ -67,7 +67,7 @@ class _Verdict(NamedTuple):
     why: str
     consumed: dict[str, int] = {}
     short: dict[str, int] = {}
-    nodes_short: int | None = None
+    refusal: Refusal | None = None
 
 
 class Admit(NamedTuple):
@@ -127,7 +127,7 @@ def choose(
     """Whether the last verdict judged the whole gang on `chosen` (then it needs no final look)."""
     stuck: list[tuple[str, list[str], list[str]]] = []
     """Podset-groups no flavor fits now: (podset, covered resources, allowed flavors)."""
-    nodes_short: int | None = None
+    refusals: list[Refusal] = []
     many = len(job.podsets) > 1
     for i, ps in enumerate(job.podsets):
         for group in queue.resource_groups:
@@ -151,7 +151,8 @@ def choose(
                     consumed[k] = min(v, consumed.get(k, v))
                 for k, v in verdict.short.items():
                     short[k] = min(v, short.get(k, v))
-                nodes_short = _least(nodes_short, verdict.nodes_short)
+                if verdict.refusal is not None:
+                    refusals.append(verdict.refusal)
                 words.append(f"{f}: {verdict.why}")
                 if policy.when_can_preempt == "Preempt" and victims_in is not None:
                     whole = view(job, _complete(job, trial, queue))
@@ -176,13 +177,15 @@ def choose(
         final = _judge(cycle, job, None, chosen, allow_borrow, queue, None)
         if final.mode != "no":
             return Choice(whole, [], "")
-        return Choice(None, [whole], final.why, final.consumed, final.short, _least(nodes_short, final.nodes_short))
+        if final.refusal is not None:
+            refusals.append(final.refusal)
+        return Choice(None, [whole], final.why, final.consumed, final.short, refusals)
     options: list[JobState] = []
     for name, covered, allowed in stuck:
         for f in allowed:
             trial = {**chosen, name: {**chosen.get(name, {}), **dict.fromkeys(covered, f)}}
             options.append(view(job, _complete(job, trial, queue)))
-    return Choice(None, options, "; ".join(reasons), consumed, short, nodes_short)
+    return Choice(None, options, "; ".join(reasons), consumed, short, refusals)
 
 
 def _complete(job: JobState, chosen: Flavors, queue: QueueState) -> Flavors:
@@ -223,7 +226,7 @@ def _judge(
     refused = _nodes_refuse(cycle, partial)
     if refused is not None:
         headroom = quota.headroom(job.queue, requests, allow_borrow)
-        return _Verdict("no", refused.why, {k: h + 1 for k, h in headroom.items()}, {}, refused.lacking)
+        return _Verdict("no", refused.why, {k: h + 1 for k, h in headroom.items()}, {}, refused)
     return _Verdict("fit" if quota.within_nominal(job.queue, requests) else "borrow", "")
 
 
@@ -232,6 +235,8 @@ class Refusal(NamedTuple):
 
     why: str
     lacking: int
+    flavors: list[str] | None
+    """The flavors of its GPU pods (None: a podset takes its GPUs on no flavor, from any node)."""
 
 
 def _nodes_refuse(cycle: Cycle, on: JobState) -> Refusal | None:
@@ -257,7 +262,7 @@ def _nodes_refuse(cycle: Cycle, on: JobState) -> Refusal | None:
         placement, why = cycle.place(on)
         cycle.topo.rollback(mark)
         why = "" if placement is not None else why
-    refusal = Refusal(why, on.gpus - gpu_room(cycle, on)) if why else None
+    refusal = Refusal(why, on.gpus - gpu_room(cycle, on), _gpu_flavors(on)) if why else None
     if key is not None:
         cycle.nodes_judged[key] = refusal
     return refusal
@@ -269,13 +274,16 @@ def _podset_key(on: JobState, ps: PodSet, tainted: bool) -> tuple[object, ...]:
     return (ps.count, tuple(sorted(req.items())), t.required if t else None, t.preferred if t else None)
 
 
-def _least(a: int | None, b: int | None) -> int | None:
-    return b if a is None else a if b is None else min(a, b)
-
-
-def _gpus(requests: Mapping[str, int]) -> int:
-    """The GPUs of requests keyed by flavor (`gpu@h100`) or not."""
-    return sum(v for k, v in requests.items() if k.partition("@")[0] == "gpu")
+def _gpu_flavors(on: JobState) -> list[str] | None:
+    """The flavors a job on its flavors takes GPUs on (None: a podset takes them on no flavor)."""
+    names: set[str] = set()
+    for ps in on.podsets:
+        if ps.requests.get("gpu", 0) > 0:
+            name = on.flavors.get(ps.name, {}).get("gpu") if on.flavors else None
+            if name is None:
+                return None
+            names.add(name)
+    return sorted(names)
 
 
 def gpu_room(cycle: Cycle, on: JobState) -> int:
@@ -283,14 +291,10 @@ def gpu_room(cycle: Cycle, on: JobState) -> int:
     (counted once per flavor: an upper bound where flavors share nodes), or every node when a podset
     has no flavor for its GPUs."""
     topology = cycle.idx.topology
-    names: set[str] = set()
-    for ps in on.podsets:
-        if ps.requests.get("gpu", 0) > 0:
-            name = on.flavors.get(ps.name, {}).get("gpu") if on.flavors else None
-            if name is None:
-                return topology.gpu_free_total
-            names.add(name)
-    return sum(topology.gpu_free_on(name) for name in sorted(names))
+    names = _gpu_flavors(on)
+    if names is None:
+        return topology.gpu_free_total
+    return sum(topology.gpu_free_on(name) for name in names)
 
 
 def _quota_words(
@@ -337,19 +341,25 @@ def wake(cycle: Cycle, job: JobState, choice: Choice, found: list[Result]) -> Wa
     for result in found:
         for k, v in result.candidate_requests.items():
             held[k] = max(held.get(k, 0), v)
+
     # GPUs freed change nothing for flavors that only quota stopped, unless evicting candidates
     # would make their quota fit (then placement decides, as for a plain job); a flavor whose
     # nodes stopped it needs what it lacked on its nodes, less what the candidates hold
-    lacking = choice.nodes_short
+    # (the candidates' GPUs on those flavors: only they can be evicted to make room there)
+    def freeable(names: list[str] | None) -> int:
+        if names is None:
+            return sum(v for k, v in held.items() if k.partition("@")[0] == "gpu")
+        return sum(held.get(f"gpu@{name}", 0) for name in names)
+
+    shortfalls = [r.lacking - freeable(r.flavors) for r in choice.refusals]
     for on, result in zip(choice.preempt, found, strict=True):
         if result.quota_possible:
-            lacking = _least(lacking, on.gpus - gpu_room(cycle, on))
+            shortfalls.append(on.gpus - gpu_room(cycle, on) - freeable(_gpu_flavors(on)))
     freed_short = None
-    if lacking is not None:
+    if shortfalls:
         # `parking` counts what a job lacks beyond the free GPUs of the whole cluster; a flavor's
         # pods see only its nodes' free GPUs, so those of the other nodes are added back
-        cand = max((_gpus(r.candidate_requests) for r in found), default=0)
-        freed_short = lacking - cand + cycle.idx.topology.gpu_free_total
+        freed_short = min(shortfalls) + cycle.idx.topology.gpu_free_total
     woken = Wake(
         freed_short=freed_short,
         released={k: max(1, v - held.get(k, 0)) for k, v in choice.short.items()},
