@@ -10,7 +10,8 @@ Kueue's ResourceFlavor, in muster's terms:
   own, and borrowing, lending, preemption and fair sharing work per flavor;
 - a flavor's taints keep pods on no flavor off its nodes: when some flavor has
   taints, the other nodes carry an `UNTAINTED` marker that such pods request;
-  pods on a tainted flavor get its tolerations at binding (`tolerations`).
+  pods on a flavor get its tolerations (and, when they carry muster's scheduling
+  gate, its node labels as nodeSelector) at binding (`binding`).
 
 Which flavor each podset takes is `assignment`'s choice, made on the cycle's
 view; the chosen flavors go on `JobAdmitted.flavors` and the fold keys the
@@ -19,7 +20,9 @@ job's quota usage by them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import msgspec
 
@@ -76,19 +79,41 @@ def placement_request(
     return out
 
 
-def tolerations(state: ClusterState, chosen: Mapping[str, Mapping[str, str]]) -> dict[str, list[dict[str, str]]]:
-    """Per podset, the Kubernetes tolerations of its flavors' taints: what its pods get at binding."""
-    out: dict[str, list[dict[str, str]]] = {}
+class PodFit(NamedTuple):
+    """What the pods of a podset admitted on flavors get at binding, so they land on those flavors."""
+
+    label: str
+    """The value of the pod's flavor label: its flavors' names joined by `_` ("" when that is no valid
+    label value)."""
+    tolerations: list[dict[str, str]]
+    """The Kubernetes tolerations of its flavors' taints."""
+    node_selector: dict[str, str]
+    """Its flavors' node labels (a pod can be given them only while it has scheduling gates)."""
+
+
+_LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+
+
+def binding(state: ClusterState, chosen: Mapping[str, Mapping[str, str]]) -> dict[str, PodFit]:
+    """Per podset admitted on flavors (`JobAdmitted.flavors`), what its pods get at binding."""
+    out: dict[str, PodFit] = {}
     for podset, by_resource in sorted(chosen.items()):
+        names = sorted(set(by_resource.values()))
+        if not names:
+            continue
         needed: list[dict[str, str]] = []
-        for name in sorted(set(by_resource.values())):
+        selector: dict[str, str] = {}
+        for name in names:
             flavor = state.flavors.get(name)
-            for t in flavor.taints if flavor is not None else []:
+            if flavor is None:
+                continue
+            selector.update(flavor.node_labels)
+            for t in flavor.taints:
                 toleration = {"key": t.key, "operator": "Equal", "value": t.value, "effect": t.effect}
                 if toleration not in needed:
                     needed.append(toleration)
-        if needed:
-            out[podset] = needed
+        label = "_".join(names)
+        out[podset] = PodFit(label if _LABEL_VALUE.match(label) else "", needed, selector)
     return out
 
 
