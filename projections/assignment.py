@@ -18,6 +18,8 @@ whether a job fits now (idle reclaim asks it).
   fits, in the first flavor where victims make room, `Preempt` preempts in a
   flavor where victims make room before trying the flavors after it;
 - the gang is admitted whole (every podset has a flavor) or not at all;
+- a podset asking for a resource no resource group of its queue covers makes the
+  gang inadmissible, as in Kueue, saying which (`flavors.uncovered`);
 - a flavored job that waits is parked (`parking`) with a wake that covers every
   flavor it tried (`wake`); the memo-equivalence tests hold with flavors too.
 
@@ -118,6 +120,10 @@ def choose(
 
     `victims_in(job_on_flavors)` says whether preemption makes room there (for `Preempt`)."""
     queue = cycle.state.queues[job.queue]
+    uncovered = flavors.uncovered(queue, job.podsets)
+    if uncovered:
+        # as Kueue: what no resource group gives quota for cannot be admitted (a queue_update may cover it)
+        return Choice(None, [], uncovered)
     policy = queue.fungibility
     chosen: Flavors = {}
     reasons: list[str] = []

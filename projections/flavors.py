@@ -21,13 +21,13 @@ job's quota usage by them.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import msgspec
 
-from muster.events.types import ResourceGroup
-from muster.projections.cluster import ClusterState, JobState, flavored_requests
+from muster.events.types import PodSet, ResourceGroup
+from muster.projections.cluster import ClusterState, JobState, QueueState, flavored_requests
 
 MARKER = "flavor:"
 """Prefix of the marker resource a flavor's nodes carry in the topology index."""
@@ -168,6 +168,22 @@ def order_requests(state: ClusterState, job: JobState) -> Mapping[str, int]:
 def summary(chosen: Flavors) -> str:
     """`worker=h100 launcher=cpu` (a podset with flavors of several groups: `worker=h100+fast`)."""
     return " ".join(f"{ps}={'+'.join(sorted(set(c.values())))}" for ps, c in sorted(chosen.items()) if c)
+
+
+def uncovered(queue: QueueState, podsets: Sequence[PodSet]) -> str:
+    """Why a job of a queue with resource groups cannot be admitted for a resource none of them covers
+    ("" when they cover every resource it asks for): Kueue's rule, quota is what makes a resource
+    admissible. A plain queue (no groups) leaves unlimited what its nominal quota does not name."""
+    if not queue.resource_groups:
+        return ""
+    covered = {r for group in queue.resource_groups for r in group.covered}
+    parts = []
+    for ps in podsets:
+        missing = sorted(r for r, v in ps.requests.items() if v > 0 and r not in covered)
+        if missing:
+            prefix = f"{ps.name}: " if len(podsets) > 1 else ""
+            parts.append(f"{prefix}no resource group of queue {queue.name} covers {', '.join(missing)}")
+    return "; ".join(parts)
 
 
 def allowed(group: ResourceGroup, restriction: list[str]) -> list[str]:
