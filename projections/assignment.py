@@ -39,7 +39,7 @@ from muster.projections.eviction import evicts_from_others
 from muster.projections.flavors import Flavors, placement_request, view
 from muster.projections.parking import Wake
 from muster.projections.preemption import Result, Victim, find_victims
-from muster.projections.resources import fmt
+from muster.projections.resources import fmt, gpus_of
 
 if TYPE_CHECKING:
     from muster.projections.scheduler import Cycle
@@ -354,20 +354,31 @@ def wake(cycle: Cycle, job: JobState, choice: Choice, found: list[Result]) -> Wa
     # (the candidates' GPUs on those flavors: only they can be evicted to make room there)
     def freeable(names: list[str] | None) -> int:
         if names is None:
-            return sum(v for k, v in held.items() if k.partition("@")[0] == "gpu")
+            return gpus_of(held)
         return sum(held.get(f"gpu@{name}", 0) for name in names)
 
-    shortfalls = [r.lacking - freeable(r.flavors) for r in choice.refusals]
+    # one flavor's nodes: GPUs freed there (`parking` counts them per flavor); several, or any node:
+    # GPUs freed anywhere, which `parking` counts against the whole cluster's free GPUs, while those
+    # pods see only their flavors' nodes' (so the free GPUs of the other nodes are added back)
+    shortfalls: list[int] = []
+    freed_on: dict[str, int] = {}
+
+    def lacks(names: list[str] | None, short: int) -> None:
+        if names is not None and len(names) == 1:
+            freed_on[names[0]] = min(short, freed_on.get(names[0], short))
+        else:
+            shortfalls.append(short)
+
+    for r in choice.refusals:
+        lacks(r.flavors, r.lacking - freeable(r.flavors))
     for on, result in zip(choice.preempt, found, strict=True):
         if result.quota_possible:
-            shortfalls.append(on.gpus - gpu_room(cycle, on) - freeable(_gpu_flavors(on)))
-    freed_short = None
-    if shortfalls:
-        # `parking` counts what a job lacks beyond the free GPUs of the whole cluster; a flavor's
-        # pods see only its nodes' free GPUs, so those of the other nodes are added back
-        freed_short = min(shortfalls) + cycle.idx.topology.gpu_free_total
+            names = _gpu_flavors(on)
+            lacks(names, on.gpus - gpu_room(cycle, on) - freeable(names))
+    freed_short = min(shortfalls) + cycle.idx.topology.gpu_free_total if shortfalls else None
     woken = Wake(
         freed_short=freed_short,
+        freed_on=freed_on,
         released={k: max(1, v - held.get(k, 0)) for k, v in choice.short.items()},
         consumed=dict(choice.consumed),
     )
