@@ -26,6 +26,7 @@ from muster.daemon.billing_store import LedgerDB
 from muster.projections.billing import HOUR
 from muster.projections.chargeback import (
     ROW_NUMBERS,
+    HourPoint,
     RateCard,
     Report,
     ReportRow,
@@ -139,13 +140,9 @@ def _m(d: Decimal) -> str:
     return f"{d:,.2f}"
 
 
-def render_plot(
-    series: Sequence[Any],
-    path: str | Path,
-    *,
-    title: str,
-) -> None:
-    """Stacked allocated GPU-hours per queue over time, and allocated vs used vs capacity."""
+def render_plot(series: Sequence[HourPoint], path: str | Path, *, title: str, by: str = "queue") -> list[str]:
+    """Stacked allocated GPU-hours per queue (`by="flavor"`: per flavor) over time, and allocated vs used
+    vs capacity (per flavor: GPU-hours of unlike GPUs are not added up); returns the stacked series' names."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -156,8 +153,11 @@ def render_plot(
     hours_x = [p.hour for p in series] + ([series[-1].hour + HOUR] if series else [])
     epoch = bool(hours_x) and hours_x[0] >= 10**8
     xs: list[Any] = [datetime.fromtimestamp(h, UTC) for h in hours_x] if epoch else [h / HOUR for h in hours_x]
-    queues = sorted({q for p in series for q in p.allocated_by_queue})
-    stacks = [[p.allocated_by_queue.get(q, 0) / HOUR for p in points] for q in queues]
+    flavored = by == "flavor"
+    queues = sorted({q for p in series for q in (p.allocated_by_flavor if flavored else p.allocated_by_queue)})
+    stacks = [
+        [(p.allocated_by_flavor if flavored else p.allocated_by_queue).get(q, 0) / HOUR for p in points] for q in queues
+    ]
     allocated = [sum(p.allocated_by_queue.values()) / HOUR for p in points]
     used = [p.used_mgpu_s / (HOUR * 1000) for p in points]
     sampled = [p.sampled_gpu_s / HOUR for p in points]
@@ -168,14 +168,19 @@ def render_plot(
         top.stackplot(xs, stacks, labels=queues, step="post", alpha=0.85)
     top.step(xs, capacity, where="post", color="black", linewidth=1.2, label="capacity")
     top.set_ylabel("GPU-hours per hour")
-    top.set_title(f"{title}: allocated GPU-hours by queue")
+    top.set_title(f"{title}: allocated GPU-hours by {'flavor' if flavored else 'queue'}")
     top.legend(loc="upper left", fontsize="small", ncol=min(4, len(queues) + 1))
     top.grid(alpha=0.3)
 
-    bottom.step(xs, capacity, where="post", color="black", linewidth=1.0, label="capacity")
-    bottom.step(xs, allocated, where="post", color="tab:blue", linewidth=1.8, label="allocated")
-    bottom.step(xs, sampled, where="post", color="tab:blue", linestyle=":", linewidth=1.0, label="allocated (sampled)")
-    bottom.step(xs, used, where="post", color="tab:green", linewidth=1.8, label="used")
+    if flavored:
+        _plot_per_flavor(bottom, xs, points, queues)
+    else:
+        bottom.step(xs, capacity, where="post", color="black", linewidth=1.0, label="capacity")
+        bottom.step(xs, allocated, where="post", color="tab:blue", linewidth=1.8, label="allocated")
+        bottom.step(
+            xs, sampled, where="post", color="tab:blue", linestyle=":", linewidth=1.0, label="allocated (sampled)"
+        )
+        bottom.step(xs, used, where="post", color="tab:green", linewidth=1.8, label="used")
     total_alloc = sum(allocated[:-1])
     total_cap = sum(capacity[:-1])
     total_used = sum(used[:-1])
@@ -185,7 +190,8 @@ def render_plot(
         parts.append(f"allocation {100 * total_alloc / total_cap:.0f}% of capacity")
     if total_sampled:
         parts.append(f"utilization {100 * total_used / total_sampled:.0f}% of sampled allocation")
-    bottom.set_title("allocated vs used" + (f" ({', '.join(parts)})" if parts else ""))
+    what = "allocated vs used vs capacity per flavor" if flavored else "allocated vs used"
+    bottom.set_title(what + (f" ({', '.join(parts)})" if parts else ""))
     bottom.set_ylabel("GPU-hours per hour")
     bottom.set_xlabel("time (UTC)" if epoch else "hours")
     bottom.legend(loc="upper left", fontsize="small")
@@ -194,6 +200,20 @@ def render_plot(
         fig.autofmt_xdate()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return queues
+
+
+def _plot_per_flavor(ax: Any, xs: list[Any], points: Sequence[HourPoint], flavors: list[str]) -> None:
+    """Per flavor, in one colour each: capacity (thin), allocated (thick) and used (dashed)."""
+    names = sorted({*flavors, *(f for p in points for f in p.capacity_by_flavor)})
+    for i, name in enumerate(names):
+        lines = (
+            ("capacity", [p.capacity_by_flavor.get(name, 0) / HOUR for p in points], "-", 0.8),
+            ("allocated", [p.allocated_by_flavor.get(name, 0) / HOUR for p in points], "-", 1.8),
+            ("used", [p.used_by_flavor.get(name, 0) / (HOUR * 1000) for p in points], "--", 1.2),
+        )
+        for what, ys, style, width in lines:
+            ax.step(xs, ys, where="post", color=f"C{i % 10}", linestyle=style, linewidth=width, label=f"{name} {what}")
 
 
 def plot_problem(path: str) -> str | None:
@@ -273,7 +293,7 @@ def report_command(args: Any) -> int:
     if args.plot:
         series = hourly_series(usage, capacity, start=start, end=end)
         try:
-            render_plot(series, args.plot, title=f"{_when(start)} to {_when(end)}")
+            render_plot(series, args.plot, title=f"{_when(start)} to {_when(end)}", by=args.by)
         except OSError as exc:
             print(
                 f"muster billing report: cannot write the plot to {args.plot}: {exc.strerror or exc}", file=sys.stderr

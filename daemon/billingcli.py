@@ -56,7 +56,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     rep.add_argument("--rates", help="rate card YAML (without it, costs are zero)")
     rep.add_argument("--share-idle", choices=("nominal", "usage", "none"), default="none")
-    rep.add_argument("--plot", metavar="FILE.png", help="also draw GPU-hours per queue and allocated vs used")
+    rep.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="also draw GPU-hours per queue (--by flavor: per flavor) and allocated vs used",
+    )
     rep.set_defaults(_billing="report")
 
 

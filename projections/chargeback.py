@@ -537,6 +537,12 @@ class HourPoint(msgspec.Struct, kw_only=True):
     used_mgpu_s: int = 0
     sampled_gpu_s: int = 0
     capacity_gpu_s: int = 0
+    allocated_by_flavor: dict[str, int] = {}
+    """Flavor (the ledger's model: a node's flavor, else its GPU model; "-" for none) -> allocated GPU-seconds."""
+    used_by_flavor: dict[str, int] = {}
+    """Flavor -> used milli-GPU-seconds."""
+    capacity_by_flavor: dict[str, int] = {}
+    """Flavor -> capacity GPU-seconds."""
 
 
 def hourly_series(
@@ -546,22 +552,31 @@ def hourly_series(
     start: int,
     end: int,
 ) -> list[HourPoint]:
-    """Per hour of the window: allocated GPU-seconds per queue, used, sampled and capacity (hours in order)."""
+    """Per hour of the window: allocated GPU-seconds per queue, used, sampled and capacity, each also per
+    flavor (hours in order)."""
     points: dict[int, HourPoint] = {}
 
     def point(hour: int) -> HourPoint:
         p = points.get(hour)
         if p is None:
-            p = points[hour] = HourPoint(hour=hour, allocated_by_queue={})
+            p = points[hour] = HourPoint(
+                hour=hour, allocated_by_queue={}, allocated_by_flavor={}, used_by_flavor={}, capacity_by_flavor={}
+            )
         return p
 
-    for (_job, hour, _model), row in usage:
+    for (_job, hour, model), row in usage:
         if in_window(hour, start, end):
             p = point(hour)
             p.allocated_by_queue[row.queue] = p.allocated_by_queue.get(row.queue, 0) + row.alloc_gpu_s
             p.used_mgpu_s += row.used_mgpu_s
             p.sampled_gpu_s += row.sampled_gpu_s
-    for (hour, _model), gpu_s in capacity:
+            flavor = model or "-"
+            p.allocated_by_flavor[flavor] = p.allocated_by_flavor.get(flavor, 0) + row.alloc_gpu_s
+            p.used_by_flavor[flavor] = p.used_by_flavor.get(flavor, 0) + row.used_mgpu_s
+    for (hour, model), gpu_s in capacity:
         if in_window(hour, start, end):
-            point(hour).capacity_gpu_s += gpu_s
+            p = point(hour)
+            p.capacity_gpu_s += gpu_s
+            flavor = model or "-"
+            p.capacity_by_flavor[flavor] = p.capacity_by_flavor.get(flavor, 0) + gpu_s
     return [points[h] for h in sorted(points)]

@@ -288,6 +288,8 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
         self.gpus_freed = 0
         """GPUs ever given back or added to the schedulable nodes, an upper bound of every rise
         of the free GPUs (it only grows, so whoever waits for N more GPUs need not look often)."""
+        self.node_gpus_freed: dict[str, int] = {}
+        """The same per node (a flavor's job waits for GPUs freed on its flavor's nodes)."""
         self.borrow_starts: dict[str, int] = {}
         """Per queue, how many times an admission took it over its nominal quota."""
 
@@ -404,6 +406,9 @@ def _release(state: ClusterState, job: JobState) -> None:
         used = node.used
         for k, v in req.items():
             used[k] = used.get(k, 0) - v * pods
+        gpus = req.get("gpu", 0) * pods
+        if gpus:
+            state.node_gpus_freed[node_name] = state.node_gpus_freed.get(node_name, 0) + gpus
         n = node.jobs.get(job.id, 0) - pods
         if n > 0:
             node.jobs[job.id] = n
@@ -589,6 +594,11 @@ def _node_from(ev: NodeAdded | NodeUpdated, old: NodeState | None) -> NodeState:
     )
 
 
+def _freed_on(state: ClusterState, node: str, gpus: int) -> None:
+    state.gpus_freed += gpus
+    state.node_gpus_freed[node] = state.node_gpus_freed.get(node, 0) + gpus
+
+
 def _on_node(state: ClusterState, ev: NodeAdded | NodeUpdated) -> ClusterState:
     old = state.nodes.get(ev.node)
     node = _node_from(ev, old)
@@ -606,7 +616,7 @@ def _on_node(state: ClusterState, ev: NodeAdded | NodeUpdated) -> ClusterState:
         # more room: a new node, one back in service, more capacity, or fewer
         # GPUs held by pods muster does not place (terminating or foreign pods)
         state.released += 1
-        state.gpus_freed += node.capacity.get("gpu", 0)
+        _freed_on(state, ev.node, node.capacity.get("gpu", 0))
     return state
 
 
@@ -625,7 +635,7 @@ def _on_cordoned(state: ClusterState, ev: NodeCordoned) -> ClusterState:
         return _skip(state)
     if node.cordoned and not ev.cordoned:
         state.released += 1
-        state.gpus_freed += node.capacity.get("gpu", 0)
+        _freed_on(state, ev.node, node.capacity.get("gpu", 0))
     node.cordoned = ev.cordoned
     state.dirty_nodes.add(ev.node)
     return state

@@ -1,6 +1,6 @@
-"""Resource flavors: which flavor each podset of a gang takes its quota and its nodes from.
+"""Resource flavors: which nodes a flavor is, and a gang's requests on its chosen flavors.
 
-Kueue's flavor assigner (pkg/scheduler/flavorassigner), in muster's terms:
+Kueue's ResourceFlavor, in muster's terms:
 - a flavor is a set of nodes: those carrying all of its labels. The topology
   index gives each such node a marker resource (`flavor:NAME`, never taken),
   and a podset placed on a flavor requests one marker per pod, so it lands
@@ -8,44 +8,26 @@ Kueue's flavor assigner (pkg/scheduler/flavorassigner), in muster's terms:
 - a queue with resource groups has quota per flavor and resource, kept in the
   quota tree under `resource@flavor` keys: cohorts add each flavor up on its
   own, and borrowing, lending, preemption and fair sharing work per flavor;
-- per podset, for each resource group its requests touch, the group's flavors
-  are tried in order and every resource of the group comes from one flavor; a
-  podset's own `flavors` list rules the others out; podsets are assigned in
-  order, each judged with the podsets before it, and may get different flavors;
-- a flavor fits when the quota holds the podset within nominal or by borrowing
-  and the flavor's nodes hold its pods. Fungibility (Kueue's defaults):
-  `when_can_borrow: Borrow` stops at the first flavor that fits by borrowing,
-  `TryNextFlavor` looks on for one within nominal and falls back to the first
-  that borrows; `when_can_preempt: TryNextFlavor` preempts only when no flavor
-  fits, in the first flavor where victims make room, `Preempt` preempts in a
-  flavor where victims make room before trying the flavors after it;
-- the gang is admitted whole (every podset has a flavor) or not at all.
 - a flavor's taints keep pods on no flavor off its nodes: when some flavor has
   taints, the other nodes carry an `UNTAINTED` marker that such pods request;
-- a flavored job that waits is parked (`parking`) with a wake that covers every
-  flavor it tried (`wake`); the memo-equivalence tests hold with flavors too.
+  pods on a flavor get its tolerations (and, when they carry muster's scheduling
+  gate, its node labels as nodeSelector) at binding (`binding`).
 
-The choice reads only the cycle's view (quota tree and topology), so replay,
-audit and a new leader make the same one; the chosen flavors go on
-`JobAdmitted.flavors` and the fold keys the job's quota usage by them.
+Which flavor each podset takes is `assignment`'s choice, made on the cycle's
+view; the chosen flavors go on `JobAdmitted.flavors` and the fold keys the
+job's quota usage by them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Literal, NamedTuple
+import re
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import msgspec
 
-from muster.events.types import ResourceGroup
+from muster.events.types import PodSet, ResourceGroup
 from muster.projections.cluster import ClusterState, JobState, QueueState, flavored_requests
-from muster.projections.eviction import evicts_from_others
-from muster.projections.parking import Wake
-from muster.projections.resources import fmt
-
-if TYPE_CHECKING:
-    from muster.projections.preemption import Result
-    from muster.projections.scheduler import Cycle
 
 MARKER = "flavor:"
 """Prefix of the marker resource a flavor's nodes carry in the topology index."""
@@ -54,30 +36,6 @@ _ROOM = 1 << 40
 
 Flavors = dict[str, dict[str, str]]
 """Per podset, resource -> flavor (`JobAdmitted.flavors`)."""
-
-Mode = Literal["fit", "borrow", "no"]
-
-
-class Choice(NamedTuple):
-    """A flavored job's flavors on the cycle's view."""
-
-    admit: JobState | None
-    """The job on its flavors, when every podset has one that fits now."""
-    preempt: list[JobState]
-    """Else the job on each flavor to look for victims in, in order."""
-    reason: str
-    """Else why each flavor tried failed (`h100: quota (...); a100: no rack has room ...`)."""
-    consumed: dict[str, int] = {}
-    """Else, per quota key, the use in the tree after which the words may change (see `wake`)."""
-    short: dict[str, int] = {}
-    """Else, per quota key, what a flavor whose quota stopped it lacks (its largest shortfall)."""
-
-
-class _Verdict(NamedTuple):
-    mode: Mode
-    why: str
-    consumed: dict[str, int] = {}
-    short: dict[str, int] = {}
 
 
 # ---------------------------------------------------------------- nodes
@@ -121,19 +79,41 @@ def placement_request(
     return out
 
 
-def tolerations(state: ClusterState, chosen: Mapping[str, Mapping[str, str]]) -> dict[str, list[dict[str, str]]]:
-    """Per podset, the Kubernetes tolerations of its flavors' taints: what its pods get at binding."""
-    out: dict[str, list[dict[str, str]]] = {}
+class PodFit(NamedTuple):
+    """What the pods of a podset admitted on flavors get at binding, so they land on those flavors."""
+
+    label: str
+    """The value of the pod's flavor label: its flavors' names joined by `_` ("" when that is no valid
+    label value)."""
+    tolerations: list[dict[str, str]]
+    """The Kubernetes tolerations of its flavors' taints."""
+    node_selector: dict[str, str]
+    """Its flavors' node labels (a pod can be given them only while it has scheduling gates)."""
+
+
+_LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+
+
+def binding(state: ClusterState, chosen: Mapping[str, Mapping[str, str]]) -> dict[str, PodFit]:
+    """Per podset admitted on flavors (`JobAdmitted.flavors`), what its pods get at binding."""
+    out: dict[str, PodFit] = {}
     for podset, by_resource in sorted(chosen.items()):
+        names = sorted(set(by_resource.values()))
+        if not names:
+            continue
         needed: list[dict[str, str]] = []
-        for name in sorted(set(by_resource.values())):
+        selector: dict[str, str] = {}
+        for name in names:
             flavor = state.flavors.get(name)
-            for t in flavor.taints if flavor is not None else []:
+            if flavor is None:
+                continue
+            selector.update(flavor.node_labels)
+            for t in flavor.taints:
                 toleration = {"key": t.key, "operator": "Equal", "value": t.value, "effect": t.effect}
                 if toleration not in needed:
                     needed.append(toleration)
-        if needed:
-            out[podset] = needed
+        label = "_".join(names)
+        out[podset] = PodFit(label if _LABEL_VALUE.match(label) else "", needed, selector)
     return out
 
 
@@ -178,10 +158,10 @@ def order_requests(state: ClusterState, job: JobState) -> Mapping[str, int]:
     first: Flavors = {}
     for ps in job.podsets:
         for group in groups:
-            allowed = _allowed(group, ps.flavors)
-            covered = _covered(group, ps.requests)
-            if allowed and covered:
-                first.setdefault(ps.name, {}).update(dict.fromkeys(covered, allowed[0]))
+            names = allowed(group, ps.flavors)
+            keys = covered(group, ps.requests)
+            if names and keys:
+                first.setdefault(ps.name, {}).update(dict.fromkeys(keys, names[0]))
     return flavored_requests(job.podsets, first)
 
 
@@ -190,199 +170,27 @@ def summary(chosen: Flavors) -> str:
     return " ".join(f"{ps}={'+'.join(sorted(set(c.values())))}" for ps, c in sorted(chosen.items()) if c)
 
 
-def _allowed(group: ResourceGroup, restriction: list[str]) -> list[str]:
+def uncovered(queue: QueueState, podsets: Sequence[PodSet]) -> str:
+    """Why a job of a queue with resource groups cannot be admitted for a resource none of them covers
+    ("" when they cover every resource it asks for): Kueue's rule, quota is what makes a resource
+    admissible. A plain queue (no groups) leaves unlimited what its nominal quota does not name."""
+    if not queue.resource_groups:
+        return ""
+    covered = {r for group in queue.resource_groups for r in group.covered}
+    parts = []
+    for ps in podsets:
+        missing = sorted(r for r, v in ps.requests.items() if v > 0 and r not in covered)
+        if missing:
+            prefix = f"{ps.name}: " if len(podsets) > 1 else ""
+            parts.append(f"{prefix}no resource group of queue {queue.name} covers {', '.join(missing)}")
+    return "; ".join(parts)
+
+
+def allowed(group: ResourceGroup, restriction: list[str]) -> list[str]:
+    """The group's flavors, in order, a podset restricted to `restriction` may take (empty: any)."""
     return [fq.name for fq in group.flavors if not restriction or fq.name in restriction]
 
 
-def _covered(group: ResourceGroup, requests: Mapping[str, int]) -> list[str]:
+def covered(group: ResourceGroup, requests: Mapping[str, int]) -> list[str]:
+    """The resources of the group that `requests` asks for."""
     return [r for r in group.covered if requests.get(r, 0) > 0]
-
-
-# ---------------------------------------------------------------- assignment
-
-
-def choose(
-    cycle: Cycle, job: JobState, allow_borrow: bool, victims_in: Callable[[JobState], bool] | None = None
-) -> Choice:
-    """The flavors of every podset of `job` (see the module docstring); leaves the view as found.
-
-    `victims_in(job_on_flavors)` says whether preemption makes room there (for `Preempt`)."""
-    queue = cycle.state.queues[job.queue]
-    policy = queue.fungibility
-    chosen: Flavors = {}
-    reasons: list[str] = []
-    consumed: dict[str, int] = {}
-    short: dict[str, int] = {}
-    full = False
-    """Whether the last verdict judged the whole gang on `chosen` (then it needs no final look)."""
-    stuck: list[tuple[str, list[str], list[str]]] = []
-    """Podset-groups no flavor fits now: (podset, covered resources, allowed flavors)."""
-    many = len(job.podsets) > 1
-    for i, ps in enumerate(job.podsets):
-        for group in queue.resource_groups:
-            covered = _covered(group, ps.requests)
-            if not covered:
-                continue
-            allowed = _allowed(group, ps.flavors)
-            words: list[str] = []
-            pick: str | None = None
-            fallback: str | None = None
-            for f in allowed:
-                trial = {**chosen, ps.name: {**chosen.get(ps.name, {}), **dict.fromkeys(covered, f)}}
-                verdict = _judge(cycle, job, i + 1, trial, allow_borrow, queue, f)
-                if verdict.mode == "fit" or (verdict.mode == "borrow" and policy.when_can_borrow == "Borrow"):
-                    pick = f
-                    break
-                if verdict.mode == "borrow":
-                    fallback = fallback or f
-                    continue
-                for k, v in verdict.consumed.items():
-                    consumed[k] = min(v, consumed.get(k, v))
-                for k, v in verdict.short.items():
-                    short[k] = min(v, short.get(k, v))
-                words.append(f"{f}: {verdict.why}")
-                if policy.when_can_preempt == "Preempt" and victims_in is not None:
-                    whole = view(job, _complete(job, trial, queue))
-                    if victims_in(whole):
-                        return Choice(None, [whole], "; ".join([*reasons, *words]))
-            if pick is None and fallback is not None:
-                pick = fallback
-                full = False  # judged last on a flavor after the one taken
-            elif pick is not None:
-                full = i + 1 == len(job.podsets)
-            if pick is not None:
-                chosen.setdefault(ps.name, {}).update(dict.fromkeys(covered, pick))
-                continue
-            if not allowed:
-                words.append(f"none of its flavors ({', '.join(ps.flavors)}) is one of queue {job.queue}'s")
-            reasons.append(f"{ps.name}: {'; '.join(words)}" if many else "; ".join(words))
-            stuck.append((ps.name, covered, allowed))
-    if not stuck:
-        whole = view(job, chosen)
-        if full:
-            return Choice(whole, [], "")
-        final = _judge(cycle, job, None, chosen, allow_borrow, queue, None)
-        if final.mode != "no":
-            return Choice(whole, [], "")
-        return Choice(None, [whole], final.why, final.consumed, final.short)
-    options: list[JobState] = []
-    for name, covered, allowed in stuck:
-        for f in allowed:
-            trial = {**chosen, name: {**chosen.get(name, {}), **dict.fromkeys(covered, f)}}
-            options.append(view(job, _complete(job, trial, queue)))
-    return Choice(None, options, "; ".join(reasons), consumed, short)
-
-
-def _complete(job: JobState, chosen: Flavors, queue: QueueState) -> Flavors:
-    """`chosen`, with every podset-group it leaves open on its first allowed flavor."""
-    out = {ps: dict(c) for ps, c in chosen.items()}
-    for ps in job.podsets:
-        for group in queue.resource_groups:
-            covered = _covered(group, ps.requests)
-            allowed = _allowed(group, ps.flavors)
-            mine = out.setdefault(ps.name, {})
-            if covered and allowed and covered[0] not in mine:
-                mine.update(dict.fromkeys(covered, allowed[0]))
-    return out
-
-
-def _judge(
-    cycle: Cycle,
-    job: JobState,
-    upto: int | None,
-    chosen: Flavors,
-    allow_borrow: bool,
-    queue: QueueState,
-    flavor: str | None,
-) -> _Verdict:
-    """Whether the job's first `upto` podsets on `chosen` fit quota (within nominal or borrowing) and nodes now.
-
-    A failure says why, and the use of quota in the tree after which those words may change
-    (quota words that name a borrowing limit; a placement failure turning into a quota one)."""
-    podsets = job.podsets if upto is None else job.podsets[:upto]
-    requests = flavored_requests(podsets, chosen)
-    quota = cycle.idx.quota
-    if not quota.fits(job.queue, requests, allow_borrow):
-        why, limited = _quota_words(cycle, queue, requests, flavor, allow_borrow)
-        lacking = {k: -h for k, h in quota.headroom(job.queue, requests, allow_borrow).items() if h < 0}
-        most = max(sorted(lacking), key=lambda k: lacking[k])
-        return _Verdict("no", why, dict.fromkeys(limited, 1), {most: lacking[most]})
-    partial = view(job, chosen, upto)
-    if len(podsets) == 1:
-        ps = podsets[0]
-        t = ps.topology
-        required, preferred = (t.required, t.preferred) if t is not None else (None, None)
-        req = placement_request(partial, ps.name, ps.requests, cycle.idx.topology.tainted)
-        placeable = cycle.idx.topology.can_place(ps.count, req, required, preferred)
-        why = "" if placeable else cycle.place(partial)[1]
-    else:
-        mark = cycle.topo.mark()
-        placement, why = cycle.place(partial)
-        cycle.topo.rollback(mark)
-        placeable = placement is not None
-    if not placeable:
-        headroom = quota.headroom(job.queue, requests, allow_borrow)
-        return _Verdict("no", why, {k: h + 1 for k, h in headroom.items()})
-    return _Verdict("fit" if quota.within_nominal(job.queue, requests) else "borrow", "")
-
-
-def _quota_words(
-    cycle: Cycle, queue: QueueState, requests: Mapping[str, int], flavor: str | None, allow_borrow: bool
-) -> tuple[str, list[str]]:
-    """Why a flavor's quota does not hold the request (which of its limits stops it), and the keys
-    whose use decides between "limit reached" and "no room to lend"."""
-    node = cycle.idx.quota.queues[queue.name]
-    suffix = f"@{flavor}" if flavor is not None else ""
-    asked = {k: v for k, v in requests.items() if v > 0 and k in queue.nominal and k.endswith(suffix)}
-
-    def short(d: Mapping[str, int]) -> str:
-        return fmt({k.partition("@")[0]: v for k, v in d.items()})
-
-    nominal = {k: queue.nominal[k] for k in asked}
-    limits = {k: queue.borrowing_limit[k] for k in asked if queue.borrowing_limit and k in queue.borrowing_limit}
-    if not allow_borrow:
-        return f"quota (nominal {short(nominal)} in use; a non-preemptible job never borrows)", []
-    if queue.cohort is None:
-        if any(v > nominal[k] for k, v in asked.items()):
-            return f"quota ({short(asked)} requested is more than nominal {short(nominal)})", []
-        return f"quota (nominal {short(nominal)} in use; no cohort to borrow from)", []
-    for k, v in asked.items():
-        if k in limits and v > nominal[k] + limits[k]:
-            most = f"nominal {short({k: nominal[k]})} + borrowing limit {short({k: limits[k]})}"
-            return f"quota ({short({k: v})} requested is more than {most})", []
-    for k, v in asked.items():
-        if k in limits and node.usage.get(k, 0) + v > nominal[k] + limits[k]:
-            return f"quota (borrowing limit {short({k: limits[k]})} reached)", []
-    return f"quota (nominal {short(nominal)} in use; the cohort has no room to lend)", sorted(limits)
-
-
-def wake(cycle: Cycle, job: JobState, choice: Choice, found: list[Result]) -> Wake:
-    """What must happen before a flavored job's verdict (or its words) can change (see `parking`).
-
-    Any of its flavors may become possible: one its quota stopped, once its tree gives back what
-    that flavor lacks (less what its candidates hold); one its nodes stopped, once GPUs are freed
-    beyond what the candidates hold; the words, once the quota used in its tree crosses
-    `Choice.consumed`; a reclaim, once its queue gives back what it would hold over nominal quota
-    on a flavor (the least over the flavors tried); and,
-    when the victims' order moves with time (or it was just evicted), the next second. `found` are
-    the victim searches made for it, one per flavor tried."""
-    held: dict[str, int] = {}
-    for result in found:
-        for k, v in result.candidate_requests.items():
-            held[k] = max(held.get(k, 0), v)
-    woken = Wake(
-        freed_short=job.gpus - max((r.candidate_gpus for r in found), default=0),
-        released={k: max(1, v - held.get(k, 0)) for k, v in choice.short.items()},
-        consumed=dict(choice.consumed),
-    )
-    queue = cycle.state.queues[job.queue]
-    if queue.cohort is not None and evicts_from_others(queue.preemption, None):
-        for on in choice.preempt:
-            over = cycle.idx.quota.over_nominal(job.queue, on.requests)
-            if not over:
-                continue
-            k = max(sorted(over), key=lambda r: over[r])
-            woken.own_released[k] = min(over[k], woken.own_released.get(k, over[k]))
-    if any(r.order_matters for r in found) or job.chained_eviction(cycle.now):
-        woken.at_time = cycle.now + 1
-    return woken

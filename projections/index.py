@@ -14,6 +14,7 @@ from typing import NamedTuple, cast
 from muster.projections import parking
 from muster.projections.cluster import TERMINAL, ClusterState, JobState
 from muster.projections.eviction import reach
+from muster.projections.flavors import MARKER, UNTAINTED
 from muster.projections.parking import Block, Member, Parking
 from muster.projections.quota import QuotaTree
 from muster.projections.topology import TopologyIndex
@@ -103,6 +104,8 @@ class SchedulerIndex:
         """Per group with jobs to try: the reason all of them have (None: not known to be one)."""
         self.parking = Parking(self._woken)
         self.parking.freed_seen = state.gpus_freed
+        self.seen_node_freed: dict[str, int] = dict(state.node_gpus_freed)
+        """Per node, the fold's `node_gpus_freed` at the last sync (what its flavors' counts took in)."""
         self.seen_released: dict[str, dict[str, int]] = {q: dict(v) for q, v in state.queue_released.items()}
         self.seen_consumed: dict[str, dict[str, int]] = {q: dict(v) for q, v in state.queue_consumed.items()}
         self.seen_borrow_starts: dict[str, int] = dict(state.borrow_starts)
@@ -296,7 +299,15 @@ class SchedulerIndex:
         # the last cycle's tentative changes, but where the fold changed the node or queue
         topo.settle(state.dirty_nodes)
         self.quota.settle(state.dirty_queues)
+        freed_on: dict[str, int] = {}
         for name in sorted(state.dirty_nodes):
+            freed = state.node_gpus_freed.get(name, 0) - self.seen_node_freed.get(name, 0)
+            if freed:
+                self.seen_node_freed[name] = state.node_gpus_freed.get(name, 0)
+                for marker in topo.markers.get(name, {}):
+                    if marker != UNTAINTED:
+                        flavor = marker.removeprefix(MARKER)
+                        freed_on[flavor] = freed_on.get(flavor, 0) + freed
             node = state.nodes.get(name)
             if node is None:
                 # a removed node: its jobs are orphans until evicted
@@ -340,6 +351,8 @@ class SchedulerIndex:
         state.dirty_jobs.clear()
         if state.gpus_freed != memo.freed_seen:
             memo.gpus_freed(state.gpus_freed)
+        for flavor in sorted(freed_on):
+            memo.flavor_gpus_freed(flavor, freed_on[flavor])
 
 
 def _moved(totals: dict[str, int], seen: dict[str, int]) -> dict[str, int]:

@@ -22,8 +22,9 @@ A job is woken (tried again) when:
   deficit (a release of d raises any queue's available quota by at most d),
   or its own queue gave back what it holds over nominal quota (it may then
   reclaim what the cohort borrowed);
-- placement blocked it: GPUs freed anywhere reach what it lacks beyond the
-  free GPUs and what preemption could free when it was judged, or usage in
+- placement blocked it: GPUs freed anywhere (for a flavor's placement, on that
+  flavor's nodes) reach what it lacks beyond the free GPUs and what preemption
+  could free when it was judged, or usage in
   its tree went up by more than its quota slack (then quota would block it,
   and its reason would read differently);
 - a queue of its tree started borrowing (new victims), fair sharing is on and
@@ -67,6 +68,8 @@ class Wake:
     """Resource -> usage increase in the tree after which to try again."""
     own_released: dict[str, int] = field(default_factory=dict)
     """Resource -> usage decrease in the job's own queue after which to try again."""
+    freed_on: dict[str, int] = field(default_factory=dict)
+    """Flavor -> GPUs to be freed on its nodes before trying again (what the job lacks there)."""
 
 
 class Member(NamedTuple):
@@ -110,6 +113,8 @@ class Park(NamedTuple):
     wake: Wake
     freed_level: int | None
     """The count of freed GPUs that wakes it (None: not on capacity)."""
+    flavor_levels: dict[str, int]
+    """Per flavor, the count of GPUs freed on its nodes that wakes it."""
 
 
 class Proposal(NamedTuple):
@@ -140,6 +145,9 @@ class Parking:
         self._release_heaps: dict[tuple[str, str], list[HeapEntry]] = {}
         self._consume_heaps: dict[tuple[str, str], list[HeapEntry]] = {}
         self._freed_heap: list[HeapEntry] = []
+        self.flavor_freed_total: dict[str, int] = {}
+        """Per flavor, GPUs freed on its nodes as seen by the syncs (from the fold's per-node counts)."""
+        self._flavor_freed_heaps: dict[str, list[HeapEntry]] = {}
         self._time_heap: list[HeapEntry] = []
         self.proposal: Proposal | None = None
         self._proposed: list[Park] = []
@@ -183,7 +191,9 @@ class Parking:
         self.blocks.setdefault(group, {})[stamp] = block
         self.by_root.setdefault(root, {})[stamp] = block
         freed = None if wake.freed_short is None else self.freed_seen + max(1, wake.freed_short - gpu_free)
-        self._proposed.append(Park(block, queue, wake, freed))
+        totals = self.flavor_freed_total
+        levels = {f: totals.get(f, 0) + max(1, n) for f, n in wake.freed_on.items()}
+        self._proposed.append(Park(block, queue, wake, freed, levels))
         return block
 
     def _stand(self, park: Park) -> None:
@@ -195,6 +205,8 @@ class Parking:
         block, wake, root = park.block, park.wake, park.block.root
         if park.freed_level is not None:
             heapq.heappush(self._freed_heap, HeapEntry(park.freed_level, block.stamp, block))
+        for flavor, level in park.flavor_levels.items():
+            heapq.heappush(self._flavor_freed_heaps.setdefault(flavor, []), HeapEntry(level, block.stamp, block))
         for r, amount in wake.released.items():
             self._push(self._release_heaps, (root, r), self.released_total, amount, block)
         for r, amount in wake.own_released.items():
@@ -288,6 +300,11 @@ class Parking:
         """The fold's count of freed GPUs reached `total`."""
         self.freed_seen = total
         self._pop_due(self._freed_heap, total)
+
+    def flavor_gpus_freed(self, flavor: str, gpus: int) -> None:
+        """`gpus` more GPUs were freed on the nodes of `flavor`."""
+        total = self.flavor_freed_total[flavor] = self.flavor_freed_total.get(flavor, 0) + gpus
+        self._pop_due(self._flavor_freed_heaps.get(flavor, []), total)
 
     def tree(self, root: str) -> list[Block]:
         """The blocks parked in a cohort tree, oldest first."""

@@ -46,19 +46,11 @@ from muster.events.types import (
     NodeName,
     QueueName,
 )
+from muster.projections.assignment import Admit, Evict, Refusal, Wait, attempt, choose
 from muster.projections.cluster import ClusterState, JobState, node_pods
 from muster.projections.duplicates import refuse_taken_ids
 from muster.projections.eviction import Preemptor, chain_may_shrink, evicts_from_others, may_evict
-from muster.projections.flavors import (
-    Choice,
-    choose,
-    on_any_flavor,
-    order_requests,
-    placement_request,
-    summary,
-    unassigned,
-    wake,
-)
+from muster.projections.flavors import on_any_flavor, order_requests, placement_request, summary, unassigned
 from muster.projections.index import (
     Group,
     OrderKey,
@@ -144,6 +136,8 @@ class Cycle:
         self.quota_keys: dict[Shape, QuotaPosition] = {}
         """`_lowest_key`'s quota part by (queue, requests)."""
         self.may_evict_new: dict[tuple[str, int, tuple[str, ...]], EvictNewAnswer] = {}
+        self.nodes_judged: dict[tuple[object, ...], Refusal | None] = {}
+        """`assignment`'s placement verdicts on flavors, by admissions so far and podsets (see there)."""
         """`_may_evict_new` by (queue, priority, resources)."""
         self.admitted_by_root: dict[str, list[JobState]] = {}
         """Jobs admitted (or holding room as preemptors) in this cycle, per tree: new victims next cycle."""
@@ -402,7 +396,7 @@ def _try(cycle: Cycle, job: JobState) -> Outcome:
     # non-preemptible work never borrows, so no guarantee depends on evicting it
     allow_borrow = preemptible
     if unassigned(state, job):
-        return _try_flavors(cycle, job, cls, allow_borrow)
+        return _take_step(cycle, job, cls, attempt(cycle, job, allow_borrow))
     quota_reason = idx.quota.blocking(job.queue, job.requests, allow_borrow)
     reason = quota_reason or ""
     if quota_reason is None:
@@ -463,28 +457,17 @@ def _admitted(cycle: Cycle, job: JobState, placement: dict[str, str], borrowed: 
     cycle.events.extend(released_on_admission(cycle.state, job, cycle.now, cycle.number, cycle.epoch))
 
 
-def _try_flavors(cycle: Cycle, job: JobState, cls: tuple[object, ...] | None, allow_borrow: bool) -> Outcome:
-    """`_try` for a job of a queue with flavors: admit it on the flavors `flavors.choose` finds, else
-    preempt in the first flavor where victims make room, else park it saying why each flavor failed."""
-    choice: Choice = choose(cycle, job, allow_borrow, lambda v: bool(find_victims(cycle, v, allow_borrow).victims))
-    if choice.admit is not None:
-        on = choice.admit
-        borrowed = cycle.idx.quota.borrowed_by(on.queue, on.requests)
-        placement, _ = cycle.place(on)
-        if placement is not None:
-            _admitted(cycle, on, placement, borrowed)
-            return "admitted"
-    found: list[Result] = []
-    for on in choice.preempt:
-        result = find_victims(cycle, on, allow_borrow)
-        if result.victims:
-            _evict_for(cycle, on, result.victims)
-            return "preempting"
-        found.append(result)
-    woken = wake(cycle, job, choice, found)
+def _take_step(cycle: Cycle, job: JobState, cls: tuple[object, ...] | None, step: Admit | Evict | Wait) -> Outcome:
+    """Do what `assignment.attempt` says for a job of a queue with flavors."""
+    if isinstance(step, Admit):
+        _admitted(cycle, step.job, step.placement, step.borrowed)
+        return "admitted"
+    if isinstance(step, Evict):
+        _evict_for(cycle, step.job, step.victims)
+        return "preempting"
     if cls is not None:
-        cycle.failed_classes[cls] = Verdict(choice.reason, woken)
-    _park(cycle, job, choice.reason, woken)
+        cycle.failed_classes[cls] = Verdict(step.reason, step.wake)
+    _park(cycle, job, step.reason, step.wake)
     return "parked"
 
 

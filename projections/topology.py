@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from muster.projections.cluster import ClusterState, NodeState
-from muster.projections.flavors import node_markers, plain
+from muster.projections.flavors import MARKER, node_markers, plain
 from muster.projections.resources import fmt, undoing
 
 HOST = "host"
@@ -94,6 +94,8 @@ class TopologyIndex:
             {name: node_markers(state, node.labels) for name, node in state.nodes.items()} if state.flavors else {}
         )
         """Per node, the marker resources of its flavors (see `flavors`); flavors and labels change the structure."""
+        self.flavor_hosts: dict[str, list[Domain]] = {}
+        """Per flavor, its nodes' hosts (filled below)."""
         self.tainted = any(f.taints for f in state.flavors.values())
         """Whether some flavor has taints: a pod on no flavor then stays off its nodes."""
         index: dict[tuple[str, ...], Domain] = {(): self.root}
@@ -115,6 +117,8 @@ class TopologyIndex:
             parent.children.append(host)
             self.by_level[len(self.levels)].append(host)
             self.hosts[name] = host
+            for marker in self.markers.get(name, {}):
+                self.flavor_hosts.setdefault(marker.removeprefix(MARKER), []).append(host)
             anc: Domain | None = parent
             while anc is not None:
                 anc.hosts.append(host)
@@ -229,6 +233,10 @@ class TopologyIndex:
 
     def free_total(self) -> dict[str, int]:
         return dict(self.root.free)
+
+    def gpu_free_on(self, flavor: str) -> int:
+        """The free GPUs of a flavor's schedulable nodes."""
+        return sum(max(0, h.host_free.get("gpu", 0)) for h in self.flavor_hosts.get(flavor, ()) if h.schedulable)
 
     @staticmethod
     def host_slots(host: Domain, req: Mapping[str, int], cap: int) -> int:

@@ -3,7 +3,9 @@
 Per queue (GPUs): nominal quota, used, borrowed (used above nominal), lent (its unused
 nominal that others of its cohort tree use), running and pending gangs and their GPUs,
 held gangs, and its fair share (the scheduler's weighted dominant resource share, per
-mille; 0 within nominal). Per cohort the same figures summed over its subtree. Read from
+mille; 0 within nominal); a queue with flavors has its quota, used, borrowed and lent GPUs on
+one line per flavor (`flavors` in JSON), as GPUs of unlike models do not add up. Per cohort
+the same figures summed over its subtree (per flavor, too). Read from
 the folded state like `muster jobs`; `--watch` refreshes, `-o json|jsonl` prints data
 (jsonl: one row per queue, then per cohort, each with its `kind`).
 """
@@ -67,37 +69,43 @@ def render(doc: dict[str, Any]) -> Any:
     for col in ("QUEUE", "COHORT", "NOMINAL", "BORROW LIMIT", "USED", "BORROWED", "LENT", *counts, "FAIR SHARE"):
         q.add_column(col, justify="left" if col in ("QUEUE", "COHORT") else "right", overflow="fold")
     for r in doc["queues"]:
+        # a queue with flavors has its GPU figures on one line per flavor: unlike GPUs are not added up
+        flavored = bool(r["flavors"])
         add_row(
             q,
             r["queue"],
             r["cohort"] or "-",
-            f"{r['nominal']:,}",
-            _limit(r["borrowing_limit"]),
-            f"{r['used']:,}",
-            f"{r['borrowed']:,}",
-            f"{r['lent']:,}",
+            *(("",) * 5 if flavored else _quota_cells(r)),
             *(_gangs(r, c.lower()) for c in counts),
             f"{r['fair_share'] / 1000:.3f}",
         )
+        for f in r["flavors"]:
+            add_row(q, f"  {f['flavor']}", "", *_quota_cells(f), "", "", "", "")
     parts: list[Any] = [q]
     if doc["cohorts"]:
         c = Table(title="Cohorts (their whole subtree)", title_justify="left", box=None)
         for col in ("COHORT", "PARENT", "QUEUES", "NOMINAL", "USED", "BORROWED", "LENT", *counts):
             c.add_column(col, justify="left" if col in ("COHORT", "PARENT", "QUEUES") else "right", overflow="fold")
         for r in doc["cohorts"]:
+            flavored = bool(r["flavors"])
             add_row(
                 c,
                 r["cohort"],
                 r["parent"] or "-",
                 ", ".join(r["queues"]),
-                f"{r['nominal']:,}",
-                f"{r['used']:,}",
-                f"{r['borrowed']:,}",
-                f"{r['lent']:,}",
+                *(("",) * 4 if flavored else _quota_cells(r, limit=False)),
                 *(_gangs(r, k.lower()) for k in counts),
             )
+            for f in r["flavors"]:
+                add_row(c, f"  {f['flavor']}", "", "", *_quota_cells(f, limit=False), "", "", "")
         parts.append(c)
     return Group(*parts)
+
+
+def _quota_cells(row: dict[str, Any], *, limit: bool = True) -> list[str]:
+    """NOMINAL, (BORROW LIMIT,) USED, BORROWED, LENT of a queue's, cohort's or flavor's row."""
+    cells = [f"{row['nominal']:,}", _limit(row["borrowing_limit"])] if limit else [f"{row['nominal']:,}"]
+    return [*cells, f"{row['used']:,}", f"{row['borrowed']:,}", f"{row['lent']:,}"]
 
 
 def _gangs(row: dict[str, Any], kind: str) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from muster.projections.cluster import ClusterState, JobState
+from muster.projections.cluster import ClusterState, JobState, QueueState
 from muster.projections.index import order_key
 from muster.projections.quota import QuotaTree
 from muster.projections.resources import gpus_of, gpus_over
@@ -129,7 +129,8 @@ def _gpu(resources: dict[str, int] | None) -> int | None:
 
 
 def queue_status(state: ClusterState) -> list[dict[str, Any]]:
-    """Per queue: quota (GPUs), borrowed, lent, admitted and pending gangs and GPUs, held, fair share."""
+    """Per queue: quota (GPUs), borrowed, lent, admitted and pending gangs and GPUs, held, fair share; a queue
+    with flavors also per flavor (`flavors`)."""
     lent = lent_by_queue(state)
     tree = QuotaTree(state)
     counts: dict[str, dict[str, int]] = {q: dict.fromkeys(_COUNTS, 0) for q in state.queues}
@@ -156,9 +157,29 @@ def queue_status(state: ClusterState) -> list[dict[str, Any]]:
                 "lending_limit": _gpu(q.lending_limit),
                 "used": used,
                 "borrowed": gpus_over(q.usage, q.nominal),
-                "lent": lent.get(name, {}).get("gpu", 0),
+                "lent": gpus_of(lent.get(name, {})),
                 **counts[name],
                 "fair_share": tree.share(name),
+                "flavors": _per_flavor(q, lent.get(name, {})),
+            }
+        )
+    return rows
+
+
+def _per_flavor(q: QueueState, lent: dict[str, int]) -> list[dict[str, Any]]:
+    """A queue with flavors: its GPU figures per flavor (GPUs of unlike models are not added up); else []."""
+    rows = []
+    for key in sorted(k for k in q.nominal if k.startswith("gpu@")):
+        nominal, used = q.nominal[key], q.usage.get(key, 0)
+        limit = q.borrowing_limit.get(key) if q.borrowing_limit is not None else None
+        rows.append(
+            {
+                "flavor": key.partition("@")[2],
+                "nominal": nominal,
+                "borrowing_limit": limit,
+                "used": used,
+                "borrowed": max(0, used - nominal),
+                "lent": lent.get(key, 0),
             }
         )
     return rows
@@ -166,6 +187,7 @@ def queue_status(state: ClusterState) -> list[dict[str, Any]]:
 
 _COUNTS = ("running_jobs", "running_gpus", "pending_jobs", "pending_gpus", "held_jobs", "held_gpus")
 _SUMMED = ("nominal", "used", "borrowed", "lent", *_COUNTS)
+_FLAVOR_SUMMED = ("nominal", "used", "borrowed", "lent")
 
 
 def cohort_status(state: ClusterState, queues: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -184,5 +206,12 @@ def cohort_status(state: ClusterState, queues: list[dict[str, Any]]) -> list[dic
         row: dict[str, Any] = {"cohort": cohort, "parent": state.cohorts.get(cohort), "queues": names}
         for key in _SUMMED:
             row[key] = sum(by_queue[n][key] for n in names)
+        flavors: dict[str, dict[str, int]] = {}
+        for n in names:
+            for f in by_queue[n]["flavors"]:
+                acc = flavors.setdefault(f["flavor"], dict.fromkeys(_FLAVOR_SUMMED, 0))
+                for key in _FLAVOR_SUMMED:
+                    acc[key] += f[key]
+        row["flavors"] = [{"flavor": f, **v} for f, v in sorted(flavors.items())]
         rows.append(row)
     return rows

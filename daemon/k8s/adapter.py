@@ -67,7 +67,7 @@ from muster.daemon.k8s.translating import Translator
 from muster.daemon.k8s.watching import Backoff, Synced, WatchEvent, watch_objects
 from muster.events.types import Event, JobAdmitted, JobId, JobPreempted
 from muster.projections.cluster import ClusterState
-from muster.projections.flavors import tolerations
+from muster.projections.flavors import binding
 
 __all__ = ["KubernetesAdapter", "Sink"]
 
@@ -188,7 +188,7 @@ class KubernetesAdapter:
             deadline_seconds=apply_deadline_seconds,
             pod_wait_seconds=pod_wait_seconds,
             clock=clock,
-            tolerations=(lambda ev: tolerations(state(), ev.flavors or {})) if state is not None else None,
+            flavor_fits=(lambda ev: binding(state(), ev.flavors or {})) if state is not None else None,
         )
         if report:
             self.reporter = Reporter(

@@ -3,8 +3,11 @@
 `Applier.apply(event) -> ApplyResult` never raises for Kubernetes trouble.
 
 - `JobAdmitted`: bind every pod of the gang to its decided node (pods/binding),
-  after giving a pod admitted on flavors their taints' tolerations (pods may
-  gain tolerations; its flavor's nodes are where it was placed).
+  after fitting a pod admitted on flavors to them (`_fit_flavor`): their
+  label, their taints' tolerations (pods may gain tolerations) and, for a pod
+  that carries muster's scheduling gate, their node labels as nodeSelector
+  with the gate lifted in the same patch (a pod's nodeSelector may only grow,
+  and only while it is gated; the decided node carries those labels).
   A pod already on the decided node counts as done (no request, or a 409
   naming that node); a pod on another node is a conflict; a pod that is gone
   ends the job with JobFailed. Bindings are sent only once every pod of the
@@ -39,7 +42,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import anyio
 import structlog
@@ -47,9 +50,10 @@ import structlog
 from muster.daemon.k8s import cancelling
 from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import Conflict, KubeError, NotFound
-from muster.daemon.k8s.pods import Owner, PodInfo
+from muster.daemon.k8s.pods import FLAVOR_GATE, FLAVOR_LABEL, Owner, PodInfo
 from muster.daemon.k8s.watching import Backoff
 from muster.events.types import Event, JobAdmitted, JobCancelled, JobId, JobPreempted, JobRejected
+from muster.projections.flavors import PodFit
 
 __all__ = ["Applier", "ApplyResult", "GangView", "InFlight", "Outcome"]
 
@@ -160,11 +164,11 @@ class Applier:
         pod_wait_seconds: float = 10.0,
         concurrency: int = 64,
         clock: Callable[[], float] = time.time,
-        tolerations: Callable[[JobAdmitted], Mapping[str, list[dict[str, str]]]] | None = None,
+        flavor_fits: Callable[[JobAdmitted], Mapping[str, PodFit]] | None = None,
     ) -> None:
-        """`tolerations(admission)`: per podset, what its pods must tolerate on their flavors' nodes."""
+        """`flavor_fits(admission)`: per podset admitted on flavors, what its pods get at binding."""
         self.client = client
-        self._tolerations = tolerations
+        self._flavor_fits = flavor_fits
         self.gangs = gangs
         self._changed = changed
         self.backoff = backoff or Backoff(initial=0.1, maximum=5.0)
@@ -217,8 +221,8 @@ class Applier:
 
     async def _admit(self, event: JobAdmitted) -> ApplyResult:
         await self.ready(event)  # at once when the caller already waited
-        needed = self._tolerations(event) if self._tolerations is not None and event.flavors else {}
-        return await self._bind_gang(event.job, event.placement, needed)
+        fits = self._flavor_fits(event) if self._flavor_fits is not None and event.flavors else {}
+        return await self._bind_gang(event.job, event.placement, fits)
 
     async def rebind(self, job: JobId, placement: Mapping[str, str]) -> ApplyResult:
         """Bind the pods that took over slots of `job`'s admitted gang (an Indexed Job's next indexes).
@@ -231,7 +235,7 @@ class Applier:
         return await self._bind_gang(job, placement)
 
     async def _bind_gang(
-        self, job: JobId, placement: Mapping[str, str], tolerations: Mapping[str, list[dict[str, str]]] | None = None
+        self, job: JobId, placement: Mapping[str, str], fits: Mapping[str, PodFit] | None = None
     ) -> ApplyResult:
         if self.gangs.ended(job):
             return ApplyResult(True, "skipped", "the job already ended")
@@ -256,8 +260,8 @@ class Applier:
         async def bind(name: str, pod: PodInfo, node: str) -> None:
             with self.binding.running():
                 async with self._bind_limit:
-                    needed = (tolerations or {}).get(name.rpartition("-")[0], [])
-                    results[pod.key] = await self._bind_one(pod, node, deadline, needed)
+                    fit = (fits or {}).get(name.rpartition("-")[0])
+                    results[pod.key] = await self._bind_one(pod, node, deadline, fit)
 
         if len(placement) == 1:  # a gang of one: no task group to set up for it
             [(name, node)] = placement.items()
@@ -283,16 +287,14 @@ class Applier:
             return ApplyResult(True, "noop", "every pod was already on its node", (), results)
         return ApplyResult(True, "applied", f"bound {len(results)} pods", (), results)
 
-    async def _bind_one(
-        self, pod: PodInfo, node: str, deadline: float, tolerations: list[dict[str, str]] | None = None
-    ) -> str:
+    async def _bind_one(self, pod: PodInfo, node: str, deadline: float, fit: PodFit | None = None) -> str:
         if pod.node:
             return "already-bound" if pod.node == node else f"conflict: on {pod.node}"
 
         async def bind() -> str:
             try:
-                if tolerations:
-                    await self._tolerate(pod, tolerations)
+                if fit is not None or pod.flavor_gate:
+                    await self._fit_flavor(pod, fit)
                 await self.client.bind(pod.namespace, pod.name, node)
                 return "bound"
             except Conflict as exc:
@@ -305,13 +307,35 @@ class Applier:
 
         return await self._retrying(bind, deadline, "binding failed, retrying", pod=pod.key, node=node)
 
-    async def _tolerate(self, pod: PodInfo, tolerations: list[dict[str, str]]) -> None:
-        """Add the tolerations the pod lacks (a merge patch replaces the list: the old ones stay in it)."""
-        spec = (await self.client.get_pod(pod.namespace, pod.name)).get("spec") or {}
-        have = list(spec.get("tolerations") or [])
-        missing = [t for t in tolerations if t not in have]
-        if missing:
-            await self.client.patch_pod(pod.namespace, pod.name, {"spec": {"tolerations": have + missing}})
+    async def _fit_flavor(self, pod: PodInfo, fit: PodFit | None) -> None:
+        """Give a pod what its flavors ask (`fit`; None: no flavors) and lift muster's gate, in one merge patch.
+
+        Read first: a merge patch replaces lists (the pod's own tolerations and other gates stay in
+        them), and the nodeSelector may only gain keys (one the pod already has is left as it is)."""
+        obj = await self.client.get_pod(pod.namespace, pod.name)
+        spec = obj.get("spec") or {}
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        patch_spec: dict[str, Any] = {}
+        patch: dict[str, Any] = {}
+        if fit is not None:
+            if fit.label and labels.get(FLAVOR_LABEL) != fit.label:
+                patch["metadata"] = {"labels": {FLAVOR_LABEL: fit.label}}
+            have = list(spec.get("tolerations") or [])
+            missing = [t for t in fit.tolerations if t not in have]
+            if missing:
+                patch_spec["tolerations"] = have + missing
+        gates = list(spec.get("schedulingGates") or [])
+        others = [g for g in gates if not (isinstance(g, dict) and g.get("name") == FLAVOR_GATE)]
+        if len(others) < len(gates):
+            selector = spec.get("nodeSelector") or {}
+            added = {k: v for k, v in (fit.node_selector if fit else {}).items() if k not in selector}
+            if added:
+                patch_spec["nodeSelector"] = added
+            patch_spec["schedulingGates"] = others or None
+        if patch_spec:
+            patch["spec"] = patch_spec
+        if patch:
+            await self.client.patch_pod(pod.namespace, pod.name, patch)
 
     async def _retrying(self, op: Callable[[], Awaitable[str]], deadline: float, retrying: str, **context: str) -> str:
         """`op()`'s outcome, retrying what the API says is worth retrying until `deadline`.

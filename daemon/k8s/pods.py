@@ -35,6 +35,11 @@ GANG_SIZE_LABEL = "muster.dev/gang-size"
 QUEUE_LABEL = "muster.dev/queue"
 DEFAULT_QUEUE_KEY = "muster.dev/default-queue"
 PODSET_LABEL = "muster.dev/podset"
+FLAVOR_GATE = "muster.dev/flavor"
+"""A scheduling gate a pod may carry for muster alone: muster lifts it at binding, adding the node labels
+of the pod's flavors to its nodeSelector (which the API server lets grow only while the pod is gated)."""
+FLAVOR_LABEL = "muster.dev/flavor"
+"""The label muster gives a pod admitted on flavors at binding: their names."""
 CHECKPOINT_ANNOTATION = "muster.dev/checkpoint-every"
 RUNTIME_ANNOTATION = "muster.dev/runtime"
 MAX_RUNTIME_ANNOTATION = "muster.dev/max-runtime"
@@ -125,7 +130,9 @@ class PodInfo:
     completion_index: int | None = None
     """An Indexed Job's pod: the index it completes (its successor after a success has the next one)."""
     gated: bool = False
-    """Its `spec.schedulingGates` are not all removed yet: no scheduler may bind it."""
+    """It has `spec.schedulingGates` other than muster's (`FLAVOR_GATE`): nobody may bind it yet."""
+    flavor_gate: bool = False
+    """It has muster's own gate, which muster lifts at binding."""
     max_runtime: int | None = None
     """The declared time limit: the annotation, else the pod's own `activeDeadlineSeconds`."""
     told: bool = False
@@ -195,6 +202,13 @@ def _controller(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
+def _gate_names(gates: Any) -> list[str]:
+    """The names of a pod's scheduling gates (an unnamed or malformed one counts as someone else's)."""
+    if not isinstance(gates, list):
+        return []
+    return [str(g.get("name")) if isinstance(g, dict) and g.get("name") else "?" for g in gates]
+
+
 def pod_info(pod: Obj) -> PodInfo:
     """Read a pod (any scheduler); never raises on malformed input, reports it in `problems`."""
     problems: list[str] = []
@@ -209,6 +223,7 @@ def pod_info(pod: Obj) -> PodInfo:
     ref = _controller(meta)
 
     hint = str(labels.get(PODSET_LABEL) or "")
+    gates = _gate_names(spec.get("schedulingGates"))
     volcano_group = annotations.get(VOLCANO_GROUP_KEY) or labels.get(VOLCANO_GROUP_KEY)
     if labels.get(GANG_LABEL):
         owner = Owner("Gang", ns, str(labels[GANG_LABEL]), controlled=ref is not None)
@@ -282,7 +297,8 @@ def pod_info(pod: Obj) -> PodInfo:
         reason=reason,
         problems=tuple(problems),
         completion_index=_int(annotations.get(COMPLETION_INDEX) or labels.get(COMPLETION_INDEX)),
-        gated=bool(spec.get("schedulingGates")),
+        gated=any(g != FLAVOR_GATE for g in gates),
+        flavor_gate=FLAVOR_GATE in gates,
         max_runtime=max_runtime,
         told=told,
         shown=shown,

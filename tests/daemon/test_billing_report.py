@@ -165,6 +165,29 @@ def test_plot_is_written_as_png(capsys: pytest.CaptureFixture[str], ledger_url: 
     assert len(data) > 20_000
 
 
+def test_plot_by_flavor_stacks_and_draws_each_flavor_apart(
+    capsys: pytest.CaptureFixture[str], ledger_url: str, tmp_path: Path
+) -> None:
+    """`--by flavor --plot` stacks GPU-hours per flavor (GPU model) and draws each one's allocated, used and
+    capacity apart; per hour the flavors add up to the queues' totals and the cluster's capacity."""
+    from muster.daemon.billing_report import render_plot
+    from muster.projections.chargeback import hourly_series
+
+    png = tmp_path / "flavors.png"
+    _run(capsys, "--db", ledger_url, "--by", "flavor", "--plot", str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with LedgerDB.open(ledger_url, create=False) as db:
+        usage, capacity, _ = db.read_window(T0, T0 + 2 * 86400)
+    series = hourly_series(usage, capacity, start=T0, end=T0 + 2 * 86400)
+    assert render_plot(series, tmp_path / "again.png", title="t", by="flavor") == ["A100", "H100"]
+    assert render_plot(series, tmp_path / "queues.png", title="t") == ["research", "speech", "vision"]
+    for p in series:
+        assert sum(p.allocated_by_flavor.values()) == sum(p.allocated_by_queue.values())
+        assert sum(p.capacity_by_flavor.values()) == p.capacity_gpu_s
+        assert sum(p.used_by_flavor.values()) == p.used_mgpu_s
+    assert any(len(p.allocated_by_flavor) == 2 for p in series)
+
+
 def test_missing_ledger_and_bad_rate_card_are_clear_errors(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, ledger_url: str
 ) -> None:

@@ -504,6 +504,13 @@ def test_flavors_in_the_values_become_a_queues_file_apply_reads(run: ChartRun, t
     assert groups and [f.name for f in groups[0].flavors] == ["h100", "spot"]
 
 
+def test_flavors_in_the_values_grant_the_pod_patch_binding_needs(run: ChartRun) -> None:
+    """With flavors in the values the ClusterRole adds exactly a patch of pods (label, tolerations and
+    nodeSelector at binding); without them there is none."""
+    assert rules_of(run.rendered["flavors"], "ClusterRole") == LEAST_PRIVILEGE | {("", "pods", "patch")}
+    assert ("", "pods", "patch") not in rules_of(run.rendered["default"], "ClusterRole")
+
+
 def test_queues_apply_hook_runs_after_install_and_upgrade(run: ChartRun) -> None:
     """A post-install/post-upgrade Job runs `muster queues apply` as the admin identity; it can be turned off."""
     rendered = run.rendered["default"]

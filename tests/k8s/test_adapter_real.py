@@ -172,6 +172,42 @@ async def test_a_gang_on_a_tainted_flavor_tolerates_its_taint_and_is_bound(api: 
         assert ("example.com/spot", "Equal", "true", "NoSchedule") in tolerations
 
 
+async def test_a_gated_pod_gets_its_flavors_node_selector_and_an_ungated_one_its_label(
+    api: ApiClient, kube: Kube
+) -> None:
+    """A pod carrying muster's scheduling gate is submitted, given its flavor's node labels as nodeSelector
+    (which the server lets a pod gain only while gated) with the gate lifted, then bound; a pod without
+    the gate keeps its immutable nodeSelector and is labelled with its flavor; both land on the flavor."""
+    import msgspec
+
+    from muster.daemon.k8s.pods import FLAVOR_GATE, FLAVOR_LABEL
+    from muster.events.types import FlavorConfigured
+    from muster.projections.cluster import ClusterState, evolve
+
+    node = await kube.node("h1", labels={"model": "h100"})
+    state = ClusterState()
+    evolve(state, FlavorConfigured(at=0, name="h100", node_labels={"model": "h100"}))
+    labels = {"muster.dev/gang": "g", "muster.dev/gang-size": "2", "muster.dev/queue": "q"}
+    gated = m.pod("g-0", kube.ns, gpus=1, labels=labels, grace_seconds=0)
+    gated["spec"]["schedulingGates"] = [{"name": FLAVOR_GATE}]
+    gated["spec"]["nodeSelector"] = {"team": "a"}
+    await kube.create_pod(gated)
+    await kube.pod("g-1", gpus=1, labels=labels)
+    async with running_adapter(api, state=lambda: state) as (adapter, events):
+        await events.wait_for(lambda e: bool(e.of(JobSubmitted)) and any(n.node == node for n in e.of(NodeAdded)))
+        [sub] = events.of(JobSubmitted)
+        assert len(sub.pods) == 2, "a pod gated for muster alone is part of its gang"
+        on_h100 = {pod.rsplit("-", 1)[0]: {"gpu": "h100"} for pod in sub.pods}
+        result = await adapter.apply(msgspec.structs.replace(admitted(sub, node), flavors=on_h100))
+        assert (result.ok, result.outcome) == (True, "applied"), result
+    pods = {i: await kube.core.read_namespaced_pod(f"g-{i}", kube.ns) for i in range(2)}
+    assert [p.spec.node_name for p in pods.values()] == [node, node]
+    assert pods[0].spec.node_selector == {"team": "a", "model": "h100"}
+    assert not pods[0].spec.scheduling_gates
+    assert not pods[1].spec.node_selector
+    assert [p.metadata.labels[FLAVOR_LABEL] for p in pods.values()] == ["h100", "h100"]
+
+
 async def test_owners_wanted_together_are_sized_from_one_list(api: ApiClient, kube: Kube) -> None:
     """Jobs and PyTorchJobs found at once are sized by a list of each kind; pods of a deleted Job stay alone."""
     jobs = {name: size for name, size in (("a", 2), ("b", 3))}

@@ -390,6 +390,23 @@ def test_admission_without_flavors_encodes_as_before() -> None:
     assert encode(adm) == old_adm
 
 
+def test_a_resource_no_group_covers_is_inadmissible_until_a_queue_update_covers_it() -> None:
+    """As in Kueue, a job asking for a resource its queue's resource groups do not cover waits, named in its
+    reason; it is admitted once `queue_update` gives that resource quota. A plain queue leaves it unlimited."""
+    groups = f"[{{covered: [gpu, cpu], flavors: [{fq('h100', 16, cpu=64)}]}}]"
+    update = f"  - {{at: 100, queue_update: {{name: q, resource_groups: {groups}}}}}\n"
+    out = run(
+        scenario(
+            cluster(),
+            [fqueue("q", fq("h100", 16)), "  - {name: plain, nominal: {gpu: 8}}\n"],
+            [job("j", "q", "w:1x8:cpu=4"), job("k", "plain", "w:1x8:cpu=4"), update],
+        )
+    )
+    assert out.reasons("j") == ["no resource group of queue q covers cpu"]
+    assert out.admitted("j").at == 100 and flavors_of(out, "j") == {"w": "h100"}
+    assert out.admitted("k").at == 0
+
+
 def test_nodes_of_a_tainted_flavor_take_only_pods_on_that_flavor() -> None:
     """Pods of a plain queue tolerate no flavor's taint: they wait rather than go to the spot nodes, which a
     queue with quota on the spot flavor uses."""

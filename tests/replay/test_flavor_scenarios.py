@@ -191,3 +191,39 @@ timeline:
     config = [msgspec.structs.replace(e, reserve_after=0) if isinstance(e, QueueConfigured) else e for e in s.config]
     events = list(simulate(dataclasses.replace(s, config=config)).events)
     assert not [e for e in events if isinstance(e, ReservationMade)]
+
+
+def test_queues_shows_a_flavored_queues_quota_and_use_per_flavor(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`muster queues` gives a queue with flavors (and its cohort) one line of quota, used, borrowed and lent
+    GPUs per flavor instead of a sum of unlike GPUs; a plain queue keeps its one line."""
+    from muster.events.codec import encode
+    from muster.events.types import JobAdmitted
+
+    text = NODES + GOOD_QUEUE.replace("queues:\n", "cohorts:\n  - {name: org}\nqueues:\n").replace(
+        "  - name: q\n", "  - name: q\n    cohort: org\n"
+    )
+    text += "  - {name: plain, cohort: org, nominal: {gpu: 2}}\n"
+    text += "timeline:\n  - {at: 0, submit: {job: j, queue: q, podsets: [{name: w, count: 1, requests: {gpu: 4}}]}}\n"
+    events = simulate(loads(text, "f.yaml")).events
+    log = tmp_path / "log.jsonl"
+    log.write_bytes(b"".join(encode(e) + b"\n" for e in events))
+    admitted = next(i for i, e in enumerate(events, start=1) if isinstance(e, JobAdmitted))
+    assert main(["queues", "--log", str(log), "--at", str(admitted), "-o", "json"]) == 0
+    doc = __import__("json").loads(capsys.readouterr().out)
+    plain, q = doc["queues"]
+    assert q["flavors"] == [
+        {"flavor": "a100", "nominal": 8, "borrowing_limit": None, "used": 0, "borrowed": 0, "lent": 0},
+        {"flavor": "h100", "nominal": 8, "borrowing_limit": None, "used": 4, "borrowed": 0, "lent": 0},
+    ]
+    assert plain["flavors"] == [] and plain["nominal"] == 2
+    assert [(f["flavor"], f["nominal"], f["used"]) for f in doc["cohorts"][0]["flavors"]] == [
+        ("a100", 8, 0),
+        ("h100", 8, 4),
+    ]
+    assert main(["queues", "--log", str(log), "--at", str(admitted)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    row = next(line.split() for line in lines if line.split()[:1] == ["q"])
+    assert row[:2] == ["q", "org"] and "16" not in row, "a flavored queue's line sums no GPUs of unlike flavors"
+    assert any(line.split()[:3] == ["h100", "8", "-"] and line.split()[3] == "4" for line in lines)

@@ -1,0 +1,395 @@
+"""The flavored path of a scheduling cycle: Kueue's flavor assigner (pkg/scheduler/flavorassigner).
+
+`attempt(cycle, job, allow_borrow)` is the whole interface the cycle uses for
+a job of a queue with resource groups: it says what to do with the job
+(`Admit` it on its flavors, `Evict` victims for it, or `Wait`, with the words
+and the wake of its verdict); the cycle does it. `choose` alone answers
+whether a job fits now (idle reclaim asks it).
+
+- per podset, for each resource group its requests touch, the group's flavors
+  are tried in order and every resource of the group comes from one flavor; a
+  podset's own `flavors` list rules the others out; podsets are assigned in
+  order, each judged with the podsets before it, and may get different flavors;
+- a flavor fits when the quota holds the podset within nominal or by borrowing
+  and the flavor's nodes hold its pods. Fungibility (Kueue's defaults):
+  `when_can_borrow: Borrow` stops at the first flavor that fits by borrowing,
+  `TryNextFlavor` looks on for one within nominal and falls back to the first
+  that borrows; `when_can_preempt: TryNextFlavor` preempts only when no flavor
+  fits, in the first flavor where victims make room, `Preempt` preempts in a
+  flavor where victims make room before trying the flavors after it;
+- the gang is admitted whole (every podset has a flavor) or not at all;
+- a podset asking for a resource no resource group of its queue covers makes the
+  gang inadmissible, as in Kueue, saying which (`flavors.uncovered`);
+- a flavored job that waits is parked (`parking`) with a wake that covers every
+  flavor it tried (`wake`); the memo-equivalence tests hold with flavors too.
+
+The choice reads only the cycle's view (quota tree and topology), so replay,
+audit and a new leader make the same one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Literal, NamedTuple
+
+from muster.events.types import PodSet
+from muster.projections import flavors
+from muster.projections.cluster import JobState, QueueState, flavored_requests
+from muster.projections.eviction import evicts_from_others
+from muster.projections.flavors import Flavors, placement_request, view
+from muster.projections.parking import Wake
+from muster.projections.preemption import Result, Victim, find_victims
+from muster.projections.resources import fmt, gpus_of
+
+if TYPE_CHECKING:
+    from muster.projections.scheduler import Cycle
+
+Mode = Literal["fit", "borrow", "no"]
+
+
+class Choice(NamedTuple):
+    """A flavored job's flavors on the cycle's view."""
+
+    admit: JobState | None
+    """The job on its flavors, when every podset has one that fits now."""
+    preempt: list[JobState]
+    """Else the job on each flavor to look for victims in, in order."""
+    reason: str
+    """Else why each flavor tried failed (`h100: quota (...); a100: no rack has room ...`)."""
+    consumed: dict[str, int] = {}
+    """Else, per quota key, the use in the tree after which the words may change (see `wake`)."""
+    short: dict[str, int] = {}
+    """Else, per quota key, what a flavor whose quota stopped it lacks (its largest shortfall)."""
+    refusals: list[Refusal] = []
+    """Else the flavors tried that their nodes stopped (GPUs freed there may change the choice)."""
+
+
+class _Verdict(NamedTuple):
+    mode: Mode
+    why: str
+    consumed: dict[str, int] = {}
+    short: dict[str, int] = {}
+    refusal: Refusal | None = None
+
+
+class Admit(NamedTuple):
+    """Admit the job: `job` is it on its flavors, its nodes already taken by `Cycle.place`."""
+
+    job: JobState
+    placement: dict[str, str]
+    borrowed: dict[str, int]
+
+
+class Evict(NamedTuple):
+    """Evict `victims` to make room for `job` (the job on the flavors to preempt in)."""
+
+    job: JobState
+    victims: list[Victim]
+
+
+class Wait(NamedTuple):
+    """Park the job: why each flavor failed, and what must happen before that may change."""
+
+    reason: str
+    wake: Wake
+
+
+def attempt(cycle: Cycle, job: JobState, allow_borrow: bool) -> Admit | Evict | Wait:
+    """What to do with a pending job of a queue with flavors: admit it on the flavors `choose` finds,
+    else preempt in the first flavor where victims make room, else wait saying why each flavor failed."""
+    choice = choose(cycle, job, allow_borrow, lambda v: bool(find_victims(cycle, v, allow_borrow).victims))
+    if choice.admit is not None:
+        on = choice.admit
+        borrowed = cycle.idx.quota.borrowed_by(on.queue, on.requests)
+        placement, _ = cycle.place(on)
+        if placement is not None:
+            return Admit(on, placement, borrowed)
+    found: list[Result] = []
+    for on in choice.preempt:
+        result = find_victims(cycle, on, allow_borrow)
+        if result.victims:
+            return Evict(on, result.victims)
+        found.append(result)
+    return Wait(choice.reason, wake(cycle, job, choice, found))
+
+
+def choose(
+    cycle: Cycle, job: JobState, allow_borrow: bool, victims_in: Callable[[JobState], bool] | None = None
+) -> Choice:
+    """The flavors of every podset of `job` (see the module docstring); leaves the view as found.
+
+    `victims_in(job_on_flavors)` says whether preemption makes room there (for `Preempt`)."""
+    queue = cycle.state.queues[job.queue]
+    uncovered = flavors.uncovered(queue, job.podsets)
+    if uncovered:
+        # as Kueue: what no resource group gives quota for cannot be admitted (a queue_update may cover it)
+        return Choice(None, [], uncovered)
+    policy = queue.fungibility
+    chosen: Flavors = {}
+    reasons: list[str] = []
+    consumed: dict[str, int] = {}
+    short: dict[str, int] = {}
+    full = False
+    """Whether the last verdict judged the whole gang on `chosen` (then it needs no final look)."""
+    stuck: list[tuple[str, list[str], list[str]]] = []
+    """Podset-groups no flavor fits now: (podset, covered resources, allowed flavors)."""
+    refusals: list[Refusal] = []
+    many = len(job.podsets) > 1
+    for i, ps in enumerate(job.podsets):
+        for group in queue.resource_groups:
+            covered = flavors.covered(group, ps.requests)
+            if not covered:
+                continue
+            allowed = flavors.allowed(group, ps.flavors)
+            words: list[str] = []
+            pick: str | None = None
+            fallback: str | None = None
+            for f in allowed:
+                trial = {**chosen, ps.name: {**chosen.get(ps.name, {}), **dict.fromkeys(covered, f)}}
+                verdict = _judge(cycle, job, i + 1, trial, allow_borrow, queue, f)
+                if verdict.mode == "fit" or (verdict.mode == "borrow" and policy.when_can_borrow == "Borrow"):
+                    pick = f
+                    break
+                if verdict.mode == "borrow":
+                    fallback = fallback or f
+                    continue
+                for k, v in verdict.consumed.items():
+                    consumed[k] = min(v, consumed.get(k, v))
+                for k, v in verdict.short.items():
+                    short[k] = min(v, short.get(k, v))
+                if verdict.refusal is not None:
+                    refusals.append(verdict.refusal)
+                words.append(f"{f}: {verdict.why}")
+                if policy.when_can_preempt == "Preempt" and victims_in is not None:
+                    whole = view(job, _complete(job, trial, queue))
+                    if victims_in(whole):
+                        return Choice(None, [whole], "; ".join([*reasons, *words]))
+            if pick is None and fallback is not None:
+                pick = fallback
+                full = False  # judged last on a flavor after the one taken
+            elif pick is not None:
+                full = i + 1 == len(job.podsets)
+            if pick is not None:
+                chosen.setdefault(ps.name, {}).update(dict.fromkeys(covered, pick))
+                continue
+            if not allowed:
+                words.append(f"none of its flavors ({', '.join(ps.flavors)}) is one of queue {job.queue}'s")
+            reasons.append(f"{ps.name}: {'; '.join(words)}" if many else "; ".join(words))
+            stuck.append((ps.name, covered, allowed))
+    if not stuck:
+        whole = view(job, chosen)
+        if full:
+            return Choice(whole, [], "")
+        final = _judge(cycle, job, None, chosen, allow_borrow, queue, None)
+        if final.mode != "no":
+            return Choice(whole, [], "")
+        if final.refusal is not None:
+            refusals.append(final.refusal)
+        return Choice(None, [whole], final.why, final.consumed, final.short, refusals)
+    options: list[JobState] = []
+    for name, covered, allowed in stuck:
+        for f in allowed:
+            trial = {**chosen, name: {**chosen.get(name, {}), **dict.fromkeys(covered, f)}}
+            options.append(view(job, _complete(job, trial, queue)))
+    return Choice(None, options, "; ".join(reasons), consumed, short, refusals)
+
+
+def _complete(job: JobState, chosen: Flavors, queue: QueueState) -> Flavors:
+    """`chosen`, with every podset-group it leaves open on its first allowed flavor."""
+    out = {ps: dict(c) for ps, c in chosen.items()}
+    for ps in job.podsets:
+        for group in queue.resource_groups:
+            covered = flavors.covered(group, ps.requests)
+            allowed = flavors.allowed(group, ps.flavors)
+            mine = out.setdefault(ps.name, {})
+            if covered and allowed and covered[0] not in mine:
+                mine.update(dict.fromkeys(covered, allowed[0]))
+    return out
+
+
+def _judge(
+    cycle: Cycle,
+    job: JobState,
+    upto: int | None,
+    chosen: Flavors,
+    allow_borrow: bool,
+    queue: QueueState,
+    flavor: str | None,
+) -> _Verdict:
+    """Whether the job's first `upto` podsets on `chosen` fit quota (within nominal or borrowing) and nodes now.
+
+    A failure says why, and the use of quota in the tree after which those words may change
+    (quota words that name a borrowing limit; a placement failure turning into a quota one)."""
+    podsets = job.podsets if upto is None else job.podsets[:upto]
+    requests = flavored_requests(podsets, chosen)
+    quota = cycle.idx.quota
+    if not quota.fits(job.queue, requests, allow_borrow):
+        why, limited = _quota_words(cycle, queue, requests, flavor, allow_borrow)
+        lacking = {k: -h for k, h in quota.headroom(job.queue, requests, allow_borrow).items() if h < 0}
+        most = max(sorted(lacking), key=lambda k: lacking[k])
+        return _Verdict("no", why, dict.fromkeys(limited, 1), {most: lacking[most]})
+    partial = view(job, chosen, upto)
+    refused = _nodes_refuse(cycle, partial)
+    if refused is not None:
+        headroom = quota.headroom(job.queue, requests, allow_borrow)
+        return _Verdict("no", refused.why, {k: h + 1 for k, h in headroom.items()}, {}, refused)
+    return _Verdict("fit" if quota.within_nominal(job.queue, requests) else "borrow", "")
+
+
+class Refusal(NamedTuple):
+    """Why the nodes cannot hold a job on its flavors, and how many GPUs it lacks on the nodes it may take."""
+
+    why: str
+    lacking: int
+    flavors: list[str] | None
+    """The flavors of its GPU pods (None: a podset takes its GPUs on no flavor, from any node)."""
+
+
+def _nodes_refuse(cycle: Cycle, on: JobState) -> Refusal | None:
+    """Why the nodes cannot hold `on` now (None when they can), with `Cycle.place`'s words.
+
+    Jobs of many queues ask the same flavors for the same pods in a cycle: the answer is kept
+    until the view changes, that is until the cycle takes room for a job (`Cycle.placed` grows);
+    a view with jobs tentatively removed (a victim search, idle reclaim) is judged afresh."""
+    topology = cycle.idx.topology
+    key: tuple[object, ...] | None = None
+    if not cycle.removed:
+        key = (len(cycle.placed), *(_podset_key(on, ps, topology.tainted) for ps in on.podsets))
+        if key in cycle.nodes_judged:
+            return cycle.nodes_judged[key]
+    if len(on.podsets) == 1:
+        ps = on.podsets[0]
+        t = ps.topology
+        required, preferred = (t.required, t.preferred) if t is not None else (None, None)
+        req = placement_request(on, ps.name, ps.requests, topology.tainted)
+        _, why = topology.place(ps.count, req, required, preferred)  # read-only: it takes nothing
+    else:
+        mark = cycle.topo.mark()
+        placement, why = cycle.place(on)
+        cycle.topo.rollback(mark)
+        why = "" if placement is not None else why
+    refusal = Refusal(why, on.gpus - gpu_room(cycle, on), _gpu_flavors(on)) if why else None
+    if key is not None:
+        cycle.nodes_judged[key] = refusal
+    return refusal
+
+
+def _podset_key(on: JobState, ps: PodSet, tainted: bool) -> tuple[object, ...]:
+    t = ps.topology
+    req = placement_request(on, ps.name, ps.requests, tainted)
+    return (ps.count, tuple(sorted(req.items())), t.required if t else None, t.preferred if t else None)
+
+
+def _gpu_flavors(on: JobState) -> list[str] | None:
+    """The flavors a job on its flavors takes GPUs on (None: a podset takes them on no flavor)."""
+    names: set[str] = set()
+    for ps in on.podsets:
+        if ps.requests.get("gpu", 0) > 0:
+            name = on.flavors.get(ps.name, {}).get("gpu") if on.flavors else None
+            if name is None:
+                return None
+            names.add(name)
+    return sorted(names)
+
+
+def gpu_room(cycle: Cycle, on: JobState) -> int:
+    """The free GPUs of the nodes a job on its flavors may put its GPU pods on: its flavors' nodes
+    (counted once per flavor: an upper bound where flavors share nodes), or every node when a podset
+    has no flavor for its GPUs."""
+    topology = cycle.idx.topology
+    names = _gpu_flavors(on)
+    if names is None:
+        return topology.gpu_free_total
+    return sum(topology.gpu_free_on(name) for name in names)
+
+
+def _quota_words(
+    cycle: Cycle, queue: QueueState, requests: Mapping[str, int], flavor: str | None, allow_borrow: bool
+) -> tuple[str, list[str]]:
+    """Why a flavor's quota does not hold the request (which of its limits stops it), and the keys
+    whose use decides between "limit reached" and "no room to lend"."""
+    node = cycle.idx.quota.queues[queue.name]
+    suffix = f"@{flavor}" if flavor is not None else ""
+    asked = {k: v for k, v in requests.items() if v > 0 and k in queue.nominal and k.endswith(suffix)}
+
+    def short(d: Mapping[str, int]) -> str:
+        return fmt({k.partition("@")[0]: v for k, v in d.items()})
+
+    nominal = {k: queue.nominal[k] for k in asked}
+    limits = {k: queue.borrowing_limit[k] for k in asked if queue.borrowing_limit and k in queue.borrowing_limit}
+    if not allow_borrow:
+        return f"quota (nominal {short(nominal)} in use; a non-preemptible job never borrows)", []
+    if queue.cohort is None:
+        if any(v > nominal[k] for k, v in asked.items()):
+            return f"quota ({short(asked)} requested is more than nominal {short(nominal)})", []
+        return f"quota (nominal {short(nominal)} in use; no cohort to borrow from)", []
+    for k, v in asked.items():
+        if k in limits and v > nominal[k] + limits[k]:
+            most = f"nominal {short({k: nominal[k]})} + borrowing limit {short({k: limits[k]})}"
+            return f"quota ({short({k: v})} requested is more than {most})", []
+    for k, v in asked.items():
+        if k in limits and node.usage.get(k, 0) + v > nominal[k] + limits[k]:
+            return f"quota (borrowing limit {short({k: limits[k]})} reached)", []
+    return f"quota (nominal {short(nominal)} in use; the cohort has no room to lend)", sorted(limits)
+
+
+def wake(cycle: Cycle, job: JobState, choice: Choice, found: list[Result]) -> Wake:
+    """What must happen before a flavored job's verdict (or its words) can change (see `parking`).
+
+    Any of its flavors may become possible: one its quota stopped, once its tree gives back what
+    that flavor lacks (less what its candidates hold); one its nodes stopped (or whose quota
+    evicting candidates would make fit), once GPUs freed reach what it lacked on its nodes beyond
+    what the candidates hold; the words, once the quota used in its tree crosses `Choice.consumed`;
+    a reclaim, once its queue gives back what it would hold over nominal quota on a flavor (the
+    least over the flavors tried); and, when the victims' order moves with time (or it was just
+    evicted), the next second. `found` are the victim searches made for it, one per flavor tried."""
+    held: dict[str, int] = {}
+    for result in found:
+        for k, v in result.candidate_requests.items():
+            held[k] = max(held.get(k, 0), v)
+
+    # GPUs freed change nothing for flavors that only quota stopped, unless evicting candidates
+    # would make their quota fit (then placement decides, as for a plain job); a flavor whose
+    # nodes stopped it needs what it lacked on its nodes, less what the candidates hold
+    # (the candidates' GPUs on those flavors: only they can be evicted to make room there)
+    def freeable(names: list[str] | None) -> int:
+        if names is None:
+            return gpus_of(held)
+        return sum(held.get(f"gpu@{name}", 0) for name in names)
+
+    # one flavor's nodes: GPUs freed there (`parking` counts them per flavor); several, or any node:
+    # GPUs freed anywhere, which `parking` counts against the whole cluster's free GPUs, while those
+    # pods see only their flavors' nodes' (so the free GPUs of the other nodes are added back)
+    shortfalls: list[int] = []
+    freed_on: dict[str, int] = {}
+
+    def lacks(names: list[str] | None, short: int) -> None:
+        if names is not None and len(names) == 1:
+            freed_on[names[0]] = min(short, freed_on.get(names[0], short))
+        else:
+            shortfalls.append(short)
+
+    for r in choice.refusals:
+        lacks(r.flavors, r.lacking - freeable(r.flavors))
+    for on, result in zip(choice.preempt, found, strict=True):
+        if result.quota_possible:
+            names = _gpu_flavors(on)
+            lacks(names, on.gpus - gpu_room(cycle, on) - freeable(names))
+    freed_short = min(shortfalls) + cycle.idx.topology.gpu_free_total if shortfalls else None
+    woken = Wake(
+        freed_short=freed_short,
+        freed_on=freed_on,
+        released={k: max(1, v - held.get(k, 0)) for k, v in choice.short.items()},
+        consumed=dict(choice.consumed),
+    )
+    queue = cycle.state.queues[job.queue]
+    if queue.cohort is not None and evicts_from_others(queue.preemption, None):
+        for on in choice.preempt:
+            over = cycle.idx.quota.over_nominal(job.queue, on.requests)
+            if not over:
+                continue
+            k = max(sorted(over), key=lambda r: over[r])
+            woken.own_released[k] = min(over[k], woken.own_released.get(k, over[k]))
+    if any(r.order_matters for r in found) or job.chained_eviction(cycle.now):
+        woken.at_time = cycle.now + 1
+    return woken
