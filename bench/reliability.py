@@ -17,14 +17,17 @@ across a restart; takeover by a new leader; restart of the subscriber; kill -9 o
 standby's first admission; start of a replica to its first admission). Lost, duplicates and violations
 must all be 0; the script exits 1 otherwise.
 
-Usage: python bench/reliability.py [--quick] [--only NAME ...] [--seed N] [--events N]
+Usage: python bench/reliability.py [--quick] [--only NAME ...] [--seed N] [--events N] [--keep DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
+import json
 import logging
+import os
 import random
 import sys
 import tempfile
@@ -43,7 +46,7 @@ sys.path.insert(0, str(ROOT / "tests" / "faults"))
 
 from daemonkit import admitted_after, elected_after, world  # noqa: E402
 from faultkit import Follower, JetStreamCluster, Load, config_events, percentile, stream_leader  # noqa: E402
-from longlog import write_long_log  # noqa: E402
+from longlog import LongLog, kept_long_log, write_into  # noqa: E402
 
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector  # noqa: E402
 from muster.daemon.warmstart import stream_snapshots  # noqa: E402
@@ -51,8 +54,6 @@ from muster.events.embedded import EmbeddedNats  # noqa: E402
 from muster.events.store import EventStore  # noqa: E402
 from muster.events.types import Event, JobAdmitted, JobFinished, JobSubmitted  # noqa: E402
 from muster.replay.invariants import check_log  # noqa: E402
-from muster.replay.snapshots import NatsSnapshots, Snapshots, default_bucket  # noqa: E402
-from muster.replay.source import NatsLog  # noqa: E402
 
 
 @dataclass
@@ -296,10 +297,42 @@ async def daemon_faults(tmp: Path, count: int, rng: random.Random, *, pause: boo
     return row
 
 
+@dataclass(frozen=True)
+class Takeover:
+    """One takeover: when the new leader passed each step, in seconds after the kill, and its CPU seconds to it."""
+
+    steps: dict[str, float]
+    admitted: float
+    cpu: float
+
+
+MILESTONES = {"leader lease won": "lease", "leading": "elected", "cluster synced": "synced"}
+"""Lines of a daemon's log that mark its way to leading (message -> step name)."""
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a live process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _steps(log_text: str, killed_wall: float) -> dict[str, float]:
+    """The first time after `killed_wall` each milestone appears in a daemon's JSON log, relative to it."""
+    found: dict[str, float] = {}
+    for line in log_text.splitlines():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            entry = json.loads(line)
+            step = MILESTONES.get(entry["event"])
+            at = datetime.datetime.fromisoformat(entry["timestamp"]).timestamp() - killed_wall
+            if step is not None and step not in found and at >= 0:
+                found[step] = at
+    return found
+
+
 async def takeover(tmp: Path, count: int, rng: random.Random, *, rate: float, ttl: float) -> Row:
     """kill -9 of the leader; the standby (already following the log) takes over: time to its first admission."""
     row = Row("takeover")
-    elected: list[float] = []
+    runs: list[Takeover] = []
     async with world(_nats_url(tmp), tmp, nodes=max(16, int(rate * 2 * 1.5 / 8)), ttl=ttl) as w:
         standbys = [w.start_daemon(), w.start_daemon()]
         await w.wait_log(lambda log: w.leader()[0] > 0)
@@ -311,12 +344,15 @@ async def takeover(tmp: Path, count: int, rng: random.Random, *, rate: float, tt
                     await standby.wait_caught_up()
                 await w.wait_log(admitted_after(epoch - 1), 60)
                 await anyio.sleep(rng.uniform(0.1, 1.5))
-                killed = time.monotonic()
+                cpu = {name: _cpu_seconds(d.proc.pid) for name, d in w.daemons.items() if d.alive and name != holder}
+                killed, killed_wall = time.monotonic(), time.time()
                 w.daemons[holder].kill()
-                await w.wait_log(elected_after(epoch), 10 * ttl + 20)
-                elected.append(time.monotonic() - killed)
                 await w.wait_log(admitted_after(epoch), 10 * ttl + 20)
-                row.recover.append(time.monotonic() - killed)
+                admitted = time.monotonic() - killed
+                new = w.daemons[w.leader()[1]]
+                used = _cpu_seconds(new.proc.pid) - cpu.get(new.identity, 0.0)
+                runs.append(Takeover(_steps(new.log_text(), killed_wall), admitted, used))
+                row.recover.append(admitted)
             except TimeoutError:
                 row.note = f"STALLED after kill {k + 1}: no admission by a new leader; "
                 break
@@ -338,47 +374,65 @@ async def takeover(tmp: Path, count: int, rng: random.Random, *, rate: float, tt
         row.violations = len(report.violations)
         worst = max(row.recover, default=0.0)
         row.note += f"lease TTL {ttl:g} s: target <= {ttl + 1:g} s, worst {worst:.2f} s"
-        row.note += f"; kill to LeaderElected p50 {percentile(elected, 50):.2f} s"
+        for step in MILESTONES.values():
+            times = [r.steps[step] for r in runs if step in r.steps]
+            row.note += f"; kill to {step} p50 {percentile(times, 50):.2f} s"
+        cpus = [r.cpu for r in runs]
+        row.note += f"; new leader's CPU from kill to first admission p50 {percentile(cpus, 50):.2f} s"
+        row.note += f", max {max(cpus, default=0.0):.2f} s"
         row.note += "; recover = kill to the first admission by the new leader (its lease waits out the TTL)"
+        for i, r in enumerate(runs, 1):
+            steps = " ".join(f"{k} {v:.2f}" for k, v in r.steps.items())
+            print(f"    takeover {i}: {steps} admitted {r.admitted:.2f} s, {r.cpu:.2f} s CPU", file=sys.stderr)
     return row
 
 
-async def warm_start(tmp: Path, events: int) -> Row:
+async def warm_start(tmp: Path, events: int, kept: Path | None) -> Row:
     """A replica started on a long log with a snapshot near its end: time from its start to its first admission."""
+    if kept is None:
+        async with await EventStore.connect(_nats_url(tmp), stream="WARM", prefix="warm", duplicate_window=10) as es:
+            return await _start_on(es, await write_into(es, events=events))
+    work = tmp / "nats"
+    long = await kept_long_log(kept / str(events), work, events=events, stream="WARM", prefix="warm")
+    with EmbeddedNats(work, stop_timeout=60) as server:
+        async with await EventStore.connect(server.url, stream="WARM", prefix="warm", duplicate_window=10) as es:
+            return await _start_on(es, long)
+
+
+async def _start_on(es: EventStore, long: LongLog) -> Row:
+    """What `muster daemon` does at start (daemoncli), timed from its start to the admission of a tail job."""
     row = Row("warm start")
-    async with await EventStore.connect(_nats_url(tmp), stream="WARM", prefix="warm", duplicate_window=10) as es:
-        backend = await NatsSnapshots.open(es.js, default_bucket(es.stream), create=True)
-        assert backend is not None
-        long = await write_long_log(es, Snapshots(backend, NatsLog(es)), events=events)
-        admitted: set[str] = set()
-        decided, all_admitted = anyio.Event(), anyio.Event()
+    admitted: set[str] = set()
+    decided, all_admitted = anyio.Event(), anyio.Event()
 
-        def on_fold(seq: int, event: Event, accepted: bool) -> None:
-            if isinstance(event, JobAdmitted) and event.job in long.pending:
-                admitted.add(event.job)
-                decided.set()
-                if len(admitted) == len(long.pending):
-                    all_admitted.set()
+    def on_fold(seq: int, event: Event, accepted: bool) -> None:
+        if isinstance(event, JobAdmitted) and event.job in long.pending:
+            admitted.add(event.job)
+            decided.set()
+            if len(admitted) == len(long.pending):
+                all_admitted.set()
 
-        started = time.monotonic()
-        # what `muster daemon` does at start (daemoncli): the sidecar's snapshots of its stream, if any
-        loop = SchedulerLoop(es, elector=SoleElector("new"), options=LoopOptions(), start=await stream_snapshots(es))
-        loop.on_fold(on_fold)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(loop.run)
-            with anyio.fail_after(600):
-                await decided.wait()
-            row.recover.append(time.monotonic() - started)
-            with anyio.move_on_after(30):
-                await all_admitted.wait()
-            loop.stop()
-        row.faults = {"cold start": 1}
-        row.jobs = len(long.pending)
-        row.lost = len(long.pending) - len(admitted)
-        row.note = (
-            f"{long.end:,} events on the log (written in {long.seconds:.0f} s), snapshot at {long.snapshot_seq:,}: "
-            f"folds {long.end - long.snapshot_seq:,}; recover = start to first admission, target < 5 s"
-        )
+    started, cpu = time.monotonic(), time.process_time()
+    # the sidecar's snapshots of its stream, if any
+    loop = SchedulerLoop(es, elector=SoleElector("new"), options=LoopOptions(), start=await stream_snapshots(es))
+    loop.on_fold(on_fold)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(loop.run)
+        with anyio.fail_after(600):
+            await decided.wait()
+        row.recover.append(time.monotonic() - started)
+        used = time.process_time() - cpu
+        with anyio.move_on_after(30):
+            await all_admitted.wait()
+        loop.stop()
+    row.faults = {"cold start": 1}
+    row.jobs = len(long.pending)
+    row.lost = len(long.pending) - len(admitted)
+    row.note = (
+        f"{long.end:,} events on the log (written in {long.seconds:.0f} s), snapshot at {long.snapshot_seq:,}: "
+        f"folds {long.end - long.snapshot_seq:,}; recover = start to first admission, target < 5 s; "
+        f"{used:.2f} s CPU to it"
+    )
     return row
 
 
@@ -426,7 +480,7 @@ async def main(args: argparse.Namespace) -> int:
         "daemon-kill": lambda t: daemon_faults(t, 3 if q else 20, rng, pause=False, rate=args.rate, ttl=args.ttl),
         "daemon-pause": lambda t: daemon_faults(t, 3 if q else 10, rng, pause=True, rate=args.rate, ttl=args.ttl),
         "takeover": lambda t: takeover(t, 3 if q else 10, rng, rate=args.rate, ttl=args.ttl),
-        "warm-start": lambda t: warm_start(t, 200_000 if q else args.events),
+        "warm-start": lambda t: warm_start(t, 200_000 if q else args.events, args.keep),
     }
     rows = []
     with (
@@ -463,6 +517,11 @@ if __name__ == "__main__":
         help="scenarios to run: nats cluster kube billing daemon-kill daemon-pause takeover warm-start",
     )
     parser.add_argument("--events", type=int, default=10_000_000, help="events on the log of the warm-start row")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="folder keeping the warm-start row's long log between runs (written once, copied for each run)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--ttl", type=float, default=5.0, help="leader lease TTL of the daemons (seconds)")
     parser.add_argument("--rate", type=float, default=50.0, help="gangs per second for the daemon scenarios")

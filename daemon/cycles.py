@@ -121,12 +121,16 @@ class CycleRunner:
                 self.timer.decided_at = now
                 expected = follower.folded_seq  # the state decided on ends here; the append is fenced on it
                 started = time.perf_counter()
+                term_first = self.cycles == self.term_cycles
                 try:
-                    events = await self._decide(now, term_first=self.cycles == self.term_cycles)
+                    events = await self._decide(now, term_first=term_first)
                 except Exception:
                     log.exception("decide failed; waiting for the next change", seq=follower.folded_seq)
                     self.metrics.cycles.labels("error").inc()
                     return
+                finally:
+                    if term_first:
+                        leadership.quiet.resume()  # the takeover is over (`terms.QuietStart`)
                 self._cycle_seconds = time.perf_counter() - started
                 self.metrics.cycle_seconds.observe(self._cycle_seconds)
                 self.cycles += 1
