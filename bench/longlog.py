@@ -52,6 +52,9 @@ from muster.projections.scheduler import decide
 from muster.replay.snapshots import NatsSnapshots, Snapshots, default_bucket
 from muster.replay.source import NatsLog
 
+LONG_LOG_CLUSTER = "4x5x25x8"
+"""The log's nodes, as `muster daemon --simulated-cluster` spells them: 4 blocks x 5 racks x 25 nodes x 8 GPUs."""
+
 
 @dataclass(frozen=True)
 class LongLog:
@@ -110,7 +113,7 @@ async def write_long_log(
 ) -> LongLog:
     """`events` events on `store`'s (empty) stream; a snapshot at the last multiple of `every` `tail` before the end."""
     started = time.perf_counter()
-    nodes = block_rack_nodes(4, 5, 25, 8)  # 500 nodes, 4,000 GPUs
+    nodes = block_rack_nodes(*(int(n) for n in LONG_LOG_CLUSTER.split("x")))  # 500 nodes, 4,000 GPUs
     state = ClusterState()
     head: list[Event] = [
         SchedulerConfigured(at=0, levels=["muster.dev/block", "muster.dev/rack"]),

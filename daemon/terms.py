@@ -12,8 +12,11 @@ the decision each job's cluster must reflect is applied again (`reapply`,
 idempotent in the cluster), since a deposed leader may have stored decisions
 it never applied, and a user's cancel may have been folded while no term ran.
 
-A takeover is timed from the lease won to the term's first cycle, and the
-cyclic garbage collector is paused over it (`QuietStart`).
+A takeover is timed from the lease won to the term's first cycle: the
+cyclic garbage collector is paused over it (`QuietStart`), and what earlier
+terms owe the cluster is handed to the applier only after that cycle (its
+decisions do not depend on it; the victims preemptors wait for are known
+before any binding).
 
 Invariants:
 - Decisions are only taken by a replica whose lease is valid, whose epoch is
@@ -35,6 +38,7 @@ import structlog
 
 from muster.daemon import reapply
 from muster.daemon.applier import DecisionApplier
+from muster.daemon.cancels import by_user
 from muster.daemon.cluster import Cluster
 from muster.daemon.following import LogFollower
 from muster.daemon.leader import Elector
@@ -75,6 +79,8 @@ class Term:
     """Set once the cluster's initial facts are appended: decide only after folding up to here."""
     facts: int = 0
     """Sequence of the last fact appended in this term."""
+    decided: anyio.Event = field(default_factory=anyio.Event)
+    """Set once the term's first cycle has decided (whatever it decided)."""
 
 
 class DecisionBook:
@@ -109,18 +115,23 @@ class DecisionBook:
             return
         if isinstance(event, _APPLIED) and event.epoch == term.epoch:
             term.applier.submit(event)
-        elif isinstance(event, JobCancelled):
-            from muster.daemon.k8s.cancelling import by_user  # the Kubernetes client only when a job is cancelled
+        elif isinstance(event, JobCancelled) and by_user(event):
+            term.applier.submit(event)  # the user's cancel: the cluster's workload must stop
 
-            if by_user(event):
-                term.applier.submit(event)  # the user's cancel: the cluster's workload must stop
-
-    def reconcile(self, term: Term, state: ClusterState) -> None:
-        """Apply again what earlier terms decided and the cluster must reflect (`reapply`), idempotently."""
-        assert term.applier is not None and term.cluster is not None
+    def adopt_victims(self, state: ClusterState) -> None:
+        """Who each waiting preemptor waits for, also from earlier terms (`reapply.victims`): before any binding."""
         for preemptor, evicted in reapply.victims(state).items():
             self.victims.setdefault(preemptor, set()).update(evicted)
-        owed = reapply.owed(state, self.last_decision, term.cluster.holds)
+
+    def reconcile(self, term: Term, state: ClusterState) -> None:
+        """Apply again what earlier terms decided and the cluster must reflect (`reapply`), idempotently.
+
+        Called once the term's first cycle has decided: nothing it decides depends on these (they are on
+        the log already), and their bindings would compete with that cycle for the event loop.
+        """
+        assert term.applier is not None and term.cluster is not None
+        # this term's own decisions went to the applier as they were folded
+        owed = [e for e in reapply.owed(state, self.last_decision, term.cluster.holds) if _epoch(e) != term.epoch]
         for event in owed:
             term.applier.submit(event)
         if owed:
@@ -164,6 +175,12 @@ class QuietStart:
         """Resume if the pause outlived its limit (a term whose first cycle never comes)."""
         if self._until is not None and anyio.current_time() >= self._until:
             self.resume()
+
+
+def _epoch(event: Event) -> int:
+    """The epoch of the term that took a decision (0: none, or rebuilt from the state)."""
+    epoch: int = getattr(event, "epoch", 0)
+    return epoch
 
 
 class Leadership:
