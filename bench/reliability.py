@@ -379,12 +379,17 @@ async def takeover(tmp: Path, count: int, rng: random.Random, *, rate: float, tt
 
         with contextlib.suppress(TimeoutError):  # lost: a gang created in the cluster never reaches the log
             await w.wait_log(lambda log: not missing(log), 60)
+        # no binding from here on, and the log read to its end: every binding's admission is in what is checked
+        await anyio.to_thread.run_sync(w.stop_all)
+        await w.follower.wait_for_seq(await w.store.last_seq())
         report = await anyio.to_thread.run_sync(w.check)
         pods = [key for _, key, _ in w.emulator.bound]
         row.jobs = len(w.created)
         row.lost = len(missing(w.log()))
         row.duplicates = len(pods) - len(set(pods))
         row.violations = len(report.violations)
+        for v in report.violations[:10]:
+            print(f"    violation: {v}", file=sys.stderr)
         worst = max(row.recover, default=0.0)
         row.note += f"lease TTL {ttl:g} s: target <= {ttl + 1:g} s, worst {worst:.2f} s"
         for step in MILESTONES.values():
