@@ -129,10 +129,12 @@ class HeldLease:
         return self.lapses_at is not None and anyio.current_time() >= self.lapses_at
 
     def campaign_delay(self) -> float:
-        """How long a standby waits before its next try: the poll interval, or less when the lease lapses sooner."""
-        if self.lapses_at is None:
-            return self.poll_every
-        return max(0.0, min(self.poll_every, self.lapses_at - anyio.current_time()))
+        """How long a standby waits before its next try: the poll interval, or less when the lease lapses sooner.
+
+        A lapse already past (a try that failed, a resigned elector standing aside) waits a whole poll: no spin.
+        """
+        left = self.lapses_at - anyio.current_time() if self.lapses_at is not None else 0.0
+        return min(self.poll_every, left) if left > 0 else self.poll_every
 
     def _won(self, sent: float) -> None:
         self.valid_until = sent + self.ttl * VALIDITY

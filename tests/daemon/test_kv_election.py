@@ -47,3 +47,13 @@ async def test_a_standby_takes_a_lapsed_lease_at_the_ttl_and_never_while_its_hol
     assert a_believed is False and a.valid_until <= at  # never two who believe they lead
     assert TTL <= at - last_write <= TTL + 0.3  # at the TTL: not a poll interval, nor the server's expiry, later
     assert b.terms == 1
+
+
+async def test_a_standby_waits_until_the_lapse_then_polls_again_without_spinning() -> None:
+    """Before the lapse it sleeps until it (at most a poll); once past it, a whole poll, never zero (no busy loop)."""
+    standby = KvElector(object(), holder="b", ttl=TTL)
+    assert standby.campaign_delay() == standby.poll_every  # nothing seen yet
+    standby._observe("7", 0.03)  # a revision seen now, lapsing in 30 ms
+    assert 0 < standby.campaign_delay() <= 0.03
+    await anyio.sleep(0.05)
+    assert standby.lapsed() and standby.campaign_delay() == standby.poll_every
