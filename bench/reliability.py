@@ -58,7 +58,7 @@ from longlog import LONG_LOG_CLUSTER, LongLog, kept_long_log, write_into  # noqa
 
 from muster.events.embedded import EmbeddedNats  # noqa: E402
 from muster.events.store import EventStore  # noqa: E402
-from muster.events.types import JobAdmitted, JobFinished, JobSubmitted  # noqa: E402
+from muster.events.types import DECISION_TYPES, JobAdmitted, JobFinished, JobSubmitted  # noqa: E402
 from muster.replay.invariants import check_log  # noqa: E402
 
 
@@ -308,6 +308,7 @@ class Takeover:
     """One takeover: when the new leader passed each step, in seconds after the kill, and its CPU seconds to it."""
 
     steps: dict[str, float]
+    """Lease won, `LeaderElected`, cluster synced (from its log) and its first decision of any kind (on the log)."""
     admitted: float
     cpu: float
 
@@ -321,6 +322,11 @@ START_MILESTONES = {
     "leading": "elected",
 }
 """The same for a replica's start."""
+
+
+def _decided_after(epoch: int) -> Callable[[list[Any]], bool]:
+    """A decision of any kind (an admission, a job found inadmissible...) by a later leader."""
+    return lambda log: any(isinstance(s.event, DECISION_TYPES) and getattr(s.event, "epoch", 0) > epoch for s in log)
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -360,11 +366,13 @@ async def takeover(tmp: Path, count: int, rng: random.Random, *, rate: float, tt
                 cpu = {name: _cpu_seconds(d.proc.pid) for name, d in w.daemons.items() if d.alive and name != holder}
                 killed, killed_wall = time.monotonic(), time.time()
                 w.daemons[holder].kill()
+                await w.wait_log(_decided_after(epoch), 10 * ttl + 20)
+                decided = time.monotonic() - killed
                 await w.wait_log(admitted_after(epoch), 10 * ttl + 20)
                 admitted = time.monotonic() - killed
                 new = w.daemons[w.leader()[1]]
                 used = _cpu_seconds(new.proc.pid) - cpu.get(new.identity, 0.0)
-                runs.append(Takeover(_steps(new.log_text(), killed_wall), admitted, used))
+                runs.append(Takeover({**_steps(new.log_text(), killed_wall), "decided": decided}, admitted, used))
                 row.recover.append(admitted)
             except TimeoutError:
                 row.note = f"STALLED after kill {k + 1}: no admission by a new leader; "
@@ -392,7 +400,7 @@ async def takeover(tmp: Path, count: int, rng: random.Random, *, rate: float, tt
             print(f"    violation: {v}", file=sys.stderr)
         worst = max(row.recover, default=0.0)
         row.note += f"lease TTL {ttl:g} s: target <= {ttl + 1:g} s, worst {worst:.2f} s"
-        for step in MILESTONES.values():
+        for step in [*MILESTONES.values(), "decided"]:
             times = [r.steps[step] for r in runs if step in r.steps]
             row.note += f"; kill to {step} p50 {percentile(times, 50):.2f} s"
         cpus = [r.cpu for r in runs]
