@@ -12,18 +12,29 @@ snapshot is written where the chart's sidecar would have (at a multiple of
 state); after it come a tail of samples and `pending` jobs that a leader
 can admit at once, so "deciding" has something to decide.
 
+A log of 10 M events takes minutes to write on a loaded machine, so
+`kept_long_log` writes it once into a folder (the nats-server's store and a
+`longlog.json` naming its shape) and later runs copy that folder: a run
+appends (the new leader's term, its admissions), so it never runs on the
+kept copy itself.
+
 Used by reliability.py (the warm-start row); not a script of its own.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import anyio
+import anyio.to_thread
 
 from muster.demo.simcluster import block_rack_nodes
 from muster.events.codec import encode
+from muster.events.embedded import EmbeddedNats
 from muster.events.store import EventStore, subject_for
 from muster.events.types import (
     Event,
@@ -38,7 +49,11 @@ from muster.events.types import (
 )
 from muster.projections.cluster import ClusterState, evolve
 from muster.projections.scheduler import decide
-from muster.replay.snapshots import Snapshots
+from muster.replay.snapshots import NatsSnapshots, Snapshots, default_bucket
+from muster.replay.source import NatsLog
+
+LONG_LOG_CLUSTER = "4x5x25x8"
+"""The log's nodes, as `muster daemon --simulated-cluster` spells them: 4 blocks x 5 racks x 25 nodes x 8 GPUs."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +64,35 @@ class LongLog:
     """Jobs submitted after the snapshot, with room to run: a leader's first cycle admits them."""
     seconds: float
     """Time it took to write the log and the snapshot."""
+
+
+async def write_into(store: EventStore, *, events: int) -> LongLog:
+    """`write_long_log` on `store`'s stream, its snapshots where the daemon looks for the sidecar's."""
+    backend = await NatsSnapshots.open(store.js, default_bucket(store.stream), create=True)
+    assert backend is not None
+    return await write_long_log(store, Snapshots(backend, NatsLog(store)), events=events)
+
+
+async def kept_long_log(kept: Path, work: Path, *, events: int, stream: str, prefix: str) -> LongLog:
+    """A copy in `work` of the long log of `events` events kept in `kept` (written there first if absent).
+
+    `work` becomes the store dir of a nats-server holding `stream`; `kept` is only read once written.
+    """
+    shape = kept / "longlog.json"
+    wanted = {"events": events, "stream": stream, "prefix": prefix}
+    if not shape.exists() or {k: json.loads(shape.read_text()).get(k) for k in wanted} != wanted:
+        shutil.rmtree(kept, ignore_errors=True)
+        with EmbeddedNats(kept / "nats", stop_timeout=60) as server:
+            async with await EventStore.connect(server.url, stream=stream, prefix=prefix, duplicate_window=10) as es:
+                long = await write_into(es, events=events)
+        shape.write_text(json.dumps({**wanted, **asdict(long)}))
+    recorded = json.loads(shape.read_text())
+    await anyio.to_thread.run_sync(lambda: shutil.copytree(kept / "nats", work, ignore=_server_log))
+    return LongLog(recorded["snapshot_seq"], recorded["end"], tuple(recorded["pending"]), recorded["seconds"])
+
+
+def _server_log(folder: str, names: list[str]) -> list[str]:
+    return [n for n in names if n == "nats-server.log"]
 
 
 def _job(name: str) -> JobSubmitted:
@@ -69,7 +113,7 @@ async def write_long_log(
 ) -> LongLog:
     """`events` events on `store`'s (empty) stream; a snapshot at the last multiple of `every` `tail` before the end."""
     started = time.perf_counter()
-    nodes = block_rack_nodes(4, 5, 25, 8)  # 500 nodes, 4,000 GPUs
+    nodes = block_rack_nodes(*(int(n) for n in LONG_LOG_CLUSTER.split("x")))  # 500 nodes, 4,000 GPUs
     state = ClusterState()
     head: list[Event] = [
         SchedulerConfigured(at=0, levels=["muster.dev/block", "muster.dev/rack"]),

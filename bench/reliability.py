@@ -17,14 +17,17 @@ across a restart; takeover by a new leader; restart of the subscriber; kill -9 o
 standby's first admission; start of a replica to its first admission). Lost, duplicates and violations
 must all be 0; the script exits 1 otherwise.
 
-Usage: python bench/reliability.py [--quick] [--only NAME ...] [--seed N] [--events N]
+Usage: python bench/reliability.py [--quick] [--only NAME ...] [--seed N] [--events N] [--keep DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
+import json
 import logging
+import os
 import random
 import sys
 import tempfile
@@ -42,17 +45,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "faults"))
 
 from daemonkit import admitted_after, elected_after, world  # noqa: E402
-from faultkit import Follower, JetStreamCluster, Load, config_events, percentile, stream_leader  # noqa: E402
-from longlog import write_long_log  # noqa: E402
+from faultkit import (  # noqa: E402
+    DaemonProcess,
+    Follower,
+    JetStreamCluster,
+    Load,
+    config_events,
+    percentile,
+    stream_leader,
+)
+from longlog import LONG_LOG_CLUSTER, LongLog, kept_long_log, write_into  # noqa: E402
 
-from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector  # noqa: E402
-from muster.daemon.warmstart import stream_snapshots  # noqa: E402
 from muster.events.embedded import EmbeddedNats  # noqa: E402
 from muster.events.store import EventStore  # noqa: E402
-from muster.events.types import Event, JobAdmitted, JobFinished, JobSubmitted  # noqa: E402
+from muster.events.types import DECISION_TYPES, JobAdmitted, JobFinished, JobSubmitted  # noqa: E402
 from muster.replay.invariants import check_log  # noqa: E402
-from muster.replay.snapshots import NatsSnapshots, Snapshots, default_bucket  # noqa: E402
-from muster.replay.source import NatsLog  # noqa: E402
 
 
 @dataclass
@@ -296,10 +303,55 @@ async def daemon_faults(tmp: Path, count: int, rng: random.Random, *, pause: boo
     return row
 
 
+@dataclass(frozen=True)
+class Takeover:
+    """One takeover: when the new leader passed each step, in seconds after the kill, and its CPU seconds to it."""
+
+    steps: dict[str, float]
+    """Lease won, `LeaderElected`, cluster synced (from its log) and its first decision of any kind (on the log)."""
+    admitted: float
+    cpu: float
+
+
+MILESTONES = {"leader lease won": "lease", "leading": "elected", "cluster synced": "synced"}
+"""Lines of a daemon's log that mark its way to leading (message -> step name)."""
+START_MILESTONES = {
+    "starting": "started",
+    "starting from a snapshot": "snapshot loaded",
+    "caught up with the log": "caught up",
+    "leading": "elected",
+}
+"""The same for a replica's start."""
+
+
+def _decided_after(epoch: int) -> Callable[[list[Any]], bool]:
+    """A decision of any kind (an admission, a job found inadmissible...) by a later leader."""
+    return lambda log: any(isinstance(s.event, DECISION_TYPES) and getattr(s.event, "epoch", 0) > epoch for s in log)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a live process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _steps(log_text: str, since_wall: float, milestones: dict[str, str] = MILESTONES) -> dict[str, float]:
+    """The first time after `since_wall` each milestone appears in a daemon's JSON log, relative to it."""
+    found: dict[str, float] = {}
+    for line in log_text.splitlines():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            entry = json.loads(line)
+            step = milestones.get(entry["event"])
+            at = datetime.datetime.fromisoformat(entry["timestamp"]).timestamp() - since_wall
+            if step is not None and step not in found and at >= 0:
+                found[step] = at
+    return found
+
+
 async def takeover(tmp: Path, count: int, rng: random.Random, *, rate: float, ttl: float) -> Row:
     """kill -9 of the leader; the standby (already following the log) takes over: time to its first admission."""
     row = Row("takeover")
-    elected: list[float] = []
+    runs: list[Takeover] = []
     async with world(_nats_url(tmp), tmp, nodes=max(16, int(rate * 2 * 1.5 / 8)), ttl=ttl) as w:
         standbys = [w.start_daemon(), w.start_daemon()]
         await w.wait_log(lambda log: w.leader()[0] > 0)
@@ -311,12 +363,17 @@ async def takeover(tmp: Path, count: int, rng: random.Random, *, rate: float, tt
                     await standby.wait_caught_up()
                 await w.wait_log(admitted_after(epoch - 1), 60)
                 await anyio.sleep(rng.uniform(0.1, 1.5))
-                killed = time.monotonic()
+                cpu = {name: _cpu_seconds(d.proc.pid) for name, d in w.daemons.items() if d.alive and name != holder}
+                killed, killed_wall = time.monotonic(), time.time()
                 w.daemons[holder].kill()
-                await w.wait_log(elected_after(epoch), 10 * ttl + 20)
-                elected.append(time.monotonic() - killed)
+                await w.wait_log(_decided_after(epoch), 10 * ttl + 20)
+                decided = time.monotonic() - killed
                 await w.wait_log(admitted_after(epoch), 10 * ttl + 20)
-                row.recover.append(time.monotonic() - killed)
+                admitted = time.monotonic() - killed
+                new = w.daemons[w.leader()[1]]
+                used = _cpu_seconds(new.proc.pid) - cpu.get(new.identity, 0.0)
+                runs.append(Takeover({**_steps(new.log_text(), killed_wall), "decided": decided}, admitted, used))
+                row.recover.append(admitted)
             except TimeoutError:
                 row.note = f"STALLED after kill {k + 1}: no admission by a new leader; "
                 break
@@ -330,55 +387,77 @@ async def takeover(tmp: Path, count: int, rng: random.Random, *, rate: float, tt
 
         with contextlib.suppress(TimeoutError):  # lost: a gang created in the cluster never reaches the log
             await w.wait_log(lambda log: not missing(log), 60)
+        # no binding from here on, and the log read to its end: every binding's admission is in what is checked
+        await anyio.to_thread.run_sync(w.stop_all)
+        await w.follower.wait_for_seq(await w.store.last_seq())
         report = await anyio.to_thread.run_sync(w.check)
         pods = [key for _, key, _ in w.emulator.bound]
         row.jobs = len(w.created)
         row.lost = len(missing(w.log()))
         row.duplicates = len(pods) - len(set(pods))
         row.violations = len(report.violations)
+        for v in report.violations[:10]:
+            print(f"    violation: {v}", file=sys.stderr)
         worst = max(row.recover, default=0.0)
         row.note += f"lease TTL {ttl:g} s: target <= {ttl + 1:g} s, worst {worst:.2f} s"
-        row.note += f"; kill to LeaderElected p50 {percentile(elected, 50):.2f} s"
+        for step in [*MILESTONES.values(), "decided"]:
+            times = [r.steps[step] for r in runs if step in r.steps]
+            row.note += f"; kill to {step} p50 {percentile(times, 50):.2f} s"
+        cpus = [r.cpu for r in runs]
+        row.note += f"; new leader's CPU from kill to first admission p50 {percentile(cpus, 50):.2f} s"
+        row.note += f", max {max(cpus, default=0.0):.2f} s"
         row.note += "; recover = kill to the first admission by the new leader (its lease waits out the TTL)"
+        for i, r in enumerate(runs, 1):
+            steps = " ".join(f"{k} {v:.2f}" for k, v in r.steps.items())
+            print(f"    takeover {i}: {steps} admitted {r.admitted:.2f} s, {r.cpu:.2f} s CPU", file=sys.stderr)
     return row
 
 
-async def warm_start(tmp: Path, events: int) -> Row:
-    """A replica started on a long log with a snapshot near its end: time from its start to its first admission."""
+async def warm_start(tmp: Path, events: int, kept: Path | None) -> Row:
+    """`muster daemon` started on a long log with a snapshot near its end: from its start to its first admission."""
+    if kept is None:
+        async with await EventStore.connect(_nats_url(tmp), stream="WARM", prefix="warm", duplicate_window=10) as es:
+            return await _start_on(es, await write_into(es, events=events), tmp)
+    work = tmp / "nats"
+    long = await kept_long_log(kept / str(events), work, events=events, stream="WARM", prefix="warm")
+    with EmbeddedNats(work, stop_timeout=60) as server:
+        async with await EventStore.connect(server.url, stream="WARM", prefix="warm", duplicate_window=10) as es:
+            return await _start_on(es, long, tmp)
+
+
+async def _start_on(es: EventStore, long: LongLog, tmp: Path) -> Row:
+    """A new `muster daemon` process (the only replica, the long log's cluster simulated), timed from its spawn
+    to the admission of a job of the log's tail, as seen on the stream."""
     row = Row("warm start")
-    async with await EventStore.connect(_nats_url(tmp), stream="WARM", prefix="warm", duplicate_window=10) as es:
-        backend = await NatsSnapshots.open(es.js, default_bucket(es.stream), create=True)
-        assert backend is not None
-        long = await write_long_log(es, Snapshots(backend, NatsLog(es)), events=events)
-        admitted: set[str] = set()
-        decided, all_admitted = anyio.Event(), anyio.Event()
-
-        def on_fold(seq: int, event: Event, accepted: bool) -> None:
-            if isinstance(event, JobAdmitted) and event.job in long.pending:
-                admitted.add(event.job)
-                decided.set()
-                if len(admitted) == len(long.pending):
-                    all_admitted.set()
-
-        started = time.monotonic()
-        # what `muster daemon` does at start (daemoncli): the sidecar's snapshots of its stream, if any
-        loop = SchedulerLoop(es, elector=SoleElector("new"), options=LoopOptions(), start=await stream_snapshots(es))
-        loop.on_fold(on_fold)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(loop.run)
-            with anyio.fail_after(600):
-                await decided.wait()
-            row.recover.append(time.monotonic() - started)
-            with anyio.move_on_after(30):
-                await all_admitted.wait()
-            loop.stop()
-        row.faults = {"cold start": 1}
-        row.jobs = len(long.pending)
-        row.lost = len(long.pending) - len(admitted)
-        row.note = (
-            f"{long.end:,} events on the log (written in {long.seconds:.0f} s), snapshot at {long.snapshot_seq:,}: "
-            f"folds {long.end - long.snapshot_seq:,}; recover = start to first admission, target < 5 s"
-        )
+    admitted: set[str] = set()
+    args = ["--nats", es.nc.connected_url.geturl(), "--stream", es.stream, "--subject-prefix", es.prefix]
+    args += ["--leader-backend", "none", "--simulated-cluster", LONG_LOG_CLUSTER]
+    cpu = 0.0
+    started, started_wall = time.monotonic(), time.time()
+    daemon = DaemonProcess("warm", args, tmp)
+    try:
+        with anyio.fail_after(600):
+            async with contextlib.aclosing(es.follow(long.end + 1)) as stream:
+                async for stored in stream:
+                    if isinstance(stored.event, JobAdmitted) and stored.event.job in long.pending:
+                        if not admitted:
+                            row.recover.append(time.monotonic() - started)
+                            cpu = _cpu_seconds(daemon.proc.pid)
+                        admitted.add(stored.event.job)
+                        if len(admitted) == len(long.pending):
+                            break
+    finally:
+        daemon.stop()
+    steps = _steps(daemon.log_text(), started_wall, START_MILESTONES)
+    print("    warm start: " + " ".join(f"{k} {v:.2f}" for k, v in steps.items()), file=sys.stderr)
+    row.faults = {"cold start": 1}
+    row.jobs = len(long.pending)
+    row.lost = len(long.pending) - len(admitted)
+    row.note = (
+        f"{long.end:,} events on the log (written in {long.seconds:.0f} s), snapshot at {long.snapshot_seq:,}: "
+        f"folds {long.end - long.snapshot_seq:,}; recover = process start to first admission, target < 5 s; "
+        f"{cpu:.2f} s CPU to it"
+    )
     return row
 
 
@@ -426,7 +505,7 @@ async def main(args: argparse.Namespace) -> int:
         "daemon-kill": lambda t: daemon_faults(t, 3 if q else 20, rng, pause=False, rate=args.rate, ttl=args.ttl),
         "daemon-pause": lambda t: daemon_faults(t, 3 if q else 10, rng, pause=True, rate=args.rate, ttl=args.ttl),
         "takeover": lambda t: takeover(t, 3 if q else 10, rng, rate=args.rate, ttl=args.ttl),
-        "warm-start": lambda t: warm_start(t, 200_000 if q else args.events),
+        "warm-start": lambda t: warm_start(t, 200_000 if q else args.events, args.keep),
     }
     rows = []
     with (
@@ -463,6 +542,11 @@ if __name__ == "__main__":
         help="scenarios to run: nats cluster kube billing daemon-kill daemon-pause takeover warm-start",
     )
     parser.add_argument("--events", type=int, default=10_000_000, help="events on the log of the warm-start row")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="folder keeping the warm-start row's long log between runs (written once, copied for each run)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--ttl", type=float, default=5.0, help="leader lease TTL of the daemons (seconds)")
     parser.add_argument("--rate", type=float, default=50.0, help="gangs per second for the daemon scenarios")

@@ -37,7 +37,7 @@ import structlog
 from muster.daemon.following import LogFollower
 from muster.daemon.metrics import DaemonMetrics
 from muster.daemon.msgids import decision_ids
-from muster.daemon.terms import Leadership
+from muster.daemon.terms import Leadership, Term
 from muster.daemon.timers import WakeTimer
 from muster.events.store import ConcurrencyConflict, EventStore, StoreError
 from muster.events.types import Event
@@ -109,31 +109,40 @@ class CycleRunner:
         follower, leadership = self.follower, self.leadership
         settling = Settling(self.options.max_cycles)
         for _ in settling:
-            async with self.writing:
-                await drain()
-                term = leadership.term
-                if term is not None and not await follower.catch_up(term.facts):
-                    return  # the follower is stuck: the next wake-up tries again
-                follower.dirty = False  # the cycle below sees everything folded so far
-                if not leadership.may_decide():
-                    return
-                now = self.timer.now()
-                self.timer.decided_at = now
-                expected = follower.folded_seq  # the state decided on ends here; the append is fenced on it
-                started = time.perf_counter()
-                try:
-                    events = await self._decide(now, term_first=self.cycles == self.term_cycles)
-                except Exception:
-                    log.exception("decide failed; waiting for the next change", seq=follower.folded_seq)
-                    self.metrics.cycles.labels("error").inc()
-                    return
-                self._cycle_seconds = time.perf_counter() - started
-                self.metrics.cycle_seconds.observe(self._cycle_seconds)
-                self.cycles += 1
-                if not events:
-                    self.metrics.cycles.labels("idle").inc()
-                    return
-                outcome = await self._append(events, expected)
+            first_of: Term | None = None
+            try:
+                async with self.writing:
+                    await drain()
+                    term = leadership.term
+                    if term is not None and not await follower.catch_up(term.facts):
+                        return  # the follower is stuck: the next wake-up tries again
+                    follower.dirty = False  # the cycle below sees everything folded so far
+                    if not leadership.may_decide():
+                        return
+                    now = self.timer.now()
+                    self.timer.decided_at = now
+                    expected = follower.folded_seq  # the state decided on ends here; the append is fenced on it
+                    started = time.perf_counter()
+                    term_first = self.cycles == self.term_cycles
+                    first_of = term if term_first else None
+                    try:
+                        events = await self._decide(now, term_first=term_first)
+                    except Exception:
+                        log.exception("decide failed; waiting for the next change", seq=follower.folded_seq)
+                        self.metrics.cycles.labels("error").inc()
+                        return
+                    self._cycle_seconds = time.perf_counter() - started
+                    self.metrics.cycle_seconds.observe(self._cycle_seconds)
+                    self.cycles += 1
+                    if not events:
+                        self.metrics.cycles.labels("idle").inc()
+                        return
+                    outcome = await self._append(events, expected)
+            finally:
+                if first_of is not None:
+                    # the takeover is over (`terms`): the collector runs again, earlier terms' decisions are applied
+                    leadership.quiet.resume()
+                    first_of.decided.set()
             if isinstance(outcome, int):
                 # refused or unsure: fold what the log holds up to there, then decide again
                 # (the core keeps a cycle's parked verdicts only once its decisions are folded)

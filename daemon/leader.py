@@ -2,9 +2,12 @@
 
 A candidate holds the lease from the moment `create(key)` succeeds (the key
 did not exist) and keeps it by `update(key, last=revision)` every `ttl / 5`
-seconds. The bucket's TTL (max age) removes the key of a leader that stopped
-refreshing (crashed, paused, cut off), and a standby's next `create` wins.
-`resign()` deletes the key (by revision) so a standby takes over at once.
+seconds. A leader that stops refreshing (crashed, paused, cut off) loses
+it a TTL after its last write: the bucket's TTL (max age) removes the key,
+and a standby that has seen the same revision for a TTL by its own clock
+takes it over at once, with `update(key, last=that revision)`, instead of
+waiting for the server's expiry and its next poll. `resign()` deletes the
+key (by revision) so a standby takes over at once.
 
 Invariants:
 - `leading()` is a local, conservative judgement: True only until
@@ -13,8 +16,11 @@ Invariants:
   that write, so a leader that was paused or cut off stops believing it leads
   before anyone else can win the key.
 - An update that finds another revision means the lease is lost: the elector
-  never overwrites a key it does not hold. A resign never deletes a key
-  someone else holds.
+  never overwrites a key it does not hold, but one whose holder has not
+  written it for a TTL since this elector first saw it (a later write, or
+  the server's expiry, makes that update fail). Clocks of different
+  processes are never compared. A resign never deletes a key someone else
+  holds.
 - The lease alone is not authority over the log: the loop appends a fenced
   `LeaderElected` with a new epoch and only decides once it is folded.
 """
@@ -28,7 +34,7 @@ import anyio
 import structlog
 from anyio.abc import TaskStatus
 from nats.js.api import KeyValueConfig
-from nats.js.errors import BadRequestError, KeyWrongLastSequenceError
+from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from muster.events.leases import LEADER_KEY, LEADER_NAME, lease_record
@@ -88,6 +94,9 @@ class HeldLease:
         self.valid_until = 0.0
         self.terms = 0
         """Times this elector won the lease."""
+        self._seen: str | None = None
+        self.lapses_at: float | None = None
+        """When (monotonic) the lease as last seen lapses, unless its holder writes it again meanwhile."""
 
     def holds(self) -> bool:
         raise NotImplementedError
@@ -104,6 +113,28 @@ class HeldLease:
     def poll_every(self) -> float:
         """How often a standby tries to take the lease: a takeover waits out the TTL, then up to this."""
         return min(1.0, self.ttl / 4)
+
+    def _observe(self, version: str, duration: float) -> None:
+        """The lease was read at `version`: it lapses `duration` after this elector first saw that version.
+
+        First seen by our own clock, which runs after the holder's write: the holder stopped
+        believing in it (`VALIDITY` of the TTL after sending that write) before it lapses here.
+        """
+        if version != self._seen:
+            self._seen = version
+            self.lapses_at = anyio.current_time() + duration
+
+    def lapsed(self) -> bool:
+        """Whether the lease as last seen has not changed for its duration (another may take it)."""
+        return self.lapses_at is not None and anyio.current_time() >= self.lapses_at
+
+    def campaign_delay(self) -> float:
+        """How long a standby waits before its next try: the poll interval, or less when the lease lapses sooner.
+
+        A lapse already past (a try that failed, a resigned elector standing aside) waits a whole poll: no spin.
+        """
+        left = self.lapses_at - anyio.current_time() if self.lapses_at is not None else 0.0
+        return min(self.poll_every, left) if left > 0 else self.poll_every
 
     def _won(self, sent: float) -> None:
         self.valid_until = sent + self.ttl * VALIDITY
@@ -150,8 +181,8 @@ class KvElector(HeldLease):
 
     @property
     def poll_every(self) -> float:
-        # a refused KV create is one cheap round trip: try often, so a takeover follows the TTL closely
-        return min(0.25, self.ttl / 10)
+        # a KV read is one cheap round trip: look often, so the lapse is seen soon after the holder's last write
+        return min(0.1, self.ttl / 20)
 
     def _drop(self) -> None:
         self.revision = None
@@ -182,7 +213,7 @@ class KvElector(HeldLease):
             if self.revision is None:
                 await self._campaign(kv)
                 if self.revision is None:
-                    await anyio.sleep(self.poll_every)
+                    await anyio.sleep(self.campaign_delay())
             else:
                 await anyio.sleep(max(0.0, min(self.refresh_every, self.valid_until - anyio.current_time() - 0.05)))
                 await self._refresh(kv)
@@ -190,7 +221,17 @@ class KvElector(HeldLease):
     async def _campaign(self, kv: KeyValue) -> None:
         sent = anyio.current_time()
         try:
-            revision = await kv.create(self.key, lease_record(self.holder))
+            try:
+                entry = await kv.get(self.key)
+            except KeyNotFoundError:  # nobody holds it (never held, resigned, or expired by the server)
+                revision = await kv.create(self.key, lease_record(self.holder))
+            else:
+                held = int(entry.revision or 0)
+                self._observe(str(held), self.ttl)
+                if not self.lapsed():
+                    return  # someone holds it and has written it within a TTL, as far as we have seen
+                # its holder stopped a TTL ago by our clock; a write of its since then makes this fail
+                revision = await kv.update(self.key, lease_record(self.holder), last=held)
         except KeyWrongLastSequenceError:
             return  # someone holds it
         except Exception as exc:  # NATS trouble: try again on the next poll

@@ -68,6 +68,8 @@ class LoopOptions:
     lag_every: float = 2.0
     decide_inline: float = 0.02
     """A cycle runs on the event loop only if the previous one took less (seconds); else in a worker thread."""
+    reapply_after: float = 5.0
+    """Seconds a new term waits for its first cycle before it applies again what earlier terms decided."""
 
 
 Service = Callable[["SchedulerLoop", Term], Coroutine[Any, Any, None]]
@@ -276,12 +278,17 @@ class SchedulerLoop:
                         term.cluster, term.applier = cluster, applier
                         await tg.start(applier.run)
                         await tg.start(cluster.run, self.fact_sink(term))
-                        self.book.reconcile(term, self.follower.state)
+                        self.book.adopt_victims(self.follower.state)
                     for service in self.services:
                         tg.start_soon(service, self, term)
                     term.synced_seq = max(self.follower.folded_seq, term.facts)
                     self.first_term.set()
                     self.poke()
+                    if term.cluster is not None:
+                        # what earlier terms owe the cluster, once this term decided first (`terms`)
+                        with anyio.move_on_after(self.options.reapply_after):
+                            await term.decided.wait()
+                        self.book.reconcile(term, self.follower.state)
                     await anyio.sleep_forever()
         finally:
             self.facts.end(term)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from muster.daemon.cancels import by_user
 from muster.events.types import (
     Event,
     JobAdmitted,
@@ -52,8 +53,6 @@ def owed(state: ClusterState, exact: Mapping[str, Event], holds: Callable[[str],
     `exact`: job -> its last admission or eviction as folded (applied as it is when it matches the state);
     `holds(job)`: whether pods of the job still hold nodes (an eviction or a user's cancel is owed only then).
     """
-    from muster.daemon.k8s.cancelling import by_user  # the Kubernetes client only when a term starts
-
     out: list[Event] = []
     for job_id, job in sorted(state.jobs.items()):
         known = exact.get(job_id)

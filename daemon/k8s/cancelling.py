@@ -1,6 +1,6 @@
 """Stopping the workload of a job a user cancelled (`muster cancel`), as its kind expects.
 
-`JobCancelled` with a reason starting `Cancelled:` is a user's cancel; the adapter's own
+A user's cancel (`daemon.cancels.by_user`) stops the workload; the adapter's own
 `WorkloadDeleted` cancellations need nothing (the workload is already gone).
 
 - A kind that can be suspended is suspended: a Job or JobSet (`spec.suspend`), a Kubeflow
@@ -18,23 +18,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from muster.daemon.cancels import by_user
 from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import NotFound
 from muster.daemon.k8s.owners import API, api_of
 from muster.daemon.k8s.pods import Owner, PodInfo
-from muster.events.types import JobCancelled
 
-USER_CANCEL = "Cancelled:"
-"""The reason prefix `muster cancel` writes (`muster.controlcli`)."""
+__all__ = ["by_user", "stop", "suspend_patch"]
 
 _SUSPEND_SPEC: dict[str, Any] = {"spec": {"suspend": True}}
 _SUSPEND_RUN_POLICY: dict[str, Any] = {"spec": {"runPolicy": {"suspend": True}}}
 _POD_GROUPS = frozenset(k for k in API if k not in ("Job", "JobSet", "MPIJob"))
-
-
-def by_user(event: JobCancelled) -> bool:
-    """Whether the cancellation came from a user, so the cluster's workload must be stopped."""
-    return event.reason.startswith(USER_CANCEL)
 
 
 def suspend_patch(owner: Owner) -> dict[str, Any] | None:

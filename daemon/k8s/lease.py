@@ -103,9 +103,6 @@ class LeaseElector(HeldLease):
         """The Lease as our last successful write left it, while we hold it."""
         self.acquired_at = 0.0
         """When (monotonic) the write that last won the lease was sent."""
-        self._observed: str | None = None
-        self._observed_at = 0.0
-        """When (our monotonic clock) we first saw the Lease as `_observed`."""
         self._quiet_until = 0.0
         self._resigning = False
         self._writing = anyio.Lock()
@@ -127,7 +124,7 @@ class LeaseElector(HeldLease):
                 if anyio.current_time() >= self._quiet_until:
                     await self._campaign()
                 if self.lease is None:
-                    await anyio.sleep(self.poll_every)
+                    await anyio.sleep(self.campaign_delay())
             else:
                 # at least a beat between attempts, so failing renewals near the end of validity do not spin
                 left = self.valid_until - anyio.current_time() - 0.05
@@ -141,16 +138,10 @@ class LeaseElector(HeldLease):
             raise from_status(502, f"not a Lease: {json.dumps(data)[:200]}")
         return data
 
-    def _observe(self, lease: Obj) -> None:
+    def _observe_lease(self, lease: Obj) -> None:
         """Remember when the Lease last changed, by our own clock (any write changes its resourceVersion)."""
         seen = json.dumps([lease["metadata"].get("resourceVersion"), _spec(lease)], sort_keys=True, default=str)
-        if seen != self._observed:
-            self._observed = seen
-            self._observed_at = anyio.current_time()
-
-    def _expired(self, lease: Obj) -> bool:
-        duration = _int(_spec(lease).get("leaseDurationSeconds"), self.duration)
-        return anyio.current_time() >= self._observed_at + max(1, duration)
+        self._observe(seen, max(1, _int(_spec(lease).get("leaseDurationSeconds"), self.duration)))
 
     async def _campaign(self) -> None:
         try:
@@ -181,9 +172,9 @@ class LeaseElector(HeldLease):
                 # a replace without one would be unconditional: it could overwrite a holder's renewal
                 log.warning("leader lease has no resourceVersion; not taking it", lease=self.name)
                 return
-            self._observe(current)
+            self._observe_lease(current)
             holder = _holder(current)
-            if holder and holder != self.holder and not self._expired(current):
+            if holder and holder != self.holder and not self.lapsed():
                 return  # someone holds it and has renewed within its duration, as far as we have seen
             spec = _spec(current)
             body = copy.deepcopy(current)
@@ -208,7 +199,7 @@ class LeaseElector(HeldLease):
         except KubeError as exc:
             log.info("leader campaign failed", lease=self.name, error=f"{type(exc).__name__}: {exc}")
             return
-        self._observe(won)
+        self._observe_lease(won)
         self.lease = won
         self.acquired_at = sent
         log.info(
@@ -246,7 +237,7 @@ class LeaseElector(HeldLease):
                     )
                     self._lose()
                 return
-            self._observe(renewed)
+            self._observe_lease(renewed)
             if self.lease is not lease:
                 return  # dropped meanwhile (a resign that gave up waiting for this write): never resurrect it
             if _holder(renewed) != self.holder:

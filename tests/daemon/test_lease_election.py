@@ -10,17 +10,17 @@ candidate's read and its replace. TTLs are short, waits are deadlines.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import anyio
 import yaml
+from electionkit import running
 from kubernetes_asyncio.client import ApiClient
 
 from muster.daemon.k8s.lease import LeaseElector
@@ -68,21 +68,6 @@ async def until(predicate: Callable[[], bool], seconds: float = DEADLINE, every:
             if predicate():
                 return
             await anyio.sleep(every)
-
-
-@contextlib.asynccontextmanager
-async def running(elector: LeaseElector) -> AsyncIterator[anyio.CancelScope]:
-    """Run the elector until the block ends; cancelling the yielded scope stops it (no resign), as a crash."""
-    async with anyio.create_task_group() as tg:
-        scope = anyio.CancelScope()
-
-        async def run() -> None:
-            with scope:
-                await elector.run()
-
-        tg.start_soon(run)
-        yield scope
-        tg.cancel_scope.cancel()
 
 
 def elector(api: ApiClient, holder: str, ttl: float = TTL, **kw: Any) -> LeaseElector:
@@ -162,6 +147,28 @@ async def test_a_leader_that_stops_renewing_is_replaced_after_the_ttl_and_stops_
     spec = lease_of(emu)["spec"]
     assert spec["holderIdentity"] == "b" and spec["leaseTransitions"] == 1
     assert (a.terms, b.terms) == (1, 1)
+
+
+async def test_a_standby_takes_a_lapsed_lease_when_it_lapses_not_at_its_next_poll(kube):
+    """The standby's takeover is sent when the holder's last renewal (as it saw it) lapses, within 0.15 s."""
+    emu, api = kube
+    a, b = elector(api, "a"), elector(api, "b")
+    assert b.poll_every >= 0.5  # a takeover on the next poll would come up to this late
+    lapses: list[float] = []
+    async with running(a) as a_scope:
+        await until(a.leading)
+        async with running(b):
+            await until(lambda: int(lease_of(emu)["metadata"]["resourceVersion"]) >= 4)
+            a_scope.cancel()  # a crashes: its Lease stays as last renewed
+
+            def won() -> bool:
+                if not b.leading() and b.lapses_at is not None:
+                    lapses.append(b.lapses_at)  # when the Lease as b last saw it lapses
+                return b.leading()
+
+            await until(won, every=0.005)
+    assert lapses and 0 <= b.acquired_at - lapses[-1] <= 0.15
+    assert a.valid_until <= b.acquired_at
 
 
 async def test_resign_hands_the_lease_over_at_once(kube):
