@@ -71,6 +71,7 @@ from muster.events.errors import (  # re-exported
     AppendError,
     ConcurrencyConflict,
     EventTooLarge,
+    LogHole,
     StoreError,
     StoreRefused,
     StoreUnreachable,
@@ -105,6 +106,7 @@ __all__ = [
     "ConcurrencyConflict",
     "EventStore",
     "EventTooLarge",
+    "LogHole",
     "Retention",
     "StoreError",
     "StoreRefused",
@@ -471,6 +473,17 @@ class EventStore:
         info = await self.js.stream_info(self.stream)
         return int(info.state.first_seq)
 
+    async def check_holds(self, from_seq: int, hint: str = "") -> None:
+        """Raise LogHole when the stream no longer holds `from_seq` (it left with those up to the first one kept).
+
+        The one check of every reader that must start at a sequence, not later (a replica's fold,
+        replay); `follow` applies the same rule to each message it brings.
+        """
+        first = await self.first_seq()
+        start = max(1, from_seq)
+        if first > start:
+            raise LogHole(self.stream, start, first - 1, hint)
+
     async def first_seq_since(self, wall_time: float) -> int:
         """Sequence of the first message stored at or after `wall_time` (epoch seconds); past the end when none."""
         stamp = dt.datetime.fromtimestamp(wall_time, dt.UTC).isoformat()
@@ -655,16 +668,20 @@ class EventStore:
         """Every event from `from_seq` on, then new ones as they are appended, forever.
 
         Survives server restarts and connection loss: it resumes after the
-        last sequence it saw, so nothing is skipped or yielded twice. Close it
+        last sequence it saw, so nothing is skipped or yielded twice. Messages
+        that left the stream before it brought them (a purge, limits) raise
+        LogHole: it never goes on past a hole. Close it
         with `contextlib.aclosing` when done.
         """
-        last = from_seq - 1
+        last = max(1, from_seq) - 1
         problem_of = SubjectRule().problem
         async with contextlib.aclosing(self._raw_batches(from_seq, follow=True)) as raws:
             async for raw_batch in raws:
                 for seq, subject, data in raw_batch:
                     if seq <= last:
                         continue
+                    if seq > last + 1:  # the stream holds every sequence it was given unless some left it
+                        raise LogHole(self.stream, last + 1, seq - 1)
                     last = seq
                     try:
                         event = decode(data)
