@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import anyio
 import pytest
+import structlog
 import yaml
 from structlog.testing import capture_logs
 from test_loop import configure, job
@@ -36,6 +38,19 @@ def daemon_config(tmp_path: Path, url: str, store: EventStore, **sections: Any) 
     return load_config(str(path), env={}, overrides={"simulated_cluster": "1x1x2x8", "identity": "muster-0"})
 
 
+@contextlib.contextmanager
+def captured_logs() -> Iterator[list[dict[str, Any]]]:
+    """The structlog lines logged meanwhile; structlog left unconfigured if it was (capture_logs alone leaves it
+    configured, and the CLI's quiet logging then never takes over)."""
+    configured = structlog.is_configured()
+    try:
+        with capture_logs() as logs:
+            yield logs
+    finally:
+        if not configured:
+            structlog.reset_defaults()
+
+
 async def ready(port: int) -> bool:
     """Whether the daemon's /readyz answers 200 (it folded the log and follows it)."""
     with contextlib.suppress(aiohttp.ClientConnectionError):
@@ -55,7 +70,7 @@ async def test_a_daemon_without_archive_refuses_a_purged_stream_and_starts_with_
     purged = (await Sealer(store, DirectoryArchive(archive), options).step()).purged
     assert purged > 10
 
-    with capture_logs() as logs, anyio.fail_after(30):
+    with captured_logs() as logs, anyio.fail_after(30):
         code = await serve(daemon_config(tmp_path, nats_url, store))
     assert code == 1
     holes = [e for e in logs if e["event"].startswith("the log has a hole")]
@@ -79,7 +94,7 @@ async def test_a_follower_that_finds_events_gone_stops_naming_them(store: EventS
     assert follower.folded_seq == 2
     await store.append([job(f"j{i}") for i in range(5)])
     await store.purge_before(5)
-    with capture_logs() as logs, anyio.fail_after(10), pytest.raises(LogHole) as hole:
+    with captured_logs() as logs, anyio.fail_after(10), pytest.raises(LogHole) as hole:
         await follower.follow()
     assert (hole.value.first, hole.value.last) == (3, 4)
     assert [e["missing"] for e in logs if e["event"].startswith("the log has a hole")] == ["3..4"]
