@@ -8,7 +8,8 @@ subcommand that needs them.
 `run --config FILE` reads the YAML the Helm chart mounts (`nats.url`,
 `nats.stream`, `nats.inbox_prefix`, `nats.auth.*_file`, `nats.tls.*`,
 `billing.consumer`, `billing.data_dir`, `http.metrics_port`,
-`http.health_port`); flags given on the command line win.
+`http.health_port`); flags given on the command line win, `--creds` and
+`--tls-*` too, read as every command reads them (`replay.natsconnect`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ DEFAULT_DB = "sqlite:///muster-billing.db"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from muster.replay.natsconnect import add_credential_arguments
+
     sub = parser.add_subparsers(dest="billing_command", metavar="SUBCOMMAND")
     sub.required = True
 
@@ -38,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--connect-timeout", type=float, default=30.0, help="seconds to reach NATS at start")
     run.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     run.add_argument("--health-port", type=int, help="serve /healthz and /readyz on this port")
+    add_credential_arguments(run)
     run.set_defaults(_billing="run")
 
     rep = sub.add_parser("report", help="allocated, used, idle, borrowed and lost GPU-hours with costs")
@@ -129,6 +133,7 @@ def _run_subscriber(args: argparse.Namespace) -> int:
     import anyio
 
     from muster.daemon.billing_store import LedgerError
+    from muster.replay.natsconnect import ConfigProblem, flag_options
 
     try:
         cfg = _load_config(args.config)
@@ -136,14 +141,19 @@ def _run_subscriber(args: argparse.Namespace) -> int:
         print(f"muster billing run: config: {exc}", file=sys.stderr)
         return 2
     try:
-        code: int = anyio.run(_serve, args, cfg)
+        flags = flag_options(args)  # over the config file's, checked before NATS
+    except ConfigProblem as exc:
+        print(f"muster billing run: {exc}", file=sys.stderr)
+        return 2
+    try:
+        code: int = anyio.run(_serve, args, cfg, flags)
     except LedgerError as exc:
         print(f"muster billing run: {exc}", file=sys.stderr)
         return 2
     return code
 
 
-async def _serve(args: argparse.Namespace, cfg: dict[str, Any]) -> int:
+async def _serve(args: argparse.Namespace, cfg: dict[str, Any], flags: dict[str, Any]) -> int:
     import threading
 
     import anyio
@@ -189,6 +199,7 @@ async def _serve(args: argparse.Namespace, cfg: dict[str, Any]) -> int:
                     "connect_timeout": 2,
                     "error_cb": _nats_error,
                     **nats_options(cfg),
+                    **flags,
                 },
             )
         nc.options["reconnect_time_wait"] = 1.0

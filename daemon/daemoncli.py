@@ -130,15 +130,11 @@ def parse_shape(spec: str) -> tuple[int, int, int, int]:
 
 async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
     """Run one replica until SIGTERM/SIGINT (or cancellation)."""
-    import functools
-    import threading
-
     import anyio
     import structlog
 
     from muster.daemon.cluster import Cluster, ClusterFactory
     from muster.daemon.config import nats_connect_options
-    from muster.daemon.endpoints import serve_http
     from muster.daemon.leader import KvElector
     from muster.daemon.loop import Elector, SchedulerLoop, Service, SoleElector, Standby
     from muster.daemon.metrics import DaemonMetrics
@@ -235,6 +231,31 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
         loop = SchedulerLoop(
             store, elector=elector, cluster=cluster, metrics=metrics, services=services, standby=standby, start=start
         )
+        if not await _serve_loop(cfg, loop, store, metrics):
+            return 1
+    finally:
+        with anyio.move_on_after(5, shield=True):
+            if api_client is not None:
+                await api_client.close()
+            await store.close()
+    log.info("stopped")
+    return 0
+
+
+async def _serve_loop(cfg: Any, loop: Any, store: Any, metrics: Any) -> bool:
+    """Run the loop and its endpoints until it stops; False when the log has a hole (the follower said which)."""
+    import functools
+    import threading
+
+    import anyio
+    import structlog
+
+    from muster.daemon.endpoints import serve_http
+    from muster.events.store import LogHole
+
+    log = structlog.get_logger("muster.daemon")
+    hole = False
+    try:
         async with anyio.create_task_group() as tg:
             if threading.current_thread() is threading.main_thread():
                 tg.start_soon(_stop_on_signal, loop)
@@ -253,13 +274,10 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
                 log.info("serving the dashboard", host=cfg.ui_host, port=await tg.start(dashboard))
             await loop.run()
             tg.cancel_scope.cancel()
-    finally:
-        with anyio.move_on_after(5, shield=True):
-            if api_client is not None:
-                await api_client.close()
-            await store.close()
-    log.info("stopped")
-    return 0
+    except* LogHole:
+        log.error("stopped: a replica does not fold past a hole in its log")
+        hole = True
+    return not hole
 
 
 async def _kubernetes(cfg: Any) -> Any:

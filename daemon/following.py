@@ -13,6 +13,10 @@ Invariants:
   the log up to `folded_seq`. Bad messages are reported by the store, counted
   once, and passed over once everything before them is folded.
 - A fold error is logged and counted, never raised (design invariant 7).
+- A hole is never folded past: events after `folded_seq` that left the stream
+  unread (purged, dropped by limits; without an archive that holds them) stop
+  the replica with LogHole, logged with the missing range, at the start
+  (before it campaigns for the lease) or while following.
 - Draining is bounded per call and checkpoints between chunks, so a replica
   far behind never holds the event loop (and the lease refresh on it) for long.
 """
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import anyio
 import anyio.lowlevel
@@ -29,7 +33,7 @@ import structlog
 
 from muster.daemon.metrics import DaemonMetrics
 from muster.daemon.warmstart import Start, StartingPoint
-from muster.events.store import BadEvent, EventStore, StoredEvent
+from muster.events.store import BadEvent, EventStore, LogHole, StoredEvent
 from muster.events.types import Event
 from muster.projections.cluster import ClusterState, evolve
 
@@ -81,7 +85,8 @@ class LogFollower:
     async def start_from(self, start: StartingPoint) -> Start | None:
         """Take `start`'s state (a warm start) if it has one for the stream as it ends now; before `replay`."""
         assert self.folded_seq == 0, "a warm start replaces the empty state only"
-        trusted = await start.load(await self.store.last_seq())
+        with self._holes():
+            trusted = await start.load(await self.store.last_seq())
         if trusted is not None:
             self.state, self.folded_seq = trusted.state, trusted.seq
             self.metrics.folded_seq.set(trusted.seq)
@@ -91,6 +96,8 @@ class LogFollower:
         """Fold what the stream holds now, in batches (the fast path for a restart)."""
         end = await self.store.last_seq()
         self.stream_end = end
+        with self._holes():
+            await self.store.check_holds(self.folded_seq + 1)
         if end <= self.folded_seq:
             return
         async with contextlib.aclosing(self.store.iter_batches(self.folded_seq + 1, end)) as batches:
@@ -101,9 +108,29 @@ class LogFollower:
 
     async def follow(self) -> None:
         """Bring every event after `folded_seq` into the buffer, forever (run as a task)."""
-        async with self._send.clone() as send, contextlib.aclosing(self.store.follow(self.folded_seq + 1)) as events:
-            async for stored in events:
-                await send.send(stored)
+        with self._holes():
+            async with (
+                self._send.clone() as send,
+                contextlib.aclosing(self.store.follow(self.folded_seq + 1)) as events,
+            ):
+                async for stored in events:
+                    await send.send(stored)
+
+    @contextlib.contextmanager
+    def _holes(self) -> Iterator[None]:
+        """Say which events are missing when the log has a hole, and let LogHole stop the replica."""
+        try:
+            yield
+        except LogHole as hole:
+            log.error(
+                "the log has a hole: events left the stream unread; not folding past them",
+                stream=hole.stream,
+                missing=f"{hole.first}..{hole.last}",
+                folded=self.folded_seq,
+                error=str(hole),
+                hint="an archive (archive.directory or archive.bucket) that sealed them lets a replica start",
+            )
+            raise
 
     async def watch_lag(self, every: float) -> None:
         """Keep the lag metric (stream end - folded) current, forever (run as a task)."""

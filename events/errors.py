@@ -8,6 +8,7 @@ __all__ = [
     "AppendError",
     "ConcurrencyConflict",
     "EventTooLarge",
+    "LogHole",
     "StoreError",
     "StoreRefused",
     "StoreUnreachable",
@@ -29,6 +30,20 @@ class StoreRefused(StoreError):
 
 class StreamMissing(StoreError):
     """The stream does not exist and the caller did not ask to create it."""
+
+
+class LogHole(StoreError):
+    """Events a reader needs left the stream unread (purged, or dropped by limits someone set).
+
+    Never started past in silence: a fold past a hole would decide on a state lacking its past.
+    `first..last` is the missing range; `hint` says where the reader could find it.
+    """
+
+    def __init__(self, stream: str, first: int, last: int, hint: str = "") -> None:
+        super().__init__(f"events {first}..{last} left stream {stream} unread{hint}")
+        self.stream = stream
+        self.first = first
+        self.last = last
 
 
 class ConcurrencyConflict(StoreError):

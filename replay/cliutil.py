@@ -9,13 +9,14 @@ traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import IO, Any
 
 from muster.events.codec import DecodeError, decode
-from muster.events.store import BadEvent, EventStore, StoreError
+from muster.events.store import BadEvent, EventStore, StoredEvent, StoreError
 from muster.replay.points import Clock, Point, PointError, parse_point
 from muster.replay.snapshots import (
     DirSnapshots,
@@ -24,7 +25,7 @@ from muster.replay.snapshots import (
     Snapshots,
     default_bucket,
 )
-from muster.replay.source import LogSource, SourceError, SourceUnavailable, open_source
+from muster.replay.source import LogSource, QueueLog, SourceError, SourceUnavailable, open_source
 
 
 class UsageError(Exception):
@@ -44,18 +45,13 @@ def point_arg(text: str | None, what: str) -> Point:
 
 
 async def _edge(source: LogSource, forward: bool) -> tuple[int, int] | None:
-    """(seq, time) of the first (or last) event that decodes, looking at most 100 sequences in.
-
-    A source that may not read by sequence (a queue's scoped view) answers from its own events.
-    """
+    """(seq, time) of the first (or last) event that decodes, looking at most 100 sequences in."""
     last = await source.last_seq()
     if last < 1:
         return None
     span = range(1, min(last, 100) + 1) if forward else range(last, max(0, last - 100), -1)
     for seq in span:
         raw = await source.raw(seq)
-        if raw is None and seq == span[0]:
-            return await _edge_by_reading(source, forward)
         if not raw or not raw.strip():
             continue
         try:
@@ -65,47 +61,108 @@ async def _edge(source: LogSource, forward: bool) -> tuple[int, int] | None:
     return None
 
 
-async def _edge_by_reading(source: LogSource, forward: bool) -> tuple[int, int] | None:
-    """The first (or last) event the source yields: a read of what it holds, not of sequences."""
-    edge: tuple[int, int] | None = None
-    batches = source.batches(1)
-    try:
-        async for batch in batches:
-            if batch:
-                edge = (batch[0].seq, batch[0].event.at) if forward else (batch[-1].seq, batch[-1].event.at)
-                if forward:
-                    break
-    finally:
-        close = getattr(batches, "aclose", None)
-        if close is not None:
-            await close()
-    return edge
-
-
 async def check_point(source: LogSource, point: Point | None, what: str) -> None:
     """Refuse (UsageError, exit 2) a point before the log's first event or after its last one."""
     if point is None or point.is_end:
         return
     first, last = await _edge(source, True), await _edge(source, False)
+    _refuse_outside(source.name, point, what, first, last)
+
+
+def _refuse_outside(
+    name: str, point: Point, what: str, first: tuple[int, int] | None, last: tuple[int, int] | None
+) -> None:
+    """The one rule of a point outside the log: UsageError naming the log's first or last event."""
     if first is None or last is None:
-        raise UsageError(f"{what} {point.text}: the log {source.name} holds no event")
+        raise UsageError(f"{what} {point.text}: the log {name} holds no event")
     clock = Clock.for_log(last[1])
     if point.seq is not None:
         if point.seq > last[0]:
-            raise UsageError(f"{what} {point.text} is past the end of {source.name}, which ends at seq {last[0]:,}")
+            raise UsageError(f"{what} {point.text} is past the end of {name}, which ends at seq {last[0]:,}")
         if point.seq < first[0]:
-            raise UsageError(
-                f"{what} {point.text} is before the start of {source.name}, which starts at seq {first[0]:,}"
-            )
+            raise UsageError(f"{what} {point.text} is before the start of {name}, which starts at seq {first[0]:,}")
     elif point.time is not None:
         if point.time > last[1]:
-            raise UsageError(
-                f"{what} {point.text} is past the end of {source.name}: its last event is at {clock.at(last[1])}"
-            )
+            raise UsageError(f"{what} {point.text} is past the end of {name}: its last event is at {clock.at(last[1])}")
         if point.time < first[1]:
             raise UsageError(
-                f"{what} {point.text} is before the start of {source.name}: its first event is at {clock.at(first[1])}"
+                f"{what} {point.text} is before the start of {name}: its first event is at {clock.at(first[1])}"
             )
+
+
+async def point_reader(source: LogSource, point: Point, what: str) -> LogSource:
+    """The source a view at `point` reads through, the point checked (UsageError when outside the log).
+
+    A source that reads by sequence is checked now (two small reads). A queue's scoped view
+    may not: its edges are found only by reading its events, so the view's own read checks
+    the point (`PointReading`) instead of a whole read of its own before it.
+    """
+    if isinstance(source, QueueLog) and not point.is_end:
+        return PointReading(source, point, what)
+    await check_point(source, point, what)
+    return source
+
+
+class PointReading:
+    """A source that checks a point against the events it yields, once a read from the log's start ends.
+
+    The read applies the point's time itself (the source reads on past it): the first event
+    after it shows the point is inside the log, and the read stops there, as `until` stops it.
+    """
+
+    def __init__(self, source: QueueLog, point: Point, what: str) -> None:
+        self.source = source
+        self.point = point
+        self.what = what
+        self.name = source.name
+
+    async def last_seq(self) -> int:
+        last: int = await self.source.last_seq()
+        return last
+
+    async def raw(self, seq: int) -> bytes | None:
+        raw: bytes | None = await self.source.raw(seq)
+        return raw
+
+    async def batches(
+        self, from_seq: int = 1, to_seq: int | None = None, *, until: int | None = None
+    ) -> AsyncGenerator[list[StoredEvent], None]:
+        first: tuple[int, int] | None = None  # (seq, time) of the first event read
+        last: tuple[int, int] | None = None  # of the last one at or before the point
+        later: tuple[int, int] | None = None  # of the first one after the point's time
+        async with contextlib.aclosing(self.source.batches(from_seq, to_seq)) as batches:
+            async for batch in batches:
+                if not batch:
+                    continue
+                if first is None:
+                    first = (batch[0].seq, batch[0].event.at)
+                cut = len(batch) if until is None else _count_until(batch, until)
+                if cut:
+                    last = (batch[cut - 1].seq, batch[cut - 1].event.at)
+                    yield batch if cut == len(batch) else batch[:cut]
+                if cut < len(batch):
+                    later = (batch[cut].seq, batch[cut].event.at)
+                    break
+        if from_seq <= 1:
+            await self._check(first, last, later)
+
+    async def _check(
+        self, first: tuple[int, int] | None, last: tuple[int, int] | None, later: tuple[int, int] | None
+    ) -> None:
+        point = self.point
+        if first is None:  # nothing read: an empty view, or a sequence before its first event
+            upto = f" up to seq {point.seq:,}" if point.seq is not None else ""
+            raise UsageError(f"{self.what} {point.text}: the log {self.name} holds no event{upto}")
+        if later is not None:
+            last = later  # the log goes on past the point's time
+        elif last is not None and point.seq is not None and point.seq <= await self.source.last_seq():
+            last = (point.seq, last[1])  # read up to the point, which the stream holds
+        _refuse_outside(self.name, point, self.what, first, last)
+
+
+def _count_until(batch: list[StoredEvent], until: int) -> int:
+    """How many of `batch` come before its first event later than `until` (where a read with `until` stops)."""
+    return next((i for i, stored in enumerate(batch) if stored.event.at > until), len(batch))
 
 
 def check_range(start: Point | None, end: Point | None) -> None:

@@ -25,14 +25,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from muster.replay.cliutil import check_point, point_arg, run_command
+    from muster.replay.cliutil import point_arg, point_reader, run_command
 
     async def body(source: Any, store: Any) -> int:
         from muster.replay.cliutil import emit
         from muster.replay.explain import explain
 
         point = point_arg(args.at, "--at")
-        await check_point(source, point, "--at")
+        source = await point_reader(source, point, "--at")
         story, now = await explain(source, args.job, point)
         if story.status == "unknown":
             # not a full id: a short name or prefix (the state says which job, or lists candidates)

@@ -29,6 +29,11 @@ def add_connection_arguments(g: Any) -> None:
         help="a muster config file (the daemon's, or the chart's admin.yaml): connect with its `nats` block "
         "(url, stream, inbox prefix, auth, TLS files)",
     )
+    add_credential_arguments(g)
+
+
+def add_credential_arguments(g: Any) -> None:
+    """`--creds` and the TLS files, read by `flag_options` (`billing run` has its own `--config`)."""
     g.add_argument("--creds", metavar="FILE", help="NATS user credentials file (.creds)")
     g.add_argument("--tls-ca", metavar="FILE", help="CA bundle to verify the NATS server (enables TLS)")
     g.add_argument("--tls-cert", metavar="FILE", help="client certificate (mutual TLS; with --tls-key)")

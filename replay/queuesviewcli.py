@@ -7,7 +7,9 @@ mille; 0 within nominal); a queue with flavors has its quota, used, borrowed and
 one line per flavor (`flavors` in JSON), as GPUs of unlike models do not add up. Per cohort
 the same figures summed over its subtree (per flavor, too). Read from
 the folded state like `muster jobs`; `--watch` refreshes, `-o json|jsonl` prints data
-(jsonl: one row per queue, then per cohort, each with its `kind`).
+(jsonl: one row per queue, then per cohort, each with its `kind`). `--scope QUEUE` reads only
+what that queue's own identity may (as `muster jobs --scope`) and shows that queue alone: the
+other queues' jobs are not among what it reads, so no cohort sums are shown.
 """
 
 from __future__ import annotations
@@ -17,39 +19,55 @@ from typing import Any
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from muster.replay.cliargs import POINT_HELP, add_output, add_snapshot_arguments, add_source_arguments
+    from muster.replay.cliargs import (
+        POINT_HELP,
+        add_output,
+        add_scope_argument,
+        add_snapshot_arguments,
+        add_source_arguments,
+    )
     from muster.replay.watching import add_watch_arguments
 
     p.add_argument("--at", metavar="POINT", default="end", help=f"the queues as they were at: {POINT_HELP} (default)")
     add_watch_arguments(p)
     add_output(p)
     add_source_arguments(p)
+    add_scope_argument(p)
     add_snapshot_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
     from muster.replay.watching import run_view
 
-    return run_view(args, "queues", "name", view, render)
+    return run_view(args, "queues", "name", lambda replayed: view(replayed, args.scope), render)
 
 
-def view(replayed: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def view(replayed: Any, scope: str | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The document of a replayed state, and its rows (queues, then cohorts) for `-o jsonl`."""
-    doc = document(replayed)
+    doc = document(replayed, scope)
     rows = [{"kind": "queue", "name": r["queue"], **r} for r in doc["queues"]]
     rows += [{"kind": "cohort", "name": f"cohort:{r['cohort']}", **r} for r in doc["cohorts"]]
     return doc, rows
 
 
-def document(replayed: Any) -> dict[str, Any]:
+def document(replayed: Any, scope: str | None = None) -> dict[str, Any]:
+    """The queues and cohorts of the state; with `scope`, that queue alone (UsageError when the log has none)."""
+    from muster.replay.cliutil import UsageError
     from muster.replay.status import cohort_status, queue_status
 
-    queues = queue_status(replayed.state)
+    state = replayed.state
+    if scope is not None and scope not in state.queues:
+        raise UsageError(
+            f"--scope {scope}: no such queue on the log (queues: {', '.join(sorted(state.queues)) or 'none'})"
+        )
+    queues = queue_status(state)
+    if scope is not None:
+        queues = [q for q in queues if q["queue"] == scope]
     return {
         "seq": replayed.seq,
-        "at": replayed.state.now,
+        "at": state.now,
         "queues": queues,
-        "cohorts": cohort_status(replayed.state, queues),
+        "cohorts": cohort_status(state, queues) if scope is None else [],
     }
 
 

@@ -36,7 +36,7 @@ from muster.events.archive import (
     open_archive,
 )
 from muster.events.codec import DecodeError, decode, encode
-from muster.events.store import BadEvent, EventStore, StoredEvent, StoreError, SubjectRule, decode_raws
+from muster.events.store import BadEvent, EventStore, StoredEvent, SubjectRule, decode_raws
 from muster.events.subjects import queue_filters
 from muster.events.types import Event
 
@@ -145,11 +145,14 @@ class FileLog(MemoryLog):
         return f"{self.name} is not a JSONL event log: none of its first {len(lines)} lines is an event{hint}"
 
 
+_NOT_SEALED_HERE = " and are in no archive segment read here (--archive DIR reads the sealed ones)"
+
+
 class NatsLog:
     """A JetStream stream read through `EventStore` (bad messages are reported by the store).
 
     A read from before the stream's first message (the retention window moved
-    past it) raises StoreError instead of starting later in silence.
+    past it) raises LogHole (a StoreError) instead of starting later in silence.
     """
 
     def __init__(self, store: EventStore) -> None:
@@ -174,12 +177,8 @@ class NatsLog:
     async def batches(
         self, from_seq: int = 1, to_seq: int | None = None, *, until: int | None = None
     ) -> AsyncGenerator[list[StoredEvent], None]:
-        first = await self.store.first_seq()
-        if first > max(1, from_seq):  # not silently later: the window moved past them
-            raise StoreError(
-                f"events {max(1, from_seq)}..{first - 1} left stream {self.store.stream} and are in no archive "
-                "segment read here (--archive DIR reads the sealed ones)"
-            )
+        # not silently later: the window moved past them
+        await self.store.check_holds(from_seq, _NOT_SEALED_HERE)
         async with contextlib.aclosing(self._read(from_seq, to_seq, until)) as batches:
             async for batch in batches:
                 yield batch

@@ -108,7 +108,7 @@ def add_watch_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_view(args: argparse.Namespace, prog: str, key: str, view: View, table: Callable[[dict[str, Any]], Any]) -> int:
     """Run a status command: the state at `--at` (or followed, `--watch`), shown as `view` and `table` say."""
-    from muster.replay.cliutil import UsageError, check_point, open_snapshots, point_arg, run_command
+    from muster.replay.cliutil import UsageError, open_snapshots, point_arg, point_reader, run_command
     from muster.replay.rebuild import states
 
     async def body(source: Any, store: Any) -> int:
@@ -117,7 +117,7 @@ def run_view(args: argparse.Namespace, prog: str, key: str, view: View, table: C
         if args.interval <= 0:
             raise UsageError("--interval must be above 0")
         point = point_arg(args.at, "--at")
-        await check_point(source, point, "--at")
+        source = await point_reader(source, point, "--at")
         snapshots = await open_snapshots(args, source, store)
         follow = args.interval if args.watch else None
         with Printer(args.output, args.watch, key=key) as printer:

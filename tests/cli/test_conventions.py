@@ -91,11 +91,7 @@ def test_a_refused_nats_fails_within_2s_naming_the_url(index: int, tmp_path: Pat
     assert elapsed < 2.0, f"{' '.join(argv)} took {elapsed:.1f} s"
 
 
-CREDS_COMMANDS = [i for i, name in enumerate(NATS_COMMANDS) if name != "billing run"]
-"""`billing run` is a service: it connects as its config file's `nats` block says (the chart mounts it)."""
-
-
-@pytest.mark.parametrize("index", CREDS_COMMANDS, ids=[NATS_COMMANDS[i] for i in CREDS_COMMANDS])
+@pytest.mark.parametrize("index", range(len(NATS_COMMANDS)), ids=NATS_COMMANDS)
 def test_every_command_on_nats_takes_creds_and_tls_flags(index: int, tmp_path: Path, capsys) -> None:
     """Readers and appenders alike take `--creds` and `--tls-*`: an unreadable one exits 2 naming it, before NATS."""
     argv = _nats_commands(tmp_path)[index]

@@ -577,6 +577,24 @@ async def test_a_team_reads_its_own_jobs_story_and_no_other_teams(
     assert "muster.*.team-b.*" in capsys.readouterr().err
 
 
+async def test_a_team_reads_its_own_queue_and_no_other_teams(
+    two_teams: tuple[EventStore, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`queues --scope team-a` as team-a shows its queue and pending job; the whole log is refused with the hint."""
+    _, config = two_teams
+    capsys.readouterr()
+    assert await _cli("queues", "--scope", "team-a", "--config", config, "-o", "json") == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [q["queue"] for q in doc["queues"]] == ["team-a"] and doc["cohorts"] == []
+    assert doc["queues"][0]["pending_jobs"] >= 1  # ctl-a (the module's other tests add theirs)
+    assert await _cli("queues", "--scope", "team-a", "--at", "@1800000002", "--config", config, "-o", "json") == 0
+    assert [q["queue"] for q in json.loads(capsys.readouterr().out)["queues"]] == ["team-a"]
+    assert await _cli("queues", "--scope", "team-c", "--config", config) == 1
+    assert "muster.*.team-c.*" in capsys.readouterr().err
+    assert await _cli("queues", "--config", config) == 1
+    assert "--scope QUEUE" in capsys.readouterr().err
+
+
 async def test_a_team_controls_its_own_queues_jobs_and_only_those(
     server: EmbeddedNats, two_teams: tuple[EventStore, str], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -262,3 +262,27 @@ async def test_the_appending_commands_take_the_tls_flags_directly(
         assert kinds == ["QueueConfigured", "JobSubmitted", "JobHeld", "JobCancelled"]
         assert PASSWORD not in capsys.readouterr().err
         await es.delete_stream()
+
+
+async def test_billing_run_takes_the_tls_flags_directly(
+    secured: EmbeddedNats, pki: Pki, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`billing run --once` reaches a mutual-TLS server with --tls-ca/--tls-cert/--tls-key, no config file needed."""
+    from muster.cli import main
+    from muster.daemon.billing_store import LedgerDB
+
+    async with await EventStore.connect(
+        secured.url, stream="TLS4", user=USER, password=PASSWORD, tls=pki.client_context()
+    ) as es:
+        await es.append([QueueConfigured(at=1, name=QueueName("q"), nominal={"gpu": 8}), gang("b-0")])
+        url = f"tls://{USER}:{PASSWORD}@{secured.host}:{secured.port}"
+        db = tmp_path / "ledger.db"
+        argv = ["billing", "run", "--once", "--nats", url, "--stream", "TLS4", "--db", f"sqlite:///{db}"]
+        tls = ["--tls-ca", str(pki.ca), "--tls-cert", str(pki.client_cert), "--tls-key", str(pki.client_key)]
+        assert await anyio.to_thread.run_sync(main, [*argv, "--connect-timeout", "5"]) == 1
+        capsys.readouterr()
+        assert await anyio.to_thread.run_sync(main, [*argv, *tls]) == 0, capsys.readouterr().err
+        with LedgerDB.open(f"sqlite:///{db}") as ledger:
+            assert ledger.load()[0] == await es.last_seq() == 2
+        assert PASSWORD not in capsys.readouterr().err
+        await es.delete_stream()
