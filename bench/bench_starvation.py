@@ -3,13 +3,15 @@
 Prints, per trace and policy, the queueing delay (first admission less submission;
 a job still pending at the end counts with what it waited so far, see
 `replay/waits.py`): average, p50, p99 and maximum over all jobs, and the same for
-the big gangs (32 GPUs or more). Not a test: it prints numbers (issue 12).
+the big gangs (32 GPUs or more), then a GOALS block: issue 12's goals, met or
+not, for `reserve` and `reserve+limits`. Not a test: it prints numbers and exits 0.
 
 Policies:
 - `default`: `muster sim` with today's defaults (`best_effort_fifo` everywhere);
 - `strict_fifo`: the same with every queue `strict_fifo`;
-- `reserve`: `best_effort_fifo` with every queue `reserve_after: --reserve-after`
-  (reservations, `projections/reservations.py`), no job declaring a time limit;
+- `reserve`: `best_effort_fifo` with every queue `reserve_after` (the trace's
+  `RECOMMENDED`, or `--reserve-after`; reservations, `projections/reservations.py`),
+  no job declaring a time limit;
 - `reserve+limits`: the same with every job declaring a limit of its runtime
   times `--limit-factor` (so it is never ended by it), which backfill reads;
 - `fifo`, `sjf`: reference simulators over one pool of the cluster's GPUs, no
@@ -53,8 +55,19 @@ from muster.replay.waits import Wait, WaitStats, run_waits, stats
 PHILLY = Path(__file__).resolve().parents[2] / "shared" / "traces" / "philly"
 BIG = 32
 """Gangs of at least this many GPUs are the ones that starve."""
-RECOMMENDED = {"philly": 3600, "synthetic": 600}
-"""Trace -> the `reserve_after` README recommends for it (seconds), which `reserve` and `reserve+limits` run."""
+
+
+@dataclass(frozen=True)
+class Recommended:
+    """The `reserve_after` (seconds) README recommends for a trace: without declared limits a reservation's
+    start is unknown and its room idles until it fits, so it is kept for the jobs that starve."""
+
+    no_limits: int
+    limits: int
+
+
+RECOMMENDED = {"philly": Recommended(3600, 3600), "synthetic": Recommended(21600, 600)}
+"""Trace -> what `reserve` and `reserve+limits` run."""
 
 
 @dataclass(frozen=True)
@@ -248,13 +261,17 @@ def _fmt(s: WaitStats) -> str:
     return f"avg={s.avg:>10,.0f} p50={s.p50:>9,} p99={s.p99:>10,} max={s.max:>10,} pending={s.waiting}"
 
 
-def report(trace: Trace, d: Path, policies: list[str], reserve_after: int, limit_factor: float) -> None:
-    print(f"{trace.name}: {trace.note}; reserve_after {reserve_after} s, limits {limit_factor}x runtime", flush=True)
+def report(trace: Trace, d: Path, policies: list[str], after: Recommended, limit_factor: float) -> None:
+    print(
+        f"{trace.name}: {trace.note}; reserve_after {after.no_limits} s (reserve), {after.limits} s "
+        f"(reserve+limits), limits {limit_factor}x runtime",
+        flush=True,
+    )
     runners: dict[str, Callable[[], Run]] = {
         "default": lambda: run_muster(trace, d, "best_effort_fifo"),
         "strict_fifo": lambda: run_muster(trace, d, "strict_fifo"),
-        "reserve": lambda: run_muster(trace, d, "best_effort_fifo", reserve_after),
-        "reserve+limits": lambda: run_muster(trace, d, "best_effort_fifo", reserve_after, limit_factor),
+        "reserve": lambda: run_muster(trace, d, "best_effort_fifo", after.no_limits),
+        "reserve+limits": lambda: run_muster(trace, d, "best_effort_fifo", after.limits, limit_factor),
         "fifo": lambda: Run(run_reference(trace, "fifo")),
         "sjf": lambda: Run(run_reference(trace, "sjf")),
     }
@@ -301,8 +318,8 @@ def goals(name: str, runs: dict[str, Run]) -> None:
         )
 
 
-def _after(given: int | None, trace: Trace) -> int:
-    return given if given is not None else RECOMMENDED[trace.name]
+def _after(given: int | None, trace: Trace) -> Recommended:
+    return Recommended(given, given) if given is not None else RECOMMENDED[trace.name]
 
 
 def main(argv: list[str] | None = None) -> int:
