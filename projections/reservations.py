@@ -218,19 +218,23 @@ def decide_reservations(
     running = _running(state, idx, now, placed)
     topo = idx.topology
     taken = {n for res in kept for n in res.nodes}
+    slots = len(queues)
     for res in kept:
         job = state.jobs[res.job]
         gone = not all(_usable(state, n) for n in res.nodes)
         others = taken.difference(res.nodes)
         plan = plan_for(job, topo, running, others, now, fence.taken)
-        if plan is None or not (gone or _sooner(state, plan, res, now)):
-            continue
-        # its hosts left, or room comes back sooner elsewhere: the same holder is reserved for there
-        events.append(ReservationReleased(at=now, job=JobId(res.job), reason="replaced", cycle=cycle, epoch=epoch))
-        events.append(_made(job, plan, res.reason, now, cycle, epoch))
-        taken = others | set(plan.nodes)
+        if gone or (plan is not None and _sooner(state, plan, res, now)):
+            # its hosts left, or room comes back sooner elsewhere: the same holder is reserved for there
+            events.append(ReservationReleased(at=now, job=JobId(res.job), reason="replaced", cycle=cycle, epoch=epoch))
+            taken = others
+            if plan is None:
+                continue
+            events.append(_made(job, plan, res.reason, now, cycle, epoch))
+            taken |= set(plan.nodes)
+        if not _nominal(res):
+            slots -= 1
     # as many reservations as queues make them (the guarantee's aside), to the longest waiting jobs
-    slots = len(queues) - sum(1 for res in kept if not _nominal(res))
     for job, reason in due:
         if slots <= 0 and not reason.nominal:
             break
