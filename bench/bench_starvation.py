@@ -3,13 +3,15 @@
 Prints, per trace and policy, the queueing delay (first admission less submission;
 a job still pending at the end counts with what it waited so far, see
 `replay/waits.py`): average, p50, p99 and maximum over all jobs, and the same for
-the big gangs (32 GPUs or more). Not a test: it prints numbers (issue 12).
+the big gangs (32 GPUs or more), then a GOALS block: issue 12's goals, met or
+not, for `reserve` and `reserve+limits`. Not a test: it prints numbers and exits 0.
 
 Policies:
 - `default`: `muster sim` with today's defaults (`best_effort_fifo` everywhere);
 - `strict_fifo`: the same with every queue `strict_fifo`;
-- `reserve`: `best_effort_fifo` with every queue `reserve_after: --reserve-after`
-  (reservations, `projections/reservations.py`), no job declaring a time limit;
+- `reserve`: `best_effort_fifo` with every queue `reserve_after` (the trace's
+  `RECOMMENDED`, or `--reserve-after`; reservations, `projections/reservations.py`),
+  no job declaring a time limit;
 - `reserve+limits`: the same with every job declaring a limit of its runtime
   times `--limit-factor` (so it is never ended by it), which backfill reads;
 - `fifo`, `sjf`: reference simulators over one pool of the cluster's GPUs, no
@@ -45,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from muster.events.types import Event, JobAdmitted, ReservationMade
 from muster.replay.scenario import load
 from muster.replay.simulator import simulate
 from muster.replay.waits import Wait, WaitStats, run_waits, stats
@@ -52,6 +55,19 @@ from muster.replay.waits import Wait, WaitStats, run_waits, stats
 PHILLY = Path(__file__).resolve().parents[2] / "shared" / "traces" / "philly"
 BIG = 32
 """Gangs of at least this many GPUs are the ones that starve."""
+
+
+@dataclass(frozen=True)
+class Recommended:
+    """The `reserve_after` (seconds) README recommends for a trace: without declared limits a reservation's
+    start is unknown and its room idles until it fits, so it is kept for the jobs that starve."""
+
+    no_limits: int
+    limits: int
+
+
+RECOMMENDED = {"philly": Recommended(3600, 3600), "synthetic": Recommended(21600, 600)}
+"""Trace -> what `reserve` and `reserve+limits` run."""
 
 
 @dataclass(frozen=True)
@@ -132,9 +148,28 @@ def _load(jobs: list[TraceJob], gpus: int) -> float:
 # ---------------------------------------------------------------- policies
 
 
+@dataclass
+class Run:
+    """One policy's waits, and for `muster sim` how the nominal-quota guarantee fared."""
+
+    waits: list[Wait]
+    guarantee: Guarantee | None = None
+
+
+@dataclass
+class Guarantee:
+    """Jobs reserved for within their queue's nominal quota with a known expected start, and how many of
+    them were admitted after it (the spec's bound: the longest running limit in their way)."""
+
+    jobs: int = 0
+    late: int = 0
+    worst: int = 0
+    """The most seconds one was admitted after its expected start."""
+
+
 def run_muster(
     trace: Trace, d: Path, strategy: str, reserve_after: int | None = None, limit_factor: float | None = None
-) -> list[Wait]:
+) -> Run:
     """`muster sim` on the trace, every queue with `strategy` (and `reserve_after`); with `limit_factor`
     every job declares a time limit of its runtime times that factor (rounded up)."""
     name = f"{trace.name}-{strategy}-{reserve_after}-{limit_factor}"
@@ -157,7 +192,24 @@ def run_muster(
     )
     path = d / f"{name}.yaml"
     path.write_text(text)
-    return run_waits(simulate(load(path), keep_events=False))
+    promised: dict[str, int] = {}
+    started: dict[str, int] = {}
+
+    def watch(ev: Event) -> None:
+        if isinstance(ev, ReservationMade) and ev.job not in promised and ev.expected_start is not None:
+            if ev.reason == "within its queue's nominal quota":
+                promised[ev.job] = ev.expected_start
+        elif isinstance(ev, JobAdmitted) and ev.job in promised:
+            started.setdefault(ev.job, ev.at)
+
+    waits = run_waits(simulate(load(path), keep_events=False, on_event=watch))
+    g = Guarantee(jobs=len(promised))
+    for job, start in promised.items():
+        at = started.get(job)
+        if at is None or at > start:
+            g.late += 1
+            g.worst = max(g.worst, (at if at is not None else start) - start)
+    return Run(waits, g)
 
 
 def _per_pod(gpus: int) -> int:
@@ -209,23 +261,65 @@ def _fmt(s: WaitStats) -> str:
     return f"avg={s.avg:>10,.0f} p50={s.p50:>9,} p99={s.p99:>10,} max={s.max:>10,} pending={s.waiting}"
 
 
-def report(trace: Trace, d: Path, policies: list[str], reserve_after: int, limit_factor: float) -> None:
-    print(f"{trace.name}: {trace.note}", flush=True)
-    runners: dict[str, Callable[[], list[Wait]]] = {
+def report(trace: Trace, d: Path, policies: list[str], after: Recommended, limit_factor: float) -> None:
+    print(
+        f"{trace.name}: {trace.note}; reserve_after {after.no_limits} s (reserve), {after.limits} s "
+        f"(reserve+limits), limits {limit_factor}x runtime",
+        flush=True,
+    )
+    runners: dict[str, Callable[[], Run]] = {
         "default": lambda: run_muster(trace, d, "best_effort_fifo"),
         "strict_fifo": lambda: run_muster(trace, d, "strict_fifo"),
-        "reserve": lambda: run_muster(trace, d, "best_effort_fifo", reserve_after),
-        "reserve+limits": lambda: run_muster(trace, d, "best_effort_fifo", reserve_after, limit_factor),
-        "fifo": lambda: run_reference(trace, "fifo"),
-        "sjf": lambda: run_reference(trace, "sjf"),
+        "reserve": lambda: run_muster(trace, d, "best_effort_fifo", after.no_limits),
+        "reserve+limits": lambda: run_muster(trace, d, "best_effort_fifo", after.limits, limit_factor),
+        "fifo": lambda: Run(run_reference(trace, "fifo")),
+        "sjf": lambda: Run(run_reference(trace, "sjf")),
     }
+    runs: dict[str, Run] = {}
     for name in policies:
         c0 = time.process_time()
-        waits = runners[name]()
+        run = runs[name] = runners[name]()
         cpu = time.process_time() - c0
-        big = stats(w for w in waits if w.gpus >= BIG)
-        print(f"  {name:<14} all: {_fmt(stats(waits))}  cpu={cpu:6.1f}s", flush=True)
+        big = stats(w for w in run.waits if w.gpus >= BIG)
+        print(f"  {name:<14} all: {_fmt(stats(run.waits))}  cpu={cpu:6.1f}s", flush=True)
         print(f"  {'':<14} >={BIG} GPUs: {_fmt(big)}  ({big.jobs} gangs)", flush=True)
+    goals(trace.name, runs)
+
+
+def goals(name: str, runs: dict[str, Run]) -> None:
+    """Issue 12's goals, met or not, for the recommended policy without (`reserve`) and with declared
+    limits (`reserve+limits`); a goal whose runs were not made says so."""
+    figures = {k: stats(r.waits) for k, r in runs.items()}
+    print(f"  GOALS ({name})", flush=True)
+
+    def line(goal: str, policy: str, ref: str, ok: Callable[[WaitStats, WaitStats], bool], shown: str) -> None:
+        if policy not in figures or ref not in figures:
+            print(f"    {goal}: not run (needs {policy} and {ref})", flush=True)
+            return
+        mine, theirs = figures[policy], figures[ref]
+        verdict = "met" if ok(mine, theirs) else "NOT MET"
+        a, b = (mine.max, theirs.max) if shown == "max" else (mine.avg, theirs.avg)
+        print(f"    {goal}: {verdict} ({policy} {a:,.0f} s vs {ref} {b:,.0f} s)", flush=True)
+
+    line("max wait <= FIFO's, no limits", "reserve", "fifo", lambda m, t: m.max <= t.max, "max")
+    line("avg wait <= 0.6x FIFO's, no limits", "reserve", "fifo", lambda m, t: m.avg <= 0.6 * t.avg, "avg")
+    line("max wait <= FIFO's, with limits", "reserve+limits", "fifo", lambda m, t: m.max <= t.max, "max")
+    line("avg wait <= SJF's, with limits", "reserve+limits", "sjf", lambda m, t: m.avg <= t.avg, "avg")
+    run = runs.get("reserve+limits")
+    g = run.guarantee if run is not None else None
+    if g is None:
+        print("    nominal-quota gangs start by their expected start: not run (needs reserve+limits)", flush=True)
+    else:
+        verdict = "met" if g.late == 0 else "NOT MET"
+        print(
+            f"    nominal-quota gangs start by their expected start, with limits: {verdict} "
+            f"({g.jobs} reserved within nominal quota, {g.late} late, worst by {g.worst:,} s)",
+            flush=True,
+        )
+
+
+def _after(given: int | None, trace: Trace) -> Recommended:
+    return Recommended(given, given) if given is not None else RECOMMENDED[trace.name]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,7 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="philly,synthetic")
     ap.add_argument("--policies", default="default,strict_fifo,reserve,reserve+limits,fifo,sjf")
     ap.add_argument(
-        "--reserve-after", type=int, default=3600, help="reserve, reserve+limits: every queue's reserve_after"
+        "--reserve-after",
+        type=int,
+        default=None,
+        help="reserve, reserve+limits: every queue's reserve_after (default: the trace's in RECOMMENDED)",
     )
     ap.add_argument(
         "--limit-factor",
@@ -254,9 +351,10 @@ def main(argv: list[str] | None = None) -> int:
             if trace is None:
                 print(f"philly: trace not found in {PHILLY}, skipped", flush=True)
             else:
-                report(trace, d, policies, args.reserve_after, args.limit_factor)
+                report(trace, d, policies, _after(args.reserve_after, trace), args.limit_factor)
         if "synthetic" in only:
-            report(synthetic(args.jobs, args.load), d, policies, args.reserve_after, args.limit_factor)
+            trace = synthetic(args.jobs, args.load)
+            report(trace, d, policies, _after(args.reserve_after, trace), args.limit_factor)
     return 0
 
 

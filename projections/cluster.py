@@ -436,9 +436,23 @@ def _release(state: ClusterState, job: JobState) -> None:
 
 
 def _reservation_moved(state: ClusterState, job_id: str) -> None:
-    """A change to what a reservation holds back: the scheduler's index is rebuilt (see `reservations`)."""
-    if job_id in state.reservations:
-        state.structure += 1
+    """A reservation's holder left (ended, held) or came back: what it holds back changes (see `reservations`)."""
+    res = state.reservations.get(job_id)
+    if res is not None:
+        _room_opened(state, res)
+
+
+def _room_opened(state: ClusterState, res: Reservation) -> None:
+    """Room a reservation held back may be seen by every job again: the jobs parked on placement that it
+    could serve are woken as by GPUs freed (at most what it held; waking early is harmless, late is not)."""
+    held = 0
+    for node in res.nodes:
+        need = res.needs.get(node) if res.needs else None
+        if need is None:
+            n = state.nodes.get(node)
+            need = n.capacity if n is not None else {}
+        held += need.get("gpu", 0)
+    state.gpus_freed += max(1, held)
 
 
 def _borrowing(queue: QueueState) -> bool:
@@ -857,9 +871,10 @@ def _on_reservation_made(state: ClusterState, ev: ReservationMade) -> ClusterSta
 def _on_reservation_released(state: ClusterState, ev: ReservationReleased) -> ClusterState:
     if _fenced(state, ev.epoch):
         return state
-    if state.reservations.pop(ev.job, None) is None:
+    res = state.reservations.pop(ev.job, None)
+    if res is None:
         return _skip(state)
-    state.structure += 1
+    _room_opened(state, res)
     _count_decision(state, ev.cycle)
     return state
 

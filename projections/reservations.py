@@ -1,42 +1,49 @@
-"""Reservations: room held for a job that waited too long, and backfill of that room.
+"""Reservations: room held for the jobs that waited longest, and backfill of that room.
 
 The rules (docs/spec/scenario.md, Reservations and backfill):
 
-- Who: in each queue with `reserve_after` set, its head (its first pending
-  job by priority, then submission) once it has waited `reserve_after`
-  seconds since it last became pending, or at once when the queue's usage
-  with the job admitted stays within its nominal quota. A head its own
-  queue's limits leave no room for (nominal, plus borrowing limit when it
-  may borrow) gets none: nodes would not help it. At most one reservation
-  per queue, and no node is held by two.
+- Who: over every queue with `reserve_after` set, whatever the queue, the
+  pending jobs that have waited `reserve_after` seconds (their queue's)
+  since they last became pending, longest waiting first (then by
+  submission), as many at once as there are such queues (a queue may hold
+  several; Slurm's backfill reserves for its top jobs the same way). Aside
+  from that bound, a queue's head (first by priority, then submission) is
+  reserved for at once when its queue's usage with it admitted stays within
+  its nominal quota (the guarantee). None for a job its own queue's limits
+  leave no room for, nor for one that fits the free room now (then quota,
+  not nodes, holds it back: held nodes would not help). No node is held by
+  two.
 - Where: among the domains of the level its podsets require (every host
   when none is required), the one where it fits soonest, counting the
   running jobs' declared ends (admission + `max_runtime`); a job without a
   limit has an unknown end and is counted after every known one, in
   submission order. The reservation holds the fewest hosts of that domain
   that hold the job then (on each, what its pods take there), and names the
-  running jobs there it waits for.
+  running jobs there it waits for. At the end of every cycle a held
+  reservation moves (`replaced`) where the job would start sooner: an
+  earlier known start, a known start where its own is unknown, or, both
+  unknown, fewer running jobs to wait for; older holders move first.
 - What it holds back: on each reserved host, the free room up to what the
   holder's pods will take there; every job but the holder sees it as taken,
   unless its own declared limit ends by the expected start (backfill).
   With an unknown start (some job in the way declared no limit) nothing
   backfills; a job without a limit never does.
-- When: decided at the end of a cycle that evicted nothing, for the heads
+- When: decided at the end of a cycle that evicted nothing, for the jobs
   left pending (`ReservationMade`); it holds from the next cycle on.
   Released (`ReservationReleased`) as `admitted` in the cycle that admits
   its holder, `cancelled` once the holder is no longer pending (it ended, or
-  was held), `replaced` when a reserved host left or cannot take pods (a new
-  reservation for the same job follows at once). A start that passes does
-  not move it: it only closes backfill.
+  was held), `replaced` when it moves (a reserved host left or cannot take
+  pods, or a sooner place came up: a new reservation for the same job
+  follows at once).
 
 Memory is the log: what a cycle holds back is a function of
 `state.reservations` (folded from those events) and `now`. A release, or a
-holder that leaves, rebuilds the scheduler's index in the fold (`cluster`),
-so jobs parked on the old view are tried again and the parking memo stays
-exact; a new reservation needs no rebuild, since held room only shrinks
-what the others see (their parked verdicts stand, and their wakes come
-early, never late). Within a cycle the held room only shrinks, as
-admissions shrink it.
+holder that leaves, counts the room it held as GPUs freed in the fold
+(`cluster`), so the jobs parked on placement that the room could serve wake
+as they do when a job ends, and the parking memo stays exact; a new
+reservation wakes nothing, since held room only shrinks what the others see
+(their parked verdicts stand, and their wakes come early, never late).
+Within a cycle the held room only shrinks, as admissions shrink it.
 """
 
 from __future__ import annotations
@@ -183,55 +190,131 @@ def decide_reservations(
     cycle: int,
     epoch: int,
 ) -> list[Event]:
-    """Release the reservations whose holder left or whose hosts did (reserving again for the holder of
-    the latter), and reserve for the heads due one.
+    """Release the reservations whose holder left, move those a sooner place exists for (or whose hosts
+    left), and reserve for the jobs due one, longest waiting first.
 
     Judged on the cycle's view at its end (`placed`: the jobs it admitted; `fence`: what it holds back).
     """
     now = fence.now
     events: list[Event] = []
-    held: dict[str, Reservation] = {}
-    moving: list[Reservation] = []
+    kept: list[Reservation] = []
     for job_id, res in sorted(state.reservations.items()):
         if job_id in placed:
             continue  # released with its admission
         if not in_force(state, job_id):
             events.append(ReservationReleased(at=now, job=JobId(job_id), reason="cancelled", cycle=cycle, epoch=epoch))
-        elif not all(_usable(state, n) for n in res.nodes):
-            events.append(ReservationReleased(at=now, job=JobId(job_id), reason="replaced", cycle=cycle, epoch=epoch))
-            moving.append(res)
         else:
-            held[res.queue] = res
+            kept.append(res)
+    # older holders first: a sooner place goes to the job that has waited longest
+    kept.sort(key=lambda r: _wait_key(state.jobs[r.job]))
     # a reservation's room is counted in plain resources: a queue with quota per flavor makes none
-    queues = sorted(
-        q for q, qs in state.queues.items() if qs.reserve_after is not None and not qs.resource_groups and q not in held
-    )
-    if not queues and not moving:
+    queues = {q for q, qs in state.queues.items() if qs.reserve_after is not None and not qs.resource_groups}
+    if not queues and not kept:
+        return events
+    holders = {res.job for res in kept}
+    due = _due_jobs(state, idx, queues, holders, placed, now)
+    if not kept and not due:
         return events
     running = _running(state, idx, now, placed)
     topo = idx.topology
-    taken = {n for res in held.values() for n in res.nodes}
-    for res in moving:
-        # its nodes cannot serve: the same holder is reserved for again, by the same rules
-        plan = plan_for(state.jobs[res.job], topo, running, taken, now, fence.taken)
-        if plan is not None:
-            taken.update(plan.nodes)
-            held[res.queue] = res
-            events.append(_made(state.jobs[res.job], plan, res.reason, now, cycle, epoch))
-    heads = _heads(state, idx, {q for q in queues if q not in held}, placed)
-    for queue in queues:
-        head = heads.get(queue)
-        if head is None or queue in held:
-            continue
-        reason = _due(state, idx, head, now)
-        if reason is None:
-            continue
-        plan = plan_for(head, topo, running, taken, now, fence.taken)
-        if plan is None:
-            continue
+    taken = {n for res in kept for n in res.nodes}
+    slots = len(queues)
+    for res in kept:
+        job = state.jobs[res.job]
+        gone = not all(_usable(state, n) for n in res.nodes)
+        others = taken.difference(res.nodes)
+        plan = plan_for(job, topo, running, others, now, fence.taken)
+        if gone or (plan is not None and _sooner(state, plan, res, now)):
+            # its hosts left, or room comes back sooner elsewhere: the same holder is reserved for there
+            events.append(ReservationReleased(at=now, job=JobId(res.job), reason="replaced", cycle=cycle, epoch=epoch))
+            taken = others
+            if plan is None:
+                continue
+            events.append(_made(job, plan, res.reason, now, cycle, epoch))
+            taken |= set(plan.nodes)
+        if not _nominal(res):
+            slots -= 1
+    # as many reservations as queues make them (the guarantee's aside), to the longest waiting jobs
+    for job, reason in due:
+        if slots <= 0 and not reason.nominal:
+            break
+        plan = plan_for(job, topo, running, taken, now, fence.taken)
+        if plan is None or not plan.waits_for:
+            continue  # nowhere, or it fits now: what holds it back is not room that nodes could hold
         taken.update(plan.nodes)
-        events.append(_made(head, plan, reason, now, cycle, epoch))
+        if not reason.nominal:
+            slots -= 1
+        events.append(_made(job, plan, reason.text, now, cycle, epoch))
     return events
+
+
+def _sooner(state: ClusterState, plan: Plan, res: Reservation, now: int) -> bool:
+    """Whether `plan` starts the holder sooner than its reservation will: an earlier known start, a known
+    start where it has none, or, both unknown, fewer running jobs to wait for."""
+    left = [w for w in res.waits_for if _still_running(state, w.job, res.since)]
+    unknown = any(w.end is None for w in left)
+    if plan.expected_start is None:
+        return unknown and len(plan.waits_for) < len(left)
+    if unknown:
+        return True
+    return plan.expected_start < max((w.end or now for w in left), default=now)
+
+
+def _still_running(state: ClusterState, job_id: str, since: int) -> bool:
+    """Whether a job a reservation made at `since` waits for is still in its way (the same run of it)."""
+    job = state.jobs.get(job_id)
+    return job is not None and job.status == "admitted" and (job.admitted_at or 0) <= since
+
+
+NOMINAL = "within its queue's nominal quota"
+
+
+def _nominal(res: Reservation) -> bool:
+    return res.reason == NOMINAL
+
+
+class Due(NamedTuple):
+    """Why a job is due a reservation; `nominal`: its queue's head within its nominal quota (the guarantee,
+    never held back by the bound)."""
+
+    text: str
+    nominal: bool
+
+
+def _due_jobs(
+    state: ClusterState,
+    idx: SchedulerIndex,
+    queues: set[str],
+    holders: set[str],
+    placed: Mapping[str, object],
+    now: int,
+) -> list[tuple[JobState, Due]]:
+    """The pending jobs due a reservation, longest waiting first (then by submission), whatever their queue."""
+    quota = idx.quota
+    heads = _heads(state, idx, queues, placed)
+    out: list[tuple[int, int, JobState, Due]] = []
+    for job_id in idx.group_of:  # the validated pending jobs, to try or parked
+        job = state.jobs.get(job_id)
+        if job is None or job.queue not in queues or job_id in placed or job_id in holders:
+            continue
+        if job.status != "pending" or job.held:
+            continue
+        since = job.pending_since()
+        if heads.get(job.queue) is job and quota.within_nominal(job.queue, job.requests):
+            due = Due(NOMINAL, True)
+        else:
+            after = state.queues[job.queue].reserve_after
+            if after is None or now - since < after or not _own_room(idx, job, state.preemptible(job)):
+                continue
+            due = Due(f"waited {now - since} s (reserve_after {after} s)", False)
+        out.append((since, job.seq, job, due))
+    out.sort(key=lambda d: (d[0], d[1]))
+    return [(job, due) for _, _, job, due in out]
+
+
+def _wait_key(job: JobState) -> tuple[int, int]:
+    """Longest waiting first: when it last became pending, then submission order."""
+    return job.pending_since(), job.seq
 
 
 def _made(job: JobState, plan: Plan, reason: str, now: int, cycle: int, epoch: int) -> ReservationMade:
@@ -269,20 +352,6 @@ def _heads(
         if known is None or key < known[0]:
             best[job.queue] = (key, job)
     return {q: j for q, (_, j) in best.items()}
-
-
-def _due(state: ClusterState, idx: SchedulerIndex, job: JobState, now: int) -> str | None:
-    """Why the head is due a reservation now, or None."""
-    quota = idx.quota
-    if quota.within_nominal(job.queue, job.requests):
-        return "within its queue's nominal quota"
-    after = state.queues[job.queue].reserve_after
-    since = job.pending_since()
-    if after is None or now - since < after:
-        return None
-    if not _own_room(idx, job, state.preemptible(job)):
-        return None
-    return f"waited {now - since} s (reserve_after {after} s)"
 
 
 def _own_room(idx: SchedulerIndex, job: JobState, allow_borrow: bool) -> bool:
@@ -368,7 +437,9 @@ def _plan_in(
     if not room:
         return None
     _give(room, {n: r for n, r in held.items() if n in room})
-    chosen = _fit(job, room)
+    need = job.gpus
+    gpus = sum(r.get("gpu", 0) for r in room.values())
+    chosen = _fit(job, room) if gpus >= need else None
     freed: list[Running] = []
     for r in running:
         if chosen is not None:
@@ -377,7 +448,9 @@ def _plan_in(
         if mine:
             _give(room, mine)
             freed.append(r)
-            chosen = _fit(job, room)
+            gpus += sum(req.get("gpu", 0) for req in mine.values())
+            if gpus >= need:  # fewer free GPUs than it asks for cannot hold it: no need to try
+                chosen = _fit(job, room)
     if chosen is None:
         return None
     waits = [r for r in freed if any(n in chosen for n in r.room)]

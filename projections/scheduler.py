@@ -12,7 +12,7 @@ One call is one scheduling cycle. It reads like Kueue's `schedule()`:
    find a minimal set of victims the policies allow (`JobPreempted`; the
    preemptor is admitted by a later cycle at the same instant); else explain
    why it waits (`JobInadmissible`, only when the reason changed) and park it;
-   5b. reserve room for the queue heads that waited too long (`reservations`; reserved room is
+   5b. reserve room for the jobs that waited longest (`reservations`; reserved room is
    held back from every other job but those whose declared limit ends before it is needed);
 6. reclaim jobs idle for long enough when a pending job could use their room;
 7. undo every tentative change: the state is left exactly as it was found
@@ -653,7 +653,7 @@ def decide(state: ClusterState, now: int) -> list[Event]:
             # 4-5. heads in admission order; admit, preempt (which ends the cycle) or park
             _admit(cycle)
             if not cycle.reserved:
-                # 5b. room held for the heads that waited too long, from the next cycle on
+                # 5b. room held for the jobs that waited longest, from the next cycle on
                 reserving = decide_reservations(state, idx, cycle.fence, cycle.placed, cycle.number, cycle.epoch)
                 cycle.events.extend(reserving)
         # 6. idle reclaim

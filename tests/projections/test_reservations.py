@@ -153,3 +153,49 @@ def test_reserve_after_must_be_a_whole_number_of_seconds() -> None:
         loads(text, "s.yaml")
     assert "reserve_after must be at least 0" in str(err.value)
     assert err.value.line is not None
+
+
+def test_the_longest_waiting_gangs_are_reserved_for_whatever_their_queue() -> None:
+    """Two queues make reservations, so two are held at once: both go to qa's gangs, which have waited longest,
+    and qb's younger gang is reserved for only once one of them is admitted."""
+    queues = [queue("qa", 8, "org", reserve_after=100), queue("qb", 8, "org", reserve_after=100)]
+    queues.append(queue("qc", 16, "org"))
+    timeline = [submit(f"r{i}", "qc", 8, runtime=t, limit=t) for i, t in enumerate((1000, 2000, 3000, 4000))]
+    timeline += [submit("g1", "qa", 16, at=10, runtime=100), submit("g2", "qa", 16, at=20, runtime=100)]
+    timeline += [submit("h", "qb", 16, at=30, runtime=100), submit("tick", "qc", 1, per_pod=1, at=200, runtime=10)]
+    out = run(scenario(flat_nodes(8, 8, 8, 8), queues, timeline, cohorts=["org"]))
+    first = {}
+    for m in reservations(out):
+        first.setdefault(m.job, (m.at, m.nodes, m.expected_start))
+    assert first["g1"] == (200, ["n0", "n1"], 2000)
+    assert first["g2"] == (200, ["n2", "n3"], 4000)
+    assert first["h"][0] >= out.admitted("g1").at
+    assert out.admitted("g1").at == 2000 and out.admitted("g2").at < 4000  # g2 moved where room came back sooner
+
+
+def test_a_reservation_moves_where_room_comes_back_sooner() -> None:
+    """r2 ends long before its limit: the gang's reservation moves to its node (`replaced`), so the job without
+    a limit that arrives next cannot take it, and the gang starts at r0's end instead of r1's (2000)."""
+    queues = [queue("qa", 8, "org", reserve_after=0), queue("qb", 16, "org")]
+    timeline = [submit(f"r{i}", "qb", 8, runtime=rt, limit=lim) for i, (rt, lim) in enumerate(RUNS)]
+    timeline += [submit("big", "qa", 16, at=10, runtime=100), submit("c", "qb", 8, at=400, runtime=100)]
+    out = run(scenario(flat_nodes(8, 8, 8), queues, timeline, cohorts=["org"]))
+    made = [(m.at, m.nodes, m.expected_start) for m in reservations(out)]
+    assert made == [(10, ["n0", "n1"], 2000), (300, ["n0", "n2"], 1000)]
+    assert releases(out) == [("big", "replaced", 300), ("big", "admitted", 1000)]
+    assert out.admitted("big").at == 1000 and out.admitted("c").at == 1100  # c runs after the gang
+
+
+RUNS = ((1000, 1000), (2000, 2000), (300, 3000))
+"""(runtime, limit) of r0, r1, r2 on n0, n1, n2."""
+
+
+def test_a_gang_blocked_only_by_quota_reserves_no_nodes() -> None:
+    """The cohort's quota is full while half the nodes are free: holding nodes would not help the gang, so none
+    are held and it starts when quota comes back."""
+    queues = [queue("qa", 8, "org", reserve_after=0), queue("qb", 8, "org")]
+    timeline = [submit("a1", "qa", 8, runtime=1000, limit=1000), submit("r1", "qb", 8, runtime=500, limit=1000)]
+    timeline += [submit("big", "qa", 8, at=10, runtime=100)]
+    out = run(scenario(flat_nodes(8, 8, 8, 8), queues, timeline, cohorts=["org"]))
+    assert reservations(out) == []
+    assert out.admitted("big").at == 500
