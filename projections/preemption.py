@@ -103,6 +103,9 @@ def victim_order(cycle: Cycle, queue: str, upto: int) -> list[VictimEntry]:
     lost work, newest); kept for the instant. Callers walk it in order and stop at a priority
     they may not take, so a longer list serves them too."""
     idx, now = cycle.idx, cycle.now
+    if upto < cycle.state.lowest_priority():
+        # no job is below the lowest class (a scavenger's search): nothing to order, however many run
+        return []
     version = idx.running_version.get(queue, 0)
     hit = idx.victim_cache.get(queue)
     if hit is not None and hit.at == now and hit.upto >= upto:
