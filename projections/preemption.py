@@ -19,11 +19,13 @@ Everything is tentative on the cycle's view and undone before returning.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
 from muster.events.types import PreemptionReason
 from muster.projections.cluster import JobState
 from muster.projections.eviction import LOWEST, Mode, Preemptor, eviction_chain, may_evict, reach
+from muster.projections.flavors import placement_request, unassigned
 from muster.projections.index import VictimEntry, VictimList, VictimMemo
 
 if TYPE_CHECKING:
@@ -101,6 +103,9 @@ def victim_order(cycle: Cycle, queue: str, upto: int) -> list[VictimEntry]:
     lost work, newest); kept for the instant. Callers walk it in order and stop at a priority
     they may not take, so a longer list serves them too."""
     idx, now = cycle.idx, cycle.now
+    if upto < cycle.state.lowest_priority():
+        # no job is below the lowest class (a scavenger's search): nothing to order, however many run
+        return []
     version = idx.running_version.get(queue, 0)
     hit = idx.victim_cache.get(queue)
     if hit is not None and hit.at == now and hit.upto >= upto:
@@ -258,12 +263,12 @@ class _Probe:
             if t.id in self.cycle.removed:
                 self.cycle.restore(t)
 
-    def minimal(self, candidates: list[JobState], allow_borrow: bool, threshold: int | None) -> list[JobState] | None:
-        cycle, job = self.cycle, self.job
-        quota = cycle.idx.quota
-        state = cycle.state
-        targets: list[JobState] = []
-        fits = False
+    def _in_turn(
+        self, candidates: list[JobState], allow_borrow: bool, threshold: int | None
+    ) -> Iterator[tuple[JobState, bool]]:
+        """The candidates `minimal` removes, in turn, with whether the preemptor may borrow once it is
+        removed; judged lazily, on the quota as the caller's removals leave it."""
+        job, state, quota = self.job, self.cycle.state, self.cycle.idx.quota
         for c in candidates:
             if c.queue != job.queue:
                 cp = state.priority_of(c)
@@ -271,17 +276,53 @@ class _Probe:
                     continue  # its queue no longer borrows
                 if threshold is not None and cp > threshold:
                     allow_borrow = False  # borrow_within_cohort: borrowing only past victims under the threshold
+            yield c, allow_borrow
+
+    def minimal(self, candidates: list[JobState], allow_borrow: bool, threshold: int | None) -> list[JobState] | None:
+        cycle = self.cycle
+        if not self._room_possible(candidates):
+            self._quota_only(candidates, allow_borrow, threshold)
+            return None
+        targets: list[JobState] = []
+        fits = False
+        may_borrow = allow_borrow
+        for c, may_borrow in self._in_turn(candidates, allow_borrow, threshold):
             cycle.remove(c)
             targets.append(c)
-            if self._fits(allow_borrow):
+            if self._fits(may_borrow):
                 fits = True
                 break
         if not fits:
             self._undo(targets)
             return None
-        kept = self._fill_back(targets, allow_borrow)
+        kept = self._fill_back(targets, may_borrow)
         self._undo(targets)
         return kept
+
+    def _room_possible(self, candidates: list[JobState]) -> bool:
+        """Whether the nodes could hold the job were every candidate evicted (False: no victim set
+        places it). A bound on domains' free room: a failing search then costs O(domains), not a
+        placement per candidate (big gangs that need one rack wait through many releases)."""
+        cycle, job = self.cycle, self.job
+        if len(job.podsets) != 1 or unassigned(cycle.state, job):
+            return True  # `Cycle.fits` places several podsets, or chooses flavors, in turn
+        ps = job.podsets[0]
+        topology = cycle.idx.topology
+        level = ps.topology.required if ps.topology is not None else None
+        request = placement_request(job, ps.name, ps.requests, topology.tainted)
+        return topology.could_hold(ps.count, request, level, candidates)
+
+    def _quota_only(self, candidates: list[JobState], allow_borrow: bool, threshold: int | None) -> None:
+        """`minimal`'s walk when no victim set can place the job: only whether quota would fit on the
+        way is left to learn (`quota_possible`, which the job's wake reads), from the quota alone."""
+        job, quota = self.job, self.cycle.idx.quota
+        mark = quota.mark()
+        for c, may_borrow in self._in_turn(candidates, allow_borrow, threshold):
+            quota.add(c.queue, c.requests, -1)
+            if quota.fits(job.queue, job.requests, may_borrow):
+                self.quota_possible = True
+                break
+        quota.rollback(mark)
 
     def fair(self, candidates: list[JobState], allow_borrow: bool) -> list[JobState] | None:
         cycle, job = self.cycle, self.job

@@ -29,7 +29,7 @@ import itertools
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
-from muster.projections.cluster import ClusterState, NodeState
+from muster.projections.cluster import ClusterState, JobState, NodeState, node_pods
 from muster.projections.flavors import MARKER, node_markers, plain
 from muster.projections.resources import fmt, undoing
 
@@ -131,6 +131,8 @@ class TopologyIndex:
         self.gpu_free_total: int = self.root.free.get("gpu", 0)
         self.deferred: list[tuple[str, dict[str, int], int]] = []
         """The last cycle's tentative changes, not undone yet (`settle`)."""
+        self._rooms: dict[tuple[str, int], _Room] = {}
+        """(job, depth) -> what it holds per domain (`could_hold`); good while its placement is the same object."""
 
     # ------------------------------------------------------------ host updates
 
@@ -297,6 +299,52 @@ class TopologyIndex:
             d = d.parent
         return (*frees, dom.path)
 
+    def could_hold(self, count: int, req: Mapping[str, int], level: str | None, freed: Iterable[JobState]) -> bool:
+        """Whether some domain of `level` (None: the cluster) has the free capacity for `count` pods of `req`
+        were the running jobs `freed` (say every candidate victim) evicted first.
+
+        Free capacity only bounds what `place` finds, so False means that `place`
+        fails on this view with any of `freed` evicted: a victim search can stop
+        without trying a set (no host visited; each job's room per domain is kept).
+        """
+        need = {k: v * count for k, v in req.items() if v > 0}
+        depth = 0 if level is None else self.level_depth(level)
+        if not need or depth is None:
+            return True
+        extra: dict[int, dict[str, int]] = {}
+        for job in freed:
+            for dom_id, amounts in self._room_by_domain(job, depth).items():
+                more = extra.setdefault(dom_id, {})
+                for k, v in amounts.items():
+                    more[k] = more.get(k, 0) + v
+        domains = [self.root] if depth == 0 else self.by_level[depth - 1]
+        for dom in domains:
+            more = extra.get(id(dom), {})
+            if all(dom.free.get(k, 0) + more.get(k, 0) >= n for k, n in need.items()):
+                return True
+        return False
+
+    def _room_by_domain(self, job: JobState, depth: int) -> dict[int, dict[str, int]]:
+        """What a running job holds per domain at `depth` (by `id`), for as long as its placement stands.
+
+        Hosts out of service count too: more room than evicting gives only weakens `could_hold`'s bound.
+        """
+        key = (job.id, depth)
+        known = self._rooms.get(key)
+        if known is not None and known.placement is job.placement:
+            return known.by_domain
+        by_domain: dict[int, dict[str, int]] = {}
+        for name, pods, pod_req in node_pods(job.podsets, job.placement):
+            host = self.hosts.get(name)
+            if host is None:
+                continue
+            amounts = by_domain.setdefault(id(host.chain[-(depth + 1)]), {})
+            for k, v in pod_req.items():
+                if v > 0:
+                    amounts[k] = amounts.get(k, 0) + v * pods
+        self._rooms[key] = _Room(job.placement, by_domain)
+        return by_domain
+
     # ------------------------------------------------------------ placement
 
     def place(
@@ -407,6 +455,13 @@ class TopologyIndex:
             i += 1
         if remaining > 0:  # pragma: no cover - callers check total slots first
             raise AssertionError("spread ran out of room")
+
+
+class _Room(NamedTuple):
+    """A running job's room per domain of one level, as placed by `placement` (the job's own dict)."""
+
+    placement: Mapping[str, str]
+    by_domain: dict[int, dict[str, int]]
 
 
 class _Plan(NamedTuple):

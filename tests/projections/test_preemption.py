@@ -13,6 +13,23 @@ import pytest
 from simkit import flat_nodes, nodes_8gpu, queue, run, scenario, submit
 
 FOUR_NODES = nodes_8gpu(per_rack=4)  # 32 GPUs
+TWO_RACKS = nodes_8gpu(racks=2, per_rack=4)  # 64 GPUs in racks r0 and r1
+
+
+def _two_racks(keep0: int, keep1: int) -> str:
+    """Racks r0 and r1 (32 GPUs each) with high-priority jobs of `keep0` and `keep1` GPUs and two 8-GPU
+    scavengers filling the rest; at 10 a 16-GPU gang that needs one rack."""
+    return scenario(
+        TWO_RACKS,
+        [queue("q", 64, within="LowerPriority")],
+        [
+            submit("keep0", "q", keep0, prio="high", required="rack"),
+            submit("keep1", "q", keep1, prio="high", required="rack"),
+            submit("s0", "q", 8, prio="scavenger", required="rack"),
+            submit("s1", "q", 8, prio="scavenger", required="rack"),
+            submit("gang", "q", 16, at=10, prio="training", required="rack"),
+        ],
+    )
 
 
 # ---------------------------------------------------------------- within a queue
@@ -87,6 +104,18 @@ WITHIN_QUEUE_CASES = [
         ),
         [("pending", "u")],
         id="non-preemptible-never-a-victim",
+    ),
+    pytest.param(_two_racks(24, 24), [("pending", "gang")], id="victims-in-two-racks-do-not-make-one-rack-room"),
+    pytest.param(
+        _two_racks(16, 32),
+        [
+            ("preempt", "s1", "gang", "WithinQueue"),
+            ("preempt", "s0", "gang", "WithinQueue"),
+            ("admit", "gang"),
+            ("pending", "s0"),
+            ("pending", "s1"),
+        ],
+        id="victims-in-one-rack-make-room-there",
     ),
 ]
 
