@@ -35,6 +35,7 @@ from anyio.abc import TaskStatus
 from kubereal import START, bound, gather, make_gang, make_node, namespace, servers
 from kubernetes_asyncio.client import ApiClient, BatchV1Api, CoreV1Api
 
+from muster.daemon import heap
 from muster.daemon.cluster import Applied, Cluster, KubeCluster, Sink
 from muster.daemon.k8s.client import skip_environment_lookups
 from muster.daemon.logs import configure_logging
@@ -229,5 +230,6 @@ if __name__ == "__main__":
         sys.exit(0)
     with open(args.log, "w") if args.log else tempfile.TemporaryFile("w") as logfile:
         configure_logging("info", "json", stream=logfile)  # as deployed: JSON lines at info (here to a file)
+        heap.tune()  # as deployed: the daemon's collector thresholds
         code = anyio.run(main, args)
     sys.exit(code)

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
@@ -72,6 +73,7 @@ from muster.projections.flavors import tolerations
 __all__ = ["KubernetesAdapter", "Sink"]
 
 log = structlog.get_logger("muster.k8s")
+_std_log = logging.getLogger("muster.k8s")
 
 Sink = Callable[[list[Event]], Awaitable[None]]
 RESOURCES = ("nodes", "pods")
@@ -284,9 +286,12 @@ class KubernetesAdapter:
             self._binding_failed(event.job, result, pods, owner)
         await self._push(result.events)
         # an admission bound as decided is the common case, hundreds a second: the log and the
-        # muster_applied_decisions metric hold it; a line each was ~6% of the daemon's CPU in gangs of one
-        say = log.debug if result.ok and isinstance(event, JobAdmitted) else log.info
-        say(
+        # muster_applied_decisions metric hold it; a line each was ~6% of the daemon's CPU in gangs of one,
+        # and even a filtered-out debug call builds a logger (structlog's lazy proxy): ask the level first
+        routine = result.ok and isinstance(event, JobAdmitted)
+        if routine and not _std_log.isEnabledFor(logging.DEBUG):
+            return result
+        (log.debug if routine else log.info)(
             "applied",
             type=type(event).__name__,
             job=getattr(event, "job", None),
