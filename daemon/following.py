@@ -103,7 +103,10 @@ class LogFollower:
         """Bring every event after `folded_seq` into the buffer, forever (run as a task)."""
         async with self._send.clone() as send, contextlib.aclosing(self.store.follow(self.folded_seq + 1)) as events:
             async for stored in events:
-                await send.send(stored)
+                try:  # no trip through the event loop per event while the buffer has room
+                    send.send_nowait(stored)
+                except anyio.WouldBlock:
+                    await send.send(stored)
 
     async def watch_lag(self, every: float) -> None:
         """Keep the lag metric (stream end - folded) current, forever (run as a task)."""

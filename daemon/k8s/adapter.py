@@ -39,7 +39,6 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import time
@@ -274,7 +273,7 @@ class KubernetesAdapter:
 
         Waits for `run` to have synced, so decisions are applied against a known cluster.
         """
-        await self._synced.wait()
+        await self._wait_synced()
         job = getattr(event, "job", None)
         gangs = self.translator.gangs
         # who to tell, taken before applying (an eviction takes the pods away)
@@ -361,7 +360,7 @@ class KubernetesAdapter:
 
     async def ready(self, event: Event) -> None:
         """Wait (bounded) until `event` can be applied: an admission's pods exist (see `Applier.ready`)."""
-        await self._synced.wait()
+        await self._wait_synced()
         await self.applier.ready(event)
 
     def resource_version(self, resource: str) -> int:
@@ -387,6 +386,11 @@ class KubernetesAdapter:
         else:
             self.translator.on_pod(item, at)
 
+    async def _wait_synced(self) -> None:
+        # anyio's wait yields to the event loop even when the event is set: twice per admission, for nothing
+        if not self._synced.is_set():
+            await self._synced.wait()
+
     def _notify(self) -> None:
         self._changed.set()
         self._changed = anyio.Event()
@@ -406,17 +410,14 @@ class KubernetesAdapter:
                 server_seconds=self._watch_seconds,
                 page_size=self._page_size,
             )
-        listing = True
         async with send, aclosing(stream):
             async for item in stream:
-                if listing:
-                    # `run` flushes nothing before every list ended: with no checkpoint per object while there
-                    # is room, a mirror's snapshot reaches it in batches instead of one by one
-                    listing = not isinstance(item, Synced)
-                    with contextlib.suppress(anyio.WouldBlock):
-                        send.send_nowait(item)
-                        continue
-                await send.send(item)
+                # no checkpoint per object while the queue has room: `run` gets what came together (a list's
+                # page, a mirror's snapshot, a watch chunk of many events) as one batch, not one by one
+                try:
+                    send.send_nowait(item)
+                except anyio.WouldBlock:
+                    await send.send(item)
 
     async def _resolve(self, owner: Owner, send: MemoryObjectSendStream[_Item]) -> None:
         """Fetch the owner's gang size, retrying what is worth retrying."""
