@@ -39,6 +39,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -410,14 +411,17 @@ class KubernetesAdapter:
                 server_seconds=self._watch_seconds,
                 page_size=self._page_size,
             )
+        listing = True
         async with send, aclosing(stream):
             async for item in stream:
-                # no checkpoint per object while the queue has room: `run` gets what came together (a list's
-                # page, a mirror's snapshot, a watch chunk of many events) as one batch, not one by one
-                try:
-                    send.send_nowait(item)
-                except anyio.WouldBlock:
-                    await send.send(item)
+                if listing:
+                    # `run` flushes nothing before every list ended: with no checkpoint per object while there
+                    # is room, a mirror's snapshot reaches it in batches instead of one by one
+                    listing = not isinstance(item, Synced)
+                    with contextlib.suppress(anyio.WouldBlock):
+                        send.send_nowait(item)
+                        continue
+                await send.send(item)
 
     async def _resolve(self, owner: Owner, send: MemoryObjectSendStream[_Item]) -> None:
         """Fetch the owner's gang size, retrying what is worth retrying."""
