@@ -9,6 +9,8 @@ pod is bound. It prints, per run:
 
   first->last   pods / (last binding answered - first binding sent): the binding rate
   start->all    pods / (all bound - daemon started): lists, log, decisions and bindings
+  daemon CPU    the process's CPU from start to all bound, per pod, and how much of it the
+                cyclic garbage collector took (`daemon/heap.py` tunes it as `muster daemon` does)
 
 Binding times are taken at the daemon's `Cluster.apply` (a wrapper records when each
 admission's apply began and ended), so the bench adds no watch of its own to the
@@ -22,12 +24,14 @@ Usage: python bench/bench_k8s_real.py [--nodes 500] [--pods 2000] [--sizes 1,8,3
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
+import gc
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import anyio
@@ -35,6 +39,7 @@ from anyio.abc import TaskStatus
 from kubereal import START, bound, gather, make_gang, make_node, namespace, servers
 from kubernetes_asyncio.client import ApiClient, BatchV1Api, CoreV1Api
 
+from muster.daemon import heap
 from muster.daemon.cluster import Applied, Cluster, KubeCluster, Sink
 from muster.daemon.k8s.client import skip_environment_lookups
 from muster.daemon.logs import configure_logging
@@ -86,6 +91,30 @@ class TimedCluster:
         return self.inner.holds(job)
 
 
+class CollectorTime:
+    """CPU seconds spent in the cyclic garbage collector while `running` (`gc.callbacks`)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.passes = 0
+        self._began = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.process_time()
+        else:
+            self.seconds += time.process_time() - self._began
+            self.passes += 1
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        gc.callbacks.append(self)
+        try:
+            yield
+        finally:
+            gc.callbacks.remove(self)
+
+
 @dataclass(frozen=True)
 class Run:
     size: int
@@ -95,13 +124,15 @@ class Run:
     cpu: float
     """CPU seconds of the daemon's process (the bench's share is idle waiting) from start to all bound."""
     load: str
+    collector: CollectorTime
 
     def line(self) -> str:
         return (
             f"gangs of {self.size:>3}: {self.pods} pods  first->last {self.pods / self.first_to_last:6.0f} pods/s"
             f" ({self.first_to_last:5.2f} s)  start->all {self.pods / self.start_to_all:6.0f} pods/s"
             f" ({self.start_to_all:5.2f} s)  daemon CPU {self.cpu / self.start_to_all:4.0%}"
-            f" ({1000 * self.cpu / self.pods:.2f} ms/pod)  load {self.load}"
+            f" ({1000 * self.cpu / self.pods:.2f} ms/pod, collector {1000 * self.collector.seconds / self.pods:.2f}"
+            f" in {self.collector.passes} passes)  load {self.load}"
         )
 
 
@@ -123,15 +154,17 @@ async def one_run(api: ApiClient, url: str, args: argparse.Namespace, size: int,
     try:
         await store.append([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 10**6})])
         loop = SchedulerLoop(store, elector=SoleElector("bench"), cluster=factory, options=LoopOptions())
+        collector = CollectorTime()
         async with anyio.create_task_group() as tg:
             # CPU time, not wall time: on a shared machine a wall-clock profile mostly measures waiting
             profile = cProfile.Profile(time.process_time) if args.profile else None
             started, cpu = time.perf_counter(), time.process_time()
             if profile is not None:
                 profile.enable()
-            await tg.start(loop.run)
-            with anyio.fail_after(args.timeout):
-                await timings.done.wait()
+            with collector.running():
+                await tg.start(loop.run)
+                with anyio.fail_after(args.timeout):
+                    await timings.done.wait()
             all_bound, cpu = time.perf_counter(), time.process_time() - cpu
             if profile is not None:
                 profile.disable()
@@ -155,6 +188,7 @@ async def one_run(api: ApiClient, url: str, args: argparse.Namespace, size: int,
         all_bound - started,
         cpu,
         f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
+        collector,
     )
 
 
@@ -229,5 +263,6 @@ if __name__ == "__main__":
         sys.exit(0)
     with open(args.log, "w") if args.log else tempfile.TemporaryFile("w") as logfile:
         configure_logging("info", "json", stream=logfile)  # as deployed: JSON lines at info (here to a file)
+        heap.tune()  # as deployed: the daemon's collector thresholds
         code = anyio.run(main, args)
     sys.exit(code)

@@ -37,6 +37,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from muster.daemon.cluster import Cluster, Reapply, Reapplying
 from muster.daemon.metrics import DaemonMetrics
+from muster.daemon.slots import Slots
 from muster.events.types import Event, JobAdmitted
 
 __all__ = ["DecisionApplier"]
@@ -63,7 +64,7 @@ class DecisionApplier:
         self.metrics = metrics
         self.victim_wait = victim_wait
         self.poll = poll
-        self._limit = anyio.CapacityLimiter(concurrency)
+        self._limit = Slots(concurrency)
         self._queues: dict[str, deque[Event | Reapply]] = {}
         self._tg: TaskGroup | None = None
         if metrics is not None:

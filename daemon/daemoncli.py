@@ -97,6 +97,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     import anyio
 
+    from muster.daemon import heap
     from muster.daemon.config import ConfigError, load_config
     from muster.daemon.logs import configure_logging
 
@@ -106,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"muster daemon: {exc}", file=sys.stderr)
         return 2
     configure_logging(cfg.log_level, cfg.log_format)
+    heap.tune()
     try:
         code: int = anyio.run(serve, cfg, args.connect_timeout)
     except ConfigError as exc:

@@ -114,7 +114,10 @@ class LogFollower:
                 contextlib.aclosing(self.store.follow(self.folded_seq + 1)) as events,
             ):
                 async for stored in events:
-                    await send.send(stored)
+                    try:  # no trip through the event loop per event while the buffer has room
+                        send.send_nowait(stored)
+                    except anyio.WouldBlock:
+                        await send.send(stored)
 
     @contextlib.contextmanager
     def _holes(self) -> Iterator[None]:

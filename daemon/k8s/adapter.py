@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
@@ -72,6 +73,7 @@ from muster.projections.flavors import binding
 __all__ = ["KubernetesAdapter", "Sink"]
 
 log = structlog.get_logger("muster.k8s")
+_std_log = logging.getLogger("muster.k8s")
 
 Sink = Callable[[list[Event]], Awaitable[None]]
 RESOURCES = ("nodes", "pods")
@@ -272,7 +274,7 @@ class KubernetesAdapter:
 
         Waits for `run` to have synced, so decisions are applied against a known cluster.
         """
-        await self._synced.wait()
+        await self._wait_synced()
         job = getattr(event, "job", None)
         gangs = self.translator.gangs
         # who to tell, taken before applying (an eviction takes the pods away)
@@ -284,9 +286,12 @@ class KubernetesAdapter:
             self._binding_failed(event.job, result, pods, owner)
         await self._push(result.events)
         # an admission bound as decided is the common case, hundreds a second: the log and the
-        # muster_applied_decisions metric hold it; a line each was ~6% of the daemon's CPU in gangs of one
-        say = log.debug if result.ok and isinstance(event, JobAdmitted) else log.info
-        say(
+        # muster_applied_decisions metric hold it; a line each was ~6% of the daemon's CPU in gangs of one,
+        # and even a filtered-out debug call builds a logger (structlog's lazy proxy): ask the level first
+        routine = result.ok and isinstance(event, JobAdmitted)
+        if routine and not _std_log.isEnabledFor(logging.DEBUG):
+            return result
+        (log.debug if routine else log.info)(
             "applied",
             type=type(event).__name__,
             job=getattr(event, "job", None),
@@ -356,7 +361,7 @@ class KubernetesAdapter:
 
     async def ready(self, event: Event) -> None:
         """Wait (bounded) until `event` can be applied: an admission's pods exist (see `Applier.ready`)."""
-        await self._synced.wait()
+        await self._wait_synced()
         await self.applier.ready(event)
 
     def resource_version(self, resource: str) -> int:
@@ -381,6 +386,11 @@ class KubernetesAdapter:
             self.translator.on_node(item)
         else:
             self.translator.on_pod(item, at)
+
+    async def _wait_synced(self) -> None:
+        # anyio's wait yields to the event loop even when the event is set: twice per admission, for nothing
+        if not self._synced.is_set():
+            await self._synced.wait()
 
     def _notify(self) -> None:
         self._changed.set()

@@ -52,6 +52,7 @@ from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import Conflict, KubeError, NotFound
 from muster.daemon.k8s.pods import FLAVOR_GATE, FLAVOR_LABEL, Owner, PodInfo
 from muster.daemon.k8s.watching import Backoff
+from muster.daemon.slots import Slots
 from muster.events.types import Event, JobAdmitted, JobCancelled, JobId, JobPreempted, JobRejected
 from muster.projections.flavors import PodFit
 
@@ -175,8 +176,8 @@ class Applier:
         self.deadline_seconds = deadline_seconds
         self.pod_wait_seconds = pod_wait_seconds
         # one limit per kind: a burst of evictions (a lost rack) never queues new gangs' bindings
-        self._bind_limit = anyio.CapacityLimiter(concurrency)
-        self._evict_limit = anyio.CapacityLimiter(concurrency)
+        self._bind_limit = Slots(concurrency)
+        self._evict_limit = Slots(concurrency)
         self.binding = InFlight()
         """Bindings in flight (queued or sent): what users wait for, which reports give way to."""
         self._clock = clock

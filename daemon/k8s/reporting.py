@@ -32,6 +32,8 @@ Invariants:
   one task with at most `concurrency` requests in flight, each after a lull in the
   bindings (`give_way`, waited for at most `give_way_seconds`): they share the API server. API errors are logged, never
   raised; nothing is retried but an Event that exists already (409: count it).
+- Reports about one object are written in the order they were made (a write waits for the one
+  before it on that object): a gang's `Preempted` status never lands before its `Admitted`.
 - What it remembers (which objects were told what) is bounded by `memory` objects; a
   new leader's reporter starts blank and goes by what the pods show of earlier leaders'
   reports (`PodInfo.told`, `PodInfo.shown`): a pod told it waits hears of its admission,
@@ -239,6 +241,8 @@ class Reporter:
         """Objects told something (their last reason): a quiet report goes only to them."""
         self._status: dict[Target, tuple[str, str]] = {}
         """The status (and its message) last written on each object."""
+        self._writing: dict[Target, anyio.Event] = {}
+        """Per object, when the last write queued for it ends (the next one about it waits for that)."""
         self.dropped = 0
         self.written = 0
 
@@ -283,12 +287,16 @@ class Reporter:
                         with anyio.move_on_after(queued + self._give_way_seconds - anyio.current_time()):
                             await self._give_way()
                     await self._limit.acquire()
-                    tg.start_soon(self._write, report)
+                    before, done = self._writing.get(report.target), anyio.Event()
+                    self._writing[report.target] = done
+                    tg.start_soon(self._write, report, before, done)
         finally:
             self._send = None
 
-    async def _write(self, report: Report) -> None:
+    async def _write(self, report: Report, before: anyio.Event | None, done: anyio.Event) -> None:
         try:
+            if before is not None:
+                await before.wait()
             await self._event(report)
             if report.target.kind == "Pod":
                 await self._conditions(report)
@@ -301,6 +309,9 @@ class Reporter:
             # a bug here must not end the adapter: reports are feedback, not state
             log.exception("writing a report failed", kind=report.target.kind, name=report.target.name)
         finally:
+            done.set()
+            if self._writing.get(report.target) is done:
+                del self._writing[report.target]
             self._limit.release()
 
     async def _event(self, report: Report) -> None:
