@@ -14,7 +14,7 @@ can admit at once, so "deciding" has something to decide.
 
 A log of 10 M events takes minutes to write on a loaded machine, so
 `kept_long_log` writes it once into a folder (the nats-server's store and a
-`longlog.json` naming its shape) and later runs copy that folder: a run
+`longlog.json` naming its shape and the fold's version) and later runs copy that folder: a run
 appends (the new leader's term, its admissions), so it never runs on the
 kept copy itself.
 
@@ -49,7 +49,7 @@ from muster.events.types import (
 )
 from muster.projections.cluster import ClusterState, evolve
 from muster.projections.scheduler import decide
-from muster.replay.snapshots import NatsSnapshots, Snapshots, default_bucket
+from muster.replay.snapshots import NatsSnapshots, Snapshots, default_bucket, fingerprint
 from muster.replay.source import NatsLog
 
 LONG_LOG_CLUSTER = "4x5x25x8"
@@ -79,7 +79,9 @@ async def kept_long_log(kept: Path, work: Path, *, events: int, stream: str, pre
     `work` becomes the store dir of a nats-server holding `stream`; `kept` is only read once written.
     """
     shape = kept / "longlog.json"
-    wanted = {"events": events, "stream": stream, "prefix": prefix}
+    # the snapshot is only used by the fold that wrote it (snapshots.fingerprint): a kept log of another
+    # version would be folded from its first event, so it is written again
+    wanted = {"events": events, "stream": stream, "prefix": prefix, "fingerprint": fingerprint()}
     if not shape.exists() or {k: json.loads(shape.read_text()).get(k) for k in wanted} != wanted:
         shutil.rmtree(kept, ignore_errors=True)
         with EmbeddedNats(kept / "nats", stop_timeout=60) as server:
