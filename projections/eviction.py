@@ -29,7 +29,7 @@ from functools import cache
 from typing import Literal, NamedTuple
 
 from muster.events.types import PreemptionPolicy
-from muster.projections.cluster import JobState
+from muster.projections.state import JobState
 
 Mode = Literal["reclaim", "borrow", "fair"]
 """How the preemptor takes from other queues: within its nominal quota, borrowing, or by fair share."""

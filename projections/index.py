@@ -12,11 +12,11 @@ import bisect
 from typing import NamedTuple, cast
 
 from muster.projections import parking
-from muster.projections.cluster import TERMINAL, ClusterState, JobState
 from muster.projections.eviction import reach
 from muster.projections.flavors import MARKER, UNTAINTED
 from muster.projections.parking import Block, Member, Parking
 from muster.projections.quota import QuotaTree
+from muster.projections.state import TERMINAL, ClusterState, JobState
 from muster.projections.topology import TopologyIndex
 from muster.projections.validation import invalid_reason
 

@@ -47,7 +47,7 @@ from muster.events.types import (
     QueueName,
 )
 from muster.projections.assignment import Admit, Evict, Refusal, Wait, attempt, choose
-from muster.projections.cluster import ClusterState, JobState, node_pods
+from muster.projections.cluster import node_pods
 from muster.projections.duplicates import refuse_taken_ids
 from muster.projections.eviction import Preemptor, chain_may_shrink, evicts_from_others, may_evict
 from muster.projections.flavors import on_any_flavor, order_requests, placement_request, summary, unassigned
@@ -65,6 +65,7 @@ from muster.projections.preemption import Result, Victim, find_victims, overlaps
 from muster.projections.queueing import StrictHeads
 from muster.projections.reservations import Fence, decide_reservations, released_on_admission
 from muster.projections.resources import fmt
+from muster.projections.state import ClusterState, JobState
 from muster.projections.topology import Transaction
 
 POLICY_VERSION = "muster/1"

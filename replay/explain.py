@@ -47,16 +47,10 @@ from muster.events.types import (
     ReservationReleased,
     SubmissionRejected,
 )
-from muster.projections.cluster import (
-    DEFAULT_IDLE_THRESHOLD,
-    ClusterState,
-    JobState,
-    Reservation,
-    evolve,
-    foreign_control,
-)
+from muster.projections.cluster import evolve, foreign_control
 from muster.projections.queueing import STRICT_FIFO
 from muster.projections.resources import fmt
+from muster.projections.state import DEFAULT_IDLE_THRESHOLD, ClusterState, JobState, Reservation
 from muster.replay.points import Point, duration
 from muster.replay.rebuild import state_at
 from muster.replay.sealedstate import Sealed, nearest_sealed
