@@ -43,7 +43,7 @@ from muster.projections.resources import fmt, gpus_of
 from muster.projections.state import JobState, QueueState
 
 if TYPE_CHECKING:
-    from muster.projections.scheduler import Cycle
+    from muster.projections.cycle import Cycle
 
 Mode = Literal["fit", "borrow", "no"]
 

@@ -69,7 +69,7 @@ def order_key(priority: int, seq: int, over_nominal: int = 0, share: int = 0) ->
     """The one admission order, smallest first: within nominal quota, then the smaller fair
     share, then the higher priority, then the first submitted (seq is unique).
 
-    The cycle judges the quota position as it goes (`scheduler._lowest_key`); views of one
+    The cycle judges the quota position as it goes (`cycle.lowest_key`); views of one
     queue's backlog leave it at 0. Within a `Group` only seq differs, so its members are
     kept by seq (`groups`).
     """

@@ -29,7 +29,7 @@ from muster.projections.index import VictimEntry, VictimList, VictimMemo
 from muster.projections.state import JobState
 
 if TYPE_CHECKING:
-    from muster.projections.scheduler import Cycle
+    from muster.projections.cycle import Cycle
 
 
 class Victim(NamedTuple):

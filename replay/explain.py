@@ -671,9 +671,9 @@ def _victims(state: ClusterState, job: JobState) -> dict[str, Any]:
         return {}
     if evicts_nothing(queue.preemption) and not state.fair_sharing:
         return {"policy": "Never"}
+    from muster.projections.cycle import Cycle
     from muster.projections.index import index_of
     from muster.projections.preemption import find_victims
-    from muster.projections.scheduler import Cycle
 
     try:
         idx = index_of(state)
