@@ -23,7 +23,6 @@ import msgspec
 import yaml
 
 from muster.daemon.billing_store import LedgerDB
-from muster.projections.billing import HOUR
 from muster.projections.chargeback import (
     ROW_NUMBERS,
     HourPoint,
@@ -34,6 +33,7 @@ from muster.projections.chargeback import (
     hourly_series,
     parse_rate_card,
 )
+from muster.projections.ledger import HOUR
 
 CSV_COLUMNS: tuple[str, ...] = ("key", "queue", "team", *ROW_NUMBERS, "efficiency", "rate_versions")
 

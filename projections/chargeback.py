@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from muster.projections.billing import HOUR, CapacityKey, QueueRecord, Usage, UsageKey
+from muster.projections.ledger import HOUR, CapacityKey, QueueRecord, Usage, UsageKey
 
 GroupBy = Literal["queue", "job", "team", "flavor"]
 ShareIdle = Literal["nominal", "usage", "none"]

@@ -17,9 +17,9 @@ from typing import Any
 
 import msgspec
 
-from muster.projections.billing import HOUR, Usage, UsageKey
 from muster.projections.chargeback import HourPoint, RateCard, build_report, hourly_series
 from muster.projections.cluster import node_pods
+from muster.projections.ledger import HOUR, Usage, UsageKey
 from muster.projections.quota import QuotaTree
 from muster.projections.state import TERMINAL, JobState
 from muster.replay.explain import Storyteller

@@ -41,20 +41,7 @@ from muster.events.types import (
     PodSet,
     QueueConfigured,
 )
-from muster.projections.billing import (
-    HOUR,
-    Ledger,
-    Usage,
-    decode_tracker,
-    drain,
-    encode_tracker,
-    evolve_billing,
-    fold_billing,
-    merge_into,
-    new_billing_state,
-    settle,
-    skip_bad,
-)
+from muster.projections.billing import evolve_billing, fold_billing, settle, skip_bad
 from muster.projections.chargeback import (
     RateCardError,
     Report,
@@ -63,6 +50,16 @@ from muster.projections.chargeback import (
     parse_rate_card,
     parse_time,
     split,
+)
+from muster.projections.ledger import (
+    HOUR,
+    Ledger,
+    Usage,
+    decode_tracker,
+    drain,
+    encode_tracker,
+    merge_into,
+    new_billing_state,
 )
 
 T0 = 472_222 * HOUR  # 2023-11-14T22:00:00Z
