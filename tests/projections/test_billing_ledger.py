@@ -42,15 +42,7 @@ from muster.events.types import (
     QueueConfigured,
 )
 from muster.projections.billing import evolve_billing, fold_billing, settle, skip_bad
-from muster.projections.chargeback import (
-    RateCardError,
-    Report,
-    build_report,
-    hourly_series,
-    parse_rate_card,
-    parse_time,
-    split,
-)
+from muster.projections.chargeback import Report, build_report, hourly_series, split
 from muster.projections.ledger import (
     HOUR,
     Ledger,
@@ -61,6 +53,7 @@ from muster.projections.ledger import (
     merge_into,
     new_billing_state,
 )
+from muster.projections.ratecard import RateCardError, parse_rate_card, parse_time
 
 T0 = 472_222 * HOUR  # 2023-11-14T22:00:00Z
 GIB = 1 << 30
