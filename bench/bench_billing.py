@@ -49,16 +49,8 @@ from muster.events.types import (
     PriorityClassConfigured,
     QueueConfigured,
 )
-from muster.projections.billing import (
-    Ledger,
-    drain,
-    evolve_billing,
-    fold_billing,
-    merge_into,
-    new_billing_state,
-    settle,
-    skip_bad,
-)
+from muster.projections.billing import evolve_billing, fold_billing, settle, skip_bad
+from muster.projections.ledger import Ledger, drain, merge_into, new_billing_state
 
 T0 = 1_735_689_600  # 2025-01-01T00:00:00Z
 LABEL = "nvidia.com/gpu.product"

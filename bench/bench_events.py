@@ -53,7 +53,8 @@ from muster.events.types import (
     QueueConfigured,
     SchedulerConfigured,
 )
-from muster.projections.cluster import ClusterState, evolve, fold
+from muster.projections.cluster import evolve, fold
+from muster.projections.state import ClusterState
 from muster.replay.points import Point
 from muster.replay.rebuild import state_at
 from muster.replay.source import ArchivedLog, LogSource, MemoryLog, NatsLog

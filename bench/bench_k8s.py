@@ -45,7 +45,8 @@ from muster.events.types import (
     QueueConfigured,
     QueueName,
 )
-from muster.projections.cluster import ClusterState, fold
+from muster.projections.cluster import fold
+from muster.projections.state import ClusterState
 
 
 def translate(nodes: int, gangs: int, pods: int) -> None:

@@ -46,7 +46,7 @@ from muster.daemon.logs import configure_logging
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
 from muster.events.store import EventStore
 from muster.events.types import Event, JobAdmitted, QueueConfigured, QueueName
-from muster.projections.cluster import ClusterState
+from muster.projections.state import ClusterState
 
 TARGET = 700.0
 

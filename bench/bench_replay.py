@@ -44,7 +44,8 @@ from bench_events import realistic_events
 from muster.events.codec import decode, encode
 from muster.events.embedded import EmbeddedNats
 from muster.events.store import EventStore
-from muster.projections.cluster import ClusterState, evolve
+from muster.projections.cluster import evolve
+from muster.projections.state import ClusterState
 from muster.replay import jobscli, queuesviewcli
 from muster.replay.points import Point
 from muster.replay.rebuild import state_at

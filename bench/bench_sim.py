@@ -284,8 +284,9 @@ def case_kueue(d: Path, scale: float) -> Path:
 def depth(pending: int = 100_000) -> dict[str, float]:
     """`pending` jobs that cannot fit wait in one queue; one job finishes: how long the next cycle takes."""
     from muster.events.types import JobFinished, JobSubmitted, NodeAdded, PodSet, QueueConfigured, SchedulerConfigured
-    from muster.projections.cluster import ClusterState, evolve
+    from muster.projections.cluster import evolve
     from muster.projections.scheduler import decide
+    from muster.projections.state import ClusterState
 
     state = ClusterState()
     setup: list[Event] = [

@@ -55,7 +55,8 @@ import structlog
 from bench_events import realistic_events
 
 from muster.events.codec import encode
-from muster.projections.cluster import ClusterState, evolve
+from muster.projections.cluster import evolve
+from muster.projections.state import ClusterState
 from muster.replay.points import Point
 from muster.replay.snapshots import MemorySnapshots, Snapshots, no_gc
 from muster.replay.source import MemoryLog

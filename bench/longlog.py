@@ -47,8 +47,9 @@ from muster.events.types import (
     QueueName,
     SchedulerConfigured,
 )
-from muster.projections.cluster import ClusterState, evolve
+from muster.projections.cluster import evolve
 from muster.projections.scheduler import decide
+from muster.projections.state import ClusterState
 from muster.replay.snapshots import NatsSnapshots, Snapshots, default_bucket, fingerprint
 from muster.replay.source import NatsLog
 

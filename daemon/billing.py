@@ -42,17 +42,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from muster.daemon.billing_store import LedgerDB, LedgerError
 from muster.events.codec import DecodeError, decode
 from muster.events.store import subject_problem
-from muster.projections.billing import (
+from muster.projections.billing import evolve_billing, settle, skip_bad
+from muster.projections.ledger import (
     DEFAULT_GPU_LABEL,
     BillingState,
     Ledger,
     Tracker,
     drain,
-    evolve_billing,
     merge_into,
     new_billing_state,
-    settle,
-    skip_bad,
 )
 
 log = structlog.get_logger("muster.billing")

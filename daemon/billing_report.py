@@ -23,17 +23,9 @@ import msgspec
 import yaml
 
 from muster.daemon.billing_store import LedgerDB
-from muster.projections.billing import HOUR
-from muster.projections.chargeback import (
-    ROW_NUMBERS,
-    HourPoint,
-    RateCard,
-    Report,
-    ReportRow,
-    build_report,
-    hourly_series,
-    parse_rate_card,
-)
+from muster.projections.chargeback import ROW_NUMBERS, HourPoint, Report, ReportRow, build_report, hourly_series
+from muster.projections.ledger import HOUR
+from muster.projections.ratecard import RateCard, parse_rate_card
 
 CSV_COLUMNS: tuple[str, ...] = ("key", "queue", "team", *ROW_NUMBERS, "efficiency", "rate_versions")
 
@@ -236,7 +228,7 @@ def plot_problem(path: str) -> str | None:
 def report_command(args: Any) -> int:
     """Run `muster billing report` with parsed arguments."""
     from muster.daemon.billing_store import LedgerError
-    from muster.projections.chargeback import RateCardError, parse_time
+    from muster.projections.ratecard import RateCardError, parse_time
 
     if args.plot and (problem := plot_problem(args.plot)) is not None:
         print(f"muster billing report: {problem}", file=sys.stderr)

@@ -33,7 +33,7 @@ from typing import Any
 
 from msgspec.structs import astuple, fields
 
-from muster.projections.billing import (
+from muster.projections.ledger import (
     USAGE_METRICS,
     CapacityKey,
     JobRecord,

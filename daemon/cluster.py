@@ -35,7 +35,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from muster.events.types import Event
-from muster.projections.cluster import ClusterState
+from muster.projections.state import ClusterState
 
 __all__ = ["Cluster", "ClusterFactory", "KubeCluster", "KubeClusters", "Reapply", "Reapplying", "Sink"]
 

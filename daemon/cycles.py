@@ -41,8 +41,8 @@ from muster.daemon.terms import Leadership, Term
 from muster.daemon.timers import WakeTimer
 from muster.events.store import ConcurrencyConflict, EventStore, StoreError
 from muster.events.types import Event
-from muster.projections.cluster import ClusterState
 from muster.projections.settling import Settling
+from muster.projections.state import ClusterState
 
 __all__ = ["CycleOptions", "CycleRunner", "Hooks", "NoHooks"]
 

@@ -35,7 +35,8 @@ from muster.daemon.metrics import DaemonMetrics
 from muster.daemon.warmstart import Start, StartingPoint
 from muster.events.store import BadEvent, EventStore, LogHole, StoredEvent
 from muster.events.types import Event
-from muster.projections.cluster import ClusterState, evolve
+from muster.projections.cluster import evolve
+from muster.projections.state import ClusterState
 
 __all__ = ["FoldListener", "LogFollower"]
 

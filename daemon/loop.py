@@ -45,8 +45,8 @@ from muster.daemon.terms import DecisionBook, Leadership, Term
 from muster.daemon.timers import WakeTimer
 from muster.daemon.warmstart import StartingPoint
 from muster.events.store import EventStore
-from muster.projections.cluster import ClusterState
 from muster.projections.scheduler import decide
+from muster.projections.state import ClusterState
 
 __all__ = ["Elector", "Hooks", "LoopOptions", "NoHooks", "SchedulerLoop", "SoleElector", "Standby", "Term"]
 

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from muster.projections.cluster import ClusterState
+from muster.projections.state import ClusterState
 
 __all__ = ["DaemonMetrics"]
 

@@ -42,7 +42,7 @@ from muster.events.types import (
     PreemptionReason,
     QueueName,
 )
-from muster.projections.cluster import ClusterState, JobState
+from muster.projections.state import ClusterState, JobState
 
 __all__ = ["owed", "victims"]
 

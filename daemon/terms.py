@@ -56,7 +56,7 @@ from muster.events.types import (
     JobRejected,
     LeaderElected,
 )
-from muster.projections.cluster import ClusterState
+from muster.projections.state import ClusterState
 
 __all__ = ["DecisionBook", "Leadership", "QuietStart", "Term"]
 

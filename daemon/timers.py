@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from muster.projections.cluster import ClusterState
 from muster.projections.scheduler import next_wakeup
+from muster.projections.state import ClusterState
 
 __all__ = ["WakeTimer"]
 

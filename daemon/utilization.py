@@ -33,7 +33,7 @@ import anyio
 import structlog
 
 from muster.events.types import GpuUtilizationSampled, JobId
-from muster.projections.cluster import DEFAULT_IDLE_THRESHOLD, ClusterState
+from muster.projections.state import DEFAULT_IDLE_THRESHOLD, ClusterState
 
 __all__ = [
     "ENGINE_ACTIVE",

@@ -23,7 +23,7 @@ from typing import Protocol
 import structlog
 
 from muster.events.store import EventStore
-from muster.projections.cluster import ClusterState
+from muster.projections.state import ClusterState
 from muster.replay.snapshots import NatsSnapshots, Snapshots, default_bucket
 from muster.replay.source import NatsLog
 

@@ -35,7 +35,7 @@ from muster.events.types import (
     NodeAdded,
     NodeName,
 )
-from muster.projections.cluster import ClusterState
+from muster.projections.state import ClusterState
 
 __all__ = ["SimApplied", "SimulatedCluster", "block_rack_nodes"]
 

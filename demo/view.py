@@ -23,8 +23,8 @@ from muster.events.types import (
     JobSubmitted,
     LeaderElected,
 )
-from muster.projections.cluster import ClusterState
 from muster.projections.resources import gpus_of, gpus_over
+from muster.projections.state import ClusterState
 
 __all__ = ["DemoStats", "render"]
 

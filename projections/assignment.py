@@ -34,15 +34,16 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from muster.events.types import PodSet
 from muster.projections import flavors
-from muster.projections.cluster import JobState, QueueState, flavored_requests
+from muster.projections.cluster import flavored_requests
 from muster.projections.eviction import evicts_from_others
 from muster.projections.flavors import Flavors, placement_request, view
 from muster.projections.parking import Wake
 from muster.projections.preemption import Result, Victim, find_victims
 from muster.projections.resources import fmt, gpus_of
+from muster.projections.state import JobState, QueueState
 
 if TYPE_CHECKING:
-    from muster.projections.scheduler import Cycle
+    from muster.projections.cycle import Cycle
 
 Mode = Literal["fit", "borrow", "no"]
 

@@ -10,7 +10,7 @@ daemon, `muster audit` and a new leader refuse the same submissions in the same 
 from __future__ import annotations
 
 from muster.events.types import JobId, QueueName, SubmissionRejected
-from muster.projections.cluster import ClusterState
+from muster.projections.state import ClusterState
 
 
 def refuse_taken_ids(state: ClusterState, now: int, cycle: int, epoch: int) -> list[SubmissionRejected]:

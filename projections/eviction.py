@@ -3,7 +3,7 @@
 `may_evict` is the only place that reads a queue's preemption policy to say
 whether a preemptor may take a running job's room. The victim search
 (`preemption`), the cycle's check for jobs admitted earlier in the same cycle
-(`scheduler._may_evict_new`) and `explain` all ask it; they differ only in what
+(`verdicts.may_evict_new`) and `explain` all ask it; they differ only in what
 they know about the preemptor (`Preemptor.seq` and `Preemptor.mode` may be left
 open, which asks whether *some* submission order or quota position allows it).
 
@@ -29,7 +29,7 @@ from functools import cache
 from typing import Literal, NamedTuple
 
 from muster.events.types import PreemptionPolicy
-from muster.projections.cluster import JobState
+from muster.projections.state import JobState
 
 Mode = Literal["reclaim", "borrow", "fair"]
 """How the preemptor takes from other queues: within its nominal quota, borrowing, or by fair share."""

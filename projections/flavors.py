@@ -27,7 +27,8 @@ from typing import NamedTuple
 import msgspec
 
 from muster.events.types import PodSet, ResourceGroup
-from muster.projections.cluster import ClusterState, JobState, QueueState, flavored_requests
+from muster.projections.cluster import flavored_requests
+from muster.projections.state import ClusterState, JobState, QueueState
 
 MARKER = "flavor:"
 """Prefix of the marker resource a flavor's nodes carry in the topology index."""

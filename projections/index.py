@@ -12,11 +12,11 @@ import bisect
 from typing import NamedTuple, cast
 
 from muster.projections import parking
-from muster.projections.cluster import TERMINAL, ClusterState, JobState
 from muster.projections.eviction import reach
 from muster.projections.flavors import MARKER, UNTAINTED
 from muster.projections.parking import Block, Member, Parking
 from muster.projections.quota import QuotaTree
+from muster.projections.state import TERMINAL, ClusterState, JobState
 from muster.projections.topology import TopologyIndex
 from muster.projections.validation import invalid_reason
 
@@ -69,7 +69,7 @@ def order_key(priority: int, seq: int, over_nominal: int = 0, share: int = 0) ->
     """The one admission order, smallest first: within nominal quota, then the smaller fair
     share, then the higher priority, then the first submitted (seq is unique).
 
-    The cycle judges the quota position as it goes (`scheduler._lowest_key`); views of one
+    The cycle judges the quota position as it goes (`cycle.lowest_key`); views of one
     queue's backlog leave it at 0. Within a `Group` only seq differs, so its members are
     kept by seq (`groups`).
     """

@@ -23,13 +23,13 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
 from muster.events.types import PreemptionReason
-from muster.projections.cluster import JobState
 from muster.projections.eviction import LOWEST, Mode, Preemptor, eviction_chain, may_evict, reach
 from muster.projections.flavors import placement_request, unassigned
 from muster.projections.index import VictimEntry, VictimList, VictimMemo
+from muster.projections.state import JobState
 
 if TYPE_CHECKING:
-    from muster.projections.scheduler import Cycle
+    from muster.projections.cycle import Cycle
 
 
 class Victim(NamedTuple):

@@ -19,8 +19,8 @@ been held back or refused again, and a held-back job stays one to try.
 
 from __future__ import annotations
 
-from muster.projections.cluster import ClusterState, JobState
 from muster.projections.index import STRICT_FIFO, SchedulerIndex, order_key
+from muster.projections.state import ClusterState, JobState
 
 __all__ = ["STRICT_FIFO", "StrictHeads"]
 

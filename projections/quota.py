@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from muster.projections.cluster import ClusterState, QueueState
 from muster.projections.resources import fmt, undoing
+from muster.projections.state import ClusterState, QueueState
 
 UNLIMITED = 1 << 62
 

@@ -60,8 +60,9 @@ from muster.events.types import (
     ReservationMade,
     ReservationReleased,
 )
-from muster.projections.cluster import ClusterState, JobState, Reservation, node_pods
+from muster.projections.cluster import node_pods
 from muster.projections.index import SchedulerIndex, order_key
+from muster.projections.state import ClusterState, JobState, Reservation
 from muster.projections.topology import Domain, TopologyIndex, Transaction
 
 

@@ -29,9 +29,10 @@ import itertools
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
-from muster.projections.cluster import ClusterState, JobState, NodeState, node_pods
+from muster.projections.cluster import node_pods
 from muster.projections.flavors import MARKER, node_markers, plain
 from muster.projections.resources import fmt, undoing
+from muster.projections.state import ClusterState, JobState, NodeState
 
 HOST = "host"
 _MAX_GPU_BUCKET = 64

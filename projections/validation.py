@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from muster.events.types import PodSet
-from muster.projections.cluster import ClusterState, JobState
+from muster.projections.state import ClusterState, JobState
 
 MAX_PODS_PER_JOB = 10_000
 MAX_PODSETS = 8

@@ -47,11 +47,12 @@ from muster.events.types import (
     SubmissionRejected,
 )
 from muster.projections import index as scheduler_index
-from muster.projections.cluster import ClusterState, evolve
+from muster.projections.cluster import evolve
 from muster.projections.fencing import fenced
 from muster.projections.resources import fmt
 from muster.projections.scheduler import decide
 from muster.projections.settling import unsettled
+from muster.projections.state import ClusterState
 from muster.replay.points import Point
 from muster.replay.rebuild import state_at
 from muster.replay.snapshots import Snapshots, Verify

@@ -47,16 +47,10 @@ from muster.events.types import (
     ReservationReleased,
     SubmissionRejected,
 )
-from muster.projections.cluster import (
-    DEFAULT_IDLE_THRESHOLD,
-    ClusterState,
-    JobState,
-    Reservation,
-    evolve,
-    foreign_control,
-)
+from muster.projections.cluster import evolve, foreign_control
 from muster.projections.queueing import STRICT_FIFO
 from muster.projections.resources import fmt
+from muster.projections.state import DEFAULT_IDLE_THRESHOLD, ClusterState, JobState, Reservation
 from muster.replay.points import Point, duration
 from muster.replay.rebuild import state_at
 from muster.replay.sealedstate import Sealed, nearest_sealed
@@ -677,9 +671,9 @@ def _victims(state: ClusterState, job: JobState) -> dict[str, Any]:
         return {}
     if evicts_nothing(queue.preemption) and not state.fair_sharing:
         return {"policy": "Never"}
+    from muster.projections.cycle import Cycle
     from muster.projections.index import index_of
     from muster.projections.preemption import find_victims
-    from muster.projections.scheduler import Cycle
 
     try:
         idx = index_of(state)

@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from muster.projections.cluster import ClusterState
+from muster.projections.state import ClusterState
 from muster.replay.points import Point
 from muster.replay.sealedstate import nearest_sealed
 from muster.replay.snapshots import Discarded, SnapshotMeta, Snapshots, Verify, fold_range

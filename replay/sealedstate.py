@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import msgspec
 
 from muster.events.archive import SegmentRef
-from muster.projections.cluster import ClusterState
+from muster.projections.state import ClusterState
 from muster.replay.snapshots import decode_state, encode_state, fingerprint
 from muster.replay.source import ArchivedLog
 

@@ -41,10 +41,11 @@ from muster.events.types import (
     NodeUpdated,
     QueueConfigured,
 )
-from muster.projections.cluster import ClusterState, JobState, evolve
+from muster.projections.cluster import evolve
 from muster.projections.resources import gpus_of
 from muster.projections.scheduler import decide, next_wakeup
 from muster.projections.settling import Settling
+from muster.projections.state import ClusterState, JobState
 from muster.replay.scenario import Input, Scenario
 
 MAX_CYCLES_PER_INSTANT = 10_000

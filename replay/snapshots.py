@@ -12,9 +12,10 @@ Why a snapshot can be trusted (checked on every load, cheapest first):
    recorded when it was written (the object store checks its own digest too);
    a torn or bit-flipped snapshot is discarded.
 2. Same code: `fingerprint()` hashes the state's msgspec schema and the fold's
-   source (`projections/cluster.py`). A snapshot of another muster version is
-   skipped (not deleted: that version may still be running and use it), and
-   the state is folded from an older one or from the start.
+   source (`projections/state.py`, `cluster.py`, `configuration.py`). A
+   snapshot of another muster version is skipped (not deleted: that version
+   may still be running and use it), and the state is folded from an older one
+   or from the start.
 3. Same log: the anchor is the SHA-256 of the stored event at the snapshot's
    sequence; a snapshot whose anchor differs (a recreated stream, another log)
    is discarded.
@@ -76,7 +77,10 @@ import msgspec
 from muster.events.leases import LEADER_KEY, LEADER_NAME, holder_of
 from muster.events.types import AnyEvent
 from muster.projections import cluster as cluster_module
-from muster.projections.cluster import ClusterState, evolve
+from muster.projections import configuration as configuration_module
+from muster.projections import state as state_module
+from muster.projections.cluster import evolve
+from muster.projections.state import ClusterState
 from muster.replay.source import LogSource
 
 Format = Literal["msgpack+zlib", "msgpack", "json"]
@@ -136,7 +140,8 @@ def fingerprint() -> str:
     """Identifies the state's schema and the fold's code: snapshots of another version are not used."""
     h = hashlib.sha256()
     h.update(msgspec.json.encode(msgspec.json.schema(ClusterState)))
-    h.update(Path(cluster_module.__file__).read_bytes())
+    for source in (state_module.__file__, cluster_module.__file__, configuration_module.__file__):
+        h.update(Path(source).read_bytes())
     return h.hexdigest()[:16]
 
 

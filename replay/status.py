@@ -20,10 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from muster.projections.cluster import ClusterState, JobState, QueueState
 from muster.projections.index import order_key
 from muster.projections.quota import QuotaTree
 from muster.projections.resources import gpus_of, gpus_over
+from muster.projections.state import ClusterState, JobState, QueueState
 from muster.replay.jobnames import display_names
 from muster.replay.views import job_shape, lent_by_queue, pending_reason
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from muster.projections.cluster import ClusterState, JobState
 from muster.projections.index import order_key
+from muster.projections.state import ClusterState, JobState
 
 
 def job_shape(job: JobState) -> str:

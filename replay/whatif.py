@@ -65,8 +65,9 @@ from muster.events.types import (
     QueueName,
     SchedulerConfigured,
 )
-from muster.projections.cluster import ClusterState, QueueState, evolve
+from muster.projections.cluster import evolve
 from muster.projections.resources import gpus_of
+from muster.projections.state import ClusterState, QueueState
 from muster.replay.points import Point
 from muster.replay.rebuild import state_at
 from muster.replay.scenario import Input, Scenario, ScenarioError, loads

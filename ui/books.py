@@ -28,17 +28,16 @@ import msgspec
 
 from muster.events.store import EventStore
 from muster.events.types import Event, JobSubmitted
-from muster.projections.billing import (
+from muster.projections.billing import evolve_billing, settle
+from muster.projections.ledger import (
     DEFAULT_GPU_LABEL,
     BillingState,
     Ledger,
     decode_tracker,
     drain,
     encode_tracker,
-    evolve_billing,
     merge_into,
     new_billing_state,
-    settle,
 )
 from muster.replay.snapshots import no_gc
 from muster.replay.source import LogSource

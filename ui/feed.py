@@ -38,8 +38,9 @@ import structlog
 
 from muster.events.store import EventStore
 from muster.events.types import Event
-from muster.projections.billing import DEFAULT_GPU_LABEL, BillingState
-from muster.projections.cluster import ClusterState, evolve
+from muster.projections.cluster import evolve
+from muster.projections.ledger import DEFAULT_GPU_LABEL, BillingState
+from muster.projections.state import ClusterState
 from muster.replay.points import Point
 from muster.replay.rebuild import state_at
 from muster.replay.snapshots import Snapshots, Verify, fold_range, no_gc

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import msgspec
 
 from muster.events.types import Event
-from muster.projections.cluster import TERMINAL, ClusterState, JobState
+from muster.projections.state import TERMINAL, ClusterState, JobState
 from muster.replay.points import Point
 from muster.replay.snapshots import decode_state, encode_state, fold_range, no_gc
 from muster.replay.source import LogSource

@@ -17,10 +17,12 @@ from typing import Any
 
 import msgspec
 
-from muster.projections.billing import HOUR, Usage, UsageKey
-from muster.projections.chargeback import HourPoint, RateCard, build_report, hourly_series
-from muster.projections.cluster import TERMINAL, JobState, node_pods
+from muster.projections.chargeback import HourPoint, build_report, hourly_series
+from muster.projections.cluster import node_pods
+from muster.projections.ledger import HOUR, Usage, UsageKey
 from muster.projections.quota import QuotaTree
+from muster.projections.ratecard import RateCard
+from muster.projections.state import TERMINAL, JobState
 from muster.replay.explain import Storyteller
 from muster.replay.explaincli import document as story_document
 from muster.replay.points import Clock, Point

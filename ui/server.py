@@ -29,7 +29,7 @@ import anyio
 from aiohttp import web
 
 from muster.events.store import EventStore
-from muster.projections.chargeback import RateCard
+from muster.projections.ratecard import RateCard
 from muster.replay.points import PointError, parse_point
 from muster.replay.snapshots import NatsSnapshots, Snapshots, default_bucket
 from muster.replay.source import NatsLog

@@ -93,7 +93,7 @@ def load_rates(path: str) -> Any:
     """A rate card file, checked; UsageError naming the problem."""
     import yaml
 
-    from muster.projections.chargeback import RateCardError, parse_rate_card
+    from muster.projections.ratecard import RateCardError, parse_rate_card
     from muster.replay.cliutil import UsageError
 
     try:

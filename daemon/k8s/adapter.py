@@ -67,8 +67,8 @@ from muster.daemon.k8s.reporting import Reporter, binding_failed, reports_for
 from muster.daemon.k8s.translating import Translator
 from muster.daemon.k8s.watching import Backoff, Synced, WatchEvent, watch_objects
 from muster.events.types import Event, JobAdmitted, JobId, JobPreempted
-from muster.projections.cluster import ClusterState
 from muster.projections.flavors import binding
+from muster.projections.state import ClusterState
 
 __all__ = ["KubernetesAdapter", "Sink"]
 

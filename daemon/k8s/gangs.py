@@ -71,7 +71,7 @@ ENDED = ("finished", "failed", "cancelled", "rejected")
 
 
 class KnownJob(Protocol):
-    """What the log already says about a job (a `projections.cluster.JobState` fits)."""
+    """What the log already says about a job (a `projections.state.JobState` fits)."""
 
     @property
     def status(self) -> str: ...

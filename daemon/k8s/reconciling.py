@@ -48,7 +48,7 @@ WORKLOAD_DELETED = "WorkloadDeleted"
 
 
 class LiveJob(Protocol):
-    """A job as the log holds it (`projections.cluster.JobState` fits)."""
+    """A job as the log holds it (`projections.state.JobState` fits)."""
 
     @property
     def id(self) -> str: ...

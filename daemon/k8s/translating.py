@@ -41,8 +41,8 @@ from muster.events.types import (
     NodeRemoved,
     NodeUpdated,
 )
-from muster.projections.cluster import ClusterState
 from muster.projections.flavors import tolerated_taint_keys
+from muster.projections.state import ClusterState
 
 __all__ = ["Translator"]
 

@@ -24,8 +24,9 @@ from muster.events.types import (
     PodSet,
     QueueConfigured,
 )
-from muster.projections.billing import HOUR, fold_billing
+from muster.projections.billing import fold_billing
 from muster.projections.chargeback import ROW_NUMBERS
+from muster.projections.ledger import HOUR
 
 T0 = 1_735_689_600  # 2025-01-01T00:00:00Z
 LABEL = "nvidia.com/gpu.product"

@@ -17,7 +17,8 @@ from muster.events.types import (
     PodSet,
     QueueConfigured,
 )
-from muster.projections.billing import HOUR, Ledger, drain, evolve_billing, merge_into, new_billing_state, settle
+from muster.projections.billing import evolve_billing, settle
+from muster.projections.ledger import HOUR, Ledger, drain, merge_into, new_billing_state
 
 T0 = 1_735_689_600
 

@@ -40,8 +40,10 @@ from muster.events.types import (
     PodSet,
     QueueConfigured,
 )
-from muster.projections.billing import HOUR, fold_billing, new_billing_state, skip_bad
-from muster.projections.chargeback import build_report, parse_rate_card
+from muster.projections.billing import fold_billing, skip_bad
+from muster.projections.chargeback import build_report
+from muster.projections.ledger import HOUR, new_billing_state
+from muster.projections.ratecard import parse_rate_card
 
 T0 = 472_222 * HOUR
 GIB = 1 << 30

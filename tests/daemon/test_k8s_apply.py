@@ -285,7 +285,8 @@ async def test_pods_admitted_on_a_tainted_flavor_get_its_tolerations_before_bind
     """A gang admitted on a flavor with taints has its pods tolerate them, then bound; nodes carrying only
     a flavor's taint stay schedulable."""
     from muster.events.types import FlavorConfigured, NodeAdded, Taint
-    from muster.projections.cluster import ClusterState, evolve
+    from muster.projections.cluster import evolve
+    from muster.projections.state import ClusterState
 
     emulator, api = kube
     state = ClusterState()

@@ -39,7 +39,7 @@ from muster.events.types import (
     QueueName,
     SchedulerConfigured,
 )
-from muster.projections.cluster import ClusterState
+from muster.projections.state import ClusterState
 
 TTL = 3.0
 """Lease TTL (s): a refresh every TTL/5, trusted for 0.75 TTL, so a stall on a busy box is not a takeover."""

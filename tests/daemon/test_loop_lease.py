@@ -31,8 +31,8 @@ from muster.events.types import (
     QueueName,
     SchedulerConfigured,
 )
-from muster.projections.cluster import ClusterState
 from muster.projections.scheduler import decide
+from muster.projections.state import ClusterState
 
 TTL = 2.0
 

@@ -15,7 +15,8 @@ from muster.daemon.warmstart import SnapshotStart
 from muster.demo.simcluster import SimulatedCluster
 from muster.events.store import EventStore
 from muster.events.types import Event, JobAdmitted, JobCancelled, JobHeld, JobId, JobPreempted
-from muster.projections.cluster import ClusterState, evolve
+from muster.projections.cluster import evolve
+from muster.projections.state import ClusterState
 from muster.replay.snapshots import MemorySnapshots, Snapshots
 from muster.replay.source import NatsLog
 

@@ -21,7 +21,7 @@ from muster.demo.simcluster import SimulatedCluster
 from muster.events.archive import DirectoryArchive, last_sealed
 from muster.events.store import EventStore, LogHole, Retention
 from muster.events.types import Event
-from muster.projections.cluster import ClusterState
+from muster.projections.state import ClusterState
 from muster.replay.audit import audit
 from muster.replay.source import ArchivedLog, NatsLog
 

@@ -23,8 +23,8 @@ from muster.events.types import (
     QueueName,
     SchedulerConfigured,
 )
-from muster.projections.cluster import ClusterState
 from muster.projections.scheduler import decide
+from muster.projections.state import ClusterState
 from muster.replay.scenario import Input, Scenario
 from muster.replay.simulator import simulate
 

@@ -25,8 +25,8 @@ from muster.events.types import (
     QueueName,
     SchedulerConfigured,
 )
-from muster.projections.cluster import ClusterState
 from muster.projections.scheduler import decide
+from muster.projections.state import ClusterState
 
 
 class Recording:

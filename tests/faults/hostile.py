@@ -33,8 +33,9 @@ from muster.events.types import (
     SchedulerConfigured,
     Topology,
 )
-from muster.projections.cluster import ClusterState, evolve
+from muster.projections.cluster import evolve
 from muster.projections.scheduler import decide
+from muster.projections.state import ClusterState
 
 LEVELS = ["rack"]
 

@@ -146,7 +146,8 @@ async def test_a_gang_on_a_tainted_flavor_tolerates_its_taint_and_is_bound(api: 
 
     from muster.daemon.k8s.client import MERGE_PATCH
     from muster.events.types import FlavorConfigured, Taint
-    from muster.projections.cluster import ClusterState, evolve
+    from muster.projections.cluster import evolve
+    from muster.projections.state import ClusterState
 
     node = await kube.node("spot1", labels={"pool": "spot"})
     taint = {"key": "example.com/spot", "value": "true", "effect": "NoSchedule"}
@@ -182,7 +183,8 @@ async def test_a_gated_pod_gets_its_flavors_node_selector_and_an_ungated_one_its
 
     from muster.daemon.k8s.pods import FLAVOR_GATE, FLAVOR_LABEL
     from muster.events.types import FlavorConfigured
-    from muster.projections.cluster import ClusterState, evolve
+    from muster.projections.cluster import evolve
+    from muster.projections.state import ClusterState
 
     node = await kube.node("h1", labels={"model": "h100"})
     state = ClusterState()

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from muster.events.types import Event, JobSubmitted, LeaderElected, NodeAdded, PodSet, QueueConfigured
-from muster.projections.cluster import ClusterState, evolve
+from muster.projections.cluster import evolve
 from muster.projections.scheduler import decide
+from muster.projections.state import ClusterState
 
 
 def job(name: str, gpus: int, at: int, queue: str = "q") -> JobSubmitted:

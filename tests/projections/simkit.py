@@ -26,7 +26,7 @@ from muster.events.types import (
     JobPreempted,
     JobRejected,
 )
-from muster.projections.cluster import ClusterState
+from muster.projections.state import ClusterState
 from muster.replay.scenario import loads
 from muster.replay.simcli import summary
 from muster.replay.simulator import SimResult, simulate

@@ -41,29 +41,19 @@ from muster.events.types import (
     PodSet,
     QueueConfigured,
 )
-from muster.projections.billing import (
+from muster.projections.billing import evolve_billing, fold_billing, settle, skip_bad
+from muster.projections.chargeback import Report, build_report, hourly_series, split
+from muster.projections.ledger import (
     HOUR,
     Ledger,
     Usage,
     decode_tracker,
     drain,
     encode_tracker,
-    evolve_billing,
-    fold_billing,
     merge_into,
     new_billing_state,
-    settle,
-    skip_bad,
 )
-from muster.projections.chargeback import (
-    RateCardError,
-    Report,
-    build_report,
-    hourly_series,
-    parse_rate_card,
-    parse_time,
-    split,
-)
+from muster.projections.ratecard import RateCardError, parse_rate_card, parse_time
 
 T0 = 472_222 * HOUR  # 2023-11-14T22:00:00Z
 GIB = 1 << 30

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from muster.events.types import BorrowWithinCohort, PodSet, PreemptionPolicy
-from muster.projections.cluster import JobState
 from muster.projections.eviction import (
     Mode,
     Preemptor,
@@ -15,6 +14,7 @@ from muster.projections.eviction import (
     evicts_nothing,
     may_evict,
 )
+from muster.projections.state import JobState
 
 
 def policy(

@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from muster.events.types import JobAdmitted, JobPreempted, JobSubmitted, NodeAdded, PodSet, QueueConfigured
-from muster.projections.cluster import ClusterState, evolve
+from muster.projections.cluster import evolve
+from muster.projections.state import ClusterState
 
 
 def _state(podsets: list[PodSet]) -> ClusterState:

@@ -34,7 +34,8 @@ from muster.events.types import (
     PriorityClassConfigured,
     QueueConfigured,
 )
-from muster.projections.cluster import ClusterState, evolve, fold
+from muster.projections.cluster import evolve, fold
+from muster.projections.state import ClusterState
 
 ACTIONS = (
     "submit",

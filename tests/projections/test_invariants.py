@@ -39,8 +39,9 @@ from simkit import flat_nodes, nodes_8gpu, queue, scenario, submit
 
 from muster.events.codec import encode
 from muster.events.types import DECISION_TYPES, Event, JobAdmitted, JobInadmissible, JobPreempted
-from muster.projections.cluster import ClusterState, evolve
+from muster.projections.cluster import evolve
 from muster.projections.scheduler import decide
+from muster.projections.state import ClusterState
 from muster.replay.scenario import loads
 from muster.replay.simulator import SimResult, simulate
 

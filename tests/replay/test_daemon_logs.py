@@ -31,7 +31,7 @@ from muster.events.types import (
     QueueName,
     SchedulerConfigured,
 )
-from muster.projections.cluster import ClusterState
+from muster.projections.state import ClusterState
 from muster.replay.audit import audit
 from muster.replay.explain import explain
 from muster.replay.points import END, Point

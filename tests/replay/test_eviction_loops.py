@@ -6,8 +6,9 @@ import pytest
 from replaykit import mixed, sim
 
 from muster.events.types import JobPreempted
-from muster.projections.cluster import ClusterState, evolve
+from muster.projections.cluster import evolve
 from muster.projections.eviction import eviction_chain
+from muster.projections.state import ClusterState
 
 SHAPES = [
     pytest.param(seed, fair, id=f"mixed-{seed}{'-fair-idle' if fair else ''}")

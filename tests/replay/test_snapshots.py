@@ -62,7 +62,8 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
 
 async def _write_all(snapshots: Snapshots, every: int, *, trusted: bool) -> list[int]:
     """Fold the whole log, writing a snapshot every `every` events (verified by construction when trusted)."""
-    from muster.projections.cluster import ClusterState, evolve
+    from muster.projections.cluster import evolve
+    from muster.projections.state import ClusterState
 
     writer = Snapshotter(snapshots, every, trusted_from=0 if trusted else None)
     state = ClusterState()

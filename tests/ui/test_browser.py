@@ -21,7 +21,8 @@ from muster.demo.harness import DemoOptions, run_demo
 from muster.events.codec import decode
 from muster.events.embedded import EmbeddedNats
 from muster.events.store import EventStore
-from muster.projections.cluster import ClusterState, evolve
+from muster.projections.cluster import evolve
+from muster.projections.state import ClusterState
 from muster.replay.source import FileLog, NatsLog
 from muster.ui.browser import CHROMIUM, headless_page
 from muster.ui.feed import Feed

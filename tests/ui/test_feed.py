@@ -21,7 +21,8 @@ from muster.events.types import (
 )
 from muster.projections.billing import fold_billing
 from muster.projections.chargeback import build_report
-from muster.projections.cluster import ClusterState, evolve
+from muster.projections.cluster import evolve
+from muster.projections.state import ClusterState
 from muster.replay.explain import explain
 from muster.replay.explaincli import document
 from muster.replay.points import END, Point

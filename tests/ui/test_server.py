@@ -14,7 +14,8 @@ from uikit import STORY, memory_log, serving, sim, wait_for, write_jsonl
 from muster.cli import main
 from muster.events.store import EventStore
 from muster.projections.chargeback import HourPoint
-from muster.projections.cluster import ClusterState, evolve
+from muster.projections.cluster import evolve
+from muster.projections.state import ClusterState
 from muster.replay.snapshots import MemorySnapshots, Snapshots
 from muster.replay.source import MemoryLog, NatsLog
 from muster.ui import pages

@@ -22,7 +22,8 @@ from muster.events.types import (
     QueueName,
     SchedulerConfigured,
 )
-from muster.projections.cluster import ClusterState, evolve
+from muster.projections.cluster import evolve
+from muster.projections.state import ClusterState
 from muster.replay.audit import audit
 from muster.replay.points import Point
 from muster.replay.snapshots import encode_state

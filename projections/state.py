@@ -1,0 +1,294 @@
+"""The folded cluster state: the types `cluster.evolve` builds and the scheduler reads.
+
+Each type records what the log says about one thing (a node, a queue, a flavor,
+a priority class, a job, a reservation); `ClusterState` holds them all. Methods
+only read: every change goes through `cluster.evolve`, so equal logs give equal
+states.
+
+The `dirty_*` sets and `structure` counter of `ClusterState` are bookkeeping
+for the scheduler's derived indexes (`scheduler.index`). They live in the
+instance dict, so they take no part in equality or encoding.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from muster.events.types import (
+    ExpectedEnd,
+    FlavorFungibility,
+    IdleReclaimPolicy,
+    PodSet,
+    PreemptionPolicy,
+    ResourceGroup,
+    Taint,
+)
+
+JobStatus = Literal["pending", "admitted", "finished", "failed", "cancelled", "rejected"]
+TERMINAL: frozenset[str] = frozenset({"finished", "failed", "cancelled", "rejected"})
+
+DEFAULT_IDLE_THRESHOLD = 0.05
+
+
+class NodeState(msgspec.Struct, kw_only=True):
+    name: str
+    labels: dict[str, str]
+    capacity: dict[str, int]
+    reserved: dict[str, int] = {}
+    ready: bool = True
+    unschedulable: bool = False
+    cordoned: bool = False
+    used: dict[str, int] = {}
+    jobs: dict[str, int] = {}
+    """Job id -> number of its pods on this node."""
+
+    @property
+    def schedulable(self) -> bool:
+        return self.ready and not self.unschedulable and not self.cordoned
+
+    def free(self) -> dict[str, int]:
+        """Capacity left for new pods (zero where unschedulable)."""
+        if not self.schedulable:
+            return {k: 0 for k in self.capacity}
+        used, reserved = self.used, self.reserved
+        return {k: v - used.get(k, 0) - reserved.get(k, 0) for k, v in self.capacity.items()}
+
+
+class QueueState(msgspec.Struct, kw_only=True):
+    name: str
+    cohort: str | None = None
+    nominal: dict[str, int] = {}
+    borrowing_limit: dict[str, int] | None = None
+    lending_limit: dict[str, int] | None = None
+    weight: float = 1.0
+    preemption: PreemptionPolicy = PreemptionPolicy()
+    usage: dict[str, int] = {}
+    queueing_strategy: str = "best_effort_fifo"
+    resource_groups: list[ResourceGroup] = []
+    """Its quota per flavor; `nominal` and the limits then hold it flattened, keyed `resource@flavor`."""
+    fungibility: FlavorFungibility = FlavorFungibility()
+    reserve_after: int | None = None
+
+
+class FlavorState(msgspec.Struct, kw_only=True):
+    name: str
+    node_labels: dict[str, str] = {}
+    taints: list[Taint] = []
+
+
+class PriorityClassState(msgspec.Struct, kw_only=True):
+    name: str
+    value: int
+    preemptible: bool = True
+
+
+class JobState(msgspec.Struct, kw_only=True):
+    id: str
+    queue: str
+    priority_class: str | None
+    podsets: list[PodSet]
+    runtime: int | None
+    checkpoint_every: int | None
+    seq: int
+    """Submission order: a job keeps its place in its queue across preemptions."""
+    submitted_at: int
+    pods: dict[str, str] = {}
+    requests: dict[str, int] = {}
+    """Total requests of the whole gang."""
+    source: str = ""
+    """Where a cluster's job came from (`Kind/namespace/name`, `JobSubmitted.source`); reconciliation reads it."""
+    status: JobStatus = "pending"
+    placement: dict[str, str] = {}
+    borrowed: dict[str, int] = {}
+    admitted_at: int | None = None
+    first_admitted_at: int | None = None
+    finished_at: int | None = None
+    started_at: int | None = None
+    work_done: int = 0
+    """Seconds of work saved (at checkpoints) that survive preemption."""
+    preemptions: int = 0
+    reason: str = ""
+    """Last reason the job was inadmissible or rejected."""
+    utilization: float | None = None
+    idle_since: int | None = None
+    nominated: bool = False
+    """Its victims were evicted for it: the next cycle tries it before anyone else."""
+    preempted_at: int | None = None
+    """When it was last preempted: it may not preempt anyone at that same instant."""
+    evicted_by: str | None = None
+    """The job that preempted it, until it runs again: it may not evict that job in return."""
+    held: bool = False
+    """Held by a user (`JobHeld`) while pending: the scheduler's index leaves it out until released."""
+    max_runtime: int | None = None
+    """Its declared time limit (seconds per run), `JobSubmitted.max_runtime`."""
+    flavors: dict[str, dict[str, str]] = {}
+    """While admitted with flavors: per podset, resource -> flavor (`JobAdmitted.flavors`); its
+    `requests` are then keyed `resource@flavor`, as its queue's quota is."""
+
+    @property
+    def gpus(self) -> int:
+        requests = self.requests
+        if not self.flavors:
+            return requests.get("gpu", 0)
+        return sum(v * ps.count for ps in self.podsets for k, v in ps.requests.items() if k == "gpu")
+
+    def chained_eviction(self, now: int) -> bool:
+        """Evicted at `now` by another job's preemption: it does not evict others at that instant.
+
+        Chains of evictions end within the instant instead of chasing each other. A job
+        evicted by a node failure or idle reclaim is not held back: nothing evicted it to
+        make room, so it may preempt at once like any pending job.
+        """
+        return self.preempted_at == now and self.evicted_by is not None
+
+    def pending_since(self) -> int:
+        """When a pending job last became pending: its last preemption, else its submission."""
+        return self.preempted_at if self.preempted_at is not None else self.submitted_at
+
+    def progress(self, now: int) -> int:
+        """Seconds of work done by `now`, counting the current run."""
+        if self.status == "admitted" and self.admitted_at is not None:
+            return self.work_done + max(0, now - self.admitted_at)
+        return self.work_done
+
+    def saved_progress(self, now: int) -> int:
+        """Work that would survive a preemption at `now` (last checkpoint)."""
+        done = self.progress(now)
+        if self.runtime is not None:
+            done = min(done, self.runtime)
+        if not self.checkpoint_every:
+            return 0
+        return (done // self.checkpoint_every) * self.checkpoint_every
+
+    def lost_gpu_seconds(self, now: int) -> int:
+        """GPU-seconds of work a preemption at `now` would destroy."""
+        if self.status != "admitted":
+            return 0
+        # `saved_progress` inline: victim orders ask this of every candidate at every instant
+        done = self.progress(now)
+        if self.runtime is not None and self.runtime < done:
+            done = self.runtime
+        every = self.checkpoint_every
+        return (done % every if every else done) * self.requests.get("gpu", 0)
+
+    def remaining(self) -> int | None:
+        if self.runtime is None:
+            return None
+        return max(0, self.runtime - self.work_done)
+
+
+class Reservation(msgspec.Struct, kw_only=True):
+    """Room held for a pending job, as its `ReservationMade` says (see `reservations`)."""
+
+    job: str
+    queue: str
+    nodes: list[str]
+    domain: str = ""
+    since: int = 0
+    expected_start: int | None = None
+    waits_for: list[ExpectedEnd] = []
+    reason: str = ""
+    needs: dict[str, dict[str, int]] = {}
+    """Node -> what the job's pods take there: the most held back on it ({}: all that is free)."""
+
+
+class RefusedSubmission(msgspec.Struct, kw_only=True):
+    """A submission of a job id the log already holds, until the core's `SubmissionRejected` answers it."""
+
+    job: str
+    queue: str
+    at: int
+
+
+class ClusterState(msgspec.Struct, kw_only=True, dict=True):
+    levels: list[str] = []
+    fair_sharing: bool = False
+    idle_reclaim: IdleReclaimPolicy | None = None
+    priority_classes: dict[str, PriorityClassState] = {}
+    cohorts: dict[str, str | None] = {}
+    """Cohort name -> parent cohort (or None)."""
+    queues: dict[str, QueueState] = {}
+    nodes: dict[str, NodeState] = {}
+    jobs: dict[str, JobState] = {}
+    epoch: int = 0
+    leader: str = ""
+    cycle: int = 0
+    """Last scheduling cycle that wrote a decision."""
+    cycle_decisions: int = 0
+    """How many decisions of that cycle have been applied."""
+    now: int = 0
+    """Time of the latest event applied."""
+    submitted: int = 0
+    applied: int = 0
+    skipped: int = 0
+    fenced: int = 0
+    """Decisions ignored because a newer leader epoch was already on the log."""
+    refused: list[RefusedSubmission] = []
+    """Submissions of a taken job id, in log order, waiting for their `SubmissionRejected`."""
+    flavors: dict[str, FlavorState] = {}
+    reservations: dict[str, Reservation] = {}
+    """Job id -> the room held for it, until its `ReservationReleased`."""
+
+    def __post_init__(self) -> None:
+        self.reset_bookkeeping()
+
+    def reset_bookkeeping(self) -> None:
+        self.dirty_nodes: set[str] = set(self.nodes)
+        self.dirty_queues: set[str] = set(self.queues)
+        self.dirty_jobs: set[str] = {j.id for j in self.jobs.values() if j.status not in TERMINAL}
+        self.structure = 0
+        """Bumped when nodes, queues, cohorts, classes or levels change shape."""
+        self.released = 0
+        """Bumped whenever resources are given back (finish, preemption, node up...)."""
+        self.queue_released: dict[str, dict[str, int]] = {}
+        """Per queue and resource, all usage ever given back (an admission and a release
+        between two looks at the state must not cancel out for whoever waits)."""
+        self.queue_consumed: dict[str, dict[str, int]] = {}
+        self.gpus_freed = 0
+        """GPUs ever given back or added to the schedulable nodes, an upper bound of every rise
+        of the free GPUs (it only grows, so whoever waits for N more GPUs need not look often)."""
+        self.node_gpus_freed: dict[str, int] = {}
+        """The same per node (a flavor's job waits for GPUs freed on its flavor's nodes)."""
+        self.borrow_starts: dict[str, int] = {}
+        """Per queue, how many times an admission took it over its nominal quota."""
+
+    def priority_of(self, job: JobState) -> int:
+        """The job's priority value; no class (or an unknown one) is the lowest class."""
+        if job.priority_class is not None:
+            pc = self.priority_classes.get(job.priority_class)
+            if pc is not None:
+                return pc.value
+        return self.lowest_priority()
+
+    def preemptible(self, job: JobState) -> bool:
+        if job.priority_class is None:
+            return True
+        pc = self.priority_classes.get(job.priority_class)
+        return pc is None or pc.preemptible
+
+    def lowest_priority(self) -> int:
+        if not self.priority_classes:
+            return 0
+        return min(pc.value for pc in self.priority_classes.values())
+
+    def cohort_root(self, queue: str) -> str:
+        """The root of a queue's cohort tree (`queue:NAME` for a queue without a cohort)."""
+        q = self.queues.get(queue)
+        if q is None or q.cohort is None:
+            return f"queue:{queue}"
+        name = q.cohort
+        seen = {name}
+        while True:
+            parent = self.cohorts.get(name)
+            if parent is None or parent in seen:
+                return f"cohort:{name}"
+            seen.add(parent)
+            name = parent
+
+
+def skip(state: ClusterState) -> ClusterState:
+    """Count an event the state cannot take (it is left as it was): `state.skipped`."""
+    state.skipped += 1
+    return state

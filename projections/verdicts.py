@@ -1,0 +1,162 @@
+"""Setting a job aside: why it waits (`JobInadmissible`) and what must happen before that may change.
+
+`park` records a job's verdict and wake rule (`wake_rule`, see `index` and
+`parking`); `park_doomed` parks in bulk the rest of a group whose first job
+failed for its class on an unchanged view. A verdict that might change once
+the jobs admitted earlier in the cycle run (`may_evict_new`) is judged again
+next cycle.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from muster.events.types import JobId, JobInadmissible
+from muster.projections.cycle import Cycle, EvictNewAnswer, lowest_key, neg_seq
+from muster.projections.eviction import Preemptor, chain_may_shrink, evicts_from_others, may_evict
+from muster.projections.flavors import on_any_flavor
+from muster.projections.index import OrderKey
+from muster.projections.parking import Wake
+from muster.projections.preemption import Result, overlaps
+from muster.projections.state import JobState
+
+
+def park(cycle: Cycle, job: JobState, reason: str, wake: Wake) -> None:
+    """Say why the job waits (when that changed) and set it aside until `wake`."""
+    idx = cycle.idx
+    if reason != job.reason:
+        cycle.events.append(
+            JobInadmissible(at=cycle.now, job=JobId(job.id), reason=reason, cycle=cycle.number, epoch=cycle.epoch)
+        )
+    block = idx.park(job, wake, reason, cycle.number)
+    if (
+        cycle.reserved
+        or may_evict_new(cycle, on_any_flavor(cycle.state, job))
+        or chain_may_shrink(cycle.state.jobs, job)
+    ):
+        # judged without the jobs just admitted in its tree as possible victims, or
+        # sparing jobs it may evict once the waiting job between them runs again
+        cycle.parked_on_reserved.append(block)
+
+
+def park_doomed(cycle: Cycle, bound: OrderKey | None) -> None:
+    """Park the jobs of the doomed groups whose turn comes before `bound` (None: all of them).
+
+    Tried one by one, each would find its class's verdict on an unchanged view
+    (`try_job`): parked for the same reason, with the same wake. So each group's
+    are parked as one block, and only those whose recorded reason differs get a
+    `JobInadmissible`, in the order they would have been tried.
+    """
+    doomed = cycle.doomed
+    if not doomed:
+        return
+    idx, jobs = cycle.idx, cycle.state.jobs
+    now, number, epoch = cycle.now, cycle.number, cycle.epoch
+    waits: list[tuple[OrderKey, JobInadmissible]] = []
+    for group, verdict in list(doomed.items()):
+        members = idx.groups.get(group)
+        if not members:
+            del doomed[group]
+            continue
+        first = jobs[members[-1].job]
+        key = lowest_key(cycle, first)
+        start = 0
+        if bound is not None:
+            if bound[:3] < key[:3]:
+                continue
+            if bound[:3] == key[:3]:
+                start = bisect.bisect_right(members, -bound[3], key=neg_seq)
+                if start == len(members):
+                    continue
+        if start == 0:
+            run = members
+            del idx.groups[group]
+            del doomed[group]
+            uniform = idx.group_reason.pop(group, None)
+        else:
+            run = members[start:]
+            del members[start:]
+            uniform = idx.group_reason.get(group)
+        reason = verdict.reason
+        if uniform != reason:
+            for m in run:
+                if uniform is not None or jobs[m.job].reason != reason:
+                    wait = JobInadmissible(at=now, job=JobId(m.job), reason=reason, cycle=number, epoch=epoch)
+                    waits.append(((key[0], key[1], key[2], -m.neg_seq), wait))
+        block = idx.park_members(group, run, first, verdict.wake, reason, number)
+        if cycle.reserved or may_evict_new(cycle, on_any_flavor(cycle.state, first)):
+            cycle.parked_on_reserved.append(block)
+    waits.sort(key=lambda w: w[0])
+    cycle.events.extend(w for _, w in waits)
+
+
+def may_evict_new(cycle: Cycle, job: JobState) -> bool:
+    """Whether a job admitted earlier in this cycle could be a victim for `job`.
+
+    Those jobs are not candidates while the cycle lasts (they run only once the
+    decisions are folded), so a verdict that might count them is judged again.
+    It asks the rule `preemption._candidates` asks, leaving open what depends on
+    the moment (the job's quota position, submission order, lenders' borrowing).
+    """
+    state, idx = cycle.state, cycle.idx
+    admitted = cycle.admitted_by_root.get(idx.roots.get(job.queue, job.queue))
+    if not admitted:
+        return False
+    # the answer depends on the queue, the priority and the resources asked for, and on
+    # the admitted list, which only grows: a backlog of one shape asks once per admission
+    key = (job.queue, state.priority_of(job), tuple(sorted(r for r, v in job.requests.items() if v > 0)))
+    known = cycle.may_evict_new.get(key)
+    if known is not None and known.admitted == len(admitted):
+        return known.answer
+    answer = _may_evict_any(cycle, job, admitted)
+    cycle.may_evict_new[key] = EvictNewAnswer(len(admitted), answer)
+    return answer
+
+
+def _may_evict_any(cycle: Cycle, job: JobState, admitted: list[JobState]) -> bool:
+    """Whether `eviction.may_evict` lets `job` take any of `admitted`, in some quota position and order."""
+    state = cycle.state
+    queue = state.queues[job.queue]
+    rule = Preemptor(job.queue, state.priority_of(job), queue.preemption, queue.cohort is not None, None, None)
+    for other in admitted:
+        if not overlaps(other, job):
+            continue
+        prio = state.priority_of(other) if state.preemptible(other) else None
+        if may_evict(rule, other.queue, prio, other.seq):
+            return True
+    return False
+
+
+def wake_rule(
+    cycle: Cycle, job: JobState, allow_borrow: bool, quota_blocked: bool, quota_possible: bool, result: Result
+) -> Wake:
+    """What must happen before this verdict (and its words) can change; see `index`."""
+    wake = Wake()
+    if job.chained_eviction(cycle.now) or result.order_matters:
+        wake.at_time = cycle.now + 1
+    headroom = cycle.idx.quota.headroom(job.queue, job.requests, allow_borrow)
+    if quota_blocked:
+        # quota fits only once every short resource has been given back in the
+        # tree, less what evicting every candidate would give back
+        short = {r: -h - result.candidate_requests.get(r, 0) for r, h in headroom.items() if h < 0}
+        if short:
+            r = max(sorted(short), key=lambda k: short[k])
+            wake.released[r] = max(1, short[r])
+        elif headroom:  # pragma: no cover - blocking and headroom agree; never park for good
+            wake.released[min(headroom)] = 1
+        if quota_possible:
+            wake.freed_short = job.gpus - result.candidate_gpus
+    else:
+        # placement blocked: wake when GPUs free up, or when quota would block instead
+        wake.freed_short = job.gpus - result.candidate_gpus
+        for r, h in headroom.items():
+            wake.consumed[r] = h + 1
+    # back within nominal quota, the queue may reclaim what its cohort borrowed
+    queue = cycle.state.queues[job.queue]
+    policy = queue.preemption
+    if queue.cohort is not None and evicts_from_others(policy, None):
+        over = cycle.idx.quota.over_nominal(job.queue, job.requests)
+        if over:
+            r = max(sorted(over), key=lambda k: over[k])
+            wake.own_released[r] = over[r]
+    return wake
