@@ -45,7 +45,8 @@ from muster.projections.cluster import ClusterState, JobState, evolve
 from muster.projections.resources import gpus_of
 from muster.projections.scheduler import decide, next_wakeup
 from muster.projections.settling import Settling
-from muster.replay.scenario import Input, Scenario
+from muster.replay.scenario import Scenario
+from muster.replay.timelinespec import Input
 
 MAX_CYCLES_PER_INSTANT = 10_000
 

@@ -69,10 +69,12 @@ from muster.projections.cluster import ClusterState, QueueState, evolve
 from muster.projections.resources import gpus_of
 from muster.replay.points import Point
 from muster.replay.rebuild import state_at
-from muster.replay.scenario import Input, Scenario, ScenarioError, loads
+from muster.replay.scenario import Scenario, loads
 from muster.replay.simulator import simulate
 from muster.replay.snapshots import Snapshots, no_gc
 from muster.replay.source import LogSource
+from muster.replay.specreader import ScenarioError
+from muster.replay.timelinespec import Input
 
 CONFIG_SECTIONS = ("queues", "cohorts", "priority_classes", "flavors", "fair_sharing", "idle_reclaim")
 
