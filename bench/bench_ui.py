@@ -57,7 +57,9 @@ from bench_events import realistic_events
 from muster.events.codec import encode
 from muster.projections.cluster import ClusterState, evolve
 from muster.replay.points import Point
-from muster.replay.snapshots import MemorySnapshots, Snapshots, no_gc
+from muster.replay.snapshotcodec import no_gc
+from muster.replay.snapshots import Snapshots
+from muster.replay.snapshotstores import MemorySnapshots
 from muster.replay.source import MemoryLog
 from muster.ui.browser import CHROMIUM, headless_page
 from muster.ui.feed import Feed

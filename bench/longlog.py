@@ -49,7 +49,8 @@ from muster.events.types import (
 )
 from muster.projections.cluster import ClusterState, evolve
 from muster.projections.scheduler import decide
-from muster.replay.snapshots import NatsSnapshots, Snapshots, default_bucket
+from muster.replay.snapshots import Snapshots
+from muster.replay.snapshotstores import NatsSnapshots, default_bucket
 from muster.replay.source import NatsLog
 
 LONG_LOG_CLUSTER = "4x5x25x8"

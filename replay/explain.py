@@ -60,7 +60,7 @@ from muster.projections.resources import fmt
 from muster.replay.points import Point, duration
 from muster.replay.rebuild import state_at
 from muster.replay.sealedstate import Sealed, nearest_sealed
-from muster.replay.snapshots import no_gc
+from muster.replay.snapshotcodec import no_gc
 from muster.replay.source import ArchivedLog, LogSource
 from muster.replay.views import job_shape, priority_label, queue_order
 

@@ -71,7 +71,8 @@ from muster.replay.points import Point
 from muster.replay.rebuild import state_at
 from muster.replay.scenario import Scenario, loads
 from muster.replay.simulator import simulate
-from muster.replay.snapshots import Snapshots, no_gc
+from muster.replay.snapshotcodec import no_gc
+from muster.replay.snapshots import Snapshots
 from muster.replay.source import LogSource
 from muster.replay.specreader import ScenarioError
 from muster.replay.timelinespec import Input

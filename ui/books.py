@@ -40,7 +40,7 @@ from muster.projections.billing import (
     new_billing_state,
     settle,
 )
-from muster.replay.snapshots import no_gc
+from muster.replay.snapshotcodec import no_gc
 from muster.replay.source import LogSource
 
 EVERY = 5_000

@@ -42,7 +42,8 @@ from muster.projections.billing import DEFAULT_GPU_LABEL, BillingState
 from muster.projections.cluster import ClusterState, evolve
 from muster.replay.points import Point
 from muster.replay.rebuild import state_at
-from muster.replay.snapshots import Snapshots, Verify, fold_range, no_gc
+from muster.replay.snapshotcodec import no_gc
+from muster.replay.snapshots import Snapshots, Verify, fold_range
 from muster.replay.source import LogSource
 from muster.ui.books import Books
 from muster.ui.moments import EVERY, Past, PastStates

@@ -24,7 +24,7 @@ from muster.projections.quota import QuotaTree
 from muster.replay.explain import Storyteller
 from muster.replay.explaincli import document as story_document
 from muster.replay.points import Clock, Point
-from muster.replay.snapshots import no_gc
+from muster.replay.snapshotcodec import no_gc
 from muster.replay.views import domain_rows, job_counts, job_shape, node_rows, pending_reason, queue_rows
 from muster.ui.feed import Feed, Moment
 

@@ -25,7 +25,7 @@ from muster.events.types import (
 from muster.projections.cluster import ClusterState, evolve
 from muster.replay.audit import audit
 from muster.replay.points import Point
-from muster.replay.snapshots import encode_state
+from muster.replay.snapshotcodec import encode_state
 from muster.replay.source import NatsLog
 from muster.ui.feed import Feed
 
