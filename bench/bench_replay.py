@@ -49,15 +49,10 @@ from muster.projections.state import ClusterState
 from muster.replay import jobscli, queuesviewcli
 from muster.replay.points import Point
 from muster.replay.rebuild import state_at
-from muster.replay.snapshots import (
-    MemorySnapshots,
-    NatsSnapshots,
-    Snapshots,
-    Snapshotter,
-    encode_state,
-    no_gc,
-    write_snapshots,
-)
+from muster.replay.snapshotcodec import encode_state, no_gc
+from muster.replay.snapshots import Snapshots
+from muster.replay.snapshotstores import MemorySnapshots, NatsSnapshots
+from muster.replay.snapshotwriter import Snapshotter, write_snapshots
 from muster.replay.source import LogSource, MemoryLog, NatsLog
 from muster.replay.status import STATES, JobFilter
 from muster.replay.watching import Printer, build

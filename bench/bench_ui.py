@@ -58,7 +58,9 @@ from muster.events.codec import encode
 from muster.projections.cluster import evolve
 from muster.projections.state import ClusterState
 from muster.replay.points import Point
-from muster.replay.snapshots import MemorySnapshots, Snapshots, no_gc
+from muster.replay.snapshotcodec import no_gc
+from muster.replay.snapshots import Snapshots
+from muster.replay.snapshotstores import MemorySnapshots
 from muster.replay.source import MemoryLog
 from muster.ui.browser import CHROMIUM, headless_page
 from muster.ui.feed import Feed

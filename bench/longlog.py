@@ -50,7 +50,9 @@ from muster.events.types import (
 from muster.projections.cluster import evolve
 from muster.projections.scheduler import decide
 from muster.projections.state import ClusterState
-from muster.replay.snapshots import NatsSnapshots, Snapshots, default_bucket, fingerprint
+from muster.replay.snapshotcodec import fingerprint
+from muster.replay.snapshots import Snapshots
+from muster.replay.snapshotstores import NatsSnapshots, default_bucket
 from muster.replay.source import NatsLog
 
 LONG_LOG_CLUSTER = "4x5x25x8"
@@ -80,7 +82,7 @@ async def kept_long_log(kept: Path, work: Path, *, events: int, stream: str, pre
     `work` becomes the store dir of a nats-server holding `stream`; `kept` is only read once written.
     """
     shape = kept / "longlog.json"
-    # the snapshot is only used by the fold that wrote it (snapshots.fingerprint): a kept log of another
+    # the snapshot is only used by the fold that wrote it (snapshotcodec.fingerprint): a kept log of another
     # version would be folded from its first event, so it is written again
     wanted = {"events": events, "stream": stream, "prefix": prefix, "fingerprint": fingerprint()}
     if not shape.exists() or {k: json.loads(shape.read_text()).get(k) for k in wanted} != wanted:

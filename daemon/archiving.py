@@ -48,7 +48,8 @@ from muster.events.store import EventStore, Retention, StoreError
 from muster.replay.points import Point
 from muster.replay.rebuild import state_at
 from muster.replay.sealedstate import Sealed, nearest_sealed, seal_state
-from muster.replay.snapshots import SnapshotBackend, Snapshots, fold_range
+from muster.replay.snapshots import Snapshots, fold_range
+from muster.replay.snapshotstores import SnapshotBackend
 from muster.replay.source import ArchivedLog, NatsLog
 
 if TYPE_CHECKING:

@@ -24,7 +24,8 @@ import structlog
 
 from muster.events.store import EventStore
 from muster.projections.state import ClusterState
-from muster.replay.snapshots import NatsSnapshots, Snapshots, default_bucket
+from muster.replay.snapshots import Snapshots
+from muster.replay.snapshotstores import NatsSnapshots, default_bucket
 from muster.replay.source import NatsLog
 
 __all__ = ["SnapshotStart", "Start", "StartingPoint", "stream_snapshots"]

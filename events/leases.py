@@ -1,7 +1,7 @@
 """Where the daemon's leader lease is kept and what it records: one name and one format for every reader.
 
 The daemon's electors (`daemon.leader.KvElector`, `daemon.k8s.lease.LeaseElector`)
-write the lease, and the snapshot sidecar's gate (`replay.snapshots.KvLeaderGate`)
+write the lease, and the snapshot sidecar's gate (`replay.snapshotwriter.KvLeaderGate`)
 reads it; they live in layers that do not import each other, so the name and
 the record are defined here, below both. The KV bucket and the Kubernetes
 Lease share one default name; the lease records the holder's identity (the

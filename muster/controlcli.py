@@ -92,7 +92,8 @@ async def _state(store: Any, scope: str | None) -> Any:
     own identity may read (`replay.source.QueueLog`: its jobs, from the start)."""
     from muster.replay.points import Point
     from muster.replay.rebuild import state_at
-    from muster.replay.snapshots import NatsSnapshots, Snapshots, default_bucket
+    from muster.replay.snapshots import Snapshots
+    from muster.replay.snapshotstores import NatsSnapshots, default_bucket
     from muster.replay.source import NatsLog, QueueLog
 
     if scope is not None:

@@ -69,7 +69,8 @@ _SETTINGS = {"topology": "levels", "fair_sharing": "fair_sharing", "idle_reclaim
 
 def load_file(path: str, known_cohorts: Any = (), known_flavors: Any = ()) -> Scenario:
     """The queues file as a scenario without nodes or timeline (raises ScenarioError naming file and line)."""
-    from muster.replay.scenario import ScenarioError, load
+    from muster.replay.scenario import load
+    from muster.replay.specreader import ScenarioError
 
     scenario = load(path, known_cohorts=known_cohorts, known_flavors=known_flavors)
     if scenario.nodes or scenario.inputs or scenario.until is not None:
@@ -194,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
         shown: int = show(args)
         return shown
 
-    from muster.replay.scenario import ScenarioError
+    from muster.replay.specreader import ScenarioError
 
     try:
         # everything but the cohorts and flavors defined on the log, before connecting
@@ -220,7 +221,7 @@ async def _apply(args: argparse.Namespace) -> int:
     from muster.adminconnect import open_store
     from muster.events.store import StoreError
     from muster.replay.cliutil import Report
-    from muster.replay.scenario import ScenarioError
+    from muster.replay.specreader import ScenarioError
 
     store = await open_store(args, command="queues apply", create=not args.dry_run)
     try:

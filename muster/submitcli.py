@@ -94,7 +94,8 @@ def from_file(path: str, at: int) -> list[JobSubmitted]:
     import yaml
 
     from muster.events.types import JobId, JobSubmitted, QueueName
-    from muster.replay.scenario import ScenarioError, _Reader, _submit
+    from muster.replay.specreader import Reader, ScenarioError
+    from muster.replay.timelinespec import submit
 
     try:
         with open(path, encoding="utf-8") as f:
@@ -105,11 +106,11 @@ def from_file(path: str, at: int) -> list[JobSubmitted]:
         raise ScenarioError(path, None, f"malformed YAML: {exc}") from None
     if root is None:
         raise ScenarioError(path, None, "no job in the file")
-    reader = _Reader(path)
+    reader = Reader(path)
     nodes = reader.seq(root, "jobs") if isinstance(root, yaml.SequenceNode) else [root]
     jobs = []
     for node in nodes:
-        d: dict[str, Any] = _submit(reader, node)
+        d: dict[str, Any] = submit(reader, node)
         if d.get("invalid"):
             print(f"muster submit: {path}: job {d['job']}: {d['invalid']} (it will be rejected)", file=sys.stderr)
         jobs.append(
@@ -148,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
 
     import anyio
 
-    from muster.replay.scenario import ScenarioError
+    from muster.replay.specreader import ScenarioError
 
     now = int(time.time())
     try:

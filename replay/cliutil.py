@@ -18,13 +18,8 @@ from typing import IO, Any
 from muster.events.codec import DecodeError, decode
 from muster.events.store import BadEvent, EventStore, StoredEvent, StoreError
 from muster.replay.points import Clock, Point, PointError, parse_point
-from muster.replay.snapshots import (
-    DirSnapshots,
-    Discarded,
-    NatsSnapshots,
-    Snapshots,
-    default_bucket,
-)
+from muster.replay.snapshots import Discarded, Snapshots
+from muster.replay.snapshotstores import DirSnapshots, NatsSnapshots, default_bucket
 from muster.replay.source import LogSource, QueueLog, SourceError, SourceUnavailable, open_source
 
 

@@ -1,12 +1,10 @@
 """Reading the flavors of a scenario (spec/scenario.md, Flavors): `flavors:`, and a queue's
 `resource_groups` and `flavor_fungibility`, with the errors that name file and line.
 
-Part of the scenario reader (`scenario`), which calls these with its `_Reader`.
+Part of the scenario reader (`scenario`, through `queuespec`), which calls these with its `Reader`.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import msgspec
 import yaml
@@ -21,16 +19,14 @@ from muster.events.types import (
     Taint,
 )
 from muster.projections.flavors import carries
-
-if TYPE_CHECKING:
-    from muster.replay.scenario import _Reader
+from muster.replay.specreader import Reader
 
 _WHEN_CAN_BORROW = ("Borrow", "TryNextFlavor")
 _WHEN_CAN_PREEMPT = ("Preempt", "TryNextFlavor")
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
-def flavors(r: _Reader, node: yaml.Node | None, nodes: dict[str, NodeAdded]) -> dict[str, FlavorConfigured]:
+def flavors(r: Reader, node: yaml.Node | None, nodes: dict[str, NodeAdded]) -> dict[str, FlavorConfigured]:
     """Resource flavors: each names node labels (and taints); in a file with nodes it must match one."""
     out: dict[str, FlavorConfigured] = {}
     if node is None:
@@ -62,7 +58,7 @@ def flavors(r: _Reader, node: yaml.Node | None, nodes: dict[str, NodeAdded]) -> 
     return out
 
 
-def fungibility(r: _Reader, node: yaml.Node, base: QueueConfigured | None) -> FlavorFungibility:
+def fungibility(r: Reader, node: yaml.Node, base: QueueConfigured | None) -> FlavorFungibility:
     """`flavor_fungibility`; a field it leaves out keeps its value (Kueue's default on a new queue)."""
     m = r.mapping(node, "flavor_fungibility", {"when_can_borrow", "when_can_preempt"})
     old = base.flavor_fungibility if base is not None and base.flavor_fungibility else FlavorFungibility()
@@ -73,7 +69,7 @@ def fungibility(r: _Reader, node: yaml.Node, base: QueueConfigured | None) -> Fl
     return msgspec.convert(chosen, FlavorFungibility)
 
 
-def resource_groups(r: _Reader, node: yaml.Node, queue: str, flavors: set[str]) -> list[ResourceGroup]:
+def resource_groups(r: Reader, node: yaml.Node, queue: str, flavors: set[str]) -> list[ResourceGroup]:
     """A queue's quota per flavor; a resource in two groups, a flavor twice, or an unknown flavor is an error."""
     groups: list[ResourceGroup] = []
     covered_by: dict[str, int] = {}

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from muster.projections.state import ClusterState
 from muster.replay.points import Point
 from muster.replay.sealedstate import nearest_sealed
-from muster.replay.snapshots import Discarded, SnapshotMeta, Snapshots, Verify, fold_range
+from muster.replay.snapshotcodec import SnapshotMeta
+from muster.replay.snapshots import Discarded, Snapshots, Verify, fold_range
 from muster.replay.source import ArchivedLog, LogSource
 
 

@@ -51,7 +51,7 @@ def document(replayed: Any, point: str, now: int | None = None) -> dict[str, Any
     import time
 
     from muster.replay.points import Clock
-    from muster.replay.snapshots import describe
+    from muster.replay.snapshotcodec import describe
     from muster.replay.views import (
         domain_rows,
         job_counts,

@@ -28,7 +28,7 @@ import msgspec
 
 from muster.events.archive import SegmentRef
 from muster.projections.state import ClusterState
-from muster.replay.snapshots import decode_state, encode_state, fingerprint
+from muster.replay.snapshotcodec import decode_state, encode_state, fingerprint
 from muster.replay.source import ArchivedLog
 
 __all__ = ["Sealed", "SealedState", "nearest_sealed", "open_state", "seal_state"]

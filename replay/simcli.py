@@ -71,8 +71,9 @@ def summary(result: Any) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from muster.replay.scenario import ScenarioError, load
+    from muster.replay.scenario import load
     from muster.replay.simulator import SimulationError, simulate
+    from muster.replay.specreader import ScenarioError
 
     try:
         scenario = load(args.scenario)

@@ -46,7 +46,8 @@ from muster.projections.resources import gpus_of
 from muster.projections.scheduler import decide, next_wakeup
 from muster.projections.settling import Settling
 from muster.projections.state import ClusterState, JobState
-from muster.replay.scenario import Input, Scenario
+from muster.replay.scenario import Scenario
+from muster.replay.timelinespec import Input
 
 MAX_CYCLES_PER_INSTANT = 10_000
 

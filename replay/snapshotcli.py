@@ -128,14 +128,15 @@ def run(args: argparse.Namespace) -> int:
         if args.list:
             metas = await snapshots.catalog()
             if args.output != "table":
-                from muster.replay.snapshots import describe
+                from muster.replay.snapshotcodec import describe
 
                 rows = [describe(m) for m in metas]
                 emit(args.output, rows, rows)
             else:
                 render_list(metas)
             return 0
-        from muster.replay.snapshots import KvLeaderGate, LeaderGate, LogLeaderGate, SnapshotMeta, write_snapshots
+        from muster.replay.snapshotcodec import SnapshotMeta
+        from muster.replay.snapshotwriter import KvLeaderGate, LeaderGate, LogLeaderGate, write_snapshots
 
         gate: LeaderGate | None = None
         if leader is not None:

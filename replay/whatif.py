@@ -22,32 +22,20 @@ How the log becomes a scenario:
 - decisions, utilization samples (a property of the real run, so idle
   reclaim is not replayed) and leader changes are dropped.
 
-The configuration file holds the scenario sections `queues` (required),
-`cohorts`, `priority_classes`, `flavors`, `fair_sharing`, `idle_reclaim` (spec/scenario.md);
-a section it leaves out keeps the log's, and so does a queue it does not name
-(a file changing one queue's quota need not repeat the others). Both sides are measured the same
-way (`Tally`): admission wait (submission to first admission), preemptions,
-GPU-seconds held and borrowed (per flavor too, where jobs ran on flavors),
-utilization: the cluster's, and per queue its share of the cluster and its
-use of its own nominal quota.
+The configuration it runs under is read by `whatifconfig`; both runs are measured the
+same way and compared by `whatiftally`.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import msgspec
-import yaml
 
 from muster.events.types import (
     CohortConfigured,
-    CohortName,
     Event,
     FlavorConfigured,
-    FlavorFungibility,
     JobAdmitted,
     JobCancelled,
     JobFailed,
@@ -62,369 +50,20 @@ from muster.events.types import (
     NodeUpdated,
     PriorityClassConfigured,
     QueueConfigured,
-    QueueName,
     SchedulerConfigured,
 )
 from muster.projections.cluster import evolve
-from muster.projections.resources import gpus_of
-from muster.projections.state import ClusterState, QueueState
+from muster.projections.state import ClusterState
 from muster.replay.points import Point
 from muster.replay.rebuild import state_at
-from muster.replay.scenario import Input, Scenario, ScenarioError, loads
+from muster.replay.scenario import Scenario
 from muster.replay.simulator import simulate
-from muster.replay.snapshots import Snapshots, no_gc
+from muster.replay.snapshotcodec import no_gc
+from muster.replay.snapshots import Snapshots
 from muster.replay.source import LogSource
-
-CONFIG_SECTIONS = ("queues", "cohorts", "priority_classes", "flavors", "fair_sharing", "idle_reclaim")
-
-
-# ---------------------------------------------------------------- measuring
-
-
-@dataclass
-class JobTally:
-    queue: str
-    gpus: int
-    submitted: int
-    in_window: bool
-    admitted: int | None = None
-    finished: int | None = None
-    preemptions: int = 0
-    gpu_seconds: int = 0
-    status: str = "pending"
-    podset_gpus: dict[str, int] = field(default_factory=dict)
-    """GPUs of each podset (to split a flavored run's GPUs by flavor)."""
-
-
-@dataclass
-class QueueTally:
-    gpu_seconds: int = 0
-    borrowed_gpu_seconds: int = 0
-    nominal_gpu_seconds: int = 0
-    """The queue's nominal GPU quota integrated over time (its guaranteed GPU-seconds)."""
-    flavor_gpu_seconds: dict[str, int] = field(default_factory=dict)
-    """GPU-seconds held per flavor (runs admitted on flavors only)."""
-
-
-class Tally:
-    """Waits, preemptions and GPU-seconds from a stream of events (the same measure for both sides)."""
-
-    def __init__(self, start: int) -> None:
-        self.last = start
-        self.jobs: dict[str, JobTally] = {}
-        self.queues: dict[str, QueueTally] = {}
-        self.nodes: dict[str, int] = {}
-        """Node -> GPUs while ready."""
-        self.running: dict[str, tuple[str, int, int]] = {}
-        """Job -> (queue, GPUs, borrowed GPUs)."""
-        self.on_flavors: dict[str, dict[str, int]] = {}
-        """Running job -> its GPUs per flavor (runs admitted on flavors)."""
-        self.nominal: dict[str, int] = {}
-        """Queue -> its nominal GPU quota as configured now."""
-        self.capacity_gpu_seconds = 0
-        self.used_gpu_seconds = 0
-        self.window = True
-
-    def seed(self, state: ClusterState) -> None:
-        """Start from a folded state: its nodes, and its pending and running jobs (not counted per job)."""
-        for name, node in state.nodes.items():
-            self.nodes[name] = node.capacity.get("gpu", 0) if node.ready else 0
-        for qname, q in state.queues.items():
-            self.nominal[qname] = gpus_of(q.nominal)
-        for job in sorted(state.jobs.values(), key=lambda j: j.seq):
-            if job.status in ("pending", "admitted"):
-                per_podset = {ps.name: ps.requests.get("gpu", 0) * ps.count for ps in job.podsets}
-                self.jobs[job.id] = JobTally(
-                    job.queue, job.gpus, job.submitted_at, in_window=False, podset_gpus=per_podset
-                )
-            if job.status == "admitted":
-                self.jobs[job.id].status = "running"
-                self.running[job.id] = (job.queue, job.gpus, gpus_of(job.borrowed))
-                self._on_flavors(job.id, job.flavors)
-
-    def advance(self, now: int) -> None:
-        dt = now - self.last
-        if dt <= 0:
-            return
-        self.capacity_gpu_seconds += sum(self.nodes.values()) * dt
-        for queue, nominal in self.nominal.items():
-            if nominal:
-                self.queues.setdefault(queue, QueueTally()).nominal_gpu_seconds += nominal * dt
-        for job_id, (queue, gpus, borrowed) in self.running.items():
-            qt = self.queues.setdefault(queue, QueueTally())
-            qt.gpu_seconds += gpus * dt
-            qt.borrowed_gpu_seconds += borrowed * dt
-            self.used_gpu_seconds += gpus * dt
-            self.jobs[job_id].gpu_seconds += gpus * dt
-            for flavor, n in self.on_flavors.get(job_id, {}).items():
-                qt.flavor_gpu_seconds[flavor] = qt.flavor_gpu_seconds.get(flavor, 0) + n * dt
-        self.last = now
-
-    def _on_flavors(self, job: str, flavors: dict[str, dict[str, str]] | Any) -> None:
-        """Note a run's GPUs per flavor (nothing for a run without flavors)."""
-        if not flavors:
-            return
-        per: dict[str, int] = {}
-        for ps, gpus in self.jobs[job].podset_gpus.items():
-            flavor = flavors.get(ps, {}).get("gpu")
-            if flavor is not None and gpus:
-                per[flavor] = per.get(flavor, 0) + gpus
-        self.on_flavors[job] = per
-
-    def feed(self, ev: Event) -> None:
-        """Count one event (call `advance(ev.at)` first). Decisions the fold would skip are not sent here."""
-        if isinstance(ev, (NodeAdded, NodeUpdated)):
-            self.nodes[ev.node] = ev.capacity.get("gpu", 0) if ev.ready else 0
-        elif isinstance(ev, QueueConfigured):
-            groups = ev.resource_groups or []
-            self.nominal[ev.name] = ev.nominal.get("gpu", 0) + sum(
-                fq.nominal.get("gpu", 0) for g in groups for fq in g.flavors
-            )
-        elif isinstance(ev, NodeRemoved):
-            self.nodes.pop(ev.node, None)
-        elif isinstance(ev, JobSubmitted):
-            if ev.job not in self.jobs:
-                per_podset = {ps.name: ps.requests.get("gpu", 0) * ps.count for ps in ev.podsets}
-                self.jobs[ev.job] = JobTally(
-                    ev.queue, sum(per_podset.values()), ev.at, in_window=self.window, podset_gpus=per_podset
-                )
-        elif isinstance(ev, JobAdmitted):
-            jt = self.jobs.get(ev.job)
-            if jt is not None and ev.job not in self.running:
-                if jt.admitted is None:
-                    jt.admitted = ev.at
-                jt.status = "running"
-                self.running[ev.job] = (jt.queue, jt.gpus, gpus_of(ev.borrowed))
-                self._on_flavors(ev.job, ev.flavors)
-        elif isinstance(ev, JobPreempted):
-            jt = self.jobs.get(ev.job)
-            self.on_flavors.pop(ev.job, None)
-            if jt is not None and self.running.pop(ev.job, None) is not None:
-                jt.preemptions += 1
-                jt.status = "pending"
-        elif isinstance(ev, (JobFinished, JobFailed, JobCancelled, JobRejected)):
-            jt = self.jobs.get(ev.job)
-            self.running.pop(ev.job, None)
-            self.on_flavors.pop(ev.job, None)
-            if jt is not None and jt.status not in ("finished", "failed", "cancelled", "rejected"):
-                jt.status = {JobFinished: "finished", JobFailed: "failed", JobCancelled: "cancelled"}.get(
-                    type(ev), "rejected"
-                )
-                jt.finished = ev.at
-
-    @property
-    def utilization(self) -> float:
-        return self.used_gpu_seconds / self.capacity_gpu_seconds if self.capacity_gpu_seconds else 0.0
-
-
-# ---------------------------------------------------------------- the comparison
-
-
-@dataclass
-class Side:
-    """One run (real or what-if), with times relative to the window start."""
-
-    tally: Tally
-    start: int
-    end: int
-
-
-@dataclass
-class WhatIf:
-    real: Side
-    alt: Side
-    t0: int
-    from_seq: int
-    to_seq: int
-    queues_changed: list[str]
-    notes: list[str] = field(default_factory=list)
-
-    def job_rows(self) -> list[dict[str, Any]]:
-        rows = []
-        for job_id in sorted(self.real.tally.jobs, key=lambda j: (self.real.tally.jobs[j].submitted, j)):
-            r = self.real.tally.jobs[job_id]
-            if not r.in_window:
-                continue
-            a = self.alt.tally.jobs.get(job_id)
-            rows.append(
-                {
-                    "job": job_id,
-                    "queue": r.queue,
-                    "gpus": r.gpus,
-                    "submitted": r.submitted - self.t0,
-                    "real": _job_side(r, self.t0, self.real.end),
-                    "whatif": _job_side(a, 0, self.alt.end - self.alt.start) if a is not None else None,
-                }
-            )
-        return rows
-
-    def queue_rows(self) -> list[dict[str, Any]]:
-        jobs = self.job_rows()
-        names = sorted({j["queue"] for j in jobs} | set(self.real.tally.queues) | set(self.alt.tally.queues))
-        out = []
-        for q in names:
-            mine = [j for j in jobs if j["queue"] == q]
-            row: dict[str, Any] = {"queue": q, "jobs": len(mine), "changed": q in self.queues_changed}
-            for side, tally in (("real", self.real.tally), ("whatif", self.alt.tally)):
-                sides = [j[side] for j in mine if j[side] is not None]
-                waits = sorted(s["wait"] for s in sides if s["wait"] is not None)
-                censored = [s["waiting"] for s in sides if s["wait"] is None and s["status"] != "rejected"]
-                qt = tally.queues.get(q, QueueTally())
-                capacity = tally.capacity_gpu_seconds
-                row[side] = {
-                    "admitted": len(waits),
-                    "never_admitted": len(censored),
-                    "wait_mean": _mean(waits + censored),
-                    "wait_p50": _pct(waits, 50),
-                    "wait_p90": _pct(waits, 90),
-                    "wait_max": max(waits + censored) if waits or censored else None,
-                    "preemptions": sum(s["preemptions"] for s in sides),
-                    "gpu_seconds": qt.gpu_seconds,
-                    "borrowed_gpu_seconds": qt.borrowed_gpu_seconds,
-                    # utilization: of the cluster's GPU-seconds, and of the queue's own guarantee
-                    "cluster_share": round(qt.gpu_seconds / capacity, 6) if capacity else None,
-                    "of_nominal": (
-                        round(qt.gpu_seconds / qt.nominal_gpu_seconds, 6) if qt.nominal_gpu_seconds else None
-                    ),
-                    "flavor_gpu_seconds": dict(sorted(qt.flavor_gpu_seconds.items())),
-                }
-            out.append(row)
-        return out
-
-    def cluster(self) -> dict[str, Any]:
-        return {
-            side: {
-                "seconds": s.end - s.start,
-                "gpu_seconds_capacity": s.tally.capacity_gpu_seconds,
-                "gpu_seconds_used": s.tally.used_gpu_seconds,
-                "utilization": round(s.tally.utilization, 6),
-            }
-            for side, s in (("real", self.real), ("whatif", self.alt))
-        }
-
-
-def _job_side(t: JobTally, t0: int, end: int) -> dict[str, Any]:
-    wait = t.admitted - t.submitted if t.admitted is not None else None
-    return {
-        "admitted": t.admitted - t0 if t.admitted is not None else None,
-        "finished": t.finished - t0 if t.finished is not None else None,
-        "wait": wait,
-        # a rejected job never waited for anything: it has no wait to compare
-        "waiting": (end - t.submitted) if wait is None and t.status != "rejected" else None,
-        "preemptions": t.preemptions,
-        "gpu_seconds": t.gpu_seconds,
-        "status": t.status,
-    }
-
-
-def _mean(values: list[int]) -> float | None:
-    return round(sum(values) / len(values), 1) if values else None
-
-
-def _pct(sorted_values: list[int], p: int) -> int | None:
-    if not sorted_values:
-        return None
-    return sorted_values[min(len(sorted_values) - 1, (len(sorted_values) * p) // 100)]
-
-
-# ---------------------------------------------------------------- building the run
-
-
-class WhatIfError(Exception):
-    """A configuration file that cannot be used (with file and line when known)."""
-
-
-def load_config(text: str, name: str, state: ClusterState) -> tuple[list[Event], set[str]]:
-    """Configuration events from the file, the log's state filling in the sections it leaves out.
-
-    Returns the events (scheduler, classes, cohorts, queues) and the kinds the file replaces.
-    """
-    try:
-        root = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise WhatIfError(f"{name}: malformed YAML: {exc}") from None
-    if not isinstance(root, dict):
-        raise WhatIfError(f"{name}: expected a mapping with {', '.join(CONFIG_SECTIONS)}")
-    unknown = sorted(set(root) - set(CONFIG_SECTIONS))
-    if unknown:
-        raise WhatIfError(
-            f"{name}: unknown section {unknown[0]!r}: a what-if configuration holds only {', '.join(CONFIG_SECTIONS)}"
-        )
-    if "queues" not in root:
-        raise WhatIfError(f"{name}: missing section 'queues'")
-    extra = ""
-    if "cohorts" not in root and state.cohorts:
-        extra += "\ncohorts:\n" + "".join(
-            f"  - {{name: {_q(c)}{', parent: ' + _q(p) if p else ''}}}\n" for c, p in sorted(state.cohorts.items())
-        )
-    if "priority_classes" not in root and state.priority_classes:
-        extra += "\npriority_classes:\n" + "".join(
-            f"  - {{name: {_q(pc.name)}, value: {pc.value}, preemptible: {'true' if pc.preemptible else 'false'}}}\n"
-            for pc in sorted(state.priority_classes.values(), key=lambda p: p.name)
-        )
-    if "flavors" not in root and state.flavors:
-        # JSON is YAML: label keys and values go through whatever they hold
-        extra += "\nflavors:\n" + "".join(
-            "  - "
-            + json.dumps(
-                {"name": f.name, "node_labels": f.node_labels, "taints": msgspec.to_builtins(f.taints)},
-                sort_keys=True,
-            )
-            + "\n"
-            for f in sorted(state.flavors.values(), key=lambda f: f.name)
-        )
-    try:
-        scenario = loads(text.rstrip("\n") + "\n" + extra, name)
-    except ScenarioError as exc:
-        raise WhatIfError(str(exc)) from None
-    events: list[Event] = []
-    for ev in scenario.config:
-        if isinstance(ev, SchedulerConfigured):
-            ev = SchedulerConfigured(
-                at=0,
-                levels=list(state.levels),
-                fair_sharing=ev.fair_sharing if "fair_sharing" in root else state.fair_sharing,
-                idle_reclaim=ev.idle_reclaim if "idle_reclaim" in root else state.idle_reclaim,
-            )
-        events.append(ev)
-    # a queue the file does not name keeps the log's configuration (as `queues apply` leaves it)
-    named = {ev.name for ev in events if isinstance(ev, QueueConfigured)}
-    for q in sorted(state.queues.values(), key=lambda q: q.name):
-        if q.name not in named:
-            events.append(_queue_event(q))
-    replaced = {"QueueConfigured"}
-    if "cohorts" in root:
-        replaced.add("CohortConfigured")
-    if "priority_classes" in root:
-        replaced.add("PriorityClassConfigured")
-    if "flavors" in root:
-        replaced.add("FlavorConfigured")
-    if "fair_sharing" in root or "idle_reclaim" in root:
-        replaced.add("SchedulerConfigured")
-    return events, replaced
-
-
-def _queue_event(q: QueueState) -> QueueConfigured:
-    """The configuration event a folded queue came from (its quota per flavor given back as groups)."""
-    grouped = bool(q.resource_groups)
-    return QueueConfigured(
-        at=0,
-        name=QueueName(q.name),
-        cohort=CohortName(q.cohort) if q.cohort is not None else None,
-        nominal={} if grouped else dict(q.nominal),
-        borrowing_limit=dict(q.borrowing_limit) if q.borrowing_limit is not None and not grouped else None,
-        lending_limit=dict(q.lending_limit) if q.lending_limit is not None and not grouped else None,
-        weight=q.weight,
-        preemption=q.preemption,
-        queueing_strategy=q.queueing_strategy,  # type: ignore[arg-type]
-        resource_groups=list(q.resource_groups) if grouped else msgspec.UNSET,
-        flavor_fungibility=q.fungibility if grouped else msgspec.UNSET,
-        reserve_after=q.reserve_after,
-    )
-
-
-def _q(name: str) -> str:
-    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+from muster.replay.timelinespec import Input
+from muster.replay.whatifconfig import changed_queues, load_config, named_queues, queues_of
+from muster.replay.whatiftally import JobTally, Side, Tally, WhatIf
 
 
 def _node_events(state: ClusterState) -> list[Event]:
@@ -516,12 +155,12 @@ async def whatif(
     result = simulate(scenario, on_event=on_event, keep_events=False)
     alt.advance(result.end)
     notes = []
-    kept = sorted(set(state.queues) - _named_queues(config_text))
+    kept = sorted(set(state.queues) - named_queues(config_text))
     if kept:
         notes.append(f"queues the configuration does not name keep the log's configuration: {', '.join(kept)}")
     if not runtimes and any(isinstance(ev, JobSubmitted) and ev.runtime is None for _, ev in window):
         notes.append("no job finished in the log: jobs without a declared runtime run until the end")
-    changed = _changed_queues(state, config)
+    changed = changed_queues(state, config)
     return WhatIf(
         real=Side(real, t0, t1 if bounded else max(t1, real.last)),
         alt=Side(alt, 0, result.end),
@@ -531,33 +170,6 @@ async def whatif(
         queues_changed=changed,
         notes=notes,
     )
-
-
-def _named_queues(text: str) -> set[str]:
-    """The queue names a (valid) configuration file gives."""
-    root = yaml.safe_load(text) or {}
-    queues = root.get("queues") if isinstance(root, dict) else None
-    return {str(q["name"]) for q in queues or [] if isinstance(q, dict) and "name" in q}
-
-
-def _queues(config: list[Event]) -> list[QueueConfigured]:
-    return [e for e in config if isinstance(e, QueueConfigured)]
-
-
-def _changed_queues(state: ClusterState, config: list[Event]) -> list[str]:
-    """The queues whose configuration differs from the log's (quota per flavor included)."""
-    out = []
-    for q in _queues(config):
-        old = state.queues.get(q.name)
-        if old is None or _same_terms(_queue_event(old)) != _same_terms(q):
-            out.append(q.name)
-    return sorted(out)
-
-
-def _same_terms(q: QueueConfigured) -> QueueConfigured:
-    """A queue's configuration with what the fold fills in made explicit (time aside)."""
-    fungibility = (q.flavor_fungibility or FlavorFungibility()) if q.resource_groups else msgspec.UNSET
-    return msgspec.structs.replace(q, at=0, flavor_fungibility=fungibility)
 
 
 def _scenario(
@@ -618,7 +230,7 @@ def _scenario(
         ):
             add(ev.at, "event", {"event": ev})
     inputs.sort(key=lambda i: (i.at, i.order))
-    queues: dict[str, QueueConfigured] = {q.name: q for q in _queues(config)}
+    queues: dict[str, QueueConfigured] = {q.name: q for q in queues_of(config)}
     nodes: dict[str, NodeAdded] = {e.node: e for e in config if isinstance(e, NodeAdded)}
     return Scenario("whatif", config, inputs, until, list(state.levels), queues, nodes)
 
@@ -641,13 +253,3 @@ def _submit(
         "checkpoint_every": checkpoint_every,
         "max_runtime": max_runtime,
     }
-
-
-def read_config(path: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise WhatIfError(f"{path}: cannot read: {exc.strerror or exc}") from None
-
-
-__all__ = ["WhatIf", "WhatIfError", "load_config", "read_config", "whatif"]

@@ -38,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
 
     async def body(source: Any, store: Any) -> int:
         from muster.replay.cliutil import emit, open_snapshots
-        from muster.replay.whatif import WhatIfError, read_config, whatif
+        from muster.replay.whatif import whatif
+        from muster.replay.whatifconfig import WhatIfError, read_config
 
         start = point_arg(args.start, "--from") if args.start else None
         end = point_arg(args.end, "--to") if args.end else None

@@ -8,7 +8,7 @@ them is what made a far past point slow (a full snapshot of 1M events holds
   fold's own object, or a copy taken when it ended when the fold is another's
   (the daemon's);
 - a checkpoint every `every` sequences keeps the state without its ended jobs
-  (encoded as `replay.snapshots` encodes a state: small, since only the live
+  (encoded as `replay.snapshotcodec` encodes a state: small, since only the live
   jobs, nodes and queues remain) and how many jobs had ended by then.
 A past state is a checkpoint decoded, its ended jobs put back in the fold's
 order (submission order), then a fold of at most `every` events.
@@ -38,7 +38,8 @@ import msgspec
 from muster.events.types import Event
 from muster.projections.state import TERMINAL, ClusterState, JobState
 from muster.replay.points import Point
-from muster.replay.snapshots import decode_state, encode_state, fold_range, no_gc
+from muster.replay.snapshotcodec import decode_state, encode_state, no_gc
+from muster.replay.snapshots import fold_range
 from muster.replay.source import LogSource
 
 EVERY = 5_000

@@ -2,7 +2,7 @@
 
 Role: compose the existing read side, never re-derive it: queues, domains,
 nodes and pending reasons come from `replay.views`, a job's story and what
-it waits for from `replay.explain` (rendered by `explaincli.document`),
+it waits for from `replay.story` (rendered by `explaincli.document`),
 fair share from the core's own `QuotaTree`, chargeback from
 `projections.chargeback.build_report` and `hourly_series` over the billing
 fold. What is added here is only layout: nodes grouped by topology domain
@@ -23,10 +23,10 @@ from muster.projections.ledger import HOUR, Usage, UsageKey
 from muster.projections.quota import QuotaTree
 from muster.projections.ratecard import RateCard
 from muster.projections.state import TERMINAL, JobState
-from muster.replay.explain import Storyteller
 from muster.replay.explaincli import document as story_document
 from muster.replay.points import Clock, Point
-from muster.replay.snapshots import no_gc
+from muster.replay.snapshotcodec import no_gc
+from muster.replay.story import Storyteller
 from muster.replay.views import domain_rows, job_counts, job_shape, node_rows, pending_reason, queue_rows
 from muster.ui.feed import Feed, Moment
 

@@ -31,7 +31,8 @@ from aiohttp import web
 from muster.events.store import EventStore
 from muster.projections.ratecard import RateCard
 from muster.replay.points import PointError, parse_point
-from muster.replay.snapshots import NatsSnapshots, Snapshots, default_bucket
+from muster.replay.snapshots import Snapshots
+from muster.replay.snapshotstores import NatsSnapshots, default_bucket
 from muster.replay.source import NatsLog
 from muster.ui import pages
 from muster.ui.feed import Feed, Moment, SharedFold

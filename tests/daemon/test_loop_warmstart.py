@@ -17,7 +17,8 @@ from muster.events.store import EventStore
 from muster.events.types import Event, JobAdmitted, JobCancelled, JobHeld, JobId, JobPreempted
 from muster.projections.cluster import evolve
 from muster.projections.state import ClusterState
-from muster.replay.snapshots import MemorySnapshots, Snapshots
+from muster.replay.snapshots import Snapshots
+from muster.replay.snapshotstores import MemorySnapshots
 from muster.replay.source import NatsLog
 
 

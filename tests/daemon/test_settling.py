@@ -25,8 +25,9 @@ from muster.events.types import (
 )
 from muster.projections.scheduler import decide
 from muster.projections.state import ClusterState
-from muster.replay.scenario import Input, Scenario
+from muster.replay.scenario import Scenario
 from muster.replay.simulator import simulate
+from muster.replay.timelinespec import Input
 
 CONFIG: list[Event] = [
     SchedulerConfigured(at=0, levels=["rack"]),

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from simkit import flat_nodes, queue, run, scenario, submit
 
-from muster.replay.scenario import ScenarioError, loads
+from muster.replay.scenario import loads
+from muster.replay.specreader import ScenarioError
 
 TWO_NODES = flat_nodes(8, 8)  # 16 GPUs
 

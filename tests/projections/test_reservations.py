@@ -10,7 +10,8 @@ import pytest
 from simkit import Outcome, flat_nodes, queue, run, scenario, submit
 
 from muster.events.types import ReservationMade, ReservationReleased
-from muster.replay.scenario import ScenarioError, loads
+from muster.replay.scenario import loads
+from muster.replay.specreader import ScenarioError
 
 TWO_NODES = flat_nodes(8, 8)  # 16 GPUs
 

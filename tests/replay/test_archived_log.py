@@ -95,7 +95,7 @@ async def test_an_archived_point_starts_from_the_state_sealed_with_its_segment(
     from muster.daemon.archiving import Sealer, SealerOptions
     from muster.replay.points import Point
     from muster.replay.rebuild import state_at
-    from muster.replay.snapshots import encode_state
+    from muster.replay.snapshotcodec import encode_state
 
     events = sim(mixed(1)).events
     whole = MemoryLog.from_events(events)
@@ -199,7 +199,7 @@ async def test_a_state_sealed_by_another_version_is_passed_over_for_an_older_one
     from muster.replay.points import Point
     from muster.replay.rebuild import state_at
     from muster.replay.sealedstate import SealedState, open_state, seal_state
-    from muster.replay.snapshots import encode_state
+    from muster.replay.snapshotcodec import encode_state
 
     events = sim(mixed(1)).events
 

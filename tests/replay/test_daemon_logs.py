@@ -36,7 +36,7 @@ from muster.replay.audit import audit
 from muster.replay.explain import explain
 from muster.replay.points import END, Point
 from muster.replay.rebuild import state_at
-from muster.replay.snapshots import decode_state, encode_state
+from muster.replay.snapshotcodec import decode_state, encode_state
 from muster.replay.source import NatsLog
 
 NODES = block_rack_nodes(1, 2, 2, 8)  # 32 GPUs

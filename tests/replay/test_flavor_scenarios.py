@@ -8,8 +8,9 @@ import pytest
 
 from muster.cli import main
 from muster.events.types import FlavorConfigured, QueueConfigured
-from muster.replay.scenario import ScenarioError, loads
+from muster.replay.scenario import loads
 from muster.replay.simulator import simulate
+from muster.replay.specreader import ScenarioError
 
 NODES = """\
 nodes:

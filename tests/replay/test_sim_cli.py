@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from muster.cli import main
-from muster.replay.scenario import ScenarioError, loads
+from muster.replay.scenario import loads
 from muster.replay.simulator import simulate
+from muster.replay.specreader import ScenarioError
 
 CLUSTER = """\
 topology:

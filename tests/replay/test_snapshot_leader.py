@@ -33,15 +33,10 @@ from muster.events.types import LeaderElected, NodeAdded, NodeName
 from muster.projections.cluster import fold
 from muster.replay.points import Point
 from muster.replay.rebuild import state_at
-from muster.replay.snapshots import (
-    KvLeaderGate,
-    LeaderGate,
-    LogLeaderGate,
-    NatsSnapshots,
-    SnapshotMeta,
-    Snapshots,
-    write_snapshots,
-)
+from muster.replay.snapshotcodec import SnapshotMeta
+from muster.replay.snapshots import Snapshots
+from muster.replay.snapshotstores import NatsSnapshots
+from muster.replay.snapshotwriter import KvLeaderGate, LeaderGate, LogLeaderGate, write_snapshots
 from muster.replay.source import NatsLog
 
 EVENTS = sim(STORY).events  # 22 events: due points 5, 10, 15, 20 with every=5

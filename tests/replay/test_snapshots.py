@@ -20,19 +20,10 @@ from muster.events.store import EventStore
 from muster.projections.cluster import fold
 from muster.replay.points import Point
 from muster.replay.rebuild import state_at
-from muster.replay.snapshots import (
-    DirSnapshots,
-    Discarded,
-    MemorySnapshots,
-    NatsSnapshots,
-    SnapshotBackend,
-    SnapshotMeta,
-    Snapshots,
-    Snapshotter,
-    encode_state,
-    sha256,
-    write_snapshots,
-)
+from muster.replay.snapshotcodec import SnapshotMeta, encode_state, sha256
+from muster.replay.snapshots import Discarded, Snapshots
+from muster.replay.snapshotstores import DirSnapshots, MemorySnapshots, NatsSnapshots, SnapshotBackend
+from muster.replay.snapshotwriter import Snapshotter, write_snapshots
 from muster.replay.source import MemoryLog, NatsLog
 
 EVENTS = sim(mixed(2, jobs=30)).events  # 170 events

@@ -14,8 +14,9 @@ from muster.daemon.k8s.translating import Translator
 from muster.daemon.k8s.watching import WatchEvent
 from muster.events.codec import decode, encode
 from muster.events.types import JobFailed, JobFinished, JobRejected, JobSubmitted, PodSet
-from muster.replay.scenario import ScenarioError, load, loads
+from muster.replay.scenario import load, loads
 from muster.replay.simulator import DEADLINE_EXCEEDED, simulate
+from muster.replay.specreader import ScenarioError
 
 CLUSTER = """\
 nodes:

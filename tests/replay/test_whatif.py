@@ -19,7 +19,8 @@ from muster.events.store import EventStore
 from muster.events.types import JobSubmitted
 from muster.replay.points import Point
 from muster.replay.source import NatsLog
-from muster.replay.whatif import WhatIfError, whatif
+from muster.replay.whatif import whatif
+from muster.replay.whatifconfig import WhatIfError
 
 BUSY = (
     """\

@@ -26,7 +26,8 @@ from muster.projections.state import ClusterState
 from muster.replay.explain import explain
 from muster.replay.explaincli import document
 from muster.replay.points import END, Point
-from muster.replay.snapshots import MemorySnapshots, Snapshots
+from muster.replay.snapshots import Snapshots
+from muster.replay.snapshotstores import MemorySnapshots
 from muster.ui import pages
 from muster.ui.feed import Feed, History
 

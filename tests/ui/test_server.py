@@ -16,7 +16,8 @@ from muster.events.store import EventStore
 from muster.projections.chargeback import HourPoint
 from muster.projections.cluster import evolve
 from muster.projections.state import ClusterState
-from muster.replay.snapshots import MemorySnapshots, Snapshots
+from muster.replay.snapshots import Snapshots
+from muster.replay.snapshotstores import MemorySnapshots
 from muster.replay.source import MemoryLog, NatsLog
 from muster.ui import pages
 from muster.ui.feed import Feed

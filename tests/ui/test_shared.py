@@ -26,7 +26,7 @@ from muster.projections.cluster import evolve
 from muster.projections.state import ClusterState
 from muster.replay.audit import audit
 from muster.replay.points import Point
-from muster.replay.snapshots import encode_state
+from muster.replay.snapshotcodec import encode_state
 from muster.replay.source import NatsLog
 from muster.ui.feed import Feed
 

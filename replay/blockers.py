@@ -1,0 +1,271 @@
+"""Why a pending job waits, in the numbers the scheduler saw, and what would have to change for it to run.
+
+Pure (a state in, numbers and sentences out; no clock): for a job at a state,
+`quota_numbers` (queue usage, nominal, what the cohort could give, the
+shortfall), `capacity_numbers` (the best topology domain and its room) and, for
+a job still pending, `blockers`: its position in its queue and the jobs ahead,
+the quota and capacity it lacks, reservations, and whether preemption could
+make room (the core's own `find_victims` on a throwaway cycle). The story of a
+job (`story`) reads a waiting job's numbers from here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from muster.projections.queueing import STRICT_FIFO
+from muster.projections.resources import fmt
+from muster.projections.state import ClusterState, JobState, Reservation
+from muster.replay.points import duration
+from muster.replay.views import queue_order
+
+
+def quota_numbers(state: ClusterState, job: JobState) -> dict[str, Any]:
+    """Per quota-limited resource of the job: queue usage, nominal, what the cohort could give, the shortfall."""
+    from muster.projections.quota import QuotaTree
+
+    out: dict[str, Any] = {}
+    queue = state.queues.get(job.queue)
+    if queue is None:
+        return out
+    tree = QuotaTree(state)
+    node = tree.queues.get(job.queue)
+    if node is None:
+        return out
+    allow_borrow = state.preemptible(job)
+    for r in sorted(job.requests):
+        need = job.requests[r]
+        if need <= 0 or r not in queue.nominal:
+            continue
+        used = queue.usage.get(r, 0)
+        available = tree.available(node, r)
+        if not allow_borrow:
+            available = min(available, queue.nominal[r] - used)
+        out[r] = {
+            "requested": need,
+            "used": used,
+            "nominal": queue.nominal[r],
+            "available": max(0, available),
+            "short": max(0, need - max(0, available)),
+            "borrowing_limit": (queue.borrowing_limit or {}).get(r),
+        }
+    return out
+
+
+def capacity_numbers(state: ClusterState, job: JobState) -> list[dict[str, Any]]:
+    """Per podset: the topology level it must (or would like to) fit in, and the best domain there."""
+    from muster.projections.topology import TopologyIndex
+
+    topo = TopologyIndex(state)
+    out = []
+    for ps in job.podsets:
+        level = None
+        required = False
+        if ps.topology is not None and ps.topology.required:
+            level, required = ps.topology.required, True
+        elif ps.topology is not None and ps.topology.preferred:
+            level = ps.topology.preferred
+        depth = topo.level_depth(level) if level is not None else None
+        gpu = ps.requests.get("gpu", 0)
+        item: dict[str, Any] = {"podset": ps.name, "pods": ps.count, "per_pod": dict(ps.requests)}
+        total = sum(topo.slots(d, ps.requests, ps.count) for d in topo.by_level[0]) if topo.by_level[0] else 0
+        item["cluster_free_gpus"] = max(0, topo.root.free.get("gpu", 0))
+        item["cluster_room_pods"] = min(total, ps.count) if ps.count else 0
+        if required and depth is not None:
+            doms = topo.by_level[depth - 1]
+            best = None
+            best_key: tuple[int, int] | None = None
+            for d in doms:
+                key = (topo.slots(d, ps.requests, ps.count), d.free.get("gpu", 0))
+                if best_key is None or key > best_key:
+                    best, best_key = d, key
+            item["level"] = level
+            if best is not None and best_key is not None:
+                item["best_domain"] = "/".join(best.path)
+                item["best_room_pods"] = best_key[0]
+                item["best_free_gpus"] = max(0, best_key[1])
+                missing = max(0, ps.count - best_key[0])
+                item["missing_gpus"] = missing * gpu
+        else:
+            item["level"] = level
+            item["missing_gpus"] = max(0, ps.count - item["cluster_room_pods"]) * gpu
+        out.append(item)
+    return out
+
+
+def numbers_text(state: ClusterState, job: JobState) -> str:
+    """A short account of what blocks a job now: quota and capacity in numbers."""
+    parts = []
+    for r, q in quota_numbers(state, job).items():
+        text = f"queue {job.queue} uses {q['used']:,} of {q['nominal']:,} nominal {r}"
+        if q["short"]:
+            text += f", {q['available']:,} more available to it, {q['requested']:,} asked: short by {q['short']:,}"
+        parts.append(text)
+    for c in capacity_numbers(state, job):
+        if c.get("best_domain") is not None:
+            parts.append(
+                f"best {c['level']} {c['best_domain']} has {c['best_free_gpus']:,} free GPUs "
+                f"(room for {c['best_room_pods']} of {c['pods']} pods)"
+            )
+        else:
+            parts.append(
+                f"{c['cluster_free_gpus']:,} GPUs free in the cluster (room for {c['cluster_room_pods']} of "
+                f"{c['pods']} pods)"
+            )
+    return "; ".join(parts)
+
+
+def blockers(state: ClusterState, job: JobState) -> dict[str, Any]:
+    """Why a pending job waits now, in numbers, and what would have to change for it to run."""
+    order = queue_order(state, job.queue)
+    pos = next((i for i, j in enumerate(order, start=1) if j.id == job.id), None)
+    ahead = [{"job": j.id, "gpus": j.gpus, "priority": state.priority_of(j)} for j in order[: (pos or 1) - 1]]
+    quota = quota_numbers(state, job)
+    capacity = capacity_numbers(state, job)
+    changes: list[str] = []
+    for r, q in quota.items():
+        if not q["short"]:
+            continue
+        limit = q["nominal"] + q["borrowing_limit"] if q["borrowing_limit"] is not None else None
+        if q["requested"] > q["nominal"] and not state.preemptible(job):
+            changes.append(
+                f"quota: a non-preemptible job never borrows; {job.queue}'s nominal {r} must grow from "
+                f"{q['nominal']:,} to at least {q['used'] + q['requested']:,}"
+            )
+        elif limit is not None and q["requested"] > limit:
+            changes.append(
+                f"quota: it asks {q['requested']:,} {r}, more than {job.queue} may ever use ({limit:,}); "
+                "the queue's nominal quota or borrowing limit must grow"
+            )
+        else:
+            changes.append(
+                f"quota: {q['short']:,} more {r} must be free for {job.queue} (it uses {q['used']:,} of "
+                f"{q['nominal']:,} nominal; {q['available']:,} available to it now, {q['requested']:,} needed): "
+                "jobs of its queue or cohort must finish, or its quota grow"
+            )
+    for c in capacity:
+        if not c.get("missing_gpus"):
+            continue
+        if c.get("best_domain") is not None:
+            changes.append(
+                f"capacity: no {c['level']} has room for {c['pods']} pods of {fmt(c['per_pod'])}; the best, "
+                f"{c['best_domain']}, has {c['best_free_gpus']:,} free GPUs (room for {c['best_room_pods']}): "
+                f"{c['missing_gpus']:,} more GPUs must be free there"
+            )
+        else:
+            changes.append(
+                f"capacity: the cluster has room for {c['cluster_room_pods']} of {c['pods']} pods of "
+                f"{fmt(c['per_pod'])}: {c['missing_gpus']:,} more GPUs must be free on schedulable nodes"
+            )
+    queue_state = state.queues.get(job.queue)
+    if queue_state is not None and queue_state.queueing_strategy == STRICT_FIFO and pos is not None and pos > 1:
+        changes.insert(
+            0,
+            f"strict_fifo: {order[0].id}, the head of {job.queue}, must be admitted first "
+            "(no job behind it is admitted while it waits)",
+        )
+    reservation = state.reservations.get(job.id)
+    if reservation is not None:
+        changes.insert(0, f"{reservation_text(reservation, state.now)}: no job that would delay it is placed there")
+    others = [o for o in sorted(state.reservations.values(), key=lambda o: o.job) if o.job != job.id]
+    for other in others:
+        if job.max_runtime is None:
+            verdict = "a job without a limit never backfills"
+        elif other.expected_start is not None and state.now + job.max_runtime <= other.expected_start:
+            verdict = "its limit ends in time to use it"
+        else:
+            verdict = "its limit ends too late to use it"
+        changes.append(f"reserved room: {', '.join(other.nodes)} held for {other.job}; {verdict}")
+    victims = _victims(state, job)
+    if victims.get("victims"):
+        changes.append(
+            "preemption: evicting "
+            + ", ".join(v["job"] for v in victims["victims"])
+            + " would make room; the next scheduling cycle does so"
+        )
+    elif victims.get("policy") == "Never":
+        changes.append(f"preemption: {job.queue}'s policy lets it evict nothing (within_queue and cohort: Never)")
+    elif victims.get("candidate_gpus") is not None and (quota or capacity) and changes:
+        changes.append(
+            f"preemption cannot help: the jobs its policy may evict hold {victims['candidate_gpus']:,} GPUs, "
+            "not enough to make room"
+        )
+    if not changes:
+        changes.append(
+            "nothing visible blocks it now: it should be admitted by the next scheduling cycle "
+            f"(last reason: {job.reason or 'none recorded'})"
+        )
+    return {
+        "position": pos,
+        "queue_length": len(order),
+        "ahead": ahead,
+        "reason": job.reason,
+        "quota": quota,
+        "capacity": capacity,
+        "preemption": victims,
+        "reservation": reservation_data(reservation) if reservation is not None else None,
+        "what_would_have_to_change": changes,
+    }
+
+
+def reservation_text(r: Reservation, now: int) -> str:
+    """`reserved b1/r3 since 1h 02m; waiting for 3 jobs to end, expected in 1h 08m`."""
+    where = r.domain or ", ".join(r.nodes[:6]) + (f" +{len(r.nodes) - 6} more" if len(r.nodes) > 6 else "")
+    text = f"reserved {where}"
+    if now > r.since:
+        text += f" since {duration(now - r.since)} ago"
+    n = len(r.waits_for)
+    if not n:
+        return text + "; its room is free (it waits for quota)"
+    ends = [f"{w.job} {_end_text(w.end, now)}" for w in r.waits_for[:5]]
+    more = f" +{n - 5} more" if n > 5 else ""
+    text += f"; waiting for {n} job{'s' if n != 1 else ''} to end ({', '.join(ends)}{more})"
+    if r.expected_start is None:
+        return text + ", one without a declared limit (start unknown)"
+    if r.expected_start <= now:
+        return text + f", expected {duration(now - r.expected_start)} ago"
+    return text + f", expected in {duration(r.expected_start - now)}"
+
+
+def _end_text(end: int | None, now: int) -> str:
+    if end is None:
+        return "with no limit"
+    return f"in {duration(end - now)}" if end > now else "now"
+
+
+def reservation_data(r: Reservation) -> dict[str, Any]:
+    return {
+        "nodes": list(r.nodes),
+        "domain": r.domain,
+        "since": r.since,
+        "expected_start": r.expected_start,
+        "waits_for": [{"job": w.job, "expected_end": w.end} for w in r.waits_for],
+    }
+
+
+def _victims(state: ClusterState, job: JobState) -> dict[str, Any]:
+    """What the core's own victim search finds for the job now (on a cycle that is undone)."""
+    from muster.projections.eviction import evicts_nothing
+
+    queue = state.queues.get(job.queue)
+    if queue is None:
+        return {}
+    if evicts_nothing(queue.preemption) and not state.fair_sharing:
+        return {"policy": "Never"}
+    from muster.projections.cycle import Cycle
+    from muster.projections.index import index_of
+    from muster.projections.preemption import find_victims
+
+    try:
+        idx = index_of(state)
+        cycle = Cycle(state, idx, state.now)
+        try:
+            result = find_victims(cycle, job, state.preemptible(job))
+        finally:
+            cycle.finish()
+    except Exception as exc:  # explaining must not fail on a state the core finds odd
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {
+        "victims": [{"job": v.job.id, "queue": v.job.queue, "reason": v.reason} for v in result.victims],
+        "candidate_gpus": result.candidate_gpus,
+    }

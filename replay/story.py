@@ -1,0 +1,403 @@
+"""A job's story: one line per event that concerns it, read against the state just before that event.
+
+Role: `Storyteller` folds every event in log order and writes the lines about
+one job (its own events, preemptions it caused, failures and cordons of its
+nodes, changes of its queue while it waits), so the numbers are those the
+scheduler saw:
+- inadmissible: the recorded reason plus the quota and capacity numbers then;
+- admitted: nodes and topology domains, and whose unused quota it borrowed;
+- preempted: by whom, the policy and why it allowed it, the work lost, and
+  where the job was requeued;
+- finished: work, total wait, preemptions.
+For a job still pending at the end, the story closes with its `blockers`.
+
+Pure: events and states in, lines out; no clock. `explain` feeds it from a log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from muster.events.types import (
+    Event,
+    GpuUtilizationSampled,
+    JobAdmitted,
+    JobCancelled,
+    JobFailed,
+    JobFinished,
+    JobHeld,
+    JobInadmissible,
+    JobPreempted,
+    JobRejected,
+    JobReleased,
+    JobStarted,
+    JobSubmitted,
+    NodeCordoned,
+    NodeRemoved,
+    NodeUpdated,
+    QueueConfigured,
+    ReservationMade,
+    ReservationReleased,
+    SubmissionRejected,
+)
+from muster.projections.cluster import evolve, foreign_control
+from muster.projections.resources import fmt
+from muster.projections.state import DEFAULT_IDLE_THRESHOLD, ClusterState, JobState, Reservation
+from muster.replay.blockers import (
+    blockers,
+    capacity_numbers,
+    numbers_text,
+    quota_numbers,
+    reservation_data,
+    reservation_text,
+)
+from muster.replay.points import duration
+from muster.replay.views import job_shape, priority_label, queue_order
+
+
+@dataclass
+class Line:
+    """One step of the story."""
+
+    seq: int
+    at: int
+    kind: str
+    text: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Story:
+    job: str
+    lines: list[Line] = field(default_factory=list)
+    status: str = "unknown"
+    queue: str | None = None
+    pending: dict[str, Any] | None = None
+    """For a job pending at the end: position, blockers, what would have to change."""
+    summary: dict[str, Any] = field(default_factory=dict)
+    told_from: int = 0
+    """The sequence whose state the story was folded on from (0: the start of the log)."""
+
+
+def _lenders(state: ClusterState, queue: str, borrowed: dict[str, int]) -> list[str]:
+    """Queues of the job's cohort tree with unused nominal quota of what it borrowed (before admission)."""
+    root = state.cohort_root(queue)
+    out = []
+    for name in sorted(state.queues):
+        if name == queue or state.cohort_root(name) != root:
+            continue
+        q = state.queues[name]
+        spare = {}
+        for r in borrowed:
+            if r in q.nominal:
+                s = q.nominal[r] - q.usage.get(r, 0)
+                if q.lending_limit is not None and r in q.lending_limit:
+                    s = min(s, q.lending_limit[r])
+                if s > 0:
+                    spare[r] = s
+        if spare:
+            out.append(f"{name} ({fmt(spare)} unused)")
+    return out
+
+
+def _domains(state: ClusterState, nodes: Sequence[str]) -> str:
+    levels = state.levels
+    if not levels:
+        return ""
+    doms = sorted({"/".join(state.nodes[n].labels.get(lv, "?") for lv in levels) for n in nodes if n in state.nodes})
+    label = levels[-1] + ("s" if len(doms) != 1 else "")
+    return f"{label} {', '.join(doms)}"
+
+
+def _preemption_why(state: ClusterState, ev: JobPreempted, victim: JobState) -> str:
+    pre = state.jobs.get(ev.preemptor) if ev.preemptor else None
+    if ev.reason == "NodeFailure":
+        return "a node it ran on failed or left the cluster"
+    if ev.reason == "IdleReclaim":
+        policy = state.idle_reclaim
+        threshold = policy.threshold if policy is not None else DEFAULT_IDLE_THRESHOLD
+        since = f" since {victim.idle_since}" if victim.idle_since is not None else ""
+        return f"idle (GPU utilization at or under {threshold:.0%}{since}) while a pending job could use its room"
+    reason: str = ev.reason
+    if pre is None:
+        return reason
+    pq = pre.queue
+    if reason == "WithinQueue":
+        return (
+            f"{pre.id} has priority {priority_label(state, pre)} in the same queue, "
+            f"above {priority_label(state, victim)}"
+        )
+    if ev.reason == "ReclaimWithinCohort":
+        return f"queue {pq} takes back its nominal quota, which {victim.queue} was borrowing"
+    if ev.reason == "BorrowWithinCohort":
+        return f"{pq} borrows and may evict lower-priority borrowers ({priority_label(state, victim)})"
+    if ev.reason == "FairSharing":
+        return f"fair sharing: {victim.queue} used more than its share of the cohort, {pq} less"
+    return reason
+
+
+class Storyteller:
+    """Feed every event in log order (`step`); it writes the lines about one job."""
+
+    def __init__(self, job_id: str, state: ClusterState | None = None) -> None:
+        self.job_id = job_id
+        self.state = state if state is not None else ClusterState()
+        self.story = Story(job_id)
+        self.waiting_since: int | None = None
+        self.lost = 0
+        self.idle = False
+
+    def _add(self, seq: int, at: int, kind: str, text: str, **data: Any) -> None:
+        self.story.lines.append(Line(seq, at, kind, text, data))
+
+    def step(self, seq: int, ev: Event) -> None:
+        state, jid = self.state, self.job_id
+        job = state.jobs.get(jid)
+        mine = getattr(ev, "job", None) == jid
+        if mine or (isinstance(ev, JobPreempted) and ev.preemptor == jid) or self._concerns(ev, job):
+            self._before(seq, ev, job)
+            evolve(state, ev)
+            self._after(seq, ev, state.jobs.get(jid))
+        else:
+            evolve(state, ev)
+
+    def _concerns(self, ev: Event, job: JobState | None) -> bool:
+        if job is None:
+            return False
+        if isinstance(ev, (NodeUpdated, NodeRemoved, NodeCordoned)):
+            return bool(job.status == "admitted" and ev.node in job.placement.values())
+        if isinstance(ev, QueueConfigured):
+            return bool(job.status == "pending" and ev.name == job.queue)
+        return False
+
+    def _before(self, seq: int, ev: Event, job: JobState | None) -> None:
+        state = self.state
+        at = ev.at
+        if isinstance(ev, JobSubmitted) and ev.job == self.job_id:
+            extras = []
+            if ev.runtime is not None:
+                extras.append(f"runtime {duration(ev.runtime)}")
+            if ev.checkpoint_every:
+                extras.append(f"checkpoint every {duration(ev.checkpoint_every)}")
+            requests: dict[str, int] = {}
+            for ps in ev.podsets:
+                for k, v in ps.requests.items():
+                    requests[k] = requests.get(k, 0) + v * ps.count
+            prio = state.priority_classes.get(ev.priority_class or "")
+            pl = f"{ev.priority_class} ({prio.value})" if prio else (ev.priority_class or "the lowest priority")
+            shape = "+".join(f"{ps.count}x{ps.requests.get('gpu', 0)}" for ps in ev.podsets) or "no pods"
+            topo = [
+                f"{'required' if ps.topology.required else 'preferred'} {ps.topology.required or ps.topology.preferred}"
+                for ps in ev.podsets
+                if ps.topology is not None and (ps.topology.required or ps.topology.preferred)
+            ]
+            text = f"submitted to queue {ev.queue}: {requests.get('gpu', 0)} GPUs ({shape}), priority {pl}"
+            if topo:
+                text += f", topology {', '.join(topo)}"
+            if extras:
+                text += f", {', '.join(extras)}"
+            if job is not None:
+                text += " (a second submission of this id: the core refuses it, the job stays as it is)"
+            self._add(seq, at, "submitted", text, queue=ev.queue, gpus=requests.get("gpu", 0))
+            self.waiting_since = at
+            self.story.queue = ev.queue
+            return
+        if job is None:
+            return
+        if isinstance(ev, (JobCancelled, JobHeld, JobReleased)) and ev.job == self.job_id:
+            refused = foreign_control(state, ev)
+            if refused is not None:
+                self._add(seq, at, "ignored", f"ignored: {refused}", queue=ev.queue)
+                return
+        if isinstance(ev, JobInadmissible):
+            numbers = numbers_text(state, job)
+            text = f"waits: {ev.reason}"
+            if numbers:
+                text += f" [{numbers}]"
+            self._add(
+                seq,
+                at,
+                "inadmissible",
+                text,
+                reason=ev.reason,
+                quota=quota_numbers(state, job),
+                capacity=capacity_numbers(state, job),
+            )
+        elif isinstance(ev, JobRejected):
+            self._add(seq, at, "rejected", f"rejected: {ev.reason}", reason=ev.reason)
+        elif isinstance(ev, JobAdmitted) and ev.job == self.job_id:
+            nodes = sorted(set(ev.placement.values()))
+            shown = ", ".join(nodes[:8]) + (f" and {len(nodes) - 8} more" if len(nodes) > 8 else "")
+            where = _domains(state, nodes)
+            waited = f" after waiting {duration(at - self.waiting_since)}" if self.waiting_since is not None else ""
+            if ev.borrowed:
+                lenders = _lenders(state, job.queue, ev.borrowed)
+                cohort = state.queues[job.queue].cohort if job.queue in state.queues else None
+                quota = f"borrowing {fmt(ev.borrowed)} from cohort {cohort}"
+                if lenders:
+                    quota += f" (unused quota of {', '.join(lenders)})"
+            else:
+                quota = "within its queue's nominal quota"
+            text = f"admitted{waited} on {len(nodes)} node{'s' if len(nodes) != 1 else ''} {shown}"
+            if where:
+                text += f" in {where}"
+            text += f"; {quota} (cycle {ev.cycle})"
+            self._add(seq, at, "admitted", text, nodes=nodes, borrowed=dict(ev.borrowed), placement=dict(ev.placement))
+            self.waiting_since = None
+        elif isinstance(ev, JobPreempted) and ev.job == self.job_id:
+            why = _preemption_why(state, ev, job)
+            by = ""
+            if ev.preemptor:
+                pre = state.jobs.get(ev.preemptor)
+                pdesc = f"{pre.queue}, {priority_label(state, pre)}, {pre.gpus} GPUs" if pre is not None else "unknown"
+                by = f" by {ev.preemptor} ({pdesc})"
+            ran = f" after running {duration(at - job.admitted_at)}" if job.admitted_at is not None else ""
+            lost = ev.lost_gpu_seconds
+            self.lost += lost
+            text = (
+                f"preempted{by}{ran}: {ev.reason} — {why}; lost {lost:,} GPU-seconds "
+                f"({lost / 3600:,.1f} GPU-hours) of work since its last checkpoint"
+            )
+            self._add(
+                seq,
+                at,
+                "preempted",
+                text,
+                preemptor=ev.preemptor,
+                reason=ev.reason,
+                lost_gpu_seconds=lost,
+            )
+        elif isinstance(ev, JobPreempted) and ev.preemptor == self.job_id:
+            victim = state.jobs.get(ev.job)
+            vdesc = f"{victim.queue}, {priority_label(state, victim)}, {victim.gpus} GPUs" if victim else "unknown"
+            self._add(
+                seq,
+                at,
+                "evicted",
+                f"evicted {ev.job} ({vdesc}) to make room: {ev.reason}",
+                victim=ev.job,
+                reason=ev.reason,
+            )
+        elif isinstance(ev, JobStarted):
+            self._add(seq, at, "started", "every pod of the gang is running")
+        elif isinstance(ev, JobHeld):
+            why = f": {ev.reason}" if ev.reason else ""
+            self._add(seq, at, "held", f"held by a user{why}; it keeps its place and is not tried until released")
+        elif isinstance(ev, JobReleased):
+            self._add(seq, at, "released", "released by a user: it is tried again in its place")
+        elif isinstance(ev, ReservationMade):
+            held = Reservation(
+                job=ev.job,
+                queue=ev.queue,
+                nodes=list(ev.nodes),
+                domain=ev.domain,
+                since=at,
+                expected_start=ev.expected_start,
+                waits_for=list(ev.waits_for),
+                reason=ev.reason,
+            )
+            self._add(seq, at, "reserved", f"{reservation_text(held, at)} ({ev.reason})", **reservation_data(held))
+        elif isinstance(ev, ReservationReleased):
+            self._add(seq, at, "unreserved", f"its reservation released: {ev.reason}", reason=ev.reason)
+        elif isinstance(ev, SubmissionRejected):
+            self._add(seq, at, "refused", f"a second submission of this id (queue {ev.queue}) refused: {ev.reason}")
+        elif isinstance(ev, (JobFinished, JobFailed, JobCancelled)):
+            kind = {JobFinished: "finished", JobFailed: "failed", JobCancelled: "cancelled"}[type(ev)]
+            work = job.progress(at)
+            if job.runtime is not None:
+                work = min(work, job.runtime)
+            total_wait = self._total_wait(at)
+            text = f"{kind} after {duration(work)} of work"
+            if job.first_admitted_at is not None:
+                text += f", {duration(at - job.submitted_at)} after submission (waited {duration(total_wait)} in all)"
+            if job.preemptions:
+                text += f"; preempted {job.preemptions} time{'s' if job.preemptions != 1 else ''}"
+                text += f", {self.lost:,} GPU-seconds lost"
+            if isinstance(ev, JobFailed) and ev.reason:
+                text += f": {ev.reason}"
+            self._add(seq, at, kind, text, work_seconds=work, waited_seconds=total_wait)
+        elif isinstance(ev, GpuUtilizationSampled):
+            pass  # judged after the fold (idle transitions only)
+        elif isinstance(ev, (NodeUpdated, NodeRemoved)):
+            down = isinstance(ev, NodeRemoved) or not ev.ready
+            if down:
+                self._add(seq, at, "node", f"node {ev.node}, which runs part of it, failed or left the cluster")
+        elif isinstance(ev, NodeCordoned):
+            what = "cordoned (it keeps running there)" if ev.cordoned else "uncordoned"
+            self._add(seq, at, "node", f"node {ev.node}, which runs part of it, was {what}")
+        elif isinstance(ev, QueueConfigured):
+            text = f"queue {ev.name} reconfigured: nominal {fmt(ev.nominal)}"
+            if ev.borrowing_limit is not None:
+                text += f", borrowing limit {fmt(ev.borrowing_limit)}"
+            self._add(seq, at, "queue", text)
+
+    def _total_wait(self, at: int) -> int:
+        """Seconds spent pending: submission to first admission, plus every requeue to readmission."""
+        wait = 0
+        since: int | None = None
+        for line in self.story.lines:
+            if line.kind in ("submitted", "requeued"):
+                since = line.at
+            elif line.kind == "admitted" and since is not None:
+                wait += line.at - since
+                since = None
+        if since is not None:
+            wait += at - since
+        return wait
+
+    def _after(self, seq: int, ev: Event, job: JobState | None) -> None:
+        if job is None:
+            return
+        state = self.state
+        if isinstance(ev, JobPreempted) and ev.job == self.job_id and job.status == "pending":
+            order = queue_order(state, job.queue)
+            pos = next((i for i, j in enumerate(order, start=1) if j.id == job.id), None)
+            left = job.remaining()
+            work = f"{duration(job.work_done)} of work saved" if job.work_done else "no work saved"
+            if left is not None:
+                work += f", {duration(left)} left"
+            self._add(
+                seq,
+                ev.at,
+                "requeued",
+                f"requeued in {job.queue} at position {pos} of {len(order)}; {work}",
+                position=pos,
+                saved_seconds=job.work_done,
+            )
+            self.waiting_since = ev.at
+        elif isinstance(ev, GpuUtilizationSampled) and ev.job == self.job_id:
+            if job.idle_since is not None and not self.idle:
+                self._add(seq, ev.at, "idle", f"GPU utilization {ev.gpu:.0%}: idle from now on")
+                self.idle = True
+            elif job.idle_since is None and self.idle:
+                self._add(seq, ev.at, "busy", f"GPU utilization {ev.gpu:.0%}: busy again")
+                self.idle = False
+        if job.status != "admitted":
+            self.idle = False
+
+    def finish(self) -> Story:
+        """Close the story: status, and for a pending job what it waits for."""
+        state = self.state
+        job = state.jobs.get(self.job_id)
+        story = self.story
+        if job is None:
+            story.status = "unknown"
+            return story
+        story.status = job.status
+        story.queue = job.queue
+        story.summary = {
+            "submitted_at": job.submitted_at,
+            "first_admitted_at": job.first_admitted_at,
+            "finished_at": job.finished_at,
+            "preemptions": job.preemptions,
+            "lost_gpu_seconds": self.lost,
+            "gpus": job.gpus,
+            "shape": job_shape(job),
+            "priority": state.priority_of(job),
+            "priority_class": job.priority_class,
+        }
+        if job.status == "pending":
+            story.pending = blockers(state, job)
+        return story
