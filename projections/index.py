@@ -96,6 +96,8 @@ class SchedulerIndex:
         self._equal_in_queue: dict[str, bool] = {}
         self.strict_fifo = frozenset(name for name, q in state.queues.items() if q.queueing_strategy == STRICT_FIFO)
         """The queues whose head blocks the rest (`queueing`); the index is rebuilt when a queue changes."""
+        self.reserving: frozenset[str] | None = None
+        """The queues that make reservations (`reservations.reserving_queues`), found on first use."""
         self.group_of: dict[str, Group] = {}
         """The validated pending jobs (to try or parked), with their group."""
         self.groups: dict[Group, list[Member]] = {}

@@ -183,6 +183,17 @@ def released_on_admission(state: ClusterState, job: JobState, now: int, cycle: i
     return [ReservationReleased(at=now, job=JobId(job.id), reason="admitted", cycle=cycle, epoch=epoch)]
 
 
+def reserving_queues(state: ClusterState, idx: SchedulerIndex) -> frozenset[str]:
+    """The queues that make reservations: those with `reserve_after`, except a queue with quota per flavor
+    (a reservation's room is counted in plain resources). Kept on the index, which is rebuilt when a queue
+    changes, so a cycle does not look at every queue."""
+    if idx.reserving is None:
+        idx.reserving = frozenset(
+            q for q, qs in state.queues.items() if qs.reserve_after is not None and not qs.resource_groups
+        )
+    return idx.reserving
+
+
 def decide_reservations(
     state: ClusterState,
     idx: SchedulerIndex,
@@ -208,8 +219,7 @@ def decide_reservations(
             kept.append(res)
     # older holders first: a sooner place goes to the job that has waited longest
     kept.sort(key=lambda r: _wait_key(state.jobs[r.job]))
-    # a reservation's room is counted in plain resources: a queue with quota per flavor makes none
-    queues = {q for q, qs in state.queues.items() if qs.reserve_after is not None and not qs.resource_groups}
+    queues = reserving_queues(state, idx)
     if not queues and not kept:
         return events
     holders = {res.job for res in kept}
@@ -285,7 +295,7 @@ class Due(NamedTuple):
 def _due_jobs(
     state: ClusterState,
     idx: SchedulerIndex,
-    queues: set[str],
+    queues: frozenset[str],
     holders: set[str],
     placed: Mapping[str, object],
     now: int,
@@ -340,7 +350,7 @@ def _usable(state: ClusterState, node: str) -> bool:
 
 
 def _heads(
-    state: ClusterState, idx: SchedulerIndex, queues: set[str], placed: Mapping[str, object]
+    state: ClusterState, idx: SchedulerIndex, queues: frozenset[str], placed: Mapping[str, object]
 ) -> dict[str, JobState]:
     """Each queue's first pending job in queue order (priority, then submission), less those just admitted."""
     best: dict[str, tuple[tuple[int, int, int, int], JobState]] = {}
