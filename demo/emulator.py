@@ -83,6 +83,14 @@ def _status(code: int, reason: str, message: str, *, details: Obj | None = None)
     return Response(status=code, payload=body)
 
 
+def _stale(res: kmock.resource, name: str, body: Obj, old: Obj) -> Response | None:
+    """A 409 when a write names a resourceVersion the stored object no longer has (optimistic concurrency)."""
+    want = (body.get("metadata") or {}).get("resourceVersion")
+    if want and str(want) != old["metadata"].get("resourceVersion"):
+        return _status(409, "Conflict", f'Operation cannot be fulfilled on {res.plural} "{name}": object modified')
+    return None
+
+
 def _now() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -567,9 +575,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         patch = request.data
         if not isinstance(patch, dict):
             return _status(415, "UnsupportedMediaType", "only merge patches (JSON objects) are supported")
-        want = (patch.get("metadata") or {}).get("resourceVersion")
-        if want and str(want) != old["metadata"].get("resourceVersion"):
-            return _status(409, "Conflict", f'Operation cannot be fulfilled on {res.plural} "{name}": object modified')
+        if (conflict := _stale(res, name, patch, old)) is not None:
+            return conflict
         if request.subresource == "status":
             patch = {"status": patch.get("status") or {}}
         new = _merge(copy.deepcopy(old), patch)
@@ -585,9 +592,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         body = request.data if isinstance(request.data, dict) else None
         if old is None or body is None:
             return _status(404, "NotFound", f'{res.plural} "{name}" not found')
-        want = (body.get("metadata") or {}).get("resourceVersion")
-        if want and str(want) != old["metadata"].get("resourceVersion"):
-            return _status(409, "Conflict", f'Operation cannot be fulfilled on {res.plural} "{name}": object modified')
+        if (conflict := _stale(res, name, body, old)) is not None:
+            return conflict
         if request.subresource == "status":
             new = copy.deepcopy(old)
             new["status"] = body.get("status") or {}
