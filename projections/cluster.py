@@ -169,14 +169,19 @@ def _reservation_moved(state: ClusterState, job_id: str) -> None:
 
 def _room_opened(state: ClusterState, res: Reservation) -> None:
     """Room a reservation held back may be seen by every job again: the jobs parked on placement that it
-    could serve are woken as by GPUs freed (at most what it held; waking early is harmless, late is not)."""
+    could serve are woken as by GPUs freed on its nodes, counted per node too, as a release counts them
+    (a flavored job waits on its flavor's nodes); at most what it held: waking early is harmless, late is not."""
     held = 0
     for node in res.nodes:
         need = res.needs.get(node) if res.needs else None
         if need is None:
             n = state.nodes.get(node)
             need = n.capacity if n is not None else {}
-        held += need.get("gpu", 0)
+        gpus = need.get("gpu", 0)
+        if gpus:
+            state.node_gpus_freed[node] = state.node_gpus_freed.get(node, 0) + gpus
+            state.dirty_nodes.add(node)  # the index reads the per-node counts of the nodes that changed
+        held += gpus
     state.gpus_freed += max(1, held)
 
 
