@@ -458,13 +458,10 @@ def _prune(value: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def nats_connect_options(cfg: DaemonConfig) -> dict[str, Any]:
-    """`nats.connect` keywords for the config's auth and TLS files (the same reading as `muster billing run`)."""
-    from muster.daemon.billingcli import nats_options
+    """`nats.connect` keywords for the config's auth and TLS files (`replay.natsconnect`, every client's reading)."""
+    from muster.replay.natsconnect import ConfigProblem, connect_options
 
     try:
-        options: dict[str, Any] = nats_options({"nats": cfg.section("nats")})
-        return options
-    except OSError as exc:
-        raise ConfigError(f"nats credentials: cannot read {exc.filename}: {exc.strerror}") from None
-    except KeyError as exc:
-        raise ConfigError(f"nats.auth: {exc.args[0]} is required with the other credential file") from None
+        return connect_options(cfg.section("nats"))
+    except ConfigProblem as exc:
+        raise ConfigError(str(exc)) from None

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from muster.cli import build_parser, main
 from muster.events.embedded import free_port
@@ -103,6 +104,19 @@ def test_every_command_on_nats_takes_creds_and_tls_flags(index: int, tmp_path: P
     assert "ca.pem" in capsys.readouterr().err
     assert main([*argv, "--nats", url, "--tls-key", str(tmp_path / "client.key")]) == 2
     assert "--tls-key goes with --tls-cert" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("index", range(len(NATS_COMMANDS)), ids=NATS_COMMANDS)
+def test_every_command_on_nats_reads_a_config_nats_block_alike(index: int, tmp_path: Path, capsys) -> None:
+    """A `--config` whose nats.auth names a password file that is not there exits 2 naming it, before NATS."""
+    argv = _nats_commands(tmp_path)[index]
+    (tmp_path / "username").write_text("team-a")
+    missing = tmp_path / "password"
+    auth = {"username_file": str(tmp_path / "username"), "password_file": str(missing)}
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"nats": {"url": f"nats://127.0.0.1:{free_port()}", "auth": auth}}))
+    assert main([*argv, "--config", str(config)]) == 2
+    assert f"cannot read {missing}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("index", range(len(NATS_COMMANDS)), ids=NATS_COMMANDS)
