@@ -54,11 +54,11 @@ from muster.events.types import (
 )
 from muster.projections.cluster import evolve
 from muster.projections.state import ClusterState
+from muster.replay.heap import no_gc
 from muster.replay.points import Point
 from muster.replay.rebuild import state_at
 from muster.replay.scenario import Scenario
 from muster.replay.simulator import simulate
-from muster.replay.snapshotcodec import no_gc
 from muster.replay.snapshots import Snapshots
 from muster.replay.source import LogSource
 from muster.replay.timelinespec import Input
