@@ -83,17 +83,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _load_config(path: str | None) -> dict[str, Any]:
-    if not path:
-        return {}
-    import yaml
+    """The chart's billing config, read as the daemon's is (ConfigError naming the file and key)."""
+    from muster.daemon.config import check_keys, read_file
 
-    with open(path, encoding="utf-8") as f:
-        data = yaml.safe_load(f) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping")
-    from muster.daemon.config import check_keys
-
-    check_keys(data, path, top={"billing", "nats", "http", "log", "identity"})
+    data = read_file(path)
+    if path:
+        check_keys(data, path, top={"billing", "nats", "http", "log", "identity"})
     return data
 
 

@@ -42,15 +42,20 @@ def add_credential_arguments(g: Any) -> None:
     g.add_argument("--tls-key", metavar="FILE", help="client key of --tls-cert")
 
 
+def _readable(path: str, label: str) -> None:
+    """Raise ConfigProblem `label: why` unless the file can be opened for reading."""
+    try:
+        open(path, "rb").close()
+    except OSError as exc:
+        raise ConfigProblem(f"{label}: {exc.strerror or exc}") from None
+
+
 def _tls_context(ca: str | None, cert: str | None, key: str | None, what: str) -> Any:
     import ssl
 
     for path in (ca, cert, key):
         if path:
-            try:
-                open(path, "rb").close()
-            except OSError as exc:
-                raise ConfigProblem(f"{what}: {path}: {exc.strerror or exc}") from None
+            _readable(path, f"{what}: {path}")
     try:
         ctx = ssl.create_default_context(cafile=ca)
         if cert:
@@ -77,10 +82,7 @@ def flag_options(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     creds = getattr(args, "creds", None)
     if creds:
-        try:
-            open(creds, "rb").close()
-        except OSError as exc:
-            raise ConfigProblem(f"--creds {creds}: {exc.strerror or exc}") from None
+        _readable(creds, f"--creds {creds}")
         out["user_credentials"] = creds
     ca, cert, key = (getattr(args, f, None) for f in ("tls_ca", "tls_cert", "tls_key"))
     if key and not cert:
@@ -109,8 +111,8 @@ def _read_secret(path: str) -> str:
         raise ConfigProblem(f"nats credentials: cannot read {path}: {exc.strerror or exc}") from None
 
 
-def read_config(path: str) -> NatsSettings:
-    """The `nats` block of a daemon config file, as connect options (the same reading as the daemon's)."""
+def read_yaml(path: str) -> dict[str, Any]:
+    """A config file's top-level mapping: the one reading of muster's config files (the daemon's too)."""
     import yaml
 
     try:
@@ -122,6 +124,12 @@ def read_config(path: str) -> NatsSettings:
         raise ConfigProblem(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(doc, dict):
         raise ConfigProblem(f"{path}: expected a mapping at the top")
+    return doc
+
+
+def read_config(path: str) -> NatsSettings:
+    """The `nats` block of a daemon config file, as connect options (the same reading as the daemon's)."""
+    doc = read_yaml(path)
     nats_cfg = doc.get("nats") or {}
     if not isinstance(nats_cfg, dict):
         raise ConfigProblem(f"{path}: `nats` must be a mapping")

@@ -120,6 +120,17 @@ def test_every_command_on_nats_reads_a_config_nats_block_alike(index: int, tmp_p
 
 
 @pytest.mark.parametrize("index", range(len(NATS_COMMANDS)), ids=NATS_COMMANDS)
+def test_every_command_on_nats_refuses_a_config_that_is_no_yaml_mapping(index: int, tmp_path: Path, capsys) -> None:
+    """A `--config` that is not YAML, or not a mapping, exits 2 naming the file, before NATS."""
+    argv = _nats_commands(tmp_path)[index]
+    config = tmp_path / "config.yaml"
+    for text, why in (("nats: [unclosed\n", "not valid YAML"), ("- a list\n", "expected a mapping at the top")):
+        config.write_text(text)
+        assert main([*argv, "--config", str(config)]) == 2
+        assert f"{config}: {why}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("index", range(len(NATS_COMMANDS)), ids=NATS_COMMANDS)
 def test_an_http_url_is_refused_as_no_nats_url(index: int, tmp_path: Path, capsys) -> None:
     """`--nats http://...` exits 2 saying it is no NATS URL and what to write instead."""
     argv = _nats_commands(tmp_path)[index]
