@@ -154,6 +154,34 @@ def test_make_bench_runs_every_benchmark_at_modest_sizes() -> None:
     assert all(len(line.split()) > 2 for line in listed), "every script gets modest arguments"
 
 
+def test_the_readme_names_only_commands_and_flags_that_exist() -> None:
+    """Each `muster ...` span of README.md is a command with flags it takes, and every command is in one."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    spans = re.findall(r"`(muster [^`]+)`", readme)
+    assert {c[0] for c in COMMANDS} <= {span.split()[1] for span in spans}
+    wrong = []
+    for span in spans:
+        parser, words = build_parser(), span.split()[1:]
+        while words and (child := _subcommand(parser, words[0])) is not None:
+            parser, words = child, words[1:]
+        taken = {flag for action in parser._actions for flag in action.option_strings}
+        for flag in re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)(\*?)", span):
+            name, glob = flag
+            if not (name in taken or (glob and any(t.startswith(name) for t in taken))):
+                wrong.append(f"{span}: {name}{glob}")
+    assert not wrong
+
+
+def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser | None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            child: argparse.ArgumentParser = action.choices[name]
+            return child
+    return None
+
+
 def test_version_prints_the_installed_version(capsys) -> None:
     """`muster --version` prints the version of the installed package and exits 0."""
     from importlib.metadata import version
