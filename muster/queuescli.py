@@ -82,13 +82,12 @@ def _keep_flags_given_before(apply: argparse.ArgumentParser, queues: argparse.Ar
     """A flag both parsers take keeps its value when given before `apply` (`muster queues --scope Q --config F
     apply FILE`), as argparse would overwrite it with the subcommand's default; the view's own flags are
     recorded so that `run` refuses them with apply instead of ignoring them."""
-    shared = {a.dest for a in apply._actions}
+    before = {a.dest: a for a in queues._actions if a.option_strings and a.dest != "help"}
     for action in apply._actions:
-        if action.dest != "help" and any(a.dest == action.dest for a in queues._actions):
+        if action.dest in before:
             action.default = argparse.SUPPRESS
-    view_only = {a.dest: (a.option_strings[-1], a.default) for a in queues._actions if a.option_strings}
-    for dest in shared:
-        view_only.pop(dest, None)
+    taken = {a.dest for a in apply._actions}
+    view_only = {dest: (a.option_strings[-1], a.default) for dest, a in before.items() if dest not in taken}
     apply.set_defaults(_view_only=view_only)
 
 
