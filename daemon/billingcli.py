@@ -8,8 +8,10 @@ subcommand that needs them.
 `run --config FILE` reads the YAML the Helm chart mounts (`nats.url`,
 `nats.stream`, `nats.inbox_prefix`, `nats.auth.*_file`, `nats.tls.*`,
 `billing.consumer`, `billing.data_dir`, `http.metrics_port`,
-`http.health_port`); flags given on the command line win, `--creds` and
-`--tls-*` too, read as every command reads them (`replay.natsconnect`).
+`http.health_port`); flags given on the command line win. The `nats`
+block's inbox, auth and TLS files, and `--creds` and `--tls-*` over them, are
+read by the one connection module every client uses (`replay.natsconnect`),
+before NATS is reached.
 """
 
 from __future__ import annotations
@@ -81,59 +83,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _load_config(path: str | None) -> dict[str, Any]:
-    if not path:
-        return {}
-    import yaml
+    """The chart's billing config, read as the daemon's is (ConfigError naming the file and key)."""
+    from muster.daemon.config import check_keys, read_file
 
-    with open(path, encoding="utf-8") as f:
-        data = yaml.safe_load(f) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping")
-    from muster.daemon.config import check_keys
-
-    check_keys(data, path, top={"billing", "nats", "http", "log", "identity"})
+    data = read_file(path)
+    if path:
+        check_keys(data, path, top={"billing", "nats", "http", "log", "identity"})
     return data
-
-
-def _read(path: str) -> str:
-    with open(path, encoding="utf-8") as f:
-        return f.read().strip()
-
-
-def nats_options(cfg: dict[str, Any]) -> dict[str, Any]:
-    """nats.connect keywords from the config's `nats` section (auth and TLS files, inbox prefix)."""
-    nats_cfg = cfg.get("nats") or {}
-    opts: dict[str, Any] = {}
-    if nats_cfg.get("inbox_prefix"):
-        opts["inbox_prefix"] = str(nats_cfg["inbox_prefix"])
-    auth = nats_cfg.get("auth") or {}
-    if "username_file" in auth:
-        opts["user"] = _read(auth["username_file"])
-        opts["password"] = _read(auth["password_file"])
-    if "token_file" in auth:
-        opts["token"] = _read(auth["token_file"])
-    if "creds_file" in auth:
-        opts["user_credentials"] = auth["creds_file"]
-    if "nkey_seed_file" in auth:
-        opts["nkeys_seed"] = auth["nkey_seed_file"]
-    tls = nats_cfg.get("tls") or {}
-    if tls:
-        import ssl
-
-        ctx = ssl.create_default_context(cafile=tls.get("ca_file"))
-        if tls.get("cert_file"):
-            ctx.load_cert_chain(tls["cert_file"], tls.get("key_file"))
-        opts["tls"] = ctx
-        if tls.get("server_name"):
-            opts["tls_hostname"] = tls["server_name"]
-    return opts
 
 
 def _run_subscriber(args: argparse.Namespace) -> int:
     import anyio
 
     from muster.daemon.billing_store import LedgerError
-    from muster.replay.natsconnect import ConfigProblem, flag_options
+    from muster.replay.natsconnect import ConfigProblem, connect_options, flag_options
 
     try:
         cfg = _load_config(args.config)
@@ -141,19 +104,20 @@ def _run_subscriber(args: argparse.Namespace) -> int:
         print(f"muster billing run: config: {exc}", file=sys.stderr)
         return 2
     try:
-        flags = flag_options(args)  # over the config file's, checked before NATS
+        # the flags over the config file's, both read and checked before NATS
+        options = connect_options(cfg.get("nats") or {}) | flag_options(args)
     except ConfigProblem as exc:
         print(f"muster billing run: {exc}", file=sys.stderr)
         return 2
     try:
-        code: int = anyio.run(_serve, args, cfg, flags)
+        code: int = anyio.run(_serve, args, cfg, options)
     except LedgerError as exc:
         print(f"muster billing run: {exc}", file=sys.stderr)
         return 2
     return code
 
 
-async def _serve(args: argparse.Namespace, cfg: dict[str, Any], flags: dict[str, Any]) -> int:
+async def _serve(args: argparse.Namespace, cfg: dict[str, Any], nats_options: dict[str, Any]) -> int:
     import threading
 
     import anyio
@@ -198,8 +162,7 @@ async def _serve(args: argparse.Namespace, cfg: dict[str, Any], flags: dict[str,
                     "max_reconnect_attempts": -1,
                     "connect_timeout": 2,
                     "error_cb": _nats_error,
-                    **nats_options(cfg),
-                    **flags,
+                    **nats_options,
                 },
             )
         nc.options["reconnect_time_wait"] = 1.0

@@ -95,18 +95,15 @@ def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]
 
 
 def read_file(path: str | None) -> dict[str, Any]:
+    """The config file's mapping (`replay.natsconnect.read_yaml`, every command's reading), {} without one."""
+    from muster.replay.natsconnect import ConfigProblem, read_yaml
+
     if not path:
         return {}
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
-    except OSError as exc:
-        raise ConfigError(f"{path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top")
-    return data
+        return read_yaml(path)
+    except ConfigProblem as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def from_env(env: Mapping[str, str]) -> dict[str, Any]:
@@ -458,13 +455,10 @@ def _prune(value: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def nats_connect_options(cfg: DaemonConfig) -> dict[str, Any]:
-    """`nats.connect` keywords for the config's auth and TLS files (the same reading as `muster billing run`)."""
-    from muster.daemon.billingcli import nats_options
+    """`nats.connect` keywords for the config's auth and TLS files (`replay.natsconnect`, every client's reading)."""
+    from muster.replay.natsconnect import ConfigProblem, connect_options
 
     try:
-        options: dict[str, Any] = nats_options({"nats": cfg.section("nats")})
-        return options
-    except OSError as exc:
-        raise ConfigError(f"nats credentials: cannot read {exc.filename}: {exc.strerror}") from None
-    except KeyError as exc:
-        raise ConfigError(f"nats.auth: {exc.args[0]} is required with the other credential file") from None
+        return connect_options(cfg.section("nats"))
+    except ConfigProblem as exc:
+        raise ConfigError(str(exc)) from None

@@ -49,6 +49,8 @@ async def serve_http(
     from aiohttp import web
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+    from muster.ui.server import start_site
+
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -81,11 +83,7 @@ async def serve_http(
             runner = web.AppRunner(app, handle_signals=False, access_log=None)
             runners.append(runner)
             await runner.setup()
-            site = web.TCPSite(runner, host, port)
-            await site.start()
-            server = getattr(site, "_server", None)
-            sockets = getattr(server, "sockets", None) or []
-            bound.append(sockets[0].getsockname()[1] if sockets else port)
+            bound.append(await start_site(runner, host, port))
         task_status.started(bound)
         await anyio.sleep_forever()
     finally:

@@ -247,9 +247,10 @@ class EventStore(StreamReading):
             request_timeout=request_timeout,
         )
         try:
-            await store.ensure_stream(
-                replicas=replicas, duplicate_window=duplicate_window, create=create, retention=retention
-            )
+            with store.refusals():  # an identity that may not create or look up the stream is told so
+                await store.ensure_stream(
+                    replicas=replicas, duplicate_window=duplicate_window, create=create, retention=retention
+                )
         except BaseException:
             await store.close()
             raise

@@ -24,6 +24,16 @@ file again appends nothing. `--dry-run` prints the differences and appends
 nothing. Reading the configuration needs direct gets on the configuration
 subjects (the admin identity has them, deploy/nats/accounts.conf).
 
+`--scope QUEUE` (before or after `apply`) limits the apply to that queue, as
+the scope of `jobs`, `cancel`, `hold` and `release` limits them to its jobs:
+a file must define the queue, and one that would change anything else on the
+log (another queue, a cohort, a class, a flavor, a scheduler setting) is
+refused, naming each, with nothing appended (exit 2). Writing configuration
+stays the admin identity's: a queue's own identity may neither read it by
+direct get nor publish it, and NATS refuses it (exit 1). Every other flag
+given before `apply` is honoured too, or refused when it only goes with
+showing the queues (`--at`, `--watch`, `--log`...).
+
 This lives in the `muster` (CLI) package because it reuses `muster.replay`'s
 reader, which the daemon layer may not import.
 """
@@ -58,8 +68,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     apply.add_argument(
         "--prune", action="store_true", help="reset the scheduler settings FILE does not give to their defaults"
     )
+    apply.add_argument(
+        "--scope",
+        metavar="QUEUE",
+        help="change queue QUEUE alone: refuse (exit 2) a FILE that would change anything else on the log",
+    )
     add_output(apply)
     add_nats_arguments(apply)
+    _keep_flags_given_before(apply, parser)
+
+
+def _keep_flags_given_before(apply: argparse.ArgumentParser, queues: argparse.ArgumentParser) -> None:
+    """A flag both parsers take keeps its value when given before `apply` (`muster queues --scope Q --config F
+    apply FILE`), as argparse would overwrite it with the subcommand's default; the view's own flags are
+    recorded so that `run` refuses them with apply instead of ignoring them."""
+    before = {a.dest: a for a in queues._actions if a.option_strings and a.dest != "help"}
+    for action in apply._actions:
+        if action.dest in before:
+            action.default = argparse.SUPPRESS
+    taken = {a.dest for a in apply._actions}
+    view_only = {dest: (a.option_strings[-1], a.default) for dest, a in before.items() if dest not in taken}
+    apply.set_defaults(_view_only=view_only)
 
 
 _SCENARIO_ONLY = "nodes, timeline, timeline_csv and until belong in a `muster sim` scenario, not a queues file"
@@ -132,6 +161,12 @@ def _kind_and_name(event: Event) -> tuple[str, str]:
 _LABEL = {"priorityclass": "priority class", "cohort": "cohort", "flavor": "flavor", "queue": "queue"}
 
 
+def _label(event: Event) -> str:
+    """`queue team-a`, `cohort org`, ... or `scheduler settings`: what a configuration event changes."""
+    kind, name = _kind_and_name(event)
+    return "scheduler settings" if kind == "scheduler" else f"{_LABEL[kind]} {name}"
+
+
 def _fields(event: Event) -> dict[str, Any]:
     import msgspec
 
@@ -149,14 +184,29 @@ def _changes(old: Event, new: Event) -> list[str]:
     return [f"{k}: {json.dumps(a.get(k))} -> {json.dumps(b.get(k))}" for k in b if a.get(k) != b.get(k)]
 
 
-def plan(scenario: Scenario, current: Current, at: int, *, prune: bool) -> tuple[list[Event], list[str], list[str]]:
-    """(events to append, a line per difference, a line per object pruning cannot remove)."""
+@dataclass
+class Plan:
+    """What applying a file appends, and what it says about it."""
+
+    events: list[Event] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+    """One per difference: `+ queue q`, `~ queue q: nominal: ... -> ...`."""
+    kept: list[str] = field(default_factory=list)
+    """One per object `--prune` cannot remove."""
+
+    def beyond(self, queue: str) -> list[str]:
+        """What the plan changes besides queue `queue` (`--scope`), by label."""
+        return [_label(ev) for ev in self.events if _kind_and_name(ev) != ("queue", queue)]
+
+
+def plan(scenario: Scenario, current: Current, at: int, *, prune: bool) -> Plan:
+    """The events that make the log's configuration what the file says, and the differences they make."""
     import msgspec
 
     from muster.events.types import SchedulerConfigured
 
-    events: list[Event] = []
-    lines: list[str] = []
+    out = Plan()
+    events, lines = out.events, out.lines
     file_scheduler = next(ev for ev in scenario.config if isinstance(ev, SchedulerConfigured))
     have = current.scheduler or SchedulerConfigured(at=0)
     given = {f: getattr(file_scheduler, f) for key, f in _SETTINGS.items() if key in scenario.keys}
@@ -171,7 +221,7 @@ def plan(scenario: Scenario, current: Current, at: int, *, prune: bool) -> tuple
             continue
         key = _kind_and_name(ev)
         named.add(key)
-        label = f"{_LABEL[key[0]]} {key[1]}"
+        label = _label(ev)
         old = current.objects.get(key)
         if old is None:
             events.append(msgspec.structs.replace(ev, at=at))
@@ -179,11 +229,10 @@ def plan(scenario: Scenario, current: Current, at: int, *, prune: bool) -> tuple
         elif changes := _changes(old, ev):
             events.append(msgspec.structs.replace(ev, at=at))
             lines += [f"~ {label}: {c}" for c in changes]
-    kept = []
     if prune:
         for kind, name in sorted(set(current.objects) - named):
-            kept.append(f"{_LABEL[kind]} {name} is kept: the log has no event that removes a {_LABEL[kind]}")
-    return events, lines, kept
+            out.kept.append(f"{_LABEL[kind]} {name} is kept: the log has no event that removes a {_LABEL[kind]}")
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -197,11 +246,19 @@ def run(args: argparse.Namespace) -> int:
 
     from muster.replay.specreader import ScenarioError
 
+    view_flags = [flag for dest, (flag, default) in args._view_only.items() if getattr(args, dest) != default]
+    if view_flags:
+        flags = ", ".join(view_flags)
+        print(f"muster queues apply: {flags} go with showing the queues, not with apply", file=sys.stderr)
+        return 2
     try:
         # everything but the cohorts and flavors defined on the log, before connecting
-        load_file(args.file, known_cohorts=None, known_flavors=None)
+        scenario = load_file(args.file, known_cohorts=None, known_flavors=None)
     except ScenarioError as exc:
         print(f"muster queues apply: {exc}", file=sys.stderr)
+        return 2
+    if args.scope is not None and all(_kind_and_name(ev) != ("queue", args.scope) for ev in scenario.config):
+        print(f"muster queues apply: --scope {args.scope}: {args.file} defines no queue {args.scope}", file=sys.stderr)
         return 2
     from muster.adminconnect import CommandFailed
 
@@ -226,7 +283,8 @@ async def _apply(args: argparse.Namespace) -> int:
     store = await open_store(args, command="queues apply", create=not args.dry_run)
     try:
         try:
-            current = await read_current(store)
+            with store.refusals():
+                current = await read_current(store)
         except (nats.errors.Error, StoreError) as exc:
             print(f"muster queues apply: cannot read the configuration on the log: {exc}", file=sys.stderr)
             return 1
@@ -239,11 +297,20 @@ async def _apply(args: argparse.Namespace) -> int:
         except ScenarioError as exc:
             print(f"muster queues apply: {exc}", file=sys.stderr)
             return 2
-        events, lines, kept = plan(scenario, current, int(time.time()), prune=args.prune)
-        for line in kept:
+        changes = plan(scenario, current, int(time.time()), prune=args.prune)
+        beyond = changes.beyond(args.scope) if args.scope is not None else []
+        if beyond:
+            print(
+                f"muster queues apply: --scope {args.scope}: {args.file} would also change {', '.join(beyond)}; "
+                "nothing appended",
+                file=sys.stderr,
+            )
+            return 2
+        events = changes.events
+        for line in changes.kept:
             print(f"muster queues apply: {line}", file=sys.stderr)
         report = Report(args.output)
-        for line in lines:
+        for line in changes.lines:
             report.say(line, difference=line, appended=not args.dry_run)
         if not events:
             if args.output == "table":

@@ -54,7 +54,7 @@ from muster.projections.scheduler import decide
 from muster.projections.settling import unsettled
 from muster.projections.state import ClusterState
 from muster.replay.points import Point
-from muster.replay.rebuild import state_at
+from muster.replay.rebuild import state_before
 from muster.replay.snapshots import Snapshots, Verify
 from muster.replay.source import LogSource
 
@@ -133,16 +133,8 @@ async def audit(
     """Audit every batch that starts inside [start, end] (default: the whole log)."""
     t0 = time.perf_counter()
     last = await source.last_seq()
-    # the state just before the window
-    if start is None or start.is_end:
-        state, from_seq = ClusterState(), 1
-    else:
-        before = Point(seq=start.seq - 1) if start.seq is not None else Point(time=(start.time or 0) - 1)
-        if before.seq == 0:
-            state, from_seq = ClusterState(), 1
-        else:
-            replayed = await state_at(source, before, snapshots, verify=verify)
-            state, from_seq = replayed.state, replayed.seq + 1
+    before = await state_before(source, start, snapshots, verify=verify)
+    state, from_seq = before.state, before.from_seq
     end_seq = last if end is None or end.seq is None else min(end.seq, last)
     end_time = end.time if end is not None else None
     report = AuditReport(source.name, from_seq, end_seq)

@@ -22,19 +22,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from muster.replay.cliutil import check_point, check_range, point_arg, run_command
+    from muster.replay.cliutil import run_command, window_args
 
     async def body(source: Any, store: Any) -> int:
         from muster.replay.audit import audit, report_document
         from muster.replay.cliutil import emit, open_snapshots
 
-        start = point_arg(args.start, "--from") if args.start else None
-        end = point_arg(args.end, "--to") if args.end else None
-        check_range(start, end)
-        await check_point(source, start, "--from")
-        await check_point(source, end, "--to")
-        snapshots = await open_snapshots(args, source, store) if start is not None else None
-        report = await audit(source, start=start, end=end, snapshots=snapshots, verify=args.verify)
+        window = await window_args(source, args)
+        snapshots = await open_snapshots(args, source, store) if window.start is not None else None
+        report = await audit(source, start=window.start, end=window.end, snapshots=snapshots, verify=args.verify)
         if args.output != "table":
             emit(args.output, report_document(report))
         else:

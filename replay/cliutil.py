@@ -13,6 +13,7 @@ import contextlib
 import re
 import sys
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import IO, Any
 
 from muster.events.codec import DecodeError, decode
@@ -160,13 +161,25 @@ def _count_until(batch: list[StoredEvent], until: int) -> int:
     return next((i for i, stored in enumerate(batch) if stored.event.at > until), len(batch))
 
 
-def check_range(start: Point | None, end: Point | None) -> None:
-    """Refuse a --from that comes after --to (both sequences, or both times)."""
-    if start is None or end is None:
-        return
-    for a, b in ((start.seq, end.seq), (start.time, end.time)):
-        if a is not None and b is not None and a > b:
-            raise UsageError(f"--from {start.text} comes after --to {end.text}")
+@dataclass(frozen=True)
+class Window:
+    """`--from`/`--to` of `audit` and `whatif`: where the window starts and ends (None: the log's start, end)."""
+
+    start: Point | None
+    end: Point | None
+
+
+async def window_args(source: LogSource, args: argparse.Namespace) -> Window:
+    """`--from` and `--to` (`args.start`, `args.end`), each inside the log and in order, or UsageError (exit 2)."""
+    start = point_arg(args.start, "--from") if args.start else None
+    end = point_arg(args.end, "--to") if args.end else None
+    if start is not None and end is not None:
+        for a, b in ((start.seq, end.seq), (start.time, end.time)):
+            if a is not None and b is not None and a > b:
+                raise UsageError(f"--from {start.text} comes after --to {end.text}")
+    await check_point(source, start, "--from")
+    await check_point(source, end, "--to")
+    return Window(start, end)
 
 
 def stderr_bad(bad: BadEvent) -> None:

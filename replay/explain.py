@@ -8,10 +8,10 @@ archived log, from the state sealed before the job's submission
 
 from __future__ import annotations
 
+from muster.replay.heap import no_gc
 from muster.replay.points import Point
 from muster.replay.rebuild import state_at
 from muster.replay.sealedstate import Sealed, nearest_sealed
-from muster.replay.snapshotcodec import no_gc
 from muster.replay.source import ArchivedLog, LogSource
 from muster.replay.story import Story, Storyteller
 

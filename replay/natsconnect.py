@@ -1,18 +1,20 @@
 """How the replay commands connect to NATS: the daemon's config file, credentials and TLS flags.
 
-Role: one reading of connection settings for every command that reads the log through
-`replay.source.open_source` (replay, explain, audit, whatif, jobs, queues, snapshot), and of
-the credential and TLS flags (`flag_options`) for the commands that append too:
-`--config FILE` reads the `nats` block of the daemon's config file (url, stream,
-subject_prefix, inbox_prefix, auth and TLS files), the same reading as the daemon's
-(`daemon.config`, which this layer may not import); `--creds FILE` (a NATS .creds file)
-and `--tls-ca/--tls-cert/--tls-key` override it. A file that cannot be read or used is a
-`ConfigProblem` (exit 2), named with its path.
+Role: the one reading of connection settings. `connect_options` turns a config's `nats`
+block (inbox prefix, auth and TLS files) into `nats.connect` keywords for every client:
+the daemon (`daemon.config.nats_connect_options`, which the appending commands use too),
+`muster billing run`, and the commands that read the log through
+`replay.source.open_source` (replay, explain, audit, whatif, jobs, queues, snapshot), whose
+`--config FILE` is read by `read_config` (url, stream, subject_prefix and identity too).
+`flag_options` reads the credential and TLS flags of every command: `--creds FILE` (a NATS
+.creds file) and `--tls-ca/--tls-cert/--tls-key` override the config's. A file that cannot
+be read or used is a `ConfigProblem` (exit 2), named with its path.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,15 +42,20 @@ def add_credential_arguments(g: Any) -> None:
     g.add_argument("--tls-key", metavar="FILE", help="client key of --tls-cert")
 
 
+def _readable(path: str, label: str) -> None:
+    """Raise ConfigProblem `label: why` unless the file can be opened for reading."""
+    try:
+        open(path, "rb").close()
+    except OSError as exc:
+        raise ConfigProblem(f"{label}: {exc.strerror or exc}") from None
+
+
 def _tls_context(ca: str | None, cert: str | None, key: str | None, what: str) -> Any:
     import ssl
 
     for path in (ca, cert, key):
         if path:
-            try:
-                open(path, "rb").close()
-            except OSError as exc:
-                raise ConfigProblem(f"{what}: {path}: {exc.strerror or exc}") from None
+            _readable(path, f"{what}: {path}")
     try:
         ctx = ssl.create_default_context(cafile=ca)
         if cert:
@@ -75,10 +82,7 @@ def flag_options(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     creds = getattr(args, "creds", None)
     if creds:
-        try:
-            open(creds, "rb").close()
-        except OSError as exc:
-            raise ConfigProblem(f"--creds {creds}: {exc.strerror or exc}") from None
+        _readable(creds, f"--creds {creds}")
         out["user_credentials"] = creds
     ca, cert, key = (getattr(args, f, None) for f in ("tls_ca", "tls_cert", "tls_key"))
     if key and not cert:
@@ -107,8 +111,8 @@ def _read_secret(path: str) -> str:
         raise ConfigProblem(f"nats credentials: cannot read {path}: {exc.strerror or exc}") from None
 
 
-def read_config(path: str) -> NatsSettings:
-    """The `nats` block of a daemon config file, as connect options (the same reading as the daemon's)."""
+def read_yaml(path: str) -> dict[str, Any]:
+    """A config file's top-level mapping: the one reading of muster's config files (the daemon's too)."""
     import yaml
 
     try:
@@ -120,10 +124,18 @@ def read_config(path: str) -> NatsSettings:
         raise ConfigProblem(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(doc, dict):
         raise ConfigProblem(f"{path}: expected a mapping at the top")
+    return doc
+
+
+def read_config(path: str) -> NatsSettings:
+    """The `nats` block of a daemon config file, as connect options (the same reading as the daemon's)."""
+    doc = read_yaml(path)
     nats_cfg = doc.get("nats") or {}
     if not isinstance(nats_cfg, dict):
         raise ConfigProblem(f"{path}: `nats` must be a mapping")
-    out = NatsSettings(identity=str(doc["identity"]) if doc.get("identity") else None)
+    out = NatsSettings(
+        identity=str(doc["identity"]) if doc.get("identity") else None, options=connect_options(nats_cfg)
+    )
     url = nats_cfg.get("url")
     if url:
         out.urls = [u.strip() for u in (url if isinstance(url, list) else str(url).split(",")) if str(u).strip()]
@@ -131,14 +143,21 @@ def read_config(path: str) -> NatsSettings:
         out.stream = str(nats_cfg["stream"])
     if nats_cfg.get("subject_prefix"):
         out.prefix = str(nats_cfg["subject_prefix"])
-    opts = out.options
+    return out
+
+
+def connect_options(nats_cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """`nats.connect` keywords of a config's `nats` block: the identity's inbox, auth and TLS files (read now)."""
+    if not isinstance(nats_cfg, Mapping):
+        raise ConfigProblem("`nats` must be a mapping")
+    opts: dict[str, Any] = {}
     if nats_cfg.get("inbox_prefix"):
         # the identity's own inbox: accounts.conf lets it receive replies only there
         opts["inbox_prefix"] = str(nats_cfg["inbox_prefix"])
     auth = nats_cfg.get("auth") or {}
     tls = nats_cfg.get("tls") or {}
-    if not isinstance(auth, dict) or not isinstance(tls, dict):
-        raise ConfigProblem(f"{path}: nats.auth and nats.tls must be mappings")
+    if not isinstance(auth, Mapping) or not isinstance(tls, Mapping):
+        raise ConfigProblem("nats.auth and nats.tls must be mappings")
     if "username_file" in auth or "password_file" in auth:
         if "username_file" not in auth or "password_file" not in auth:
             raise ConfigProblem("nats.auth: username_file and password_file go together")
@@ -154,4 +173,4 @@ def read_config(path: str) -> NatsSettings:
         opts["tls"] = _tls_context(tls.get("ca_file"), tls.get("cert_file"), tls.get("key_file"), "nats.tls")
         if tls.get("server_name"):
             opts["tls_hostname"] = str(tls["server_name"])
-    return out
+    return opts

@@ -1,7 +1,8 @@
 """The cluster state at any point of the log: nearest trusted snapshot, then the events since.
 
 Role: the one place that turns (log, point, snapshots) into a `ClusterState`,
-for `muster replay`, `explain`, `audit --from` and `whatif --from`. The cost
+for `muster replay`, `explain`, `audit --from` and `whatif --from` (the state
+just before their window: `state_before`). The cost
 is the events since the nearest snapshot at or before the point (plus, once,
 the interval that verifies an unverified snapshot; see `snapshots`); in the
 archive's past, the state sealed at a segment's start may be the nearest
@@ -114,3 +115,27 @@ async def states(
             replayed.folded = folded
             replayed.seconds = time.perf_counter() - t0
             yield replayed
+
+
+@dataclass
+class WindowStart:
+    """The state just before a window of the log, and the first sequence of the window."""
+
+    state: ClusterState
+    from_seq: int
+
+
+async def state_before(
+    source: LogSource, start: Point | None, snapshots: Snapshots | None = None, *, verify: Verify = "marks"
+) -> WindowStart:
+    """The state just before a window that starts at `start` (`audit --from`, `whatif --from`).
+
+    No start (or the end of the log) starts from the empty state at sequence 1.
+    """
+    if start is None or start.is_end:
+        return WindowStart(ClusterState(), 1)
+    before = Point(seq=start.seq - 1) if start.seq is not None else Point(time=(start.time or 0) - 1)
+    if before.seq == 0:
+        return WindowStart(ClusterState(), 1)
+    replayed = await state_at(source, before, snapshots, verify=verify)
+    return WindowStart(replayed.state, replayed.seq + 1)

@@ -13,12 +13,9 @@ the anchor that ties it to one log. How these are checked on load is
 from __future__ import annotations
 
 import functools
-import gc
 import hashlib
 import json
 import zlib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,25 +25,10 @@ from muster.projections import cluster as cluster_module
 from muster.projections import configuration as configuration_module
 from muster.projections import state as state_module
 from muster.projections.state import ClusterState
+from muster.replay.heap import no_gc
 
 Format = Literal["msgpack+zlib", "msgpack", "json"]
 FORMATS: tuple[str, ...] = ("msgpack+zlib", "msgpack", "json")
-
-
-@contextmanager
-def no_gc() -> Iterator[None]:
-    """Pause the cyclic GC while building many small objects (decode, fold): 5-10x faster decodes.
-
-    The fold and decoders make no reference cycles worth collecting early;
-    the collector runs again on exit.
-    """
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def encode_state(state: ClusterState, fmt: str = "msgpack+zlib") -> bytes:

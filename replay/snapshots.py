@@ -47,6 +47,7 @@ import msgspec
 from muster.events.types import AnyEvent
 from muster.projections.cluster import evolve
 from muster.projections.state import ClusterState
+from muster.replay.heap import no_gc
 from muster.replay.snapshotcodec import (
     FORMATS,
     SnapshotError,
@@ -54,7 +55,6 @@ from muster.replay.snapshotcodec import (
     decode_state,
     encode_state,
     fingerprint,
-    no_gc,
     sha256,
 )
 from muster.replay.snapshotstores import SnapshotBackend

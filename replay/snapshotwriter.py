@@ -33,7 +33,8 @@ from typing import Any, Protocol
 from muster.events.leases import LEADER_KEY, LEADER_NAME, holder_of
 from muster.projections.cluster import evolve
 from muster.projections.state import ClusterState
-from muster.replay.snapshotcodec import SnapshotMeta, no_gc
+from muster.replay.heap import no_gc
+from muster.replay.snapshotcodec import SnapshotMeta
 from muster.replay.snapshots import Snapshots
 from muster.replay.source import LogSource
 

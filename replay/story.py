@@ -173,165 +173,176 @@ class Storyteller:
         return False
 
     def _before(self, seq: int, ev: Event, job: JobState | None) -> None:
-        state = self.state
-        at = ev.at
-        if isinstance(ev, JobSubmitted) and ev.job == self.job_id:
-            extras = []
-            if ev.runtime is not None:
-                extras.append(f"runtime {duration(ev.runtime)}")
-            if ev.checkpoint_every:
-                extras.append(f"checkpoint every {duration(ev.checkpoint_every)}")
-            requests: dict[str, int] = {}
-            for ps in ev.podsets:
-                for k, v in ps.requests.items():
-                    requests[k] = requests.get(k, 0) + v * ps.count
-            prio = state.priority_classes.get(ev.priority_class or "")
-            pl = f"{ev.priority_class} ({prio.value})" if prio else (ev.priority_class or "the lowest priority")
-            shape = "+".join(f"{ps.count}x{ps.requests.get('gpu', 0)}" for ps in ev.podsets) or "no pods"
-            topo = [
-                f"{'required' if ps.topology.required else 'preferred'} {ps.topology.required or ps.topology.preferred}"
-                for ps in ev.podsets
-                if ps.topology is not None and (ps.topology.required or ps.topology.preferred)
-            ]
-            text = f"submitted to queue {ev.queue}: {requests.get('gpu', 0)} GPUs ({shape}), priority {pl}"
-            if topo:
-                text += f", topology {', '.join(topo)}"
-            if extras:
-                text += f", {', '.join(extras)}"
-            if job is not None:
-                text += " (a second submission of this id: the core refuses it, the job stays as it is)"
-            self._add(seq, at, "submitted", text, queue=ev.queue, gpus=requests.get("gpu", 0))
-            self.waiting_since = at
-            self.story.queue = ev.queue
+        """The line an event adds, told on the state just before it (the numbers the scheduler saw)."""
+        if isinstance(ev, JobSubmitted):
+            self._submitted(seq, ev, job)
             return
         if job is None:
-            return
-        if isinstance(ev, (JobCancelled, JobHeld, JobReleased)) and ev.job == self.job_id:
-            refused = foreign_control(state, ev)
-            if refused is not None:
+            return  # nothing but its submission concerns a job the log does not hold yet
+        at = ev.at
+        match ev:
+            case JobCancelled() | JobHeld() | JobReleased() if (refused := foreign_control(self.state, ev)) is not None:
                 self._add(seq, at, "ignored", f"ignored: {refused}", queue=ev.queue)
-                return
-        if isinstance(ev, JobInadmissible):
-            numbers = numbers_text(state, job)
-            text = f"waits: {ev.reason}"
-            if numbers:
-                text += f" [{numbers}]"
-            self._add(
-                seq,
-                at,
-                "inadmissible",
-                text,
-                reason=ev.reason,
-                quota=quota_numbers(state, job),
-                capacity=capacity_numbers(state, job),
-            )
-        elif isinstance(ev, JobRejected):
-            self._add(seq, at, "rejected", f"rejected: {ev.reason}", reason=ev.reason)
-        elif isinstance(ev, JobAdmitted) and ev.job == self.job_id:
-            nodes = sorted(set(ev.placement.values()))
-            shown = ", ".join(nodes[:8]) + (f" and {len(nodes) - 8} more" if len(nodes) > 8 else "")
-            where = _domains(state, nodes)
-            waited = f" after waiting {duration(at - self.waiting_since)}" if self.waiting_since is not None else ""
-            if ev.borrowed:
-                lenders = _lenders(state, job.queue, ev.borrowed)
-                cohort = state.queues[job.queue].cohort if job.queue in state.queues else None
-                quota = f"borrowing {fmt(ev.borrowed)} from cohort {cohort}"
-                if lenders:
-                    quota += f" (unused quota of {', '.join(lenders)})"
-            else:
-                quota = "within its queue's nominal quota"
-            text = f"admitted{waited} on {len(nodes)} node{'s' if len(nodes) != 1 else ''} {shown}"
-            if where:
-                text += f" in {where}"
-            text += f"; {quota} (cycle {ev.cycle})"
-            self._add(seq, at, "admitted", text, nodes=nodes, borrowed=dict(ev.borrowed), placement=dict(ev.placement))
-            self.waiting_since = None
-        elif isinstance(ev, JobPreempted) and ev.job == self.job_id:
-            why = _preemption_why(state, ev, job)
-            by = ""
-            if ev.preemptor:
-                pre = state.jobs.get(ev.preemptor)
-                pdesc = f"{pre.queue}, {priority_label(state, pre)}, {pre.gpus} GPUs" if pre is not None else "unknown"
-                by = f" by {ev.preemptor} ({pdesc})"
-            ran = f" after running {duration(at - job.admitted_at)}" if job.admitted_at is not None else ""
-            lost = ev.lost_gpu_seconds
-            self.lost += lost
-            text = (
-                f"preempted{by}{ran}: {ev.reason} — {why}; lost {lost:,} GPU-seconds "
-                f"({lost / 3600:,.1f} GPU-hours) of work since its last checkpoint"
-            )
-            self._add(
-                seq,
-                at,
-                "preempted",
-                text,
-                preemptor=ev.preemptor,
-                reason=ev.reason,
-                lost_gpu_seconds=lost,
-            )
-        elif isinstance(ev, JobPreempted) and ev.preemptor == self.job_id:
-            victim = state.jobs.get(ev.job)
-            vdesc = f"{victim.queue}, {priority_label(state, victim)}, {victim.gpus} GPUs" if victim else "unknown"
-            self._add(
-                seq,
-                at,
-                "evicted",
-                f"evicted {ev.job} ({vdesc}) to make room: {ev.reason}",
-                victim=ev.job,
-                reason=ev.reason,
-            )
-        elif isinstance(ev, JobStarted):
-            self._add(seq, at, "started", "every pod of the gang is running")
-        elif isinstance(ev, JobHeld):
-            why = f": {ev.reason}" if ev.reason else ""
-            self._add(seq, at, "held", f"held by a user{why}; it keeps its place and is not tried until released")
-        elif isinstance(ev, JobReleased):
-            self._add(seq, at, "released", "released by a user: it is tried again in its place")
-        elif isinstance(ev, ReservationMade):
-            held = Reservation(
-                job=ev.job,
-                queue=ev.queue,
-                nodes=list(ev.nodes),
-                domain=ev.domain,
-                since=at,
-                expected_start=ev.expected_start,
-                waits_for=list(ev.waits_for),
-                reason=ev.reason,
-            )
-            self._add(seq, at, "reserved", f"{reservation_text(held, at)} ({ev.reason})", **reservation_data(held))
-        elif isinstance(ev, ReservationReleased):
-            self._add(seq, at, "unreserved", f"its reservation released: {ev.reason}", reason=ev.reason)
-        elif isinstance(ev, SubmissionRejected):
-            self._add(seq, at, "refused", f"a second submission of this id (queue {ev.queue}) refused: {ev.reason}")
-        elif isinstance(ev, (JobFinished, JobFailed, JobCancelled)):
-            kind = {JobFinished: "finished", JobFailed: "failed", JobCancelled: "cancelled"}[type(ev)]
-            work = job.progress(at)
-            if job.runtime is not None:
-                work = min(work, job.runtime)
-            total_wait = self._total_wait(at)
-            text = f"{kind} after {duration(work)} of work"
-            if job.first_admitted_at is not None:
-                text += f", {duration(at - job.submitted_at)} after submission (waited {duration(total_wait)} in all)"
-            if job.preemptions:
-                text += f"; preempted {job.preemptions} time{'s' if job.preemptions != 1 else ''}"
-                text += f", {self.lost:,} GPU-seconds lost"
-            if isinstance(ev, JobFailed) and ev.reason:
-                text += f": {ev.reason}"
-            self._add(seq, at, kind, text, work_seconds=work, waited_seconds=total_wait)
-        elif isinstance(ev, GpuUtilizationSampled):
-            pass  # judged after the fold (idle transitions only)
-        elif isinstance(ev, (NodeUpdated, NodeRemoved)):
-            down = isinstance(ev, NodeRemoved) or not ev.ready
-            if down:
+            case JobInadmissible():
+                self._inadmissible(seq, ev, job)
+            case JobRejected():
+                self._add(seq, at, "rejected", f"rejected: {ev.reason}", reason=ev.reason)
+            case JobAdmitted():
+                self._admitted(seq, ev, job)
+            case JobPreempted() if ev.job == self.job_id:
+                self._preempted(seq, ev, job)
+            case JobPreempted():  # this job is the preemptor
+                self._evicted(seq, ev)
+            case JobStarted():
+                self._add(seq, at, "started", "every pod of the gang is running")
+            case JobHeld():
+                why = f": {ev.reason}" if ev.reason else ""
+                self._add(seq, at, "held", f"held by a user{why}; it keeps its place and is not tried until released")
+            case JobReleased():
+                self._add(seq, at, "released", "released by a user: it is tried again in its place")
+            case ReservationMade():
+                self._reserved(seq, ev)
+            case ReservationReleased():
+                self._add(seq, at, "unreserved", f"its reservation released: {ev.reason}", reason=ev.reason)
+            case SubmissionRejected():
+                self._add(seq, at, "refused", f"a second submission of this id (queue {ev.queue}) refused: {ev.reason}")
+            case JobFinished() | JobFailed() | JobCancelled():
+                self._ended(seq, ev, job)
+            case GpuUtilizationSampled():
+                pass  # judged after the fold (idle transitions only)
+            case NodeRemoved() | NodeUpdated(ready=False):
                 self._add(seq, at, "node", f"node {ev.node}, which runs part of it, failed or left the cluster")
-        elif isinstance(ev, NodeCordoned):
-            what = "cordoned (it keeps running there)" if ev.cordoned else "uncordoned"
-            self._add(seq, at, "node", f"node {ev.node}, which runs part of it, was {what}")
-        elif isinstance(ev, QueueConfigured):
-            text = f"queue {ev.name} reconfigured: nominal {fmt(ev.nominal)}"
-            if ev.borrowing_limit is not None:
-                text += f", borrowing limit {fmt(ev.borrowing_limit)}"
-            self._add(seq, at, "queue", text)
+            case NodeCordoned():
+                what = "cordoned (it keeps running there)" if ev.cordoned else "uncordoned"
+                self._add(seq, at, "node", f"node {ev.node}, which runs part of it, was {what}")
+            case QueueConfigured():
+                text = f"queue {ev.name} reconfigured: nominal {fmt(ev.nominal)}"
+                if ev.borrowing_limit is not None:
+                    text += f", borrowing limit {fmt(ev.borrowing_limit)}"
+                self._add(seq, at, "queue", text)
+
+    def _submitted(self, seq: int, ev: JobSubmitted, job: JobState | None) -> None:
+        extras = []
+        if ev.runtime is not None:
+            extras.append(f"runtime {duration(ev.runtime)}")
+        if ev.checkpoint_every:
+            extras.append(f"checkpoint every {duration(ev.checkpoint_every)}")
+        requests: dict[str, int] = {}
+        for ps in ev.podsets:
+            for k, v in ps.requests.items():
+                requests[k] = requests.get(k, 0) + v * ps.count
+        prio = self.state.priority_classes.get(ev.priority_class or "")
+        pl = f"{ev.priority_class} ({prio.value})" if prio else (ev.priority_class or "the lowest priority")
+        shape = "+".join(f"{ps.count}x{ps.requests.get('gpu', 0)}" for ps in ev.podsets) or "no pods"
+        topo = [
+            f"{'required' if ps.topology.required else 'preferred'} {ps.topology.required or ps.topology.preferred}"
+            for ps in ev.podsets
+            if ps.topology is not None and (ps.topology.required or ps.topology.preferred)
+        ]
+        text = f"submitted to queue {ev.queue}: {requests.get('gpu', 0)} GPUs ({shape}), priority {pl}"
+        if topo:
+            text += f", topology {', '.join(topo)}"
+        if extras:
+            text += f", {', '.join(extras)}"
+        if job is not None:
+            text += " (a second submission of this id: the core refuses it, the job stays as it is)"
+        self._add(seq, ev.at, "submitted", text, queue=ev.queue, gpus=requests.get("gpu", 0))
+        self.waiting_since = ev.at
+        self.story.queue = ev.queue
+
+    def _inadmissible(self, seq: int, ev: JobInadmissible, job: JobState) -> None:
+        state = self.state
+        numbers = numbers_text(state, job)
+        text = f"waits: {ev.reason}"
+        if numbers:
+            text += f" [{numbers}]"
+        self._add(
+            seq,
+            ev.at,
+            "inadmissible",
+            text,
+            reason=ev.reason,
+            quota=quota_numbers(state, job),
+            capacity=capacity_numbers(state, job),
+        )
+
+    def _admitted(self, seq: int, ev: JobAdmitted, job: JobState) -> None:
+        state, at = self.state, ev.at
+        nodes = sorted(set(ev.placement.values()))
+        shown = ", ".join(nodes[:8]) + (f" and {len(nodes) - 8} more" if len(nodes) > 8 else "")
+        where = _domains(state, nodes)
+        waited = f" after waiting {duration(at - self.waiting_since)}" if self.waiting_since is not None else ""
+        if ev.borrowed:
+            lenders = _lenders(state, job.queue, ev.borrowed)
+            cohort = state.queues[job.queue].cohort if job.queue in state.queues else None
+            quota = f"borrowing {fmt(ev.borrowed)} from cohort {cohort}"
+            if lenders:
+                quota += f" (unused quota of {', '.join(lenders)})"
+        else:
+            quota = "within its queue's nominal quota"
+        text = f"admitted{waited} on {len(nodes)} node{'s' if len(nodes) != 1 else ''} {shown}"
+        if where:
+            text += f" in {where}"
+        text += f"; {quota} (cycle {ev.cycle})"
+        self._add(seq, at, "admitted", text, nodes=nodes, borrowed=dict(ev.borrowed), placement=dict(ev.placement))
+        self.waiting_since = None
+
+    def _preempted(self, seq: int, ev: JobPreempted, job: JobState) -> None:
+        """This job is the victim: by whom, why the policy allowed it, and the work it lost."""
+        state, at = self.state, ev.at
+        why = _preemption_why(state, ev, job)
+        by = ""
+        if ev.preemptor:
+            pre = state.jobs.get(ev.preemptor)
+            pdesc = f"{pre.queue}, {priority_label(state, pre)}, {pre.gpus} GPUs" if pre is not None else "unknown"
+            by = f" by {ev.preemptor} ({pdesc})"
+        ran = f" after running {duration(at - job.admitted_at)}" if job.admitted_at is not None else ""
+        lost = ev.lost_gpu_seconds
+        self.lost += lost
+        text = (
+            f"preempted{by}{ran}: {ev.reason} — {why}; lost {lost:,} GPU-seconds "
+            f"({lost / 3600:,.1f} GPU-hours) of work since its last checkpoint"
+        )
+        self._add(seq, at, "preempted", text, preemptor=ev.preemptor, reason=ev.reason, lost_gpu_seconds=lost)
+
+    def _evicted(self, seq: int, ev: JobPreempted) -> None:
+        """This job is the preemptor: whom it evicted."""
+        state = self.state
+        victim = state.jobs.get(ev.job)
+        vdesc = f"{victim.queue}, {priority_label(state, victim)}, {victim.gpus} GPUs" if victim else "unknown"
+        text = f"evicted {ev.job} ({vdesc}) to make room: {ev.reason}"
+        self._add(seq, ev.at, "evicted", text, victim=ev.job, reason=ev.reason)
+
+    def _reserved(self, seq: int, ev: ReservationMade) -> None:
+        held = Reservation(
+            job=ev.job,
+            queue=ev.queue,
+            nodes=list(ev.nodes),
+            domain=ev.domain,
+            since=ev.at,
+            expected_start=ev.expected_start,
+            waits_for=list(ev.waits_for),
+            reason=ev.reason,
+        )
+        self._add(seq, ev.at, "reserved", f"{reservation_text(held, ev.at)} ({ev.reason})", **reservation_data(held))
+
+    def _ended(self, seq: int, ev: JobFinished | JobFailed | JobCancelled, job: JobState) -> None:
+        """Finished, failed or cancelled: the work done, the whole wait, what preemptions cost."""
+        at = ev.at
+        kind = {JobFinished: "finished", JobFailed: "failed", JobCancelled: "cancelled"}[type(ev)]
+        work = job.progress(at)
+        if job.runtime is not None:
+            work = min(work, job.runtime)
+        total_wait = self._total_wait(at)
+        text = f"{kind} after {duration(work)} of work"
+        if job.first_admitted_at is not None:
+            text += f", {duration(at - job.submitted_at)} after submission (waited {duration(total_wait)} in all)"
+        if job.preemptions:
+            text += f"; preempted {job.preemptions} time{'s' if job.preemptions != 1 else ''}"
+            text += f", {self.lost:,} GPU-seconds lost"
+        if isinstance(ev, JobFailed) and ev.reason:
+            text += f": {ev.reason}"
+        self._add(seq, at, kind, text, work_seconds=work, waited_seconds=total_wait)
 
     def _total_wait(self, at: int) -> int:
         """Seconds spent pending: submission to first admission, plus every requeue to readmission."""

@@ -94,7 +94,7 @@ def build(view: View, replayed: Any) -> tuple[dict[str, Any], list[dict[str, Any
     """
     import gc
 
-    from muster.replay.snapshotcodec import no_gc
+    from muster.replay.heap import no_gc
 
     gc.freeze()
     with no_gc():  # rows for 100k jobs: no collection while they are built

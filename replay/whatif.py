@@ -54,11 +54,11 @@ from muster.events.types import (
 )
 from muster.projections.cluster import evolve
 from muster.projections.state import ClusterState
+from muster.replay.heap import no_gc
 from muster.replay.points import Point
-from muster.replay.rebuild import state_at
+from muster.replay.rebuild import state_before
 from muster.replay.scenario import Scenario
 from muster.replay.simulator import simulate
-from muster.replay.snapshotcodec import no_gc
 from muster.replay.snapshots import Snapshots
 from muster.replay.source import LogSource
 from muster.replay.timelinespec import Input
@@ -95,12 +95,8 @@ async def whatif(
 ) -> WhatIf:
     """Run the window [start, end] of the log again under the configuration; compare with reality."""
     last = await source.last_seq()
-    if start is None or start.is_end:
-        state, from_seq = ClusterState(), 1
-    else:
-        before = Point(seq=start.seq - 1) if start.seq is not None else Point(time=(start.time or 0) - 1)
-        replayed = await state_at(source, before, snapshots)
-        state, from_seq = replayed.state, replayed.seq + 1
+    before = await state_before(source, start, snapshots)
+    state, from_seq = before.state, before.from_seq
     # read the rest of the log: the window, and beyond it the runtimes of jobs that end later
     window: list[tuple[int, Event]] = []
     later_ends: list[tuple[int, Event]] = []

@@ -34,22 +34,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from muster.replay.cliutil import check_point, check_range, point_arg, run_command
+    from muster.replay.cliutil import run_command, window_args
 
     async def body(source: Any, store: Any) -> int:
         from muster.replay.cliutil import emit, open_snapshots
         from muster.replay.whatif import whatif
         from muster.replay.whatifconfig import WhatIfError, read_config
 
-        start = point_arg(args.start, "--from") if args.start else None
-        end = point_arg(args.end, "--to") if args.end else None
-        check_range(start, end)
-        await check_point(source, start, "--from")
-        await check_point(source, end, "--to")
+        window = await window_args(source, args)
         try:
             text = read_config(args.queues)
-            snapshots = await open_snapshots(args, source, store) if start is not None else None
-            result = await whatif(source, text, args.queues, start=start, end=end, snapshots=snapshots)
+            snapshots = await open_snapshots(args, source, store) if window.start is not None else None
+            result = await whatif(source, text, args.queues, start=window.start, end=window.end, snapshots=snapshots)
         except WhatIfError as exc:
             print(f"muster whatif: {exc}", file=sys.stderr)
             return 2

@@ -39,7 +39,7 @@ from muster.projections.ledger import (
     merge_into,
     new_billing_state,
 )
-from muster.replay.snapshotcodec import no_gc
+from muster.replay.heap import no_gc
 from muster.replay.source import LogSource
 
 EVERY = 5_000

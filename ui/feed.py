@@ -41,9 +41,9 @@ from muster.events.types import Event
 from muster.projections.cluster import evolve
 from muster.projections.ledger import DEFAULT_GPU_LABEL, BillingState
 from muster.projections.state import ClusterState
+from muster.replay.heap import no_gc
 from muster.replay.points import Point
 from muster.replay.rebuild import state_at
-from muster.replay.snapshotcodec import no_gc
 from muster.replay.snapshots import Snapshots, Verify, fold_range
 from muster.replay.source import LogSource
 from muster.ui.books import Books

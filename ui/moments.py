@@ -37,8 +37,9 @@ import msgspec
 
 from muster.events.types import Event
 from muster.projections.state import TERMINAL, ClusterState, JobState
+from muster.replay.heap import no_gc
 from muster.replay.points import Point
-from muster.replay.snapshotcodec import decode_state, encode_state, no_gc
+from muster.replay.snapshotcodec import decode_state, encode_state
 from muster.replay.snapshots import fold_range
 from muster.replay.source import LogSource
 

@@ -24,8 +24,8 @@ from muster.projections.quota import QuotaTree
 from muster.projections.ratecard import RateCard
 from muster.projections.state import TERMINAL, JobState
 from muster.replay.explaincli import document as story_document
+from muster.replay.heap import no_gc
 from muster.replay.points import Clock, Point
-from muster.replay.snapshotcodec import no_gc
 from muster.replay.story import Storyteller
 from muster.replay.views import domain_rows, job_counts, job_shape, node_rows, pending_reason, queue_rows
 from muster.ui.feed import Feed, Moment

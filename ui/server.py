@@ -228,6 +228,15 @@ def make_app(feed: Feed, *, token: str | None = None, rates: RateCard | None = N
     return app
 
 
+async def start_site(runner: web.AppRunner, host: str, port: int) -> int:
+    """Serve `runner` on host:port; the port it is bound to (for port 0, the free one the system chose)."""
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    server = getattr(site, "_server", None)  # aiohttp names the bound socket nowhere public
+    sockets = getattr(server, "sockets", None) or []
+    return int(sockets[0].getsockname()[1]) if sockets else port
+
+
 async def serve(
     feed: Feed,
     *,
@@ -244,11 +253,7 @@ async def serve(
     runner = web.AppRunner(make_app(feed, token=token, rates=rates), handle_signals=False, access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        server = getattr(site, "_server", None)
-        sockets = getattr(server, "sockets", None) or []
-        bound = sockets[0].getsockname()[1] if sockets else port
+        bound = await start_site(runner, host, port)
         async with anyio.create_task_group() as tg:
             await tg.start(feed.run)
             task_status.started(bound)

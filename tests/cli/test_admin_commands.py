@@ -342,6 +342,22 @@ def test_submit_and_apply_print_records_with_o_json_and_jsonl(tmp_path, log, cap
     assert (record["job"], record["queue"]) == ("j-1", "team-a") and record["seq"] == len(log.events())
 
 
+def test_queues_apply_honours_the_flags_given_before_it_and_refuses_the_views(tmp_path, log, capsys):
+    """`muster queues --nats U --stream S -o jsonl apply FILE` uses those flags; `queues --at N apply` is refused."""
+    import json
+
+    path = tmp_path / "queues.yaml"
+    path.write_text(QUEUES)
+    url, stream, prefix = log.flags[1], log.flags[3], log.flags[5]
+    capsys.readouterr()
+    assert main(["queues", "--at", "5", "--watch", "apply", str(path), *log.flags]) == 2
+    assert "--at, --watch go with showing the queues, not with apply" in capsys.readouterr().err
+    before = ["queues", "--nats", url, "--stream", stream, "-o", "jsonl"]
+    assert main([*before, "apply", str(path), "--subject-prefix", prefix]) == 0
+    assert all(json.loads(line)["appended"] for line in capsys.readouterr().out.splitlines())
+    assert len(log.events()) == 5
+
+
 FLAVORED = """\
 flavors:
   - {name: h100, node_labels: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}, taints: [{key: gpu, value: h100}]}

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from muster.cli import build_parser, main
 from muster.events.embedded import free_port
@@ -106,6 +107,30 @@ def test_every_command_on_nats_takes_creds_and_tls_flags(index: int, tmp_path: P
 
 
 @pytest.mark.parametrize("index", range(len(NATS_COMMANDS)), ids=NATS_COMMANDS)
+def test_every_command_on_nats_reads_a_config_nats_block_alike(index: int, tmp_path: Path, capsys) -> None:
+    """A `--config` whose nats.auth names a password file that is not there exits 2 naming it, before NATS."""
+    argv = _nats_commands(tmp_path)[index]
+    (tmp_path / "username").write_text("team-a")
+    missing = tmp_path / "password"
+    auth = {"username_file": str(tmp_path / "username"), "password_file": str(missing)}
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"nats": {"url": f"nats://127.0.0.1:{free_port()}", "auth": auth}}))
+    assert main([*argv, "--config", str(config)]) == 2
+    assert f"cannot read {missing}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("index", range(len(NATS_COMMANDS)), ids=NATS_COMMANDS)
+def test_every_command_on_nats_refuses_a_config_that_is_no_yaml_mapping(index: int, tmp_path: Path, capsys) -> None:
+    """A `--config` that is not YAML, or not a mapping, exits 2 naming the file, before NATS."""
+    argv = _nats_commands(tmp_path)[index]
+    config = tmp_path / "config.yaml"
+    for text, why in (("nats: [unclosed\n", "not valid YAML"), ("- a list\n", "expected a mapping at the top")):
+        config.write_text(text)
+        assert main([*argv, "--config", str(config)]) == 2
+        assert f"{config}: {why}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("index", range(len(NATS_COMMANDS)), ids=NATS_COMMANDS)
 def test_an_http_url_is_refused_as_no_nats_url(index: int, tmp_path: Path, capsys) -> None:
     """`--nats http://...` exits 2 saying it is no NATS URL and what to write instead."""
     argv = _nats_commands(tmp_path)[index]
@@ -127,6 +152,34 @@ def test_make_bench_runs_every_benchmark_at_modest_sizes() -> None:
     scripts = sorted(p.name for p in runnable)  # modules the scripts share (kubereal.py) run nothing
     assert sorted(line.split()[1].removeprefix("bench/") for line in listed) == scripts
     assert all(len(line.split()) > 2 for line in listed), "every script gets modest arguments"
+
+
+def test_the_readme_names_only_commands_and_flags_that_exist() -> None:
+    """Each `muster ...` span of README.md is a command with flags it takes, and every command is in one."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    spans = re.findall(r"`(muster [^`]+)`", readme)
+    assert {c[0] for c in COMMANDS} <= {span.split()[1] for span in spans}
+    wrong = []
+    for span in spans:
+        parser, words = build_parser(), span.split()[1:]
+        while words and (child := _subcommand(parser, words[0])) is not None:
+            parser, words = child, words[1:]
+        taken = {flag for action in parser._actions for flag in action.option_strings}
+        for flag in re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)(\*?)", span):
+            name, glob = flag
+            if not (name in taken or (glob and any(t.startswith(name) for t in taken))):
+                wrong.append(f"{span}: {name}{glob}")
+    assert not wrong
+
+
+def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser | None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            child: argparse.ArgumentParser = action.choices[name]
+            return child
+    return None
 
 
 def test_version_prints_the_installed_version(capsys) -> None:

@@ -625,3 +625,29 @@ async def test_a_team_controls_its_own_queues_jobs_and_only_those(
     state = fold([s.event for s in await daemon.read()])
     assert state.jobs["ctl-a"].status == "cancelled"
     assert state.jobs["ctl-b"].status == "pending"
+
+
+async def test_a_scoped_apply_changes_that_queue_alone(
+    server: EmbeddedNats, two_teams: tuple[EventStore, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`queues --scope team-a apply` appends team-a's quota alone, refuses a file changing more, and not for a team."""
+    daemon, team_a = two_teams
+    admin = str(_config_as(server, "admin", tmp_path))
+    both = tmp_path / "both.yaml"
+    both.write_text("queues:\n  - {name: team-a, nominal: {gpu: 16}}\n  - {name: team-b, nominal: {gpu: 4}}\n")
+    only_a = tmp_path / "only-a.yaml"
+    only_a.write_text("queues:\n  - {name: team-a, nominal: {gpu: 16}}\n  - {name: team-b, nominal: {gpu: 8}}\n")
+    before = await daemon.last_seq()
+    capsys.readouterr()
+    assert await _cli("queues", "--scope", "team-a", "--config", admin, "apply", str(both)) == 2
+    assert "would also change queue team-b; nothing appended" in capsys.readouterr().err
+    assert await _cli("queues", "--scope", "team-c", "--config", admin, "apply", str(only_a)) == 2
+    assert "defines no queue team-c" in capsys.readouterr().err
+    assert await daemon.last_seq() == before
+    # the scope may come before or after `apply`; a file naming other queues as the log has them is fine
+    assert await _cli("queues", "apply", str(only_a), "--scope", "team-a", "--config", admin) == 0
+    assert [(s.event.name, s.event.nominal) for s in await daemon.read(before + 1)] == [("team-a", {"gpu": 16})]
+    # configuration is the admin's to write: a queue's own identity is refused by NATS
+    assert await _cli("queues", "--scope", "team-a", "--config", team_a, "apply", str(both)) == 1
+    assert "permissions violation" in capsys.readouterr().err.lower()
+    assert await daemon.last_seq() == before + 1
