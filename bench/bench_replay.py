@@ -47,9 +47,10 @@ from muster.events.store import EventStore
 from muster.projections.cluster import evolve
 from muster.projections.state import ClusterState
 from muster.replay import jobscli, queuesviewcli
+from muster.replay.heap import no_gc
 from muster.replay.points import Point
 from muster.replay.rebuild import state_at
-from muster.replay.snapshotcodec import encode_state, no_gc
+from muster.replay.snapshotcodec import encode_state
 from muster.replay.snapshots import Snapshots
 from muster.replay.snapshotstores import MemorySnapshots, NatsSnapshots
 from muster.replay.snapshotwriter import Snapshotter, write_snapshots

@@ -57,8 +57,8 @@ from bench_events import realistic_events
 from muster.events.codec import encode
 from muster.projections.cluster import evolve
 from muster.projections.state import ClusterState
+from muster.replay.heap import no_gc
 from muster.replay.points import Point
-from muster.replay.snapshotcodec import no_gc
 from muster.replay.snapshots import Snapshots
 from muster.replay.snapshotstores import MemorySnapshots
 from muster.replay.source import MemoryLog
