@@ -190,7 +190,7 @@ class KubernetesAdapter:
             deadline_seconds=apply_deadline_seconds,
             pod_wait_seconds=pod_wait_seconds,
             clock=clock,
-            flavor_fits=(lambda ev: binding(state(), ev.flavors or {})) if state is not None else None,
+            flavor_fits=(lambda flavors: binding(state(), flavors)) if state is not None else None,
         )
         if report:
             self.reporter = Reporter(
@@ -332,7 +332,7 @@ class KubernetesAdapter:
             return ApplyResult(True, "skipped", "the log has no admission of this job")
         gangs = self.translator.gangs
         pods, owner = gangs.pods_of(job) or {}, gangs.owner_of(job)
-        result = await self.applier.rebind(job, known.placement)
+        result = await self.applier.rebind(job, known.placement, known.flavors)
         self._binding_failed(job, result, pods, owner)
         await self._push(result.events)
         log.info("successors bound", job=job, outcome=result.outcome, detail=result.detail)

@@ -165,9 +165,10 @@ class Applier:
         pod_wait_seconds: float = 10.0,
         concurrency: int = 64,
         clock: Callable[[], float] = time.time,
-        flavor_fits: Callable[[JobAdmitted], Mapping[str, PodFit]] | None = None,
+        flavor_fits: Callable[[Mapping[str, Mapping[str, str]]], Mapping[str, PodFit]] | None = None,
     ) -> None:
-        """`flavor_fits(admission)`: per podset admitted on flavors, what its pods get at binding."""
+        """`flavor_fits(flavors)`: per podset admitted on flavors (`JobAdmitted.flavors`), what its pods
+        get at binding."""
         self.client = client
         self._flavor_fits = flavor_fits
         self.gangs = gangs
@@ -222,18 +223,25 @@ class Applier:
 
     async def _admit(self, event: JobAdmitted) -> ApplyResult:
         await self.ready(event)  # at once when the caller already waited
-        fits = self._flavor_fits(event) if self._flavor_fits is not None and event.flavors else {}
-        return await self._bind_gang(event.job, event.placement, fits)
+        return await self._bind_gang(event.job, event.placement, self._fits(event.flavors or {}))
 
-    async def rebind(self, job: JobId, placement: Mapping[str, str]) -> ApplyResult:
+    async def rebind(
+        self, job: JobId, placement: Mapping[str, str], flavors: Mapping[str, Mapping[str, str]] | None = None
+    ) -> ApplyResult:
         """Bind the pods that took over slots of `job`'s admitted gang (an Indexed Job's next indexes).
 
         The admission applied again: pods already on their nodes (or done there) count as done,
-        so only the successors are bound.
+        so only the successors are bound, fitted to the gang's `flavors` as its first pods were
+        (a successor is a new pod: without the flavor's tolerations and node selector it would
+        not stay on the flavor's node).
         """
         if not self.gangs.complete(job):
             return ApplyResult(True, "skipped", "the gang is not whole (preempted, or a pod on its way)")
-        return await self._bind_gang(job, placement)
+        return await self._bind_gang(job, placement, self._fits(flavors or {}))
+
+    def _fits(self, flavors: Mapping[str, Mapping[str, str]]) -> Mapping[str, PodFit]:
+        """Per podset admitted on `flavors`, what its pods get at binding (nothing without flavors)."""
+        return self._flavor_fits(flavors) if self._flavor_fits is not None and flavors else {}
 
     async def _bind_gang(
         self, job: JobId, placement: Mapping[str, str], fits: Mapping[str, PodFit] | None = None
