@@ -4,7 +4,9 @@ Part of `cluster.evolve` (which dispatches through `HANDLERS`): each handler
 records what its event says and holds no policy. A node that comes up or is
 uncordoned counts its GPUs as freed, so whoever waits for room looks again;
 a change of shape (nodes, queues, cohorts, classes, levels) bumps
-`state.structure` so the scheduler's derived indexes are rebuilt.
+`state.structure` so the scheduler's derived indexes are rebuilt. A queue
+turned back into one plain pool (`nominal` after `resource_groups`) holds in
+that pool what its running jobs hold on flavors (`_into_one_pool`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from muster.events.types import (
     ResourceGroup,
     SchedulerConfigured,
 )
-from muster.projections.resources import flavored
+from muster.projections.resources import flavored, unflavored
 from muster.projections.state import (
     ClusterState,
     FlavorState,
@@ -115,10 +117,27 @@ def _on_queue(state: ClusterState, ev: QueueConfigured) -> ClusterState:
         fungibility=ev.flavor_fungibility if ev.flavor_fungibility else FlavorFungibility(),
         reserve_after=ev.reserve_after,
     )
+    if not groups:
+        _into_one_pool(state, state.queues[ev.name])
     state.dirty_queues.add(ev.name)
     state.structure += 1
     state.released += 1
     return state
+
+
+def _into_one_pool(state: ClusterState, queue: QueueState) -> None:
+    """A plain queue's quota is one pool over every node (spec, Flavors): the jobs it admitted on flavors
+    before it turned plain hold their resources in that pool, so they count against its nominal quota and
+    are victims for what its jobs (and its cohort's) ask, as any job of the pool (keyed `gpu@h100` they
+    would count against nothing and be no one's victim). Their flavors stay: they say where their pods are."""
+    if not any("@" in k for k in queue.usage):
+        return
+    queue.usage = unflavored(queue.usage)
+    for job in state.jobs.values():
+        if job.queue == queue.name and job.status == "admitted" and job.flavors:
+            job.requests = unflavored(job.requests)
+            job.borrowed = unflavored(job.borrowed)
+            state.dirty_jobs.add(job.id)
 
 
 def _flat_quota(

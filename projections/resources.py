@@ -145,6 +145,15 @@ def flavored(resource: str, flavor: str) -> str:
     return f"{resource}@{flavor}"
 
 
+def unflavored(resources: Mapping[str, int]) -> Resources:
+    """A resource vector with its flavored keys (`gpu@h100`) added up under the plain name (`gpu`)."""
+    out: Resources = {}
+    for k, v in resources.items():
+        plain = k.partition("@")[0]
+        out[plain] = out.get(plain, 0) + v
+    return out
+
+
 def gpus_of(resources: Mapping[str, int]) -> int:
     """The GPUs of a resource vector, plain (`gpu`) or per flavor (`gpu@h100`): a queue's nominal quota,
     usage or `borrowed`, whether or not it has flavors."""

@@ -125,7 +125,8 @@ class JobState(msgspec.Struct, kw_only=True):
     """Its declared time limit (seconds per run), `JobSubmitted.max_runtime`."""
     flavors: dict[str, dict[str, str]] = {}
     """While admitted with flavors: per podset, resource -> flavor (`JobAdmitted.flavors`); its
-    `requests` are then keyed `resource@flavor`, as its queue's quota is."""
+    `requests` are then keyed `resource@flavor`, as its queue's quota is (plain again once its queue
+    turns into one plain pool: `configuration._into_one_pool`)."""
 
     @property
     def gpus(self) -> int:

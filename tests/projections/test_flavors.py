@@ -431,3 +431,24 @@ timeline:
     assert set(out.admitted("s1").placement.values()) == {"spot0", "spot1"}
     assert not out.admissions("p1")  # 16 GPUs: more than the untainted node holds, though spot is free
     assert out.reasons("p1") == ["2 pods of gpu=8 do not fit on the schedulable nodes"]
+
+
+def test_a_queue_turned_plain_counts_and_preempts_what_its_jobs_hold_on_flavors() -> None:
+    """After `queue_update` gives a flavored queue a plain `nominal`, a job it admitted on a flavor counts
+    against the one pool (a second job waits for quota) and a higher-priority job of the queue evicts it."""
+    update = "  - {at: 10, queue_update: {name: q, nominal: {gpu: 8}, preemption: {within_queue: LowerPriority}}}\n"
+    text = scenario(
+        cluster(h100=1, a100=0),
+        [fqueue("q", fq("h100", 8))],
+        [
+            job("old", "q", "w:1x8", prio="low"),
+            update,
+            job("same", "q", "w:1x8", prio="low", at=20),
+            job("urgent", "q", "w:1x8", prio="high", at=30),
+        ],
+    )
+    out = run(text)
+    assert flavors_of(out, "old") == {"w": "h100"}
+    assert out.reasons("same")[0].startswith("queue q has no room for gpu=8 within its quota (nominal gpu=8)")
+    assert [(p.job, p.preemptor, p.reason, p.at) for p in out.preemptions()] == [("old", "urgent", "WithinQueue", 30)]
+    assert out.admitted("urgent").at == 30 and not out.admitted("urgent").flavors
