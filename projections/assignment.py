@@ -21,7 +21,9 @@ whether a job fits now (idle reclaim asks it).
 - a podset asking for a resource no resource group of its queue covers makes the
   gang inadmissible, as in Kueue, saying which (`flavors.uncovered`);
 - a flavored job that waits is parked (`parking`) with a wake that covers every
-  flavor it tried (`wake`); the memo-equivalence tests hold with flavors too.
+  flavor it tried (`wake`); the memo-equivalence tests hold with flavors too;
+- `victim_search` is the same search for `explain`: what the candidates on the
+  job's flavors hold, or the victims it would evict.
 
 The choice reads only the cycle's view (quota tree and topology), so replay,
 audit and a new leader make the same one.
@@ -105,13 +107,43 @@ def attempt(cycle: Cycle, job: JobState, allow_borrow: bool) -> Admit | Evict | 
         placement, _ = cycle.place(on)
         if placement is not None:
             return Admit(on, placement, borrowed)
-    found: list[Result] = []
-    for on in choice.preempt:
+    searched = _search(cycle, choice.preempt, allow_borrow)
+    if searched and searched[-1][1].victims:
+        on, result = searched[-1]
+        return Evict(on, result.victims)
+    return Wait(choice.reason, wake(cycle, job, choice, [result for _, result in searched]))
+
+
+def _search(cycle: Cycle, options: list[JobState], allow_borrow: bool) -> list[tuple[JobState, Result]]:
+    """The victim searches for a job on each of `options` (the job on flavors to preempt in), in order,
+    up to the first that finds victims (then last)."""
+    out: list[tuple[JobState, Result]] = []
+    for on in options:
         result = find_victims(cycle, on, allow_borrow)
+        out.append((on, result))
         if result.victims:
-            return Evict(on, result.victims)
-        found.append(result)
-    return Wait(choice.reason, wake(cycle, job, choice, found))
+            break
+    return out
+
+
+def victim_search(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
+    """The core's victim search for a pending job now (`explain` asks it): for a flavored job, the one
+    `attempt` makes, flavor by flavor; the victims of the first flavor that has some, else what the
+    candidates of every flavor tried hold. A flavored job that fits now needs no victims."""
+    if not flavors.unassigned(cycle.state, job):
+        return find_victims(cycle, job, allow_borrow)
+    choice = choose(cycle, job, allow_borrow, lambda v: bool(find_victims(cycle, v, allow_borrow).victims))
+    if choice.admit is not None:
+        return Result([], True, 0, {})
+    searched = _search(cycle, choice.preempt, allow_borrow)
+    if searched and searched[-1][1].victims:
+        return searched[-1][1]
+    held: dict[str, int] = {}
+    for _, result in searched:
+        for k, v in result.candidate_requests.items():
+            held[k] = max(held.get(k, 0), v)  # the same candidates may be found for several flavors
+    possible = any(r.quota_possible for _, r in searched)
+    return Result([], possible, gpus_of(held), held, any(r.order_matters for _, r in searched))
 
 
 def choose(

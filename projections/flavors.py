@@ -28,6 +28,7 @@ import msgspec
 
 from muster.events.types import PodSet, ResourceGroup
 from muster.projections.cluster import flavored_requests
+from muster.projections.resources import flavored
 from muster.projections.state import ClusterState, JobState, QueueState
 
 MARKER = "flavor:"
@@ -164,6 +165,34 @@ def order_requests(state: ClusterState, job: JobState) -> Mapping[str, int]:
             if names and keys:
                 first.setdefault(ps.name, {}).update(dict.fromkeys(keys, names[0]))
     return flavored_requests(job.podsets, first)
+
+
+def quota_asks(state: ClusterState, job: JobState) -> dict[str, int]:
+    """Per quota key, what the job asks of it: its own requests once on flavors (or in a plain queue);
+    for a pending flavored job, per flavor each podset may take, all that podset asks of the group's
+    resources (`gpu@h100`: what it would take there, were every such podset put on h100)."""
+    if not unassigned(state, job):
+        return dict(job.requests)
+    out: dict[str, int] = {}
+    for ps in job.podsets:
+        for group in state.queues[job.queue].resource_groups:
+            keys = covered(group, ps.requests)
+            for f in allowed(group, ps.flavors):
+                for r in keys:
+                    key = flavored(r, f)
+                    out[key] = out.get(key, 0) + ps.requests[r] * ps.count
+    return out
+
+
+def gpu_flavors(state: ClusterState, job: JobState, podset: PodSet) -> list[str]:
+    """The flavors a podset of a pending flavored job may take its GPUs (else its first group's
+    resources) on, in order; empty for a job on no flavor or already on its flavors."""
+    if not unassigned(state, job):
+        return []
+    groups = state.queues[job.queue].resource_groups
+    touched = [g for g in groups if covered(g, podset.requests)]
+    mine = next((g for g in touched if "gpu" in covered(g, podset.requests)), touched[0] if touched else None)
+    return allowed(mine, podset.flavors) if mine is not None else []
 
 
 def summary(chosen: Flavors) -> str:

@@ -26,6 +26,7 @@ from muster.events.types import PreemptionReason
 from muster.projections.eviction import LOWEST, Mode, Preemptor, eviction_chain, may_evict, reach
 from muster.projections.flavors import placement_request, unassigned
 from muster.projections.index import VictimEntry, VictimList, VictimMemo
+from muster.projections.resources import gpus_of
 from muster.projections.state import JobState
 
 if TYPE_CHECKING:
@@ -182,7 +183,7 @@ def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
     for c in candidates:
         for r, v in c.requests.items():
             held[r] = held.get(r, 0) + v
-    gpus = held.get("gpu", 0)
+    gpus = gpus_of(held)  # a flavored job's candidates hold `gpu@FLAVOR`
     probe = _Probe(cycle, job, rule)
     same = [c for c in candidates if c.queue == job.queue]
     if len(same) == len(candidates):

@@ -5,19 +5,27 @@ Pure (a state in, numbers and sentences out; no clock): for a job at a state,
 shortfall), `capacity_numbers` (the best topology domain and its room) and, for
 a job still pending, `blockers`: its position in its queue and the jobs ahead,
 the quota and capacity it lacks, reservations, and whether preemption could
-make room (the core's own `find_victims` on a throwaway cycle). The story of a
+make room (the core's own search, `assignment.victim_search`, on a throwaway
+cycle). A pending job of a queue with flavors gets its numbers per flavor it
+may take (quota keyed `gpu@h100`, capacity on each flavor's nodes). The story of a
 job (`story`) reads a waiting job's numbers from here.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
+from muster.events.types import PodSet
+from muster.projections.flavors import MARKER, gpu_flavors, placement_request, quota_asks
 from muster.projections.queueing import STRICT_FIFO
 from muster.projections.resources import fmt
 from muster.projections.state import ClusterState, JobState, Reservation
 from muster.replay.points import duration
 from muster.replay.views import queue_order
+
+if TYPE_CHECKING:
+    from muster.projections.topology import TopologyIndex
 
 
 def quota_numbers(state: ClusterState, job: JobState) -> dict[str, Any]:
@@ -33,8 +41,9 @@ def quota_numbers(state: ClusterState, job: JobState) -> dict[str, Any]:
     if node is None:
         return out
     allow_borrow = state.preemptible(job)
-    for r in sorted(job.requests):
-        need = job.requests[r]
+    asks = quota_asks(state, job)
+    for r in sorted(asks):
+        need = asks[r]
         if need <= 0 or r not in queue.nominal:
             continue
         used = queue.usage.get(r, 0)
@@ -57,40 +66,53 @@ def capacity_numbers(state: ClusterState, job: JobState) -> list[dict[str, Any]]
     from muster.projections.topology import TopologyIndex
 
     topo = TopologyIndex(state)
-    out = []
+    out: list[dict[str, Any]] = []
     for ps in job.podsets:
-        level = None
-        required = False
-        if ps.topology is not None and ps.topology.required:
-            level, required = ps.topology.required, True
-        elif ps.topology is not None and ps.topology.preferred:
-            level = ps.topology.preferred
-        depth = topo.level_depth(level) if level is not None else None
-        gpu = ps.requests.get("gpu", 0)
-        item: dict[str, Any] = {"podset": ps.name, "pods": ps.count, "per_pod": dict(ps.requests)}
-        total = sum(topo.slots(d, ps.requests, ps.count) for d in topo.by_level[0]) if topo.by_level[0] else 0
-        item["cluster_free_gpus"] = max(0, topo.root.free.get("gpu", 0))
-        item["cluster_room_pods"] = min(total, ps.count) if ps.count else 0
-        if required and depth is not None:
-            doms = topo.by_level[depth - 1]
-            best = None
-            best_key: tuple[int, int] | None = None
-            for d in doms:
-                key = (topo.slots(d, ps.requests, ps.count), d.free.get("gpu", 0))
-                if best_key is None or key > best_key:
-                    best, best_key = d, key
-            item["level"] = level
-            if best is not None and best_key is not None:
-                item["best_domain"] = "/".join(best.path)
-                item["best_room_pods"] = best_key[0]
-                item["best_free_gpus"] = max(0, best_key[1])
-                missing = max(0, ps.count - best_key[0])
-                item["missing_gpus"] = missing * gpu
-        else:
-            item["level"] = level
-            item["missing_gpus"] = max(0, ps.count - item["cluster_room_pods"]) * gpu
-        out.append(item)
+        on: list[str | None] = [*gpu_flavors(state, job, ps)] or [None]
+        out.extend(_podset_capacity(topo, job, ps, flavor) for flavor in on)
     return out
+
+
+def _podset_capacity(topo: TopologyIndex, job: JobState, ps: PodSet, flavor: str | None) -> dict[str, Any]:
+    """A podset's capacity numbers, on `flavor`'s nodes (None: on the nodes its placement may take)."""
+    level = None
+    required = False
+    if ps.topology is not None and ps.topology.required:
+        level, required = ps.topology.required, True
+    elif ps.topology is not None and ps.topology.preferred:
+        level = ps.topology.preferred
+    depth = topo.level_depth(level) if level is not None else None
+    gpu = ps.requests.get("gpu", 0)
+    item: dict[str, Any] = {"podset": ps.name, "pods": ps.count, "per_pod": dict(ps.requests)}
+    if flavor is not None:
+        item["flavor"] = flavor
+        req: Mapping[str, int] = {**ps.requests, MARKER + flavor: 1}
+        free = topo.gpu_free_on(flavor)
+    else:
+        req = placement_request(job, ps.name, ps.requests, topo.tainted)
+        free = topo.root.free.get("gpu", 0)
+    total = sum(topo.slots(d, req, ps.count) for d in topo.by_level[0]) if topo.by_level[0] else 0
+    item["cluster_free_gpus"] = max(0, free)
+    item["cluster_room_pods"] = min(total, ps.count) if ps.count else 0
+    if required and depth is not None:
+        doms = topo.by_level[depth - 1]
+        best = None
+        best_key: tuple[int, int] | None = None
+        for d in doms:
+            key = (topo.slots(d, req, ps.count), d.free.get("gpu", 0))
+            if best_key is None or key > best_key:
+                best, best_key = d, key
+        item["level"] = level
+        if best is not None and best_key is not None:
+            item["best_domain"] = "/".join(best.path)
+            item["best_room_pods"] = best_key[0]
+            item["best_free_gpus"] = max(0, best_key[1])
+            missing = max(0, ps.count - best_key[0])
+            item["missing_gpus"] = missing * gpu
+    else:
+        item["level"] = level
+        item["missing_gpus"] = max(0, ps.count - item["cluster_room_pods"]) * gpu
+    return item
 
 
 def numbers_text(state: ClusterState, job: JobState) -> str:
@@ -109,10 +131,15 @@ def numbers_text(state: ClusterState, job: JobState) -> str:
             )
         else:
             parts.append(
-                f"{c['cluster_free_gpus']:,} GPUs free in the cluster (room for {c['cluster_room_pods']} of "
+                f"{c['cluster_free_gpus']:,} GPUs free {_where(c)} (room for {c['cluster_room_pods']} of "
                 f"{c['pods']} pods)"
             )
     return "; ".join(parts)
+
+
+def _where(capacity: dict[str, Any]) -> str:
+    """Where a podset's capacity numbers were counted: in the cluster, or on a flavor's nodes."""
+    return f"on flavor {capacity['flavor']}'s nodes" if "flavor" in capacity else "in the cluster"
 
 
 def blockers(state: ClusterState, job: JobState) -> dict[str, Any]:
@@ -154,8 +181,9 @@ def blockers(state: ClusterState, job: JobState) -> dict[str, Any]:
             )
         else:
             changes.append(
-                f"capacity: the cluster has room for {c['cluster_room_pods']} of {c['pods']} pods of "
+                f"capacity: there is room {_where(c)} for {c['cluster_room_pods']} of {c['pods']} pods of "
                 f"{fmt(c['per_pod'])}: {c['missing_gpus']:,} more GPUs must be free on schedulable nodes"
+                + (f" of flavor {c['flavor']}" if "flavor" in c else "")
             )
     queue_state = state.queues.get(job.queue)
     if queue_state is not None and queue_state.queueing_strategy == STRICT_FIFO and pos is not None and pos > 1:
@@ -252,15 +280,15 @@ def _victims(state: ClusterState, job: JobState) -> dict[str, Any]:
         return {}
     if evicts_nothing(queue.preemption) and not state.fair_sharing:
         return {"policy": "Never"}
+    from muster.projections.assignment import victim_search
     from muster.projections.cycle import Cycle
     from muster.projections.index import index_of
-    from muster.projections.preemption import find_victims
 
     try:
         idx = index_of(state)
         cycle = Cycle(state, idx, state.now)
         try:
-            result = find_victims(cycle, job, state.preemptible(job))
+            result = victim_search(cycle, job, state.preemptible(job))
         finally:
             cycle.finish()
     except Exception as exc:  # explaining must not fail on a state the core finds odd

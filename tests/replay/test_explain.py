@@ -207,3 +207,45 @@ async def test_the_story_tells_holds_releases_and_a_refused_second_submission() 
     kinds = [ln.kind for ln in story.lines]
     assert kinds == ["submitted", "held", "released", "submitted", "refused"]
     assert "dataset not ready" in story.lines[1].text and "second submission" in story.lines[3].text
+
+
+FLAVORED = """\
+nodes:
+  - {name: h0, labels: {model: H100}, capacity: {gpu: 8}}
+  - {name: a0, labels: {model: A100}, capacity: {gpu: 8}}
+flavors:
+  - {name: h100, node_labels: {model: H100}}
+  - {name: a100, node_labels: {model: A100}}
+priority_classes:
+  - {name: urgent, value: 2000}
+  - {name: high, value: 500}
+  - {name: low, value: 50}
+queues:
+  - name: q
+    resource_groups: [{covered: [gpu], flavors: [{name: h100, nominal: {gpu: 16}}, {name: a100, nominal: {gpu: 16}}]}]
+    preemption: {within_queue: LowerPriority}
+timeline:
+  - {at: 0, submit: {job: low, queue: q, priority_class: low, podsets: [{count: 1, requests: {gpu: 8}}]}}
+  - {at: 1, submit: {job: top, queue: q, priority_class: urgent, podsets: [{count: 1, requests: {gpu: 8}}]}}
+  - {at: 10, submit: {job: big, queue: q, priority_class: high, podsets: [{count: 2, requests: {gpu: 8}}]}}
+"""
+
+
+async def test_a_flavored_job_is_told_what_its_candidates_on_its_flavors_hold() -> None:
+    """A gang too big for any flavor's nodes: explain gives its quota and room per flavor, and says the job it
+    may evict (on h100) holds 8 GPUs, not enough: the same search the core makes, on the job's flavors."""
+    story, _ = await explain(memory_log(sim(FLAVORED).events), "big", Point(time=20))
+    assert story.status == "pending" and story.pending is not None
+    p = story.pending
+    assert {r: (q["requested"], q["used"], q["short"]) for r, q in p["quota"].items()} == {
+        "gpu@a100": (16, 8, 8),
+        "gpu@h100": (16, 8, 8),
+    }
+    assert [(c["flavor"], c["cluster_free_gpus"], c["missing_gpus"]) for c in p["capacity"]] == [
+        ("h100", 0, 16),
+        ("a100", 0, 16),
+    ]
+    assert p["preemption"] == {"victims": [], "candidate_gpus": 8}
+    changes = p["what_would_have_to_change"]
+    assert "preemption cannot help: the jobs its policy may evict hold 8 GPUs, not enough to make room" in changes
+    assert any(c.startswith("capacity: there is room on flavor h100's nodes for 0 of 2 pods") for c in changes)
