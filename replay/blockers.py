@@ -185,6 +185,12 @@ def blockers(state: ClusterState, job: JobState) -> dict[str, Any]:
                 f"{fmt(c['per_pod'])}: {c['missing_gpus']:,} more GPUs must be free on schedulable nodes"
                 + (f" of flavor {c['flavor']}" if "flavor" in c else "")
             )
+    tried = list(dict.fromkeys(c["flavor"] for c in capacity if "flavor" in c))
+    if len(tried) > 1 and changes:
+        # the lines below are per flavor, and a flavored job needs only one of them to come true
+        changes.insert(
+            0, f"flavors: it may run on any one of {', '.join(tried)}: what one of them lacks below is enough"
+        )
     queue_state = state.queues.get(job.queue)
     if queue_state is not None and queue_state.queueing_strategy == STRICT_FIFO and pos is not None and pos > 1:
         changes.insert(

@@ -247,5 +247,6 @@ async def test_a_flavored_job_is_told_what_its_candidates_on_its_flavors_hold() 
     ]
     assert p["preemption"] == {"victims": [], "candidate_gpus": 8}
     changes = p["what_would_have_to_change"]
+    assert changes[0] == "flavors: it may run on any one of h100, a100: what one of them lacks below is enough"
     assert "preemption cannot help: the jobs its policy may evict hold 8 GPUs, not enough to make room" in changes
     assert any(c.startswith("capacity: there is room on flavor h100's nodes for 0 of 2 pods") for c in changes)
