@@ -225,10 +225,11 @@ def _on_node(state: ClusterState, ev: NodeAdded | NodeUpdated) -> ClusterState:
     per node the sum of the admitted jobs' requests: without it the node looked empty (another gang could be
     placed over them) and their end took their requests off it again (usage below zero).
     """
-    back = ev.node not in state.nodes
+    back = ev.node in state.departed and ev.node not in state.nodes
     configuration.on_node(state, ev)
     if back:
-        for job in state.jobs.values():
+        state.departed.discard(ev.node)
+        for job in state.jobs.values():  # rare (a node back before its jobs were evicted): no index for it
             if job.status == "admitted" and ev.node in job.placement.values():
                 for node_name, pods, req in node_pods(job.podsets, job.placement):
                     if node_name == ev.node:

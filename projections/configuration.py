@@ -78,8 +78,11 @@ def on_node(state: ClusterState, ev: NodeAdded | NodeUpdated) -> ClusterState:
 
 
 def _on_node_removed(state: ClusterState, ev: NodeRemoved) -> ClusterState:
-    if ev.node not in state.nodes:
+    node = state.nodes.get(ev.node)
+    if node is None:
         return skip(state)
+    if node.jobs:
+        state.departed.add(ev.node)
     del state.nodes[ev.node]
     state.dirty_nodes.add(ev.node)
     state.structure += 1

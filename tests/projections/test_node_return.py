@@ -8,9 +8,11 @@ took their GPUs off it a second time (usage -8).
 
 from __future__ import annotations
 
+import msgspec
 from logkit import Log, job
 
 from muster.events.types import JobAdmitted, JobFinished, JobPreempted, NodeAdded, NodeRemoved, QueueConfigured
+from muster.projections.state import ClusterState
 
 
 def _log() -> Log:
@@ -62,3 +64,13 @@ def test_a_node_that_returns_after_its_jobs_were_evicted_comes_back_empty() -> N
     log.add(NodeAdded(at=3, node="n0", capacity={"gpu": 8}))
     assert log.state.nodes["n0"].used == {}
     assert log.state.nodes["n1"].used == {"gpu": 8}
+
+
+def test_a_state_decoded_between_removal_and_return_counts_the_job_too() -> None:
+    """A replica that starts from a snapshot taken while n0 was gone folds its return as a full fold does."""
+    log = _log()
+    log.add(NodeRemoved(at=2, node="n0"))
+    log.state = msgspec.json.decode(msgspec.json.encode(log.state), type=ClusterState)
+    log.add(NodeAdded(at=2, node="n0", capacity={"gpu": 8}))
+    assert log.state.nodes["n0"].used == {"gpu": 8}
+    assert log.state.nodes["n0"].jobs == {"a": 1}
