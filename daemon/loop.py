@@ -231,6 +231,10 @@ class SchedulerLoop:
         finally:
             self.ready = False
             self.metrics.leader.set(0)
+            # cancelled between the lease won and the term's first cycle, no step-down ran: the
+            # collector is the whole process's, paused for this loop alone (in-process replicas,
+            # a demo, a test), so it must not stay paused after the loop is gone
+            self.leadership.quiet.resume()
             follower.close()
 
     # ------------------------------------------------------------ the main loop

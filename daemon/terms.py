@@ -150,7 +150,8 @@ class QuietStart:
     0.07 s without the collector). What the start
     allocates lives on (the term's view of the cluster), so pausing costs
     little memory. The collector runs again after the term's first cycle,
-    when the term ends, or `limit` seconds after the pause whatever happens.
+    when the term ends, when the loop returns or is cancelled (`SchedulerLoop.run`),
+    or `limit` seconds after the pause whatever happens.
     """
 
     def __init__(self, limit: float = 30.0) -> None:

@@ -37,6 +37,8 @@ from muster.events.types import (
     JobStarted,
     JobSubmitted,
     LeaderElected,
+    NodeAdded,
+    NodeUpdated,
     PodSet,
     ReservationMade,
     ReservationReleased,
@@ -119,6 +121,16 @@ def _placement_matches(podsets: list[PodSet], placement: Mapping[str, str]) -> b
             if f"{name}-{i}" not in placement:
                 return False
     return True
+
+
+def _occupy(state: ClusterState, job_id: str, node_name: str, pods: int, req: Mapping[str, int]) -> None:
+    """Count `pods` pods of the job, each requesting `req`, in the node's usage (the inverse of `_release`)."""
+    node = state.nodes[node_name]
+    used = node.used
+    for k, v in req.items():
+        used[k] = used.get(k, 0) + v * pods
+    node.jobs[job_id] = node.jobs.get(job_id, 0) + pods
+    state.dirty_nodes.add(node_name)
 
 
 def _release(state: ClusterState, job: JobState) -> None:
@@ -204,6 +216,27 @@ def _fenced(state: ClusterState, epoch: int) -> bool:
     return False
 
 
+def _on_node(state: ClusterState, ev: NodeAdded | NodeUpdated) -> ClusterState:
+    """A node's facts (`configuration`); a node that appears under the name of a removed one holds again
+    what the jobs still admitted there hold.
+
+    A node removed and added back (a Node object deleted and re-created) before any cycle evicted its jobs
+    (`NodeFailure`) leaves them admitted on it, their pods possibly still running. Counting them keeps usage
+    per node the sum of the admitted jobs' requests: without it the node looked empty (another gang could be
+    placed over them) and their end took their requests off it again (usage below zero).
+    """
+    back = ev.node in state.departed and ev.node not in state.nodes
+    configuration.on_node(state, ev)
+    if back:
+        state.departed.discard(ev.node)
+        for job in state.jobs.values():  # rare (a node back before its jobs were evicted): no index for it
+            if job.status == "admitted" and ev.node in job.placement.values():
+                for node_name, pods, req in node_pods(job.podsets, job.placement):
+                    if node_name == ev.node:
+                        _occupy(state, job.id, node_name, pods, req)
+    return state
+
+
 def _on_submitted(state: ClusterState, ev: JobSubmitted) -> ClusterState:
     if ev.job in state.jobs:
         # the job on the log stays as it is; the core answers the newcomer (`duplicates`)
@@ -242,12 +275,7 @@ def _on_admitted(state: ClusterState, ev: JobAdmitted) -> ClusterState:
     if any(g[0] not in nodes for g in groups):
         return skip(state)
     for node_name, pods, req in groups:
-        node = nodes[node_name]
-        used = node.used
-        for k, v in req.items():
-            used[k] = used.get(k, 0) + v * pods
-        node.jobs[job.id] = node.jobs.get(job.id, 0) + pods
-        state.dirty_nodes.add(node_name)
+        _occupy(state, job.id, node_name, pods, req)
     if ev.flavors:
         job.flavors = {ps: dict(chosen) for ps, chosen in ev.flavors.items()}
         job.requests = flavored_requests(job.podsets, job.flavors)
@@ -487,6 +515,8 @@ _HANDLERS: dict[type[Event], object] = {
     GpuUtilizationSampled: _on_utilization,
     LeaderElected: _on_leader,
     **configuration.HANDLERS,
+    NodeAdded: _on_node,
+    NodeUpdated: _on_node,
 }
 
 

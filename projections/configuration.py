@@ -57,7 +57,8 @@ def _freed_on(state: ClusterState, node: str, gpus: int) -> None:
     state.node_gpus_freed[node] = state.node_gpus_freed.get(node, 0) + gpus
 
 
-def _on_node(state: ClusterState, ev: NodeAdded | NodeUpdated) -> ClusterState:
+def on_node(state: ClusterState, ev: NodeAdded | NodeUpdated) -> ClusterState:
+    """A node's facts; `cluster` adds what admitted jobs hold on a node that comes back under a removed one's name."""
     old = state.nodes.get(ev.node)
     node = _node_from(ev, old)
     state.nodes[ev.node] = node
@@ -79,8 +80,11 @@ def _on_node(state: ClusterState, ev: NodeAdded | NodeUpdated) -> ClusterState:
 
 
 def _on_node_removed(state: ClusterState, ev: NodeRemoved) -> ClusterState:
-    if ev.node not in state.nodes:
+    node = state.nodes.get(ev.node)
+    if node is None:
         return skip(state)
+    if node.jobs:
+        state.departed.add(ev.node)
     del state.nodes[ev.node]
     state.dirty_nodes.add(ev.node)
     state.structure += 1
@@ -196,8 +200,8 @@ def _on_scheduler(state: ClusterState, ev: SchedulerConfigured) -> ClusterState:
 
 
 HANDLERS: dict[type[Event], object] = {
-    NodeAdded: _on_node,
-    NodeUpdated: _on_node,
+    NodeAdded: on_node,
+    NodeUpdated: on_node,
     NodeRemoved: _on_node_removed,
     NodeCordoned: _on_cordoned,
     QueueConfigured: _on_queue,

@@ -254,6 +254,12 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
         """The same per node (a flavor's job waits for GPUs freed on its flavor's nodes)."""
         self.borrow_starts: dict[str, int] = {}
         """Per queue, how many times an admission took it over its nominal quota."""
+        nodes = self.nodes
+        self.departed: set[str] = {
+            n for j in self.jobs.values() if j.status == "admitted" for n in j.placement.values() if n not in nodes
+        }
+        """Removed nodes that admitted jobs were placed on when they left: one that comes back holds
+        their pods again (`cluster._on_node`); derived from the jobs, so a decoded state has it too."""
 
     def priority_of(self, job: JobState) -> int:
         """The job's priority value; no class (or an unknown one) is the lowest class."""

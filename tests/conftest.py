@@ -6,7 +6,8 @@
   prefix, deleted after the test; `store_factory` does the same at any URL.
 - `own_nats` (function): a private nats-server a test may restart or kill.
 - `docker_nats_url` (session): NATS in a container, for `docker` tests.
-- every async test fails if it leaves asyncio tasks running (kopf-style).
+- every async test fails if it leaves asyncio tasks running (kopf-style), and
+  every test fails if it leaves the cyclic garbage collector disabled.
 - tests marked `docker` skip cleanly when no Docker engine answers.
 - Hypothesis: no per-example deadline and no too_slow health check anywhere
   (both are wall-clock verdicts a loaded 2-core CI box can trip); under CI
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import inspect
 import os
 import uuid
@@ -160,6 +162,16 @@ def postgres_url(postgres_server: Any) -> str:
 
 
 # ---------------------------------------------------------------- hygiene
+
+
+@pytest.fixture(autouse=True)
+def _collector_left_on(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test that leaves Python's cyclic garbage collector disabled (it would stay off for every later test)."""
+    was = gc.isenabled()
+    yield
+    if was and not gc.isenabled():
+        gc.enable()
+        pytest.fail(f"{request.node.nodeid} left the cyclic garbage collector disabled (gc.disable without gc.enable)")
 
 
 @pytest.fixture(autouse=True)

@@ -2,15 +2,20 @@
 
 A collection walking a replica's whole heap during a takeover delays the
 first decision; one that never runs again would let reference cycles pile
-up for the rest of the term. Both are checked on a real loop and store.
+up for the rest of the term, and, the collector being the process's, for
+everything else in it. Both are checked on a real loop and store.
 """
 
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
 
 import anyio
+import pytest
+from anyio.abc import TaskStatus
 
+from muster.daemon.cluster import Applied, Sink
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
 from muster.events.store import EventStore
 from muster.events.types import (
@@ -27,6 +32,16 @@ from muster.events.types import (
 )
 from muster.projections.scheduler import decide
 from muster.projections.state import ClusterState
+
+
+@pytest.fixture(autouse=True)
+def collector_on() -> Iterator[None]:
+    """Start each test with the cyclic collector on, as a daemon's process is, whatever ran before in this one."""
+    was = gc.isenabled()
+    gc.enable()
+    yield
+    if not was:
+        gc.disable()
 
 
 class Recording:
@@ -68,3 +83,38 @@ async def test_the_collector_pauses_for_the_first_cycle_of_a_term_and_runs_after
     assert policy.collecting[0] is False
     assert all(policy.collecting[1:])
     assert collecting_after and gc.isenabled()
+
+
+class NeverSynced:
+    """A cluster whose first sync never ends, so its term never reaches a first cycle."""
+
+    def __init__(self) -> None:
+        self.syncing = anyio.Event()
+
+    async def run(self, sink: Sink, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        self.syncing.set()
+        await anyio.sleep_forever()
+
+    async def ready(self, event: Event) -> None:
+        return None
+
+    async def apply(self, event: Event) -> Applied:
+        raise AssertionError(f"nothing is decided before the first sync: {event}")
+
+    def holds(self, job: str) -> bool:
+        return False
+
+
+async def test_a_loop_cancelled_before_its_terms_first_cycle_leaves_the_collector_on(store: EventStore) -> None:
+    """A replica cancelled (as a crash) while its new term waits for the cluster does not leave the collector off."""
+    await store.append([SchedulerConfigured(at=0, levels=[])])
+    cluster = NeverSynced()
+    loop = SchedulerLoop(store, elector=SoleElector("x"), cluster=lambda state: cluster)
+    async with anyio.create_task_group() as tg:
+        await tg.start(loop.run)
+        with anyio.fail_after(30):
+            await cluster.syncing.wait()
+        paused = not gc.isenabled()
+        tg.cancel_scope.cancel()
+    assert paused, "the term's start pauses the collector"
+    assert gc.isenabled()

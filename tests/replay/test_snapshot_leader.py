@@ -8,6 +8,7 @@ return as soon as the awaited due point is reported, never fixed sleeps.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import secrets
@@ -296,13 +297,20 @@ async def test_the_sidecar_waits_for_its_stream_then_writes_as_leader(nats_url: 
         out = b""
         with anyio.fail_after(WAIT):  # returns once the fourth snapshot is reported
             while out.count(b"wrote the snapshot") < 4:
-                out += await process.stdout.receive()
+                try:
+                    out += await process.stdout.receive()
+                except anyio.EndOfStream:  # it ended: say how, with what it printed
+                    err += b"".join([chunk async for chunk in process.stderr])
+                    raise AssertionError(
+                        f"the sidecar exited ({await process.wait()}): {(out + err).decode()}"
+                    ) from None
         assert [line.split()[-3] for line in out.decode().splitlines() if "wrote" in line] == ["5", "10", "15", "20"]
         backend = await NatsSnapshots.open(store.js, f"{stream}-snapshots", create=False)
         assert backend is not None
         assert [m.seq for m in await Snapshots(backend, NatsLog(store)).catalog()] == [5, 10, 15, 20]
     finally:
-        process.terminate()
+        with contextlib.suppress(ProcessLookupError):  # it may have ended by itself
+            process.terminate()
         with anyio.move_on_after(10, shield=True):
             await process.wait()
         await process.aclose()
