@@ -11,6 +11,10 @@ pod is bound. It prints, per run:
   start->all    pods / (all bound - daemon started): lists, log, decisions and bindings
   daemon CPU    the process's CPU from start to all bound, per pod, and how much of it the
                 cyclic garbage collector took (`daemon/heap.py` tunes it as `muster daemon` does)
+  server CPU    kube-apiserver's and etcd's CPU over the same time, per pod, and which of the two
+                sides the run was decided by (the one that spent more: they share the 2 cores)
+  requests      what the API server was asked over that time, per pod, by verb and resource
+                (its apiserver_request_total metric; the bench's one list at the end counts too)
 
 Binding times are taken at the daemon's `Cluster.apply` (a wrapper records when each
 admission's apply began and ended), so the bench adds no watch of its own to the
@@ -19,6 +23,7 @@ of 32) first to last; kube-scheduler on the same server 348-647. Target: >= 700.
 Exit status 1 when the best run of a size misses it.
 
 Usage: python bench/bench_k8s_real.py [--nodes 500] [--pods 2000] [--sizes 1,8,32] [--trials 2]
+       [--bind-connections N (0: bind through the library's session)]
 """
 
 from __future__ import annotations
@@ -31,12 +36,13 @@ import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import anyio
 from anyio.abc import TaskStatus
-from kubereal import START, bound, gather, make_gang, make_node, namespace, servers
+from kubereal import START, Server, bound, gather, make_gang, make_node, namespace, servers
 from kubernetes_asyncio.client import ApiClient, BatchV1Api, CoreV1Api
 
 from muster.daemon import heap
@@ -123,20 +129,29 @@ class Run:
     start_to_all: float
     cpu: float
     """CPU seconds of the daemon's process (the bench's share is idle waiting) from start to all bound."""
+    server_cpu: float
+    """CPU seconds of kube-apiserver and etcd over the same time."""
+    requests: Counter[str]
+    """What the API server answered over the same time, by `VERB resource`."""
     load: str
     collector: CollectorTime
 
     def line(self) -> str:
+        decided = "server" if self.server_cpu > self.cpu else "daemon"
+        asked = sum(self.requests.values())
+        top = ", ".join(f"{what} {n / self.pods:.2f}" for what, n in self.requests.most_common(6))
         return (
             f"gangs of {self.size:>3}: {self.pods} pods  first->last {self.pods / self.first_to_last:6.0f} pods/s"
             f" ({self.first_to_last:5.2f} s)  start->all {self.pods / self.start_to_all:6.0f} pods/s"
             f" ({self.start_to_all:5.2f} s)  daemon CPU {self.cpu / self.start_to_all:4.0%}"
             f" ({1000 * self.cpu / self.pods:.2f} ms/pod, collector {1000 * self.collector.seconds / self.pods:.2f}"
-            f" in {self.collector.passes} passes)  load {self.load}"
+            f" in {self.collector.passes} passes)  server CPU {1000 * self.server_cpu / self.pods:.2f} ms/pod"
+            f"  decided by {decided}  load {self.load}\n"
+            f"    requests {asked / self.pods:.2f}/pod: {top}"
         )
 
 
-async def one_run(api: ApiClient, url: str, args: argparse.Namespace, size: int, trial: int) -> Run:
+async def one_run(api: ApiClient, url: str, server: Server, args: argparse.Namespace, size: int, trial: int) -> Run:
     core = CoreV1Api(api)
     ns = f"bench-{size}-{trial}"
     await namespace(core, ns)
@@ -145,6 +160,8 @@ async def one_run(api: ApiClient, url: str, args: argparse.Namespace, size: int,
     total = gangs * size
     timings = Timings(total)
     options = {"lookups": args.lookups} if args.lookups else {}
+    if args.bind_connections is not None:
+        options["bind_connections"] = args.bind_connections
     make = KubeCluster.factory(api, report=args.report, **options)
 
     def factory(state: Callable[[], ClusterState]) -> Cluster:
@@ -158,7 +175,8 @@ async def one_run(api: ApiClient, url: str, args: argparse.Namespace, size: int,
         async with anyio.create_task_group() as tg:
             # CPU time, not wall time: on a shared machine a wall-clock profile mostly measures waiting
             profile = cProfile.Profile(time.process_time) if args.profile else None
-            started, cpu = time.perf_counter(), time.process_time()
+            asked = await server.requests(api)
+            started, cpu, server_cpu = time.perf_counter(), time.process_time(), server.cpu_seconds()
             if profile is not None:
                 profile.enable()
             with collector.running():
@@ -166,6 +184,8 @@ async def one_run(api: ApiClient, url: str, args: argparse.Namespace, size: int,
                 with anyio.fail_after(args.timeout):
                     await timings.done.wait()
             all_bound, cpu = time.perf_counter(), time.process_time() - cpu
+            server_cpu = server.cpu_seconds() - server_cpu
+            asked = await server.requests(api) - asked
             if profile is not None:
                 profile.disable()
                 profile.dump_stats(f"{args.profile}.{size}.{trial}")
@@ -187,6 +207,8 @@ async def one_run(api: ApiClient, url: str, args: argparse.Namespace, size: int,
         timings.last - timings.first,
         all_bound - started,
         cpu,
+        server_cpu,
+        asked,
         f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
         collector,
     )
@@ -218,7 +240,7 @@ async def client_overhead(api: ApiClient, node: str, requests: int = 1000) -> No
 async def main(args: argparse.Namespace) -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     runs: list[Run] = []
-    async with servers() as (api, url):
+    async with servers() as (api, url, server):
         t = time.perf_counter()
         core = CoreV1Api(api)
         names = [f"node-{i:04d}" for i in range(args.nodes)]
@@ -227,7 +249,7 @@ async def main(args: argparse.Namespace) -> int:
         await client_overhead(api, names[0])
         for trial in range(args.trials):
             for size in sizes:
-                run = await one_run(api, url, args, size, trial)
+                run = await one_run(api, url, server, args, size, trial)
                 runs.append(run)
                 print(run.line(), flush=True)
     missed = False
@@ -257,6 +279,9 @@ if __name__ == "__main__":
     parser.add_argument("--log", help="write the daemon's JSON log here (default: a temporary file)")
     parser.add_argument("--no-report", dest="report", action="store_false", help="write no Kubernetes Events")
     parser.add_argument("--lookups", type=int, help="owner lookups in flight at most (default: the adapter's)")
+    parser.add_argument(
+        "--bind-connections", type=int, help="pipelined connections for bindings (default: the adapter's; 0: none)"
+    )
     args = parser.parse_args()
     if not START.is_file():
         print(f"skipped: no real API server ({START} is absent; it is ../shared/k8s/start beside the repository)")

@@ -17,7 +17,9 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +52,51 @@ def start_server(folder: Path) -> subprocess.Popen[bytes]:
     return proc
 
 
+@dataclass(frozen=True)
+class Server:
+    """The running kube-apiserver and etcd (one process group): what they cost, what they were asked."""
+
+    proc: subprocess.Popen[bytes]
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds used so far by every process of the server's group (the script, etcd, kube-apiserver)."""
+        ticks = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                continue  # ended meanwhile
+            # after the command: state ppid pgrp session ... utime (12th) stime (13th)
+            if int(fields[2]) == self.proc.pid:
+                total += int(fields[11]) + int(fields[12])
+        return total / ticks
+
+    async def requests(self, api: ApiClient) -> Counter[str]:
+        """Requests the API server has answered so far, by `VERB resource[/subresource]` (its
+        `apiserver_request_total` metric; the bench's own requests count too)."""
+        headers: dict[str, str] = {}
+        await api.update_params_for_auth(headers, [], ["BearerToken"])
+        async with api.rest_client.pool_manager.get(f"{api.configuration.host}/metrics", headers=headers) as resp:
+            text = await resp.text()
+        counts: Counter[str] = Counter()
+        for line in text.splitlines():
+            if not line.startswith("apiserver_request_total{"):
+                continue
+            labels_text, _, value = line[len("apiserver_request_total{") :].rpartition("} ")
+            labels = dict(part.split("=", 1) for part in labels_text.split('",') if "=" in part)
+            labels = {k: v.strip('"') for k, v in labels.items()}
+            what = labels.get("resource", "") + ("/" + labels["subresource"] if labels.get("subresource") else "")
+            counts[f"{labels.get('verb', '')} {what}"] += int(float(value))
+        return counts
+
+
 @contextlib.asynccontextmanager
-async def servers(pool: int | None = None) -> AsyncIterator[tuple[ApiClient, str]]:
-    """A fresh API server and nats-server for one bench: an admin ApiClient (`pool` connections) and the NATS URL."""
+async def servers(pool: int | None = None) -> AsyncIterator[tuple[ApiClient, str, Server]]:
+    """A fresh API server and nats-server for one bench: an admin ApiClient (`pool` connections), the NATS
+    URL, and the API server's processes."""
     with tempfile.TemporaryDirectory() as tmp:
         server = start_server(Path(tmp) / "kube")
         nats = EmbeddedNats(Path(tmp) / "nats", stop_timeout=5)
@@ -65,7 +109,7 @@ async def servers(pool: int | None = None) -> AsyncIterator[tuple[ApiClient, str
             if pool is not None:
                 config.connection_pool_maxsize = pool
             async with ApiClient(config) as api:
-                yield api, nats.url
+                yield api, nats.url, Server(server)
         finally:
             nats.stop()
             server.send_signal(signal.SIGTERM)
