@@ -11,8 +11,9 @@ Only requests the server may see twice are sent this way: a binding sent twice i
 409 "already assigned to node N", which the applier reads as done when N is its node.
 
 Invariants:
-- On a connection, answers are read in the order the requests were written: a request takes
-  its turn (`_Connection.turns`) under the write lock, right after its bytes went out.
+- On a connection, answers are read in the order the requests were written: a request queues
+  its bytes (`_Connection.unsent`) and takes its turn (`_Connection.turns`) in one step; one
+  writer at a time sends everything queued in one piece.
 - A connection that may be out of step (an error or a cancellation while writing or reading,
   a request that left while waiting for its answer, `Connection: close`) is closed, and every
   request waiting on it fails with a `TemporaryError`: the caller retries, on another connection.
@@ -91,26 +92,25 @@ class _Connection:
     def __init__(self, stream: ByteStream) -> None:
         self.stream = stream
         self.reader = BufferedByteReceiveStream(stream)
-        self.write_lock = anyio.Lock()
+        self.unsent: list[bytes] = []
+        """Requests waiting for the writer, in order; it sends them all at once (one TLS record, one syscall)."""
+        self.writing = False
         self.turns: deque[anyio.Event] = deque()
-        """One per request written and not yet answered, in writing order; the first one reads."""
+        """One per request queued and not yet answered, in the order of `unsent`; the first one reads."""
         self.broken = ""
         """Why the connection is closed ("" while it serves)."""
         self.in_flight = 0
 
     async def request(self, data: bytes) -> Answer:
+        if self.broken:
+            raise _Broken(self.broken)
         turn = anyio.Event()
-        async with self.write_lock:
-            if self.broken:
-                raise _Broken(self.broken)
-            try:
-                await self.stream.send(data)
-            except BaseException as exc:
-                await self._break(f"writing failed: {exc!r}")
-                raise
-            self.turns.append(turn)
+        self.unsent.append(data)
+        self.turns.append(turn)  # with no await since the line above: turns and bytes in one order
+        if not self.writing:
+            await self._write()
         try:
-            if self.turns[0] is not turn:
+            if not self.broken and self.turns[0] is not turn:
                 await turn.wait()  # set by the answer before ours, or by _break
             if self.broken:
                 raise _Broken(self.broken)
@@ -125,6 +125,20 @@ class _Connection:
             await self._break("the server closed the connection")
         return answer
 
+    async def _write(self) -> None:
+        """Send what is queued, and what is queued meanwhile, until nothing is left (one writer at a time)."""
+        self.writing = True
+        try:
+            while self.unsent and not self.broken:
+                data = b"".join(self.unsent)
+                self.unsent.clear()
+                await self.stream.send(data)
+        except BaseException as exc:
+            await self._break(f"writing failed: {exc!r}")
+            raise
+        finally:
+            self.writing = False
+
     async def _break(self, why: str) -> None:
         if self.broken:
             return
@@ -132,6 +146,7 @@ class _Connection:
         for turn in self.turns:
             turn.set()  # each wakes, sees `broken` and fails
         self.turns.clear()
+        self.unsent.clear()
         with anyio.CancelScope(shield=True):
             await anyio.aclose_forcefully(self.stream)
 
