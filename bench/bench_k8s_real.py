@@ -5,7 +5,9 @@ embedded nats-server, creates N Ready 8-GPU nodes, then for each gang size: P
 one-GPU pods in gangs of that size (alternately Jobs with the pods their
 controller would create, and labelled pod groups), all created before the
 daemon starts; then it starts the daemon (a fresh log) and waits until every
-pod is bound. It prints, per run:
+pod is bound. First, once, "server alone": the bench binds P pods itself (no
+daemon, no watch), the most any scheduler gets from this server on this machine.
+It prints, per run:
 
   first->last   pods / (last binding answered - first binding sent): the binding rate
   start->all    pods / (all bound - daemon started): lists, log, decisions and bindings
@@ -47,7 +49,7 @@ from kubernetes_asyncio.client import ApiClient, BatchV1Api, CoreV1Api
 
 from muster.daemon import heap
 from muster.daemon.cluster import Applied, Cluster, KubeCluster, Sink
-from muster.daemon.k8s.client import skip_environment_lookups
+from muster.daemon.k8s.client import KubeClient, skip_environment_lookups
 from muster.daemon.logs import configure_logging
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
 from muster.events.store import EventStore
@@ -237,6 +239,38 @@ async def client_overhead(api: ApiClient, node: str, requests: int = 1000) -> No
     skip_environment_lookups(api)
 
 
+async def server_alone(api: ApiClient, server: Server, nodes: list[str], pods: int, connections: int) -> None:
+    """Print what binding `pods` pods costs the API server with no scheduler in the way: the bench binds
+    them itself (a KubeClient, 64 in flight, as the applier sends them), no watch, no decisions. Its rate
+    bounds what any scheduler reaches on this server and machine (no kube-scheduler binary here to run)."""
+    core = CoreV1Api(api)
+    ns = "bench-server-alone"
+    await namespace(core, ns)
+    names = [f"p{i:05d}" for i in range(pods)]
+    await gather(16, [lambda n=n: make_gang(api, ns, n, 1, True) for n in names])
+    client = KubeClient(api, bind_connections=connections)
+    limit = anyio.Semaphore(64)
+
+    async def bind(i: int) -> None:
+        async with limit:
+            await client.bind(ns, f"{names[i]}-0", nodes[i % len(nodes)])
+
+    wall, cpu, server_cpu = time.perf_counter(), time.process_time(), server.cpu_seconds()
+    async with anyio.create_task_group() as tg:
+        for i in range(pods):
+            tg.start_soon(bind, i)
+    wall, cpu, server_cpu = time.perf_counter() - wall, time.process_time() - cpu, server.cpu_seconds() - server_cpu
+    await client.aclose()
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(
+        f"server alone: {pods} bindings {pods / wall:6.0f} pods/s ({wall:5.2f} s)  server CPU"
+        f" {1000 * server_cpu / pods:.2f} ms/pod  client CPU {1000 * cpu / pods:.2f} ms/pod"
+        f" ({connections or 'no'} pipelined connections)  load {load}",
+        flush=True,
+    )
+    await core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+
+
 async def main(args: argparse.Namespace) -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     runs: list[Run] = []
@@ -247,6 +281,10 @@ async def main(args: argparse.Namespace) -> int:
         await gather(32, [lambda n=n: make_node(core, n, 8) for n in names])
         print(f"{args.nodes} Ready 8-GPU nodes in {time.perf_counter() - t:.1f} s", flush=True)
         await client_overhead(api, names[0])
+        if args.server_alone:
+            await server_alone(
+                api, server, names, args.pods, 32 if args.bind_connections is None else args.bind_connections
+            )
         for trial in range(args.trials):
             for size in sizes:
                 run = await one_run(api, url, server, args, size, trial)
@@ -279,6 +317,9 @@ if __name__ == "__main__":
     parser.add_argument("--log", help="write the daemon's JSON log here (default: a temporary file)")
     parser.add_argument("--no-report", dest="report", action="store_false", help="write no Kubernetes Events")
     parser.add_argument("--lookups", type=int, help="owner lookups in flight at most (default: the adapter's)")
+    parser.add_argument(
+        "--no-server-alone", dest="server_alone", action="store_false", help="skip binding without the daemon first"
+    )
     parser.add_argument(
         "--bind-connections", type=int, help="pipelined connections for bindings (default: the adapter's; 0: none)"
     )
