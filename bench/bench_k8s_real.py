@@ -17,6 +17,8 @@ It prints, per run:
                 sides the run was decided by (the one that spent more: they share the 2 cores)
   requests      what the API server was asked over that time, per pod, by verb and resource
                 (its apiserver_request_total metric; the bench's one list at the end counts too)
+  afterwards    what the daemon asked after the last binding until its reports were all
+                written (Events, status annotations: they give way to bindings), per pod
 
 Binding times are taken at the daemon's `Cluster.apply` (a wrapper records when each
 admission's apply began and ended), so the bench adds no watch of its own to the
@@ -123,6 +125,11 @@ class CollectorTime:
             gc.callbacks.remove(self)
 
 
+def _top(requests: Counter[str], pods: int) -> str:
+    """The six most frequent requests, each per pod."""
+    return ", ".join(f"{what} {n / pods:.2f}" for what, n in requests.most_common(6))
+
+
 @dataclass(frozen=True)
 class Run:
     size: int
@@ -135,13 +142,15 @@ class Run:
     """CPU seconds of kube-apiserver and etcd over the same time."""
     requests: Counter[str]
     """What the API server answered over the same time, by `VERB resource`."""
+    afterwards: Counter[str]
+    """What it answered after that until the daemon's reports were written."""
     load: str
     collector: CollectorTime
 
     def line(self) -> str:
         decided = "server" if self.server_cpu > self.cpu else "daemon"
         asked = sum(self.requests.values())
-        top = ", ".join(f"{what} {n / self.pods:.2f}" for what, n in self.requests.most_common(6))
+        top = _top(self.requests, self.pods)
         return (
             f"gangs of {self.size:>3}: {self.pods} pods  first->last {self.pods / self.first_to_last:6.0f} pods/s"
             f" ({self.first_to_last:5.2f} s)  start->all {self.pods / self.start_to_all:6.0f} pods/s"
@@ -149,7 +158,8 @@ class Run:
             f" ({1000 * self.cpu / self.pods:.2f} ms/pod, collector {1000 * self.collector.seconds / self.pods:.2f}"
             f" in {self.collector.passes} passes)  server CPU {1000 * self.server_cpu / self.pods:.2f} ms/pod"
             f"  decided by {decided}  load {self.load}\n"
-            f"    requests {asked / self.pods:.2f}/pod: {top}"
+            f"    requests {asked / self.pods:.2f}/pod: {top}\n"
+            f"    afterwards {sum(self.afterwards.values()) / self.pods:.2f}/pod: {_top(self.afterwards, self.pods)}"
         )
 
 
@@ -166,8 +176,11 @@ async def one_run(api: ApiClient, url: str, server: Server, args: argparse.Names
         options["bind_connections"] = args.bind_connections
     make = KubeCluster.factory(api, report=args.report, **options)
 
+    clusters: list[TimedCluster] = []
+
     def factory(state: Callable[[], ClusterState]) -> Cluster:
-        return TimedCluster(make(state), timings)
+        clusters.append(TimedCluster(make(state), timings))
+        return clusters[-1]
 
     store = await EventStore.connect(url, stream=f"BENCH{size}X{trial}", prefix=f"b{size}x{trial}")
     try:
@@ -187,7 +200,14 @@ async def one_run(api: ApiClient, url: str, server: Server, args: argparse.Names
                     await timings.done.wait()
             all_bound, cpu = time.perf_counter(), time.process_time() - cpu
             server_cpu = server.cpu_seconds() - server_cpu
-            asked = await server.requests(api) - asked
+            at_all = await server.requests(api)
+            asked = at_all - asked
+            reporter = getattr(getattr(clusters[-1].inner, "adapter", None), "reporter", None)
+            for _ in range(1200):  # the reports written, or 120 s
+                if reporter is None or not reporter.unwritten:
+                    break
+                await anyio.sleep(0.1)
+            afterwards = await server.requests(api) - at_all
             if profile is not None:
                 profile.disable()
                 profile.dump_stats(f"{args.profile}.{size}.{trial}")
@@ -211,6 +231,7 @@ async def one_run(api: ApiClient, url: str, server: Server, args: argparse.Names
         cpu,
         server_cpu,
         asked,
+        afterwards,
         f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
         collector,
     )
