@@ -202,15 +202,15 @@ async def one_run(api: ApiClient, url: str, server: Server, args: argparse.Names
             server_cpu = server.cpu_seconds() - server_cpu
             at_all = await server.requests(api)
             asked = at_all - asked
+            if profile is not None:
+                profile.disable()
+                profile.dump_stats(f"{args.profile}.{size}.{trial}")
             reporter = getattr(getattr(clusters[-1].inner, "adapter", None), "reporter", None)
             for _ in range(1200):  # the reports written, or 120 s
                 if reporter is None or not reporter.unwritten:
                     break
                 await anyio.sleep(0.1)
             afterwards = await server.requests(api) - at_all
-            if profile is not None:
-                profile.disable()
-                profile.dump_stats(f"{args.profile}.{size}.{trial}")
             loop.stop()
             tg.cancel_scope.cancel()
     finally:
