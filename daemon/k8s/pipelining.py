@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import ssl
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -100,6 +100,8 @@ class _Connection:
         self.broken = ""
         """Why the connection is closed ("" while it serves)."""
         self.in_flight = 0
+        self.used = 0.0
+        """When a request last ended on it (the pool's clock)."""
 
     async def request(self, data: bytes) -> Answer:
         if self.broken:
@@ -181,7 +183,11 @@ class PipelinedPool:
         ssl_context: ssl.SSLContext | None,
         server_hostname: str | None = None,
         request_seconds: float = 30.0,
+        idle_seconds: float = 60.0,
+        clock: Callable[[], float] = anyio.current_time,
     ) -> None:
+        """`idle_seconds`: a connection idle longer is closed rather than used (kube-apiserver closes
+        them after 90 s: a request sent as it does would fail)."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"cannot pipeline to {url!r}")
@@ -194,6 +200,8 @@ class PipelinedPool:
         self.server_hostname = server_hostname or self.host
         self.connections = max(1, connections)
         self.request_seconds = request_seconds
+        self.idle_seconds = idle_seconds
+        self._clock = clock
         self._open: list[_Connection] = []
         self._opening = 0
         self._opened_one = anyio.Event()
@@ -219,6 +227,7 @@ class PipelinedPool:
                     return await conn.request(data)
                 finally:
                     conn.in_flight -= 1
+                    conn.used = self._clock()
         except KubeError:
             raise
         except TimeoutError as exc:
@@ -229,6 +238,10 @@ class PipelinedPool:
             raise TemporaryError(f"unreadable answer: {exc!r}") from exc
 
     async def _pick(self) -> _Connection:
+        now = self._clock()
+        for conn in self._open:
+            if not conn.in_flight and now - conn.used > self.idle_seconds:
+                await conn.close()  # before the server closes it under a request (it does after 90 s idle)
         self._open = [c for c in self._open if not c.broken]
         best = min(self._open, key=lambda c: c.in_flight, default=None)
         if (best is None or best.in_flight > 0) and len(self._open) + self._opening < self.connections:
@@ -240,6 +253,7 @@ class PipelinedPool:
                 self._opened_one.set()
                 self._opened_one = anyio.Event()
             conn = _Connection(stream)
+            conn.used = self._clock()
             self._open.append(conn)
             self.opened += 1
             return conn

@@ -38,7 +38,9 @@ def answer(body: bytes, *, status: int = 201, chunked: bool = False) -> bytes:
 
 
 @contextlib.asynccontextmanager
-async def serving(handler: Handler, *, request_seconds: float = 5) -> AsyncIterator[PipelinedPool]:
+async def serving(
+    handler: Handler, *, request_seconds: float = 5, clock: Callable[[], float] = anyio.current_time
+) -> AsyncIterator[PipelinedPool]:
     """A pool of one connection to a loopback HTTP server calling `handler` for each connection."""
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
     async with listener, anyio.create_task_group() as tg:
@@ -51,7 +53,7 @@ async def serving(handler: Handler, *, request_seconds: float = 5) -> AsyncItera
         tg.start_soon(listener.serve, one)
         port = listener.extra(SocketAttribute.local_port)
         pool = PipelinedPool(
-            f"http://127.0.0.1:{port}", connections=1, ssl_context=None, request_seconds=request_seconds
+            f"http://127.0.0.1:{port}", connections=1, ssl_context=None, request_seconds=request_seconds, clock=clock
         )
         try:
             with anyio.fail_after(5):
@@ -152,3 +154,23 @@ async def test_a_request_that_times_out_is_a_temporary_error() -> None:
     async with serving(silent, request_seconds=0.2) as pool:
         with pytest.raises(TemporaryError, match="timed out"):
             await pool.post("/a", b"{}", {})
+
+
+async def test_a_connection_idle_too_long_is_replaced_before_the_server_drops_it() -> None:
+    """After idle_seconds without a request, the next one goes over a new connection, not the idle one
+    (kube-apiserver closes a connection idle for 90 s, which would fail a binding sent on it)."""
+    now = 0.0
+
+    async def answers_each(reader: BufferedByteReceiveStream, stream: SocketStream) -> None:
+        while True:
+            await read_request(reader)
+            await stream.send(answer(b"ok"))
+
+    async with serving(answers_each, clock=lambda: now) as pool:
+        await pool.post("/a", b"{}", {})
+        now += 30
+        await pool.post("/b", b"{}", {})
+        reused = pool.opened
+        now += 61
+        await pool.post("/c", b"{}", {})
+    assert (reused, pool.opened) == (1, 2)
