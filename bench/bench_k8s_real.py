@@ -207,7 +207,7 @@ async def one_run(api: ApiClient, url: str, server: Server, args: argparse.Names
                 profile.dump_stats(f"{args.profile}.{size}.{trial}")
             reporter = getattr(getattr(clusters[-1].inner, "adapter", None), "reporter", None)
             for _ in range(1200):  # the reports written, or 120 s
-                if reporter is None or not reporter.unwritten:
+                if not getattr(reporter, "unwritten", 0):  # none, or a daemon that does not count them
                     break
                 await anyio.sleep(0.1)
             afterwards = await server.requests(api) - at_all
