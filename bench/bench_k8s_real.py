@@ -13,8 +13,10 @@ It prints, per run:
   start->all    pods / (all bound - daemon started): lists, log, decisions and bindings
   daemon CPU    the process's CPU from start to all bound, per pod, and how much of it the
                 cyclic garbage collector took (`daemon/heap.py` tunes it as `muster daemon` does)
-  server CPU    kube-apiserver's and etcd's CPU over the same time, per pod, and which of the two
-                sides the run was decided by (the one that spent more: they share the 2 cores)
+  server CPU    kube-apiserver's and etcd's CPU over the same time, per pod
+  daemon busy   the share of that time the daemon's process ran or waited for a CPU while runnable
+                (/proc schedstat); above half of it the run was decided by the daemon (its CPU per
+                pod, or its share of a loaded machine), else by the API server it waited for
   requests      what the API server was asked over that time, per pod, by verb and resource
                 (its apiserver_request_total metric; the bench's one list at the end counts too)
   afterwards    what the daemon asked after the last binding until its reports were all
@@ -46,7 +48,7 @@ from dataclasses import dataclass, field
 
 import anyio
 from anyio.abc import TaskStatus
-from kubereal import START, Server, bound, gather, make_gang, make_node, namespace, servers
+from kubereal import START, Server, bound, gather, make_gang, make_node, namespace, runqueue_seconds, servers
 from kubernetes_asyncio.client import ApiClient, BatchV1Api, CoreV1Api
 
 from muster.daemon import heap
@@ -140,6 +142,8 @@ class Run:
     """CPU seconds of the daemon's process (the bench's share is idle waiting) from start to all bound."""
     server_cpu: float
     """CPU seconds of kube-apiserver and etcd over the same time."""
+    waited: float
+    """Seconds the daemon's process waited for a CPU while runnable over the same time."""
     requests: Counter[str]
     """What the API server answered over the same time, by `VERB resource`."""
     afterwards: Counter[str]
@@ -148,7 +152,8 @@ class Run:
     collector: CollectorTime
 
     def line(self) -> str:
-        decided = "server" if self.server_cpu > self.cpu else "daemon"
+        busy = (self.cpu + self.waited) / self.start_to_all
+        decided = "daemon" if busy > 0.5 else "server"
         asked = sum(self.requests.values())
         top = _top(self.requests, self.pods)
         return (
@@ -157,6 +162,7 @@ class Run:
             f" ({self.start_to_all:5.2f} s)  daemon CPU {self.cpu / self.start_to_all:4.0%}"
             f" ({1000 * self.cpu / self.pods:.2f} ms/pod, collector {1000 * self.collector.seconds / self.pods:.2f}"
             f" in {self.collector.passes} passes)  server CPU {1000 * self.server_cpu / self.pods:.2f} ms/pod"
+            f"  daemon busy {busy:.0%} (waiting for a CPU {self.waited / self.start_to_all:.0%})"
             f"  decided by {decided}  load {self.load}\n"
             f"    requests {asked / self.pods:.2f}/pod: {top}\n"
             f"    afterwards {sum(self.afterwards.values()) / self.pods:.2f}/pod: {_top(self.afterwards, self.pods)}"
@@ -192,6 +198,7 @@ async def one_run(api: ApiClient, url: str, server: Server, args: argparse.Names
             profile = cProfile.Profile(time.process_time) if args.profile else None
             asked = await server.requests(api)
             started, cpu, server_cpu = time.perf_counter(), time.process_time(), server.cpu_seconds()
+            waited = runqueue_seconds(os.getpid())
             if profile is not None:
                 profile.enable()
             with collector.running():
@@ -200,6 +207,7 @@ async def one_run(api: ApiClient, url: str, server: Server, args: argparse.Names
                     await timings.done.wait()
             all_bound, cpu = time.perf_counter(), time.process_time() - cpu
             server_cpu = server.cpu_seconds() - server_cpu
+            waited = runqueue_seconds(os.getpid()) - waited
             at_all = await server.requests(api)
             asked = at_all - asked
             if profile is not None:
@@ -230,6 +238,7 @@ async def one_run(api: ApiClient, url: str, server: Server, args: argparse.Names
         all_bound - started,
         cpu,
         server_cpu,
+        waited,
         asked,
         afterwards,
         f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",

@@ -52,16 +52,27 @@ def start_server(folder: Path) -> subprocess.Popen[bytes]:
     return proc
 
 
+def runqueue_seconds(pid: int) -> float:
+    """Seconds the threads of process `pid` have waited for a CPU while runnable (/proc/PID/task/*/schedstat):
+    time lost to the other processes of a loaded machine, not to waiting for an answer."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            total += int(task.read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total / 1e9
+
+
 @dataclass(frozen=True)
 class Server:
     """The running kube-apiserver and etcd (one process group): what they cost, what they were asked."""
 
     proc: subprocess.Popen[bytes]
 
-    def cpu_seconds(self) -> float:
-        """CPU seconds used so far by every process of the server's group (the script, etcd, kube-apiserver)."""
-        ticks = os.sysconf("SC_CLK_TCK")
-        total = 0
+    def _stats(self) -> list[list[str]]:
+        """The /proc stat fields after the command of every process of the server's group."""
+        out = []
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
@@ -69,10 +80,18 @@ class Server:
                 fields = (entry / "stat").read_text().rpartition(")")[2].split()
             except OSError:
                 continue  # ended meanwhile
-            # after the command: state ppid pgrp session ... utime (12th) stime (13th)
-            if int(fields[2]) == self.proc.pid:
-                total += int(fields[11]) + int(fields[12])
-        return total / ticks
+            if int(fields[2]) == self.proc.pid:  # state ppid pgrp ...
+                out.append([entry.name, *fields])
+        return out
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds used so far by every process of the server's group (the script, etcd, kube-apiserver)."""
+        # after the pid and the command: state ppid pgrp session ... utime (12th) stime (13th)
+        return sum(int(f[12]) + int(f[13]) for f in self._stats()) / os.sysconf("SC_CLK_TCK")
+
+    def runqueue_seconds(self) -> float:
+        """Seconds the server's threads have waited for a CPU while runnable (see `runqueue_seconds`)."""
+        return sum(runqueue_seconds(int(f[0])) for f in self._stats())
 
     async def requests(self, api: ApiClient) -> Counter[str]:
         """Requests the API server has answered so far, by `VERB resource[/subresource]` (its
