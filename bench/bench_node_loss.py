@@ -29,7 +29,7 @@ NS = "bench"
 
 
 async def main(args: argparse.Namespace) -> None:
-    async with servers(pool=64) as (api, url):
+    async with servers(pool=64) as (api, url, _):
         await run(api, url, args)
 
 

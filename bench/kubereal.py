@@ -17,7 +17,9 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +52,70 @@ def start_server(folder: Path) -> subprocess.Popen[bytes]:
     return proc
 
 
+def runqueue_seconds(pid: int) -> float:
+    """Seconds the threads of process `pid` have waited for a CPU while runnable (/proc/PID/task/*/schedstat):
+    time lost to the other processes of a loaded machine, not to waiting for an answer."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            total += int(task.read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total / 1e9
+
+
+@dataclass(frozen=True)
+class Server:
+    """The running kube-apiserver and etcd (one process group): what they cost, what they were asked."""
+
+    proc: subprocess.Popen[bytes]
+
+    def _stats(self) -> list[list[str]]:
+        """The /proc stat fields after the command of every process of the server's group."""
+        out = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                continue  # ended meanwhile
+            if int(fields[2]) == self.proc.pid:  # state ppid pgrp ...
+                out.append([entry.name, *fields])
+        return out
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds used so far by every process of the server's group (the script, etcd, kube-apiserver)."""
+        # after the pid and the command: state ppid pgrp session ... utime (12th) stime (13th)
+        return sum(int(f[12]) + int(f[13]) for f in self._stats()) / os.sysconf("SC_CLK_TCK")
+
+    def runqueue_seconds(self) -> float:
+        """Seconds the server's threads have waited for a CPU while runnable (see `runqueue_seconds`)."""
+        return sum(runqueue_seconds(int(f[0])) for f in self._stats())
+
+    async def requests(self, api: ApiClient) -> Counter[str]:
+        """Requests the API server has answered so far, by `VERB resource[/subresource]` (its
+        `apiserver_request_total` metric; the bench's own requests count too)."""
+        headers: dict[str, str] = {}
+        await api.update_params_for_auth(headers, [], ["BearerToken"])
+        async with api.rest_client.pool_manager.get(f"{api.configuration.host}/metrics", headers=headers) as resp:
+            text = await resp.text()
+        counts: Counter[str] = Counter()
+        for line in text.splitlines():
+            if not line.startswith("apiserver_request_total{"):
+                continue
+            labels_text, _, value = line[len("apiserver_request_total{") :].rpartition("} ")
+            labels = dict(part.split("=", 1) for part in labels_text.split('",') if "=" in part)
+            labels = {k: v.strip('"') for k, v in labels.items()}
+            what = labels.get("resource", "") + ("/" + labels["subresource"] if labels.get("subresource") else "")
+            counts[f"{labels.get('verb', '')} {what}"] += int(float(value))
+        return counts
+
+
 @contextlib.asynccontextmanager
-async def servers(pool: int | None = None) -> AsyncIterator[tuple[ApiClient, str]]:
-    """A fresh API server and nats-server for one bench: an admin ApiClient (`pool` connections) and the NATS URL."""
+async def servers(pool: int | None = None) -> AsyncIterator[tuple[ApiClient, str, Server]]:
+    """A fresh API server and nats-server for one bench: an admin ApiClient (`pool` connections), the NATS
+    URL, and the API server's processes."""
     with tempfile.TemporaryDirectory() as tmp:
         server = start_server(Path(tmp) / "kube")
         nats = EmbeddedNats(Path(tmp) / "nats", stop_timeout=5)
@@ -65,7 +128,7 @@ async def servers(pool: int | None = None) -> AsyncIterator[tuple[ApiClient, str
             if pool is not None:
                 config.connection_pool_maxsize = pool
             async with ApiClient(config) as api:
-                yield api, nats.url
+                yield api, nats.url, Server(server)
         finally:
             nats.stop()
             server.send_signal(signal.SIGTERM)

@@ -45,7 +45,15 @@ KEYS: dict[str, frozenset[str]] = {
     "nats.tls": frozenset({"ca_file", "cert_file", "key_file", "server_name"}),
     "leader_election": frozenset({"backend", "ttl_seconds", "kv_bucket", "lease_name", "lease_namespace"}),
     "kubernetes": frozenset(
-        {"scheduler_name", "namespaces", "kubeconfig", "pod_conditions", "events", "workload_status"}
+        {
+            "scheduler_name",
+            "namespaces",
+            "kubeconfig",
+            "pod_conditions",
+            "events",
+            "workload_status",
+            "bind_connections",
+        }
     ),
     "utilization": frozenset({"url", "source", "interval_seconds"}),
     "http": frozenset({"health_port", "metrics_port"}),
@@ -206,6 +214,11 @@ class DaemonConfig:
     def events(self) -> bool:
         """Write Kubernetes Events about decisions on gangs' pods and workloads (kubernetes.events)."""
         return bool(self.get("kubernetes", "events", True))
+
+    @property
+    def bind_connections(self) -> int:
+        """Keep-alive connections that carry bindings, pipelined (kubernetes.bind_connections; 0: the client's own)."""
+        return int(self._number("kubernetes", "bind_connections", 32, minimum=0))
 
     @property
     def workload_status(self) -> bool:
@@ -370,6 +383,7 @@ class DaemonConfig:
                 raise ConfigError(f"ui: {problem}")
         # the typed views raise ConfigError on values they cannot read
         _ = (self.leader_ttl, self.utilization_interval, self.health_port, self.metrics_port, self.namespaces)
+        _ = self.bind_connections
         _ = (self.archive_segment_events, self.archive_interval, self.archive_state_every)
         _ = (self.retention_window, self.retention_ceiling)
         if (self.retention_max_age or self.retention_max_bytes) and not self.archive_location:
@@ -395,6 +409,7 @@ class DaemonConfig:
                 "pod_conditions": self.pod_conditions,
                 "events": self.events,
                 "workload_status": self.workload_status,
+                "bind_connections": self.bind_connections,
             },
             "utilization": {"url": _without_userinfo(self.utilization_url), "source": self.utilization_source},
             "http": {"health_port": self.health_port, "metrics_port": self.metrics_port},

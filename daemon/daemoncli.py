@@ -200,6 +200,7 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
                 scheduler_name=cfg.scheduler_name,
                 pod_conditions=cfg.pod_conditions,
                 workload_status=cfg.workload_status,
+                bind_connections=cfg.bind_connections,
                 report=cfg.events,
             )
             cluster, standby = clusters, [clusters.standby]  # a standby watches too: a takeover starts warm

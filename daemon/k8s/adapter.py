@@ -134,6 +134,7 @@ class KubernetesAdapter:
         pod_wait_seconds: float = 10.0,
         batch_limit: int = 500,
         request_seconds: float = 30.0,
+        bind_connections: int = 32,
         lookups: int = 32,
         list_owners_at: int = 64,
         page_size: int = 500,
@@ -154,8 +155,10 @@ class KubernetesAdapter:
         adapter starts from instead of listing when it runs. `list_owners_at`: owners of one kind and
         namespace wanted at once from which one list replaces a GET each (a relist, a burst of new Jobs);
         fewer are fetched one by one (a list reads every object of that kind there).
+        `bind_connections`: bindings go over that many pipelined connections of their own
+        (`pipelining`); 0: through the ApiClient's session like every other request.
         """
-        self.client = KubeClient(api_client, request_seconds=request_seconds)
+        self.client = KubeClient(api_client, request_seconds=request_seconds, bind_connections=bind_connections)
         self.translator = Translator(
             scheduler_name=scheduler_name,
             tolerated_taints=tolerated_taints,
@@ -205,6 +208,12 @@ class KubernetesAdapter:
 
     async def run(self, sink: Sink, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Watch the cluster and push translated events to `sink` until cancelled."""
+        try:
+            await self._run(sink, task_status=task_status)
+        finally:
+            await self.client.aclose()
+
+    async def _run(self, sink: Sink, *, task_status: TaskStatus[None]) -> None:
         send, receive = anyio.create_memory_object_stream[_Item](max_buffer_size=self._batch_limit)
         async with anyio.create_task_group() as tg, receive, send:
             if self.reporter is not None:

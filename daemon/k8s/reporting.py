@@ -245,6 +245,8 @@ class Reporter:
         """Per object, when the last write queued for it ends (the next one about it waits for that)."""
         self.dropped = 0
         self.written = 0
+        self.unwritten = 0
+        """Reports queued and not yet written (or given up on): 0 once feedback has caught up."""
 
     def report(self, reports: list[Report]) -> None:
         """Queue `reports`; never waits (what does not fit, or comes while `run` is not running, is dropped).
@@ -269,6 +271,7 @@ class Reporter:
                     _remember(self._status, r.target, (r.status, r.message), self._memory)
             try:
                 self._send.send_nowait((anyio.current_time(), r))
+                self.unwritten += 1
             except anyio.WouldBlock:
                 self.dropped += 1
                 if self.dropped == 1 or self.dropped % 1000 == 0:
@@ -309,6 +312,7 @@ class Reporter:
             # a bug here must not end the adapter: reports are feedback, not state
             log.exception("writing a report failed", kind=report.target.kind, name=report.target.name)
         finally:
+            self.unwritten -= 1
             done.set()
             if self._writing.get(report.target) is done:
                 del self._writing[report.target]

@@ -142,6 +142,21 @@ async def test_reports_give_way_to_bindings_in_flight() -> None:
         tg.cancel_scope.cancel()
 
 
+async def test_unwritten_counts_the_reports_queued_until_they_are_written() -> None:
+    """Reports held back by a binding count as unwritten, and the count is 0 once they are written."""
+    bindings, client = InFlight(), RecordingClient()
+    reporter = Reporter(client, give_way=bindings.lull, give_way_seconds=60)  # type: ignore[arg-type]
+    async with anyio.create_task_group() as tg:
+        await tg.start(reporter.run)
+        with bindings.running():
+            reporter.report([Report(TARGET, "Normal", "Waiting", f"muster: reason {i}") for i in range(3)])
+            await wait_all_tasks_blocked()
+            assert (reporter.unwritten, client.reasons) == (3, [])
+        await eventually(lambda: reporter.unwritten == 0, seconds=5)
+        assert len(client.reasons) == 3
+        tg.cancel_scope.cancel()
+
+
 async def test_no_report_waits_for_bindings_longer_than_give_way_seconds_since_it_was_queued() -> None:
     """Bindings that never end hold each report back at most its own give-way time, not the sum over the queue."""
     bindings, client = InFlight(), RecordingClient()

@@ -54,6 +54,7 @@ CASES: dict[str, dict[str, Any]] = {
     "no-pod-conditions": {"podConditions": False},
     "no-events": {"events": False},
     "no-workload-status": {"workloadStatus": False},
+    "bind-connections": {"bindConnections": 0},
     "snapshots-tuned": {"snapshots": {"every": 1000}, "leaderElection": {"kvBucket": "leases"}},
     "ui-local": {"ui": {"enabled": True}},
     "flavors": {
@@ -353,6 +354,16 @@ def test_workload_status_off_drops_the_workload_patch_rights_and_tells_the_daemo
     rendered = run.rendered["no-workload-status"]
     assert rules_of(rendered, "ClusterRole") == LEAST_PRIVILEGE - WORKLOAD_STATUS
     assert config_of(rendered, "config.yaml")["kubernetes"]["workload_status"] is False
+
+
+def test_bind_connections_reach_the_daemon_only_when_set(run: ChartRun, tmp_path: Path) -> None:
+    """`bindConnections: 0` renders `kubernetes.bind_connections: 0`, which the daemon reads; unset, the
+    daemon's default (32) holds."""
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config_of(run.rendered["bind-connections"], "config.yaml")))
+    assert load_config(str(path), env={}).bind_connections == 0
+    path.write_text(yaml.safe_dump(config_of(run.rendered["default"], "config.yaml")))
+    assert load_config(str(path), env={}).bind_connections == 32
 
 
 def test_lease_election_adds_one_namespaced_lease_role(run: ChartRun, tmp_path: Path) -> None:

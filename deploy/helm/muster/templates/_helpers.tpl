@@ -188,9 +188,13 @@ Paths point into the Secret volumes mounted by "muster.natsVolumeMounts".
 {{- $_ := set $le "kv_bucket" .Values.leaderElection.kvBucket }}
 {{- end }}
 {{- $u := .Values.daemon.utilization }}
+{{- $k8s := dict "scheduler_name" .Values.schedulerName "namespaces" .Values.daemon.namespaces "pod_conditions" .Values.podConditions "events" .Values.events "workload_status" .Values.workloadStatus }}
+{{- if hasKey .Values "bindConnections" }}
+{{- $_ := set $k8s "bind_connections" (int .Values.bindConnections) }}
+{{- end }}
 {{- $cfg := dict
   "leader_election" $le
-  "kubernetes" (dict "scheduler_name" .Values.schedulerName "namespaces" .Values.daemon.namespaces "pod_conditions" .Values.podConditions "events" .Values.events "workload_status" .Values.workloadStatus)
+  "kubernetes" $k8s
   "utilization" (dict "url" $u.url "source" $u.source "interval_seconds" (int $u.intervalSeconds))
   "http" (dict "health_port" (int .Values.ports.health) "metrics_port" (int .Values.ports.metrics))
   "log" (dict "level" .Values.daemon.logLevel "format" "json")
