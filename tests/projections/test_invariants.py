@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -222,15 +223,21 @@ def _check_nodes(state: ClusterState) -> None:
             assert v >= 0, f"{node.name} negative usage"
 
 
-def _borrowing(state: ClusterState, queue: str, resources: dict[str, int]) -> bool:
+def _borrowing(state: ClusterState, queue: str, resources: dict[str, int], held: dict[str, int] | None = None) -> bool:
     q = state.queues[queue]
-    return any(q.usage.get(r, 0) > q.nominal[r] for r, v in resources.items() if v > 0 and r in q.nominal)
+    held = held or {}
+    return any(
+        q.usage.get(r, 0) + held.get(r, 0) > q.nominal[r] for r, v in resources.items() if v > 0 and r in q.nominal
+    )
 
 
-def _check_preemption(state: ClusterState, ev: JobPreempted, later_own: dict[str, int]) -> None:
+def _check_preemption(
+    state: ClusterState, ev: JobPreempted, later_own: dict[str, int], held: dict[str, int] | None = None
+) -> None:
     """The victim is one the policies allow (spec, Preemption); `state` has the earlier victims already evicted.
 
-    `later_own` is what the preemptor's own-queue victims still to come in this cycle hold.
+    `later_own` is what the preemptor's own-queue victims still to come in this cycle hold; `held` is the
+    room the cycle holds for its preemptors in the victim's queue (counted by idle reclaim's "still borrows").
     """
     victim = state.jobs[ev.job]
     what = f"{ev.reason} of {ev.job} by {ev.preemptor}"
@@ -245,7 +252,8 @@ def _check_preemption(state: ClusterState, ev: JobPreempted, later_own: dict[str
         assert ev.preemptor is None and policy is not None, what
         assert victim.idle_since is not None and ev.at - victim.idle_since >= policy.after, f"{what}: not idle long"
         if policy.only_borrowing:
-            assert victim.borrowed and _borrowing(state, victim.queue, victim.requests), f"{what}: not borrowing"
+            borrows = _borrowing(state, victim.queue, victim.requests, held)
+            assert victim.borrowed and borrows, f"{what}: not borrowing"
         return
     assert ev.preemptor is not None, what
     job = state.jobs[ev.preemptor]
@@ -293,6 +301,24 @@ def _later_own(events: list[Event], i: int, state: ClusterState) -> dict[str, in
     return out
 
 
+def _held_for_preemptors(events: list[Event], i: int, state: ClusterState) -> dict[str, int]:
+    """What the preemptors of event `i`'s cycle, before it, ask in its victim's queue: the cycle holds their room."""
+    ev = events[i]
+    assert isinstance(ev, JobPreempted)
+    queue = state.jobs[ev.job].queue
+    out: dict[str, int] = {}
+    seen: set[str] = set()
+    for earlier in reversed(events[:i]):
+        if not isinstance(earlier, JobPreempted) or earlier.cycle != ev.cycle or earlier.at != ev.at:
+            break
+        p = earlier.preemptor
+        if p is not None and p not in seen and state.jobs[p].queue == queue:
+            seen.add(p)
+            for r, v in state.jobs[p].requests.items():
+                out[r] = out.get(r, 0) + v
+    return out
+
+
 def check_log(events: list[Event]) -> None:
     """Fold the log into a shadow state, checking the invariants at every event."""
     state = ClusterState()
@@ -308,7 +334,7 @@ def check_log(events: list[Event]) -> None:
             if preemptors.get(ev.job) == ev.at:
                 del preemptors[ev.job]
         elif isinstance(ev, JobPreempted):
-            _check_preemption(state, ev, _later_own(events, i, state))
+            _check_preemption(state, ev, _later_own(events, i, state), _held_for_preemptors(events, i, state))
             if ev.preemptor is not None:
                 preemptors[ev.preemptor] = ev.at
                 # the same eviction over and over is a preemption loop, not scheduling
@@ -493,6 +519,17 @@ REPLAY_CASES = [
         id="preemption-frees-more-than-the-preemptor-needs",
     ),
 ]
+
+
+IDLE_BESIDE_PREEMPTION = Path(__file__).parents[1] / "replay" / "findings" / "idle_reclaim_beside_a_preemption.yaml"
+
+
+def test_idle_reclaim_beside_a_preemption_counts_the_room_held_for_the_preemptor() -> None:
+    """An idle borrower is reclaimed in a preemptor's cycle only while its queue, with the preemptor's room, borrows."""
+    result = _run(IDLE_BESIDE_PREEMPTION.read_text())
+    reclaimed = [e for e in result.events if isinstance(e, JobPreempted) and e.reason == "IdleReclaim"]
+    assert [(e.job, e.at) for e in reclaimed] == [("j5", 120)]
+    check_log(result.events)
 
 
 @pytest.mark.parametrize("text", REPLAY_CASES)
