@@ -23,7 +23,8 @@ A job is woken (tried again) when:
   or its own queue gave back what it holds over nominal quota (it may then
   reclaim what the cohort borrowed);
 - placement blocked it: GPUs freed anywhere (for a flavor's placement, on that
-  flavor's nodes) reach what it lacks beyond the free GPUs and what preemption
+  flavor's nodes; for a gang bound to one domain of a level, in one domain,
+  `RoomWait`) reach what it lacks beyond the free GPUs and what preemption
   could free when it was judged, or usage in
   its tree went up by more than its quota slack (then quota would block it,
   and its reason would read differently);
@@ -70,6 +71,33 @@ class Wake:
     """Resource -> usage decrease in the job's own queue after which to try again."""
     freed_on: dict[str, int] = field(default_factory=dict)
     """Flavor -> GPUs to be freed on its nodes before trying again (what the job lacks there)."""
+    room: RoomWait | None = None
+    """For a gang bound to one domain of a level: try again once a domain was freed of its lack."""
+
+
+ROOM_DOMAINS = 8
+"""How many domains a `RoomWait` watches one by one (the closest to holding the gang)."""
+
+
+class RoomWait(NamedTuple):
+    """What a gang bound to one domain of a level lacks, per domain (`TopologyIndex.room_short`).
+
+    Only the `ROOM_DOMAINS` domains that lack least are watched one by one: GPUs
+    freed in any other domain reach its lack only once GPUs freed anywhere reach
+    `elsewhere` (the least lack among them), so that wake covers them all.
+    """
+
+    domains: tuple[tuple[tuple[str, ...], int], ...]
+    """(domain path, GPUs to be freed there) of the domains watched one by one."""
+    elsewhere: int | None
+    """GPUs to be freed anywhere before trying again (None: every domain is watched)."""
+
+    @classmethod
+    def of(cls, lacks: Iterable[tuple[int, tuple[str, ...]]]) -> RoomWait:
+        """From (lack, path) pairs sorted by lack."""
+        ranked = list(lacks)
+        watched = tuple((path, gpus) for gpus, path in ranked[:ROOM_DOMAINS])
+        return cls(watched, ranked[ROOM_DOMAINS][0] if len(ranked) > ROOM_DOMAINS else None)
 
 
 class Member(NamedTuple):
@@ -115,6 +143,8 @@ class Park(NamedTuple):
     """The count of freed GPUs that wakes it (None: not on capacity)."""
     flavor_levels: dict[str, int]
     """Per flavor, the count of GPUs freed on its nodes that wakes it."""
+    domain_levels: dict[tuple[str, ...], int]
+    """Per topology domain (path), the count of GPUs freed in it that wakes it."""
 
 
 class Proposal(NamedTuple):
@@ -148,6 +178,9 @@ class Parking:
         self.flavor_freed_total: dict[str, int] = {}
         """Per flavor, GPUs freed on its nodes as seen by the syncs (from the fold's per-node counts)."""
         self._flavor_freed_heaps: dict[str, list[HeapEntry]] = {}
+        self.domain_freed_total: dict[tuple[str, ...], int] = {}
+        """Per topology domain (path), GPUs freed on its nodes as seen by the syncs."""
+        self._domain_freed_heaps: dict[tuple[str, ...], list[HeapEntry]] = {}
         self._time_heap: list[HeapEntry] = []
         self.proposal: Proposal | None = None
         self._proposed: list[Park] = []
@@ -193,7 +226,15 @@ class Parking:
         freed = None if wake.freed_short is None else self.freed_seen + max(1, wake.freed_short - gpu_free)
         totals = self.flavor_freed_total
         levels = {f: totals.get(f, 0) + max(1, n) for f, n in wake.freed_on.items()}
-        self._proposed.append(Park(block, queue, wake, freed, levels))
+        domain_levels: dict[tuple[str, ...], int] = {}
+        room = wake.room
+        if room is not None:
+            seen = self.domain_freed_total
+            domain_levels = {path: seen.get(path, 0) + max(1, n) for path, n in room.domains}
+            if room.elsewhere is not None:
+                at = self.freed_seen + max(1, room.elsewhere)
+                freed = at if freed is None else min(freed, at)
+        self._proposed.append(Park(block, queue, wake, freed, levels, domain_levels))
         return block
 
     def _stand(self, park: Park) -> None:
@@ -207,6 +248,8 @@ class Parking:
             heapq.heappush(self._freed_heap, HeapEntry(park.freed_level, block.stamp, block))
         for flavor, level in park.flavor_levels.items():
             heapq.heappush(self._flavor_freed_heaps.setdefault(flavor, []), HeapEntry(level, block.stamp, block))
+        for path, level in park.domain_levels.items():
+            heapq.heappush(self._domain_freed_heaps.setdefault(path, []), HeapEntry(level, block.stamp, block))
         for r, amount in wake.released.items():
             self._push(self._release_heaps, (root, r), self.released_total, amount, block)
         for r, amount in wake.own_released.items():
@@ -305,6 +348,11 @@ class Parking:
         """`gpus` more GPUs were freed on the nodes of `flavor`."""
         total = self.flavor_freed_total[flavor] = self.flavor_freed_total.get(flavor, 0) + gpus
         self._pop_due(self._flavor_freed_heaps.get(flavor, []), total)
+
+    def domain_gpus_freed(self, path: tuple[str, ...], gpus: int) -> None:
+        """`gpus` more GPUs were freed on the nodes of a topology domain."""
+        total = self.domain_freed_total[path] = self.domain_freed_total.get(path, 0) + gpus
+        self._pop_due(self._domain_freed_heaps.get(path, []), total)
 
     def tree(self, root: str) -> list[Block]:
         """The blocks parked in a cohort tree, oldest first."""

@@ -312,18 +312,48 @@ class TopologyIndex:
         depth = 0 if level is None else self.level_depth(level)
         if not need or depth is None:
             return True
-        extra: dict[int, dict[str, int]] = {}
-        for job in freed:
-            for dom_id, amounts in self._room_by_domain(job, depth).items():
-                more = extra.setdefault(dom_id, {})
-                for k, v in amounts.items():
-                    more[k] = more.get(k, 0) + v
+        extra = self._freed_room(freed, depth)
         domains = [self.root] if depth == 0 else self.by_level[depth - 1]
         for dom in domains:
             more = extra.get(id(dom), {})
             if all(dom.free.get(k, 0) + more.get(k, 0) >= n for k, n in need.items()):
                 return True
         return False
+
+    def room_short(self, count: int, req: Mapping[str, int], level: str, freed: Iterable[JobState]) -> RoomShort | None:
+        """Per domain of `level`, the GPUs it lacks for `count` pods of `req` were the running jobs `freed`
+        evicted first (at least 1: a domain whose sum would do may be fragmented), smallest lack first.
+
+        Only GPUs are counted (as the memo counts GPUs freed), so this is for GPU-only requests:
+        None for others. A domain can hold the pods only once at least its lack has been freed in it.
+        """
+        gpu = req.get("gpu", 0)
+        depth = self.level_depth(level)
+        if gpu <= 0 or depth is None or depth > len(self.levels) or any(v > 0 for k, v in req.items() if k != "gpu"):
+            return None
+        need = gpu * count
+        extra = self._freed_room(freed, depth)
+        lacks = [
+            DomainLack(max(1, need - dom.free.get("gpu", 0) - extra.get(id(dom), {}).get("gpu", 0)), dom.path)
+            for dom in self.by_level[depth - 1]
+        ]
+        lacks.sort()
+        return RoomShort(lacks)
+
+    def _freed_room(self, freed: Iterable[JobState], depth: int) -> dict[int, dict[str, int]]:
+        """What the running jobs `freed` hold per domain at `depth` (by `id`), added up."""
+        extra: dict[int, dict[str, int]] = {}
+        for job in freed:
+            for dom_id, amounts in self._room_by_domain(job, depth).items():
+                more = extra.setdefault(dom_id, {})
+                for k, v in amounts.items():
+                    more[k] = more.get(k, 0) + v
+        return extra
+
+    @staticmethod
+    def freed_in_domains(host: Domain) -> list[tuple[str, ...]]:
+        """The domains (paths) a host's freed GPUs count in: each enclosing domain but the cluster."""
+        return [d.path for d in host.chain[1:] if d.parent is not None]
 
     def _room_by_domain(self, job: JobState, depth: int) -> dict[int, dict[str, int]]:
         """What a running job holds per domain at `depth` (by `id`), for as long as its placement stands.
@@ -456,6 +486,19 @@ class TopologyIndex:
             i += 1
         if remaining > 0:  # pragma: no cover - callers check total slots first
             raise AssertionError("spread ran out of room")
+
+
+class DomainLack(NamedTuple):
+    """How many GPUs must be freed in a domain (by its path) before it may hold a shape."""
+
+    gpus: int
+    path: tuple[str, ...]
+
+
+class RoomShort(NamedTuple):
+    """`TopologyIndex.room_short`: every domain of a level with its lack, the smallest first."""
+
+    lacks: list[DomainLack]
 
 
 class _Room(NamedTuple):
