@@ -346,7 +346,7 @@ class SchedulerIndex:
             starts = state.borrow_starts.get(name, 0)
             if starts != self.seen_borrow_starts.get(name, 0) or state.fair_sharing:
                 self.seen_borrow_starts[name] = starts
-                memo.wake_tree(root)
+                memo.wake_tree(root, new_victims=not state.fair_sharing)
         state.dirty_queues.clear()
         for job_id in sorted(state.dirty_jobs):
             dirty = state.jobs.get(job_id)

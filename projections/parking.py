@@ -28,7 +28,8 @@ A job is woken (tried again) when:
   could free when it was judged, or usage in
   its tree went up by more than its quota slack (then quota would block it,
   and its reason would read differently);
-- a queue of its tree started borrowing (new victims), fair sharing is on and
+- a queue of its tree started borrowing (new victims; not for a job that may
+  evict no one, `eviction.evicts_no_one`), fair sharing is on and
   usage in its tree moved, or any configuration changed (the index is rebuilt);
 - time moved on, for a job evicted at this instant (it may preempt later) and
   for one whose failed victim search depended on the candidates' order (lost
@@ -73,6 +74,9 @@ class Wake:
     """Flavor -> GPUs to be freed on its nodes before trying again (what the job lacks there)."""
     room: RoomWait | None = None
     """For a gang bound to one domain of a level: try again once a domain was freed of its lack."""
+    new_victims: bool = True
+    """Whether a queue of its tree that starts borrowing may change the verdict (False: the job may
+    evict no one, so victims coming or going change nothing; only quota and room do)."""
 
 
 ROOM_DOMAINS = 8
@@ -110,9 +114,18 @@ class Member(NamedTuple):
 class Block:
     """Jobs of one class parked together under one verdict (they share every wake)."""
 
-    __slots__ = ("cycle", "group", "members", "reason", "root", "stamp")
+    __slots__ = ("cycle", "group", "members", "new_victims", "reason", "root", "stamp")
 
-    def __init__(self, stamp: int, group: Hashable, root: str, members: list[Member], reason: str | None, cycle: int):
+    def __init__(
+        self,
+        stamp: int,
+        group: Hashable,
+        root: str,
+        members: list[Member],
+        reason: str | None,
+        cycle: int,
+        new_victims: bool = True,
+    ):
         self.stamp = stamp
         """Unique and growing: the park the block belongs to (its wake entries carry it)."""
         self.group = group
@@ -123,6 +136,8 @@ class Block:
         """The reason every member has once the parking cycle's decisions are folded (None: unknown)."""
         self.cycle = cycle
         """The cycle that parked it."""
+        self.new_victims = new_victims
+        """Whether new victims in its tree (a queue starts borrowing) may change its verdict (`Wake`)."""
 
 
 class HeapEntry(NamedTuple):
@@ -220,7 +235,7 @@ class Parking:
         """
         self.stamp += 1
         stamp = self.stamp
-        block = Block(stamp, group, root, members, reason, cycle)
+        block = Block(stamp, group, root, members, reason, cycle, wake.new_victims)
         self.blocks.setdefault(group, {})[stamp] = block
         self.by_root.setdefault(root, {})[stamp] = block
         freed = None if wake.freed_short is None else self.freed_seen + max(1, wake.freed_short - gpu_free)
@@ -359,9 +374,11 @@ class Parking:
         blocks = self.by_root.get(root)
         return [blocks[s] for s in sorted(blocks)] if blocks else []
 
-    def wake_tree(self, root: str) -> None:
+    def wake_tree(self, root: str, new_victims: bool = False) -> None:
+        """Wake a tree's blocks; for `new_victims` (a queue started borrowing), only those it concerns."""
         for block in self.tree(root):
-            self.wake(block)
+            if block.new_victims or not new_victims:
+                self.wake(block)
 
     def wake_at(self, now: int) -> None:
         """Try again the jobs whose wake time has come."""

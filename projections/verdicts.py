@@ -13,7 +13,7 @@ import bisect
 
 from muster.events.types import JobId, JobInadmissible
 from muster.projections.cycle import Cycle, EvictNewAnswer, lowest_key, neg_seq
-from muster.projections.eviction import Preemptor, chain_may_shrink, evicts_from_others, may_evict
+from muster.projections.eviction import Preemptor, chain_may_shrink, evicts_from_others, evicts_no_one, may_evict
 from muster.projections.flavors import on_any_flavor, placement_request
 from muster.projections.index import OrderKey
 from muster.projections.parking import RoomWait, Wake
@@ -159,7 +159,9 @@ def wake_rule(
     cycle: Cycle, job: JobState, allow_borrow: bool, quota_blocked: bool, quota_possible: bool, result: Result
 ) -> Wake:
     """What must happen before this verdict (and its words) can change; see `index`."""
-    wake = Wake()
+    state = cycle.state
+    queue = state.queues[job.queue]
+    wake = Wake(new_victims=not evicts_no_one(queue.preemption, state.priority_of(job), state.lowest_priority()))
     if job.chained_eviction(cycle.now) or result.order_matters:
         wake.at_time = cycle.now + 1
     headroom = cycle.idx.quota.headroom(job.queue, job.requests, allow_borrow)
@@ -180,7 +182,6 @@ def wake_rule(
         for r, h in headroom.items():
             wake.consumed[r] = h + 1
     # back within nominal quota, the queue may reclaim what its cohort borrowed
-    queue = cycle.state.queues[job.queue]
     policy = queue.preemption
     if queue.cohort is not None and evicts_from_others(policy, None):
         over = cycle.idx.quota.over_nominal(job.queue, job.requests)
