@@ -96,13 +96,6 @@ class RoomWait(NamedTuple):
     elsewhere: int | None
     """GPUs to be freed anywhere before trying again (None: every domain is watched)."""
 
-    @classmethod
-    def of(cls, lacks: Iterable[tuple[int, tuple[str, ...]]]) -> RoomWait:
-        """From (lack, path) pairs sorted by lack."""
-        ranked = list(lacks)
-        watched = tuple((path, gpus) for gpus, path in ranked[:ROOM_DOMAINS])
-        return cls(watched, ranked[ROOM_DOMAINS][0] if len(ranked) > ROOM_DOMAINS else None)
-
 
 class Member(NamedTuple):
     """A pending job in its class's lists, kept sorted: the first in queue order is last."""

@@ -25,6 +25,7 @@ capacity - reserved - used of its node in the cluster state.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
@@ -132,6 +133,8 @@ class TopologyIndex:
         self.gpu_free_total: int = self.root.free.get("gpu", 0)
         self.deferred: list[tuple[str, dict[str, int], int]] = []
         """The last cycle's tentative changes, not undone yet (`settle`)."""
+        self._positions: dict[int, dict[int, int]] = {}
+        """Per depth, each domain's place (by `id`) in `by_level` (`room_short`)."""
         self._rooms: dict[tuple[str, int], _Room] = {}
         """(job, depth) -> what it holds per domain (`could_hold`); good while its placement is the same object."""
 
@@ -320,9 +323,12 @@ class TopologyIndex:
                 return True
         return False
 
-    def room_short(self, count: int, req: Mapping[str, int], level: str, freed: Iterable[JobState]) -> RoomShort | None:
-        """Per domain of `level`, the GPUs it lacks for `count` pods of `req` were the running jobs `freed`
-        evicted first (at least 1: a domain whose sum would do may be fragmented), smallest lack first.
+    def room_short(
+        self, count: int, req: Mapping[str, int], level: str, freed: Iterable[JobState], keep: int
+    ) -> RoomShort | None:
+        """The `keep` domains of `level` that lack the fewest GPUs for `count` pods of `req` were the
+        running jobs `freed` evicted first (a lack is at least 1: a domain whose sum would do may be
+        fragmented), smallest first, ties in path order; and the lack of the next one.
 
         Only GPUs are counted (as the memo counts GPUs freed), so this is for GPU-only requests:
         None for others. A domain can hold the pods only once at least its lack has been freed in it.
@@ -332,13 +338,17 @@ class TopologyIndex:
         if gpu <= 0 or depth is None or depth > len(self.levels) or any(v > 0 for k, v in req.items() if k != "gpu"):
             return None
         need = gpu * count
-        extra = self._freed_room(freed, depth)
-        lacks = [
-            DomainLack(max(1, need - dom.free.get("gpu", 0) - extra.get(id(dom), {}).get("gpu", 0)), dom.path)
-            for dom in self.by_level[depth - 1]
-        ]
-        lacks.sort()
-        return RoomShort(lacks)
+        domains = self.by_level[depth - 1]
+        lacks = [need - dom.free.get("gpu", 0) for dom in domains]
+        position = self._positions.get(depth)
+        if position is None:
+            position = self._positions[depth] = {id(dom): i for i, dom in enumerate(domains)}
+        for dom_id, amounts in self._freed_room(freed, depth).items():
+            lacks[position[dom_id]] -= amounts.get("gpu", 0)
+        # the smallest first, ties in path order (as sorting the pairs would give)
+        ranked = heapq.nsmallest(keep + 1, range(len(lacks)), key=lacks.__getitem__)
+        found = [DomainLack(max(1, lacks[i]), domains[i].path) for i in ranked]
+        return RoomShort(found[:keep], found[keep].gpus if len(found) > keep else None)
 
     def _freed_room(self, freed: Iterable[JobState], depth: int) -> dict[int, dict[str, int]]:
         """What the running jobs `freed` hold per domain at `depth` (by `id`), added up."""
@@ -422,12 +432,7 @@ class TopologyIndex:
             depth = 1
         domains = self.by_level[depth - 1]
         # a domain's summed free capacity bounds what it can hold: skip the hopeless
-        need = [(k, v * count) for k, v in req.items() if v > 0]
-        if len(need) == 1:
-            (k0, n0), *_ = need
-            roomy = [d for d in domains if d.free.get(k0, 0) >= n0]
-        else:
-            roomy = [d for d in domains if all(d.free.get(k, 0) >= n for k, n in need)]
+        roomy = self._roomy(depth, [(k, v * count) for k, v in req.items() if v > 0])
         slots = {id(d): self.slots(d, req, count) for d in roomy}
         fitting = [d for d in roomy if slots[id(d)] >= count]
         if fitting:
@@ -439,6 +444,24 @@ class TopologyIndex:
         if sum(slots.values()) < count:
             return f"{what} do not fit on the schedulable nodes"
         return _Plan(primary, spread=domains, slots=slots)
+
+    def _roomy(self, depth: int, need: list[tuple[str, int]]) -> list[Domain]:
+        """The domains at `depth` whose free capacity covers `need`, in path order (as `by_level`).
+
+        A domain's free capacity is the sum of its parts', so one short of `need` rules out every
+        domain inside it: the walk down visits only the insides of roomy domains (on a full
+        cluster, a few of its racks rather than all of them).
+        """
+        if len(need) == 1:
+            (k0, n0), *_ = need
+            frontier = [self.root] if self.root.free.get(k0, 0) >= n0 else []
+            for _ in range(depth):
+                frontier = [c for d in frontier for c in d.children if c.free.get(k0, 0) >= n0]
+            return frontier
+        frontier = [self.root] if all(self.root.free.get(k, 0) >= n for k, n in need) else []
+        for _ in range(depth):
+            frontier = [c for d in frontier for c in d.children if all(c.free.get(k, 0) >= n for k, n in need)]
+        return frontier
 
     def _assign(self, dom: Domain, count: int, req: Mapping[str, int], primary: str, out: list[str]) -> None:
         if dom.is_host:
@@ -496,9 +519,12 @@ class DomainLack(NamedTuple):
 
 
 class RoomShort(NamedTuple):
-    """`TopologyIndex.room_short`: every domain of a level with its lack, the smallest first."""
+    """`TopologyIndex.room_short`: the domains of a level that lack least, and the lack of the rest."""
 
     lacks: list[DomainLack]
+    """The domains that lack least, with their lack, the smallest first."""
+    rest: int | None
+    """The least lack of the other domains (None: there are none)."""
 
 
 class _Room(NamedTuple):

@@ -16,7 +16,7 @@ from muster.projections.cycle import Cycle, EvictNewAnswer, lowest_key, neg_seq
 from muster.projections.eviction import Preemptor, chain_may_shrink, evicts_from_others, evicts_no_one, may_evict
 from muster.projections.flavors import on_any_flavor, placement_request
 from muster.projections.index import OrderKey
-from muster.projections.parking import RoomWait, Wake
+from muster.projections.parking import ROOM_DOMAINS, RoomWait, Wake
 from muster.projections.preemption import Result, overlaps
 from muster.projections.state import JobState
 from muster.projections.topology import RoomShort
@@ -137,7 +137,7 @@ def _wait_for_room(cycle: Cycle, job: JobState, result: Result, wake: Wake) -> N
     """
     room = _room_short(cycle, job, result)
     if room is not None:
-        wake.room = RoomWait.of(room.lacks)
+        wake.room = RoomWait(tuple((lack.path, lack.gpus) for lack in room.lacks), room.rest)
     else:
         wake.freed_short = job.gpus - result.candidate_gpus
 
@@ -152,7 +152,7 @@ def _room_short(cycle: Cycle, job: JobState, result: Result) -> RoomShort | None
         return None
     topology = cycle.idx.topology
     request = placement_request(job, ps.name, ps.requests, topology.tainted)
-    return topology.room_short(ps.count, request, ps.topology.required, result.candidates)
+    return topology.room_short(ps.count, request, ps.topology.required, result.candidates, ROOM_DOMAINS)
 
 
 def wake_rule(
