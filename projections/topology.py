@@ -468,12 +468,16 @@ class TopologyIndex:
             out.extend([dom.name] * count)
             return
         children = dom.children
-        slots = {id(c): self.slots(c, req, count) for c in children}
-        fitting = [c for c in children if slots[id(c)] >= count]
+        # only a child whose free room covers the pods can hold them all (its slots are counted
+        # only then); the others' slots are needed only to spread over them
+        need = [(k, v * count) for k, v in req.items() if v > 0]
+        roomy = [c for c in children if all(c.free.get(k, 0) >= n for k, n in need)]
+        fitting = [c for c in roomy if self.slots(c, req, count) >= count]
         if fitting:
             best = min(fitting, key=lambda c: self._tight_key(c, primary))
             self._assign(best, count, req, primary, out)
             return
+        slots = {id(c): self.slots(c, req, count) for c in children}
         self._spread(children, slots, count, req, primary, out)
 
     def _spread(
