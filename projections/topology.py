@@ -136,6 +136,8 @@ class TopologyIndex:
         self._positions: dict[int, dict[int, int]] = {}
         """Per depth, each domain's place (by `id`) in `by_level` (`room_short`)."""
         self._rooms: dict[tuple[str, int], _Room] = {}
+        self._last_freed: _FreedRoom | None = None
+        """`_freed_room`'s last answer, for the list it was asked about."""
         """(job, depth) -> what it holds per domain (`could_hold`); good while its placement is the same object."""
 
     # ------------------------------------------------------------ host updates
@@ -351,13 +353,23 @@ class TopologyIndex:
         return RoomShort(found[:keep], found[keep].gpus if len(found) > keep else None)
 
     def _freed_room(self, freed: Iterable[JobState], depth: int) -> dict[int, dict[str, int]]:
-        """What the running jobs `freed` hold per domain at `depth` (by `id`), added up."""
+        """What the running jobs `freed` hold per domain at `depth` (by `id`), added up.
+
+        The last answer is kept for its list: a failed victim search bounds the room of its
+        candidates (`could_hold`), then the wake asks what they leave each domain short of
+        (`room_short`), over the same list, which nobody changes once made.
+        """
+        last = self._last_freed
+        if last is not None and last.jobs is freed and last.depth == depth:
+            return last.by_domain
         extra: dict[int, dict[str, int]] = {}
         for job in freed:
             for dom_id, amounts in self._room_by_domain(job, depth).items():
                 more = extra.setdefault(dom_id, {})
                 for k, v in amounts.items():
                     more[k] = more.get(k, 0) + v
+        if isinstance(freed, list):
+            self._last_freed = _FreedRoom(freed, depth, extra)
         return extra
 
     @staticmethod
@@ -471,7 +483,11 @@ class TopologyIndex:
         # only a child whose free room covers the pods can hold them all (its slots are counted
         # only then); the others' slots are needed only to spread over them
         need = [(k, v * count) for k, v in req.items() if v > 0]
-        roomy = [c for c in children if all(c.free.get(k, 0) >= n for k, n in need)]
+        if len(need) == 1:
+            (k0, n0), *_ = need
+            roomy = [c for c in children if c.free.get(k0, 0) >= n0]
+        else:
+            roomy = [c for c in children if all(c.free.get(k, 0) >= n for k, n in need)]
         fitting = [c for c in roomy if self.slots(c, req, count) >= count]
         if fitting:
             best = min(fitting, key=lambda c: self._tight_key(c, primary))
@@ -529,6 +545,14 @@ class RoomShort(NamedTuple):
     """The domains that lack least, with their lack, the smallest first."""
     rest: int | None
     """The least lack of the other domains (None: there are none)."""
+
+
+class _FreedRoom(NamedTuple):
+    """`_freed_room`'s answer for one list of jobs (held, so that its identity stays its own)."""
+
+    jobs: list[JobState]
+    depth: int
+    by_domain: dict[int, dict[str, int]]
 
 
 class _Room(NamedTuple):
