@@ -96,8 +96,7 @@ def _borrowing_log(priority_class: str) -> list[Event]:
     ("priority_class", "woken"), [("low", False), ("high", True)], ids=["evicts-no-one", "may-evict"]
 )
 def test_a_new_borrower_wakes_only_jobs_that_may_evict_it(priority_class: str, woken: bool) -> None:
-    """A quota-blocked job at the lowest priority stays parked when a queue of its cohort starts borrowing; one that
-    may evict the borrower is tried again."""
+    """A new borrower in the cohort wakes a parked job that may evict it, not one that may evict no one."""
     state = fold(_borrowing_log(priority_class))  # type: ignore[arg-type]
     fold(decide(state, 1), state)
     assert state.jobs["s"].status == "pending" and "s" in index_of(state).parking.parked
