@@ -224,8 +224,10 @@ class Cycle:
         root = idx.roots.get(job.queue, job.queue)
         self.admitted_by_root.setdefault(root, []).append(job)
         due: dict[int, Block] = {}
-        if (quota.is_borrowing(job.queue) and not was_borrowing) or self.state.fair_sharing:
+        if self.state.fair_sharing:
             due.update((b.stamp, b) for b in idx.parking.tree(root))
+        elif quota.is_borrowing(job.queue) and not was_borrowing:
+            due.update((b.stamp, b) for b in idx.parking.tree(root) if b.new_victims)
         for r, v in sorted(job.requests.items()):
             if v > 0:
                 key = (root, r)

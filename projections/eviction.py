@@ -115,6 +115,14 @@ def evicts_nothing(policy: PreemptionPolicy) -> bool:
     return not may_evict(p, "q", LOWEST, 0) and not may_evict(p, "other", LOWEST, 0)
 
 
+def evicts_no_one(policy: PreemptionPolicy, priority: int, lowest: int) -> bool:
+    """Whether a preemptor at `priority` under `policy` may evict no job at all, whatever its queue,
+    position or order, when no job runs below priority `lowest` (the rule only narrows as the
+    victim's priority rises, so asking at `lowest` asks for every job)."""
+    p = Preemptor("q", priority, policy, True, None, None)
+    return not may_evict(p, "q", lowest, 0) and not may_evict(p, "other", lowest, 0)
+
+
 def eviction_chain(jobs: Mapping[str, JobState], job: JobState) -> frozenset[str]:
     """The jobs a pending job's eviction descends from: who evicted it, who evicted that one while
     it still waits, and so on (a job's `evicted_by` holds until it runs again)."""

@@ -302,10 +302,15 @@ class SchedulerIndex:
         topo.settle(state.dirty_nodes)
         self.quota.settle(state.dirty_queues)
         freed_on: dict[str, int] = {}
+        freed_in: dict[tuple[str, ...], int] = {}
         for name in sorted(state.dirty_nodes):
             freed = state.node_gpus_freed.get(name, 0) - self.seen_node_freed.get(name, 0)
             if freed:
                 self.seen_node_freed[name] = state.node_gpus_freed.get(name, 0)
+                host = topo.hosts.get(name)
+                if host is not None:
+                    for path in topo.freed_in_domains(host):
+                        freed_in[path] = freed_in.get(path, 0) + freed
                 for marker in topo.markers.get(name, {}):
                     if marker != UNTAINTED:
                         flavor = marker.removeprefix(MARKER)
@@ -341,7 +346,7 @@ class SchedulerIndex:
             starts = state.borrow_starts.get(name, 0)
             if starts != self.seen_borrow_starts.get(name, 0) or state.fair_sharing:
                 self.seen_borrow_starts[name] = starts
-                memo.wake_tree(root)
+                memo.wake_tree(root, new_victims=not state.fair_sharing)
         state.dirty_queues.clear()
         for job_id in sorted(state.dirty_jobs):
             dirty = state.jobs.get(job_id)
@@ -355,6 +360,8 @@ class SchedulerIndex:
             memo.gpus_freed(state.gpus_freed)
         for flavor in sorted(freed_on):
             memo.flavor_gpus_freed(flavor, freed_on[flavor])
+        for path in sorted(freed_in):
+            memo.domain_gpus_freed(path, freed_in[path])
 
 
 def _moved(totals: dict[str, int], seen: dict[str, int]) -> dict[str, int]:

@@ -23,11 +23,13 @@ A job is woken (tried again) when:
   or its own queue gave back what it holds over nominal quota (it may then
   reclaim what the cohort borrowed);
 - placement blocked it: GPUs freed anywhere (for a flavor's placement, on that
-  flavor's nodes) reach what it lacks beyond the free GPUs and what preemption
+  flavor's nodes; for a gang bound to one domain of a level, in one domain,
+  `RoomWait`) reach what it lacks beyond the free GPUs and what preemption
   could free when it was judged, or usage in
   its tree went up by more than its quota slack (then quota would block it,
   and its reason would read differently);
-- a queue of its tree started borrowing (new victims), fair sharing is on and
+- a queue of its tree started borrowing (new victims; not for a job that may
+  evict no one, `eviction.evicts_no_one`), fair sharing is on and
   usage in its tree moved, or any configuration changed (the index is rebuilt);
 - time moved on, for a job evicted at this instant (it may preempt later) and
   for one whose failed victim search depended on the candidates' order (lost
@@ -70,6 +72,29 @@ class Wake:
     """Resource -> usage decrease in the job's own queue after which to try again."""
     freed_on: dict[str, int] = field(default_factory=dict)
     """Flavor -> GPUs to be freed on its nodes before trying again (what the job lacks there)."""
+    room: RoomWait | None = None
+    """For a gang bound to one domain of a level: try again once a domain was freed of its lack."""
+    new_victims: bool = True
+    """Whether a queue of its tree that starts borrowing may change the verdict (False: the job may
+    evict no one, so victims coming or going change nothing; only quota and room do)."""
+
+
+ROOM_DOMAINS = 8
+"""How many domains a `RoomWait` watches one by one (the closest to holding the gang)."""
+
+
+class RoomWait(NamedTuple):
+    """What a gang bound to one domain of a level lacks, per domain (`TopologyIndex.room_short`).
+
+    Only the `ROOM_DOMAINS` domains that lack least are watched one by one: GPUs
+    freed in any other domain reach its lack only once GPUs freed anywhere reach
+    `elsewhere` (the least lack among them), so that wake covers them all.
+    """
+
+    domains: tuple[tuple[tuple[str, ...], int], ...]
+    """(domain path, GPUs to be freed there) of the domains watched one by one."""
+    elsewhere: int | None
+    """GPUs to be freed anywhere before trying again (None: every domain is watched)."""
 
 
 class Member(NamedTuple):
@@ -82,9 +107,18 @@ class Member(NamedTuple):
 class Block:
     """Jobs of one class parked together under one verdict (they share every wake)."""
 
-    __slots__ = ("cycle", "group", "members", "reason", "root", "stamp")
+    __slots__ = ("cycle", "group", "members", "new_victims", "reason", "root", "stamp")
 
-    def __init__(self, stamp: int, group: Hashable, root: str, members: list[Member], reason: str | None, cycle: int):
+    def __init__(
+        self,
+        stamp: int,
+        group: Hashable,
+        root: str,
+        members: list[Member],
+        reason: str | None,
+        cycle: int,
+        new_victims: bool = True,
+    ):
         self.stamp = stamp
         """Unique and growing: the park the block belongs to (its wake entries carry it)."""
         self.group = group
@@ -95,6 +129,8 @@ class Block:
         """The reason every member has once the parking cycle's decisions are folded (None: unknown)."""
         self.cycle = cycle
         """The cycle that parked it."""
+        self.new_victims = new_victims
+        """Whether new victims in its tree (a queue starts borrowing) may change its verdict (`Wake`)."""
 
 
 class HeapEntry(NamedTuple):
@@ -115,6 +151,8 @@ class Park(NamedTuple):
     """The count of freed GPUs that wakes it (None: not on capacity)."""
     flavor_levels: dict[str, int]
     """Per flavor, the count of GPUs freed on its nodes that wakes it."""
+    domain_levels: dict[tuple[str, ...], int]
+    """Per topology domain (path), the count of GPUs freed in it that wakes it."""
 
 
 class Proposal(NamedTuple):
@@ -148,6 +186,9 @@ class Parking:
         self.flavor_freed_total: dict[str, int] = {}
         """Per flavor, GPUs freed on its nodes as seen by the syncs (from the fold's per-node counts)."""
         self._flavor_freed_heaps: dict[str, list[HeapEntry]] = {}
+        self.domain_freed_total: dict[tuple[str, ...], int] = {}
+        """Per topology domain (path), GPUs freed on its nodes as seen by the syncs."""
+        self._domain_freed_heaps: dict[tuple[str, ...], list[HeapEntry]] = {}
         self._time_heap: list[HeapEntry] = []
         self.proposal: Proposal | None = None
         self._proposed: list[Park] = []
@@ -187,13 +228,21 @@ class Parking:
         """
         self.stamp += 1
         stamp = self.stamp
-        block = Block(stamp, group, root, members, reason, cycle)
+        block = Block(stamp, group, root, members, reason, cycle, wake.new_victims)
         self.blocks.setdefault(group, {})[stamp] = block
         self.by_root.setdefault(root, {})[stamp] = block
         freed = None if wake.freed_short is None else self.freed_seen + max(1, wake.freed_short - gpu_free)
         totals = self.flavor_freed_total
         levels = {f: totals.get(f, 0) + max(1, n) for f, n in wake.freed_on.items()}
-        self._proposed.append(Park(block, queue, wake, freed, levels))
+        domain_levels: dict[tuple[str, ...], int] = {}
+        room = wake.room
+        if room is not None:
+            seen = self.domain_freed_total
+            domain_levels = {path: seen.get(path, 0) + max(1, n) for path, n in room.domains}
+            if room.elsewhere is not None:
+                at = self.freed_seen + max(1, room.elsewhere)
+                freed = at if freed is None else min(freed, at)
+        self._proposed.append(Park(block, queue, wake, freed, levels, domain_levels))
         return block
 
     def _stand(self, park: Park) -> None:
@@ -207,6 +256,8 @@ class Parking:
             heapq.heappush(self._freed_heap, HeapEntry(park.freed_level, block.stamp, block))
         for flavor, level in park.flavor_levels.items():
             heapq.heappush(self._flavor_freed_heaps.setdefault(flavor, []), HeapEntry(level, block.stamp, block))
+        for path, level in park.domain_levels.items():
+            heapq.heappush(self._domain_freed_heaps.setdefault(path, []), HeapEntry(level, block.stamp, block))
         for r, amount in wake.released.items():
             self._push(self._release_heaps, (root, r), self.released_total, amount, block)
         for r, amount in wake.own_released.items():
@@ -306,14 +357,21 @@ class Parking:
         total = self.flavor_freed_total[flavor] = self.flavor_freed_total.get(flavor, 0) + gpus
         self._pop_due(self._flavor_freed_heaps.get(flavor, []), total)
 
+    def domain_gpus_freed(self, path: tuple[str, ...], gpus: int) -> None:
+        """`gpus` more GPUs were freed on the nodes of a topology domain."""
+        total = self.domain_freed_total[path] = self.domain_freed_total.get(path, 0) + gpus
+        self._pop_due(self._domain_freed_heaps.get(path, []), total)
+
     def tree(self, root: str) -> list[Block]:
         """The blocks parked in a cohort tree, oldest first."""
         blocks = self.by_root.get(root)
         return [blocks[s] for s in sorted(blocks)] if blocks else []
 
-    def wake_tree(self, root: str) -> None:
+    def wake_tree(self, root: str, new_victims: bool = False) -> None:
+        """Wake a tree's blocks; for `new_victims` (a queue started borrowing), only those it concerns."""
         for block in self.tree(root):
-            self.wake(block)
+            if block.new_victims or not new_victims:
+                self.wake(block)
 
     def wake_at(self, now: int) -> None:
         """Try again the jobs whose wake time has come."""

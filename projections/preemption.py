@@ -19,7 +19,7 @@ Everything is tentative on the cycle's view and undone before returning.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from muster.events.types import PreemptionReason
@@ -50,6 +50,8 @@ class Result(NamedTuple):
     """Whether the verdict may depend on the candidates' order, which moves with time (lost
     work grows between checkpoints): other queues' candidates are skipped once their queue
     stops borrowing, and fair sharing weighs shares victim by victim."""
+    candidates: Sequence[JobState] = ()
+    """Every candidate, when no victim set was found (the room they hold bounds the job's wake)."""
 
 
 _NONE = Result([], False, 0, {})
@@ -199,7 +201,8 @@ def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
     if not victims:
         # with only own-queue candidates a failure means that evicting all of them
         # does not help, whatever their order
-        return Result([], probe.quota_possible, gpus, held, len(same) != len(candidates) or state.fair_sharing)
+        order_matters = len(same) != len(candidates) or state.fair_sharing
+        return Result([], probe.quota_possible, gpus, held, order_matters, candidates)
     return Result(_with_reasons(cycle, job, victims), True, gpus, held)
 
 

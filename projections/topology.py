@@ -25,6 +25,7 @@ capacity - reserved - used of its node in the cluster state.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
@@ -132,7 +133,11 @@ class TopologyIndex:
         self.gpu_free_total: int = self.root.free.get("gpu", 0)
         self.deferred: list[tuple[str, dict[str, int], int]] = []
         """The last cycle's tentative changes, not undone yet (`settle`)."""
+        self._positions: dict[int, dict[int, int]] = {}
+        """Per depth, each domain's place (by `id`) in `by_level` (`room_short`)."""
         self._rooms: dict[tuple[str, int], _Room] = {}
+        self._last_freed: _FreedRoom | None = None
+        """`_freed_room`'s last answer, for the list it was asked about."""
         """(job, depth) -> what it holds per domain (`could_hold`); good while its placement is the same object."""
 
     # ------------------------------------------------------------ host updates
@@ -312,18 +317,65 @@ class TopologyIndex:
         depth = 0 if level is None else self.level_depth(level)
         if not need or depth is None:
             return True
-        extra: dict[int, dict[str, int]] = {}
-        for job in freed:
-            for dom_id, amounts in self._room_by_domain(job, depth).items():
-                more = extra.setdefault(dom_id, {})
-                for k, v in amounts.items():
-                    more[k] = more.get(k, 0) + v
+        extra = self._freed_room(freed, depth)
         domains = [self.root] if depth == 0 else self.by_level[depth - 1]
         for dom in domains:
             more = extra.get(id(dom), {})
             if all(dom.free.get(k, 0) + more.get(k, 0) >= n for k, n in need.items()):
                 return True
         return False
+
+    def room_short(
+        self, count: int, req: Mapping[str, int], level: str, freed: Iterable[JobState], keep: int
+    ) -> RoomShort | None:
+        """The `keep` domains of `level` that lack the fewest GPUs for `count` pods of `req` were the
+        running jobs `freed` evicted first (a lack is at least 1: a domain whose sum would do may be
+        fragmented), smallest first, ties in path order; and the lack of the next one.
+
+        Only GPUs are counted (as the memo counts GPUs freed), so this is for GPU-only requests:
+        None for others. A domain can hold the pods only once at least its lack has been freed in it.
+        """
+        gpu = req.get("gpu", 0)
+        depth = self.level_depth(level)
+        if gpu <= 0 or depth is None or depth > len(self.levels) or any(v > 0 for k, v in req.items() if k != "gpu"):
+            return None
+        need = gpu * count
+        domains = self.by_level[depth - 1]
+        lacks = [need - dom.free.get("gpu", 0) for dom in domains]
+        position = self._positions.get(depth)
+        if position is None:
+            position = self._positions[depth] = {id(dom): i for i, dom in enumerate(domains)}
+        for dom_id, amounts in self._freed_room(freed, depth).items():
+            lacks[position[dom_id]] -= amounts.get("gpu", 0)
+        # the smallest first, ties in path order (as sorting the pairs would give)
+        ranked = heapq.nsmallest(keep + 1, range(len(lacks)), key=lacks.__getitem__)
+        found = [DomainLack(max(1, lacks[i]), domains[i].path) for i in ranked]
+        return RoomShort(found[:keep], found[keep].gpus if len(found) > keep else None)
+
+    def _freed_room(self, freed: Iterable[JobState], depth: int) -> dict[int, dict[str, int]]:
+        """What the running jobs `freed` hold per domain at `depth` (by `id`), added up.
+
+        The last answer is kept for its list: a failed victim search bounds the room of its
+        candidates (`could_hold`), then the wake asks what they leave each domain short of
+        (`room_short`), over the same list, which nobody changes once made.
+        """
+        last = self._last_freed
+        if last is not None and last.jobs is freed and last.depth == depth:
+            return last.by_domain
+        extra: dict[int, dict[str, int]] = {}
+        for job in freed:
+            for dom_id, amounts in self._room_by_domain(job, depth).items():
+                more = extra.setdefault(dom_id, {})
+                for k, v in amounts.items():
+                    more[k] = more.get(k, 0) + v
+        if isinstance(freed, list):
+            self._last_freed = _FreedRoom(freed, depth, extra)
+        return extra
+
+    @staticmethod
+    def freed_in_domains(host: Domain) -> list[tuple[str, ...]]:
+        """The domains (paths) a host's freed GPUs count in: each enclosing domain but the cluster."""
+        return [d.path for d in host.chain[1:] if d.parent is not None]
 
     def _room_by_domain(self, job: JobState, depth: int) -> dict[int, dict[str, int]]:
         """What a running job holds per domain at `depth` (by `id`), for as long as its placement stands.
@@ -392,12 +444,7 @@ class TopologyIndex:
             depth = 1
         domains = self.by_level[depth - 1]
         # a domain's summed free capacity bounds what it can hold: skip the hopeless
-        need = [(k, v * count) for k, v in req.items() if v > 0]
-        if len(need) == 1:
-            (k0, n0), *_ = need
-            roomy = [d for d in domains if d.free.get(k0, 0) >= n0]
-        else:
-            roomy = [d for d in domains if all(d.free.get(k, 0) >= n for k, n in need)]
+        roomy = self._roomy(depth, [(k, v * count) for k, v in req.items() if v > 0])
         slots = {id(d): self.slots(d, req, count) for d in roomy}
         fitting = [d for d in roomy if slots[id(d)] >= count]
         if fitting:
@@ -410,17 +457,43 @@ class TopologyIndex:
             return f"{what} do not fit on the schedulable nodes"
         return _Plan(primary, spread=domains, slots=slots)
 
+    def _roomy(self, depth: int, need: list[tuple[str, int]]) -> list[Domain]:
+        """The domains at `depth` whose free capacity covers `need`, in path order (as `by_level`).
+
+        A domain's free capacity is the sum of its parts', so one short of `need` rules out every
+        domain inside it: the walk down visits only the insides of roomy domains (on a full
+        cluster, a few of its racks rather than all of them).
+        """
+        if len(need) == 1:
+            (k0, n0), *_ = need
+            frontier = [self.root] if self.root.free.get(k0, 0) >= n0 else []
+            for _ in range(depth):
+                frontier = [c for d in frontier for c in d.children if c.free.get(k0, 0) >= n0]
+            return frontier
+        frontier = [self.root] if all(self.root.free.get(k, 0) >= n for k, n in need) else []
+        for _ in range(depth):
+            frontier = [c for d in frontier for c in d.children if all(c.free.get(k, 0) >= n for k, n in need)]
+        return frontier
+
     def _assign(self, dom: Domain, count: int, req: Mapping[str, int], primary: str, out: list[str]) -> None:
         if dom.is_host:
             out.extend([dom.name] * count)
             return
         children = dom.children
-        slots = {id(c): self.slots(c, req, count) for c in children}
-        fitting = [c for c in children if slots[id(c)] >= count]
+        # only a child whose free room covers the pods can hold them all (its slots are counted
+        # only then); the others' slots are needed only to spread over them
+        need = [(k, v * count) for k, v in req.items() if v > 0]
+        if len(need) == 1:
+            (k0, n0), *_ = need
+            roomy = [c for c in children if c.free.get(k0, 0) >= n0]
+        else:
+            roomy = [c for c in children if all(c.free.get(k, 0) >= n for k, n in need)]
+        fitting = [c for c in roomy if self.slots(c, req, count) >= count]
         if fitting:
             best = min(fitting, key=lambda c: self._tight_key(c, primary))
             self._assign(best, count, req, primary, out)
             return
+        slots = {id(c): self.slots(c, req, count) for c in children}
         self._spread(children, slots, count, req, primary, out)
 
     def _spread(
@@ -456,6 +529,30 @@ class TopologyIndex:
             i += 1
         if remaining > 0:  # pragma: no cover - callers check total slots first
             raise AssertionError("spread ran out of room")
+
+
+class DomainLack(NamedTuple):
+    """How many GPUs must be freed in a domain (by its path) before it may hold a shape."""
+
+    gpus: int
+    path: tuple[str, ...]
+
+
+class RoomShort(NamedTuple):
+    """`TopologyIndex.room_short`: the domains of a level that lack least, and the lack of the rest."""
+
+    lacks: list[DomainLack]
+    """The domains that lack least, with their lack, the smallest first."""
+    rest: int | None
+    """The least lack of the other domains (None: there are none)."""
+
+
+class _FreedRoom(NamedTuple):
+    """`_freed_room`'s answer for one list of jobs (held, so that its identity stays its own)."""
+
+    jobs: list[JobState]
+    depth: int
+    by_domain: dict[int, dict[str, int]]
 
 
 class _Room(NamedTuple):

@@ -13,12 +13,13 @@ import bisect
 
 from muster.events.types import JobId, JobInadmissible
 from muster.projections.cycle import Cycle, EvictNewAnswer, lowest_key, neg_seq
-from muster.projections.eviction import Preemptor, chain_may_shrink, evicts_from_others, may_evict
-from muster.projections.flavors import on_any_flavor
+from muster.projections.eviction import Preemptor, chain_may_shrink, evicts_from_others, evicts_no_one, may_evict
+from muster.projections.flavors import on_any_flavor, placement_request
 from muster.projections.index import OrderKey
-from muster.projections.parking import Wake
+from muster.projections.parking import ROOM_DOMAINS, RoomWait, Wake
 from muster.projections.preemption import Result, overlaps
 from muster.projections.state import JobState
+from muster.projections.topology import RoomShort
 
 
 def park(cycle: Cycle, job: JobState, reason: str, wake: Wake) -> None:
@@ -127,11 +128,40 @@ def _may_evict_any(cycle: Cycle, job: JobState, admitted: list[JobState]) -> boo
     return False
 
 
+def _wait_for_room(cycle: Cycle, job: JobState, result: Result, wake: Wake) -> None:
+    """Wake the job once GPUs freed could let the nodes hold it, with every candidate evicted.
+
+    A gang bound to one domain of a level waits for GPUs freed in a domain to reach what that
+    domain lacks (a release in another rack or block does not wake it); any other job for GPUs
+    freed anywhere to reach what the cluster lacks.
+    """
+    room = _room_short(cycle, job, result)
+    if room is not None:
+        wake.room = RoomWait(tuple((lack.path, lack.gpus) for lack in room.lacks), room.rest)
+    else:
+        wake.freed_short = job.gpus - result.candidate_gpus
+
+
+def _room_short(cycle: Cycle, job: JobState, result: Result) -> RoomShort | None:
+    """Per domain, what a one-podset gang with a required level lacks (None: not such a gang, or its
+    view is its own: reserved room it may use, no victim search at this instant)."""
+    if len(job.podsets) != 1 or cycle.fence.held or job.chained_eviction(cycle.now):
+        return None
+    ps = job.podsets[0]
+    if ps.topology is None or ps.topology.required is None:
+        return None
+    topology = cycle.idx.topology
+    request = placement_request(job, ps.name, ps.requests, topology.tainted)
+    return topology.room_short(ps.count, request, ps.topology.required, result.candidates, ROOM_DOMAINS)
+
+
 def wake_rule(
     cycle: Cycle, job: JobState, allow_borrow: bool, quota_blocked: bool, quota_possible: bool, result: Result
 ) -> Wake:
     """What must happen before this verdict (and its words) can change; see `index`."""
-    wake = Wake()
+    state = cycle.state
+    queue = state.queues[job.queue]
+    wake = Wake(new_victims=not evicts_no_one(queue.preemption, state.priority_of(job), state.lowest_priority()))
     if job.chained_eviction(cycle.now) or result.order_matters:
         wake.at_time = cycle.now + 1
     headroom = cycle.idx.quota.headroom(job.queue, job.requests, allow_borrow)
@@ -145,14 +175,13 @@ def wake_rule(
         elif headroom:  # pragma: no cover - blocking and headroom agree; never park for good
             wake.released[min(headroom)] = 1
         if quota_possible:
-            wake.freed_short = job.gpus - result.candidate_gpus
+            _wait_for_room(cycle, job, result, wake)
     else:
         # placement blocked: wake when GPUs free up, or when quota would block instead
-        wake.freed_short = job.gpus - result.candidate_gpus
+        _wait_for_room(cycle, job, result, wake)
         for r, h in headroom.items():
             wake.consumed[r] = h + 1
     # back within nominal quota, the queue may reclaim what its cohort borrowed
-    queue = cycle.state.queues[job.queue]
     policy = queue.preemption
     if queue.cohort is not None and evicts_from_others(policy, None):
         over = cycle.idx.quota.over_nominal(job.queue, job.requests)

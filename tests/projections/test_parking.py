@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
+
 from muster.events.types import (
+    CohortConfigured,
     Event,
     JobSubmitted,
     NodeAdded,
     NodeUpdated,
     PodSet,
+    PreemptionPolicy,
+    PriorityClassConfigured,
     QueueConfigured,
     SchedulerConfigured,
 )
@@ -65,3 +70,38 @@ def test_the_switch_really_switches() -> None:
         assert index_of(state).parking.parked == {}
     finally:
         parking.PARKING = True
+
+
+def _borrowing_log(priority_class: str) -> list[Event]:
+    """Queues qa, qb, qc of 8 GPUs in one cohort over three 8-GPU nodes; qa and qb full, `s` (16 GPUs, qa) waits."""
+    policy = PreemptionPolicy(within_queue="LowerPriority", reclaim_within_cohort="LowerPriority")
+    events: list[Event] = [
+        SchedulerConfigured(at=0, levels=["rack"]),
+        PriorityClassConfigured(at=0, name="low", value=0),
+        PriorityClassConfigured(at=0, name="high", value=100),
+        CohortConfigured(at=0, name="org"),
+    ]
+    for q in ("qa", "qb", "qc"):
+        events.append(QueueConfigured(at=0, name=q, cohort="org", nominal={"gpu": 8}, preemption=policy))  # type: ignore[arg-type]
+        events.append(NodeAdded(at=0, node=f"n-{q}", labels={"rack": "r0"}, capacity={"gpu": 8}))  # type: ignore[arg-type]
+    for name, q in (("a0", "qa"), ("b0", "qb")):
+        one = PodSet(name="w", count=1, requests={"gpu": 8})  # type: ignore[arg-type]
+        events.append(JobSubmitted(at=0, job=name, queue=q, podsets=[one], priority_class="high"))  # type: ignore[arg-type]
+    two = PodSet(name="w", count=2, requests={"gpu": 8})  # type: ignore[arg-type]
+    events.append(JobSubmitted(at=1, job="s", queue="qa", podsets=[two], priority_class=priority_class))  # type: ignore[arg-type]
+    return events
+
+
+@pytest.mark.parametrize(
+    ("priority_class", "woken"), [("low", False), ("high", True)], ids=["evicts-no-one", "may-evict"]
+)
+def test_a_new_borrower_wakes_only_jobs_that_may_evict_it(priority_class: str, woken: bool) -> None:
+    """A new borrower in the cohort wakes a parked job that may evict it, not one that may evict no one."""
+    state = fold(_borrowing_log(priority_class))  # type: ignore[arg-type]
+    fold(decide(state, 1), state)
+    assert state.jobs["s"].status == "pending" and "s" in index_of(state).parking.parked
+    b1 = PodSet(name="w", count=1, requests={"gpu": 8})  # type: ignore[arg-type]
+    fold([JobSubmitted(at=2, job="b1", queue="qb", podsets=[b1], priority_class="low")], state)  # type: ignore[list-item]
+    fold(decide(state, 2), state)
+    assert state.jobs["b1"].status == "admitted"  # qb borrows qc's room
+    assert ("s" not in index_of(state).parking.parked) == woken
