@@ -1,6 +1,8 @@
 """Who may be preempted for a pending job, and the minimal set that makes it fit.
 
 Follows Kueue's `preemption.go` and spec/scenario.md (Preemption):
+- no job running on a host that holds room for a reservation the preemptor
+  may not use is a candidate (that room is promised to another gang);
 - candidates come from the preemptor's own queue (`within_queue`) and from
   borrowing queues of its cohort tree (`reclaim_within_cohort`,
   `borrow_within_cohort` with its priority threshold); a non-preemptible job
@@ -62,7 +64,8 @@ def _candidates(cycle: Cycle, job: JobState, p: Preemptor) -> list[JobState]:
     Other queues' first (in victim order across them), then its own queue's.
     """
     idx = cycle.idx
-    removed = cycle.removed
+    # the room reserved for another gang is not the preemptor's to free: no victim there (`reservations`)
+    removed = cycle.removed | spared(cycle, job) if cycle.fence.held else cycle.removed
     prio = p.priority
     own: list[JobState] = []
     rule = reach(p.policy, p.mode)
@@ -96,6 +99,15 @@ def _candidates(cycle: Cycle, job: JobState, p: Preemptor) -> list[JobState]:
                 others.append(entry)
     others.sort(key=lambda e: (e.priority, e.lost, e.neg_admitted, e.neg_seq))
     return [e.job for e in others] + own
+
+
+def spared(cycle: Cycle, job: JobState) -> set[str]:
+    """The running jobs on hosts that hold room for a reservation `job` may not use."""
+    closed = cycle.fence.closed_to(job)
+    if not closed:
+        return set()
+    nodes = cycle.state.nodes
+    return {j for n in sorted(closed) if (node := nodes.get(n)) is not None for j in node.jobs}
 
 
 def victim_order(cycle: Cycle, queue: str, upto: int) -> list[VictimEntry]:

@@ -62,12 +62,17 @@ from muster.events.types import (
 )
 from muster.projections.cluster import node_pods
 from muster.projections.index import SchedulerIndex, order_key
-from muster.projections.state import ClusterState, JobState, Reservation
-from muster.projections.topology import Domain, TopologyIndex, Transaction
+from muster.projections.planning import Plan, Running, plan_for
+from muster.projections.state import ClusterState, JobState, Reservation, reservation_of
+from muster.projections.topology import Transaction
 
 
 class Fence:
-    """One cycle's reservations in force and the room they hold back on the cycle's view."""
+    """One cycle's reservations in force and the room they hold back on the cycle's view.
+
+    A host may be held by several reservations (one stacked behind another): it holds back the sum of
+    what their holders take there, up to what is free.
+    """
 
     def __init__(self, state: ClusterState, topo: Transaction, now: int) -> None:
         self.now = now
@@ -77,60 +82,75 @@ class Fence:
         }
         self.taken: dict[str, dict[str, int]] = {}
         """Host -> what the fence holds back there now."""
-        self.needs: dict[str, dict[str, int] | None] = {}
-        """Host -> the most it holds back there (None: all that is free)."""
+        self.on: dict[str, list[Reservation]] = {}
+        """Host -> the reservations that hold it."""
         for res in self.held.values():
             for node in res.nodes:
-                self.needs[node] = res.needs.get(node) if res.needs else None
-            self._close(res.nodes)
+                self.on.setdefault(node, []).append(res)
+        for node in sorted(self.on):
+            self._hold(node, self.on[node])
 
-    def _close(self, nodes: Iterable[str]) -> None:
-        """Hold back the free room of `nodes` the holder needs (what it holds there already counts)."""
-        hosts = self.topo.index.hosts
-        for node in nodes:
-            host = hosts.get(node)
-            if host is None:
-                continue
-            need = self.needs.get(node)
-            held = self.taken.setdefault(node, {})
-            room: dict[str, int] = {}
-            for k, v in host.host_free.items():
-                cap = v if need is None else min(v, need.get(k, 0) - held.get(k, 0))
-                if cap > 0:
-                    room[k] = cap
-            if room:
-                self.topo.take(node, room)
-                for k, v in room.items():
-                    held[k] = held.get(k, 0) + v
+    def _hold(self, node: str, holders: list[Reservation]) -> None:
+        """Hold back the free room of `node` that `holders` need (what it holds there already counts)."""
+        host = self.topo.index.hosts.get(node)
+        if host is None:
+            return
+        need = _need(node, holders)
+        held = self.taken.setdefault(node, {})
+        room: dict[str, int] = {}
+        for k, v in host.host_free.items():
+            cap = v if need is None else min(v, need.get(k, 0) - held.get(k, 0))
+            if cap > 0:
+                room[k] = cap
+        if room:
+            self.topo.take(node, room)
+            for k, v in room.items():
+                held[k] = held.get(k, 0) + v
 
     def usable_by(self, job: JobState) -> list[Reservation]:
-        """The reservations whose room `job` may use: its own, and those it backfills."""
+        """The reservations whose room `job` may use: its own, those stacked behind it, those it backfills."""
         out = []
         for res in self.held.values():
-            if res.job == job.id or backfills(job, res, self.now):
+            mine = res.job == job.id or (job.id in self.held and _waits_for(res, job.id))
+            if mine or backfills(job, res, self.now):
                 out.append(res)
         return out
 
     def open(self, job: JobState) -> list[str]:
-        """Give `job` the room of the reservations it may use; returns the hosts opened (for `close`)."""
+        """Give `job` the room of the reservations it may use (what the others hold on the same hosts
+        stays held); returns the hosts opened (for `close`)."""
+        usable = self.usable_by(job)
+        mine = {res.job for res in usable}
         opened: list[str] = []
-        for res in self.usable_by(job):
-            for node in res.nodes:
-                held = self.taken.pop(node, None)
-                if held:
-                    self.topo.give(node, held)
-                    opened.append(node)
+        for node in sorted({n for res in usable for n in res.nodes}):
+            held = self.taken.pop(node, None)
+            if held:
+                self.topo.give(node, held)
+                opened.append(node)
+                others = [res for res in self.on[node] if res.job not in mine]
+                if others:
+                    self._hold(node, others)
         return opened
 
     def close(self, opened: list[str]) -> None:
         """Hold back again what is left of the hosts `open` gave."""
-        self._close(opened)
+        for node in opened:
+            self._hold(node, self.on[node])
 
     def held_gpus(self, job: JobState) -> int:
         """GPUs held back now on the reservations `job` may use (room it sees that others do not)."""
         if not self.held:
             return 0
-        return sum(self.taken.get(n, {}).get("gpu", 0) for res in self.usable_by(job) for n in res.nodes)
+        nodes = {n for res in self.usable_by(job) for n in res.nodes}
+        return sum(self.taken.get(n, {}).get("gpu", 0) for n in nodes)
+
+    def closed_to(self, job: JobState) -> frozenset[str]:
+        """The hosts holding room for a reservation `job` may not use: a preemptor evicts no job there,
+        since the room it would free is promised to another (`preemption`)."""
+        if not self.held:
+            return frozenset()
+        mine = {res.job for res in self.usable_by(job)}
+        return frozenset(n for n, holders in self.on.items() if any(res.job not in mine for res in holders))
 
     def own_verdict(self, job: JobState) -> bool:
         """Whether `job` sees room its class does not (so its verdict is its own, not its class's)."""
@@ -139,6 +159,24 @@ class Fence:
         if job.id in self.held:
             return True
         return job.max_runtime is not None and any(r.expected_start is not None for r in self.held.values())
+
+
+def _need(node: str, holders: Iterable[Reservation]) -> dict[str, int] | None:
+    """What `holders` take on `node`, summed (None: one of them holds all that is free, as a reservation
+    made before `needs` was recorded does)."""
+    total: dict[str, int] = {}
+    for res in holders:
+        need = res.needs.get(node) if res.needs else None
+        if need is None:
+            return None
+        for k, v in need.items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
+def _waits_for(res: Reservation, job_id: str) -> bool:
+    """Whether `res` was stacked behind `job_id`'s reservation (it waits for that holder to end)."""
+    return any(w.job == job_id for w in res.waits_for)
 
 
 def in_force(state: ClusterState, job_id: str) -> bool:
@@ -155,25 +193,6 @@ def backfills(job: JobState, res: Reservation, now: int) -> bool:
 
 
 # ---------------------------------------------------------------- decisions at the end of a cycle
-
-
-class Plan(NamedTuple):
-    """Where a job fits soonest: the hosts to hold, their domain, when, and the running jobs in the way."""
-
-    nodes: list[str]
-    domain: str
-    expected_start: int | None
-    waits_for: list[ExpectedEnd]
-    needs: dict[str, dict[str, int]]
-
-
-class Running(NamedTuple):
-    """A running job's room per host, and when it ends by its declared limit (None: no limit)."""
-
-    end: int | None
-    seq: int
-    job: str
-    room: dict[str, dict[str, int]]
 
 
 def released_on_admission(state: ClusterState, job: JobState, now: int, cycle: int, epoch: int) -> list[Event]:
@@ -227,54 +246,109 @@ def decide_reservations(
     if not kept and not due:
         return events
     running = _running(state, idx, now, placed)
-    topo = idx.topology
-    taken = {n for res in kept for n in res.nodes}
+    current = {res.job: res for res in kept}
+    """The reservations as this cycle leaves them: a plan queues behind every one but those behind it."""
     slots = len(queues)
     for res in kept:
         job = state.jobs[res.job]
         gone = not all(_usable(state, n) for n in res.nodes)
-        others = taken.difference(res.nodes)
-        plan = plan_for(job, topo, running, others, now, fence.taken)
+        plan = _plan(state, job, current, running, fence, idx, None if gone else _due_by(state, res))
         if gone or (plan is not None and _sooner(state, plan, res, now)):
             # its hosts left, or room comes back sooner elsewhere: the same holder is reserved for there
             events.append(ReservationReleased(at=now, job=JobId(res.job), reason="replaced", cycle=cycle, epoch=epoch))
-            taken = others
+            del current[res.job]
             if plan is None:
                 continue
-            events.append(_made(job, plan, res.reason, now, cycle, epoch))
-            taken |= set(plan.nodes)
+            made = _made(job, plan, res.reason, now, cycle, epoch)
+            events.append(made)
+            current[res.job] = reservation_of(made)
         if not _nominal(res):
             slots -= 1
     # as many reservations as queues make them (the guarantee's aside), to the longest waiting jobs
     for job, reason in due:
         if slots <= 0 and not reason.nominal:
             break
-        plan = plan_for(job, topo, running, taken, now, fence.taken)
+        plan = _plan(state, job, current, running, fence, idx)
         if plan is None or not plan.waits_for:
             continue  # nowhere, or it fits now: what holds it back is not room that nodes could hold
-        taken.update(plan.nodes)
         if not reason.nominal:
             slots -= 1
-        events.append(_made(job, plan, reason.text, now, cycle, epoch))
+        made = _made(job, plan, reason.text, now, cycle, epoch)
+        events.append(made)
+        current[job.id] = reservation_of(made)
     return events
+
+
+def _plan(
+    state: ClusterState,
+    job: JobState,
+    current: Mapping[str, Reservation],
+    running: list[Running],
+    fence: Fence,
+    idx: SchedulerIndex,
+    before: int | None = None,
+) -> Plan | None:
+    """Where `job` fits soonest (with `before`: only a plan with a known start before it), behind every
+    reservation in `current` but its own and those behind it: a reservation once made is never pushed
+    back by another's plan (so a nominal-quota gang's expected start holds, whoever moves later)."""
+    now = fence.now
+    behind = _behind(current, job.id)
+    ahead: list[Running] = []
+    excluded: set[str] = set()
+    for other in current.values():
+        if other.job == job.id or other.job in behind:
+            continue
+        if not other.needs:
+            excluded.update(other.nodes)  # made before `needs` was recorded: it holds the whole hosts
+            continue
+        holder = state.jobs[other.job]
+        start, limit = other.expected_start, holder.max_runtime
+        end = None if start is None or limit is None else max(now, start) + limit
+        ahead.append(Running(end, holder.seq, other.job, other.needs))
+    return plan_for(job, idx.topology, running, ahead, excluded, now, fence.taken, before)
+
+
+def _behind(current: Mapping[str, Reservation], job_id: str) -> set[str]:
+    """The holders whose reservations wait, directly or through others, for `job_id`'s to end."""
+    behind: set[str] = set()
+    grew = True
+    while grew:
+        grew = False
+        for res in current.values():
+            if res.job not in behind and any(w.job == job_id or w.job in behind for w in res.waits_for):
+                behind.add(res.job)
+                grew = True
+    return behind
 
 
 def _sooner(state: ClusterState, plan: Plan, res: Reservation, now: int) -> bool:
     """Whether `plan` starts the holder sooner than its reservation will: an earlier known start, a known
     start where it has none, or, both unknown, fewer running jobs to wait for."""
-    left = [w for w in res.waits_for if _still_running(state, w.job, res.since)]
-    unknown = any(w.end is None for w in left)
+    left = [w for w in res.waits_for if _in_way(state, w.job, res)]
     if plan.expected_start is None:
-        return unknown and len(plan.waits_for) < len(left)
-    if unknown:
-        return True
-    return plan.expected_start < max((w.end or now for w in left), default=now)
+        return any(w.end is None for w in left) and len(plan.waits_for) < len(left)
+    due = _due_by(state, res, left)
+    return due is None or plan.expected_start < max(due, now)
 
 
-def _still_running(state: ClusterState, job_id: str, since: int) -> bool:
-    """Whether a job a reservation made at `since` waits for is still in its way (the same run of it)."""
+def _due_by(state: ClusterState, res: Reservation, left: list[ExpectedEnd] | None = None) -> int | None:
+    """When the jobs still in the reservation's way end by their limits (None: one of them has none)."""
+    if left is None:
+        left = [w for w in res.waits_for if _in_way(state, w.job, res)]
+    if any(w.end is None for w in left):
+        return None
+    return max((w.end or 0 for w in left), default=0)
+
+
+def _in_way(state: ClusterState, job_id: str, res: Reservation) -> bool:
+    """Whether a job `res` waits for is still in its way: the same run of a running job, or one running
+    on its hosts since (a holder it was stacked behind), or a holder still waiting on its reservation."""
     job = state.jobs.get(job_id)
-    return job is not None and job.status == "admitted" and (job.admitted_at or 0) <= since
+    if job is None:
+        return False
+    if job.status == "admitted":
+        return (job.admitted_at or 0) <= res.since or any(n in res.nodes for n in job.placement.values())
+    return job.status == "pending" and job_id in state.reservations
 
 
 NOMINAL = "within its queue's nominal quota"
@@ -405,103 +479,3 @@ def _running(
     # known ends first, in order; then the jobs without a limit, in submission order
     out.sort(key=lambda r: (r.end is None, r.end or 0, r.seq))
     return out
-
-
-def plan_for(
-    job: JobState,
-    topo: TopologyIndex,
-    running: list[Running],
-    taken: set[str],
-    now: int,
-    held: Mapping[str, Mapping[str, int]],
-) -> Plan | None:
-    """The domain where `job` fits soonest, and the fewest of its hosts that hold it then (None: nowhere).
-
-    `taken`: hosts other reservations hold; `held`: room the cycle's fence holds back (free, for the plan).
-    """
-    level = next((ps.topology.required for ps in job.podsets if ps.topology and ps.topology.required), None)
-    depth = topo.level_depth(level) if level is not None else None
-    domains = topo.by_level[depth - 1] if depth is not None else [topo.root]
-    best: tuple[tuple[object, ...], Plan] | None = None
-    for dom in domains:
-        plan = _plan_in(job, dom, running, taken, now, held)
-        if plan is None:
-            continue
-        score = (plan.expected_start is None, plan.expected_start or 0, len(plan.waits_for), dom.path)
-        if best is None or score < best[0]:
-            best = (score, plan)
-    return best[1] if best is not None else None
-
-
-def _plan_in(
-    job: JobState,
-    dom: Domain,
-    running: list[Running],
-    taken: set[str],
-    now: int,
-    held: Mapping[str, Mapping[str, int]],
-) -> Plan | None:
-    """When and on which of the domain's hosts the job fits soonest, the running jobs' room coming back
-    in `running`'s order."""
-    hosts = [dom] if dom.is_host else dom.hosts
-    room = {h.name: dict(h.host_free) for h in hosts if h.schedulable and h.name not in taken}
-    if not room:
-        return None
-    _give(room, {n: r for n, r in held.items() if n in room})
-    need = job.gpus
-    gpus = sum(r.get("gpu", 0) for r in room.values())
-    chosen = _fit(job, room) if gpus >= need else None
-    freed: list[Running] = []
-    for r in running:
-        if chosen is not None:
-            break
-        mine = {n: req for n, req in r.room.items() if n in room}
-        if mine:
-            _give(room, mine)
-            freed.append(r)
-            gpus += sum(req.get("gpu", 0) for req in mine.values())
-            if gpus >= need:  # fewer free GPUs than it asks for cannot hold it: no need to try
-                chosen = _fit(job, room)
-    if chosen is None:
-        return None
-    waits = [r for r in freed if any(n in chosen for n in r.room)]
-    unknown = any(r.end is None for r in waits)
-    start = None if unknown else max((r.end or now for r in waits), default=now)
-    return Plan(
-        nodes=sorted(chosen),
-        domain="/".join(dom.path),
-        expected_start=start,
-        waits_for=[ExpectedEnd(job=JobId(r.job), end=r.end) for r in waits],
-        needs=chosen,
-    )
-
-
-def _give(room: dict[str, dict[str, int]], rooms: Mapping[str, Mapping[str, int]]) -> None:
-    for n, req in rooms.items():
-        host = room[n]
-        for k, v in req.items():
-            host[k] = host.get(k, 0) + v
-
-
-def _fit(job: JobState, room: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]] | None:
-    """What a greedy fill, roomiest host first, puts on each host (None: the job does not fit)."""
-    left = {n: dict(r) for n, r in room.items()}
-    used: dict[str, dict[str, int]] = {}
-    for ps in job.podsets:
-        need = ps.count
-        wanted = [(k, v) for k, v in ps.requests.items() if v > 0]
-        if not wanted:
-            continue  # pods that ask for nothing fit anywhere
-        slots = {n: min(free.get(k, 0) // v for k, v in wanted) for n, free in left.items()}
-        for name in sorted(left, key=lambda n: (-slots[n], n)):
-            n = min(slots[name], need)
-            if n <= 0:
-                break
-            on = used.setdefault(name, {})
-            for k, v in wanted:
-                left[name][k] -= v * n
-                on[k] = on.get(k, 0) + v * n
-            need -= n
-        if need > 0:
-            return None
-    return used
