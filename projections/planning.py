@@ -59,15 +59,11 @@ def plan_for(
     excluded: set[str],
     now: int,
     held: Mapping[str, Mapping[str, int]],
-    before: int | None = None,
 ) -> Plan | None:
-    """The domain where `job` fits soonest, and the fewest of its hosts that hold it then (None: nowhere,
-    or, with `before`, not with a known start before it).
+    """The domain where `job` fits soonest, and the fewest of its hosts that hold it then (None: nowhere).
 
     `running`: in `comes_back` order; `ahead`: the reservations it queues behind (any order); `excluded`:
-    hosts it may not be planned on; `held`: room the cycle's fence holds back (free, for the plan). A
-    reservation asks whether a sooner place than its own exists (`before`: when its own comes): room that
-    comes back later cannot make one, so the replay stops there (most cycles find none, cheaply).
+    hosts it may not be planned on; `held`: room the cycle's fence holds back (free, for the plan).
     """
     level = next((ps.topology.required for ps in job.podsets if ps.topology and ps.topology.required), None)
     depth = topo.level_depth(level) if level is not None else None
@@ -75,7 +71,7 @@ def plan_for(
     queue = sorted(ahead, key=comes_back)
     best: tuple[tuple[object, ...], Plan] | None = None
     for dom in domains:
-        plan = _plan_in(job, dom, running, queue, excluded, now, held, before)
+        plan = _plan_in(job, dom, running, queue, excluded, now, held)
         if plan is None:
             continue
         score = (plan.expected_start is None, plan.expected_start or 0, len(plan.waits_for), dom.path)
@@ -92,11 +88,8 @@ def _plan_in(
     excluded: set[str],
     now: int,
     held: Mapping[str, Mapping[str, int]],
-    before: int | None,
 ) -> Plan | None:
     """When and on which of the domain's hosts the job fits soonest, room coming back in `comes_back` order."""
-    if before is not None and before <= now:
-        return None
     hosts = [dom] if dom.is_host else dom.hosts
     room = {h.name: dict(h.host_free) for h in hosts if h.schedulable and h.name not in excluded}
     if not room:
@@ -109,7 +102,7 @@ def _plan_in(
     chosen = _fit(job, room) if gpus >= need else None
     freed: list[Running] = []
     for r in heapq.merge(running, ahead, key=comes_back) if ahead else running:
-        if chosen is not None or (before is not None and (r.end is None or r.end >= before)):
+        if chosen is not None:
             break
         mine = {n: req for n, req in r.room.items() if n in room}
         if mine:

@@ -65,7 +65,7 @@ def _candidates(cycle: Cycle, job: JobState, p: Preemptor) -> list[JobState]:
     """
     idx = cycle.idx
     # the room reserved for another gang is not the preemptor's to free: no victim there (`reservations`)
-    removed = cycle.removed | spared(cycle, job) if cycle.fence.held else cycle.removed
+    removed = cycle.removed | cycle.fence.spared(job, cycle.state.nodes) if cycle.fence.held else cycle.removed
     prio = p.priority
     own: list[JobState] = []
     rule = reach(p.policy, p.mode)
@@ -99,15 +99,6 @@ def _candidates(cycle: Cycle, job: JobState, p: Preemptor) -> list[JobState]:
                 others.append(entry)
     others.sort(key=lambda e: (e.priority, e.lost, e.neg_admitted, e.neg_seq))
     return [e.job for e in others] + own
-
-
-def spared(cycle: Cycle, job: JobState) -> set[str]:
-    """The running jobs on hosts that hold room for a reservation `job` may not use."""
-    closed = cycle.fence.closed_to(job)
-    if not closed:
-        return set()
-    nodes = cycle.state.nodes
-    return {j for n in sorted(closed) if (node := nodes.get(n)) is not None for j in node.jobs}
 
 
 def victim_order(cycle: Cycle, queue: str, upto: int) -> list[VictimEntry]:

@@ -11,23 +11,31 @@ The rules (docs/spec/scenario.md, Reservations and backfill):
   reserved for at once when its queue's usage with it admitted stays within
   its nominal quota (the guarantee). None for a job its own queue's limits
   leave no room for, nor for one that fits the free room now (then quota,
-  not nodes, holds it back: held nodes would not help). No node is held by
-  two.
+  not nodes, holds it back: held nodes would not help).
 - Where: among the domains of the level its podsets require (every host
   when none is required), the one where it fits soonest, counting the
   running jobs' declared ends (admission + `max_runtime`); a job without a
   limit has an unknown end and is counted after every known one, in
-  submission order. The reservation holds the fewest hosts of that domain
-  that hold the job then (on each, what its pods take there), and names the
-  running jobs there it waits for. At the end of every cycle a held
+  submission order. A reservation already held counts as a running job
+  whose holder takes its `needs` until its expected start plus its limit,
+  so a job may be reserved for behind another on the same hosts (stacked);
+  a plan counts every reservation but its own and those behind it
+  (`planning`), and, for an older holder planned again, the younger ones
+  that are not a nominal-quota gang's: those it then shares hosts with are
+  planned again behind it (a nominal-quota gang's start is never pushed
+  back). The reservation holds the
+  fewest hosts of that domain that hold the job then (on each, what its
+  pods take there), and names the jobs there it waits for. At the end of every cycle a held
   reservation moves (`replaced`) where the job would start sooner: an
   earlier known start, a known start where its own is unknown, or, both
   unknown, fewer running jobs to wait for; older holders move first.
 - What it holds back: on each reserved host, the free room up to what the
-  holder's pods will take there; every job but the holder sees it as taken,
-  unless its own declared limit ends by the expected start (backfill).
-  With an unknown start (some job in the way declared no limit) nothing
-  backfills; a job without a limit never does.
+  holders' pods will take there; every job but the holder, and the holders
+  it is stacked behind, sees it as taken, unless its own declared limit
+  ends by the expected start (backfill). With an unknown start (some
+  job in the way declared no limit) nothing backfills; a job without a
+  limit never does. A preemptor evicts nothing on a host whose held room
+  it may not use (`Fence.spared`).
 - When: decided at the end of a cycle that evicted nothing, for the jobs
   left pending (`ReservationMade`); it holds from the next cycle on.
   Released (`ReservationReleased`) as `admitted` in the cycle that admits
@@ -49,11 +57,11 @@ Within a cycle the held room only shrinks, as admissions shrink it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import NamedTuple
 
 from muster.events.types import (
     Event,
-    ExpectedEnd,
     JobId,
     NodeName,
     QueueName,
@@ -63,7 +71,7 @@ from muster.events.types import (
 from muster.projections.cluster import node_pods
 from muster.projections.index import SchedulerIndex, order_key
 from muster.projections.planning import Plan, Running, plan_for
-from muster.projections.state import ClusterState, JobState, Reservation, reservation_of
+from muster.projections.state import ClusterState, JobState, NodeState, Reservation, reservation_of
 from muster.projections.topology import Transaction
 
 
@@ -84,6 +92,8 @@ class Fence:
         """Host -> what the fence holds back there now."""
         self.on: dict[str, list[Reservation]] = {}
         """Host -> the reservations that hold it."""
+        self._spared: set[str] | None = None
+        """`spared` for a job that may use no reservation (the folded state does not change in a cycle)."""
         for res in self.held.values():
             for node in res.nodes:
                 self.on.setdefault(node, []).append(res)
@@ -144,13 +154,20 @@ class Fence:
         nodes = {n for res in self.usable_by(job) for n in res.nodes}
         return sum(self.taken.get(n, {}).get("gpu", 0) for n in nodes)
 
-    def closed_to(self, job: JobState) -> frozenset[str]:
-        """The hosts holding room for a reservation `job` may not use: a preemptor evicts no job there,
-        since the room it would free is promised to another (`preemption`)."""
+    def spared(self, job: JobState, nodes: Mapping[str, NodeState]) -> set[str]:
+        """The running jobs on hosts holding room for a reservation `job` may not use: a preemptor evicts
+        none of them, since the room it would free is promised to another gang (`preemption`)."""
         if not self.held:
-            return frozenset()
-        mine = {res.job for res in self.usable_by(job)}
-        return frozenset(n for n, holders in self.on.items() if any(res.job not in mine for res in holders))
+            return set()
+        usable = self.usable_by(job)
+        if not usable and self._spared is not None:
+            return self._spared  # most jobs may use none: the same set for all of them in the cycle
+        mine = {res.job for res in usable}
+        closed = sorted(n for n, holders in self.on.items() if any(res.job not in mine for res in holders))
+        out = {j for n in closed if (node := nodes.get(n)) is not None for j in node.jobs}
+        if not usable:
+            self._spared = out
+        return out
 
     def own_verdict(self, job: JobState) -> bool:
         """Whether `job` sees room its class does not (so its verdict is its own, not its class's)."""
@@ -249,10 +266,13 @@ def decide_reservations(
     current = {res.job: res for res in kept}
     """The reservations as this cycle leaves them: a plan queues behind every one but those behind it."""
     slots = len(queues)
-    for res in kept:
+    displaced: set[str] = set()
+    for i, res in enumerate(kept):
         job = state.jobs[res.job]
-        gone = not all(_usable(state, n) for n in res.nodes)
-        plan = _plan(state, job, current, running, fence, idx, None if gone else _due_by(state, res))
+        gone = res.job in displaced or not all(_usable(state, n) for n in res.nodes)
+        # an older holder may take the place of a younger one, but a nominal-quota gang's (the guarantee)
+        younger = {r.job for r in kept[i + 1 :] if not _nominal(r) and r.job not in displaced}
+        plan = _plan(state, job, current, running, fence, idx, younger)
         if gone or (plan is not None and _sooner(state, plan, res, now)):
             # its hosts left, or room comes back sooner elsewhere: the same holder is reserved for there
             events.append(ReservationReleased(at=now, job=JobId(res.job), reason="replaced", cycle=cycle, epoch=epoch))
@@ -262,6 +282,8 @@ def decide_reservations(
             made = _made(job, plan, res.reason, now, cycle, epoch)
             events.append(made)
             current[res.job] = reservation_of(made)
+            # the younger ones it now shares hosts with are planned again, behind it
+            displaced.update(j for j in younger if not set(current[j].nodes).isdisjoint(plan.nodes))
         if not _nominal(res):
             slots -= 1
     # as many reservations as queues make them (the guarantee's aside), to the longest waiting jobs
@@ -286,17 +308,18 @@ def _plan(
     running: list[Running],
     fence: Fence,
     idx: SchedulerIndex,
-    before: int | None = None,
+    passed: AbstractSet[str] = frozenset(),
 ) -> Plan | None:
-    """Where `job` fits soonest (with `before`: only a plan with a known start before it), behind every
-    reservation in `current` but its own and those behind it: a reservation once made is never pushed
-    back by another's plan (so a nominal-quota gang's expected start holds, whoever moves later)."""
+    """Where `job` fits soonest, behind every reservation in `current` but its own, those behind it and those
+    it may pass (`passed`, which then move behind it): a
+    reservation once made is never pushed back by another's plan (so a nominal-quota gang's expected start
+    holds, whoever moves later)."""
     now = fence.now
     behind = _behind(current, job.id)
     ahead: list[Running] = []
     excluded: set[str] = set()
     for other in current.values():
-        if other.job == job.id or other.job in behind:
+        if other.job == job.id or other.job in behind or other.job in passed:
             continue
         if not other.needs:
             excluded.update(other.nodes)  # made before `needs` was recorded: it holds the whole hosts
@@ -305,7 +328,7 @@ def _plan(
         start, limit = other.expected_start, holder.max_runtime
         end = None if start is None or limit is None else max(now, start) + limit
         ahead.append(Running(end, holder.seq, other.job, other.needs))
-    return plan_for(job, idx.topology, running, ahead, excluded, now, fence.taken, before)
+    return plan_for(job, idx.topology, running, ahead, excluded, now, fence.taken)
 
 
 def _behind(current: Mapping[str, Reservation], job_id: str) -> set[str]:
@@ -327,17 +350,9 @@ def _sooner(state: ClusterState, plan: Plan, res: Reservation, now: int) -> bool
     left = [w for w in res.waits_for if _in_way(state, w.job, res)]
     if plan.expected_start is None:
         return any(w.end is None for w in left) and len(plan.waits_for) < len(left)
-    due = _due_by(state, res, left)
-    return due is None or plan.expected_start < max(due, now)
-
-
-def _due_by(state: ClusterState, res: Reservation, left: list[ExpectedEnd] | None = None) -> int | None:
-    """When the jobs still in the reservation's way end by their limits (None: one of them has none)."""
-    if left is None:
-        left = [w for w in res.waits_for if _in_way(state, w.job, res)]
     if any(w.end is None for w in left):
-        return None
-    return max((w.end or 0 for w in left), default=0)
+        return True
+    return plan.expected_start < max((w.end or now for w in left), default=now)
 
 
 def _in_way(state: ClusterState, job_id: str, res: Reservation) -> bool:
