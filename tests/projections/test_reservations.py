@@ -238,3 +238,29 @@ def test_a_second_gang_is_reserved_for_behind_the_first_on_the_same_nodes() -> N
     assert (made["big2"].at, made["big2"].nodes, made["big2"].expected_start) == (20, ["n0", "n1"], 2500)
     assert [(w.job, w.end) for w in made["big2"].waits_for] == [("r1", 1000), ("r2", 2000), ("big1", 2500)]
     assert [out.admitted(j).at for j in ("big1", "big2", "d")] == [2000, 2500, 2600]
+
+
+@pytest.mark.parametrize(
+    ("young_nominal", "old_at", "young_replaced"),
+    [
+        pytest.param(8, 200, True, id="an-older-holder-passes-a-younger-borrowing-gang"),
+        pytest.param(24, 3000, False, id="a-nominal-quota-gang-is-never-passed"),
+    ],
+)
+def test_an_older_holder_takes_a_younger_ones_place_unless_it_is_a_nominal_quota_gang(
+    young_nominal: int, old_at: int, young_replaced: bool
+) -> None:
+    """`old` (16 GPUs, no limit) holds n0, n1 (start 3000), `young` (24 GPUs) n2-n4 (start 4000); at 200 n2 and n3
+    free: `old` moves there and starts at once, `young` is planned again behind it, unless `young` is within
+    its queue's nominal quota, whose expected start no other reservation may push back."""
+    queues = [queue("qa", 8, "org", reserve_after=0), queue("qb", 32, "org")]
+    queues.append(queue("qc", young_nominal, "org", reserve_after=0))
+    runs = [(3000, 3000), (3000, 3000), (200, 4000), (200, 4000), (4000, 4000), (5000, 5000)]
+    timeline = [submit(f"r{i}", "qb", 8, runtime=rt, limit=lim) for i, (rt, lim) in enumerate(runs)]
+    timeline += [submit("old", "qa", 16, at=10, runtime=100), submit("young", "qc", 24, at=20, runtime=100)]
+    out = run(scenario(flat_nodes(8, 8, 8, 8, 8, 8), queues, timeline, cohorts=["org"]))
+    first = {m.job: (m.at, m.nodes, m.expected_start) for m in reversed(reservations(out))}
+    assert first == {"old": (10, ["n0", "n1"], 3000), "young": (20, ["n2", "n3", "n4"], 4000)}
+    assert out.admitted("old").at == old_at
+    assert (("young", "replaced", 200) in releases(out)) == young_replaced
+    assert out.admitted("young").at <= 4000
