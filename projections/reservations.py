@@ -64,6 +64,7 @@ from muster.events.types import (
     Event,
     JobId,
     NodeName,
+    PreemptionPolicy,
     QueueName,
     ReservationMade,
     ReservationReleased,
@@ -168,6 +169,17 @@ class Fence:
         if not usable:
             self._spared = out
         return out
+
+    def judged_again(self, state: ClusterState, job: JobState) -> bool:
+        """Whether a parked job's verdict may have been judged without victims the fence spares (`spared`):
+        then it is judged again next cycle, since a reservation's release or move frees them and wakes
+        nothing the memo knows of."""
+        if not self.held:
+            return False
+        policy = state.queues[job.queue].preemption
+        if policy == PreemptionPolicy():
+            return False  # it may evict nobody
+        return bool(self.spared(job, state.nodes))
 
     def own_verdict(self, job: JobState) -> bool:
         """Whether `job` sees room its class does not (so its verdict is its own, not its class's)."""
