@@ -21,7 +21,8 @@ The rules (docs/spec/scenario.md, Reservations and backfill):
   so a job may be reserved for behind another on the same hosts (stacked);
   a plan counts every reservation but its own and those behind it
   (`planning`), and, for an older holder planned again, the younger ones
-  that are not a nominal-quota gang's: those it then shares hosts with are
+  that are not a nominal-quota gang's (nor one such a gang is stacked
+  behind): those it then shares hosts with are
   planned again behind it (a nominal-quota gang's start is never pushed
   back). The reservation holds the
   fewest hosts of that domain that hold the job then (on each, what its
@@ -282,8 +283,9 @@ def decide_reservations(
     for i, res in enumerate(kept):
         job = state.jobs[res.job]
         gone = res.job in displaced or not all(_usable(state, n) for n in res.nodes)
-        # an older holder may take the place of a younger one, but a nominal-quota gang's (the guarantee)
-        younger = {r.job for r in kept[i + 1 :] if not _nominal(r) and r.job not in displaced}
+        # an older holder may take the place of a younger one, but not a nominal-quota gang's (the
+        # guarantee), nor one a nominal-quota gang is stacked behind (its start would move with it)
+        younger = {r.job for r in kept[i + 1 :] if _passable(current, r, displaced)}
         plan = _plan(state, job, current, running, fence, idx, younger)
         if gone or (plan is not None and _sooner(state, plan, res, now)):
             # its hosts left, or room comes back sooner elsewhere: the same holder is reserved for there
@@ -341,6 +343,13 @@ def _plan(
         end = None if start is None or limit is None else max(now, start) + limit
         ahead.append(Running(end, holder.seq, other.job, other.needs))
     return plan_for(job, idx.topology, running, ahead, excluded, now, fence.taken)
+
+
+def _passable(current: Mapping[str, Reservation], res: Reservation, displaced: set[str]) -> bool:
+    """Whether an older holder's plan may pass `res`: no nominal-quota gang's start hangs on it."""
+    if _nominal(res) or res.job in displaced:
+        return False
+    return not any(_nominal(current[j]) for j in _behind(current, res.job))
 
 
 def _behind(current: Mapping[str, Reservation], job_id: str) -> set[str]:
