@@ -29,7 +29,7 @@ Traces:
   of 1 to 64 GPUs (most small), seeded arrivals at offered load `--load`.
 
 Usage: python bench/bench_starvation.py [--only philly,synthetic] [--jobs N] [--shrink F] [--load L]
-       [--policies default,reserve,...] [--reserve-after S] [--limit-factor F]
+       [--policies default,reserve,...] [--reserve-after S] [--limit-factor F] [--starved N]
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from muster.events.types import Event, JobAdmitted, ReservationMade
+from muster.events.types import Event, JobAdmitted, JobInadmissible, ReservationMade, ReservationReleased
 from muster.replay.scenario import load
 from muster.replay.simulator import simulate
 from muster.replay.waits import Wait, WaitStats, run_waits, stats
@@ -149,11 +149,27 @@ def _load(jobs: list[TraceJob], gpus: int) -> float:
 
 
 @dataclass
+class Story:
+    """What one job went through in a `muster sim` run, for `--starved`."""
+
+    admitted: int | None = None
+    reason: str = ""
+    """Its last `JobInadmissible` reason."""
+    reserved: int | None = None
+    """When it was first reserved for."""
+    promised: int | None = None
+    """The expected start of its first reservation."""
+    moves: int = 0
+    """Its reservations replaced."""
+
+
+@dataclass
 class Run:
-    """One policy's waits, and for `muster sim` how the nominal-quota guarantee fared."""
+    """One policy's waits, and for `muster sim` how the nominal-quota guarantee fared and each job's story."""
 
     waits: list[Wait]
     guarantee: Guarantee | None = None
+    stories: dict[str, Story] | None = None
 
 
 @dataclass
@@ -194,13 +210,26 @@ def run_muster(
     path.write_text(text)
     promised: dict[str, int] = {}
     started: dict[str, int] = {}
+    stories: dict[str, Story] = {}
 
     def watch(ev: Event) -> None:
-        if isinstance(ev, ReservationMade) and ev.job not in promised and ev.expected_start is not None:
-            if ev.reason == "within its queue's nominal quota":
+        if isinstance(ev, ReservationMade):
+            story = stories.setdefault(ev.job, Story())
+            if story.reserved is None:
+                story.reserved, story.promised = ev.at, ev.expected_start
+            nominal = ev.reason == "within its queue's nominal quota"
+            if nominal and ev.job not in promised and ev.expected_start is not None:
                 promised[ev.job] = ev.expected_start
-        elif isinstance(ev, JobAdmitted) and ev.job in promised:
-            started.setdefault(ev.job, ev.at)
+        elif isinstance(ev, JobAdmitted):
+            story = stories.setdefault(ev.job, Story())
+            if story.admitted is None:
+                story.admitted = ev.at
+            if ev.job in promised:
+                started.setdefault(ev.job, ev.at)
+        elif isinstance(ev, JobInadmissible):
+            stories.setdefault(ev.job, Story()).reason = ev.reason
+        elif isinstance(ev, ReservationReleased) and ev.reason == "replaced":
+            stories.setdefault(ev.job, Story()).moves += 1
 
     waits = run_waits(simulate(load(path), keep_events=False, on_event=watch))
     g = Guarantee(jobs=len(promised))
@@ -209,7 +238,7 @@ def run_muster(
         if at is None or at > start:
             g.late += 1
             g.worst = max(g.worst, (at if at is not None else start) - start)
-    return Run(waits, g)
+    return Run(waits, g, stories)
 
 
 def _per_pod(gpus: int) -> int:
@@ -261,7 +290,32 @@ def _fmt(s: WaitStats) -> str:
     return f"avg={s.avg:>10,.0f} p50={s.p50:>9,} p99={s.p99:>10,} max={s.max:>10,} pending={s.waiting}"
 
 
-def report(trace: Trace, d: Path, policies: list[str], after: Recommended, limit_factor: float) -> None:
+def starved(trace: Trace, run: Run, n: int) -> None:
+    """The `n` longest waits of a `muster sim` run, each with what it went through (`--starved`)."""
+    if not run.stories or n <= 0:
+        return
+    stories = run.stories
+    end = max((s.admitted or 0 for s in stories.values()), default=0)
+    waits = []
+    for j in trace.jobs:
+        at = stories.get(j.job, Story()).admitted
+        waits.append(((at if at is not None else max(end, j.submit)) - j.submit, j))
+    waits.sort(key=lambda w: (-w[0], w[1].submit))
+    for wait, j in waits[:n]:
+        s = stories.get(j.job, Story())
+        reserved = f"reserved after {s.reserved - j.submit:,} s" if s.reserved is not None else "never reserved"
+        if s.promised is not None:
+            reserved += f", first expected start +{s.promised - j.submit:,} s"
+        print(
+            f"    {j.job} {j.queue} {j.gpus} GPUs runtime {j.runtime:,} s: waited {wait:,} s; {reserved}, "
+            f"{s.moves} moves; last reason: {s.reason or '-'}",
+            flush=True,
+        )
+
+
+def report(
+    trace: Trace, d: Path, policies: list[str], after: Recommended, limit_factor: float, starved_n: int = 0
+) -> None:
     print(
         f"{trace.name}: {trace.note}; reserve_after {after.no_limits} s (reserve), {after.limits} s "
         f"(reserve+limits), limits {limit_factor}x runtime",
@@ -283,6 +337,7 @@ def report(trace: Trace, d: Path, policies: list[str], after: Recommended, limit
         big = stats(w for w in run.waits if w.gpus >= BIG)
         print(f"  {name:<14} all: {_fmt(stats(run.waits))}  cpu={cpu:6.1f}s", flush=True)
         print(f"  {'':<14} >={BIG} GPUs: {_fmt(big)}  ({big.jobs} gangs)", flush=True)
+        starved(trace, run, starved_n)
     goals(trace.name, runs)
 
 
@@ -338,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
         default=1.5,
         help="reserve+limits: each job's declared limit is its runtime times this",
     )
+    ap.add_argument(
+        "--starved", type=int, default=0, help="print the N longest waits of each muster policy with their reasons"
+    )
     ap.add_argument("--jobs", type=int, default=20_000, help="jobs of each trace (Philly: the first by submission)")
     ap.add_argument("--shrink", type=float, default=0.2, help="Philly: fraction of each VC's nodes kept")
     ap.add_argument("--load", type=float, default=0.9, help="synthetic: offered load")
@@ -351,10 +409,10 @@ def main(argv: list[str] | None = None) -> int:
             if trace is None:
                 print(f"philly: trace not found in {PHILLY}, skipped", flush=True)
             else:
-                report(trace, d, policies, _after(args.reserve_after, trace), args.limit_factor)
+                report(trace, d, policies, _after(args.reserve_after, trace), args.limit_factor, args.starved)
         if "synthetic" in only:
             trace = synthetic(args.jobs, args.load)
-            report(trace, d, policies, _after(args.reserve_after, trace), args.limit_factor)
+            report(trace, d, policies, _after(args.reserve_after, trace), args.limit_factor, args.starved)
     return 0
 
 

@@ -56,6 +56,7 @@ from muster.projections.state import (
     QueueState,
     RefusedSubmission,
     Reservation,
+    reservation_of,
     skip,
 )
 
@@ -470,17 +471,7 @@ def _on_reservation_made(state: ClusterState, ev: ReservationMade) -> ClusterSta
     job = state.jobs.get(ev.job)
     if job is None or job.status != "pending" or ev.job in state.reservations:
         return skip(state)
-    state.reservations[ev.job] = Reservation(
-        job=ev.job,
-        queue=ev.queue,
-        nodes=list(ev.nodes),
-        domain=ev.domain,
-        since=ev.at,
-        expected_start=ev.expected_start,
-        waits_for=list(ev.waits_for),
-        reason=ev.reason,
-        needs={n: dict(r) for n, r in ev.needs.items()},
-    )
+    state.reservations[ev.job] = reservation_of(ev)
     # no rebuild: held room only shrinks what others see, so every verdict parked before stands
     _count_decision(state, ev.cycle)
     return state

@@ -1,6 +1,8 @@
 """Who may be preempted for a pending job, and the minimal set that makes it fit.
 
 Follows Kueue's `preemption.go` and spec/scenario.md (Preemption):
+- no job running on a host that holds room for a reservation the preemptor
+  may not use is a candidate (that room is promised to another gang);
 - candidates come from the preemptor's own queue (`within_queue`) and from
   borrowing queues of its cohort tree (`reclaim_within_cohort`,
   `borrow_within_cohort` with its priority threshold); a non-preemptible job
@@ -65,7 +67,8 @@ def _candidates(cycle: Cycle, job: JobState, p: Preemptor) -> list[JobState]:
     Other queues' first (in victim order across them), then its own queue's.
     """
     idx = cycle.idx
-    removed = cycle.removed
+    # the room reserved for another gang is not the preemptor's to free: no victim there (`reservations`)
+    removed = cycle.removed | cycle.fence.spared(job, cycle.state.nodes) if cycle.fence.held else cycle.removed
     prio = p.priority
     own: list[JobState] = []
     rule = reach(p.policy, p.mode)

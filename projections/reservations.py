@@ -11,23 +11,32 @@ The rules (docs/spec/scenario.md, Reservations and backfill):
   reserved for at once when its queue's usage with it admitted stays within
   its nominal quota (the guarantee). None for a job its own queue's limits
   leave no room for, nor for one that fits the free room now (then quota,
-  not nodes, holds it back: held nodes would not help). No node is held by
-  two.
+  not nodes, holds it back: held nodes would not help).
 - Where: among the domains of the level its podsets require (every host
   when none is required), the one where it fits soonest, counting the
   running jobs' declared ends (admission + `max_runtime`); a job without a
   limit has an unknown end and is counted after every known one, in
-  submission order. The reservation holds the fewest hosts of that domain
-  that hold the job then (on each, what its pods take there), and names the
-  running jobs there it waits for. At the end of every cycle a held
+  submission order. A reservation already held counts as a running job
+  whose holder takes its `needs` until its expected start plus its limit,
+  so a job may be reserved for behind another on the same hosts (stacked);
+  a plan counts every reservation but its own and those behind it
+  (`planning`), and, for an older holder planned again, the younger ones
+  that are not a nominal-quota gang's (nor one such a gang is stacked
+  behind): those it then shares hosts with are
+  planned again behind it (a nominal-quota gang's start is never pushed
+  back). The reservation holds the
+  fewest hosts of that domain that hold the job then (on each, what its
+  pods take there), and names the jobs there it waits for. At the end of every cycle a held
   reservation moves (`replaced`) where the job would start sooner: an
   earlier known start, a known start where its own is unknown, or, both
   unknown, fewer running jobs to wait for; older holders move first.
 - What it holds back: on each reserved host, the free room up to what the
-  holder's pods will take there; every job but the holder sees it as taken,
-  unless its own declared limit ends by the expected start (backfill).
-  With an unknown start (some job in the way declared no limit) nothing
-  backfills; a job without a limit never does.
+  holders' pods will take there; every job but the holder, and the holders
+  it is stacked behind, sees it as taken, unless its own declared limit
+  ends by the expected start (backfill). With an unknown start (some
+  job in the way declared no limit) nothing backfills; a job without a
+  limit never does. A preemptor evicts nothing on a host whose held room
+  it may not use (`Fence.spared`).
 - When: decided at the end of a cycle that evicted nothing, for the jobs
   left pending (`ReservationMade`); it holds from the next cycle on.
   Released (`ReservationReleased`) as `admitted` in the cycle that admits
@@ -49,25 +58,31 @@ Within a cycle the held room only shrinks, as admissions shrink it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import NamedTuple
 
 from muster.events.types import (
     Event,
-    ExpectedEnd,
     JobId,
     NodeName,
+    PreemptionPolicy,
     QueueName,
     ReservationMade,
     ReservationReleased,
 )
 from muster.projections.cluster import node_pods
 from muster.projections.index import SchedulerIndex, order_key
-from muster.projections.state import ClusterState, JobState, Reservation
-from muster.projections.topology import Domain, TopologyIndex, Transaction
+from muster.projections.planning import Plan, Running, plan_for
+from muster.projections.state import ClusterState, JobState, NodeState, Reservation, reservation_of
+from muster.projections.topology import Transaction
 
 
 class Fence:
-    """One cycle's reservations in force and the room they hold back on the cycle's view."""
+    """One cycle's reservations in force and the room they hold back on the cycle's view.
+
+    A host may be held by several reservations (one stacked behind another): it holds back the sum of
+    what their holders take there, up to what is free.
+    """
 
     def __init__(self, state: ClusterState, topo: Transaction, now: int) -> None:
         self.now = now
@@ -77,60 +92,95 @@ class Fence:
         }
         self.taken: dict[str, dict[str, int]] = {}
         """Host -> what the fence holds back there now."""
-        self.needs: dict[str, dict[str, int] | None] = {}
-        """Host -> the most it holds back there (None: all that is free)."""
+        self.on: dict[str, list[Reservation]] = {}
+        """Host -> the reservations that hold it."""
+        self._spared: set[str] | None = None
+        """`spared` for a job that may use no reservation (the folded state does not change in a cycle)."""
         for res in self.held.values():
             for node in res.nodes:
-                self.needs[node] = res.needs.get(node) if res.needs else None
-            self._close(res.nodes)
+                self.on.setdefault(node, []).append(res)
+        for node in sorted(self.on):
+            self._hold(node, self.on[node])
 
-    def _close(self, nodes: Iterable[str]) -> None:
-        """Hold back the free room of `nodes` the holder needs (what it holds there already counts)."""
-        hosts = self.topo.index.hosts
-        for node in nodes:
-            host = hosts.get(node)
-            if host is None:
-                continue
-            need = self.needs.get(node)
-            held = self.taken.setdefault(node, {})
-            room: dict[str, int] = {}
-            for k, v in host.host_free.items():
-                cap = v if need is None else min(v, need.get(k, 0) - held.get(k, 0))
-                if cap > 0:
-                    room[k] = cap
-            if room:
-                self.topo.take(node, room)
-                for k, v in room.items():
-                    held[k] = held.get(k, 0) + v
+    def _hold(self, node: str, holders: list[Reservation]) -> None:
+        """Hold back the free room of `node` that `holders` need (what it holds there already counts)."""
+        host = self.topo.index.hosts.get(node)
+        if host is None:
+            return
+        need = _need(node, holders)
+        held = self.taken.setdefault(node, {})
+        room: dict[str, int] = {}
+        for k, v in host.host_free.items():
+            cap = v if need is None else min(v, need.get(k, 0) - held.get(k, 0))
+            if cap > 0:
+                room[k] = cap
+        if room:
+            self.topo.take(node, room)
+            for k, v in room.items():
+                held[k] = held.get(k, 0) + v
 
     def usable_by(self, job: JobState) -> list[Reservation]:
-        """The reservations whose room `job` may use: its own, and those it backfills."""
+        """The reservations whose room `job` may use: its own, those stacked behind it, those it backfills."""
         out = []
         for res in self.held.values():
-            if res.job == job.id or backfills(job, res, self.now):
+            mine = res.job == job.id or (job.id in self.held and _waits_for(res, job.id))
+            if mine or backfills(job, res, self.now):
                 out.append(res)
         return out
 
     def open(self, job: JobState) -> list[str]:
-        """Give `job` the room of the reservations it may use; returns the hosts opened (for `close`)."""
+        """Give `job` the room of the reservations it may use (what the others hold on the same hosts
+        stays held); returns the hosts opened (for `close`)."""
+        usable = self.usable_by(job)
+        mine = {res.job for res in usable}
         opened: list[str] = []
-        for res in self.usable_by(job):
-            for node in res.nodes:
-                held = self.taken.pop(node, None)
-                if held:
-                    self.topo.give(node, held)
-                    opened.append(node)
+        for node in sorted({n for res in usable for n in res.nodes}):
+            held = self.taken.pop(node, None)
+            if held:
+                self.topo.give(node, held)
+                opened.append(node)
+                others = [res for res in self.on[node] if res.job not in mine]
+                if others:
+                    self._hold(node, others)
         return opened
 
     def close(self, opened: list[str]) -> None:
         """Hold back again what is left of the hosts `open` gave."""
-        self._close(opened)
+        for node in opened:
+            self._hold(node, self.on[node])
 
     def held_gpus(self, job: JobState) -> int:
         """GPUs held back now on the reservations `job` may use (room it sees that others do not)."""
         if not self.held:
             return 0
-        return sum(self.taken.get(n, {}).get("gpu", 0) for res in self.usable_by(job) for n in res.nodes)
+        nodes = {n for res in self.usable_by(job) for n in res.nodes}
+        return sum(self.taken.get(n, {}).get("gpu", 0) for n in nodes)
+
+    def spared(self, job: JobState, nodes: Mapping[str, NodeState]) -> set[str]:
+        """The running jobs on hosts holding room for a reservation `job` may not use: a preemptor evicts
+        none of them, since the room it would free is promised to another gang (`preemption`)."""
+        if not self.held:
+            return set()
+        usable = self.usable_by(job)
+        if not usable and self._spared is not None:
+            return self._spared  # most jobs may use none: the same set for all of them in the cycle
+        mine = {res.job for res in usable}
+        closed = sorted(n for n, holders in self.on.items() if any(res.job not in mine for res in holders))
+        out = {j for n in closed if (node := nodes.get(n)) is not None for j in node.jobs}
+        if not usable:
+            self._spared = out
+        return out
+
+    def judged_again(self, state: ClusterState, job: JobState) -> bool:
+        """Whether a parked job's verdict may have been judged without victims the fence spares (`spared`):
+        then it is judged again next cycle, since a reservation's release or move frees them and wakes
+        nothing the memo knows of."""
+        if not self.held:
+            return False
+        policy = state.queues[job.queue].preemption
+        if policy == PreemptionPolicy():
+            return False  # it may evict nobody
+        return bool(self.spared(job, state.nodes))
 
     def own_verdict(self, job: JobState) -> bool:
         """Whether `job` sees room its class does not (so its verdict is its own, not its class's)."""
@@ -139,6 +189,24 @@ class Fence:
         if job.id in self.held:
             return True
         return job.max_runtime is not None and any(r.expected_start is not None for r in self.held.values())
+
+
+def _need(node: str, holders: Iterable[Reservation]) -> dict[str, int] | None:
+    """What `holders` take on `node`, summed (None: one of them holds all that is free, as a reservation
+    made before `needs` was recorded does)."""
+    total: dict[str, int] = {}
+    for res in holders:
+        need = res.needs.get(node) if res.needs else None
+        if need is None:
+            return None
+        for k, v in need.items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
+def _waits_for(res: Reservation, job_id: str) -> bool:
+    """Whether `res` was stacked behind `job_id`'s reservation (it waits for that holder to end)."""
+    return any(w.job == job_id for w in res.waits_for)
 
 
 def in_force(state: ClusterState, job_id: str) -> bool:
@@ -155,25 +223,6 @@ def backfills(job: JobState, res: Reservation, now: int) -> bool:
 
 
 # ---------------------------------------------------------------- decisions at the end of a cycle
-
-
-class Plan(NamedTuple):
-    """Where a job fits soonest: the hosts to hold, their domain, when, and the running jobs in the way."""
-
-    nodes: list[str]
-    domain: str
-    expected_start: int | None
-    waits_for: list[ExpectedEnd]
-    needs: dict[str, dict[str, int]]
-
-
-class Running(NamedTuple):
-    """A running job's room per host, and when it ends by its declared limit (None: no limit)."""
-
-    end: int | None
-    seq: int
-    job: str
-    room: dict[str, dict[str, int]]
 
 
 def released_on_admission(state: ClusterState, job: JobState, now: int, cycle: int, epoch: int) -> list[Event]:
@@ -227,54 +276,115 @@ def decide_reservations(
     if not kept and not due:
         return events
     running = _running(state, idx, now, placed)
-    topo = idx.topology
-    taken = {n for res in kept for n in res.nodes}
+    current = {res.job: res for res in kept}
+    """The reservations as this cycle leaves them: a plan queues behind every one but those behind it."""
     slots = len(queues)
-    for res in kept:
+    displaced: set[str] = set()
+    for i, res in enumerate(kept):
         job = state.jobs[res.job]
-        gone = not all(_usable(state, n) for n in res.nodes)
-        others = taken.difference(res.nodes)
-        plan = plan_for(job, topo, running, others, now, fence.taken)
+        gone = res.job in displaced or not all(_usable(state, n) for n in res.nodes)
+        # an older holder may take the place of a younger one, but not a nominal-quota gang's (the
+        # guarantee), nor one a nominal-quota gang is stacked behind (its start would move with it)
+        younger = {r.job for r in kept[i + 1 :] if _passable(current, r, displaced)}
+        plan = _plan(state, job, current, running, fence, idx, younger)
         if gone or (plan is not None and _sooner(state, plan, res, now)):
             # its hosts left, or room comes back sooner elsewhere: the same holder is reserved for there
             events.append(ReservationReleased(at=now, job=JobId(res.job), reason="replaced", cycle=cycle, epoch=epoch))
-            taken = others
+            del current[res.job]
             if plan is None:
                 continue
-            events.append(_made(job, plan, res.reason, now, cycle, epoch))
-            taken |= set(plan.nodes)
+            made = _made(job, plan, res.reason, now, cycle, epoch)
+            events.append(made)
+            current[res.job] = reservation_of(made)
+            # the younger ones it now shares hosts with are planned again, behind it
+            displaced.update(j for j in younger if not set(current[j].nodes).isdisjoint(plan.nodes))
         if not _nominal(res):
             slots -= 1
     # as many reservations as queues make them (the guarantee's aside), to the longest waiting jobs
     for job, reason in due:
         if slots <= 0 and not reason.nominal:
             break
-        plan = plan_for(job, topo, running, taken, now, fence.taken)
+        plan = _plan(state, job, current, running, fence, idx)
         if plan is None or not plan.waits_for:
             continue  # nowhere, or it fits now: what holds it back is not room that nodes could hold
-        taken.update(plan.nodes)
         if not reason.nominal:
             slots -= 1
-        events.append(_made(job, plan, reason.text, now, cycle, epoch))
+        made = _made(job, plan, reason.text, now, cycle, epoch)
+        events.append(made)
+        current[job.id] = reservation_of(made)
     return events
+
+
+def _plan(
+    state: ClusterState,
+    job: JobState,
+    current: Mapping[str, Reservation],
+    running: list[Running],
+    fence: Fence,
+    idx: SchedulerIndex,
+    passed: AbstractSet[str] = frozenset(),
+) -> Plan | None:
+    """Where `job` fits soonest, behind every reservation in `current` but its own, those behind it and those
+    it may pass (`passed`, which then move behind it): a
+    reservation once made is never pushed back by another's plan (so a nominal-quota gang's expected start
+    holds, whoever moves later)."""
+    now = fence.now
+    behind = _behind(current, job.id)
+    ahead: list[Running] = []
+    excluded: set[str] = set()
+    for other in current.values():
+        if other.job == job.id or other.job in behind or other.job in passed:
+            continue
+        if not other.needs:
+            excluded.update(other.nodes)  # made before `needs` was recorded: it holds the whole hosts
+            continue
+        holder = state.jobs[other.job]
+        start, limit = other.expected_start, holder.max_runtime
+        end = None if start is None or limit is None else max(now, start) + limit
+        ahead.append(Running(end, holder.seq, other.job, other.needs))
+    return plan_for(job, idx.topology, running, ahead, excluded, now, fence.taken)
+
+
+def _passable(current: Mapping[str, Reservation], res: Reservation, displaced: set[str]) -> bool:
+    """Whether an older holder's plan may pass `res`: no nominal-quota gang's start hangs on it."""
+    if _nominal(res) or res.job in displaced:
+        return False
+    return not any(_nominal(current[j]) for j in _behind(current, res.job))
+
+
+def _behind(current: Mapping[str, Reservation], job_id: str) -> set[str]:
+    """The holders whose reservations wait, directly or through others, for `job_id`'s to end."""
+    behind: set[str] = set()
+    grew = True
+    while grew:
+        grew = False
+        for res in current.values():
+            if res.job not in behind and any(w.job == job_id or w.job in behind for w in res.waits_for):
+                behind.add(res.job)
+                grew = True
+    return behind
 
 
 def _sooner(state: ClusterState, plan: Plan, res: Reservation, now: int) -> bool:
     """Whether `plan` starts the holder sooner than its reservation will: an earlier known start, a known
     start where it has none, or, both unknown, fewer running jobs to wait for."""
-    left = [w for w in res.waits_for if _still_running(state, w.job, res.since)]
-    unknown = any(w.end is None for w in left)
+    left = [w for w in res.waits_for if _in_way(state, w.job, res)]
     if plan.expected_start is None:
-        return unknown and len(plan.waits_for) < len(left)
-    if unknown:
+        return any(w.end is None for w in left) and len(plan.waits_for) < len(left)
+    if any(w.end is None for w in left):
         return True
     return plan.expected_start < max((w.end or now for w in left), default=now)
 
 
-def _still_running(state: ClusterState, job_id: str, since: int) -> bool:
-    """Whether a job a reservation made at `since` waits for is still in its way (the same run of it)."""
+def _in_way(state: ClusterState, job_id: str, res: Reservation) -> bool:
+    """Whether a job `res` waits for is still in its way: the same run of a running job, or one running
+    on its hosts since (a holder it was stacked behind), or a holder still waiting on its reservation."""
     job = state.jobs.get(job_id)
-    return job is not None and job.status == "admitted" and (job.admitted_at or 0) <= since
+    if job is None:
+        return False
+    if job.status == "admitted":
+        return (job.admitted_at or 0) <= res.since or any(n in res.nodes for n in job.placement.values())
+    return job.status == "pending" and job_id in state.reservations
 
 
 NOMINAL = "within its queue's nominal quota"
@@ -405,103 +515,3 @@ def _running(
     # known ends first, in order; then the jobs without a limit, in submission order
     out.sort(key=lambda r: (r.end is None, r.end or 0, r.seq))
     return out
-
-
-def plan_for(
-    job: JobState,
-    topo: TopologyIndex,
-    running: list[Running],
-    taken: set[str],
-    now: int,
-    held: Mapping[str, Mapping[str, int]],
-) -> Plan | None:
-    """The domain where `job` fits soonest, and the fewest of its hosts that hold it then (None: nowhere).
-
-    `taken`: hosts other reservations hold; `held`: room the cycle's fence holds back (free, for the plan).
-    """
-    level = next((ps.topology.required for ps in job.podsets if ps.topology and ps.topology.required), None)
-    depth = topo.level_depth(level) if level is not None else None
-    domains = topo.by_level[depth - 1] if depth is not None else [topo.root]
-    best: tuple[tuple[object, ...], Plan] | None = None
-    for dom in domains:
-        plan = _plan_in(job, dom, running, taken, now, held)
-        if plan is None:
-            continue
-        score = (plan.expected_start is None, plan.expected_start or 0, len(plan.waits_for), dom.path)
-        if best is None or score < best[0]:
-            best = (score, plan)
-    return best[1] if best is not None else None
-
-
-def _plan_in(
-    job: JobState,
-    dom: Domain,
-    running: list[Running],
-    taken: set[str],
-    now: int,
-    held: Mapping[str, Mapping[str, int]],
-) -> Plan | None:
-    """When and on which of the domain's hosts the job fits soonest, the running jobs' room coming back
-    in `running`'s order."""
-    hosts = [dom] if dom.is_host else dom.hosts
-    room = {h.name: dict(h.host_free) for h in hosts if h.schedulable and h.name not in taken}
-    if not room:
-        return None
-    _give(room, {n: r for n, r in held.items() if n in room})
-    need = job.gpus
-    gpus = sum(r.get("gpu", 0) for r in room.values())
-    chosen = _fit(job, room) if gpus >= need else None
-    freed: list[Running] = []
-    for r in running:
-        if chosen is not None:
-            break
-        mine = {n: req for n, req in r.room.items() if n in room}
-        if mine:
-            _give(room, mine)
-            freed.append(r)
-            gpus += sum(req.get("gpu", 0) for req in mine.values())
-            if gpus >= need:  # fewer free GPUs than it asks for cannot hold it: no need to try
-                chosen = _fit(job, room)
-    if chosen is None:
-        return None
-    waits = [r for r in freed if any(n in chosen for n in r.room)]
-    unknown = any(r.end is None for r in waits)
-    start = None if unknown else max((r.end or now for r in waits), default=now)
-    return Plan(
-        nodes=sorted(chosen),
-        domain="/".join(dom.path),
-        expected_start=start,
-        waits_for=[ExpectedEnd(job=JobId(r.job), end=r.end) for r in waits],
-        needs=chosen,
-    )
-
-
-def _give(room: dict[str, dict[str, int]], rooms: Mapping[str, Mapping[str, int]]) -> None:
-    for n, req in rooms.items():
-        host = room[n]
-        for k, v in req.items():
-            host[k] = host.get(k, 0) + v
-
-
-def _fit(job: JobState, room: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]] | None:
-    """What a greedy fill, roomiest host first, puts on each host (None: the job does not fit)."""
-    left = {n: dict(r) for n, r in room.items()}
-    used: dict[str, dict[str, int]] = {}
-    for ps in job.podsets:
-        need = ps.count
-        wanted = [(k, v) for k, v in ps.requests.items() if v > 0]
-        if not wanted:
-            continue  # pods that ask for nothing fit anywhere
-        slots = {n: min(free.get(k, 0) // v for k, v in wanted) for n, free in left.items()}
-        for name in sorted(left, key=lambda n: (-slots[n], n)):
-            n = min(slots[name], need)
-            if n <= 0:
-                break
-            on = used.setdefault(name, {})
-            for k, v in wanted:
-                left[name][k] -= v * n
-                on[k] = on.get(k, 0) + v * n
-            need -= n
-        if need > 0:
-            return None
-    return used

@@ -2,8 +2,10 @@
 
 A cycle that admits or preempts changes what the next one sees (a preemption
 ends its cycle, and the preemptor is admitted by the next one at the same
-instant), so its caller folds the decisions and decides again; a cycle that
-only explains waits, or decides nothing, settles the instant. `muster sim`
+instant), so its caller folds the decisions and decides again; so does one
+that reserves room its holder can take at once (a reservation moved there at
+the cycle's end, passing a younger one: `reservations`); a cycle that only
+explains waits, or decides nothing, settles the instant. `muster sim`
 (`replay.simulator`) and the daemon (`daemon.cycles`) both run an instant's
 cycles as a `Settling`, and `muster audit` expects the cycles it re-derives
 by the same rule (`unsettled`), so they take the same decisions for the same
@@ -20,12 +22,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from muster.events.types import Event, JobAdmitted, JobPreempted
+from muster.events.types import Event, JobAdmitted, JobPreempted, ReservationMade
 
 
 def unsettled(decisions: Iterable[Event]) -> bool:
-    """Whether a cycle's decisions call for another cycle at the same instant (it admitted or preempted)."""
-    return any(isinstance(ev, (JobAdmitted, JobPreempted)) for ev in decisions)
+    """Whether a cycle's decisions call for another cycle at the same instant: it admitted or preempted, or
+    reserved room that its holder may take now."""
+    return any(
+        isinstance(ev, (JobAdmitted, JobPreempted)) or (isinstance(ev, ReservationMade) and _starts_now(ev))
+        for ev in decisions
+    )
+
+
+def _starts_now(ev: ReservationMade) -> bool:
+    return ev.expected_start is not None and ev.expected_start <= ev.at
 
 
 class Settling:

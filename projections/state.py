@@ -22,6 +22,7 @@ from muster.events.types import (
     IdleReclaimPolicy,
     PodSet,
     PreemptionPolicy,
+    ReservationMade,
     ResourceGroup,
     Taint,
 )
@@ -193,6 +194,21 @@ class Reservation(msgspec.Struct, kw_only=True):
     reason: str = ""
     needs: dict[str, dict[str, int]] = {}
     """Node -> what the job's pods take there: the most held back on it ({}: all that is free)."""
+
+
+def reservation_of(ev: ReservationMade) -> Reservation:
+    """The reservation a `ReservationMade` holds (the fold, the core's plans and a job's story read it alike)."""
+    return Reservation(
+        job=ev.job,
+        queue=ev.queue,
+        nodes=list(ev.nodes),
+        domain=ev.domain,
+        since=ev.at,
+        expected_start=ev.expected_start,
+        waits_for=list(ev.waits_for),
+        reason=ev.reason,
+        needs={n: dict(r) for n, r in ev.needs.items()},
+    )
 
 
 class RefusedSubmission(msgspec.Struct, kw_only=True):

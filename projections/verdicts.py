@@ -34,9 +34,11 @@ def park(cycle: Cycle, job: JobState, reason: str, wake: Wake) -> None:
         cycle.reserved
         or may_evict_new(cycle, on_any_flavor(cycle.state, job))
         or chain_may_shrink(cycle.state.jobs, job)
+        or cycle.fence.judged_again(cycle.state, job)
     ):
         # judged without the jobs just admitted in its tree as possible victims, or
-        # sparing jobs it may evict once the waiting job between them runs again
+        # sparing jobs it may evict once the waiting job between them runs again, or
+        # those on reserved nodes
         cycle.parked_on_reserved.append(block)
 
 
@@ -85,7 +87,11 @@ def park_doomed(cycle: Cycle, bound: OrderKey | None) -> None:
                     wait = JobInadmissible(at=now, job=JobId(m.job), reason=reason, cycle=number, epoch=epoch)
                     waits.append(((key[0], key[1], key[2], -m.neg_seq), wait))
         block = idx.park_members(group, run, first, verdict.wake, reason, number)
-        if cycle.reserved or may_evict_new(cycle, on_any_flavor(cycle.state, first)):
+        if (
+            cycle.reserved
+            or may_evict_new(cycle, on_any_flavor(cycle.state, first))
+            or cycle.fence.judged_again(cycle.state, first)
+        ):
             cycle.parked_on_reserved.append(block)
     waits.sort(key=lambda w: w[0])
     cycle.events.extend(w for _, w in waits)

@@ -44,7 +44,7 @@ from muster.events.types import (
 )
 from muster.projections.cluster import evolve, foreign_control
 from muster.projections.resources import fmt
-from muster.projections.state import DEFAULT_IDLE_THRESHOLD, ClusterState, JobState, Reservation
+from muster.projections.state import DEFAULT_IDLE_THRESHOLD, ClusterState, JobState, reservation_of
 from muster.replay.blockers import (
     blockers,
     capacity_numbers,
@@ -314,16 +314,7 @@ class Storyteller:
         self._add(seq, ev.at, "evicted", text, victim=ev.job, reason=ev.reason)
 
     def _reserved(self, seq: int, ev: ReservationMade) -> None:
-        held = Reservation(
-            job=ev.job,
-            queue=ev.queue,
-            nodes=list(ev.nodes),
-            domain=ev.domain,
-            since=ev.at,
-            expected_start=ev.expected_start,
-            waits_for=list(ev.waits_for),
-            reason=ev.reason,
-        )
+        held = reservation_of(ev)
         self._add(seq, ev.at, "reserved", f"{reservation_text(held, ev.at)} ({ev.reason})", **reservation_data(held))
 
     def _ended(self, seq: int, ev: JobFinished | JobFailed | JobCancelled, job: JobState) -> None:

@@ -200,3 +200,67 @@ def test_a_gang_blocked_only_by_quota_reserves_no_nodes() -> None:
     out = run(scenario(flat_nodes(8, 8, 8, 8), queues, timeline, cohorts=["org"]))
     assert reservations(out) == []
     assert out.admitted("big").at == 500
+
+
+@pytest.mark.parametrize(
+    ("limit", "victim", "big_at"),
+    [
+        pytest.param(None, "r3", 2005, id="no-limit-evicts-off-the-reserved-nodes"),
+        pytest.param(2000, "r3", 2005, id="a-limit-past-the-start-evicts-off-the-reserved-nodes"),
+        pytest.param(900, "r2", 1005, id="a-limit-that-ends-in-time-may-evict-there"),
+    ],
+)
+def test_a_preemptor_evicts_on_reserved_nodes_only_when_it_may_backfill(
+    limit: int | None, victim: str, big_at: int
+) -> None:
+    """qc's job reclaims from qb's borrowers: it spares those on the gang's reserved nodes (n1, n2), whose room
+    is promised to the gang, unless its own limit ends by the gang's expected start (then it may use that room)."""
+    queues = [queue("qa", 8, "org", reserve_after=0), queue("qb", 8, "org"), queue("qc", 8, "org", reclaim="Any")]
+    timeline = [submit("r3", "qb", 8, runtime=3000, limit=3000)]  # n0; admitted first, so it has lost the most
+    timeline += [submit(f"r{i}", "qb", 8, at=5, runtime=t, limit=t) for i, t in ((1, 1000), (2, 2000))]
+    timeline += [submit("big", "qa", 16, at=10, runtime=100), submit("p", "qc", 8, at=20, runtime=300, limit=limit)]
+    out = run(scenario(flat_nodes(8, 8, 8), queues, timeline, cohorts=["org"]))
+    [made] = reservations(out)
+    assert (made.nodes, made.expected_start) == (["n1", "n2"], 2005)
+    assert [(e.job, e.preemptor) for e in out.preemptions()] == [(victim, "p")]
+    assert out.admitted("big").at == big_at
+
+
+def test_a_second_gang_is_reserved_for_behind_the_first_on_the_same_nodes() -> None:
+    """Both nodes are reserved for big1 (start 2000, limit 500): qc's big2 is reserved for behind it on the same
+    nodes (start 2500, waiting for big1 too), so the job without a limit that arrives at 2100 runs after big2."""
+    queues = [queue("qa", 8, "org", reserve_after=0), queue("qb", 8, "org"), queue("qc", 8, "org", reserve_after=0)]
+    timeline = [submit("r1", "qb", 8, runtime=1000, limit=1000), submit("r2", "qb", 8, runtime=2000, limit=2000)]
+    timeline += [submit("big1", "qa", 16, at=10, runtime=500, limit=500), submit("big2", "qc", 16, at=20, runtime=100)]
+    timeline += [submit("d", "qb", 8, at=2100, runtime=5000)]
+    out = run(scenario(TWO_NODES, queues, timeline, cohorts=["org"]))
+    made = {m.job: m for m in reservations(out)}
+    assert (made["big2"].at, made["big2"].nodes, made["big2"].expected_start) == (20, ["n0", "n1"], 2500)
+    assert [(w.job, w.end) for w in made["big2"].waits_for] == [("r1", 1000), ("r2", 2000), ("big1", 2500)]
+    assert [out.admitted(j).at for j in ("big1", "big2", "d")] == [2000, 2500, 2600]
+
+
+@pytest.mark.parametrize(
+    ("young_nominal", "old_at", "young_replaced"),
+    [
+        pytest.param(8, 200, True, id="an-older-holder-passes-a-younger-borrowing-gang"),
+        pytest.param(24, 3000, False, id="a-nominal-quota-gang-is-never-passed"),
+    ],
+)
+def test_an_older_holder_takes_a_younger_ones_place_unless_it_is_a_nominal_quota_gang(
+    young_nominal: int, old_at: int, young_replaced: bool
+) -> None:
+    """`old` (16 GPUs, no limit) holds n0, n1 (start 3000), `young` (24 GPUs) n2-n4 (start 4000); at 200 n2 and n3
+    free: `old` moves there and starts at once, `young` is planned again behind it, unless `young` is within
+    its queue's nominal quota, whose expected start no other reservation may push back."""
+    queues = [queue("qa", 8, "org", reserve_after=0), queue("qb", 32, "org")]
+    queues.append(queue("qc", young_nominal, "org", reserve_after=0))
+    runs = [(3000, 3000), (3000, 3000), (200, 4000), (200, 4000), (4000, 4000), (5000, 5000)]
+    timeline = [submit(f"r{i}", "qb", 8, runtime=rt, limit=lim) for i, (rt, lim) in enumerate(runs)]
+    timeline += [submit("old", "qa", 16, at=10, runtime=100), submit("young", "qc", 24, at=20, runtime=100)]
+    out = run(scenario(flat_nodes(8, 8, 8, 8, 8, 8), queues, timeline, cohorts=["org"]))
+    first = {m.job: (m.at, m.nodes, m.expected_start) for m in reversed(reservations(out))}
+    assert first == {"old": (10, ["n0", "n1"], 3000), "young": (20, ["n2", "n3", "n4"], 4000)}
+    assert out.admitted("old").at == old_at
+    assert (("young", "replaced", 200) in releases(out)) == young_replaced
+    assert out.admitted("young").at <= 4000

@@ -45,6 +45,7 @@ def test_every_example_is_tested_here() -> None:
         "strict_fifo",
         "flavors",
         "reservations",
+        "stacked_reservations",
     }
     assert {p.stem for p in EXAMPLES.glob("*.yaml")} == tested
 
@@ -144,3 +145,15 @@ def test_reservations_the_gang_starts_when_expected_and_only_a_job_that_ends_in_
     assert released == [("gang", "admitted", 1800)]
     assert admissions(events, "dev-5")[0].at == 1200 and admissions(events, "dev-5")[0].placement == {"worker-0": "n0"}
     assert admissions(events, "dev-6")[0].at == 2800
+
+
+def test_stacked_reservations_the_second_gang_is_reserved_for_behind_the_first() -> None:
+    """gang-b is reserved for behind gang-a on the same nodes and starts when gang-a's limit ends; dev-3 waits."""
+    events = run("stacked_reservations.yaml")
+    made = [e for e in events if isinstance(e, ReservationMade)]
+    assert [(e.job, e.at, e.nodes, e.expected_start) for e in made] == [
+        ("gang-a", 10, ["n0", "n1"], 2000),
+        ("gang-b", 20, ["n0", "n1"], 2500),
+    ]
+    assert [(w.job, w.end) for w in made[1].waits_for] == [("dev-1", 1000), ("dev-2", 2000), ("gang-a", 2500)]
+    assert [admissions(events, j)[0].at for j in ("gang-a", "gang-b", "dev-3")] == [2000, 2500, 2600]
