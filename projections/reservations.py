@@ -149,6 +149,24 @@ class Fence:
         for node in opened:
             self._hold(node, self.on[node])
 
+    def release(self, job: JobState) -> None:
+        """Hold nothing more for a holder admitted in this cycle: its hosts stay held for the others only
+        (else a younger holder on the same host would find its room held for a job already running)."""
+        res = self.held.pop(job.id, None)
+        if res is None:
+            return
+        self._spared = None
+        for node in res.nodes:
+            others = [r for r in self.on.get(node, []) if r.job != job.id]
+            held = self.taken.pop(node, None)
+            if held:
+                self.topo.give(node, held)
+            if others:
+                self.on[node] = others
+                self._hold(node, others)
+            else:
+                self.on.pop(node, None)
+
     def held_gpus(self, job: JobState) -> int:
         """GPUs held back now on the reservations `job` may use (room it sees that others do not)."""
         if not self.held:

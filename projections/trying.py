@@ -108,6 +108,7 @@ def _evict_for(cycle: Cycle, job: JobState, victims: list[Victim]) -> None:
 def _admitted(cycle: Cycle, job: JobState, placement: dict[str, str], borrowed: dict[str, int]) -> None:
     """Take the job's room and write its admission (`job` on its flavors, if its queue has them)."""
     cycle.take(job, placement)
+    cycle.fence.release(job)
     explanation = "within nominal quota" if not borrowed else f"borrowing {fmt(borrowed)} from the cohort"
     if job.flavors:
         explanation = f"on flavors {summary(job.flavors)}, {explanation}"

@@ -264,3 +264,21 @@ def test_an_older_holder_takes_a_younger_ones_place_unless_it_is_a_nominal_quota
     assert out.admitted("old").at == old_at
     assert (("young", "replaced", 200) in releases(out)) == young_replaced
     assert out.admitted("young").at <= 4000
+
+
+def test_a_holder_admitted_in_a_cycle_holds_nothing_back_from_the_next_holder() -> None:
+    """`a` and `b` (1 GPU each, within nominal) hold n0, full until 100; at 100 two GPUs come back: `b` starts
+    with `a`, not at 600 with its GPU idle meanwhile (qc's older `c` is reserved at 100 behind `b`)."""
+    queues = [queue("qa", 8, "org", reserve_after=0), queue("qb", 8, "org", reserve_after=0)]
+    queues += [queue("qc", 0, "org", reserve_after=95), queue("qd", 8, "org")]
+    timeline = [
+        submit("ra", "qa", 1, runtime=100, limit=100),
+        submit("rb", "qb", 1, runtime=100, limit=100),
+        submit("rd", "qd", 6, runtime=1000, limit=1000),
+        submit("c", "qc", 1, at=5, runtime=500, limit=500),
+        submit("a", "qa", 1, at=10, runtime=500, limit=500),
+        submit("b", "qb", 1, at=11, runtime=500, limit=600),
+    ]
+    out = run(scenario(flat_nodes(8), queues, timeline, cohorts=["org"]))
+    assert {(m.job, m.expected_start) for m in reservations(out) if m.at < 100} == {("a", 100), ("b", 100)}
+    assert (out.admitted("a").at, out.admitted("b").at) == (100, 100)
