@@ -111,8 +111,7 @@ def evicts_from_others(policy: PreemptionPolicy, mode: Mode | None) -> bool:
 
 def evicts_nothing(policy: PreemptionPolicy) -> bool:
     """Whether the rule lets a preemptor under `policy` evict no job at all, whatever its position."""
-    p = Preemptor("q", 0, policy, True, None, None)
-    return not may_evict(p, "q", LOWEST, 0) and not may_evict(p, "other", LOWEST, 0)
+    return evicts_no_one(policy, 0, LOWEST)
 
 
 def evicts_no_one(policy: PreemptionPolicy, priority: int, lowest: int) -> bool:

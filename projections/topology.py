@@ -136,9 +136,9 @@ class TopologyIndex:
         self._positions: dict[int, dict[int, int]] = {}
         """Per depth, each domain's place (by `id`) in `by_level` (`room_short`)."""
         self._rooms: dict[tuple[str, int], _Room] = {}
+        """(job, depth) -> what it holds per domain (`could_hold`); good while its placement is the same object."""
         self._last_freed: _FreedRoom | None = None
         """`_freed_room`'s last answer, for the list it was asked about."""
-        """(job, depth) -> what it holds per domain (`could_hold`); good while its placement is the same object."""
 
     # ------------------------------------------------------------ host updates
 
@@ -464,15 +464,9 @@ class TopologyIndex:
         domain inside it: the walk down visits only the insides of roomy domains (on a full
         cluster, a few of its racks rather than all of them).
         """
-        if len(need) == 1:
-            (k0, n0), *_ = need
-            frontier = [self.root] if self.root.free.get(k0, 0) >= n0 else []
-            for _ in range(depth):
-                frontier = [c for d in frontier for c in d.children if c.free.get(k0, 0) >= n0]
-            return frontier
-        frontier = [self.root] if all(self.root.free.get(k, 0) >= n for k, n in need) else []
+        frontier = _covering([self.root], need)
         for _ in range(depth):
-            frontier = [c for d in frontier for c in d.children if all(c.free.get(k, 0) >= n for k, n in need)]
+            frontier = _covering((c for d in frontier for c in d.children), need)
         return frontier
 
     def _assign(self, dom: Domain, count: int, req: Mapping[str, int], primary: str, out: list[str]) -> None:
@@ -482,12 +476,7 @@ class TopologyIndex:
         children = dom.children
         # only a child whose free room covers the pods can hold them all (its slots are counted
         # only then); the others' slots are needed only to spread over them
-        need = [(k, v * count) for k, v in req.items() if v > 0]
-        if len(need) == 1:
-            (k0, n0), *_ = need
-            roomy = [c for c in children if c.free.get(k0, 0) >= n0]
-        else:
-            roomy = [c for c in children if all(c.free.get(k, 0) >= n for k, n in need)]
+        roomy = _covering(children, [(k, v * count) for k, v in req.items() if v > 0])
         fitting = [c for c in roomy if self.slots(c, req, count) >= count]
         if fitting:
             best = min(fitting, key=lambda c: self._tight_key(c, primary))
@@ -601,3 +590,12 @@ class Transaction:
         while len(self.log) > to:
             host, d, sign = self.log.pop()
             self.index.adjust(host, d, -sign)
+
+
+def _covering(domains: Iterable[Domain], need: list[tuple[str, int]]) -> list[Domain]:
+    """The domains whose free capacity covers `need`, in the order given (one resource, the usual case,
+    without the generator)."""
+    if len(need) == 1:
+        (k0, n0), *_ = need
+        return [d for d in domains if d.free.get(k0, 0) >= n0]
+    return [d for d in domains if all(d.free.get(k, 0) >= n for k, n in need)]

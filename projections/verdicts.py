@@ -30,16 +30,19 @@ def park(cycle: Cycle, job: JobState, reason: str, wake: Wake) -> None:
             JobInadmissible(at=cycle.now, job=JobId(job.id), reason=reason, cycle=cycle.number, epoch=cycle.epoch)
         )
     block = idx.park(job, wake, reason, cycle.number)
-    if (
+    # or sparing jobs it may evict once the waiting job between them runs again
+    if _judged_on_a_narrow_view(cycle, job) or chain_may_shrink(cycle.state.jobs, job):
+        cycle.parked_on_reserved.append(block)
+
+
+def _judged_on_a_narrow_view(cycle: Cycle, job: JobState) -> bool:
+    """Whether the job was judged without victims the next cycle may offer: in a cycle that evicts, without
+    the jobs just admitted in its tree, or sparing those on reserved nodes (its block is tried again)."""
+    return (
         cycle.reserved
         or may_evict_new(cycle, on_any_flavor(cycle.state, job))
-        or chain_may_shrink(cycle.state.jobs, job)
         or cycle.fence.judged_again(cycle.state, job)
-    ):
-        # judged without the jobs just admitted in its tree as possible victims, or
-        # sparing jobs it may evict once the waiting job between them runs again, or
-        # those on reserved nodes
-        cycle.parked_on_reserved.append(block)
+    )
 
 
 def park_doomed(cycle: Cycle, bound: OrderKey | None) -> None:
@@ -87,11 +90,7 @@ def park_doomed(cycle: Cycle, bound: OrderKey | None) -> None:
                     wait = JobInadmissible(at=now, job=JobId(m.job), reason=reason, cycle=number, epoch=epoch)
                     waits.append(((key[0], key[1], key[2], -m.neg_seq), wait))
         block = idx.park_members(group, run, first, verdict.wake, reason, number)
-        if (
-            cycle.reserved
-            or may_evict_new(cycle, on_any_flavor(cycle.state, first))
-            or cycle.fence.judged_again(cycle.state, first)
-        ):
+        if _judged_on_a_narrow_view(cycle, first):
             cycle.parked_on_reserved.append(block)
     waits.sort(key=lambda w: w[0])
     cycle.events.extend(w for _, w in waits)
