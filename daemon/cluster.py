@@ -79,6 +79,13 @@ class Reapplying(Protocol):
     def reapply_through(self, submit: Callable[[Reapply], None]) -> None: ...
 
 
+@runtime_checkable
+class FlavorAware(Protocol):
+    """A cluster whose nodes' schedulability depends on the log's flavors (the taints their pods tolerate)."""
+
+    def flavors_changed(self) -> None: ...
+
+
 ClusterFactory = Callable[[Callable[[], ClusterState]], Cluster]
 """Makes a cluster for one leadership term, given the fold of the log."""
 
@@ -103,6 +110,9 @@ class KubeCluster:
 
     def reapply_through(self, submit: Callable[[Reapply], None]) -> None:
         self.adapter.reapply = submit
+
+    def flavors_changed(self) -> None:
+        self.adapter.flavors_changed()
 
     def holds(self, job: str) -> bool:
         """Whether a pod of `job` that the kubelet has not let go of is still bound to a node."""

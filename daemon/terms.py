@@ -39,7 +39,7 @@ import structlog
 from muster.daemon import reapply
 from muster.daemon.applier import DecisionApplier
 from muster.daemon.cancels import by_user
-from muster.daemon.cluster import Cluster
+from muster.daemon.cluster import Cluster, FlavorAware
 from muster.daemon.following import LogFollower
 from muster.daemon.leader import Elector
 from muster.daemon.metrics import DaemonMetrics
@@ -47,6 +47,7 @@ from muster.daemon.msgids import leader_id
 from muster.events.store import ConcurrencyConflict, EventStore, StoreError
 from muster.events.types import (
     Event,
+    FlavorConfigured,
     JobAdmitted,
     JobCancelled,
     JobFailed,
@@ -84,7 +85,8 @@ class Term:
 
 
 class DecisionBook:
-    """What the fold tells the applier: each live job's last decision, the victims of each preemptor."""
+    """What the fold tells the applier (each live job's last decision, the victims of each preemptor) and the
+    cluster (its flavors changed)."""
 
     def __init__(self, metrics: DaemonMetrics) -> None:
         self.metrics = metrics
@@ -111,6 +113,8 @@ class DecisionBook:
             self.last_decision.pop(event.job, None)
             self.victims.pop(event.job, None)
         term = self.term
+        if isinstance(event, FlavorConfigured) and term is not None and isinstance(term.cluster, FlavorAware):
+            term.cluster.flavors_changed()
         if term is None or term.applier is None:
             return
         if isinstance(event, _APPLIED) and event.epoch == term.epoch:

@@ -28,6 +28,8 @@ Invariants:
 - With a view of the log (`state`), `run` reconciles it with the cluster
   (`reconciling`) before it reports started, and then every `reconcile_seconds`:
   a job whose workload went while no adapter watched is ended on the log.
+- When the log's flavors change (`flavors_changed`), the nodes are judged again at once: a node
+  tainted for a flavor applied after the node was seen turns schedulable with no change to it.
 - A replica's standing watch (`mirroring.Mirror`), when it runs, stands in for the lists: a new
   term starts from the objects it holds, without a request.
 - The work of a (re)list is cut into pieces that give the event loop back in
@@ -180,6 +182,7 @@ class KubernetesAdapter:
         self._lock = anyio.Lock()
         self._changed = anyio.Event()
         self._sink: Sink | None = None
+        self._flavors = anyio.Event()
         self._synced = anyio.Event()
         self._versions: dict[str, int] = {}
         self._mirror = mirror
@@ -276,6 +279,7 @@ class KubernetesAdapter:
                     self._synced.set()
                     log.info("cluster synced", nodes=len(self.translator.node_names()))
                     tg.start_soon(self._reconcile_every, sink)
+                    tg.start_soon(self._judge_nodes_when_flavors_change)
                     task_status.started()
 
     async def apply(self, event: Event) -> ApplyResult:
@@ -362,6 +366,18 @@ class KubernetesAdapter:
             events = list(found) + self.translator.flush(int(self._clock()))
             if events and self._sink is not None:
                 await self._sink(events)
+
+    def flavors_changed(self) -> None:
+        """The log folded a `FlavorConfigured`: which node taints muster tolerates may have changed."""
+        self.translator.flavors_changed = True
+        self._flavors.set()
+
+    async def _judge_nodes_when_flavors_change(self) -> None:
+        # no watch event may come for minutes (nodes heartbeat through Leases): flush without one
+        while True:
+            await self._flavors.wait()
+            self._flavors = anyio.Event()
+            await self._push(())
 
     async def _reconcile_every(self, sink: Sink) -> None:
         while True:

@@ -36,6 +36,7 @@ __all__ = [
     "NodeView",
     "node_view",
     "pod_requests",
+    "taints_block",
     "tracked_resources",
 ]
 
@@ -142,6 +143,17 @@ class NodeView:
     ready: bool = True
     unschedulable: bool = False
     cordoned: bool = False
+    taints: frozenset[str] = frozenset()
+    """The keys of its taints that keep pods off it (NoSchedule, NoExecute, not-ready), tolerated or not: the
+    log's flavors decide which muster tolerates, and they change while the node does not (`taints_block`)."""
+
+
+def taints_block(taints: frozenset[str], tolerated: frozenset[str]) -> bool:
+    """Whether a node with these taints (`NodeView.taints`) is unschedulable for pods that tolerate `tolerated`.
+
+    A new node's not-ready taint blocks whatever is tolerated.
+    """
+    return NOT_READY_TAINT in taints or not taints <= tolerated
 
 
 def node_view(
@@ -155,21 +167,22 @@ def node_view(
     for cond in _iter(status.get("conditions")):
         if isinstance(cond, Mapping) and cond.get("type") == "Ready":
             ready = cond.get("status") == "True"
-    unschedulable = False
+    taints: set[str] = set()
     for taint in _iter(spec.get("taints")):
         if not isinstance(taint, Mapping):
             continue
         key = str(taint.get("key") or "")
         if key == CORDON_TAINT:
             continue
-        if key == NOT_READY_TAINT or (taint.get("effect") in ("NoSchedule", "NoExecute") and key not in tolerated):
-            unschedulable = True
+        if key == NOT_READY_TAINT or taint.get("effect") in ("NoSchedule", "NoExecute"):
+            taints.add(key)
     allocatable = status.get("allocatable") or status.get("capacity") or {}
     return NodeView(
         name=str(meta.get("name") or ""),
         labels={str(k): str(v) for k, v in sorted(labels.items())} if isinstance(labels, Mapping) else {},
         capacity=dict(sorted(tracked_resources(allocatable, problems, bounded=True).items())),
         ready=ready,
-        unschedulable=unschedulable,
+        unschedulable=taints_block(frozenset(taints), tolerated),
         cordoned=bool(spec.get("unschedulable")),
+        taints=frozenset(taints),
     )

@@ -8,7 +8,9 @@ order they happened.
 Invariants:
 - A node event is written only when muster's view of the node changed
   (labels, allocatable, readiness, taints, cordon, reserved capacity), not for
-  every status heartbeat.
+  every status heartbeat; or when the log's flavors changed which of its taints
+  muster tolerates (a flavor applied after its nodes were tainted makes them
+  schedulable with no change to the nodes: `flush` judges them again).
 - `reserved` on a node is the sum of the requests of the pods bound there by
   other schedulers (kube-scheduler, DaemonSets) that have not terminated, and
   of muster's own pods the log no longer counts but that still hold the node
@@ -24,11 +26,11 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from muster.daemon.k8s.gangs import Gangs
-from muster.daemon.k8s.objects import DEFAULT_TOLERATED_TAINTS, NodeView, node_view
+from muster.daemon.k8s.objects import DEFAULT_TOLERATED_TAINTS, NodeView, node_view, taints_block
 from muster.daemon.k8s.owners import Sizing
 from muster.daemon.k8s.pods import Owner, PodInfo, pod_info
 from muster.daemon.k8s.watching import WatchEvent, object_key
@@ -90,6 +92,10 @@ class Translator:
         self._lost: set[str] = set()
         """Nodes deleted since the last flush."""
         self._primed = False
+        self._judged_with: frozenset[str] | None = None
+        """The taints tolerated when every node view was last judged (`_judge_taints`)."""
+        self.flavors_changed = False
+        """Set by the adapter when the log's flavors changed: `flush` has nodes to judge again."""
         self.gangs = Gangs(known=self._known_job if state is not None else None, namespace_queues=namespace_queues)
         self.problems: list[str] = []
 
@@ -162,7 +168,9 @@ class Translator:
     @property
     def changed(self) -> bool:
         """Whether `flush` may have something to write (changes since the last flush)."""
-        return bool(not self._primed or self._lost or self.gangs.recheck or self._dirty or self._jobs)
+        return bool(
+            not self._primed or self._lost or self.gangs.recheck or self._dirty or self._jobs or self.flavors_changed
+        )
 
     def flush(self, at: int) -> list[Event]:
         if not self._primed:
@@ -173,6 +181,7 @@ class Translator:
             self._lost.clear()
             self._jobs += self.gangs.nodes_lost(lost, at)
         self._recheck()
+        self._judge_taints()
         out: list[Event] = []
         for name in sorted(self._dirty):
             out += self._node_events(name, at)
@@ -217,6 +226,19 @@ class Translator:
             if acc[k] <= 0:
                 del acc[k]
         self._dirty.add(node)
+
+    def _judge_taints(self) -> None:
+        """Judge every node's taints again when the tolerated ones changed (the log's flavors, see `_tolerated`)."""
+        self.flavors_changed = False
+        tolerated = self._tolerated()
+        if tolerated == self._judged_with:
+            return
+        self._judged_with = tolerated
+        for name, view in self._nodes.items():
+            blocked = taints_block(view.taints, tolerated)
+            if blocked != view.unschedulable:
+                self._nodes[name] = replace(view, unschedulable=blocked)
+                self._dirty.add(name)
 
     def _prime_from_log(self) -> None:
         if self._state is None:

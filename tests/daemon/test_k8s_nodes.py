@@ -7,8 +7,16 @@ from kubernetes_asyncio.client import CoreV1Api
 
 from muster.daemon.k8s import manifests as m
 from muster.daemon.k8s.objects import node_view, pod_requests
-from muster.events.types import JobSubmitted, NodeAdded, NodeCordoned, NodeRemoved, NodeUpdated
-from muster.projections.cluster import fold
+from muster.events.types import (
+    FlavorConfigured,
+    JobSubmitted,
+    NodeAdded,
+    NodeCordoned,
+    NodeRemoved,
+    NodeUpdated,
+    Taint,
+)
+from muster.projections.cluster import evolve, fold
 
 GiB = 2**30
 
@@ -225,3 +233,21 @@ async def test_malformed_objects_are_skipped_and_the_adapter_goes_on(kube, start
         good = [NodeAdded, NodeUpdated]
         await events.wait_for(lambda e: any(n.node == "good" and n.reserved for c in good for n in e.of(c)))
         assert [n.node for n in events.of(NodeAdded)] == ["odd", "good"]
+
+
+async def test_a_flavor_applied_after_its_nodes_were_tainted_makes_them_schedulable_and_back(kube, start_adapter):
+    """A node tainted for a flavor the log does not know yet is unschedulable; the flavor's arrival turns it
+    schedulable, its taint dropped from the flavor turns it back, with no change to the node."""
+    emulator, api = kube
+    emulator.put_object("v1/nodes", m.node("h1", taints=[taint("example.com/gpu")]))
+    state = fold([])
+    async with start_adapter(api, state=lambda: state) as (adapter, events):
+        [added] = events.of(NodeAdded)
+        assert added.unschedulable
+        h100 = FlavorConfigured(at=1, name="h100", taints=[Taint(key="example.com/gpu", value="h100")])
+        evolve(state, h100)
+        adapter.flavors_changed()
+        await events.wait_for(lambda e: [u.unschedulable for u in e.of(NodeUpdated)] == [False])
+        evolve(state, FlavorConfigured(at=2, name="h100"))
+        adapter.flavors_changed()
+        await events.wait_for(lambda e: [u.unschedulable for u in e.of(NodeUpdated)] == [False, True])

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
-from kubekit import Kube, admitted, eventually, running_adapter, running_daemon, submitted
+from kubekit import Kube, admitted, eventually, log_of, running_adapter, running_daemon, submitted
 from kubernetes_asyncio.client import ApiClient
 
 from muster.daemon.k8s import manifests as m
@@ -16,9 +16,12 @@ from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.reporting import Report, Reporter, Target
 from muster.events.store import EventStore
 from muster.events.types import (
+    CohortConfigured,
+    CohortName,
     JobInadmissible,
     JobPreempted,
     JobSubmitted,
+    PreemptionPolicy,
     QueueConfigured,
     QueueName,
 )
@@ -215,3 +218,49 @@ async def test_a_gang_waits_whole_for_its_gated_pod(api: ApiClient, kube: Kube) 
         gang = events.of(JobSubmitted)[1]
         assert len(gang.pods) == 2
         assert (await adapter.apply(admitted(gang, node))).ok
+
+
+async def test_a_gang_in_a_queue_that_does_not_exist_is_told_it_was_rejected_on_its_job_and_pods(
+    api: ApiClient, kube: Kube, store: EventStore
+) -> None:
+    """The daemon rejects a Job naming an unknown queue: a Warning Rejected naming it on the Job and each pod."""
+    await store.append([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})])
+    await kube.node("n1", gpus=8)
+    _, pods = await kube.job("lost", 2, gpus=1, queue="no-such-queue")
+    async with running_daemon(store, api):
+        await eventually(lambda: _has(kube, "Job", "lost", "Rejected"))
+        for name in [p["metadata"]["name"] for p in pods]:
+            await eventually(lambda name=name: _has(kube, "Pod", name, "Rejected"))
+    [event] = [e for e in await events_of(kube, "Job", "lost") if e["reason"] == "Rejected"]
+    assert event["type"] == "Warning" and "no-such-queue" in event["message"]
+    assert [await kube.pod_node(p["metadata"]["name"]) for p in pods] == ["", ""]
+
+
+async def test_a_preemption_the_daemon_decides_is_told_on_the_victims_job(
+    api: ApiClient, kube: Kube, store: EventStore
+) -> None:
+    """A queue reclaims its lent quota: the borrower's Job gets a Warning Preempted naming the reason and preemptor."""
+    reclaim = PreemptionPolicy(reclaim_within_cohort="Any")
+    await store.append(
+        [
+            CohortConfigured(at=0, name=CohortName("org")),
+            QueueConfigured(
+                at=0, name=QueueName("lender"), cohort=CohortName("org"), nominal={"gpu": 8}, preemption=reclaim
+            ),
+            QueueConfigured(at=0, name=QueueName("borrower"), cohort=CohortName("org"), nominal={"gpu": 0}),
+        ]
+    )
+    await kube.node("n1", gpus=8)
+    _, borrowed = await kube.job("borrowed", 1, gpus=8, queue="borrower")
+    async with running_daemon(store, api):
+        await eventually(lambda: _bound(kube, borrowed))
+        await kube.job("owned", 1, gpus=8, queue="lender")
+        await eventually(lambda: _has(kube, "Job", "borrowed", "Preempted"))
+    [event] = [e for e in await events_of(kube, "Job", "borrowed") if e["reason"] == "Preempted"]
+    [preempted] = await log_of(store, JobPreempted)
+    assert event["type"] == "Warning" and "ReclaimWithinCohort" in event["message"]
+    assert preempted.preemptor is not None and preempted.preemptor in event["message"]
+
+
+async def _bound(kube: Kube, pods: list[dict[str, Any]]) -> bool:
+    return all([await kube.pod_node(p["metadata"]["name"]) for p in pods])

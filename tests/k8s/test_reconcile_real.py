@@ -133,3 +133,23 @@ async def test_a_requeued_jobs_owner_deleted_while_watched_is_found_by_the_perio
     [cancelled] = events.of(JobCancelled)
     assert (cancelled.job, cancelled.reason) == (sub.job, f"WorkloadDeleted: Job/{kube.ns}/train is gone")
     assert not events.of(JobFailed)
+
+
+@pytest.mark.parametrize("make", [make_group, make_job], ids=["pod-group", "job"])
+async def test_a_waiting_workload_deleted_while_no_daemon_ran_leaves_no_phantom_in_its_queue(
+    api: ApiClient, kube: Kube, store: EventStore, make: Callable[..., Any]
+) -> None:
+    """A gang that waited when the daemon stopped and was deleted meanwhile is cancelled: its queue holds nothing."""
+    await store.append([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})])
+    await kube.node("n1", gpus=4)  # room for one of the gang's two 4-GPU pods: it waits
+    _, delete = await make(kube, "waiting")
+    async with running_daemon(store, api) as loop:
+        await eventually(lambda: any(j.status == "pending" for j in loop.state.jobs.values()))
+    [sub] = await log_of(store, JobSubmitted)
+
+    await delete()
+    async with running_daemon(store, api) as loop:
+        await eventually(lambda: loop.state.jobs[sub.job].status == "cancelled")
+        assert not [j for j in loop.state.jobs.values() if j.status in ("pending", "admitted")]
+    [cancelled] = await log_of(store, JobCancelled)
+    assert cancelled.job == sub.job and cancelled.reason.startswith("WorkloadDeleted")
