@@ -323,7 +323,9 @@ class KubernetesAdapter:
             return []
         gangs = self.translator.gangs
         jobs = live_jobs(self._state().jobs.values())  # taken now: the log folds on while owners are read
-        verdicts = await find_vanished(self.client, jobs, gangs.has_pod, int(self._clock()), limiter=self._lookups)
+        verdicts = await find_vanished(
+            self.client, jobs, gangs.has_pod, int(self._clock()), limiter=self._lookups, tracked=gangs.tracked
+        )
         if not verdicts:
             return []
         async with self._lock:

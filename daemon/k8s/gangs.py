@@ -64,7 +64,7 @@ from muster.events.types import (
     Topology,
 )
 
-__all__ = ["TERMINATED", "Gang", "Gangs", "KnownJob"]
+__all__ = ["TERMINATED", "Gang", "Gangs", "KnownJob", "Tracked"]
 
 ENDED = ("finished", "failed", "cancelled", "rejected")
 """Statuses of a job on the log that never runs again."""
@@ -119,6 +119,15 @@ class Gang:
     """This run began after an earlier run of the same owner ended (`_next_run`): its job id is salted."""
     max_runtime: int | None = None
     """The owner's time limit (a Job's `activeDeadlineSeconds`), for pods that declare none."""
+
+
+@dataclass(frozen=True)
+class Tracked:
+    """What the gangs know of a job whose run goes on: its current pods and its owner (for `reconciling`)."""
+
+    pods: Mapping[str, str]
+    """Gang pod name -> pod key of the current run (replacements included; pods gone since included)."""
+    owner: Owner
 
 
 def _podsets(pods: list[PodInfo]) -> tuple[list[PodSet], dict[str, str]]:
@@ -404,6 +413,14 @@ class Gangs:
         gang.started = False
         gang.requeued = True
         return victims
+
+    def tracked(self, job: JobId) -> Tracked | None:
+        """What reconciliation judges `job` by when its gang is tracked here and its run goes on (see `reconciling`)."""
+        owner = self._by_job.get(job)
+        gang = self._gangs.get(owner) if owner is not None else None
+        if gang is None or gang.done:
+            return None
+        return Tracked(pods=dict(gang.mapping), owner=gang.owner)
 
     def owner_of(self, job: JobId) -> Owner | None:
         """The owner of `job`'s gang, when the job is known here."""

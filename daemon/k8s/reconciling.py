@@ -8,12 +8,19 @@ pods and owner objects that exist. The adapter runs it once before its term star
 deciding (so a phantom job never holds its quota into the first cycle) and then every
 `reconcile_seconds`.
 
+A job this adapter's gangs track is judged on what they know (`Tracked`): the pods of its current
+run, which after a preemption are the replacements its controller made (other names than the
+submission's), and its owner as read from its pods (a pod group's controller included). Judged by
+the submission's pod names, a preempted pod group running on replacements looked gone and was
+cancelled by the next pass while it ran.
+
 `judge` is the policy, in one pure function:
 - every pod of the job exists: nothing to say (the gang reports its own end);
 - pods are missing and the job has an owner whose controller recreates them (Job,
   JobSet, a Kubeflow job): while that owner exists with the job's uid, nothing (its
   controller brings them back and the gang maps the replacements); once it is gone, being
-  deleted, or re-created under the same name, `JobCancelled` with reason `WorkloadDeleted`;
+  deleted, or re-created under the same name, `JobCancelled` with reason `WorkloadDeleted`; a
+  pod group's controller cannot be read (any kind): no verdict;
 - pods are missing and nothing recreates them (bare pods, a labelled pod group): all
   gone is `JobCancelled` (`WorkloadDeleted`), some gone is `JobFailed` (the gang can
   never be whole again).
@@ -36,11 +43,12 @@ import structlog
 
 from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import KubeError
+from muster.daemon.k8s.gangs import Tracked
 from muster.daemon.k8s.owners import fetch_owner
-from muster.daemon.k8s.pods import Owner, recreated
+from muster.daemon.k8s.pods import UNOWNED, Owner, recreated
 from muster.events.types import Event, JobCancelled, JobFailed, JobId
 
-__all__ = ["LiveJob", "Verdict", "find_vanished", "judge", "owner_of"]
+__all__ = ["LiveJob", "Tracked", "Verdict", "find_vanished", "judge", "owner_of"]
 
 log = structlog.get_logger("muster.k8s.reconcile")
 
@@ -80,14 +88,16 @@ def owner_of(source: str) -> Owner | None:
     return Owner(parts[0], parts[1], parts[2])
 
 
-def judge(job: LiveJob, present: Callable[[str], bool], owner_alive: bool | None, at: int) -> Verdict | None:
+def judge(
+    job: LiveJob, present: Callable[[str], bool], owner_alive: bool | None, at: int, tracked: Tracked | None = None
+) -> Verdict | None:
     """Whether `job` lost its workload (see the module docstring). `owner_alive` is None when unknown."""
-    keys = sorted(set(job.pods.values()))
+    keys = _keys(job, tracked)
     missing = [k for k in keys if not present(k)]
     if not missing:
         return None
     remaining = tuple(k for k in keys if present(k))
-    owner = owner_of(job.source)
+    owner = _owner(job, tracked)
     job_id = JobId(job.id)
     if owner is not None and recreated(owner):
         if owner_alive is None or owner_alive:
@@ -102,6 +112,14 @@ def judge(job: LiveJob, present: Callable[[str], bool], owner_alive: bool | None
     return Verdict(job_id, JobFailed(at=at, job=job_id, reason=reason), remaining)
 
 
+def _keys(job: LiveJob, tracked: Tracked | None) -> list[str]:
+    return sorted(set((tracked.pods if tracked is not None else job.pods).values()))
+
+
+def _owner(job: LiveJob, tracked: Tracked | None) -> Owner | None:
+    return tracked.owner if tracked is not None else owner_of(job.source)
+
+
 def live_jobs(jobs: Iterable[LiveJob]) -> list[LiveJob]:
     """The jobs reconciliation looks at: pending or admitted, and made of this cluster's pods."""
     return [j for j in jobs if j.status in ("pending", "admitted") and j.pods]
@@ -114,9 +132,14 @@ async def find_vanished(
     at: int,
     *,
     limiter: anyio.CapacityLimiter,
+    tracked: Callable[[JobId], Tracked | None] = lambda _: None,
 ) -> list[Verdict]:
-    """Judge `jobs` (already taken from the log, so no fold runs in between), reading owners where needed."""
-    suspects = [j for j in jobs if any(not present(k) for k in j.pods.values())]
+    """Judge `jobs` (already taken from the log, so no fold runs in between), reading owners where needed.
+
+    `tracked`: what the adapter's gangs know of a job (None: judged by the log alone).
+    """
+    known = {j.id: tracked(JobId(j.id)) for j in jobs}
+    suspects = [j for j in jobs if any(not present(k) for k in _keys(j, known[j.id]))]
     alive: dict[str, bool | None] = {}
 
     async def look(job: LiveJob, owner: Owner) -> None:
@@ -139,12 +162,13 @@ async def find_vanished(
 
     async with anyio.create_task_group() as tg:
         for job in suspects:
-            owner = owner_of(job.source)
-            if owner is not None and recreated(owner):
+            owner = _owner(job, known[job.id])
+            # a pod group's controller may be of any kind: it is not read, and the job gets no verdict
+            if owner is not None and recreated(owner) and owner.kind not in UNOWNED:
                 tg.start_soon(look, job, owner)
     verdicts = []
     for job in suspects:
-        verdict = judge(job, present, alive.get(job.id), at)
+        verdict = judge(job, present, alive.get(job.id), at, known[job.id])
         if verdict is not None:
             verdicts.append(verdict)
     return verdicts

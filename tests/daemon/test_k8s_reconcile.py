@@ -8,16 +8,19 @@ against a real API server, with the whole daemon: tests/k8s/test_reconcile_real.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
 from muster.daemon.k8s import manifests as m
 from muster.daemon.k8s.reconciling import judge, owner_of
 from muster.events.types import (
+    Event,
     JobAdmitted,
     JobCancelled,
     JobFailed,
     JobId,
+    JobPreempted,
     JobSubmitted,
     NodeName,
     PodSet,
@@ -91,3 +94,44 @@ async def test_a_gang_deleted_while_no_adapter_ran_is_cancelled_before_the_adapt
         assert [(c.job, c.reason) for c in cancelled] == [(sub.job, "WorkloadDeleted: its pods are gone")]
         assert adapter.translator.gangs.ended(sub.job)
         assert not events.of(JobFailed)
+
+
+TRAINER = {"apiVersion": "example.com/v1", "kind": "Trainer", "name": "g", "uid": "u-g", "controller": True}
+"""A pod group's controller (an operator of its own kind) that recreates its evicted pods under new names."""
+
+
+async def test_a_pod_group_running_on_replacement_pods_is_not_taken_for_gone(kube, start_adapter):
+    """A preempted pod group whose controller made new pods (new names) runs on them: a reconciliation pass
+    leaves it alone, though the pods its submission named are gone (the demo lost 24 of 371 jobs so)."""
+    emulator, api = kube
+    emulator.put_object("v1/nodes", m.node("n1"))
+    labels = {"muster.dev/gang": "g", "muster.dev/gang-size": "2", "muster.dev/queue": "q"}
+
+    def pod(name: str) -> dict[str, Any]:
+        return m.pod(name, "ns", gpus=1, labels=labels, owner=TRAINER, grace_seconds=0)
+
+    for name in ("g-0", "g-1"):
+        emulator.put_object("v1/pods", pod(name))
+    log: list[Event] = [QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})]
+    async with start_adapter(api, state=lambda: fold(log)) as (adapter, events):
+        await events.wait_for(lambda e: bool(e.of(JobSubmitted)))
+        [sub] = events.of(JobSubmitted)
+        placement = {p: NodeName("n1") for p in sub.pods}
+        admitted = JobAdmitted(at=2, job=sub.job, queue=QueueName("q"), placement=placement)
+        preempted = JobPreempted(at=3, job=sub.job, preemptor=None, reason="WithinQueue")
+        log += [sub, admitted]
+        assert (await adapter.apply(admitted)).ok
+        log.append(preempted)
+        assert (await adapter.apply(preempted)).ok
+        for name in ("g-0-r1", "g-1-r1"):  # the controller's replacements
+            emulator.put_object("v1/pods", pod(name))
+        await adapter.caught_up("pods", emulator.resource_version)
+        again = JobAdmitted(at=4, job=sub.job, queue=QueueName("q"), placement=placement)
+        log.append(again)
+        assert (await adapter.apply(again)).ok
+        assert sorted(p.key for p in (adapter.translator.gangs.pods_of(sub.job) or {}).values()) == [
+            "ns/g-0-r1",
+            "ns/g-1-r1",
+        ]
+        assert await adapter.reconcile() == []
+    assert not events.of(JobCancelled) and not events.of(JobFailed)
