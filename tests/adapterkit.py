@@ -1,6 +1,8 @@
 """A KubernetesAdapter running for a test, and `EventLog`, its sink, which lets a test wait for events.
 
 `eventually(check)` polls an async or plain predicate until it holds or a deadline passes.
+`FAST`: backoff delays short enough for tests. `lists(emulator, plural)`: the list requests the
+API double answered; `describe(events)`: events counted by type and node or job.
 
 Shared by the emulator tests (tests/daemon) and the real API server tier (tests/k8s).
 """
@@ -9,14 +11,39 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from kubernetes_asyncio.client import ApiClient
 
-from muster.daemon.k8s import KubernetesAdapter
+from muster.daemon.k8s import Backoff, KubernetesAdapter
 from muster.events.types import Event
+
+if TYPE_CHECKING:
+    from muster.demo.emulator import KubeEmulator
+
+FAST = Backoff(initial=0.01, maximum=0.05, jitter=0.0)
+"""Backoff delays short enough for tests against the API double."""
+
+
+def lists(emulator: KubeEmulator, plural: str) -> list[Any]:
+    """The list (not watch) requests the API double answered for `plural`."""
+    return [
+        r
+        for r in emulator
+        if r.resource is not None
+        and r.resource.plural == plural
+        and r.name is None
+        and str(r.method.value) == "GET"
+        and r.params.get("watch") not in ("true", "True")
+    ]
+
+
+def describe(events: list[Event]) -> Counter[tuple[str, str]]:
+    """The events counted by type and the node or job they name (order left out)."""
+    return Counter((type(e).__name__, str(getattr(e, "node", "") or getattr(e, "job", ""))) for e in events)
 
 
 class EventLog:

@@ -5,7 +5,8 @@ Kubernetes (`test_k8s_*`):
   port, and a kubernetes-asyncio ApiClient pointed at it.
 - `start_adapter`: `async with start_adapter(api) as (adapter, events):` a
   running KubernetesAdapter whose sink is `events` (an `EventLog`).
-- `FAST`: backoff delays short enough for tests.
+- backoff delays short enough for tests: `adapterkit.FAST` (a helper module, not this conftest,
+  which only pytest may import).
 
 Add new shared fixtures in their own section below, with a one-line docstring.
 """
@@ -17,15 +18,13 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from adapterkit import EventLog, running_adapter
+from adapterkit import FAST, EventLog, running_adapter
 from kubernetes_asyncio.client import ApiClient
 
-from muster.daemon.k8s import Backoff, KubernetesAdapter
+from muster.daemon.k8s import KubernetesAdapter
 from muster.demo.emulator import KubeEmulator, running
 
 # ---------------------------------------------------------------- Kubernetes
-
-FAST = Backoff(initial=0.01, maximum=0.05, jitter=0.0)
 
 
 @pytest.fixture

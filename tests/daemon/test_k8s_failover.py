@@ -10,15 +10,13 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
-from adapterkit import eventually
+from adapterkit import describe, eventually, lists
 from kubernetes_asyncio.client import CoreV1Api
 
 from muster.daemon.k8s import manifests as m
 from muster.demo.emulator import KubeEmulator
 from muster.events.types import (
-    Event,
     JobAdmitted,
     JobFailed,
     JobFinished,
@@ -74,23 +72,6 @@ async def test_an_admission_reapplied_before_the_gang_is_sized_still_binds(kube,
     assert (result.ok, result.outcome) == (True, "applied"), result
     for key in sub.pods.values():
         assert emulator.get_object("v1/pods", *key.split("/"))["spec"]["nodeName"] == "n1"
-
-
-def lists(emulator: KubeEmulator, plural: str) -> list[Any]:
-    """The list (not watch) requests made for `plural`."""
-    return [
-        r
-        for r in emulator
-        if r.resource is not None
-        and r.resource.plural == plural
-        and r.name is None
-        and str(r.method.value) == "GET"
-        and r.params.get("watch") not in ("true", "True")
-    ]
-
-
-def describe(events: list[Event]) -> Counter[tuple[str, str]]:
-    return Counter((type(e).__name__, str(getattr(e, "node", "") or getattr(e, "job", ""))) for e in events)
 
 
 def owner_lookups(emulator: KubeEmulator) -> int:

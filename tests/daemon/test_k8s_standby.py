@@ -6,9 +6,7 @@ from collections import Counter
 from typing import Any
 
 import anyio
-from adapterkit import eventually
-from conftest import FAST
-from test_k8s_failover import describe, lists
+from adapterkit import FAST, describe, eventually, lists
 
 from muster.daemon.k8s import manifests as m
 from muster.daemon.k8s.client import KubeClient
