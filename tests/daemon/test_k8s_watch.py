@@ -5,26 +5,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from adapterkit import describe, lists
+
 from muster.daemon.k8s import manifests as m
 from muster.demo.emulator import KubeEmulator
-from muster.events.types import Event, JobSubmitted, NodeAdded, NodeRemoved, NodeUpdated
-
-
-def lists(emulator: KubeEmulator, plural: str) -> list[Any]:
-    """The list (not watch) requests the adapter made for `plural`."""
-    return [
-        r
-        for r in emulator
-        if r.resource is not None
-        and r.resource.plural == plural
-        and r.name is None
-        and str(r.method.value) == "GET"
-        and r.params.get("watch") not in ("true", "True")
-    ]
-
-
-def describe(events: list[Event]) -> Counter[tuple[str, str]]:
-    return Counter((type(e).__name__, str(getattr(e, "node", "") or getattr(e, "job", ""))) for e in events)
+from muster.events.types import JobSubmitted, NodeAdded, NodeRemoved, NodeUpdated
 
 
 def seed(emulator: KubeEmulator) -> dict[str, Any]:
