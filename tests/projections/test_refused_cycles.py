@@ -1,11 +1,25 @@
-"""A cycle whose decisions never reach the log (refused by the fence) is decided again in full."""
+"""A cycle whose decisions never reach the log (refused by the fence) is decided again in full.
+
+Also for the jobs of a removed node (`index.orphans`): they stay orphans until the log ends or
+evicts them, so the cycle after a refused one evicts them again, byte for byte as a replica
+folding the log afresh (a new leader, replay, audit) decides; one that ended meanwhile is not
+evicted; a deposed leader's eviction, fenced by the fold, is decided again by the new leader.
+"""
 
 from __future__ import annotations
 
+import msgspec
+from logkit import Log, job
+
 from muster.events.types import (
+    Event,
+    JobAdmitted,
     JobFinished,
+    JobPreempted,
     JobSubmitted,
+    LeaderElected,
     NodeAdded,
+    NodeRemoved,
     PodSet,
     QueueConfigured,
     SchedulerConfigured,
@@ -80,3 +94,53 @@ def test_folded_decisions_leave_the_index_as_a_fresh_one_finds_it() -> None:
     fresh = fold([*log, *decisions, finished])  # type: ignore[list-item]
     assert _capacity(state) == _capacity(fresh)
     assert index_of(state).quota.queues["q"].usage == index_of(fresh).quota.queues["q"].usage == {"gpu": 8}
+
+
+def _orphaned() -> Log:
+    """Job `a` (8 GPUs) admitted on n0, then n0 removed: `a` is an orphan the next cycle evicts."""
+    log = Log()
+    log.add(job("a", 8, at=1))
+    (admitted,) = log.cycle(1)
+    assert isinstance(admitted, JobAdmitted)
+    log.add(NodeRemoved(at=2, node="n0"))
+    return log
+
+
+def _encoded(events: list[Event]) -> list[bytes]:
+    return [msgspec.json.encode(e) for e in events]
+
+
+def test_a_refused_eviction_of_an_orphan_is_decided_again_in_the_next_cycle() -> None:
+    """The refused cycle's JobPreempted (NodeFailure) comes again, byte for byte as a fresh fold decides it."""
+    log = _orphaned()
+    (first,) = decide(log.state, 2)  # refused: nothing of it is folded
+    assert isinstance(first, JobPreempted) and (first.job, first.reason) == ("a", "NodeFailure")
+    assert index_of(log.state).orphans == {"a"} and log.state.jobs["a"].status == "admitted"
+    log.add(job("b", 1, at=3))  # what the other writer appended, which made the fence refuse the cycle
+    again = decide(log.state, 3)
+    assert [(type(e).__name__, getattr(e, "job", "")) for e in again] == [("JobPreempted", "a")]
+    assert _encoded(again) == _encoded(decide(fold(log.events), 3))
+
+
+def test_an_orphan_that_ended_while_its_eviction_was_refused_is_not_evicted() -> None:
+    """The fact that beat the refused cycle ends `a`: it leaves the orphans and the next cycle evicts no one."""
+    log = _orphaned()
+    decide(log.state, 2)  # refused
+    log.add(JobFinished(at=3, job="a"), job("b", 8, at=3))
+    again = decide(log.state, 3)
+    assert index_of(log.state).orphans == set()
+    assert not [e for e in again if isinstance(e, JobPreempted)]
+    assert _encoded(again) == _encoded(decide(fold(log.events), 3))
+
+
+def test_a_deposed_leaders_eviction_fenced_by_the_fold_is_decided_by_the_new_leader() -> None:
+    """A JobPreempted of epoch 1 folded after epoch 2 was elected changes nothing: epoch 2's cycle evicts `a`."""
+    log = _orphaned()
+    (stale,) = decide(log.state, 2)
+    log.add(LeaderElected(at=3, epoch=2, holder="b"), stale)
+    assert log.state.fenced == 1 and index_of(log.state).orphans == {"a"}
+    again = log.cycle(3)
+    assert [(type(e).__name__, getattr(e, "job", ""), getattr(e, "epoch", 0)) for e in again] == [
+        ("JobPreempted", "a", 2)
+    ]
+    assert log.state.jobs["a"].status == "pending" and index_of(log.state).orphans == set()
