@@ -69,6 +69,8 @@ class DemoOptions:
     """Seconds at speed 1 a job may stay idle before idle reclaim (divided by `speed`, like runtimes)."""
     reserve_after: float | None = None
     """Seconds at speed 1 a gang may wait before its queue reserves room for it (None: no reservations)."""
+    reconcile_seconds: float = 60.0
+    """Seconds between the daemon's reconciliation passes (wall clock; the daemon's default)."""
     live: bool = True
     console: Any = None
     ui_port: int | None = None
@@ -156,7 +158,7 @@ async def run_demo(options: DemoOptions) -> DemoResult:
                 loop = SchedulerLoop(
                     store,
                     elector=elector,
-                    cluster=KubeCluster.factory(api, watch_seconds=60),
+                    cluster=KubeCluster.factory(api, watch_seconds=60, reconcile_seconds=options.reconcile_seconds),
                     options=LoopOptions(debounce=0.01),
                     services=[scraper.run],
                 )
