@@ -23,8 +23,8 @@ async def explain(source: LogSource, job: str, point: Point) -> tuple[Story, int
     start = await _before_submission(source, job, end, point.time) if isinstance(source, ArchivedLog) else None
     teller = Storyteller(job, start.state if start is not None else None)
     teller.story.told_from = start.seq if start is not None else 0
-    with no_gc():
-        async for batch in source.batches(teller.story.told_from + 1, end, until=point.time):
+    async for batch in source.batches(teller.story.told_from + 1, end, until=point.time):
+        with no_gc():  # not across the read (see `no_gc`)
             for seq, ev in batch:
                 teller.step(seq, ev)
     return teller.finish(), teller.state.now

@@ -22,7 +22,9 @@ def no_gc() -> Iterator[None]:
     """Pause the cyclic GC while building many small objects (decode, fold): 5-10x faster decodes.
 
     The fold and decoders make no reference cycles worth collecting early;
-    the collector runs again on exit.
+    the collector runs again on exit. Hold it around synchronous work only,
+    never across an await: the collector is the process's, and every other
+    task would run with it off meanwhile (read a batch, then fold it inside).
     """
     was = gc.isenabled()
     gc.disable()

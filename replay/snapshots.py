@@ -106,13 +106,13 @@ async def fold_range(
     count = 0
     if to_seq is not None and from_seq > to_seq:
         return last, count
-    with no_gc():
-        async for batch in source.batches(from_seq, to_seq, until=until):
-            ev: AnyEvent
+    async for batch in source.batches(from_seq, to_seq, until=until):
+        ev: AnyEvent
+        with no_gc():  # not across the read: a caller's other tasks (a daemon's, a server's) run meanwhile
             for _, ev in batch:
                 evolve(state, ev)
-            count += len(batch)
-            last = batch[-1][0]
+        count += len(batch)
+        last = batch[-1][0]
     return last, count
 
 

@@ -26,6 +26,7 @@ starts from an older one. Nothing depends on exactly one writer.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -226,11 +227,18 @@ async def write_snapshots(
             progress(s, meta)
 
     async for batch in source.batches(seq + 1, last):
-        with no_gc():
-            for s, ev in batch:
-                evolve(state, ev)
-                if writer.due(s):
-                    await at_due_point(s)
+        i = 0
+        while i < len(batch):
+            due = None
+            with no_gc():  # up to the next due point: the snapshot's write awaits with the collector on
+                for s, ev in itertools.islice(batch, i, None):
+                    i += 1
+                    evolve(state, ev)
+                    if writer.due(s):
+                        due = s
+                        break
+            if due is not None:
+                await at_due_point(due)
         folded += len(batch)
         seq = batch[-1][0]
     if follow and store is not None:

@@ -102,8 +102,8 @@ async def whatif(
     later_ends: list[tuple[int, Event]] = []
     end_seq = last if end is None or end.seq is None else min(end.seq, last)
     end_time = end.time if end is not None else None
-    with no_gc():
-        async for batch in source.batches(from_seq, None):
+    async for batch in source.batches(from_seq, None):
+        with no_gc():  # not across the read (see `no_gc`)
             for seq, read in batch:
                 if seq <= end_seq and (end_time is None or read.at <= end_time):
                     window.append((seq, read))

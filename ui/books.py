@@ -145,8 +145,8 @@ class Books:
                 break
             merge_into(state.ledger, c.delta)
         if seq > base.seq:
-            with no_gc():
-                async for batch in self.source.batches(base.seq + 1, seq):
+            async for batch in self.source.batches(base.seq + 1, seq):
+                with no_gc():  # not across the read: the server's other tasks run meanwhile
                     for s, ev in batch:
                         evolve_billing(state, s, ev)
         settle(state)

@@ -174,13 +174,13 @@ async def job(feed: Feed, moment: Moment, job_id: str) -> dict[str, Any] | None:
         return None
     before = await feed.state_at(Point(seq=start - 1))
     teller = Storyteller(job_id, before.state)
-    with no_gc():
-        async for batch in feed.source.batches(start, moment.seq):
+    async for batch in feed.source.batches(start, moment.seq):
+        with no_gc():  # not across the read: the server's other tasks run meanwhile
             for seq, ev in batch:
                 teller.step(seq, ev)
-            job = teller.state.jobs.get(job_id)
-            if job is not None and job.status in TERMINAL:
-                break
+        job = teller.state.jobs.get(job_id)
+        if job is not None and job.status in TERMINAL:
+            break
     story = teller.finish()
     doc = story_document(story, moment.state.now)
     current = moment.state.jobs[job_id]
