@@ -20,7 +20,7 @@ Invariants:
 - What users should see of a decision (Events, a waiting pod's PodScheduled
   condition) is queued once it is applied and written by its own task
   (`reporting`): feedback never delays a binding.
-- A pod that takes over a slot of an admitted gang (a Job's next index, `Gangs._take_successors`)
+- A pod that takes over a slot of an admitted gang (a Job's next index, `gangruns.take_successors`)
   is bound where the log placed that slot (`_rebind`): the admission applied again, no decision
   of its own; without a view of the log it waits. That binding is handed to `reapply` (in the
   daemon: the `DecisionApplier`, `cluster.Reapplying`), so it waits for the lease and for the
@@ -340,7 +340,7 @@ class KubernetesAdapter:
         return events
 
     async def _rebind(self, job: JobId) -> ApplyResult:
-        """Bind the pods that took over slots of `job`'s admitted gang (`Gangs._take_successors`), as placed."""
+        """Bind the pods that took over slots of `job`'s admitted gang (`gangruns.take_successors`), as placed."""
         known = self._state().jobs.get(job) if self._state is not None else None
         if known is None or known.status != "admitted":
             log.warning("a successor pod waits: the log has no admission of its job here", job=job)

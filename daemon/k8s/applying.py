@@ -22,7 +22,7 @@
   victim whose pods no controller recreates (bare pods, a pod group) ends with
   JobFailed: requeued, it would be readmitted for pods that never come back.
 - `rebind(job, placement)`: the admission of a gang applied again when pods took over
-  slots of it (an Indexed Job's next indexes, `Gangs._take_successors`).
+  slots of it (an Indexed Job's next indexes, `gangruns.take_successors`).
 - `ready(event)`: the bounded wait for an admission's pods, which a caller may
   run before taking a slot of its own concurrency limit.
 - `JobRejected`: nothing to change in the cluster; the gang is forgotten so

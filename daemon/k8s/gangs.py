@@ -21,207 +21,63 @@ lookup, so a re-created owner is still a new job. Only unknown gangs cost a look
 relist of a cluster holding thousands of gangs must not fire thousands of
 requests (they starved the new leader's event loop, and its lease lapsed).
 
+What one run is made of (its podsets, successors, submission) is `gangruns`; here is which
+gang each pod belongs to, and when each run is submitted, started and ended.
+
 Invariants:
 - A gang is submitted once, when all its pods exist (`size` pods that are
   neither terminated nor being deleted), with a deterministic job id.
-- Podsets are groups of identical requests within one role; gang pod names
-  `PODSET-INDEX` are numbered in pod index order (completion index, replica
-  index, then name), so the same pods always give the same JobSubmitted.
 - Each admitted run reports JobStarted once; a gang ends once (JobFinished
   when every pod succeeded and, for a Job, `completions` pods did; JobFailed
   when a pod failed or was deleted by someone else). Pods muster evicted for a
   preemption are expected to go and report nothing; the gang waits for its
   replacements under the same job id.
 - A Job's pod created after another succeeded (its next index) runs in that
-  pod's slot of the admitted gang (`_take_successors`); pods of a recreating
+  pod's slot of the admitted gang (`take_successors`); pods of a recreating
   owner that come after its run ended are a new run, a new job (`_next_run`).
 - A pod is its uid, not its name: a pod deleted and created again under the
   same name (an operator's `<job>-worker-0`, a user re-applying a manifest) is
   a new pod. The uids of a run's pods are retired when it ends, so its owner's
   pods made again under the same names are the next run. The log holds names,
   not uids: a relisting leader takes pods under an ended run's names for a new
-  run when they wait unbound (`_new_to`), which no pod of an ended run does.
+  run when they wait unbound (`new_to`), which no pod of an ended run does.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable
 
+from muster.daemon.k8s.gangruns import (
+    ENDED,
+    Gang,
+    KnownJob,
+    Tracked,
+    as_placed,
+    new_to,
+    podsets_of,
+    salt,
+    submission,
+    take_successors,
+)
+from muster.daemon.k8s.gangviews import GangViews
 from muster.daemon.k8s.owners import Sizing
 from muster.daemon.k8s.pods import TERMINATED, UNOWNED, Owner, PodInfo, recreated
-from muster.events.types import (
-    Event,
-    JobFailed,
-    JobFinished,
-    JobId,
-    JobStarted,
-    JobSubmitted,
-    PodSet,
-    QueueName,
-    Topology,
-)
+from muster.events.types import Event, JobFailed, JobFinished, JobId, JobStarted
 
 __all__ = ["TERMINATED", "Gang", "Gangs", "KnownJob", "Tracked"]
 
-ENDED = ("finished", "failed", "cancelled", "rejected")
-"""Statuses of a job on the log that never runs again."""
 
-
-class KnownJob(Protocol):
-    """What the log already says about a job (a `projections.state.JobState` fits)."""
-
-    @property
-    def status(self) -> str: ...
-
-    @property
-    def started_at(self) -> int | None: ...
-
-    @property
-    def podsets(self) -> list[PodSet]: ...
-
-    @property
-    def placement(self) -> dict[str, str]: ...
-
-    @property
-    def pods(self) -> dict[str, str]: ...
-
-
-@dataclass
-class Gang:
-    owner: Owner
-    size: int | None = None
-    pods: dict[str, PodInfo] = field(default_factory=dict)
-    """Pods seen and not deleted, by `namespace/name`."""
-    job_id: JobId | None = None
-    podsets: list[PodSet] = field(default_factory=list)
-    mapping: dict[str, str] = field(default_factory=dict)
-    """Gang pod name `PODSET-INDEX` -> pod key, for the current run."""
-    started: bool = False
-    done: bool = False
-    requeued: bool = False
-    """Preempted: waiting for replacement pods to map onto the same podsets."""
-    retired: set[str] = field(default_factory=set)
-    """Uids of pods the log no longer counts for this gang's job, whose end is expected: pods muster
-    evicted, and the pods of an earlier run still there when a new run began (`_next_run`)."""
-    uid: str = ""
-    """The owner's uid, learned from its lookup when its pods do not carry it."""
-    queue: str = ""
-    """The owner's queue (its queue label, a Volcano PodGroup's spec.queue), for pods that name none."""
-    completions: int | None = None
-    """A Job's successful pods needed in all (its `completions`, at least the gang's size); None: not
-    read yet (a gang the log sized), or not a Job."""
-    asked: bool = False
-    """A lookup of the owner was asked for (each gang asks at most once)."""
-    later_run: bool = False
-    """This run began after an earlier run of the same owner ended (`_next_run`): its job id is salted."""
-    max_runtime: int | None = None
-    """The owner's time limit (a Job's `activeDeadlineSeconds`), for pods that declare none."""
-
-
-@dataclass(frozen=True)
-class Tracked:
-    """What the gangs know of a job whose run goes on: its current pods and its owner (for `reconciling`)."""
-
-    pods: Mapping[str, str]
-    """Gang pod name -> pod key of the current run (replacements included; pods gone since included)."""
-    owner: Owner
-
-
-def _podsets(pods: list[PodInfo]) -> tuple[list[PodSet], dict[str, str]]:
-    """Group `pods` (sorted) into podsets of identical requests per role; map gang pod names to pod keys."""
-    groups: dict[tuple[str, tuple[tuple[str, int], ...], Topology | None], list[PodInfo]] = {}
-    for p in pods:
-        groups.setdefault((p.hint, tuple(sorted(p.requests.items())), p.topology), []).append(p)
-    used: dict[str, int] = {}
-    podsets: list[PodSet] = []
-    mapping: dict[str, str] = {}
-    for (hint, reqs, topology), members in groups.items():
-        n = used.get(hint, 0)
-        used[hint] = n + 1
-        name = hint if n == 0 else f"{hint}-{n}"
-        podsets.append(PodSet(name=name, count=len(members), requests=dict(reqs), topology=topology))
-        for i, p in enumerate(members):
-            mapping[f"{name}-{i}"] = p.key
-    return podsets, mapping
-
-
-def _shape(p: PodInfo) -> tuple[str, tuple[tuple[str, int], ...], Topology | None]:
-    """What makes two pods interchangeable in a gang: role, requests, topology (`_podsets` groups by it)."""
-    return (p.hint, tuple(sorted(p.requests.items())), p.topology)
-
-
-def _as_placed(mapping: dict[str, str], pods: Mapping[str, PodInfo], placement: Mapping[str, str]) -> dict[str, str]:
-    """`mapping` with every bound pod on the gang pod name the log placed on its node, within its podset.
-
-    Sorting gives a relisting leader the submission's names, but a successor (`_take_successors`)
-    took the name of the pod it succeeded, whatever its own order: its node says which.
-    """
-    out = dict(mapping)
-    podsets: dict[str, list[str]] = {}
-    for name in sorted(mapping):
-        podsets.setdefault(name.rsplit("-", 1)[0], []).append(name)
-    for names in podsets.values():
-        keys = [mapping[n] for n in names]
-        free = list(names)
-        placed: dict[str, str] = {}
-        for key in keys:
-            node = pods[key].node if key in pods else ""
-            on_node = next((n for n in free if node and placement.get(n) == node), None)
-            if on_node is not None:
-                free.remove(on_node)
-                placed[key] = on_node
-        for key in keys:
-            if key not in placed:
-                placed[key] = free.pop(0)
-        out.update({name: key for key, name in placed.items()})
-    return out
-
-
-def _salt(gang: Gang, chosen: list[PodInfo]) -> str:
-    """A pod group has no owner uid; its pods' uids tell a re-created group apart."""
-    if gang.owner.kind != "Gang":
-        return gang.uid
-    return hashlib.sha256("".join(sorted(p.uid for p in chosen)).encode()).hexdigest()
-
-
-def _new_to(ended: KnownJob, chosen: list[PodInfo]) -> bool:
-    """Whether `chosen` are not the pods of the `ended` run: none has its name, or those that do wait unbound.
-
-    The log names a run's pods, it does not hold their uids. A pod of an ended run is done, gone,
-    or bound (survivors of a failed gang may run on); one that waits unbound under such a name
-    was made again by its owner: a new pod (a rejected gang's pods, which wait by design, come
-    back once as a new run, rejected again, and are that run on the next relist).
-    """
-    names = set(ended.pods.values())
-    return all(p.active and not p.node for p in chosen if p.key in names)
-
-
-def _first(values: Iterable[Any]) -> Any:
-    for v in values:
-        if v is not None:
-            return v
-    return None
-
-
-class Gangs:
-    """All gangs of muster pods; every method returns the events the change produced."""
+class Gangs(GangViews):
+    """All gangs of muster pods; every change returns the events it produced (the questions: `GangViews`)."""
 
     def __init__(
         self, *, known: Callable[[JobId], KnownJob | None] | None = None, namespace_queues: bool = False
     ) -> None:
-        self._gangs: dict[Owner, Gang] = {}
-        self._by_pod: dict[str, Owner] = {}
-        self._by_job: dict[JobId, Owner] = {}
-        self._known = known
+        super().__init__(known)
         self.recheck: set[str] = set()
         """Pod keys whose `holds_capacity` may have changed without an event of their own."""
-        self._ended: set[JobId] = set()
         self._wanted: list[Owner] = []
-        self._unsized: set[Owner] = set()
-        """Gangs waiting for their owner's size (`sizing()` is asked often, by every admission waiting)."""
         self.problems: list[str] = []
         """Reports of malformed pods, drained by the adapter's logger."""
         self._namespace_queues = namespace_queues
@@ -230,7 +86,7 @@ class Gangs:
         self._ns_wanted: list[str] = []
         self._ns_asked: set[str] = set()
         self.rebind: set[JobId] = set()
-        """Admitted jobs whose gang took a successor pod (`_take_successors`): the adapter binds it."""
+        """Admitted jobs whose gang took a successor pod (`take_successors`): the adapter binds it."""
 
     # ------------------------------------------------------------ inputs
 
@@ -331,80 +187,11 @@ class Gangs:
         out, self._wanted = self._wanted, []
         return out
 
-    # ------------------------------------------------------------ effects
-
-    def pods_of(self, job: JobId) -> dict[str, PodInfo] | None:
-        """The current pod of every gang pod name of `job`, or None when the job is unknown here.
-
-        During a requeue the mapping holds only the pods that exist.
-        """
-        owner = self._by_job.get(job)
-        gang = self._gangs.get(owner) if owner is not None else None
-        if gang is None:
-            return None
-        return {name: gang.pods[key] for name, key in gang.mapping.items() if key in gang.pods}
-
-    def job_known(self, job: JobId) -> bool:
-        """Whether `job`'s gang is known here (`pods_of` is not None), without building its pods."""
-        owner = self._by_job.get(job)
-        return owner is not None and owner in self._gangs
-
-    def has_pod(self, key: str) -> bool:
-        """Whether the pod `namespace/name` exists (seen and not deleted)."""
-        return key in self._by_pod
-
-    def pod(self, key: str) -> PodInfo | None:
-        owner = self._by_pod.get(key)
-        gang = self._gangs.get(owner) if owner is not None else None
-        return gang.pods.get(key) if gang is not None else None
-
-    def holds_capacity(self, info: PodInfo) -> bool:
-        """Whether this bound pod holds capacity the log does not count for its job.
-
-        The fold stops counting a job's pods at its JobPreempted/JobFinished/JobFailed,
-        but an evicted pod holds its node until it is gone, and the other pods of a
-        failed gang may run on: those count like other schedulers' pods (`reserved`).
-        With a view of the log, so does a pod bound where the log did not place it.
-        """
-        if not info.node or info.phase in TERMINATED:
-            return False
-        owner = self._by_pod.get(info.key)
-        gang = self._gangs.get(owner) if owner is not None else None
-        if gang is None:
-            return False
-        if gang.done or info.uid in gang.retired:
-            return True
-        if self._known is None:
-            return False
-        # Bound by nobody we know (a user's nodeName, another tool, a leader whose decision never
-        # reached the log): unless the log places this very pod on this node, the log does not
-        # count it, so it counts as foreign usage.
-        known = self._known(gang.job_id) if gang.job_id is not None else None
-        if known is None or known.status != "admitted":
-            return True
-        names = [name for name, key in gang.mapping.items() if key == info.key]
-        return not names or known.placement.get(names[0]) != info.node
-
-    def ended(self, job: JobId) -> bool:
-        """Whether this adapter saw the job end (or was told it ended)."""
-        return job in self._ended
-
-    def sizing(self) -> bool:
-        """Whether some gang still waits for its owner's size: a job unknown here now may be one of them."""
-        return bool(self._unsized)
-
-    def complete(self, job: JobId) -> bool:
-        """Whether every gang pod name of `job` has a live pod, or one that ran (bindings can be applied)."""
-        owner = self._by_job.get(job)
-        gang = self._gangs.get(owner) if owner is not None else None
-        if gang is None or gang.requeued:
-            return False
-        return all(key in gang.pods and (gang.pods[key].active or gang.pods[key].ran) for key in gang.mapping.values())
+    # ------------------------------------------------------------ effects and endings
 
     def evicting(self, job: JobId) -> list[PodInfo]:
         """Mark the job preempted: its current pods are expected to go. Returns them."""
-        owner = self._by_job.get(job)
-        gang = self._gangs.get(owner) if owner is not None else None
+        gang = self._gang_of(job)
         if gang is None:
             return []
         victims = sorted(gang.pods.values(), key=PodInfo.sort_key)
@@ -413,18 +200,6 @@ class Gangs:
         gang.started = False
         gang.requeued = True
         return victims
-
-    def tracked(self, job: JobId) -> Tracked | None:
-        """What reconciliation judges `job` by when its gang is tracked here and its run goes on (see `reconciling`)."""
-        owner = self._by_job.get(job)
-        gang = self._gangs.get(owner) if owner is not None else None
-        if gang is None or gang.done:
-            return None
-        return Tracked(pods=dict(gang.mapping), owner=gang.owner)
-
-    def owner_of(self, job: JobId) -> Owner | None:
-        """The owner of `job`'s gang, when the job is known here."""
-        return self._by_job.get(job)
 
     def nodes_lost(self, nodes: set[str], at: int) -> list[Event]:
         """These nodes were deleted: end the gangs running there whose pods nothing recreates (`recreated`)."""
@@ -443,15 +218,9 @@ class Gangs:
                 events += self._end(gang, JobFailed(at=at, job=gang.job_id, reason=reason))
         return events
 
-    def recreates(self, job: JobId) -> bool:
-        """Whether lost pods of `job` come back (see `recreated`); True for a job unknown here (no verdict)."""
-        owner = self._by_job.get(job)
-        return owner is None or recreated(owner)
-
     def fail(self, job: JobId, reason: str, at: int) -> list[Event]:
         """End the job with JobFailed unless it already ended."""
-        owner = self._by_job.get(job)
-        gang = self._gangs.get(owner) if owner is not None else None
+        gang = self._gang_of(job)
         if gang is None:
             if job in self._ended:
                 return []
@@ -480,8 +249,7 @@ class Gangs:
 
     def forget(self, job: JobId) -> None:
         """The log ended the job (rejected, cancelled): report nothing more about it."""
-        owner = self._by_job.get(job)
-        gang = self._gangs.get(owner) if owner is not None else None
+        gang = self._gang_of(job)
         self._ended.add(job)
         if gang is not None:
             self._close(gang)
@@ -527,17 +295,17 @@ class Gangs:
                 if self._known is None or len(every) < gang.size:
                     return []
                 chosen = every[: gang.size]
-                if self._known(gang.owner.job_id(_salt(gang, chosen))) is None:
+                if self._known(gang.owner.job_id(salt(gang, chosen))) is None:
                     return []
             if self._needs_namespace(gang, chosen):
                 return []
-            gang.podsets, gang.mapping = _podsets(chosen)
+            gang.podsets, gang.mapping = podsets_of(chosen)
             gang.job_id = self._job_id(gang, chosen)
             self._by_job[gang.job_id] = gang.owner
             self.recheck.update(gang.pods)  # now the log can say whether it counts them (holds_capacity)
             known = self._known(gang.job_id) if self._known is not None else None
             if known is None:
-                events.append(self._submission(gang, chosen, at))
+                events.append(submission(gang, chosen, at, self._ns_queue.get(chosen[0].namespace, "")))
             else:
                 gang.started = known.started_at is not None
                 if known.status in ENDED:
@@ -545,14 +313,14 @@ class Gangs:
                     self._ended.add(gang.job_id)
                     return events
                 if known.status == "admitted":
-                    gang.mapping = _as_placed(gang.mapping, gang.pods, known.placement)
+                    gang.mapping = as_placed(gang.mapping, gang.pods, known.placement)
         elif gang.requeued:
             fresh = sorted(
                 (p for p in gang.pods.values() if p.active and p.uid not in gang.retired), key=PodInfo.sort_key
             )
             if len(fresh) < gang.size:
                 return events
-            podsets, mapping = _podsets(fresh[: gang.size])
+            podsets, mapping = podsets_of(fresh[: gang.size])
             if [(ps.name, ps.count, ps.requests) for ps in podsets] != [
                 (ps.name, ps.count, ps.requests) for ps in gang.podsets
             ]:
@@ -560,7 +328,8 @@ class Gangs:
             gang.mapping = mapping
             gang.requeued = False
         assert gang.job_id is not None
-        self._take_successors(gang)
+        if take_successors(gang):
+            self.rebind.add(gang.job_id)
         mapped = [gang.pods.get(key) for key in gang.mapping.values()]
         for p in mapped:
             if p is not None and p.phase == "Failed" and p.uid not in gang.retired:
@@ -586,15 +355,15 @@ class Gangs:
 
         A later run is one that began while this adapter watched (`_next_run`), or, for a new leader
         relisting the cluster, pods of a run the log holds, or that are not those of the owner's job
-        the log saw end (`_new_to`).
+        the log saw end (`new_to`).
         """
-        job = gang.owner.job_id(_salt(gang, chosen))
+        job = gang.owner.job_id(salt(gang, chosen))
         uids = "".join(sorted(p.uid for p in chosen))
         run = JobId(f"{job}-r{hashlib.sha256(uids.encode()).hexdigest()[:6]}")
         if not gang.later_run and recreated(gang.owner) and self._known is not None:
             known = self._known(job)
             gang.later_run = (
-                known is not None and known.status in ENDED and (self._known(run) is not None or _new_to(known, chosen))
+                known is not None and known.status in ENDED and (self._known(run) is not None or new_to(known, chosen))
             )
         return run if gang.later_run else job
 
@@ -620,33 +389,6 @@ class Gangs:
         gang.later_run = True
         self.recheck.update(gang.pods)
         return self._evaluate(gang, at)
-
-    def _take_successors(self, gang: Gang) -> None:
-        """A Job with completions > parallelism runs its next indexes in the slots its succeeded pods leave.
-
-        As Kueue counts such a Job: the gang is `parallelism` pods, admitted once; the pod the Job
-        controller creates after a success takes that pod's gang pod name and so its node (the
-        adapter binds it: `rebind`), with no new submission and no second share of quota. A
-        successor an earlier leader bound is found on its predecessor's node.
-        """
-        if gang.owner.kind != "Job" or gang.requeued or gang.job_id is None:
-            return
-        freed = [n for n, key in sorted(gang.mapping.items()) if key in gang.pods and gang.pods[key].ran]
-        mapped = set(gang.mapping.values())
-        waiting = sorted(
-            (p for p in gang.pods.values() if p.active and p.key not in mapped and p.uid not in gang.retired),
-            key=PodInfo.sort_key,
-        )
-        for name in freed:
-            done = gang.pods[gang.mapping[name]]
-            fits = [p for p in waiting if _shape(p) == _shape(done) and p.node in ("", done.node)]
-            successor = next((p for p in fits if p.node), None) or next(iter(fits), None)
-            if successor is None:
-                continue
-            waiting.remove(successor)
-            gang.mapping[name] = successor.key
-            if not successor.node:
-                self.rebind.add(gang.job_id)
 
     def _completed(self, gang: Gang) -> bool:
         """Whether the owner needs no more pods: a Job counts its successful pods (distinct indexes) to completions."""
@@ -679,27 +421,9 @@ class Gangs:
         ns = gang.owner.namespace
         if not self._namespace_queues or ns in self._ns_queue or gang.queue or any(p.queue for p in chosen):
             return False
-        if self._known is not None and self._known(gang.owner.job_id(_salt(gang, chosen))) is not None:
+        if self._known is not None and self._known(gang.owner.job_id(salt(gang, chosen))) is not None:
             return False  # already on the log: its queue is settled
         if ns not in self._ns_asked:
             self._ns_asked.add(ns)
             self._ns_wanted.append(ns)
         return True
-
-    def _submission(self, gang: Gang, chosen: list[PodInfo], at: int) -> JobSubmitted:
-        assert gang.job_id is not None
-        first = chosen[0]
-        return JobSubmitted(
-            at=at,
-            job=gang.job_id,
-            queue=QueueName(
-                _first(p.queue or None for p in chosen) or gang.queue or self._ns_queue.get(first.namespace, "")
-            ),
-            priority_class=_first(p.priority_class for p in chosen),
-            podsets=gang.podsets,
-            runtime=_first(p.runtime for p in chosen),
-            checkpoint_every=_first(p.checkpoint_every for p in chosen),
-            pods={name: key for name, key in gang.mapping.items()},
-            source=first.owner.source,
-            max_runtime=_first([*(p.max_runtime for p in chosen), gang.max_runtime]),
-        )

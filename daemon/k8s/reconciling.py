@@ -43,7 +43,7 @@ import structlog
 
 from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import KubeError
-from muster.daemon.k8s.gangs import Tracked
+from muster.daemon.k8s.gangruns import Tracked
 from muster.daemon.k8s.owners import fetch_owner
 from muster.daemon.k8s.pods import UNOWNED, Owner, recreated
 from muster.events.types import Event, JobCancelled, JobFailed, JobId

@@ -1,0 +1,233 @@
+"""One gang's run: its record (`Gang`), and the pure rules that turn its pods into a job.
+
+No I/O and no state beyond the `Gang` given: `gangs.Gangs` keeps every gang and decides when
+a run is submitted, started and ended; these say what the run is made of.
+
+Invariants:
+- Podsets are groups of identical requests within one role; gang pod names
+  `PODSET-INDEX` are numbered in pod index order (completion index, replica
+  index, then name), so the same pods always give the same JobSubmitted
+  (`podsets_of`, `submission`).
+- A relisting leader names a run's bound pods as the log placed them (`as_placed`),
+  so a successor keeps the name of the pod it succeeded.
+- A Job's pod created after another succeeded (its next index) runs in that
+  pod's slot of the admitted gang (`take_successors`), with no new submission.
+- A pod group has no owner uid: its pods' uids tell a re-created group apart (`salt`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from muster.daemon.k8s.pods import Owner, PodInfo
+from muster.events.types import JobId, JobSubmitted, PodSet, QueueName, Topology
+
+__all__ = [
+    "ENDED",
+    "Gang",
+    "KnownJob",
+    "Tracked",
+    "as_placed",
+    "first_set",
+    "new_to",
+    "podsets_of",
+    "salt",
+    "shape_of",
+    "submission",
+    "take_successors",
+]
+
+ENDED = ("finished", "failed", "cancelled", "rejected")
+"""Statuses of a job on the log that never runs again."""
+
+
+class KnownJob(Protocol):
+    """What the log already says about a job (a `projections.state.JobState` fits)."""
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def started_at(self) -> int | None: ...
+
+    @property
+    def podsets(self) -> list[PodSet]: ...
+
+    @property
+    def placement(self) -> dict[str, str]: ...
+
+    @property
+    def pods(self) -> dict[str, str]: ...
+
+
+@dataclass
+class Gang:
+    """One gang of pods (by owner) and its current run: the job, its podsets, which pod holds which slot."""
+
+    owner: Owner
+    size: int | None = None
+    pods: dict[str, PodInfo] = field(default_factory=dict)
+    """Pods seen and not deleted, by `namespace/name`."""
+    job_id: JobId | None = None
+    podsets: list[PodSet] = field(default_factory=list)
+    mapping: dict[str, str] = field(default_factory=dict)
+    """Gang pod name `PODSET-INDEX` -> pod key, for the current run."""
+    started: bool = False
+    done: bool = False
+    requeued: bool = False
+    """Preempted: waiting for replacement pods to map onto the same podsets."""
+    retired: set[str] = field(default_factory=set)
+    """Uids of pods the log no longer counts for this gang's job, whose end is expected: pods muster
+    evicted, and the pods of an earlier run still there when a new run began (`_next_run`)."""
+    uid: str = ""
+    """The owner's uid, learned from its lookup when its pods do not carry it."""
+    queue: str = ""
+    """The owner's queue (its queue label, a Volcano PodGroup's spec.queue), for pods that name none."""
+    completions: int | None = None
+    """A Job's successful pods needed in all (its `completions`, at least the gang's size); None: not
+    read yet (a gang the log sized), or not a Job."""
+    asked: bool = False
+    """A lookup of the owner was asked for (each gang asks at most once)."""
+    later_run: bool = False
+    """This run began after an earlier run of the same owner ended (`_next_run`): its job id is salted."""
+    max_runtime: int | None = None
+    """The owner's time limit (a Job's `activeDeadlineSeconds`), for pods that declare none."""
+
+
+@dataclass(frozen=True)
+class Tracked:
+    """What the gangs know of a job whose run goes on: its current pods and its owner (for `reconciling`)."""
+
+    pods: Mapping[str, str]
+    """Gang pod name -> pod key of the current run (replacements included; pods gone since included)."""
+    owner: Owner
+
+
+def podsets_of(pods: list[PodInfo]) -> tuple[list[PodSet], dict[str, str]]:
+    """Group `pods` (sorted) into podsets of identical requests per role; map gang pod names to pod keys."""
+    groups: dict[tuple[str, tuple[tuple[str, int], ...], Topology | None], list[PodInfo]] = {}
+    for p in pods:
+        groups.setdefault(shape_of(p), []).append(p)
+    used: dict[str, int] = {}
+    podsets: list[PodSet] = []
+    mapping: dict[str, str] = {}
+    for (hint, reqs, topology), members in groups.items():
+        n = used.get(hint, 0)
+        used[hint] = n + 1
+        name = hint if n == 0 else f"{hint}-{n}"
+        podsets.append(PodSet(name=name, count=len(members), requests=dict(reqs), topology=topology))
+        for i, p in enumerate(members):
+            mapping[f"{name}-{i}"] = p.key
+    return podsets, mapping
+
+
+def shape_of(p: PodInfo) -> tuple[str, tuple[tuple[str, int], ...], Topology | None]:
+    """What makes two pods interchangeable in a gang: role, requests, topology (`podsets_of` groups by it,
+    a successor takes the slot of a pod of its shape)."""
+    return (p.hint, tuple(sorted(p.requests.items())), p.topology)
+
+
+def as_placed(mapping: dict[str, str], pods: Mapping[str, PodInfo], placement: Mapping[str, str]) -> dict[str, str]:
+    """`mapping` with every bound pod on the gang pod name the log placed on its node, within its podset.
+
+    Sorting gives a relisting leader the submission's names, but a successor (`take_successors`)
+    took the name of the pod it succeeded, whatever its own order: its node says which.
+    """
+    out = dict(mapping)
+    podsets: dict[str, list[str]] = {}
+    for name in sorted(mapping):
+        podsets.setdefault(name.rsplit("-", 1)[0], []).append(name)
+    for names in podsets.values():
+        keys = [mapping[n] for n in names]
+        free = list(names)
+        placed: dict[str, str] = {}
+        for key in keys:
+            node = pods[key].node if key in pods else ""
+            on_node = next((n for n in free if node and placement.get(n) == node), None)
+            if on_node is not None:
+                free.remove(on_node)
+                placed[key] = on_node
+        for key in keys:
+            if key not in placed:
+                placed[key] = free.pop(0)
+        out.update({name: key for key, name in placed.items()})
+    return out
+
+
+def salt(gang: Gang, chosen: list[PodInfo]) -> str:
+    """A pod group has no owner uid; its pods' uids tell a re-created group apart."""
+    if gang.owner.kind != "Gang":
+        return gang.uid
+    return hashlib.sha256("".join(sorted(p.uid for p in chosen)).encode()).hexdigest()
+
+
+def new_to(ended: KnownJob, chosen: list[PodInfo]) -> bool:
+    """Whether `chosen` are not the pods of the `ended` run: none has its name, or those that do wait unbound.
+
+    The log names a run's pods, it does not hold their uids. A pod of an ended run is done, gone,
+    or bound (survivors of a failed gang may run on); one that waits unbound under such a name
+    was made again by its owner: a new pod (a rejected gang's pods, which wait by design, come
+    back once as a new run, rejected again, and are that run on the next relist).
+    """
+    names = set(ended.pods.values())
+    return all(p.active and not p.node for p in chosen if p.key in names)
+
+
+def first_set(values: Iterable[Any]) -> Any:
+    """The first of `values` that is not None (None when all are): the first pod that sets a setting."""
+    for v in values:
+        if v is not None:
+            return v
+    return None
+
+
+def take_successors(gang: Gang) -> bool:
+    """A Job with completions > parallelism runs its next indexes in the slots its succeeded pods leave.
+
+    As Kueue counts such a Job: the gang is `parallelism` pods, admitted once; the pod the Job
+    controller creates after a success takes that pod's gang pod name and so its node (the
+    adapter binds it: `rebind`), with no new submission and no second share of quota. A
+    successor an earlier leader bound is found on its predecessor's node.
+    """
+    if gang.owner.kind != "Job" or gang.requeued or gang.job_id is None:
+        return False
+    unbound = False
+    freed = [n for n, key in sorted(gang.mapping.items()) if key in gang.pods and gang.pods[key].ran]
+    mapped = set(gang.mapping.values())
+    waiting = sorted(
+        (p for p in gang.pods.values() if p.active and p.key not in mapped and p.uid not in gang.retired),
+        key=PodInfo.sort_key,
+    )
+    for name in freed:
+        done = gang.pods[gang.mapping[name]]
+        fits = [p for p in waiting if shape_of(p) == shape_of(done) and p.node in ("", done.node)]
+        successor = next((p for p in fits if p.node), None) or next(iter(fits), None)
+        if successor is None:
+            continue
+        waiting.remove(successor)
+        gang.mapping[name] = successor.key
+        if not successor.node:
+            unbound = True
+    return unbound
+
+
+def submission(gang: Gang, chosen: list[PodInfo], at: int, namespace_queue: str) -> JobSubmitted:
+    """The run's JobSubmitted: the pods' settings (the first pod that sets one), else the owner's; the queue
+    falls back to the namespace's default (`namespace_queue`, "" for none)."""
+    assert gang.job_id is not None
+    first = chosen[0]
+    return JobSubmitted(
+        at=at,
+        job=gang.job_id,
+        queue=QueueName(first_set(p.queue or None for p in chosen) or gang.queue or namespace_queue),
+        priority_class=first_set(p.priority_class for p in chosen),
+        podsets=gang.podsets,
+        runtime=first_set(p.runtime for p in chosen),
+        checkpoint_every=first_set(p.checkpoint_every for p in chosen),
+        pods={name: key for name, key in gang.mapping.items()},
+        source=first.owner.source,
+        max_runtime=first_set([*(p.max_runtime for p in chosen), gang.max_runtime]),
+    )
