@@ -34,9 +34,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from muster.replay.cliutil import run_command, window_args
+    from muster.replay.cliutil import UsageError, run_command, window_args
 
     async def body(source: Any, store: Any) -> int:
+        if args.jobs < 0:
+            raise UsageError(f"--jobs {args.jobs}: a number of jobs to show, 0 or more")
         from muster.replay.cliutil import emit, open_snapshots
         from muster.replay.whatif import whatif
         from muster.replay.whatifconfig import WhatIfError, read_config

@@ -211,6 +211,17 @@ def test_whatif_cli_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "missing field 'nominal'" in capsys.readouterr().err
 
 
+def test_whatif_cli_refuses_a_negative_number_of_jobs_to_show(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--jobs -3` is a usage error (exit 2, saying so), not a table that shows no job."""
+    log = write_jsonl(tmp_path / "log.jsonl", sim(BUSY).events)
+    config = tmp_path / "q.yaml"
+    config.write_text(BUSY_DOUBLED)
+    assert main(["whatif", "--log", str(log), "--queues", str(config), "--jobs", "-3"]) == 2
+    assert "--jobs -3" in capsys.readouterr().err
+
+
 FLAVORS_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flavors.yaml"
 
 INTERNS_GET_A100 = """\
