@@ -74,7 +74,8 @@ async def all_bound(kube: Kube, pods: Pods, node: str) -> bool:
 async def test_a_workload_deleted_while_no_daemon_ran_ends_its_job_and_frees_its_room(
     api: ApiClient, kube: Kube, store: EventStore, make: Callable[..., Any]
 ) -> None:
-    """Its job is cancelled (WorkloadDeleted) when the next daemon starts, and a new gang binds in its place."""
+    """Its job is cancelled (WorkloadDeleted) when the next daemon starts, holding nothing in its queue's
+    usage, and a new gang binds in its place."""
     await store.append([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})])
     node = await kube.node("n1", gpus=8)
     first, delete_first = await make(kube, "first")
@@ -84,8 +85,13 @@ async def test_a_workload_deleted_while_no_daemon_ran_ends_its_job_and_frees_its
 
     await delete_first()
     second, _ = await make(kube, "second")
-    async with running_daemon(store, api):
+    async with running_daemon(store, api) as loop:
         await eventually(lambda: all_bound(kube, second, node))
+        # no phantom: the deleted workload's job holds nothing, the queue counts the second gang alone
+        assert loop.state.jobs[old.job].status == "cancelled"
+        assert loop.state.queues[QueueName("q")].usage == {"gpu": 8}
+        admitted = {j.id for j in loop.state.jobs.values() if j.status == "admitted"}
+        assert admitted == {s.job for s in await log_of(store, JobSubmitted) if s.job != old.job}
     cancelled = await log_of(store, JobCancelled)
     assert [c.job for c in cancelled] == [old.job]
     assert cancelled[0].reason.startswith("WorkloadDeleted")
