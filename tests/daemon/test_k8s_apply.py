@@ -6,7 +6,8 @@ from typing import Any
 
 import msgspec
 from adapterkit import eventually
-from kubernetes_asyncio.client import ApiClient, CoreV1Api
+from emulatorkit import admission, pod_object, submit_gang
+from kubernetes_asyncio.client import CoreV1Api
 
 from muster.daemon.k8s import Applier
 from muster.daemon.k8s import manifests as m
@@ -21,7 +22,6 @@ from muster.events.types import (
     JobInadmissible,
     JobPreempted,
     JobSubmitted,
-    NodeName,
     NodeUpdated,
     QueueName,
 )
@@ -29,36 +29,6 @@ from muster.events.types import (
 
 def requests_to(emulator: KubeEmulator, subresource: str) -> list[Any]:
     return [r for r in emulator if r.subresource == subresource and str(r.method.value) == "POST"]
-
-
-async def submit_gang(emulator: KubeEmulator, api: ApiClient, adapter, events, *, size: int = 3, **pod_args: Any):
-    """Create a Job of `size` pods (1 GPU each) and wait for its JobSubmitted."""
-    for name in ("n1", "n2"):
-        emulator.put_object("v1/nodes", m.node(name))
-    job = m.job("train", "ns", parallelism=size)
-    emulator.put_object("batch/v1/jobs", job)
-    core = CoreV1Api(api)
-    for pod in m.job_pods(job, gpus=1, labels={"muster.dev/queue": "q"}, **pod_args):
-        await core.create_namespaced_pod("ns", pod)
-    await events.wait_for(lambda e: len(e.of(JobSubmitted)) == 1)
-    await adapter.caught_up("pods", emulator.resource_version)
-    [sub] = events.of(JobSubmitted)
-    return sub
-
-
-def admission(sub: JobSubmitted, nodes: list[str]) -> JobAdmitted:
-    names = sorted(sub.pods)
-    return JobAdmitted(
-        at=1,
-        job=sub.job,
-        queue=QueueName("q"),
-        placement={n: NodeName(nodes[i % len(nodes)]) for i, n in enumerate(names)},
-    )
-
-
-def pod_object(emulator: KubeEmulator, key: str) -> dict[str, Any] | None:
-    ns, name = key.split("/")
-    return emulator.get_object("v1/pods", ns, name)
 
 
 class FrozenView:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from emulatorkit import admission, pod_object, submit_gang
 from kubernetes_asyncio.client import CoreV1Api
-from test_k8s_apply import admission, pod_object, submit_gang
 
 from muster.daemon.k8s import manifests as m
 from muster.events.types import JobCancelled, JobSubmitted

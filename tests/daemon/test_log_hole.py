@@ -12,8 +12,8 @@ import anyio
 import pytest
 import structlog
 import yaml
+from loopkit import configure, job
 from structlog.testing import capture_logs
-from test_loop import configure, job
 
 from muster.daemon.archiving import Sealer, SealerOptions
 from muster.daemon.config import load_config

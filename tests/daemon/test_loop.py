@@ -3,99 +3,25 @@
 from __future__ import annotations
 
 import contextlib
-import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any
 
 import anyio
 import nats
 import nats.js.errors
+from loopkit import configure, daemon, job, of, wait_for
 
 from muster.daemon.leader import KvElector
-from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
-from muster.demo.simcluster import SimulatedCluster, block_rack_nodes
-from muster.events.store import EventStore, StoredEvent
+from muster.daemon.loop import SchedulerLoop
+from muster.events.store import EventStore
 from muster.events.types import (
     Event,
     JobAdmitted,
     JobFinished,
-    JobId,
     JobInadmissible,
     JobStarted,
     JobSubmitted,
     LeaderElected,
-    PodSet,
-    QueueConfigured,
-    QueueName,
-    SchedulerConfigured,
 )
-
-NODES = block_rack_nodes(1, 2, 2, 8)  # 4 nodes, 32 GPUs
-
-
-def job(name: str, gpus: int = 8, pods: int = 1, runtime: int | None = None) -> JobSubmitted:
-    return JobSubmitted(
-        at=int(time.time()),
-        job=JobId(name),
-        queue=QueueName("q"),
-        podsets=[PodSet(name="w", count=pods, requests={"gpu": gpus})],
-        runtime=runtime,
-    )
-
-
-async def configure(store: EventStore) -> None:
-    await store.append(
-        [
-            SchedulerConfigured(at=0, levels=["muster.dev/block", "muster.dev/rack"]),
-            QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 32}),
-        ]
-    )
-
-
-async def wait_for(store: EventStore, predicate: Any, seconds: float = 10.0) -> list[StoredEvent]:
-    with anyio.fail_after(seconds):
-        while True:
-            events = await store.read()
-            if predicate(events):
-                return events
-            await anyio.sleep(0.05)
-
-
-def of(events: list[StoredEvent], cls: type[Any]) -> list[Any]:
-    return [s.event for s in events if isinstance(s.event, cls)]
-
-
-class Daemon:
-    """A running loop and the simulated clusters of its terms."""
-
-    def __init__(self, loop: SchedulerLoop, clusters: list[SimulatedCluster]) -> None:
-        self.loop = loop
-        self.clusters = clusters
-
-    @property
-    def applied(self) -> list[Event]:
-        return [e for c in self.clusters for e in c.applied]
-
-
-@contextlib.asynccontextmanager
-async def daemon(
-    store: EventStore, *, speed: float = 1.0, hooks: Any = None, name: str = "d1"
-) -> AsyncIterator[Daemon]:
-    clusters: list[SimulatedCluster] = []
-
-    def cluster(state: Any) -> SimulatedCluster:
-        c = SimulatedCluster(NODES, state, speed=speed)
-        clusters.append(c)
-        return c
-
-    loop = SchedulerLoop(store, elector=SoleElector(name), cluster=cluster, hooks=hooks, options=LoopOptions())
-    async with anyio.create_task_group() as tg:
-        await tg.start(loop.run)
-        with anyio.fail_after(10):
-            await loop.first_term.wait()
-        yield Daemon(loop, clusters)
-        loop.stop()
 
 
 async def test_submissions_are_admitted_applied_and_run_to_completion(store):

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
-from test_loop_facts import FactCluster, gang
+from loopkit import FactCluster, gang
 
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
 from muster.events.types import Event, JobCancelled, JobId, NodeAdded, NodeName, QueueConfigured, QueueName

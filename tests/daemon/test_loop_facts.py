@@ -13,40 +13,12 @@ from typing import Any
 
 import anyio
 import pytest
-from anyio.abc import TaskStatus
+from loopkit import FactCluster, gang
 
-from muster.daemon.cluster import Sink
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
 from muster.demo.simcluster import block_rack_nodes
 from muster.events.store import EventStore
-from muster.events.types import Event, JobFinished, JobId, JobStarted, JobSubmitted, PodSet, QueueConfigured, QueueName
-
-
-class FactCluster:
-    """A cluster that pushes `initial` when its term starts, and whatever `push` is given later, from its term."""
-
-    def __init__(self, initial: list[Event]) -> None:
-        self.initial = initial
-        self._send, self._recv = anyio.create_memory_object_stream[list[Event]](16)
-
-    async def run(self, sink: Sink, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        async with self._recv, self._send:
-            await sink(self.initial)
-            task_status.started()
-            async for events in self._recv:
-                await sink(events)
-
-    def push(self, events: list[Event]) -> None:
-        self._send.send_nowait(events)
-
-    async def ready(self, event: Event) -> None:
-        pass
-
-    async def apply(self, event: Event) -> Any:
-        return None
-
-    def holds(self, job: str) -> bool:
-        return False
+from muster.events.types import Event, JobFinished, JobId, JobStarted, QueueConfigured, QueueName
 
 
 class LapsingElector(SoleElector):
@@ -79,12 +51,6 @@ async def replica(
             await loop.first_term.wait()
         yield loop, clusters
         loop.stop()
-
-
-def gang(name: str) -> JobSubmitted:
-    return JobSubmitted(
-        at=1, job=JobId(name), queue=QueueName("q"), podsets=[PodSet(name="w", count=1, requests={"gpu": 1})]
-    )
 
 
 @pytest.mark.parametrize("name", ["g", "ジョブ-🚀\t\n#7/.."], ids=["ascii", "unicode-and-control"])

@@ -8,7 +8,7 @@ from typing import Any
 
 import anyio
 import pytest
-from test_loop import NODES, configure, daemon, job, of, wait_for
+from loopkit import NODES, configure, daemon, job, of, wait_for
 
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
 from muster.daemon.warmstart import SnapshotStart

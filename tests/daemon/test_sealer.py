@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 import nats
 import pytest
-from test_loop import NODES, configure, job
+from loopkit import NODES, configure, job
 
 from muster.daemon.archiving import ArchiveStart, Sealer, SealerOptions
 from muster.daemon.billing import BillingMetrics, BillingSubscriber, SubscriberOptions
@@ -228,7 +228,7 @@ async def test_a_replica_started_on_a_purged_stream_folds_the_archive_too(
     nats_url: str, tmp_path: Path, store_factory: Factory
 ) -> None:
     """A replica on a stream the sealer purged starts from archive and stream as one log; from the stream alone, not."""
-    from test_loop import daemon, of, wait_for
+    from loopkit import daemon, of, wait_for
 
     from muster.events.types import JobStarted
     from muster.projections.cluster import fold

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from kubekit import MERGE, Kube, eventually, log_of, running_adapter, running_daemon
 from kubernetes_asyncio.client import ApiClient
-from test_rbac_lease_real import bind_chart_rbac_to_tester
+from rbackit import bind_chart_rbac_to_tester
 
 from muster.events.store import EventStore
 from muster.events.types import JobAdmitted, JobCancelled, JobRejected, JobSubmitted, QueueConfigured, QueueName

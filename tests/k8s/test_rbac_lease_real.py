@@ -8,56 +8,17 @@ every call they make must be allowed, and what a scheduler must not do is refuse
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
-import yaml
 from kubekit import Kube, eventually, running_adapter
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
+from rbackit import bind_chart_rbac_to_tester
 
 from muster.daemon.k8s.lease import LeaseElector
 from muster.events.types import JobAdmitted, JobPreempted, JobSubmitted, NodeAdded, NodeName, QueueName
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deploy"))
-from helmkit import CHART, run_chart
-
-TESTER = {"kind": "User", "name": "tester", "apiGroup": "rbac.authorization.k8s.io"}
-RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
-
-
-async def bind_chart_rbac_to_tester(kube: Kube, tmp_path: Path) -> dict[str, Any]:
-    """Render the chart (Lease election on) into the test's namespace, bind its roles to `tester`; return its config."""
-    release = kube.ns  # cluster-wide role names are per test
-    rendered = run_chart(
-        {
-            "chart": str(CHART),
-            "namespace": kube.ns,
-            "render": {"lease": {"release": release, "values": {"leaderElection": {"backend": "lease"}}}},
-        },
-        tmp_path,
-    ).rendered["lease"]
-    for doc in rendered.docs:
-        kind, name = doc["kind"], doc["metadata"]["name"]
-        if kind not in RBAC_KINDS:
-            continue
-        if "subjects" in doc:
-            doc["subjects"] = [TESTER]
-        if kind == "ClusterRole":
-            await kube.rbac.create_cluster_role(doc)
-        elif kind == "ClusterRoleBinding":
-            await kube.rbac.create_cluster_role_binding(doc)
-        elif kind == "Role":
-            await kube.rbac.create_namespaced_role(kube.ns, doc)
-        else:
-            await kube.rbac.create_namespaced_role_binding(kube.ns, doc)
-        if kind.startswith("Cluster"):
-            kube.cluster_objects.append((kind, name))
-    config: dict[str, Any] = yaml.safe_load(rendered.one("ConfigMap")["data"]["config.yaml"])
-    return config
 
 
 async def test_the_charts_roles_suffice_for_the_adapter_and_the_lease_and_no_more(
