@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import loopkit
 import yaml
 from electionkit import running
 from kubernetes_asyncio.client import ApiClient
@@ -285,12 +286,8 @@ def job(name: str) -> JobSubmitted:
 async def wait_for(
     store: EventStore, predicate: Callable[[list[StoredEvent]], bool], seconds: float = DEADLINE
 ) -> list[StoredEvent]:
-    with anyio.fail_after(seconds):
-        while True:
-            events = await store.read()
-            if predicate(events):
-                return events
-            await anyio.sleep(0.05)
+    """Read the log until `predicate(events)` holds (this file's deadline)."""
+    return await loopkit.wait_for(store, predicate, seconds)
 
 
 def leaders(events: list[StoredEvent]) -> list[LeaderElected]:

@@ -16,11 +16,12 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
 import anyio.to_thread
+import loopkit
 import pytest
 
 from muster.daemon.leader import KvElector
@@ -178,14 +179,11 @@ def job(name: str, gpus: int = 8) -> JobSubmitted:
     )
 
 
-async def wait_for(store: EventStore, predicate: Any, seconds: float = DEADLINE) -> list[StoredEvent]:
-    """Read the log until `predicate(events)` holds."""
-    with anyio.fail_after(seconds):
-        while True:
-            events = await store.read()
-            if predicate(events):
-                return events
-            await anyio.sleep(0.05)
+async def wait_for(
+    store: EventStore, predicate: Callable[[list[StoredEvent]], bool], seconds: float = DEADLINE
+) -> list[StoredEvent]:
+    """Read the log until `predicate(events)` holds (this file's deadline)."""
+    return await loopkit.wait_for(store, predicate, seconds)
 
 
 async def until(condition: Any, seconds: float = DEADLINE) -> None:
