@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from muster.events.types import PodSet
 from muster.projections import flavors
-from muster.projections.cluster import flavored_requests
+from muster.projections.configuration import flavored_requests
 from muster.projections.eviction import evicts_from_others
 from muster.projections.flavors import Flavors, placement_request, view
 from muster.projections.parking import Wake

@@ -14,7 +14,21 @@ import pytest
 from simkit import PRIORITIES, run
 
 from muster.events.codec import decode, encode
-from muster.events.types import JobAdmitted
+from muster.events.types import (
+    Event,
+    FlavorConfigured,
+    FlavorQuota,
+    JobAdmitted,
+    JobSubmitted,
+    NodeAdded,
+    NodeUpdated,
+    PodSet,
+    QueueConfigured,
+    ResourceGroup,
+    SchedulerConfigured,
+)
+from muster.projections.cluster import fold
+from muster.projections.scheduler import decide
 
 
 def cluster(h100: int = 2, a100: int = 2, cpu: int = 0) -> str:
@@ -452,3 +466,89 @@ def test_a_queue_turned_plain_counts_and_preempts_what_its_jobs_hold_on_flavors(
     assert out.reasons("same")[0].startswith("queue q has no room for gpu=8 within its quota (nominal gpu=8)")
     assert [(p.job, p.preemptor, p.reason, p.at) for p in out.preemptions()] == [("old", "urgent", "WithinQueue", 30)]
     assert out.admitted("urgent").at == 30 and not out.admitted("urgent").flavors
+
+
+def test_a_queue_turned_flavored_counts_and_preempts_what_its_jobs_hold_on_their_nodes_flavor() -> None:
+    """After `queue_update` gives a plain queue resource groups, a job it admitted on an h100 node counts
+    against its h100 quota (a second job waits for quota though a node is free) and a higher-priority job
+    of the queue evicts it there."""
+    groups = "[{covered: [gpu], flavors: [{name: h100, nominal: {gpu: 8}}]}]"
+    policy = "preemption: {within_queue: LowerPriority}"
+    update = f"  - {{at: 10, queue_update: {{name: q, resource_groups: {groups}, {policy}}}}}\n"
+    text = scenario(
+        cluster(h100=2, a100=0),
+        ["  - {name: q, nominal: {gpu: 8}}\n"],
+        [
+            job("old", "q", "w:1x8", prio="low"),
+            update,
+            job("same", "q", "w:1x8", prio="low", at=20),
+            job("urgent", "q", "w:1x8", prio="high", at=30),
+        ],
+    )
+    out = run(text)
+    assert not out.admitted("old").flavors
+    assert out.admitted("same").at > 30  # not at 20 on the free node h1: h100's quota is full
+    assert out.reasons("same")[0].startswith("h100: quota (nominal gpu=8 in use")
+    assert [(p.job, p.preemptor, p.reason, p.at) for p in out.preemptions()] == [("old", "urgent", "WithinQueue", 30)]
+    assert out.admitted("urgent").at == 30 and flavors_of(out, "urgent") == {"w": "h100"}
+
+
+def test_a_queue_update_dropping_a_flavor_keeps_its_running_jobs_counted() -> None:
+    """A job running on a flavor its queue's `queue_update` drops still counts against the queue's quota (its
+    first flavor's, no flavor of the queue being that of its nodes): the queue is not admitted past nominal."""
+    groups = "[{covered: [gpu], flavors: [{name: h100, nominal: {gpu: 8}}]}]"
+    update = f"  - {{at: 10, queue_update: {{name: q, resource_groups: {groups}}}}}\n"
+    text = scenario(
+        cluster(h100=1, a100=1),
+        [fqueue("q", fq("h100", 8), fq("a100", 8))],
+        [job("old", "q", "w:1x8:flavors=a100"), update, job("new", "q", "w:1x8", at=20)],
+    )
+    out = run(text)
+    assert flavors_of(out, "old") == {"w": "a100"}
+    assert out.reasons("new") == ["h100: quota (nominal gpu=8 in use; no cohort to borrow from)"]
+    assert out.admitted("new").at == 3600
+
+
+def _relabel_log() -> list[Event]:
+    """Two H100 nodes (slots 0 and 1), a queue with 8 GPUs of quota on each of h100 and a100, and a job admitted on h100 on `h1`."""
+    worker = [PodSet(name="w", count=1, requests={"gpu": 8})]
+    groups = [
+        ResourceGroup(covered=["gpu"], flavors=[FlavorQuota(name=f, nominal={"gpu": 8}) for f in ("h100", "a100")])
+    ]
+    return [
+        SchedulerConfigured(at=0, levels=[]),
+        FlavorConfigured(at=0, name="h100", node_labels={"model": "H100"}),
+        FlavorConfigured(at=0, name="a100", node_labels={"model": "A100"}),
+        NodeAdded(at=0, node="h0", labels={"model": "H100", "slot": "0"}, capacity={"gpu": 8}),  # type: ignore[arg-type]
+        NodeAdded(at=0, node="h1", labels={"model": "H100", "slot": "1"}, capacity={"gpu": 8}),  # type: ignore[arg-type]
+        QueueConfigured(at=0, name="q", resource_groups=groups),  # type: ignore[arg-type]
+        JobSubmitted(at=0, job="j", queue="q", podsets=worker),  # type: ignore[arg-type]
+        JobAdmitted(at=0, job="j", queue="q", placement={"w-0": "h1"}, flavors={"w": {"gpu": "h100"}}),  # type: ignore[arg-type]
+    ]
+
+
+def test_a_node_relabelled_into_another_flavor_moves_its_running_jobs_usage_there() -> None:
+    """A node whose labels move it from h100 to a100 under a running job: the job holds a100 quota from then
+    on, so a job that may take only h100 is admitted on the other H100 node within h100's nominal quota."""
+    state = fold(_relabel_log())  # type: ignore[arg-type]
+    relabel = NodeUpdated(at=5, node="h1", labels={"model": "A100"}, capacity={"gpu": 8})  # type: ignore[arg-type]
+    only_h100 = [PodSet(name="w", count=1, requests={"gpu": 8}, flavors=["h100"])]
+    fold([relabel, JobSubmitted(at=5, job="k", queue="q", podsets=only_h100)], state)  # type: ignore[arg-type]
+    assert state.jobs["j"].flavors == {"w": {"gpu": "a100"}}
+    decided = decide(state, 5)
+    assert [(type(e).__name__, e.job) for e in decided] == [("JobAdmitted", "k")]  # type: ignore[attr-defined]
+    assert decided[0].placement == {"w-0": "h0"}  # type: ignore[attr-defined]
+
+
+def test_a_flavor_redefined_over_running_jobs_moves_their_usage_to_their_nodes_flavor() -> None:
+    """A flavor whose labels change so that a running job's node is no longer its (now a100's): the job
+    holds a100 quota, and a job that may take only h100 is admitted on the node left to h100."""
+    state = fold(_relabel_log())  # type: ignore[arg-type]
+    events = [
+        FlavorConfigured(at=5, name="h100", node_labels={"model": "H100", "slot": "0"}),
+        FlavorConfigured(at=5, name="a100", node_labels={"model": "H100", "slot": "1"}),
+    ]
+    only_h100 = [PodSet(name="w", count=1, requests={"gpu": 8}, flavors=["h100"])]
+    fold([*events, JobSubmitted(at=5, job="k", queue="q", podsets=only_h100)], state)  # type: ignore[arg-type]
+    assert state.jobs["j"].flavors == {"w": {"gpu": "a100"}}
+    assert [(type(e).__name__, e.job) for e in decide(state, 5)] == [("JobAdmitted", "k")]  # type: ignore[attr-defined]
