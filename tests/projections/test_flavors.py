@@ -510,7 +510,8 @@ def test_a_queue_update_dropping_a_flavor_keeps_its_running_jobs_counted() -> No
 
 
 def _relabel_log() -> list[Event]:
-    """Two H100 nodes (slots 0 and 1), a queue with 8 GPUs of quota on each of h100 and a100, and a job admitted on h100 on `h1`."""
+    """Two H100 nodes (slots 0 and 1), a queue with 8 GPUs of quota on each of h100 and a100, and a job
+    admitted on h100 on `h1`."""
     worker = [PodSet(name="w", count=1, requests={"gpu": 8})]
     groups = [
         ResourceGroup(covered=["gpu"], flavors=[FlavorQuota(name=f, nominal={"gpu": 8}) for f in ("h100", "a100")])
