@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 from muster.events.types import PodSet
 from muster.projections import flavors
 from muster.projections.configuration import flavored_requests
-from muster.projections.eviction import evicts_from_others
+from muster.projections.eviction import evicts_from_others, evicts_no_one
 from muster.projections.flavors import Flavors, placement_request, view
 from muster.projections.parking import Wake
 from muster.projections.preemption import Result, Victim, find_victims
@@ -450,13 +450,16 @@ def wake(cycle: Cycle, job: JobState, choice: Choice, found: list[Result]) -> Wa
             names = _gpu_flavors(on)
             lacks(names, on.gpus - gpu_room(cycle, names) - freeable(names))
     freed_short = min(shortfalls) + cycle.idx.topology.gpu_free_total if shortfalls else None
+    state = cycle.state
+    queue = state.queues[job.queue]
     woken = Wake(
         freed_short=freed_short,
         freed_on=freed_on,
         released={k: max(1, v - held.get(k, 0)) for k, v in choice.short.items()},
         consumed=dict(choice.consumed),
+        # as a plain job's (`verdicts.wake_rule`): new victims change nothing for one that may evict no one
+        new_victims=not evicts_no_one(queue.preemption, state.priority_of(job), state.lowest_priority()),
     )
-    queue = cycle.state.queues[job.queue]
     if queue.cohort is not None and evicts_from_others(queue.preemption, None):
         for on in choice.preempt:
             over = cycle.idx.quota.over_nominal(job.queue, on.requests)

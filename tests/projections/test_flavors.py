@@ -15,6 +15,7 @@ from simkit import PRIORITIES, run
 
 from muster.events.codec import decode, encode
 from muster.events.types import (
+    CohortConfigured,
     Event,
     FlavorConfigured,
     FlavorQuota,
@@ -23,11 +24,14 @@ from muster.events.types import (
     NodeAdded,
     NodeUpdated,
     PodSet,
+    PreemptionPolicy,
+    PriorityClassConfigured,
     QueueConfigured,
     ResourceGroup,
     SchedulerConfigured,
 )
 from muster.projections.cluster import fold
+from muster.projections.index import index_of
 from muster.projections.scheduler import decide
 
 
@@ -553,3 +557,42 @@ def test_a_flavor_redefined_over_running_jobs_moves_their_usage_to_their_nodes_f
     fold([*events, JobSubmitted(at=5, job="k", queue="q", podsets=only_h100)], state)  # type: ignore[arg-type]
     assert state.jobs["j"].flavors == {"w": {"gpu": "a100"}}
     assert [(type(e).__name__, e.job) for e in decide(state, 5)] == [("JobAdmitted", "k")]  # type: ignore[attr-defined]
+
+
+def _flavored_borrowing_log(priority_class: str) -> list[Event]:
+    """Flavored queues qa, qb, qc of 8 GPUs of flavor x in one cohort over three 8-GPU nodes; qa and qb
+    full, `s` (16 GPUs, qa) waits."""
+    policy = PreemptionPolicy(within_queue="LowerPriority", reclaim_within_cohort="LowerPriority")
+    groups = [ResourceGroup(covered=["gpu"], flavors=[FlavorQuota(name="x", nominal={"gpu": 8})])]
+    events: list[Event] = [
+        SchedulerConfigured(at=0, levels=["rack"]),
+        PriorityClassConfigured(at=0, name="low", value=0),
+        PriorityClassConfigured(at=0, name="high", value=100),
+        CohortConfigured(at=0, name="org"),
+        FlavorConfigured(at=0, name="x", node_labels={"rack": "r0"}),
+    ]
+    for q in ("qa", "qb", "qc"):
+        events.append(QueueConfigured(at=0, name=q, cohort="org", resource_groups=groups, preemption=policy))  # type: ignore[arg-type]
+        events.append(NodeAdded(at=0, node=f"n-{q}", labels={"rack": "r0"}, capacity={"gpu": 8}))  # type: ignore[arg-type]
+    for name, q in (("a0", "qa"), ("b0", "qb")):
+        one = [PodSet(name="w", count=1, requests={"gpu": 8})]
+        events.append(JobSubmitted(at=0, job=name, queue=q, podsets=one, priority_class="high"))  # type: ignore[arg-type]
+    two = [PodSet(name="w", count=2, requests={"gpu": 8})]
+    events.append(JobSubmitted(at=1, job="s", queue="qa", podsets=two, priority_class=priority_class))  # type: ignore[arg-type]
+    return events
+
+
+@pytest.mark.parametrize(
+    ("priority_class", "woken"), [("low", False), ("high", True)], ids=["evicts-no-one", "may-evict"]
+)
+def test_a_new_borrower_wakes_a_flavored_job_only_if_it_may_evict_it(priority_class: str, woken: bool) -> None:
+    """As for a plain job: a queue of the cohort that starts borrowing on a flavor wakes a waiting flavored job
+    that may evict it, not one that may evict no one (the lowest priority, taking only lower ones)."""
+    state = fold(_flavored_borrowing_log(priority_class))  # type: ignore[arg-type]
+    fold(decide(state, 1), state)
+    assert state.jobs["s"].status == "pending" and "s" in index_of(state).parking.parked
+    b1 = [PodSet(name="w", count=1, requests={"gpu": 8})]
+    fold([JobSubmitted(at=2, job="b1", queue="qb", podsets=b1, priority_class="low")], state)  # type: ignore[list-item]
+    fold(decide(state, 2), state)
+    assert state.jobs["b1"].status == "admitted" and state.jobs["b1"].flavors == {"w": {"gpu": "x"}}
+    assert ("s" not in index_of(state).parking.parked) == woken
