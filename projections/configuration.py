@@ -186,7 +186,7 @@ def repool(state: ClusterState, job: JobState) -> None:
         usage[k] = usage.get(k, 0) - v
     for k, v in requests.items():
         usage[k] = usage.get(k, 0) + v
-    job.borrowed = _rekeyed(job.borrowed, job.podsets, chosen)
+    job.borrowed = _rekeyed(job.borrowed, job.podsets, chosen if queue.resource_groups else {})
     job.flavors, job.requests = chosen, requests
     state.dirty_jobs.add(job.id)
     state.dirty_queues.add(queue.name)
@@ -227,7 +227,8 @@ def _pods_on(state: ClusterState, name: str | None, nodes: list[NodeState]) -> i
 def _rekeyed(
     borrowed: Mapping[str, int], podsets: list[PodSet], chosen: Mapping[str, Mapping[str, str]]
 ) -> dict[str, int]:
-    """What a job borrowed, keyed as its requests now are (the flavor of the first podset asking each resource)."""
+    """What a job borrowed, keyed as its requests now are (the flavor of the first podset asking each resource;
+    plain where `chosen` gives none, as in a plain queue)."""
     where: dict[str, str] = {}
     for ps in podsets:
         for r, f in chosen.get(ps.name, {}).items():

@@ -596,3 +596,24 @@ def test_a_new_borrower_wakes_a_flavored_job_only_if_it_may_evict_it(priority_cl
     fold(decide(state, 2), state)
     assert state.jobs["b1"].status == "admitted" and state.jobs["b1"].flavors == {"w": {"gpu": "x"}}
     assert ("s" not in index_of(state).parking.parked) == woken
+
+
+def test_what_a_running_job_borrowed_is_keyed_as_its_queues_pools_after_each_change() -> None:
+    """A job admitted borrowing in a plain queue shows what it borrowed as h100 quota once its queue has flavors
+    (its node is an H100), and as plain quota again once the queue turns back into one pool."""
+    worker = [PodSet(name="w", count=1, requests={"gpu": 8})]
+    groups = [ResourceGroup(covered=["gpu"], flavors=[FlavorQuota(name="h100", nominal={"gpu": 8})])]
+    state = fold(
+        [  # type: ignore[arg-type]
+            FlavorConfigured(at=0, name="h100", node_labels={"model": "H100"}),
+            NodeAdded(at=0, node="h0", labels={"model": "H100"}, capacity={"gpu": 8}),  # type: ignore[arg-type]
+            QueueConfigured(at=0, name="q", nominal={"gpu": 0}),  # type: ignore[arg-type]
+            JobSubmitted(at=0, job="j", queue="q", podsets=worker),  # type: ignore[arg-type]
+            JobAdmitted(at=0, job="j", queue="q", placement={"w-0": "h0"}, borrowed={"gpu": 8}),  # type: ignore[arg-type]
+            QueueConfigured(at=5, name="q", resource_groups=groups),  # type: ignore[arg-type]
+        ]
+    )
+    j = state.jobs["j"]
+    assert (j.flavors, j.borrowed, state.queues["q"].usage["gpu@h100"]) == ({"w": {"gpu": "h100"}}, {"gpu@h100": 8}, 8)
+    fold([QueueConfigured(at=9, name="q", nominal={"gpu": 8})], state)  # type: ignore[arg-type, list-item]
+    assert (j.borrowed, state.queues["q"].usage["gpu"]) == ({"gpu": 8}, 8)
