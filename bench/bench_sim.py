@@ -6,7 +6,9 @@ and wall time:
 
   (a) 5 cohorts x 6 queues, 15,000 Poisson arrivals at 90 % load    target < 15 s CPU
   (a3) (a) over three flavors (one block each: h100, a100, l4), every queue
-      with quota in each, half trying them in the other order        target < 15 s CPU
+      with quota in each (each flavor's adding up to its GPUs, as (a)'s to the
+      cluster's), half trying them in the other order                target < 15 s CPU
+  (a3-over) (a3) with every queue 8 on each flavor: quota 1.5x the GPUs
   (kueue) Kueue's test/performance/scheduler baseline, 1 CPU -> 1 GPU and
       1 ms -> 1 s: 5 cohorts x 6 queues (nominal 20, borrowing limit 100,
       reclaim_within_cohort Any, within_queue LowerPriority); per queue 350
@@ -26,7 +28,7 @@ machine wall time runs several times CPU time), evictions per admitted gang
 and the GPU-hours of work lost to preemption (since each victim's last
 checkpoint).
 
-Usage: python bench/bench_sim.py [--only a,a3,kueue,b,c,scale,depth,philly] [--jobs-scale 0.1] [--keep DIR]
+Usage: python bench/bench_sim.py [--only a,a3,a3-over,kueue,b,c,scale,depth,philly] [--jobs-scale 0.1] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -220,8 +222,12 @@ def case_a(d: Path, scale: float) -> Path:
     )
 
 
-def case_flavors(d: Path, scale: float) -> Path:
-    """(a) with a resource group over three flavors (one block each) instead of one GPU pool."""
+def case_flavors(d: Path, scale: float, over: bool = False) -> Path:
+    """(a) with a resource group over three flavors (one block each) instead of one GPU pool.
+
+    As in (a), the queues' nominal quota adds up to the GPUs: each flavor's to its block's 160 (every
+    queue 16 in all, 6 on one flavor and 5 on the others, in turn). `over` is the shape (a3) had before,
+    every queue 8 on each flavor: 1.5x each flavor's GPUs, more contended than (a) by construction."""
     path = case_a(d, scale)
     text = path.read_text()
     head, _, rest = text.partition("queues:\n")
@@ -229,16 +235,20 @@ def case_flavors(d: Path, scale: float) -> Path:
     flavors = "flavors:\n" + "".join(
         f"  - {{name: {f}, node_labels: {{block: {b}}}}}\n" for f, b in (("h100", "b0"), ("a100", "b1"), ("l4", "b2"))
     )
-    order = [("h100", 8), ("a100", 8), ("l4", 8)]
+    names = ["h100", "a100", "l4"]
     out = []
+    n = 0
     for i, line in enumerate(queues.splitlines()):
         if "nominal:" in line:
+            quota = [8, 8, 8] if over else [6 if k == n % 3 else 5 for k in range(3)]
+            order = list(zip(names, quota, strict=True))
             ranked = order if (i // 4) % 2 == 0 else order[::-1]
-            fl = ", ".join(f"{{name: {f}, nominal: {{gpu: {n}}}}}" for f, n in ranked)
+            fl = ", ".join(f"{{name: {f}, nominal: {{gpu: {q}}}}}" for f, q in ranked)
             out.append(f"    resource_groups: [{{covered: [gpu], flavors: [{fl}]}}]")
+            n += 1
         else:
             out.append(line)
-    flavored = d / "a3.yaml"
+    flavored = d / ("a3-over.yaml" if over else "a3.yaml")
     flavored.write_text(head + flavors + "queues:\n" + "\n".join(out) + "\ntimeline_csv:" + tail)
     return flavored
 
@@ -441,7 +451,7 @@ def fmt_row(name: str, r: dict[str, float], target: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", default="a,a3,kueue,b,c,scale,depth,philly")
+    ap.add_argument("--only", default="a,a3,a3-over,kueue,b,c,scale,depth,philly")
     ap.add_argument("--jobs-scale", type=float, default=1.0, help="fraction of the job counts (for a quick look)")
     ap.add_argument("--keep", help="write the generated scenarios here instead of a temp dir")
     ap.add_argument("--load", type=float, default=0.9, help="offered load of (a) and (b) (1.1 = overload)")
@@ -456,6 +466,9 @@ def main(argv: list[str] | None = None) -> int:
             print(fmt_row("(a) 30 queues", run(case_a(d, args.jobs_scale)), "target cpu < 15 s"), flush=True)
         if "a3" in only:
             print(fmt_row("(a3) 3 flavors", run(case_flavors(d, args.jobs_scale)), "target cpu < 15 s"), flush=True)
+        if "a3-over" in only:
+            over = run(case_flavors(d, args.jobs_scale, over=True))
+            print(fmt_row("(a3-over)", over, "quota 1.5x each flavor's GPUs; no target"), flush=True)
         if "kueue" in only:
             print(fmt_row("kueue baseline", run(case_kueue(d, args.jobs_scale)), "target cpu < 15 s"), flush=True)
         if "b" in only:

@@ -31,13 +31,14 @@ audit and a new leader make the same one.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from muster.events.types import PodSet
 from muster.projections import flavors
-from muster.projections.cluster import flavored_requests
-from muster.projections.eviction import evicts_from_others
+from muster.projections.configuration import flavored_requests
+from muster.projections.eviction import evicts_from_others, evicts_no_one
 from muster.projections.flavors import Flavors, placement_request, view
 from muster.projections.parking import Wake
 from muster.projections.preemption import Result, Victim, find_victims
@@ -158,57 +159,54 @@ def choose(
         # as Kueue: what no resource group gives quota for cannot be admitted (a queue_update may cover it)
         return Choice(None, [], uncovered)
     policy = queue.fungibility
+    slots = _slots(job, queue)
     chosen: Flavors = {}
     reasons: list[str] = []
     consumed: dict[str, int] = {}
     short: dict[str, int] = {}
     full = False
     """Whether the last verdict judged the whole gang on `chosen` (then it needs no final look)."""
-    stuck: list[tuple[str, list[str], list[str]]] = []
-    """Podset-groups no flavor fits now: (podset, covered resources, allowed flavors)."""
+    stuck: list[_Slot] = []
+    """Podset-groups no flavor fits now."""
     refusals: list[Refusal] = []
     many = len(job.podsets) > 1
-    for i, ps in enumerate(job.podsets):
-        for group in queue.resource_groups:
-            covered = flavors.covered(group, ps.requests)
-            if not covered:
+    for slot in slots:
+        ps, covered, allowed = slot.podset, slot.covered, slot.allowed
+        words: list[str] = []
+        pick: str | None = None
+        fallback: str | None = None
+        for f in allowed:
+            trial = {**chosen, ps.name: {**chosen.get(ps.name, {}), **dict.fromkeys(covered, f)}}
+            verdict = _judge(cycle, job, slot.upto, trial, allow_borrow, queue, f)
+            if verdict.mode == "fit" or (verdict.mode == "borrow" and policy.when_can_borrow == "Borrow"):
+                pick = f
+                break
+            if verdict.mode == "borrow":
+                fallback = fallback or f
                 continue
-            allowed = flavors.allowed(group, ps.flavors)
-            words: list[str] = []
-            pick: str | None = None
-            fallback: str | None = None
-            for f in allowed:
-                trial = {**chosen, ps.name: {**chosen.get(ps.name, {}), **dict.fromkeys(covered, f)}}
-                verdict = _judge(cycle, job, i + 1, trial, allow_borrow, queue, f)
-                if verdict.mode == "fit" or (verdict.mode == "borrow" and policy.when_can_borrow == "Borrow"):
-                    pick = f
-                    break
-                if verdict.mode == "borrow":
-                    fallback = fallback or f
-                    continue
-                for k, v in verdict.consumed.items():
-                    consumed[k] = min(v, consumed.get(k, v))
-                for k, v in verdict.short.items():
-                    short[k] = min(v, short.get(k, v))
-                if verdict.refusal is not None:
-                    refusals.append(verdict.refusal)
-                words.append(f"{f}: {verdict.why}")
-                if policy.when_can_preempt == "Preempt" and victims_in is not None:
-                    whole = view(job, _complete(job, trial, queue))
-                    if victims_in(whole):
-                        return Choice(None, [whole], "; ".join([*reasons, *words]))
-            if pick is None and fallback is not None:
-                pick = fallback
-                full = False  # judged last on a flavor after the one taken
-            elif pick is not None:
-                full = i + 1 == len(job.podsets)
-            if pick is not None:
-                chosen.setdefault(ps.name, {}).update(dict.fromkeys(covered, pick))
-                continue
-            if not allowed:
-                words.append(f"none of its flavors ({', '.join(ps.flavors)}) is one of queue {job.queue}'s")
-            reasons.append(f"{ps.name}: {'; '.join(words)}" if many else "; ".join(words))
-            stuck.append((ps.name, covered, allowed))
+            for k, v in verdict.consumed.items():
+                consumed[k] = min(v, consumed.get(k, v))
+            for k, v in verdict.short.items():
+                short[k] = min(v, short.get(k, v))
+            if verdict.refusal is not None:
+                refusals.append(verdict.refusal)
+            words.append(f"{f}: {verdict.why}")
+            if policy.when_can_preempt == "Preempt" and victims_in is not None:
+                whole = view(job, _complete(trial, slots))
+                if victims_in(whole):
+                    return Choice(None, [whole], "; ".join([*reasons, *words]))
+        if pick is None and fallback is not None:
+            pick = fallback
+            full = False  # judged last on a flavor after the one taken
+        elif pick is not None:
+            full = slot.upto == len(job.podsets)
+        if pick is not None:
+            chosen.setdefault(ps.name, {}).update(dict.fromkeys(covered, pick))
+            continue
+        if not allowed:
+            words.append(f"none of its flavors ({', '.join(ps.flavors)}) is one of queue {job.queue}'s")
+        reasons.append(f"{ps.name}: {'; '.join(words)}" if many else "; ".join(words))
+        stuck.append(slot)
     if not stuck:
         whole = view(job, chosen)
         if full:
@@ -220,23 +218,46 @@ def choose(
             refusals.append(final.refusal)
         return Choice(None, [whole], final.why, final.consumed, final.short, refusals)
     options: list[JobState] = []
-    for name, covered, allowed in stuck:
-        for f in allowed:
-            trial = {**chosen, name: {**chosen.get(name, {}), **dict.fromkeys(covered, f)}}
-            options.append(view(job, _complete(job, trial, queue)))
+    for slot in stuck:
+        name = slot.podset.name
+        for f in slot.allowed:
+            trial = {**chosen, name: {**chosen.get(name, {}), **dict.fromkeys(slot.covered, f)}}
+            options.append(view(job, _complete(trial, slots)))
     return Choice(None, options, "; ".join(reasons), consumed, short, refusals)
 
 
-def _complete(job: JobState, chosen: Flavors, queue: QueueState) -> Flavors:
-    """`chosen`, with every podset-group it leaves open on its first allowed flavor."""
-    out = {ps: dict(c) for ps, c in chosen.items()}
-    for ps in job.podsets:
+class _Slot(NamedTuple):
+    """One podset's part of one resource group of its queue: one flavor gives it all of `covered`."""
+
+    podset: PodSet
+    upto: int
+    """How many podsets of the gang are judged with it (itself and those before it)."""
+    covered: list[str]
+    """The group's resources the podset asks for."""
+    allowed: list[str]
+    """The group's flavors, in order, the podset may take."""
+
+
+def _slots(job: JobState, queue: QueueState) -> list[_Slot]:
+    """The podset-groups of a job to give flavors to, in the order they are assigned."""
+    out: list[_Slot] = []
+    for i, ps in enumerate(job.podsets):
         for group in queue.resource_groups:
             covered = flavors.covered(group, ps.requests)
-            allowed = flavors.allowed(group, ps.flavors)
-            mine = out.setdefault(ps.name, {})
-            if covered and allowed and covered[0] not in mine:
-                mine.update(dict.fromkeys(covered, allowed[0]))
+            if covered:
+                out.append(_Slot(ps, i + 1, covered, flavors.allowed(group, ps.flavors)))
+    return out
+
+
+def _complete(chosen: Flavors, slots: list[_Slot]) -> Flavors:
+    """`chosen`, with every podset-group it leaves open on its first allowed flavor."""
+    out = {ps: dict(c) for ps, c in chosen.items()}
+    for slot in slots:
+        if not slot.allowed:
+            continue
+        mine = out.setdefault(slot.podset.name, {})
+        if slot.covered[0] not in mine:
+            mine.update(dict.fromkeys(slot.covered, slot.allowed[0]))
     return out
 
 
@@ -256,15 +277,16 @@ def _judge(
     podsets = job.podsets if upto is None else job.podsets[:upto]
     requests = flavored_requests(podsets, chosen)
     quota = cycle.idx.quota
-    if not quota.fits(job.queue, requests, allow_borrow):
+    # the quota holds the request exactly when no limited resource is left short (`QuotaTree.fits`)
+    headroom = quota.headroom(job.queue, requests, allow_borrow)
+    lacking = {k: -h for k, h in headroom.items() if h < 0}
+    if lacking:
         why, limited = _quota_words(cycle, queue, requests, flavor, allow_borrow)
-        lacking = {k: -h for k, h in quota.headroom(job.queue, requests, allow_borrow).items() if h < 0}
         most = max(sorted(lacking), key=lambda k: lacking[k])
         return _Verdict("no", why, dict.fromkeys(limited, 1), {most: lacking[most]})
     partial = view(job, chosen, upto)
     refused = _nodes_refuse(cycle, partial)
     if refused is not None:
-        headroom = quota.headroom(job.queue, requests, allow_borrow)
         return _Verdict("no", refused.why, {k: h + 1 for k, h in headroom.items()}, {}, refused)
     return _Verdict("fit" if quota.within_nominal(job.queue, requests) else "borrow", "")
 
@@ -301,7 +323,10 @@ def _nodes_refuse(cycle: Cycle, on: JobState) -> Refusal | None:
         placement, why = cycle.place(on)
         cycle.topo.rollback(mark)
         why = "" if placement is not None else why
-    refusal = Refusal(why, on.gpus - gpu_room(cycle, on), _gpu_flavors(on)) if why else None
+    refusal = None
+    if why:
+        names = _gpu_flavors(on)
+        refusal = Refusal(why, on.gpus - gpu_room(cycle, names), names)
     if key is not None:
         cycle.nodes_judged[key] = refusal
     return refusal
@@ -325,12 +350,11 @@ def _gpu_flavors(on: JobState) -> list[str] | None:
     return sorted(names)
 
 
-def gpu_room(cycle: Cycle, on: JobState) -> int:
+def gpu_room(cycle: Cycle, names: list[str] | None) -> int:
     """The free GPUs of the nodes a job on its flavors may put its GPU pods on: its flavors' nodes
-    (counted once per flavor: an upper bound where flavors share nodes), or every node when a podset
-    has no flavor for its GPUs."""
+    (`_gpu_flavors`; counted once per flavor: an upper bound where flavors share nodes), or every node
+    when a podset has no flavor for its GPUs (None)."""
     topology = cycle.idx.topology
-    names = _gpu_flavors(on)
     if names is None:
         return topology.gpu_free_total
     return sum(topology.gpu_free_on(name) for name in names)
@@ -338,32 +362,49 @@ def gpu_room(cycle: Cycle, on: JobState) -> int:
 
 def _quota_words(
     cycle: Cycle, queue: QueueState, requests: Mapping[str, int], flavor: str | None, allow_borrow: bool
-) -> tuple[str, list[str]]:
+) -> tuple[str, tuple[str, ...]]:
     """Why a flavor's quota does not hold the request (which of its limits stops it), and the keys
     whose use decides between "limit reached" and "no room to lend"."""
-    node = cycle.idx.quota.queues[queue.name]
     suffix = f"@{flavor}" if flavor is not None else ""
-    asked = {k: v for k, v in requests.items() if v > 0 and k in queue.nominal and k.endswith(suffix)}
+    nominal, limits = queue.nominal, queue.borrowing_limit or {}
+    asked = tuple((k, v) for k, v in requests.items() if v > 0 and k in nominal and k.endswith(suffix))
+    usage = cycle.idx.quota.queues[queue.name].usage
+    reached = next((k for k, v in asked if k in limits and usage.get(k, 0) + v > nominal[k] + limits[k]), None)
+    quota = tuple((k, nominal[k], limits.get(k)) for k, _ in asked)
+    return _words(asked, quota, allow_borrow, queue.cohort is not None, reached)
+
+
+@functools.lru_cache(maxsize=4096)
+def _words(
+    asked: tuple[tuple[str, int], ...],
+    quota: tuple[tuple[str, int, int | None], ...],
+    allow_borrow: bool,
+    cohort: bool,
+    reached: str | None,
+) -> tuple[str, tuple[str, ...]]:
+    """`_quota_words` of a request (`asked`) and its keys' (nominal, borrowing limit) in `quota`, the
+    first key whose borrowing limit the tree's use reaches: a pure function of them, so a queue's jobs
+    asking alike share the words (the reason of every waiting flavored job is built anew each try)."""
 
     def short(d: Mapping[str, int]) -> str:
         return fmt({k.partition("@")[0]: v for k, v in d.items()})
 
-    nominal = {k: queue.nominal[k] for k in asked}
-    limits = {k: queue.borrowing_limit[k] for k in asked if queue.borrowing_limit and k in queue.borrowing_limit}
+    nominal = {k: n for k, n, _ in quota}
+    limits = {k: lim for k, _, lim in quota if lim is not None}
+    wanted = dict(asked)
     if not allow_borrow:
-        return f"quota (nominal {short(nominal)} in use; a non-preemptible job never borrows)", []
-    if queue.cohort is None:
-        if any(v > nominal[k] for k, v in asked.items()):
-            return f"quota ({short(asked)} requested is more than nominal {short(nominal)})", []
-        return f"quota (nominal {short(nominal)} in use; no cohort to borrow from)", []
-    for k, v in asked.items():
+        return f"quota (nominal {short(nominal)} in use; a non-preemptible job never borrows)", ()
+    if not cohort:
+        if any(v > nominal[k] for k, v in asked):
+            return f"quota ({short(wanted)} requested is more than nominal {short(nominal)})", ()
+        return f"quota (nominal {short(nominal)} in use; no cohort to borrow from)", ()
+    for k, v in asked:
         if k in limits and v > nominal[k] + limits[k]:
             most = f"nominal {short({k: nominal[k]})} + borrowing limit {short({k: limits[k]})}"
-            return f"quota ({short({k: v})} requested is more than {most})", []
-    for k, v in asked.items():
-        if k in limits and node.usage.get(k, 0) + v > nominal[k] + limits[k]:
-            return f"quota (borrowing limit {short({k: limits[k]})} reached)", []
-    return f"quota (nominal {short(nominal)} in use; the cohort has no room to lend)", sorted(limits)
+            return f"quota ({short({k: v})} requested is more than {most})", ()
+    if reached is not None:
+        return f"quota (borrowing limit {short({reached: limits[reached]})} reached)", ()
+    return f"quota (nominal {short(nominal)} in use; the cohort has no room to lend)", tuple(sorted(limits))
 
 
 def wake(cycle: Cycle, job: JobState, choice: Choice, found: list[Result]) -> Wake:
@@ -407,15 +448,18 @@ def wake(cycle: Cycle, job: JobState, choice: Choice, found: list[Result]) -> Wa
     for on, result in zip(choice.preempt, found, strict=True):
         if result.quota_possible:
             names = _gpu_flavors(on)
-            lacks(names, on.gpus - gpu_room(cycle, on) - freeable(names))
+            lacks(names, on.gpus - gpu_room(cycle, names) - freeable(names))
     freed_short = min(shortfalls) + cycle.idx.topology.gpu_free_total if shortfalls else None
+    state = cycle.state
+    queue = state.queues[job.queue]
     woken = Wake(
         freed_short=freed_short,
         freed_on=freed_on,
         released={k: max(1, v - held.get(k, 0)) for k, v in choice.short.items()},
         consumed=dict(choice.consumed),
+        # as a plain job's (`verdicts.wake_rule`): new victims change nothing for one that may evict no one
+        new_victims=not evicts_no_one(queue.preemption, state.priority_of(job), state.lowest_priority()),
     )
-    queue = cycle.state.queues[job.queue]
     if queue.cohort is not None and evicts_from_others(queue.preemption, None):
         for on in choice.preempt:
             over = cycle.idx.quota.over_nominal(job.queue, on.requests)

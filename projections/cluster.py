@@ -45,8 +45,8 @@ from muster.events.types import (
     SubmissionRejected,
 )
 from muster.projections import configuration
+from muster.projections.configuration import flavored_requests
 from muster.projections.fencing import fenced, newer_leader
-from muster.projections.resources import flavored
 from muster.projections.state import (
     DEFAULT_IDLE_THRESHOLD,
     TERMINAL,
@@ -68,18 +68,6 @@ def _podset_requests(podsets: list[PodSet]) -> dict[str, int]:
     for ps in podsets:
         for k, v in ps.requests.items():
             out[k] = out.get(k, 0) + v * ps.count
-    return out
-
-
-def flavored_requests(podsets: list[PodSet], flavors: Mapping[str, Mapping[str, str]]) -> dict[str, int]:
-    """A gang's total requests keyed as its queue's quota is: `resource@flavor` where a flavor was chosen."""
-    out: dict[str, int] = {}
-    for ps in podsets:
-        chosen = flavors.get(ps.name, {})
-        for k, v in ps.requests.items():
-            f = chosen.get(k)
-            key = flavored(k, f) if f is not None else k
-            out[key] = out.get(key, 0) + v * ps.count
     return out
 
 

@@ -4,12 +4,15 @@ Part of `cluster.evolve` (which dispatches through `HANDLERS`): each handler
 records what its event says and holds no policy. A node that comes up or is
 uncordoned counts its GPUs as freed, so whoever waits for room looks again;
 a change of shape (nodes, queues, cohorts, classes, levels) bumps
-`state.structure` so the scheduler's derived indexes are rebuilt. A queue
-turned back into one plain pool (`nominal` after `resource_groups`) holds in
-that pool what its running jobs hold on flavors (`_into_one_pool`).
+`state.structure` so the scheduler's derived indexes are rebuilt. After a
+queue's pools change (plain to flavored, new resource groups, back to one
+plain pool) or a node or flavor is relabelled, the running jobs hold their
+resources in the pool their pods' nodes are in now (`repool`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from muster.events.types import (
     CohortConfigured,
@@ -20,6 +23,7 @@ from muster.events.types import (
     NodeCordoned,
     NodeRemoved,
     NodeUpdated,
+    PodSet,
     PriorityClassConfigured,
     QueueConfigured,
     ResourceGroup,
@@ -29,6 +33,7 @@ from muster.projections.resources import flavored, unflavored
 from muster.projections.state import (
     ClusterState,
     FlavorState,
+    JobState,
     NodeState,
     PriorityClassState,
     QueueState,
@@ -65,6 +70,10 @@ def on_node(state: ClusterState, ev: NodeAdded | NodeUpdated) -> ClusterState:
     state.dirty_nodes.add(ev.node)
     if old is None or old.labels != node.labels:
         state.structure += 1
+        if old is not None:
+            for job_id in node.jobs:  # relabelled under running jobs: they hold where their pods now are
+                if job_id in state.jobs:
+                    repool(state, state.jobs[job_id])
     if (
         old is None
         or (node.schedulable and not old.schedulable)
@@ -121,27 +130,114 @@ def _on_queue(state: ClusterState, ev: QueueConfigured) -> ClusterState:
         fungibility=ev.flavor_fungibility if ev.flavor_fungibility else FlavorFungibility(),
         reserve_after=ev.reserve_after,
     )
-    if not groups:
-        _into_one_pool(state, state.queues[ev.name])
+    _repool_queue(state, state.queues[ev.name])
     state.dirty_queues.add(ev.name)
     state.structure += 1
     state.released += 1
     return state
 
 
-def _into_one_pool(state: ClusterState, queue: QueueState) -> None:
-    """A plain queue's quota is one pool over every node (spec, Flavors): the jobs it admitted on flavors
-    before it turned plain hold their resources in that pool, so they count against its nominal quota and
-    are victims for what its jobs (and its cohort's) ask, as any job of the pool (keyed `gpu@h100` they
-    would count against nothing and be no one's victim). Their flavors stay: they say where their pods are."""
-    if not any("@" in k for k in queue.usage):
-        return
-    queue.usage = unflavored(queue.usage)
+def carries(labels: Mapping[str, str], flavor_labels: Mapping[str, str]) -> bool:
+    """Whether a node with `labels` belongs to a flavor of `flavor_labels`: it carries every one of them."""
+    return all(labels.get(k) == v for k, v in flavor_labels.items())
+
+
+def flavored_requests(podsets: list[PodSet], flavors: Mapping[str, Mapping[str, str]]) -> dict[str, int]:
+    """A gang's total requests keyed as its queue's quota is: `resource@flavor` where a flavor was chosen."""
+    out: dict[str, int] = {}
+    for ps in podsets:
+        chosen = flavors.get(ps.name, {})
+        for k, v in ps.requests.items():
+            f = chosen.get(k)
+            key = flavored(k, f) if f is not None else k
+            out[key] = out.get(key, 0) + v * ps.count
+    return out
+
+
+def _repool_queue(state: ClusterState, queue: QueueState) -> None:
+    """After a queue's quota changed shape, its running jobs hold their resources in its new pools."""
+    if not queue.resource_groups and not any("@" in k for k in queue.usage):
+        return  # plain before and after: nothing is keyed by flavor
     for job in state.jobs.values():
-        if job.queue == queue.name and job.status == "admitted" and job.flavors:
-            job.requests = unflavored(job.requests)
-            job.borrowed = unflavored(job.borrowed)
-            state.dirty_jobs.add(job.id)
+        if job.queue == queue.name and job.status == "admitted":
+            repool(state, job)
+
+
+def repool(state: ClusterState, job: JobState) -> None:
+    """Key what a running job holds as its queue's quota is now kept (spec, Flavors): a job holds its
+    resources where its pods run, so a queue's quota (and preemption for it) sees them after any change
+    of its pools. A plain queue is one pool over every node: its jobs hold plain `gpu` (keyed `gpu@h100`
+    they would count against nothing and be no one's victim); their flavors stay, saying where their pods
+    are. A queue with resource groups holds each podset's resources of a group in the flavor its nodes
+    belong to (`_flavor_of`): a job admitted before its queue had flavors, on a flavor its queue dropped,
+    or on nodes relabelled into another flavor counts against that flavor's quota and is a victim there."""
+    queue = state.queues.get(job.queue)
+    if queue is None:
+        return
+    if queue.resource_groups:
+        chosen = _flavors_on_nodes(state, job, queue.resource_groups)
+        requests = flavored_requests(job.podsets, chosen)
+    else:
+        chosen, requests = job.flavors, unflavored(job.requests)
+    if requests == job.requests and chosen == job.flavors:
+        return
+    usage = queue.usage
+    for k, v in job.requests.items():
+        usage[k] = usage.get(k, 0) - v
+    for k, v in requests.items():
+        usage[k] = usage.get(k, 0) + v
+    job.borrowed = _rekeyed(job.borrowed, job.podsets, chosen if queue.resource_groups else {})
+    job.flavors, job.requests = chosen, requests
+    state.dirty_jobs.add(job.id)
+    state.dirty_queues.add(queue.name)
+
+
+def _flavors_on_nodes(state: ClusterState, job: JobState, groups: list[ResourceGroup]) -> dict[str, dict[str, str]]:
+    """Per podset, resource -> flavor for every group its requests touch: the flavor it holds, while that is
+    one of the group's and every node of its pods belongs to it, else the flavor of its nodes."""
+    out: dict[str, dict[str, str]] = {}
+    for ps in job.podsets:
+        held = job.flavors.get(ps.name, {}) if job.flavors else {}
+        mine = [n for pod, n in job.placement.items() if pod.rsplit("-", 1)[0] == ps.name]
+        nodes = [state.nodes[n] for n in mine if n in state.nodes]
+        for group in groups:
+            covered = [r for r in group.covered if ps.requests.get(r, 0) > 0]
+            if not covered:
+                continue
+            names = [fq.name for fq in group.flavors]
+            now = held.get(covered[0])
+            if now not in names or _pods_on(state, now, nodes) < len(nodes):
+                now = _flavor_of(state, names, nodes)
+            out.setdefault(ps.name, {}).update(dict.fromkeys(covered, now))
+    return out
+
+
+def _flavor_of(state: ClusterState, names: list[str], nodes: list[NodeState]) -> str:
+    """The flavor of a group (`names`, in order) most of a podset's pods run on (the first on a tie, the
+    group's first when none does: what its pods hold counts against some flavor of the queue)."""
+    return max(names, key=lambda name: _pods_on(state, name, nodes))
+
+
+def _pods_on(state: ClusterState, name: str | None, nodes: list[NodeState]) -> int:
+    """How many of the pods on `nodes` (one entry per pod) run on the flavor `name`'s nodes."""
+    flavor = state.flavors.get(name) if name is not None else None
+    return sum(carries(n.labels, flavor.node_labels) for n in nodes) if flavor is not None else 0
+
+
+def _rekeyed(
+    borrowed: Mapping[str, int], podsets: list[PodSet], chosen: Mapping[str, Mapping[str, str]]
+) -> dict[str, int]:
+    """What a job borrowed, keyed as its requests now are (the flavor of the first podset asking each resource;
+    plain where `chosen` gives none, as in a plain queue)."""
+    where: dict[str, str] = {}
+    for ps in podsets:
+        for r, f in chosen.get(ps.name, {}).items():
+            where.setdefault(r, f)
+    out: dict[str, int] = {}
+    for r, v in unflavored(borrowed).items():
+        key = flavored(r, where[r]) if r in where else r
+        out[key] = out.get(key, 0) + v
+    return out
 
 
 def _flat_quota(
@@ -170,7 +266,12 @@ def _flat_quota(
 
 
 def _on_flavor(state: ClusterState, ev: FlavorConfigured) -> ClusterState:
+    old = state.flavors.get(ev.name)
     state.flavors[ev.name] = FlavorState(name=ev.name, node_labels=dict(ev.node_labels), taints=list(ev.taints))
+    if old is not None and old.node_labels != ev.node_labels:
+        for job in state.jobs.values():  # its nodes changed under running jobs: they hold where their pods are
+            if job.status == "admitted":
+                repool(state, job)
     state.structure += 1
     state.released += 1
     return state

@@ -27,7 +27,8 @@ from typing import NamedTuple
 import msgspec
 
 from muster.events.types import PodSet, ResourceGroup
-from muster.projections.cluster import flavored_requests
+from muster.projections.configuration import carries as carries
+from muster.projections.configuration import flavored_requests
 from muster.projections.resources import flavored
 from muster.projections.state import ClusterState, JobState, QueueState
 
@@ -46,11 +47,6 @@ Flavors = dict[str, dict[str, str]]
 UNTAINTED = MARKER + "*"
 """The marker of the nodes of no flavor with taints, when some flavor has taints: the only nodes a pod
 placed on no flavor may take (it tolerates no flavor's taint)."""
-
-
-def carries(labels: Mapping[str, str], flavor_labels: Mapping[str, str]) -> bool:
-    """Whether a node with `labels` belongs to a flavor of `flavor_labels`: it carries every one of them."""
-    return all(labels.get(k) == v for k, v in flavor_labels.items())
 
 
 def node_markers(state: ClusterState, labels: Mapping[str, str]) -> dict[str, int]:

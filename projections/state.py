@@ -127,7 +127,7 @@ class JobState(msgspec.Struct, kw_only=True):
     flavors: dict[str, dict[str, str]] = {}
     """While admitted with flavors: per podset, resource -> flavor (`JobAdmitted.flavors`); its
     `requests` are then keyed `resource@flavor`, as its queue's quota is (plain again once its queue
-    turns into one plain pool: `configuration._into_one_pool`)."""
+    turns into one plain pool, re-keyed when its pools or nodes change: `configuration.repool`)."""
 
     @property
     def gpus(self) -> int:

@@ -14,7 +14,25 @@ import pytest
 from simkit import PRIORITIES, run
 
 from muster.events.codec import decode, encode
-from muster.events.types import JobAdmitted
+from muster.events.types import (
+    CohortConfigured,
+    Event,
+    FlavorConfigured,
+    FlavorQuota,
+    JobAdmitted,
+    JobSubmitted,
+    NodeAdded,
+    NodeUpdated,
+    PodSet,
+    PreemptionPolicy,
+    PriorityClassConfigured,
+    QueueConfigured,
+    ResourceGroup,
+    SchedulerConfigured,
+)
+from muster.projections.cluster import fold
+from muster.projections.index import index_of
+from muster.projections.scheduler import decide
 
 
 def cluster(h100: int = 2, a100: int = 2, cpu: int = 0) -> str:
@@ -452,3 +470,150 @@ def test_a_queue_turned_plain_counts_and_preempts_what_its_jobs_hold_on_flavors(
     assert out.reasons("same")[0].startswith("queue q has no room for gpu=8 within its quota (nominal gpu=8)")
     assert [(p.job, p.preemptor, p.reason, p.at) for p in out.preemptions()] == [("old", "urgent", "WithinQueue", 30)]
     assert out.admitted("urgent").at == 30 and not out.admitted("urgent").flavors
+
+
+def test_a_queue_turned_flavored_counts_and_preempts_what_its_jobs_hold_on_their_nodes_flavor() -> None:
+    """After `queue_update` gives a plain queue resource groups, a job it admitted on an h100 node counts
+    against its h100 quota (a second job waits for quota though a node is free) and a higher-priority job
+    of the queue evicts it there."""
+    groups = "[{covered: [gpu], flavors: [{name: h100, nominal: {gpu: 8}}]}]"
+    policy = "preemption: {within_queue: LowerPriority}"
+    update = f"  - {{at: 10, queue_update: {{name: q, resource_groups: {groups}, {policy}}}}}\n"
+    text = scenario(
+        cluster(h100=2, a100=0),
+        ["  - {name: q, nominal: {gpu: 8}}\n"],
+        [
+            job("old", "q", "w:1x8", prio="low"),
+            update,
+            job("same", "q", "w:1x8", prio="low", at=20),
+            job("urgent", "q", "w:1x8", prio="high", at=30),
+        ],
+    )
+    out = run(text)
+    assert not out.admitted("old").flavors
+    assert out.admitted("same").at > 30  # not at 20 on the free node h1: h100's quota is full
+    assert out.reasons("same")[0].startswith("h100: quota (nominal gpu=8 in use")
+    assert [(p.job, p.preemptor, p.reason, p.at) for p in out.preemptions()] == [("old", "urgent", "WithinQueue", 30)]
+    assert out.admitted("urgent").at == 30 and flavors_of(out, "urgent") == {"w": "h100"}
+
+
+def test_a_queue_update_dropping_a_flavor_keeps_its_running_jobs_counted() -> None:
+    """A job running on a flavor its queue's `queue_update` drops still counts against the queue's quota (its
+    first flavor's, no flavor of the queue being that of its nodes): the queue is not admitted past nominal."""
+    groups = "[{covered: [gpu], flavors: [{name: h100, nominal: {gpu: 8}}]}]"
+    update = f"  - {{at: 10, queue_update: {{name: q, resource_groups: {groups}}}}}\n"
+    text = scenario(
+        cluster(h100=1, a100=1),
+        [fqueue("q", fq("h100", 8), fq("a100", 8))],
+        [job("old", "q", "w:1x8:flavors=a100"), update, job("new", "q", "w:1x8", at=20)],
+    )
+    out = run(text)
+    assert flavors_of(out, "old") == {"w": "a100"}
+    assert out.reasons("new") == ["h100: quota (nominal gpu=8 in use; no cohort to borrow from)"]
+    assert out.admitted("new").at == 3600
+
+
+def _relabel_log() -> list[Event]:
+    """Two H100 nodes (slots 0 and 1), a queue with 8 GPUs of quota on each of h100 and a100, and a job
+    admitted on h100 on `h1`."""
+    worker = [PodSet(name="w", count=1, requests={"gpu": 8})]
+    groups = [
+        ResourceGroup(covered=["gpu"], flavors=[FlavorQuota(name=f, nominal={"gpu": 8}) for f in ("h100", "a100")])
+    ]
+    return [
+        SchedulerConfigured(at=0, levels=[]),
+        FlavorConfigured(at=0, name="h100", node_labels={"model": "H100"}),
+        FlavorConfigured(at=0, name="a100", node_labels={"model": "A100"}),
+        NodeAdded(at=0, node="h0", labels={"model": "H100", "slot": "0"}, capacity={"gpu": 8}),  # type: ignore[arg-type]
+        NodeAdded(at=0, node="h1", labels={"model": "H100", "slot": "1"}, capacity={"gpu": 8}),  # type: ignore[arg-type]
+        QueueConfigured(at=0, name="q", resource_groups=groups),  # type: ignore[arg-type]
+        JobSubmitted(at=0, job="j", queue="q", podsets=worker),  # type: ignore[arg-type]
+        JobAdmitted(at=0, job="j", queue="q", placement={"w-0": "h1"}, flavors={"w": {"gpu": "h100"}}),  # type: ignore[arg-type]
+    ]
+
+
+def test_a_node_relabelled_into_another_flavor_moves_its_running_jobs_usage_there() -> None:
+    """A node whose labels move it from h100 to a100 under a running job: the job holds a100 quota from then
+    on, so a job that may take only h100 is admitted on the other H100 node within h100's nominal quota."""
+    state = fold(_relabel_log())  # type: ignore[arg-type]
+    relabel = NodeUpdated(at=5, node="h1", labels={"model": "A100"}, capacity={"gpu": 8})  # type: ignore[arg-type]
+    only_h100 = [PodSet(name="w", count=1, requests={"gpu": 8}, flavors=["h100"])]
+    fold([relabel, JobSubmitted(at=5, job="k", queue="q", podsets=only_h100)], state)  # type: ignore[arg-type]
+    assert state.jobs["j"].flavors == {"w": {"gpu": "a100"}}
+    decided = decide(state, 5)
+    assert [(type(e).__name__, e.job) for e in decided] == [("JobAdmitted", "k")]  # type: ignore[attr-defined]
+    assert decided[0].placement == {"w-0": "h0"}  # type: ignore[attr-defined]
+
+
+def test_a_flavor_redefined_over_running_jobs_moves_their_usage_to_their_nodes_flavor() -> None:
+    """A flavor whose labels change so that a running job's node is no longer its (now a100's): the job
+    holds a100 quota, and a job that may take only h100 is admitted on the node left to h100."""
+    state = fold(_relabel_log())  # type: ignore[arg-type]
+    events = [
+        FlavorConfigured(at=5, name="h100", node_labels={"model": "H100", "slot": "0"}),
+        FlavorConfigured(at=5, name="a100", node_labels={"model": "H100", "slot": "1"}),
+    ]
+    only_h100 = [PodSet(name="w", count=1, requests={"gpu": 8}, flavors=["h100"])]
+    fold([*events, JobSubmitted(at=5, job="k", queue="q", podsets=only_h100)], state)  # type: ignore[arg-type]
+    assert state.jobs["j"].flavors == {"w": {"gpu": "a100"}}
+    assert [(type(e).__name__, e.job) for e in decide(state, 5)] == [("JobAdmitted", "k")]  # type: ignore[attr-defined]
+
+
+def _flavored_borrowing_log(priority_class: str) -> list[Event]:
+    """Flavored queues qa, qb, qc of 8 GPUs of flavor x in one cohort over three 8-GPU nodes; qa and qb
+    full, `s` (16 GPUs, qa) waits."""
+    policy = PreemptionPolicy(within_queue="LowerPriority", reclaim_within_cohort="LowerPriority")
+    groups = [ResourceGroup(covered=["gpu"], flavors=[FlavorQuota(name="x", nominal={"gpu": 8})])]
+    events: list[Event] = [
+        SchedulerConfigured(at=0, levels=["rack"]),
+        PriorityClassConfigured(at=0, name="low", value=0),
+        PriorityClassConfigured(at=0, name="high", value=100),
+        CohortConfigured(at=0, name="org"),
+        FlavorConfigured(at=0, name="x", node_labels={"rack": "r0"}),
+    ]
+    for q in ("qa", "qb", "qc"):
+        events.append(QueueConfigured(at=0, name=q, cohort="org", resource_groups=groups, preemption=policy))  # type: ignore[arg-type]
+        events.append(NodeAdded(at=0, node=f"n-{q}", labels={"rack": "r0"}, capacity={"gpu": 8}))  # type: ignore[arg-type]
+    for name, q in (("a0", "qa"), ("b0", "qb")):
+        one = [PodSet(name="w", count=1, requests={"gpu": 8})]
+        events.append(JobSubmitted(at=0, job=name, queue=q, podsets=one, priority_class="high"))  # type: ignore[arg-type]
+    two = [PodSet(name="w", count=2, requests={"gpu": 8})]
+    events.append(JobSubmitted(at=1, job="s", queue="qa", podsets=two, priority_class=priority_class))  # type: ignore[arg-type]
+    return events
+
+
+@pytest.mark.parametrize(
+    ("priority_class", "woken"), [("low", False), ("high", True)], ids=["evicts-no-one", "may-evict"]
+)
+def test_a_new_borrower_wakes_a_flavored_job_only_if_it_may_evict_it(priority_class: str, woken: bool) -> None:
+    """As for a plain job: a queue of the cohort that starts borrowing on a flavor wakes a waiting flavored job
+    that may evict it, not one that may evict no one (the lowest priority, taking only lower ones)."""
+    state = fold(_flavored_borrowing_log(priority_class))  # type: ignore[arg-type]
+    fold(decide(state, 1), state)
+    assert state.jobs["s"].status == "pending" and "s" in index_of(state).parking.parked
+    b1 = [PodSet(name="w", count=1, requests={"gpu": 8})]
+    fold([JobSubmitted(at=2, job="b1", queue="qb", podsets=b1, priority_class="low")], state)  # type: ignore[list-item]
+    fold(decide(state, 2), state)
+    assert state.jobs["b1"].status == "admitted" and state.jobs["b1"].flavors == {"w": {"gpu": "x"}}
+    assert ("s" not in index_of(state).parking.parked) == woken
+
+
+def test_what_a_running_job_borrowed_is_keyed_as_its_queues_pools_after_each_change() -> None:
+    """A job admitted borrowing in a plain queue shows what it borrowed as h100 quota once its queue has flavors
+    (its node is an H100), and as plain quota again once the queue turns back into one pool."""
+    worker = [PodSet(name="w", count=1, requests={"gpu": 8})]
+    groups = [ResourceGroup(covered=["gpu"], flavors=[FlavorQuota(name="h100", nominal={"gpu": 8})])]
+    state = fold(
+        [  # type: ignore[arg-type]
+            FlavorConfigured(at=0, name="h100", node_labels={"model": "H100"}),
+            NodeAdded(at=0, node="h0", labels={"model": "H100"}, capacity={"gpu": 8}),  # type: ignore[arg-type]
+            QueueConfigured(at=0, name="q", nominal={"gpu": 0}),  # type: ignore[arg-type]
+            JobSubmitted(at=0, job="j", queue="q", podsets=worker),  # type: ignore[arg-type]
+            JobAdmitted(at=0, job="j", queue="q", placement={"w-0": "h0"}, borrowed={"gpu": 8}),  # type: ignore[arg-type]
+            QueueConfigured(at=5, name="q", resource_groups=groups),  # type: ignore[arg-type]
+        ]
+    )
+    j = state.jobs["j"]
+    assert (j.flavors, j.borrowed, state.queues["q"].usage["gpu@h100"]) == ({"w": {"gpu": "h100"}}, {"gpu@h100": 8}, 8)
+    fold([QueueConfigured(at=9, name="q", nominal={"gpu": 8})], state)  # type: ignore[arg-type, list-item]
+    assert (j.borrowed, state.queues["q"].usage["gpu"]) == ({"gpu": 8}, 8)

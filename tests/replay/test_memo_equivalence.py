@@ -60,6 +60,7 @@ def _scenarios(tmp: Path) -> Iterator[tuple[str, Scenario]]:
     yield "bench-b", load(bench.case_b(tmp, 0.01))
     yield "bench-c", load(bench.case_c(tmp, 0.02, 1000))
     yield "bench-a3-flavors", load(bench.case_flavors(tmp, 0.03))
+    yield "bench-a3-over", load(bench.case_flavors(tmp, 0.03, over=True))  # quota 1.5x each flavor's GPUs
 
 
 def _flavored(text: str) -> str:
