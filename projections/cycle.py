@@ -170,6 +170,9 @@ class Cycle:
                 placement[f"{name}-{i}"] = node
             # one take per node, not per pod (a gang of 64 pods takes 8 nodes)
             req = ps.requests
+            if len(nodes) == 1:
+                self.topo.take(nodes[0], req)
+                continue
             for node, n in Counter(nodes).items():
                 self.topo.take(node, {k: v * n for k, v in req.items()} if n > 1 else req)
         return placement, ""
@@ -308,16 +311,17 @@ def lowest_key(cycle: Cycle, job: JobState) -> OrderKey:
     quota = idx.quota
     # a job to try has its class, which holds its shape and priority (one look-up, not two)
     group = idx.group_of.get(job.id)
-    shape, priority = (group[0], group[1]) if group is not None else (idx.shape(job), idx.priority(job))
-    known = cycle.quota_keys.get(shape)
-    if known is not None and known.version == quota.version:
-        borrows, share = known.over_nominal, known.share
+    if group is not None:
+        shape, priority = group[0], group[1]
     else:
+        shape, priority = idx.shape(job), idx.priority(job)
+    known = cycle.quota_keys.get(shape)
+    if known is None or known.version != quota.version:
         requests = order_requests(cycle.state, job)
         borrows = 0 if quota.within_nominal(job.queue, requests) else 1
         share = quota.share(job.queue, requests) if cycle.state.fair_sharing else 0
-        cycle.quota_keys[shape] = QuotaPosition(quota.version, borrows, share)
-    return order_key(priority, job.seq, borrows, share)
+        known = cycle.quota_keys[shape] = QuotaPosition(quota.version, borrows, share)
+    return order_key(priority, job.seq, known.over_nominal, known.share)
 
 
 def neg_seq(m: Member) -> int:

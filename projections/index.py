@@ -266,10 +266,14 @@ class SchedulerIndex:
         if not members:
             return False
         target = Member(-job.seq, job.id)
-        i = bisect.bisect_left(members, target)
-        if i == len(members) or members[i] != target:
-            return False
-        del members[i]
+        if members[-1] == target:
+            # the usual case: the group's first job in queue order, just tried
+            members.pop()
+        else:
+            i = bisect.bisect_left(members, target)
+            if i == len(members) or members[i] != target:
+                return False
+            del members[i]
         if not members:
             del self.groups[group]
             self.group_reason.pop(group, None)
@@ -303,32 +307,8 @@ class SchedulerIndex:
         self.quota.settle(state.dirty_queues)
         freed_on: dict[str, int] = {}
         freed_in: dict[tuple[str, ...], int] = {}
-        for name in sorted(state.dirty_nodes):
-            freed = state.node_gpus_freed.get(name, 0) - self.seen_node_freed.get(name, 0)
-            if freed:
-                self.seen_node_freed[name] = state.node_gpus_freed.get(name, 0)
-                host = topo.hosts.get(name)
-                if host is not None:
-                    for path in topo.freed_in_domains(host):
-                        freed_in[path] = freed_in.get(path, 0) + freed
-                for marker in topo.markers.get(name, {}):
-                    if marker != UNTAINTED:
-                        flavor = marker.removeprefix(MARKER)
-                        freed_on[flavor] = freed_on.get(flavor, 0) + freed
-            node = state.nodes.get(name)
-            if node is None:
-                # a removed node: its jobs are orphans until evicted
-                for job_id in sorted(j for s in self.running.values() for j in s):
-                    job = state.jobs[job_id]
-                    if name in job.placement.values():
-                        self.orphans.add(job_id)
-                self.down_nodes.discard(name)
-                continue
-            topo.sync_node(state, name)
-            if node.ready:
-                self.down_nodes.discard(name)
-            else:
-                self.down_nodes.add(name)
+        if state.dirty_nodes:
+            self._sync_nodes(state, freed_on, freed_in)
         state.dirty_nodes.clear()
         for name in sorted(state.dirty_queues):
             q = state.queues.get(name)
@@ -362,6 +342,40 @@ class SchedulerIndex:
             memo.flavor_gpus_freed(flavor, freed_on[flavor])
         for path in sorted(freed_in):
             memo.domain_gpus_freed(path, freed_in[path])
+
+    def _sync_nodes(self, state: ClusterState, freed_on: dict[str, int], freed_in: dict[tuple[str, ...], int]) -> None:
+        """Set the changed nodes' hosts from the state; add up the GPUs freed on them per flavor and domain."""
+        topo = self.topology
+        node_freed, seen_freed = state.node_gpus_freed, self.seen_node_freed
+        hosts, markers = topo.hosts, topo.markers
+        for name in sorted(state.dirty_nodes):
+            total = node_freed.get(name, 0)
+            freed = total - seen_freed.get(name, 0)
+            if freed:
+                seen_freed[name] = total
+                host = hosts.get(name)
+                if host is not None:
+                    for path in topo.freed_in_domains(host):
+                        freed_in[path] = freed_in.get(path, 0) + freed
+                if markers:
+                    for marker in markers.get(name, {}):
+                        if marker != UNTAINTED:
+                            flavor = marker.removeprefix(MARKER)
+                            freed_on[flavor] = freed_on.get(flavor, 0) + freed
+            node = state.nodes.get(name)
+            if node is None:
+                # a removed node: its jobs are orphans until evicted
+                for job_id in sorted(j for s in self.running.values() for j in s):
+                    job = state.jobs[job_id]
+                    if name in job.placement.values():
+                        self.orphans.add(job_id)
+                self.down_nodes.discard(name)
+                continue
+            topo.sync_node(state, name)
+            if node.ready:
+                self.down_nodes.discard(name)
+            else:
+                self.down_nodes.add(name)
 
 
 def _moved(totals: dict[str, int], seen: dict[str, int]) -> dict[str, int]:

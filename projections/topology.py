@@ -276,7 +276,7 @@ class TopologyIndex:
         if upper <= 0:
             return 0
         gpu = req.get("gpu", 0)
-        if gpu > 0 and all(v <= 0 for k, v in req.items() if k != "gpu"):
+        if gpu > 0 and (len(req) == 1 or all(v <= 0 for k, v in req.items() if k != "gpu")):
             total = 0
             hist = dom.hist
             for g in range(gpu, self.max_bucket + 1):
@@ -445,9 +445,13 @@ class TopologyIndex:
         domains = self.by_level[depth - 1]
         # a domain's summed free capacity bounds what it can hold: skip the hopeless
         roomy = self._roomy(depth, [(k, v * count) for k, v in req.items() if v > 0])
-        slots = {id(d): self.slots(d, req, count) for d in roomy}
-        fitting = [d for d in roomy if slots[id(d)] >= count]
+        fitting = [d for d in roomy if self.slots(d, req, count) >= count]
         if fitting:
+            if len(fitting) == 1:
+                return _Plan(primary, one=fitting[0])
+            if depth == 1:
+                # the outermost domains are siblings: their enclosing keys are equal (see `_tightest`)
+                return _Plan(primary, one=_tightest(fitting, primary))
             return _Plan(primary, one=min(fitting, key=lambda d: self._tight_key(d, primary)))
         what = f"{count} pod{'s' if count != 1 else ''} of {fmt(plain(req) if self.markers else req)}"
         if required is not None:
@@ -479,8 +483,7 @@ class TopologyIndex:
         roomy = _covering(children, [(k, v * count) for k, v in req.items() if v > 0])
         fitting = [c for c in roomy if self.slots(c, req, count) >= count]
         if fitting:
-            best = min(fitting, key=lambda c: self._tight_key(c, primary))
-            self._assign(best, count, req, primary, out)
+            self._assign(_tightest(fitting, primary), count, req, primary, out)
             return
         slots = {id(c): self.slots(c, req, count) for c in children}
         self._spread(children, slots, count, req, primary, out)
@@ -590,6 +593,21 @@ class Transaction:
         while len(self.log) > to:
             host, d, sign = self.log.pop()
             self.index.adjust(host, d, -sign)
+
+
+def _tightest(siblings: list[Domain], primary: str) -> Domain:
+    """`min` by `TopologyIndex._tight_key` over domains of one parent, which share every enclosing
+    domain: only their own free capacity differs, and ties go to the first in path order (`children`)."""
+    best = siblings[0]
+    if len(siblings) == 1:
+        return best
+    is_host = best.is_host
+    least = best.host_free.get(primary, 0) if is_host else best.free.get(primary, 0)
+    for d in siblings:
+        free = d.host_free.get(primary, 0) if is_host else d.free.get(primary, 0)
+        if free < least:
+            best, least = d, free
+    return best
 
 
 def _covering(domains: Iterable[Domain], need: list[tuple[str, int]]) -> list[Domain]:
