@@ -110,8 +110,9 @@ class Cycle:
         """Jobs admitted or reserved (tentatively) in this cycle, with their placement."""
         self.reserved = False
         """Whether room was held for a preemptor (a change no decision event will fold)."""
-        self.parked_on_reserved: list[Block] = []
-        """Jobs parked on a view that holds room for a preemptor: judged again next cycle."""
+        self.set_aside: list[tuple[Group, list[Member]]] = []
+        """Jobs judged on a narrow view (`verdicts`): not parked, only left out of this cycle and
+        tried again at the next, whatever happens (a park would be woken at `finish` anyway)."""
         self.taken: list[JobState] = []
         """Jobs admitted or reserved for: no longer to try in this cycle, and to try again if the
         decisions are not folded (they are jobs to try again at `finish`)."""
@@ -273,15 +274,13 @@ class Cycle:
         """Undo every tentative change, and hand the cycle's parks to the memo as a proposal.
 
         The parks stand once the cycle's decisions are folded as decided (see
-        `parking`). Jobs parked while room was held for a preemptor are tried
-        again whatever happens.
+        `parking`). Jobs set aside on a narrow view are tried again whatever happens.
         """
         # the topology's and quota's changes are undone at the next sync, but where the fold
         # changes the node or queue (`TopologyIndex.settle`, `QuotaTree.settle`)
         self.topo.defer()
-        for block in self.parked_on_reserved:
-            block.reason = None  # woken before its verdicts are folded
-            self.idx.parking.wake(block)
+        for group, members in self.set_aside:
+            self.idx.reactivate(group, members)  # their verdicts are not folded yet: no reason known
         for job in self.taken:
             self.idx.activate(self.state, job)
         decisions = sum(1 for ev in self.events if getattr(ev, "cycle", 0) == self.number)

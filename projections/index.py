@@ -244,6 +244,11 @@ class SchedulerIndex:
         if self.group_reason.get(group) != reason:
             self.group_reason[group] = None
 
+    def reactivate(self, group: Group, members: list[Member]) -> None:
+        """Make jobs of `group` set aside in a cycle (sorted, the list becomes the group's own) ones to try
+        again, with no reason known for them all (their verdicts are not folded)."""
+        self._add(group, members, None)
+
     def is_active(self, job_id: str) -> bool:
         """Whether a job is one to try (validated, pending, not parked)."""
         job = self.state.jobs.get(job_id)
