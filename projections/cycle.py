@@ -89,6 +89,8 @@ class Cycle:
         self.pushes = itertools.count()
         self.consumed: dict[tuple[str, str], int] = {}
         """Usage taken in this cycle, per (tree, resource)."""
+        self.tried_class: tuple[object, ...] | None = None
+        """The class of the job `trying.try_job` tried last (None: its verdict is its own)."""
         self.failed_classes: dict[tuple[object, ...], Verdict] = {}
         """Verdicts of jobs that failed on the current view, by job class (cleared on any change)."""
         self.doomed: dict[Group, Verdict] = {}

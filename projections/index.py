@@ -12,7 +12,7 @@ import bisect
 from typing import NamedTuple, cast
 
 from muster.projections import parking
-from muster.projections.eviction import reach
+from muster.projections.eviction import evicts_no_one, reach
 from muster.projections.flavors import MARKER, UNTAINTED
 from muster.projections.parking import Block, Member, Parking
 from muster.projections.quota import QuotaTree
@@ -94,6 +94,7 @@ class SchedulerIndex:
         self._prio: dict[str, int] = {}
         self._shape: dict[str, Shape] = {}
         self._equal_in_queue: dict[str, bool] = {}
+        self._evicts_no_one: dict[tuple[str, int], bool] = {}
         self.strict_fifo = frozenset(name for name, q in state.queues.items() if q.queueing_strategy == STRICT_FIFO)
         """The queues whose head blocks the rest (`queueing`); the index is rebuilt when a queue changes."""
         self.reserving: frozenset[str] | None = None
@@ -193,6 +194,17 @@ class SchedulerIndex:
         known = self._equal_in_queue.get(queue)
         if known is None:
             known = self._equal_in_queue[queue] = reach(self.state.queues[queue].preemption, None).equal_in_queue
+        return known
+
+    def evicts_no_one(self, queue: str, priority: int) -> bool:
+        """`eviction.evicts_no_one` for a job of `queue` at `priority` (policies and classes change only
+        with the index's structure)."""
+        key = (queue, priority)
+        known = self._evicts_no_one.get(key)
+        if known is None:
+            state = self.state
+            known = evicts_no_one(state.queues[queue].preemption, priority, state.lowest_priority())
+            self._evicts_no_one[key] = known
         return known
 
     def group(self, job: JobState) -> Group:

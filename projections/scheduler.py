@@ -40,7 +40,7 @@ from muster.projections.index import index_of, order_key, take_new_jobs
 from muster.projections.preemption import Victim
 from muster.projections.reservations import decide_reservations
 from muster.projections.state import ClusterState, JobState
-from muster.projections.trying import job_class, try_job
+from muster.projections.trying import try_job
 from muster.projections.verdicts import park_doomed
 
 
@@ -131,7 +131,7 @@ def _admit(cycle: Cycle) -> None:
         members = groups.get(group)
         if not members:
             continue
-        cls = job_class(cycle, job) if outcome == "parked" else None
+        cls = cycle.tried_class if outcome == "parked" else None
         verdict = cycle.failed_classes.get(cls) if cls is not None else None
         if verdict is not None:
             cycle.doomed[group] = verdict

@@ -13,7 +13,7 @@ import bisect
 
 from muster.events.types import JobId, JobInadmissible
 from muster.projections.cycle import Cycle, EvictNewAnswer, lowest_key, neg_seq
-from muster.projections.eviction import Preemptor, chain_may_shrink, evicts_from_others, evicts_no_one, may_evict
+from muster.projections.eviction import Preemptor, chain_may_shrink, evicts_from_others, may_evict
 from muster.projections.flavors import on_any_flavor, placement_request
 from muster.projections.index import OrderKey
 from muster.projections.parking import ROOM_DOMAINS, Member, RoomWait, Wake
@@ -170,7 +170,7 @@ def wake_rule(
     """What must happen before this verdict (and its words) can change; see `index`."""
     state = cycle.state
     queue = state.queues[job.queue]
-    wake = Wake(new_victims=not evicts_no_one(queue.preemption, state.priority_of(job), state.lowest_priority()))
+    wake = Wake(new_victims=not cycle.idx.evicts_no_one(job.queue, state.priority_of(job)))
     if job.chained_eviction(cycle.now) or result.order_matters:
         wake.at_time = cycle.now + 1
     headroom = cycle.idx.quota.headroom(job.queue, job.requests, allow_borrow)
