@@ -327,7 +327,7 @@ class SchedulerIndex:
         if state.dirty_nodes:
             self._sync_nodes(state, freed_on, freed_in)
         state.dirty_nodes.clear()
-        for name in sorted(state.dirty_queues):
+        for name in sorted(state.dirty_queues) if state.dirty_queues else ():
             q = state.queues.get(name)
             if q is None:
                 continue
@@ -345,20 +345,23 @@ class SchedulerIndex:
                 self.seen_borrow_starts[name] = starts
                 memo.wake_tree(root, new_victims=not state.fair_sharing)
         state.dirty_queues.clear()
-        for job_id in sorted(state.dirty_jobs):
-            dirty = state.jobs.get(job_id)
-            if dirty is None:
-                continue
-            self._untrack(dirty)
-            if dirty.status not in TERMINAL:
-                self._track(state, dirty)
-        state.dirty_jobs.clear()
+        if state.dirty_jobs:
+            for job_id in sorted(state.dirty_jobs):
+                dirty = state.jobs.get(job_id)
+                if dirty is None:
+                    continue
+                self._untrack(dirty)
+                if dirty.status not in TERMINAL:
+                    self._track(state, dirty)
+            state.dirty_jobs.clear()
         if state.gpus_freed != memo.freed_seen:
             memo.gpus_freed(state.gpus_freed)
-        for flavor in sorted(freed_on):
-            memo.flavor_gpus_freed(flavor, freed_on[flavor])
-        for path in sorted(freed_in):
-            memo.domain_gpus_freed(path, freed_in[path])
+        if freed_on:
+            for flavor in sorted(freed_on):
+                memo.flavor_gpus_freed(flavor, freed_on[flavor])
+        if freed_in:
+            for path in sorted(freed_in):
+                memo.domain_gpus_freed(path, freed_in[path])
 
     def _sync_nodes(self, state: ClusterState, freed_on: dict[str, int], freed_in: dict[tuple[str, ...], int]) -> None:
         """Set the changed nodes' hosts from the state; add up the GPUs freed on them per flavor and domain."""
@@ -426,6 +429,8 @@ def take_new_jobs(state: ClusterState, idx: SchedulerIndex) -> list[tuple[JobSta
     `decide` again on the same state rejects them again.
     """
     rejected: list[tuple[JobState, str]] = []
+    if not idx.new_jobs:
+        return rejected
     valid: list[JobState] = []
     for job_id in sorted(idx.new_jobs, key=lambda j: state.jobs[j].seq):
         job = state.jobs[job_id]
