@@ -470,23 +470,27 @@ class TopologyIndex:
         """
         frontier = _covering([self.root], need)
         for _ in range(depth):
-            frontier = _covering((c for d in frontier for c in d.children), need)
+            if len(frontier) == 1:
+                frontier = _covering(frontier[0].children, need)
+            else:
+                frontier = _covering([c for d in frontier for c in d.children], need)
         return frontier
 
     def _assign(self, dom: Domain, count: int, req: Mapping[str, int], primary: str, out: list[str]) -> None:
-        if dom.is_host:
-            out.extend([dom.name] * count)
-            return
-        children = dom.children
-        # only a child whose free room covers the pods can hold them all (its slots are counted
-        # only then); the others' slots are needed only to spread over them
-        roomy = _covering(children, [(k, v * count) for k, v in req.items() if v > 0])
-        fitting = [c for c in roomy if self.slots(c, req, count) >= count]
-        if fitting:
-            self._assign(_tightest(fitting, primary), count, req, primary, out)
-            return
-        slots = {id(c): self.slots(c, req, count) for c in children}
-        self._spread(children, slots, count, req, primary, out)
+        """Put `count` pods into `dom`: down its levels into the tightest child that holds them all,
+        or spread over its children where none does."""
+        need = [(k, v * count) for k, v in req.items() if v > 0]
+        while not dom.is_host:
+            children = dom.children
+            # only a child whose free room covers the pods can hold them all (its slots are counted
+            # only then); the others' slots are needed only to spread over them
+            fitting = [c for c in _covering(children, need) if self.slots(c, req, count) >= count]
+            if not fitting:
+                slots = {id(c): self.slots(c, req, count) for c in children}
+                self._spread(children, slots, count, req, primary, out)
+                return
+            dom = _tightest(fitting, primary)
+        out.extend([dom.name] * count)
 
     def _spread(
         self,
