@@ -333,8 +333,8 @@ class SchedulerIndex:
                 continue
             self.quota.set_usage(q)
             # wake on every release and consumption since the last look, not their net
-            released = _moved(state.queue_released.get(name, {}), self.seen_released.setdefault(name, {}))
-            consumed = _moved(state.queue_consumed.get(name, {}), self.seen_consumed.setdefault(name, {}))
+            released = _moved(state.queue_released.get(name), self.seen_released, name)
+            consumed = _moved(state.queue_consumed.get(name), self.seen_consumed, name)
             if not released and not consumed:
                 continue
             root = self.roots.get(name, name)
@@ -398,9 +398,14 @@ class SchedulerIndex:
                 self.down_nodes.add(name)
 
 
-def _moved(totals: dict[str, int], seen: dict[str, int]) -> dict[str, int]:
-    """What grew in `totals` since `seen` (which is brought up to date)."""
+def _moved(totals: dict[str, int] | None, seen_by_queue: dict[str, dict[str, int]], queue: str) -> dict[str, int]:
+    """What grew in a queue's `totals` since it was last seen (brought up to date in `seen_by_queue`)."""
     out: dict[str, int] = {}
+    if not totals:
+        return out
+    seen = seen_by_queue.get(queue)
+    if seen is None:
+        seen = seen_by_queue[queue] = {}
     for r, total in totals.items():
         d = total - seen.get(r, 0)
         if d:

@@ -56,7 +56,7 @@ PARKING = True
 """Switch for the memo; off, every pending job is tried every cycle (tests prove both agree)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Wake:
     """When a parked job must be tried again (see the module docstring)."""
 
