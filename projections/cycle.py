@@ -89,6 +89,8 @@ class Cycle:
         self.pushes = itertools.count()
         self.consumed: dict[tuple[str, str], int] = {}
         """Usage taken in this cycle, per (tree, resource)."""
+        self.tried_class: tuple[object, ...] | None = None
+        """The class of the job `trying.try_job` tried last (None: its verdict is its own)."""
         self.failed_classes: dict[tuple[object, ...], Verdict] = {}
         """Verdicts of jobs that failed on the current view, by job class (cleared on any change)."""
         self.doomed: dict[Group, Verdict] = {}
@@ -110,8 +112,9 @@ class Cycle:
         """Jobs admitted or reserved (tentatively) in this cycle, with their placement."""
         self.reserved = False
         """Whether room was held for a preemptor (a change no decision event will fold)."""
-        self.parked_on_reserved: list[Block] = []
-        """Jobs parked on a view that holds room for a preemptor: judged again next cycle."""
+        self.set_aside: list[tuple[Group, list[Member]]] = []
+        """Jobs judged on a narrow view (`verdicts`): not parked, only left out of this cycle and
+        tried again at the next, whatever happens (a park would be woken at `finish` anyway)."""
         self.taken: list[JobState] = []
         """Jobs admitted or reserved for: no longer to try in this cycle, and to try again if the
         decisions are not folded (they are jobs to try again at `finish`)."""
@@ -170,6 +173,9 @@ class Cycle:
                 placement[f"{name}-{i}"] = node
             # one take per node, not per pod (a gang of 64 pods takes 8 nodes)
             req = ps.requests
+            if len(nodes) == 1:
+                self.topo.take(nodes[0], req)
+                continue
             for node, n in Counter(nodes).items():
                 self.topo.take(node, {k: v * n for k, v in req.items()} if n > 1 else req)
         return placement, ""
@@ -270,15 +276,13 @@ class Cycle:
         """Undo every tentative change, and hand the cycle's parks to the memo as a proposal.
 
         The parks stand once the cycle's decisions are folded as decided (see
-        `parking`). Jobs parked while room was held for a preemptor are tried
-        again whatever happens.
+        `parking`). Jobs set aside on a narrow view are tried again whatever happens.
         """
         # the topology's and quota's changes are undone at the next sync, but where the fold
         # changes the node or queue (`TopologyIndex.settle`, `QuotaTree.settle`)
         self.topo.defer()
-        for block in self.parked_on_reserved:
-            block.reason = None  # woken before its verdicts are folded
-            self.idx.parking.wake(block)
+        for group, members in self.set_aside:
+            self.idx.reactivate(group, members)  # their verdicts are not folded yet: no reason known
         for job in self.taken:
             self.idx.activate(self.state, job)
         decisions = sum(1 for ev in self.events if getattr(ev, "cycle", 0) == self.number)
@@ -308,16 +312,17 @@ def lowest_key(cycle: Cycle, job: JobState) -> OrderKey:
     quota = idx.quota
     # a job to try has its class, which holds its shape and priority (one look-up, not two)
     group = idx.group_of.get(job.id)
-    shape, priority = (group[0], group[1]) if group is not None else (idx.shape(job), idx.priority(job))
-    known = cycle.quota_keys.get(shape)
-    if known is not None and known.version == quota.version:
-        borrows, share = known.over_nominal, known.share
+    if group is not None:
+        shape, priority = group[0], group[1]
     else:
+        shape, priority = idx.shape(job), idx.priority(job)
+    known = cycle.quota_keys.get(shape)
+    if known is None or known.version != quota.version:
         requests = order_requests(cycle.state, job)
         borrows = 0 if quota.within_nominal(job.queue, requests) else 1
         share = quota.share(job.queue, requests) if cycle.state.fair_sharing else 0
-        cycle.quota_keys[shape] = QuotaPosition(quota.version, borrows, share)
-    return order_key(priority, job.seq, borrows, share)
+        known = cycle.quota_keys[shape] = QuotaPosition(quota.version, borrows, share)
+    return order_key(priority, job.seq, known.over_nominal, known.share)
 
 
 def neg_seq(m: Member) -> int:

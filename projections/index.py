@@ -12,7 +12,7 @@ import bisect
 from typing import NamedTuple, cast
 
 from muster.projections import parking
-from muster.projections.eviction import reach
+from muster.projections.eviction import evicts_no_one, reach
 from muster.projections.flavors import MARKER, UNTAINTED
 from muster.projections.parking import Block, Member, Parking
 from muster.projections.quota import QuotaTree
@@ -94,6 +94,7 @@ class SchedulerIndex:
         self._prio: dict[str, int] = {}
         self._shape: dict[str, Shape] = {}
         self._equal_in_queue: dict[str, bool] = {}
+        self._evicts_no_one: dict[tuple[str, int], bool] = {}
         self.strict_fifo = frozenset(name for name, q in state.queues.items() if q.queueing_strategy == STRICT_FIFO)
         """The queues whose head blocks the rest (`queueing`); the index is rebuilt when a queue changes."""
         self.reserving: frozenset[str] | None = None
@@ -195,6 +196,17 @@ class SchedulerIndex:
             known = self._equal_in_queue[queue] = reach(self.state.queues[queue].preemption, None).equal_in_queue
         return known
 
+    def evicts_no_one(self, queue: str, priority: int) -> bool:
+        """`eviction.evicts_no_one` for a job of `queue` at `priority` (policies and classes change only
+        with the index's structure)."""
+        key = (queue, priority)
+        known = self._evicts_no_one.get(key)
+        if known is None:
+            state = self.state
+            known = evicts_no_one(state.queues[queue].preemption, priority, state.lowest_priority())
+            self._evicts_no_one[key] = known
+        return known
+
     def group(self, job: JobState) -> Group:
         """The job's class (see `Group`)."""
         own = job.id if job.nominated or job.evicted_by is not None else ""
@@ -244,6 +256,11 @@ class SchedulerIndex:
         if self.group_reason.get(group) != reason:
             self.group_reason[group] = None
 
+    def reactivate(self, group: Group, members: list[Member]) -> None:
+        """Make jobs of `group` set aside in a cycle (sorted, the list becomes the group's own) ones to try
+        again, with no reason known for them all (their verdicts are not folded)."""
+        self._add(group, members, None)
+
     def is_active(self, job_id: str) -> bool:
         """Whether a job is one to try (validated, pending, not parked)."""
         job = self.state.jobs.get(job_id)
@@ -266,10 +283,14 @@ class SchedulerIndex:
         if not members:
             return False
         target = Member(-job.seq, job.id)
-        i = bisect.bisect_left(members, target)
-        if i == len(members) or members[i] != target:
-            return False
-        del members[i]
+        if members[-1] == target:
+            # the usual case: the group's first job in queue order, just tried
+            members.pop()
+        else:
+            i = bisect.bisect_left(members, target)
+            if i == len(members) or members[i] != target:
+                return False
+            del members[i]
         if not members:
             del self.groups[group]
             self.group_reason.pop(group, None)
@@ -303,18 +324,64 @@ class SchedulerIndex:
         self.quota.settle(state.dirty_queues)
         freed_on: dict[str, int] = {}
         freed_in: dict[tuple[str, ...], int] = {}
+        if state.dirty_nodes:
+            self._sync_nodes(state, freed_on, freed_in)
+        state.dirty_nodes.clear()
+        for name in sorted(state.dirty_queues) if state.dirty_queues else ():
+            q = state.queues.get(name)
+            if q is None:
+                continue
+            self.quota.set_usage(q)
+            # wake on every release and consumption since the last look, not their net
+            released = _moved(state.queue_released.get(name), self.seen_released, name)
+            consumed = _moved(state.queue_consumed.get(name), self.seen_consumed, name)
+            if not released and not consumed:
+                continue
+            root = self.roots.get(name, name)
+            memo.usage_moved(name, root, released, consumed)
+            # a new borrower brings new victims; fair shares move with any usage
+            starts = state.borrow_starts.get(name, 0)
+            if starts != self.seen_borrow_starts.get(name, 0) or state.fair_sharing:
+                self.seen_borrow_starts[name] = starts
+                memo.wake_tree(root, new_victims=not state.fair_sharing)
+        state.dirty_queues.clear()
+        if state.dirty_jobs:
+            for job_id in sorted(state.dirty_jobs):
+                dirty = state.jobs.get(job_id)
+                if dirty is None:
+                    continue
+                self._untrack(dirty)
+                if dirty.status not in TERMINAL:
+                    self._track(state, dirty)
+            state.dirty_jobs.clear()
+        if state.gpus_freed != memo.freed_seen:
+            memo.gpus_freed(state.gpus_freed)
+        if freed_on:
+            for flavor in sorted(freed_on):
+                memo.flavor_gpus_freed(flavor, freed_on[flavor])
+        if freed_in:
+            for path in sorted(freed_in):
+                memo.domain_gpus_freed(path, freed_in[path])
+
+    def _sync_nodes(self, state: ClusterState, freed_on: dict[str, int], freed_in: dict[tuple[str, ...], int]) -> None:
+        """Set the changed nodes' hosts from the state; add up the GPUs freed on them per flavor and domain."""
+        topo = self.topology
+        node_freed, seen_freed = state.node_gpus_freed, self.seen_node_freed
+        hosts, markers = topo.hosts, topo.markers
         for name in sorted(state.dirty_nodes):
-            freed = state.node_gpus_freed.get(name, 0) - self.seen_node_freed.get(name, 0)
+            total = node_freed.get(name, 0)
+            freed = total - seen_freed.get(name, 0)
             if freed:
-                self.seen_node_freed[name] = state.node_gpus_freed.get(name, 0)
-                host = topo.hosts.get(name)
+                seen_freed[name] = total
+                host = hosts.get(name)
                 if host is not None:
                     for path in topo.freed_in_domains(host):
                         freed_in[path] = freed_in.get(path, 0) + freed
-                for marker in topo.markers.get(name, {}):
-                    if marker != UNTAINTED:
-                        flavor = marker.removeprefix(MARKER)
-                        freed_on[flavor] = freed_on.get(flavor, 0) + freed
+                if markers:
+                    for marker in markers.get(name, {}):
+                        if marker != UNTAINTED:
+                            flavor = marker.removeprefix(MARKER)
+                            freed_on[flavor] = freed_on.get(flavor, 0) + freed
             node = state.nodes.get(name)
             if node is None:
                 # a removed node: its jobs are orphans until evicted
@@ -329,44 +396,16 @@ class SchedulerIndex:
                 self.down_nodes.discard(name)
             else:
                 self.down_nodes.add(name)
-        state.dirty_nodes.clear()
-        for name in sorted(state.dirty_queues):
-            q = state.queues.get(name)
-            if q is None:
-                continue
-            self.quota.set_usage(q)
-            # wake on every release and consumption since the last look, not their net
-            released = _moved(state.queue_released.get(name, {}), self.seen_released.setdefault(name, {}))
-            consumed = _moved(state.queue_consumed.get(name, {}), self.seen_consumed.setdefault(name, {}))
-            if not released and not consumed:
-                continue
-            root = self.roots.get(name, name)
-            memo.usage_moved(name, root, released, consumed)
-            # a new borrower brings new victims; fair shares move with any usage
-            starts = state.borrow_starts.get(name, 0)
-            if starts != self.seen_borrow_starts.get(name, 0) or state.fair_sharing:
-                self.seen_borrow_starts[name] = starts
-                memo.wake_tree(root, new_victims=not state.fair_sharing)
-        state.dirty_queues.clear()
-        for job_id in sorted(state.dirty_jobs):
-            dirty = state.jobs.get(job_id)
-            if dirty is None:
-                continue
-            self._untrack(dirty)
-            if dirty.status not in TERMINAL:
-                self._track(state, dirty)
-        state.dirty_jobs.clear()
-        if state.gpus_freed != memo.freed_seen:
-            memo.gpus_freed(state.gpus_freed)
-        for flavor in sorted(freed_on):
-            memo.flavor_gpus_freed(flavor, freed_on[flavor])
-        for path in sorted(freed_in):
-            memo.domain_gpus_freed(path, freed_in[path])
 
 
-def _moved(totals: dict[str, int], seen: dict[str, int]) -> dict[str, int]:
-    """What grew in `totals` since `seen` (which is brought up to date)."""
+def _moved(totals: dict[str, int] | None, seen_by_queue: dict[str, dict[str, int]], queue: str) -> dict[str, int]:
+    """What grew in a queue's `totals` since it was last seen (brought up to date in `seen_by_queue`)."""
     out: dict[str, int] = {}
+    if not totals:
+        return out
+    seen = seen_by_queue.get(queue)
+    if seen is None:
+        seen = seen_by_queue[queue] = {}
     for r, total in totals.items():
         d = total - seen.get(r, 0)
         if d:
@@ -395,6 +434,8 @@ def take_new_jobs(state: ClusterState, idx: SchedulerIndex) -> list[tuple[JobSta
     `decide` again on the same state rejects them again.
     """
     rejected: list[tuple[JobState, str]] = []
+    if not idx.new_jobs:
+        return rejected
     valid: list[JobState] = []
     for job_id in sorted(idx.new_jobs, key=lambda j: state.jobs[j].seq):
         job = state.jobs[job_id]

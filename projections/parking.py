@@ -56,7 +56,7 @@ PARKING = True
 """Switch for the memo; off, every pending job is tried every cycle (tests prove both agree)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Wake:
     """When a parked job must be tried again (see the module docstring)."""
 
@@ -232,8 +232,10 @@ class Parking:
         self.blocks.setdefault(group, {})[stamp] = block
         self.by_root.setdefault(root, {})[stamp] = block
         freed = None if wake.freed_short is None else self.freed_seen + max(1, wake.freed_short - gpu_free)
-        totals = self.flavor_freed_total
-        levels = {f: totals.get(f, 0) + max(1, n) for f, n in wake.freed_on.items()}
+        levels: dict[str, int] = {}
+        if wake.freed_on:
+            totals = self.flavor_freed_total
+            levels = {f: totals.get(f, 0) + max(1, n) for f, n in wake.freed_on.items()}
         domain_levels: dict[tuple[str, ...], int] = {}
         room = wake.room
         if room is not None:

@@ -40,7 +40,7 @@ from muster.projections.index import index_of, order_key, take_new_jobs
 from muster.projections.preemption import Victim
 from muster.projections.reservations import decide_reservations
 from muster.projections.state import ClusterState, JobState
-from muster.projections.trying import job_class, try_job
+from muster.projections.trying import try_job
 from muster.projections.verdicts import park_doomed
 
 
@@ -76,6 +76,8 @@ def decide(state: ClusterState, now: int) -> list[Event]:
 
 def _evict_lost_nodes(cycle: Cycle) -> bool:
     state, idx = cycle.state, cycle.idx
+    if not idx.orphans and not idx.down_nodes:
+        return False
     doomed: set[str] = set(idx.orphans)
     for name in sorted(idx.down_nodes):
         node = state.nodes.get(name)
@@ -91,10 +93,11 @@ def _evict_lost_nodes(cycle: Cycle) -> bool:
 def _admit(cycle: Cycle) -> None:
     state, idx = cycle.state, cycle.idx
     # preemptors whose victims were evicted go first, so the room they made is theirs
-    nominated = sorted((state.jobs[j] for j in idx.nominated if idx.is_active(j)), key=lambda j: j.seq)
-    for job in nominated:
-        if try_job(cycle, job) == "preempting":
-            return
+    if idx.nominated:
+        nominated = sorted((state.jobs[j] for j in idx.nominated if idx.is_active(j)), key=lambda j: j.seq)
+        for job in nominated:
+            if try_job(cycle, job) == "preempting":
+                return
     # One order over every job to try: its key is judged when the job comes up
     # (keys only grow within a cycle, so a stale key is a lower bound and the
     # lazy heap still yields the job with the smallest current key). Parked jobs
@@ -106,6 +109,8 @@ def _admit(cycle: Cycle) -> None:
     # end, unless an admission changes the view first (`park_doomed`, `take`).
     jobs = state.jobs
     groups = idx.groups
+    if not groups:
+        return  # nothing to try, and nothing doomed yet
     heap = [HeapEntry(lowest_key(cycle, jobs[m[-1].job]), next(cycle.pushes), g) for g, m in groups.items()]
     heapq.heapify(heap)
     cycle.heap = heap
@@ -131,7 +136,7 @@ def _admit(cycle: Cycle) -> None:
         members = groups.get(group)
         if not members:
             continue
-        cls = job_class(cycle, job) if outcome == "parked" else None
+        cls = cycle.tried_class if outcome == "parked" else None
         verdict = cycle.failed_classes.get(cls) if cls is not None else None
         if verdict is not None:
             cycle.doomed[group] = verdict

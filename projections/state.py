@@ -292,9 +292,13 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
         return pc is None or pc.preemptible
 
     def lowest_priority(self) -> int:
-        if not self.priority_classes:
-            return 0
-        return min(pc.value for pc in self.priority_classes.values())
+        """The lowest class's value (0 without classes); kept per `structure`, which every class change bumps."""
+        known: tuple[int, int] | None = self.__dict__.get("_lowest_priority")
+        if known is not None and known[0] == self.structure:
+            return known[1]
+        value = min((pc.value for pc in self.priority_classes.values()), default=0)
+        self.__dict__["_lowest_priority"] = (self.structure, value)
+        return value
 
     def cohort_root(self, queue: str) -> str:
         """The root of a queue's cohort tree (`queue:NAME` for a queue without a cohort)."""

@@ -1,18 +1,12 @@
-"""Topology-aware gang placement over a derived index of nodes in network domains.
+"""The index of free room over the cluster's nodes in network domains (placement walks it: `placement`).
 
 The index is a tree: root -> one domain per value of each topology level
 (outermost first, e.g. block then rack) -> hosts. Every domain keeps the free
 capacity of its schedulable hosts and a histogram of their free GPUs, so the
-number of pods of a GPU-only request a domain can hold is computed without
-visiting its hosts.
-
-Placement rules (spec/scenario.md, Topology):
-- `required: L` keeps a podset inside one domain of level L; `preferred: L`
-  uses one such domain when one fits, else the fewest. No topology means
-  preferred at the outermost level.
-- Below that level, at each lower level in turn, use the fewest domains.
-- Among domains that fit take the tightest (least free capacity of the primary
-  resource: GPUs if requested), ties to the tightest enclosing domain, then name.
+number of pods of a GPU-only request a domain can hold (`slots`) is computed
+without visiting its hosts. It also answers what running jobs would leave
+free were they evicted (`could_hold`, `room_short`), for the victim search
+and the wake rule.
 
 The index is mutated only inside a `Transaction`, whose undo log puts every
 change back. A cycle's own log is put back lazily (`Transaction.defer`): at
@@ -26,13 +20,13 @@ capacity - reserved - used of its node in the cluster state.
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
+from muster.projections import placement
 from muster.projections.cluster import node_pods
-from muster.projections.flavors import MARKER, node_markers, plain
-from muster.projections.resources import fmt, undoing
+from muster.projections.flavors import MARKER, node_markers
+from muster.projections.resources import undoing
 from muster.projections.state import ClusterState, JobState, NodeState
 
 HOST = "host"
@@ -276,7 +270,7 @@ class TopologyIndex:
         if upper <= 0:
             return 0
         gpu = req.get("gpu", 0)
-        if gpu > 0 and all(v <= 0 for k, v in req.items() if k != "gpu"):
+        if gpu > 0 and (len(req) == 1 or all(v <= 0 for k, v in req.items() if k != "gpu")):
             total = 0
             hist = dom.hist
             for g in range(gpu, self.max_bucket + 1):
@@ -295,15 +289,6 @@ class TopologyIndex:
             if total >= upper:
                 return upper
         return total
-
-    def _tight_key(self, dom: Domain, primary: str) -> tuple[object, ...]:
-        """Least free capacity first, then the tightest enclosing domains, then the name path."""
-        frees: list[int] = []
-        d: Domain | None = dom
-        while d is not None and d.parent is not None:
-            frees.append(d.host_free.get(primary, 0) if d.is_host else d.free.get(primary, 0))
-            d = d.parent
-        return (*frees, dom.path)
 
     def could_hold(self, count: int, req: Mapping[str, int], level: str | None, freed: Iterable[JobState]) -> bool:
         """Whether some domain of `level` (None: the cluster) has the free capacity for `count` pods of `req`
@@ -398,126 +383,17 @@ class TopologyIndex:
         self._rooms[key] = _Room(job.placement, by_domain)
         return by_domain
 
-    # ------------------------------------------------------------ placement
+    # ------------------------------------------------------------ placement (`placement`)
 
     def place(
         self, count: int, req: Mapping[str, int], required: str | None, preferred: str | None
     ) -> tuple[list[str] | None, str]:
-        """Nodes for `count` pods of `req` (one node name per pod), or None and why not.
-
-        Read-only: the caller takes the capacity (inside a transaction).
-        """
-        plan = self._plan(count, req, required, preferred)
-        if isinstance(plan, str):
-            return None, plan
-        out: list[str] = []
-        if plan.one is not None:
-            self._assign(plan.one, count, req, plan.primary, out)
-        elif plan.spread is not None:
-            self._spread(plan.spread, plan.slots, count, req, plan.primary, out)
-        elif plan.hosts is not None:
-            out = [plan.hosts[i % len(plan.hosts)].name for i in range(count)]
-        return out, ""
+        """Nodes for `count` pods of `req` (one node name per pod), or None and why not (`placement.place`)."""
+        return placement.place(self, count, req, required, preferred)
 
     def can_place(self, count: int, req: Mapping[str, int], required: str | None, preferred: str | None) -> bool:
         """Whether `place` would find nodes (the same rule, without choosing them)."""
-        return not isinstance(self._plan(count, req, required, preferred), str)
-
-    def _plan(self, count: int, req: Mapping[str, int], required: str | None, preferred: str | None) -> _Plan | str:
-        """Where `place` puts the pods (one domain, a spread over domains, any hosts), or why not."""
-        asked = sorted(k for k, v in req.items() if v > 0)
-        primary = "gpu" if req.get("gpu", 0) > 0 or not asked else asked[0]
-        if count <= 0:
-            return _Plan(primary)
-        if not any(v > 0 for v in req.values()):
-            # requests nothing: any schedulable host will do
-            hosts = [h for h in self.by_level[-1] if h.schedulable]
-            if not hosts:
-                return "no schedulable node"
-            return _Plan(primary, hosts=hosts)
-        level = required or preferred
-        if level is not None:
-            depth = self.level_depth(level)
-            if depth is None:
-                return f"topology level {level!r} does not exist"
-        else:
-            depth = 1
-        domains = self.by_level[depth - 1]
-        # a domain's summed free capacity bounds what it can hold: skip the hopeless
-        roomy = self._roomy(depth, [(k, v * count) for k, v in req.items() if v > 0])
-        slots = {id(d): self.slots(d, req, count) for d in roomy}
-        fitting = [d for d in roomy if slots[id(d)] >= count]
-        if fitting:
-            return _Plan(primary, one=min(fitting, key=lambda d: self._tight_key(d, primary)))
-        what = f"{count} pod{'s' if count != 1 else ''} of {fmt(plain(req) if self.markers else req)}"
-        if required is not None:
-            return f"no {required} has room for {what}"
-        slots = {id(d): self.slots(d, req, count) for d in domains}
-        if sum(slots.values()) < count:
-            return f"{what} do not fit on the schedulable nodes"
-        return _Plan(primary, spread=domains, slots=slots)
-
-    def _roomy(self, depth: int, need: list[tuple[str, int]]) -> list[Domain]:
-        """The domains at `depth` whose free capacity covers `need`, in path order (as `by_level`).
-
-        A domain's free capacity is the sum of its parts', so one short of `need` rules out every
-        domain inside it: the walk down visits only the insides of roomy domains (on a full
-        cluster, a few of its racks rather than all of them).
-        """
-        frontier = _covering([self.root], need)
-        for _ in range(depth):
-            frontier = _covering((c for d in frontier for c in d.children), need)
-        return frontier
-
-    def _assign(self, dom: Domain, count: int, req: Mapping[str, int], primary: str, out: list[str]) -> None:
-        if dom.is_host:
-            out.extend([dom.name] * count)
-            return
-        children = dom.children
-        # only a child whose free room covers the pods can hold them all (its slots are counted
-        # only then); the others' slots are needed only to spread over them
-        roomy = _covering(children, [(k, v * count) for k, v in req.items() if v > 0])
-        fitting = [c for c in roomy if self.slots(c, req, count) >= count]
-        if fitting:
-            best = min(fitting, key=lambda c: self._tight_key(c, primary))
-            self._assign(best, count, req, primary, out)
-            return
-        slots = {id(c): self.slots(c, req, count) for c in children}
-        self._spread(children, slots, count, req, primary, out)
-
-    def _spread(
-        self,
-        domains: Iterable[Domain],
-        slots: dict[int, int],
-        count: int,
-        req: Mapping[str, int],
-        primary: str,
-        out: list[str],
-    ) -> None:
-        """Fewest domains: take the roomiest until the rest fits in one, then the tightest that holds it."""
-        # nothing changes while a plan is made: each domain's key is computed once
-        tight = {id(d): self._tight_key(d, primary) for d in domains if slots[id(d)] > 0}
-        rest = sorted((d for d in domains if id(d) in tight), key=lambda d: (-slots[id(d)], tight[id(d)]))
-        remaining = count
-        i = 0
-        while remaining > 0 and i < len(rest):
-            # by room, the most first: the domains that hold the rest are the first ones
-            best: Domain | None = None
-            for d in itertools.islice(rest, i, None):
-                if slots[id(d)] < remaining:
-                    break
-                if best is None or tight[id(d)] < tight[id(best)]:
-                    best = d
-            if best is not None:
-                self._assign(best, remaining, req, primary, out)
-                return
-            d = rest[i]
-            n = slots[id(d)]
-            self._assign(d, n, req, primary, out)
-            remaining -= n
-            i += 1
-        if remaining > 0:  # pragma: no cover - callers check total slots first
-            raise AssertionError("spread ran out of room")
+        return placement.can_place(self, count, req, required, preferred)
 
 
 class DomainLack(NamedTuple):
@@ -551,16 +427,6 @@ class _Room(NamedTuple):
     by_domain: dict[int, dict[str, int]]
 
 
-class _Plan(NamedTuple):
-    """Where a podset goes: into one domain, spread over domains, or round-robin over any hosts."""
-
-    primary: str
-    one: Domain | None = None
-    spread: list[Domain] | None = None
-    slots: dict[int, int] = {}
-    hosts: list[Domain] | None = None
-
-
 class Transaction:
     """Tentative changes to the topology index, undone by `rollback`."""
 
@@ -590,12 +456,3 @@ class Transaction:
         while len(self.log) > to:
             host, d, sign = self.log.pop()
             self.index.adjust(host, d, -sign)
-
-
-def _covering(domains: Iterable[Domain], need: list[tuple[str, int]]) -> list[Domain]:
-    """The domains whose free capacity covers `need`, in the order given (one resource, the usual case,
-    without the generator)."""
-    if len(need) == 1:
-        (k0, n0), *_ = need
-        return [d for d in domains if d.free.get(k0, 0) >= n0]
-    return [d for d in domains if all(d.free.get(k, 0) >= n for k, n in need)]

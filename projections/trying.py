@@ -55,7 +55,7 @@ def try_job(cycle: Cycle, job: JobState) -> Outcome:
     """Admit, preempt for, or park one job. Returns what happened."""
     if cycle.heads.blocker(job, cycle.placed) is not None:
         return "held"
-    cls = job_class(cycle, job)
+    cls = cycle.tried_class = job_class(cycle, job)
     if cls is not None:
         known = cycle.failed_classes.get(cls)
         if known is not None:

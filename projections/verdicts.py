@@ -13,10 +13,10 @@ import bisect
 
 from muster.events.types import JobId, JobInadmissible
 from muster.projections.cycle import Cycle, EvictNewAnswer, lowest_key, neg_seq
-from muster.projections.eviction import Preemptor, chain_may_shrink, evicts_from_others, evicts_no_one, may_evict
+from muster.projections.eviction import Preemptor, chain_may_shrink, evicts_from_others, may_evict
 from muster.projections.flavors import on_any_flavor, placement_request
 from muster.projections.index import OrderKey
-from muster.projections.parking import ROOM_DOMAINS, RoomWait, Wake
+from muster.projections.parking import ROOM_DOMAINS, Member, RoomWait, Wake
 from muster.projections.preemption import Result, overlaps
 from muster.projections.state import JobState
 from muster.projections.topology import RoomShort
@@ -29,10 +29,13 @@ def park(cycle: Cycle, job: JobState, reason: str, wake: Wake) -> None:
         cycle.events.append(
             JobInadmissible(at=cycle.now, job=JobId(job.id), reason=reason, cycle=cycle.number, epoch=cycle.epoch)
         )
-    block = idx.park(job, wake, reason, cycle.number)
     # or sparing jobs it may evict once the waiting job between them runs again
     if _judged_on_a_narrow_view(cycle, job) or chain_may_shrink(cycle.state.jobs, job):
-        cycle.parked_on_reserved.append(block)
+        # tried again next cycle whatever happens: a park would only be woken at the cycle's end
+        idx.deactivate(job)
+        cycle.set_aside.append((idx.group_of[job.id], [Member(-job.seq, job.id)]))
+        return
+    idx.park(job, wake, reason, cycle.number)
 
 
 def _judged_on_a_narrow_view(cycle: Cycle, job: JobState) -> bool:
@@ -89,9 +92,10 @@ def park_doomed(cycle: Cycle, bound: OrderKey | None) -> None:
                 if uniform is not None or jobs[m.job].reason != reason:
                     wait = JobInadmissible(at=now, job=JobId(m.job), reason=reason, cycle=number, epoch=epoch)
                     waits.append(((key[0], key[1], key[2], -m.neg_seq), wait))
-        block = idx.park_members(group, run, first, verdict.wake, reason, number)
         if _judged_on_a_narrow_view(cycle, first):
-            cycle.parked_on_reserved.append(block)
+            cycle.set_aside.append((group, run))
+        else:
+            idx.park_members(group, run, first, verdict.wake, reason, number)
     waits.sort(key=lambda w: w[0])
     cycle.events.extend(w for _, w in waits)
 
@@ -166,7 +170,7 @@ def wake_rule(
     """What must happen before this verdict (and its words) can change; see `index`."""
     state = cycle.state
     queue = state.queues[job.queue]
-    wake = Wake(new_victims=not evicts_no_one(queue.preemption, state.priority_of(job), state.lowest_priority()))
+    wake = Wake(new_victims=not cycle.idx.evicts_no_one(job.queue, state.priority_of(job)))
     if job.chained_eviction(cycle.now) or result.order_matters:
         wake.at_time = cycle.now + 1
     headroom = cycle.idx.quota.headroom(job.queue, job.requests, allow_borrow)
