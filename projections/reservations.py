@@ -72,7 +72,7 @@ from muster.events.types import (
     ReservationReleased,
 )
 from muster.projections.cluster import node_pods
-from muster.projections.index import SchedulerIndex, order_key
+from muster.projections.index import OrderKey, SchedulerIndex, order_key
 from muster.projections.planning import Plan, Running, plan_for
 from muster.projections.state import ClusterState, JobState, NodeState, Reservation, reservation_of
 from muster.projections.topology import Transaction
@@ -515,12 +515,12 @@ def _heads(
     state: ClusterState, idx: SchedulerIndex, queues: frozenset[str], placed: Mapping[str, object]
 ) -> dict[str, JobState]:
     """Each queue's first pending job in queue order (priority, then submission), less those just admitted."""
-    best: dict[str, tuple[tuple[int, int, int, int], JobState]] = {}
+    best: dict[str, tuple[OrderKey, JobState]] = {}
     for job_id in idx.group_of:  # the validated pending jobs, to try or parked
         job = state.jobs.get(job_id)
         if job is None or job.queue not in queues or job_id in placed or job.status != "pending":
             continue
-        key = order_key(idx.priority(job), job.seq)
+        key = order_key(idx.priority(job), job.seq, limit=idx.limit(job))
         known = best.get(job.queue)
         if known is None or key < known[0]:
             best[job.queue] = (key, job)
