@@ -15,6 +15,7 @@ from muster.projections import parking
 from muster.projections.eviction import reach
 from muster.projections.flavors import MARKER, UNTAINTED
 from muster.projections.parking import Block, Member, Parking
+from muster.projections.planning import Replanned
 from muster.projections.quota import QuotaTree
 from muster.projections.state import TERMINAL, ClusterState, JobState
 from muster.projections.topology import TopologyIndex
@@ -130,6 +131,8 @@ class SchedulerIndex:
         """The queues ordered by declared limit (`limit_rank`)."""
         self.reserving: frozenset[str] | None = None
         """The queues that make reservations (`reservations.reserving_queues`), found on first use."""
+        self.replanned: dict[str, Replanned] = {}
+        """Holder -> its reservation when last planned again (`reservations._plan_stands`)."""
         self.group_of: dict[str, Group] = {}
         """The validated pending jobs (to try or parked), with their group."""
         self.groups: dict[Group, list[Member]] = {}

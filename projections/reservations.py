@@ -53,12 +53,16 @@ holder that leaves, counts the room it held as GPUs freed in the fold
 as they do when a job ends, and the parking memo stays exact; a new
 reservation wakes nothing, since held room only shrinks what the others see
 (their parked verdicts stand, and their wakes come early, never late).
-Within a cycle the held room only shrinks, as admissions shrink it.
+Within a cycle the held room only shrinks, as admissions shrink it. The same
+count tells when a held reservation need not be planned again: a plan starts
+sooner only when room came back (`_plan_stands`, remembered on the index and
+off with the parking memo, so replay, audit and a new leader, whose index is
+fresh and plans every holder once, decide the same bytes).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from typing import NamedTuple
 
@@ -71,9 +75,10 @@ from muster.events.types import (
     ReservationMade,
     ReservationReleased,
 )
+from muster.projections import parking
 from muster.projections.cluster import node_pods
 from muster.projections.index import OrderKey, SchedulerIndex, order_key
-from muster.projections.planning import Plan, Running, plan_for
+from muster.projections.planning import Plan, Replanned, Running, plan_for
 from muster.projections.state import ClusterState, JobState, NodeState, Reservation, reservation_of
 from muster.projections.topology import Transaction
 
@@ -314,7 +319,7 @@ def decide_reservations(
     due = _due_jobs(state, idx, queues, holders, placed, now)
     if not kept and not due:
         return events
-    running = _running(state, idx, now, placed)
+    running = Lazy(lambda: _running(state, idx, now, placed))
     current = {res.job: res for res in kept}
     """The reservations as this cycle leaves them: a plan queues behind every one but those behind it."""
     slots = len(queues)
@@ -322,10 +327,15 @@ def decide_reservations(
     for i, res in enumerate(kept):
         job = state.jobs[res.job]
         gone = res.job in displaced or not all(_usable(state, n) for n in res.nodes)
+        if not gone and not events and _plan_stands(state, idx, res):
+            if not _nominal(res):
+                slots -= 1
+            continue
         # an older holder may take the place of a younger one, but not a nominal-quota gang's (the
         # guarantee), nor one a nominal-quota gang is stacked behind (its start would move with it)
         younger = {r.job for r in kept[i + 1 :] if _passable(current, r, displaced)}
-        plan = _plan(state, job, current, running, fence, idx, younger)
+        plan = _plan(state, job, current, running(), fence, idx, younger)
+        _planned(state, idx, job, res, plan)
         if gone or (plan is not None and _sooner(state, plan, res, now)):
             # its hosts left, or room comes back sooner elsewhere: the same holder is reserved for there
             events.append(ReservationReleased(at=now, job=JobId(res.job), reason="replaced", cycle=cycle, epoch=epoch))
@@ -343,7 +353,7 @@ def decide_reservations(
     for job, reason in due:
         if slots <= 0 and not reason.nominal:
             break
-        plan = _plan(state, job, current, running, fence, idx)
+        plan = _plan(state, job, current, running(), fence, idx)
         if plan is None or not plan.waits_for:
             continue  # nowhere, or it fits now: what holds it back is not room that nodes could hold
         if not reason.nominal:
@@ -352,6 +362,41 @@ def decide_reservations(
         events.append(made)
         current[job.id] = reservation_of(made)
     return events
+
+
+def _plan_stands(state: ClusterState, idx: SchedulerIndex, res: Reservation) -> bool:
+    """Whether planning a held reservation again cannot move it: it was planned, as it is, when the fold had
+    counted as many GPUs freed as now, and no reservation moved or left before it in this cycle (its caller
+    asks only then). Room only comes back sooner when GPUs are freed (a job ends or is evicted, a
+    reservation is released, a node joins: `ClusterState.gpus_freed`); admissions, new reservations and
+    time passing only push a plan later. So the plan would start no sooner than the one that did not move
+    it. Off with the parking memo (`parking.PARKING`), whose equivalence test checks it decides the same
+    bytes."""
+    seen = idx.replanned.get(res.job)
+    return parking.PARKING and seen is not None and seen.freed == state.gpus_freed and seen.res == res
+
+
+def _planned(state: ClusterState, idx: SchedulerIndex, job: JobState, res: Reservation, plan: Plan | None) -> None:
+    """Remember that `res` was planned again now (`_plan_stands`), when its plan is one that less room can only
+    make later: a known start for a gang of one podset (the greedy fit of several podsets, and the count of
+    jobs waited for when the start is unknown, need not grow with less room)."""
+    if plan is not None and plan.expected_start is not None and len(job.podsets) == 1:
+        idx.replanned[res.job] = Replanned(res, state.gpus_freed)
+    else:
+        idx.replanned.pop(res.job, None)
+
+
+class Lazy:
+    """A value computed on first use (a cycle whose plans all stand needs no running jobs' ends)."""
+
+    def __init__(self, make: Callable[[], list[Running]]) -> None:
+        self._make = make
+        self._value: list[Running] | None = None
+
+    def __call__(self) -> list[Running]:
+        if self._value is None:
+            self._value = self._make()
+        return self._value
 
 
 def _plan(
