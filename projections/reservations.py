@@ -320,6 +320,8 @@ def decide_reservations(
     if not kept and not due:
         return events
     running = Lazy(lambda: _running(state, idx, now, placed))
+    # a holder admitted in this cycle runs from now on: those behind it may start sooner than it was planned
+    admitted = any(job_id in placed for job_id in state.reservations)
     current = {res.job: res for res in kept}
     """The reservations as this cycle leaves them: a plan queues behind every one but those behind it."""
     slots = len(queues)
@@ -327,7 +329,7 @@ def decide_reservations(
     for i, res in enumerate(kept):
         job = state.jobs[res.job]
         gone = res.job in displaced or not all(_usable(state, n) for n in res.nodes)
-        if not gone and not events and _plan_stands(state, idx, res):
+        if not gone and not events and not admitted and _plan_stands(state, idx, res):
             if not _nominal(res):
                 slots -= 1
             continue
@@ -366,12 +368,12 @@ def decide_reservations(
 
 def _plan_stands(state: ClusterState, idx: SchedulerIndex, res: Reservation) -> bool:
     """Whether planning a held reservation again cannot move it: it was planned, as it is, when the fold had
-    counted as many GPUs freed as now, and no reservation moved or left before it in this cycle (its caller
-    asks only then). Room only comes back sooner when GPUs are freed (a job ends or is evicted, a
-    reservation is released, a node joins: `ClusterState.gpus_freed`); admissions, new reservations and
-    time passing only push a plan later. So the plan would start no sooner than the one that did not move
-    it. Off with the parking memo (`parking.PARKING`), whose equivalence test checks it decides the same
-    bytes."""
+    counted as many GPUs freed as now, and in this cycle no holder was admitted and no reservation moved or
+    left before it (its caller asks only then). Room only comes back sooner when GPUs are freed (a job ends
+    or is evicted, a reservation is released, a node joins: `ClusterState.gpus_freed`) or a holder starts
+    before its expected start; admissions of other jobs, new reservations and time passing only push a plan
+    later. So the plan would start no sooner than the one that did not move it. Off with the parking memo
+    (`parking.PARKING`), whose equivalence test checks it decides the same bytes."""
     seen = idx.replanned.get(res.job)
     return parking.PARKING and seen is not None and seen.freed == state.gpus_freed and seen.res == res
 
