@@ -312,6 +312,8 @@ def decide_reservations(
             kept.append(res)
     # older holders first: a sooner place goes to the job that has waited longest
     kept.sort(key=lambda r: _wait_key(state.jobs[r.job]))
+    if len(idx.replanned) > len(kept):
+        idx.replanned = {r.job: seen for r in kept if (seen := idx.replanned.get(r.job)) is not None}
     queues = reserving_queues(state, idx)
     if not queues and not kept:
         return events
