@@ -38,7 +38,7 @@ PreemptionReason = Literal[
 WithinQueuePolicy = Literal["Never", "LowerPriority", "LowerOrNewerEqualPriority"]
 ReclaimPolicy = Literal["Never", "LowerPriority", "Any"]
 BorrowPolicy = Literal["Never", "LowerPriority"]
-QueueingStrategy = Literal["best_effort_fifo", "strict_fifo"]
+QueueingStrategy = Literal["best_effort_fifo", "strict_fifo", "shortest_limit_first"]
 
 
 class Topology(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False):
@@ -157,7 +157,8 @@ class QueueConfigured(Event, frozen=True, kw_only=True, tag="QueueConfigured"):
     weight: float = 1.0
     preemption: PreemptionPolicy = PreemptionPolicy()
     queueing_strategy: QueueingStrategy = "best_effort_fifo"
-    """`strict_fifo`: the job at the head of the queue holds back every job behind it (Kueue's StrictFIFO)."""
+    """`strict_fifo`: the job at the head of the queue holds back every job behind it (Kueue's StrictFIFO);
+    `shortest_limit_first`: jobs of equal priority go by declared limit, shortest first, those without one last."""
     resource_groups: list[ResourceGroup] | UnsetType = UNSET
     """Quota per flavor (Kueue's resourceGroups); unset: `nominal` and the limits hold over every node.
     UNSET, not `[]`, so a queue without flavors is stored exactly as before they existed."""

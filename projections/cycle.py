@@ -21,7 +21,7 @@ from muster.events.types import Event, JobId, JobPreempted
 from muster.projections.assignment import Refusal, choose
 from muster.projections.cluster import node_pods
 from muster.projections.flavors import order_requests, placement_request, unassigned
-from muster.projections.index import Group, OrderKey, SchedulerIndex, Shape, order_key
+from muster.projections.index import Group, OrderKey, SchedulerIndex, Shape, ahead_of_seq, order_key
 from muster.projections.parking import Block, Member, Wake
 from muster.projections.preemption import Victim
 from muster.projections.queueing import StrictHeads
@@ -259,12 +259,12 @@ class Cycle:
         keep = 0
         current = self.current
         if current is not None:
-            if before[:3] < current[:3]:
+            if ahead_of_seq(before) < ahead_of_seq(current):
                 return
-            if before[:3] == current[:3]:
+            if ahead_of_seq(before) == ahead_of_seq(current):
                 # members with a smaller seq than the current job came up before it
                 members = block.members
-                keep = len(members) - bisect.bisect_right(members, -current[3], key=neg_seq)
+                keep = len(members) - bisect.bisect_right(members, -current[-1], key=neg_seq)
         self.idx.parking.wake(block, keep)
         group = cast(Group, block.group)
         active = self.idx.groups.get(group)
@@ -313,16 +313,16 @@ def lowest_key(cycle: Cycle, job: JobState) -> OrderKey:
     # a job to try has its class, which holds its shape and priority (one look-up, not two)
     group = idx.group_of.get(job.id)
     if group is not None:
-        shape, priority = group[0], group[1]
+        shape, priority, limit = group[0], group[1], group[4]
     else:
-        shape, priority = idx.shape(job), idx.priority(job)
+        shape, priority, limit = idx.shape(job), idx.priority(job), idx.limit(job)
     known = cycle.quota_keys.get(shape)
     if known is None or known.version != quota.version:
         requests = order_requests(cycle.state, job)
         borrows = 0 if quota.within_nominal(job.queue, requests) else 1
         share = quota.share(job.queue, requests) if cycle.state.fair_sharing else 0
         known = cycle.quota_keys[shape] = QuotaPosition(quota.version, borrows, share)
-    return order_key(priority, job.seq, known.over_nominal, known.share)
+    return order_key(priority, job.seq, known.over_nominal, known.share, limit)
 
 
 def neg_seq(m: Member) -> int:

@@ -15,6 +15,7 @@ from muster.projections import parking
 from muster.projections.eviction import evicts_no_one, reach
 from muster.projections.flavors import MARKER, UNTAINTED
 from muster.projections.parking import Block, Member, Parking
+from muster.projections.planning import Replanned
 from muster.projections.quota import QuotaTree
 from muster.projections.state import TERMINAL, ClusterState, JobState
 from muster.projections.topology import TopologyIndex
@@ -57,27 +58,55 @@ class VictimMemo(NamedTuple):
 
 Shape = tuple[str, tuple[tuple[str, int], ...]]
 """(queue, requests): jobs with the same one weigh the same on quota."""
-Group = tuple[Shape, int, bool, tuple[object, ...], str]
-"""A job class: (shape, priority, preemptible, podsets, ""), or the job's id last for a job whose
-verdict is its own (a preemptor, a job evicted to make room). Pending jobs of one class get the
-same verdict on the same view, and their admission order keys differ only by their seq."""
-OrderKey = tuple[int, int, int, int]
-"""Admission order (see `order_key`): (over nominal, fair share, -priority, seq)."""
+Group = tuple[Shape, int, bool, tuple[object, ...], int, str]
+"""A job class: (shape, priority, preemptible, podsets, limit rank (`limit_rank`), ""), or the job's
+id last for a job whose verdict is its own (a preemptor, a job evicted to make room). Pending jobs of
+one class get the same verdict on the same view, and their admission order keys differ only by their
+seq."""
+OrderKey = tuple[int, int, int, int, int]
+"""Admission order (see `order_key`): (over nominal, fair share, -priority, limit rank, seq). Its last
+item is the seq; the items before it are what the jobs of a `Group` share (`ahead_of_seq`)."""
 
 
-def order_key(priority: int, seq: int, over_nominal: int = 0, share: int = 0) -> OrderKey:
+def order_key(priority: int, seq: int, over_nominal: int = 0, share: int = 0, limit: int = 0) -> OrderKey:
     """The one admission order, smallest first: within nominal quota, then the smaller fair
-    share, then the higher priority, then the first submitted (seq is unique).
+    share, then the higher priority, then (in a `shortest_limit_first` queue) the shorter
+    declared limit (`limit_rank`), then the first submitted (seq is unique).
 
     The cycle judges the quota position as it goes (`cycle.lowest_key`); views of one
     queue's backlog leave it at 0. Within a `Group` only seq differs, so its members are
     kept by seq (`groups`).
     """
-    return (over_nominal, share, -priority, seq)
+    return (over_nominal, share, -priority, limit, seq)
+
+
+def ahead_of_seq(key: OrderKey) -> tuple[int, ...]:
+    """The part of an order key before the seq: the same for every job of a `Group`."""
+    return key[:-1]
 
 
 STRICT_FIFO = "strict_fifo"
 """The queueing strategy whose head blocks the rest of its queue (see `queueing`)."""
+SHORTEST_LIMIT_FIRST = "shortest_limit_first"
+"""The queueing strategy that orders a queue's jobs of equal priority by declared limit (`limit_rank`)."""
+NO_LIMIT = 1 << 62
+"""`limit_rank` of a job without a declared limit in a `shortest_limit_first` queue: after every limit."""
+
+
+def limit_rank(strategy: str, max_runtime: int | None) -> int:
+    """A job's place by declared limit in its queue's order: its limit in a `shortest_limit_first` queue
+    (jobs without one last, then by submission), 0 in any other queue (priority, then submission)."""
+    if strategy != SHORTEST_LIMIT_FIRST:
+        return 0
+    return NO_LIMIT if max_runtime is None else max_runtime
+
+
+def queue_order_key(state: ClusterState, job: JobState) -> OrderKey:
+    """A pending job's `order_key` with its quota position left out: its place in its queue's backlog
+    (strict heads, reservations' heads, views), as the cycle's heap orders it but for quota."""
+    queue = state.queues.get(job.queue)
+    strategy = queue.queueing_strategy if queue is not None else ""
+    return order_key(state.priority_of(job), job.seq, limit=limit_rank(strategy, job.max_runtime))
 
 
 class SchedulerIndex:
@@ -97,8 +126,14 @@ class SchedulerIndex:
         self._evicts_no_one: dict[tuple[str, int], bool] = {}
         self.strict_fifo = frozenset(name for name, q in state.queues.items() if q.queueing_strategy == STRICT_FIFO)
         """The queues whose head blocks the rest (`queueing`); the index is rebuilt when a queue changes."""
+        self.shortest_first = frozenset(
+            name for name, q in state.queues.items() if q.queueing_strategy == SHORTEST_LIMIT_FIRST
+        )
+        """The queues ordered by declared limit (`limit_rank`)."""
         self.reserving: frozenset[str] | None = None
         """The queues that make reservations (`reservations.reserving_queues`), found on first use."""
+        self.replanned: dict[str, Replanned] = {}
+        """Holder -> its reservation when last planned again (`reservations._plan_stands`)."""
         self.group_of: dict[str, Group] = {}
         """The validated pending jobs (to try or parked), with their group."""
         self.groups: dict[Group, list[Member]] = {}
@@ -214,7 +249,11 @@ class SchedulerIndex:
             (ps.name, ps.count, tuple(sorted(ps.requests.items())), ps.topology, tuple(ps.flavors))
             for ps in job.podsets
         )
-        return (self.shape(job), self.priority(job), self.state.preemptible(job), podsets, own)
+        return (self.shape(job), self.priority(job), self.state.preemptible(job), podsets, self.limit(job), own)
+
+    def limit(self, job: JobState) -> int:
+        """The job's `limit_rank` in its queue's order."""
+        return limit_rank(SHORTEST_LIMIT_FIRST if job.queue in self.shortest_first else "", job.max_runtime)
 
     def activate(self, state: ClusterState, job: JobState) -> None:
         """Make a validated pending job one to try."""

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from muster.events.types import ExpectedEnd, JobId
-from muster.projections.state import JobState
+from muster.projections.state import JobState, Reservation
 from muster.projections.topology import Domain, TopologyIndex
 
 
@@ -44,6 +44,13 @@ class Running(NamedTuple):
     seq: int
     job: str
     room: dict[str, dict[str, int]]
+
+
+class Replanned(NamedTuple):
+    """A held reservation as it was last planned again, and the fold's `gpus_freed` then (`reservations`)."""
+
+    res: Reservation
+    freed: int
 
 
 def comes_back(r: Running) -> tuple[bool, int, int]:

@@ -19,7 +19,7 @@ been held back or refused again, and a held-back job stays one to try.
 
 from __future__ import annotations
 
-from muster.projections.index import STRICT_FIFO, SchedulerIndex, order_key
+from muster.projections.index import STRICT_FIFO, SchedulerIndex, queue_order_key
 from muster.projections.state import ClusterState, JobState
 
 __all__ = ["STRICT_FIFO", "StrictHeads"]
@@ -61,7 +61,4 @@ class StrictHeads:
             if job is not None and job.queue in strict and job.status == "pending":
                 by_queue.setdefault(job.queue, {})[job_id] = job
         # the one admission order with the quota position left out (as `views.queue_order` shows it)
-        return {
-            q: sorted(members, key=lambda j: order_key(state.priority_of(members[j]), members[j].seq))
-            for q, members in by_queue.items()
-        }
+        return {q: sorted(members, key=lambda j: queue_order_key(state, members[j])) for q, members in by_queue.items()}

@@ -31,9 +31,10 @@ The rules (docs/spec/scenario.md, Reservations and backfill):
   earlier known start, a known start where its own is unknown, or, both
   unknown, fewer running jobs to wait for; older holders move first.
 - What it holds back: on each reserved host, the free room up to what the
-  holders' pods will take there; every job but the holder, and the holders
-  it is stacked behind, sees it as taken, unless its own declared limit
-  ends by the expected start (backfill). With an unknown start (some
+  holders' pods will take there; every job sees it as taken but the holder
+  and, on their own reserved hosts, the holders whose plans counted it
+  ahead (`Fence.behind`, the order plans were made in), unless its own
+  declared limit ends by the expected start (backfill). With an unknown start (some
   job in the way declared no limit) nothing backfills; a job without a
   limit never does. A preemptor evicts nothing on a host whose held room
   it may not use (`Fence.spared`).
@@ -52,12 +53,16 @@ holder that leaves, counts the room it held as GPUs freed in the fold
 as they do when a job ends, and the parking memo stays exact; a new
 reservation wakes nothing, since held room only shrinks what the others see
 (their parked verdicts stand, and their wakes come early, never late).
-Within a cycle the held room only shrinks, as admissions shrink it.
+Within a cycle the held room only shrinks, as admissions shrink it. The same
+count tells when a held reservation need not be planned again: a plan starts
+sooner only when room came back (`_plan_stands`, remembered on the index and
+off with the parking memo, so replay, audit and a new leader, whose index is
+fresh and plans every holder once, decide the same bytes).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from typing import NamedTuple
 
@@ -70,9 +75,10 @@ from muster.events.types import (
     ReservationMade,
     ReservationReleased,
 )
+from muster.projections import parking
 from muster.projections.cluster import node_pods
-from muster.projections.index import SchedulerIndex, order_key
-from muster.projections.planning import Plan, Running, plan_for
+from muster.projections.index import OrderKey, SchedulerIndex, order_key
+from muster.projections.planning import Plan, Replanned, Running, plan_for
 from muster.projections.state import ClusterState, JobState, NodeState, Reservation, reservation_of
 from muster.projections.topology import Transaction
 
@@ -80,15 +86,16 @@ from muster.projections.topology import Transaction
 class Fence:
     """One cycle's reservations in force and the room they hold back on the cycle's view.
 
-    A host may be held by several reservations (one stacked behind another): it holds back the sum of
-    what their holders take there, up to what is free.
+    A host may be held by several reservations (one planned behind another): it holds back the sum of
+    what their holders take there, up to what is free. Who may use whose room is one rule (`may_use`).
     """
 
     def __init__(self, state: ClusterState, topo: Transaction, now: int) -> None:
         self.now = now
         self.topo = topo
+        # in the order they were made (the fold appends to `state.reservations`): `behind` reads it
         self.held: dict[str, Reservation] = {
-            job_id: res for job_id, res in sorted(state.reservations.items()) if in_force(state, job_id)
+            job_id: res for job_id, res in state.reservations.items() if in_force(state, job_id)
         }
         self.taken: dict[str, dict[str, int]] = {}
         """Host -> what the fence holds back there now."""
@@ -96,6 +103,8 @@ class Fence:
         """Host -> the reservations that hold it."""
         self._spared: set[str] | None = None
         """`spared` for a job that may use no reservation (the folded state does not change in a cycle)."""
+        self._behind: dict[str, frozenset[str]] = {}
+        """Holder -> `behind` it (the held reservations change in a cycle only by `release`)."""
         for res in self.held.values():
             for node in res.nodes:
                 self.on.setdefault(node, []).append(res)
@@ -119,27 +128,50 @@ class Fence:
             for k, v in room.items():
                 held[k] = held.get(k, 0) + v
 
-    def usable_by(self, job: JobState) -> list[Reservation]:
-        """The reservations whose room `job` may use: its own, those stacked behind it, those it backfills."""
-        out = []
-        for res in self.held.values():
-            mine = res.job == job.id or (job.id in self.held and _waits_for(res, job.id))
-            if mine or backfills(job, res, self.now):
-                out.append(res)
+    def behind(self, job_id: str) -> frozenset[str]:
+        """The holders whose plans counted `job_id`'s reservation ahead of theirs: those waiting for it
+        (directly or through others), and those made after it that it does not wait for. A plan counts every
+        reservation held when it is made but those waiting for its holder (`_plan`), so this is the order the
+        plans assumed, and no two holders each keep the other out."""
+        known = self._behind.get(job_id)
+        if known is not None:
+            return known
+        waiting = _behind(self.held, job_id)
+        waited = _waited_for(self.held, job_id)
+        order = list(self.held)
+        later = order[order.index(job_id) + 1 :] if job_id in self.held else []
+        out = frozenset(waiting | {j for j in later if j not in waited})
+        self._behind[job_id] = out
         return out
 
+    def may_use(self, job: JobState, res: Reservation, node: str) -> bool:
+        """The fencing rule: `job` may use the room `res` holds on `node` when it is its own, when its limit ends
+        by the reservation's expected start (backfill), or when `node` is reserved for `job` too and `res` was
+        planned behind it (`behind`). Everything else held stays held from it."""
+        if res.job == job.id or backfills(job, res, self.now):
+            return True
+        own = self.held.get(job.id)
+        return own is not None and node in own.nodes and res.job in self.behind(job.id)
+
+    def _opens(self, job: JobState) -> list[str]:
+        """The hosts where `job` may use some reservation's room (a holder's own hosts, those it backfills)."""
+        return sorted(
+            {n for res in self.held.values() if res.job == job.id or backfills(job, res, self.now) for n in res.nodes}
+        )
+
     def open(self, job: JobState) -> list[str]:
-        """Give `job` the room of the reservations it may use (what the others hold on the same hosts
-        stays held); returns the hosts opened (for `close`)."""
-        usable = self.usable_by(job)
-        mine = {res.job for res in usable}
+        """Give `job` the room it may use (`may_use`; what the others hold on the same hosts stays held);
+        returns the hosts opened (for `close`)."""
         opened: list[str] = []
-        for node in sorted({n for res in usable for n in res.nodes}):
+        for node in self._opens(job):
+            holders = self.on[node]
+            others = [res for res in holders if not self.may_use(job, res, node)]
+            if len(others) == len(holders):
+                continue
             held = self.taken.pop(node, None)
             if held:
                 self.topo.give(node, held)
                 opened.append(node)
-                others = [res for res in self.on[node] if res.job not in mine]
                 if others:
                     self._hold(node, others)
         return opened
@@ -156,6 +188,7 @@ class Fence:
         if res is None:
             return
         self._spared = None
+        self._behind.clear()
         for node in res.nodes:
             others = [r for r in self.on.get(node, []) if r.job != job.id]
             held = self.taken.pop(node, None)
@@ -171,21 +204,19 @@ class Fence:
         """GPUs held back now on the reservations `job` may use (room it sees that others do not)."""
         if not self.held:
             return 0
-        nodes = {n for res in self.usable_by(job) for n in res.nodes}
-        return sum(self.taken.get(n, {}).get("gpu", 0) for n in nodes)
+        return sum(self.taken.get(n, {}).get("gpu", 0) for n in self._opens(job))
 
     def spared(self, job: JobState, nodes: Mapping[str, NodeState]) -> set[str]:
         """The running jobs on hosts holding room for a reservation `job` may not use: a preemptor evicts
         none of them, since the room it would free is promised to another gang (`preemption`)."""
         if not self.held:
             return set()
-        usable = self.usable_by(job)
-        if not usable and self._spared is not None:
+        uses_none = not self._opens(job)
+        if uses_none and self._spared is not None:
             return self._spared  # most jobs may use none: the same set for all of them in the cycle
-        mine = {res.job for res in usable}
-        closed = sorted(n for n, holders in self.on.items() if any(res.job not in mine for res in holders))
+        closed = sorted(n for n, holders in self.on.items() if not all(self.may_use(job, r, n) for r in holders))
         out = {j for n in closed if (node := nodes.get(n)) is not None for j in node.jobs}
-        if not usable:
+        if uses_none:
             self._spared = out
         return out
 
@@ -220,11 +251,6 @@ def _need(node: str, holders: Iterable[Reservation]) -> dict[str, int] | None:
         for k, v in need.items():
             total[k] = total.get(k, 0) + v
     return total
-
-
-def _waits_for(res: Reservation, job_id: str) -> bool:
-    """Whether `res` was stacked behind `job_id`'s reservation (it waits for that holder to end)."""
-    return any(w.job == job_id for w in res.waits_for)
 
 
 def in_force(state: ClusterState, job_id: str) -> bool:
@@ -286,6 +312,8 @@ def decide_reservations(
             kept.append(res)
     # older holders first: a sooner place goes to the job that has waited longest
     kept.sort(key=lambda r: _wait_key(state.jobs[r.job]))
+    if len(idx.replanned) > len(kept):
+        idx.replanned = {r.job: seen for r in kept if (seen := idx.replanned.get(r.job)) is not None}
     queues = reserving_queues(state, idx)
     if not queues and not kept:
         return events
@@ -293,7 +321,9 @@ def decide_reservations(
     due = _due_jobs(state, idx, queues, holders, placed, now)
     if not kept and not due:
         return events
-    running = _running(state, idx, now, placed)
+    running = Lazy(lambda: _running(state, idx, now, placed))
+    # a holder admitted in this cycle runs from now on: those behind it may start sooner than it was planned
+    admitted = any(job_id in placed for job_id in state.reservations)
     current = {res.job: res for res in kept}
     """The reservations as this cycle leaves them: a plan queues behind every one but those behind it."""
     slots = len(queues)
@@ -301,10 +331,15 @@ def decide_reservations(
     for i, res in enumerate(kept):
         job = state.jobs[res.job]
         gone = res.job in displaced or not all(_usable(state, n) for n in res.nodes)
+        if not gone and not events and not admitted and _plan_stands(state, idx, res):
+            if not _nominal(res):
+                slots -= 1
+            continue
         # an older holder may take the place of a younger one, but not a nominal-quota gang's (the
         # guarantee), nor one a nominal-quota gang is stacked behind (its start would move with it)
         younger = {r.job for r in kept[i + 1 :] if _passable(current, r, displaced)}
-        plan = _plan(state, job, current, running, fence, idx, younger)
+        plan = _plan(state, job, current, running(), fence, idx, younger)
+        _planned(state, idx, job, res, plan)
         if gone or (plan is not None and _sooner(state, plan, res, now)):
             # its hosts left, or room comes back sooner elsewhere: the same holder is reserved for there
             events.append(ReservationReleased(at=now, job=JobId(res.job), reason="replaced", cycle=cycle, epoch=epoch))
@@ -322,7 +357,7 @@ def decide_reservations(
     for job, reason in due:
         if slots <= 0 and not reason.nominal:
             break
-        plan = _plan(state, job, current, running, fence, idx)
+        plan = _plan(state, job, current, running(), fence, idx)
         if plan is None or not plan.waits_for:
             continue  # nowhere, or it fits now: what holds it back is not room that nodes could hold
         if not reason.nominal:
@@ -331,6 +366,41 @@ def decide_reservations(
         events.append(made)
         current[job.id] = reservation_of(made)
     return events
+
+
+def _plan_stands(state: ClusterState, idx: SchedulerIndex, res: Reservation) -> bool:
+    """Whether planning a held reservation again cannot move it: it was planned, as it is, when the fold had
+    counted as many GPUs freed as now, and in this cycle no holder was admitted and no reservation moved or
+    left before it (its caller asks only then). Room only comes back sooner when GPUs are freed (a job ends
+    or is evicted, a reservation is released, a node joins: `ClusterState.gpus_freed`) or a holder starts
+    before its expected start; admissions of other jobs, new reservations and time passing only push a plan
+    later. So the plan would start no sooner than the one that did not move it. Off with the parking memo
+    (`parking.PARKING`), whose equivalence test checks it decides the same bytes."""
+    seen = idx.replanned.get(res.job)
+    return parking.PARKING and seen is not None and seen.freed == state.gpus_freed and seen.res == res
+
+
+def _planned(state: ClusterState, idx: SchedulerIndex, job: JobState, res: Reservation, plan: Plan | None) -> None:
+    """Remember that `res` was planned again now (`_plan_stands`), when its plan is one that less room can only
+    make later: a known start for a gang of one podset (the greedy fit of several podsets, and the count of
+    jobs waited for when the start is unknown, need not grow with less room)."""
+    if plan is not None and plan.expected_start is not None and len(job.podsets) == 1:
+        idx.replanned[res.job] = Replanned(res, state.gpus_freed)
+    else:
+        idx.replanned.pop(res.job, None)
+
+
+class Lazy:
+    """A value computed on first use (a cycle whose plans all stand needs no running jobs' ends)."""
+
+    def __init__(self, make: Callable[[], list[Running]]) -> None:
+        self._make = make
+        self._value: list[Running] | None = None
+
+    def __call__(self) -> list[Running]:
+        if self._value is None:
+            self._value = self._make()
+        return self._value
 
 
 def _plan(
@@ -381,6 +451,19 @@ def _behind(current: Mapping[str, Reservation], job_id: str) -> set[str]:
                 behind.add(res.job)
                 grew = True
     return behind
+
+
+def _waited_for(current: Mapping[str, Reservation], job_id: str) -> set[str]:
+    """The holders `job_id`'s reservation waits for, directly or through others (the other way from `_behind`)."""
+    waited: set[str] = set()
+    todo = [job_id]
+    while todo:
+        res = current.get(todo.pop())
+        for w in res.waits_for if res is not None else ():
+            if w.job in current and w.job not in waited and w.job != job_id:
+                waited.add(w.job)
+                todo.append(w.job)
+    return waited
 
 
 def _sooner(state: ClusterState, plan: Plan, res: Reservation, now: int) -> bool:
@@ -481,12 +564,12 @@ def _heads(
     state: ClusterState, idx: SchedulerIndex, queues: frozenset[str], placed: Mapping[str, object]
 ) -> dict[str, JobState]:
     """Each queue's first pending job in queue order (priority, then submission), less those just admitted."""
-    best: dict[str, tuple[tuple[int, int, int, int], JobState]] = {}
+    best: dict[str, tuple[OrderKey, JobState]] = {}
     for job_id in idx.group_of:  # the validated pending jobs, to try or parked
         job = state.jobs.get(job_id)
         if job is None or job.queue not in queues or job_id in placed or job.status != "pending":
             continue
-        key = order_key(idx.priority(job), job.seq)
+        key = order_key(idx.priority(job), job.seq, limit=idx.limit(job))
         known = best.get(job.queue)
         if known is None or key < known[0]:
             best[job.queue] = (key, job)

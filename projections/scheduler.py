@@ -36,7 +36,7 @@ import heapq
 from muster.events.types import Event, JobId, JobRejected
 from muster.projections.cycle import Cycle, HeapEntry, lowest_key
 from muster.projections.duplicates import refuse_taken_ids
-from muster.projections.index import index_of, order_key, take_new_jobs
+from muster.projections.index import index_of, queue_order_key, take_new_jobs
 from muster.projections.preemption import Victim
 from muster.projections.reservations import decide_reservations
 from muster.projections.state import ClusterState, JobState
@@ -166,7 +166,7 @@ def _reclaim_idle(cycle: Cycle) -> None:
         return
     idle.sort(key=lambda j: (j.idle_since or 0, j.seq))
     candidates = set(idx.group_of) - set(cycle.placed)
-    waiting = sorted((state.jobs[j] for j in candidates), key=lambda j: order_key(state.priority_of(j), j.seq))
+    waiting = sorted((state.jobs[j] for j in candidates), key=lambda j: queue_order_key(state, j))
     for job in idle:
         cycle.remove(job)
         useful = any(cycle.fits(p, state.preemptible(p)) for p in waiting)

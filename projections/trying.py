@@ -41,7 +41,7 @@ def job_class(cycle: Cycle, job: JobState) -> tuple[object, ...] | None:
         # sees more than its class
         return None
     group = cycle.idx.group_of.get(job.id) or cycle.idx.group(job)
-    return group[:4]  # the group less whose job it is (when the job is grouped alone)
+    return group[:4]  # the group less its limit rank (one verdict for any limit) and whose job it is
 
 
 Outcome = Literal["admitted", "preempting", "parked", "held"]

@@ -15,7 +15,7 @@ from muster.events.types import JobId, JobInadmissible
 from muster.projections.cycle import Cycle, EvictNewAnswer, lowest_key, neg_seq
 from muster.projections.eviction import Preemptor, chain_may_shrink, evicts_from_others, may_evict
 from muster.projections.flavors import on_any_flavor, placement_request
-from muster.projections.index import OrderKey
+from muster.projections.index import OrderKey, ahead_of_seq
 from muster.projections.parking import ROOM_DOMAINS, Member, RoomWait, Wake
 from muster.projections.preemption import Result, overlaps
 from muster.projections.state import JobState
@@ -71,10 +71,10 @@ def park_doomed(cycle: Cycle, bound: OrderKey | None) -> None:
         key = lowest_key(cycle, first)
         start = 0
         if bound is not None:
-            if bound[:3] < key[:3]:
+            if ahead_of_seq(bound) < ahead_of_seq(key):
                 continue
-            if bound[:3] == key[:3]:
-                start = bisect.bisect_right(members, -bound[3], key=neg_seq)
+            if ahead_of_seq(bound) == ahead_of_seq(key):
+                start = bisect.bisect_right(members, -bound[-1], key=neg_seq)
                 if start == len(members):
                     continue
         if start == 0:
@@ -91,7 +91,7 @@ def park_doomed(cycle: Cycle, bound: OrderKey | None) -> None:
             for m in run:
                 if uniform is not None or jobs[m.job].reason != reason:
                     wait = JobInadmissible(at=now, job=JobId(m.job), reason=reason, cycle=number, epoch=epoch)
-                    waits.append(((key[0], key[1], key[2], -m.neg_seq), wait))
+                    waits.append(((key[0], key[1], key[2], key[3], -m.neg_seq), wait))
         if _judged_on_a_narrow_view(cycle, first):
             cycle.set_aside.append((group, run))
         else:

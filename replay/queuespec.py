@@ -101,7 +101,7 @@ QUEUE_FIELDS = {
     "queueing_strategy",
     "reserve_after",
 }
-_STRATEGIES = ("best_effort_fifo", "strict_fifo")
+_STRATEGIES = ("best_effort_fifo", "strict_fifo", "shortest_limit_first")
 PLAIN_QUOTA = ("nominal", "borrowing_limit", "lending_limit")
 
 

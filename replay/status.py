@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from muster.projections.index import order_key
+from muster.projections.index import queue_order_key
 from muster.projections.quota import QuotaTree
 from muster.projections.resources import gpus_of, gpus_over
 from muster.projections.state import ClusterState, JobState, QueueState
@@ -70,7 +70,7 @@ def positions(state: ClusterState, queues: set[str]) -> dict[str, int]:
             waiting.append(job)
     out: dict[str, int] = {}
     for jobs in by_queue.values():
-        jobs.sort(key=lambda j: order_key(state.priority_of(j), j.seq))
+        jobs.sort(key=lambda j: queue_order_key(state, j))
         out.update((j.id, pos) for pos, j in enumerate(jobs, start=1))
     return out
 

@@ -1,5 +1,6 @@
 """Queueing strategies per queue (spec/scenario.md, Queueing): `best_effort_fifo` lets smaller jobs pass a
-waiting head, `strict_fifo` makes the head of a queue block the rest of that queue, and only that queue."""
+waiting head, `strict_fifo` makes the head of a queue block the rest of that queue, and only that queue,
+`shortest_limit_first` orders a queue's jobs of equal priority by declared limit."""
 
 from __future__ import annotations
 
@@ -70,9 +71,55 @@ def test_a_strict_queue_blocks_only_itself() -> None:
 
 
 def test_an_unknown_strategy_is_refused_with_its_line() -> None:
-    """`queueing_strategy` takes best_effort_fifo or strict_fifo; anything else is a scenario error naming the line."""
+    """`queueing_strategy` takes best_effort_fifo, strict_fifo or shortest_limit_first; anything else is a scenario
+    error naming the line."""
     text = scenario(TWO_NODES, [queue("qa", 16, strategy="StrictFIFO")], [submit("a", "qa")])
     with pytest.raises(ScenarioError) as err:
         loads(text, "s.yaml")
-    assert "queueing_strategy must be one of best_effort_fifo, strict_fifo" in str(err.value)
+    assert "queueing_strategy must be one of best_effort_fifo, strict_fifo, shortest_limit_first" in str(err.value)
     assert err.value.line is not None
+
+
+def one_at_a_time(strategy: str, urgent: str | None = None) -> dict[str, int]:
+    """`run` fills both nodes until 100; then `a` (limit 900), `b` (300), `c` (none; priority `urgent`) and `d`
+    (300), submitted in that order, each take the whole cluster for 100 s: when each was first admitted."""
+    timeline = [
+        submit("run", "qa", 16, runtime=100),
+        submit("a", "qa", 16, at=1, runtime=100, limit=900),
+        submit("b", "qa", 16, at=2, runtime=100, limit=300),
+        submit("c", "qa", 16, at=3, runtime=100, prio=urgent),
+        submit("d", "qa", 16, at=4, runtime=100, limit=300),
+    ]
+    out = run(scenario(TWO_NODES, [queue("qa", 16, strategy=strategy)], timeline))
+    return {job: out.admitted(job).at for job in "abcd"}
+
+
+@pytest.mark.parametrize(
+    ("strategy", "urgent", "admitted"),
+    [
+        pytest.param("best_effort_fifo", None, {"a": 100, "b": 200, "c": 300, "d": 400}, id="fifo-by-submission"),
+        pytest.param(
+            "shortest_limit_first", None, {"b": 100, "d": 200, "a": 300, "c": 400}, id="shortest-limit-then-no-limit"
+        ),
+        pytest.param(
+            "shortest_limit_first", "high", {"c": 100, "b": 200, "d": 300, "a": 400}, id="priority-before-limit"
+        ),
+    ],
+)
+def test_shortest_limit_first_orders_equal_priorities_by_declared_limit(
+    strategy: str, urgent: str | None, admitted: dict[str, int]
+) -> None:
+    """Under shortest_limit_first the job with the shortest declared limit goes first among equal priorities (equal
+    limits by submission, jobs without a limit last); a higher priority still goes before any limit."""
+    assert one_at_a_time(strategy, urgent) == admitted
+
+
+def test_shortest_limit_first_orders_only_its_own_queue() -> None:
+    """A best_effort_fifo queue beside a shortest_limit_first one keeps submission order for its own jobs."""
+    queues = [queue("qa", 8, "org", strategy="shortest_limit_first"), queue("qb", 8, "org")]
+    timeline = [submit("run", "qa", 16, runtime=100)]
+    timeline += [submit(f"{q}-long", q, 16, at=1, runtime=100, limit=900) for q in ("qa", "qb")]
+    timeline += [submit(f"{q}-short", q, 16, at=2, runtime=100, limit=200) for q in ("qa", "qb")]
+    out = run(scenario(TWO_NODES, queues, timeline, cohorts=["org"]))
+    assert out.admitted("qa-short").at < out.admitted("qa-long").at
+    assert out.admitted("qb-long").at < out.admitted("qb-short").at

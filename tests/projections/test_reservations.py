@@ -282,3 +282,20 @@ def test_a_holder_admitted_in_a_cycle_holds_nothing_back_from_the_next_holder() 
     out = run(scenario(flat_nodes(8), queues, timeline, cohorts=["org"]))
     assert {(m.job, m.expected_start) for m in reservations(out) if m.at < 100} == {("a", 100), ("b", 100)}
     assert (out.admitted("a").at, out.admitted("b").at) == (100, 100)
+
+
+def test_two_holders_on_one_host_do_not_hold_each_others_room() -> None:
+    """`a` (older) and `b` hold 4 GPUs each of n0 (full until 1000; `b`'s plan counts `a` ahead but does not wait
+    for it): r1 ends at 100 and its 4 GPUs go to `a` (before the fix each kept the other out until 1000), then
+    `a`'s go to `b` when it ends."""
+    queues = [queue("qa", 0, "org", reserve_after=0), queue("qb", 0, "org", reserve_after=0), queue("qr", 8, "org")]
+    timeline = [
+        submit("r1", "qr", 4, per_pod=4, runtime=100, limit=1000),
+        submit("r2", "qr", 4, per_pod=4, runtime=1000, limit=1000),
+        submit("a", "qa", 4, per_pod=4, at=10, runtime=500),
+        submit("b", "qb", 4, per_pod=4, at=20, runtime=500),
+    ]
+    out = run(scenario(flat_nodes(8), queues, timeline, cohorts=["org"]))
+    first = {m.job: (m.at, m.nodes) for m in reversed(reservations(out))}
+    assert first == {"a": (10, ["n0"]), "b": (20, ["n0"])}
+    assert (out.admitted("a").at, out.admitted("b").at) == (100, 600)

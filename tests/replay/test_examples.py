@@ -43,6 +43,7 @@ def test_every_example_is_tested_here() -> None:
         "idle_reclaim",
         "trace_replay",
         "strict_fifo",
+        "shortest_limit_first",
         "flavors",
         "reservations",
         "stacked_reservations",
@@ -110,6 +111,23 @@ def test_strict_fifo_the_head_gang_starts_first_and_a_limit_ends_a_run() -> None
     assert all(a.at >= 600 for j in ("small-1", "small-2") for a in admissions(events, j))
     [failed] = [e for e in events if isinstance(e, JobFailed) and e.job == "small-2"]
     assert failed.reason.startswith("DeadlineExceeded")
+
+
+@pytest.mark.parametrize(
+    ("strategy", "starts"),
+    [
+        pytest.param(
+            "shortest_limit_first", {"quick": 600, "medium": 800, "long": 1400, "unbounded": 2300}, id="by-limit"
+        ),
+        pytest.param("best_effort_fifo", {"unbounded": 600, "long": 1800, "medium": 2700, "quick": 3300}, id="fifo"),
+    ],
+)
+def test_shortest_limit_first_starts_the_shortest_declared_limit_first(strategy: str, starts: dict[str, int]) -> None:
+    """The example's waiting jobs start by declared limit (no limit last); the same file under best_effort_fifo
+    starts them in submission order."""
+    text = (EXAMPLES / "shortest_limit_first.yaml").read_text().replace("shortest_limit_first", strategy)
+    events = list(simulate(loads(text, "shortest_limit_first.yaml")).events)
+    assert {job: admissions(events, job)[0].at for job in starts} == starts
 
 
 def test_flavors_three_models_four_teams() -> None:

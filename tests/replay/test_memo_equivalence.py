@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,6 +44,15 @@ def _scenarios(tmp: Path) -> Iterator[tuple[str, Scenario]]:
     for seed in range(3):  # every queue strict_fifo (a held-back job is not parked), every job a 300 s limit
         strict = mixed(seed, jobs=60).replace("  - {name: q", "  - {queueing_strategy: strict_fifo, name: q")
         yield f"mixed-strict-{seed}", loads(strict.replace("runtime: ", "max_runtime: 300, runtime: "), "m.yaml")
+    for seed in range(3):  # every queue shortest_limit_first, limits of 1x-3x the runtime, every third job none
+        shortest = mixed(seed, jobs=60, fair=seed == 1).replace(
+            "  - {name: q", "  - {queueing_strategy: shortest_limit_first, name: q"
+        )
+        yield f"mixed-shortest-{seed}", loads(_limits(shortest), "m.yaml")
+        yield (
+            f"mixed-shortest-reserve-{seed}",
+            loads(_limits(shortest.replace("name: q", "reserve_after: 200, name: q")), "m.yaml"),
+        )
     for seed in range(4):  # the same over two flavors (one block each), fungibility and fair sharing mixed
         yield f"mixed-flavors-{seed}", loads(_flavored(mixed(seed, jobs=60, fair=seed % 2 == 1, idle=True)), "m.yaml")
     for seed in (1, 5, 8, 11):  # every queue reserves (at once within nominal quota, else after 200 s)
@@ -61,6 +72,17 @@ def _scenarios(tmp: Path) -> Iterator[tuple[str, Scenario]]:
     yield "bench-c", load(bench.case_c(tmp, 0.02, 1000))
     yield "bench-a3-flavors", load(bench.case_flavors(tmp, 0.03))
     yield "bench-a3-over", load(bench.case_flavors(tmp, 0.03, over=True))  # quota 1.5x each flavor's GPUs
+
+
+def _limits(text: str) -> str:
+    """A `mixed` scenario with declared limits of 1x to 3x each job's runtime, but every third job's."""
+    count = itertools.count()
+
+    def limit(m: re.Match[str]) -> str:
+        i, runtime = next(count), int(m.group(1))
+        return m.group(0) if i % 3 == 2 else f"max_runtime: {runtime * (1 + i % 3 + i % 2)}, {m.group(0)}"
+
+    return re.sub(r"(?<!_)runtime: (\d+)", limit, text)
 
 
 def _flavored(text: str) -> str:
