@@ -21,7 +21,7 @@ Everything is tentative on the cycle's view and undone before returning.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from muster.events.types import PreemptionReason
@@ -203,8 +203,9 @@ def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
         victims = probe.minimal(candidates, False, None) or probe.minimal(same, allow_borrow, None)
     if not victims:
         # with only own-queue candidates a failure means that evicting all of them
-        # does not help, whatever their order
-        order_matters = len(same) != len(candidates) or state.fair_sharing
+        # does not help, whatever their order; nor does any order help when the nodes could
+        # not hold the job with every candidate evicted (every victim set is a subset of them)
+        order_matters = state.fair_sharing or (len(same) != len(candidates) and probe.walked)
         return Result([], probe.quota_possible, gpus, held, order_matters, candidates)
     return Result(_with_reasons(cycle, job, victims), True, gpus, held)
 
@@ -231,6 +232,20 @@ def _with_reasons(cycle: Cycle, job: JobState, victims: list[JobState]) -> list[
     return out
 
 
+class Turn(NamedTuple):
+    """A candidate `_Probe.minimal` removes in its turn, with whether the preemptor may borrow once it is."""
+
+    job: JobState
+    may_borrow: bool
+
+
+class Turns(NamedTuple):
+    """`_Probe._turns`: the candidates removed in turn, and whether the quota fits after some run of them."""
+
+    turns: list[Turn]
+    quota_fits: bool
+
+
 class _Probe:
     """Tries victim sets on the cycle's view, leaving it unchanged."""
 
@@ -239,6 +254,9 @@ class _Probe:
         self.job = job
         self.rule = rule
         self.quota_possible = False
+        self.walked = False
+        """Whether a `minimal` walked its candidates (False: the nodes could not hold the job with every
+        candidate evicted, so no victim set places it, whatever their order)."""
 
     def _fits(self, allow_borrow: bool) -> bool:
         cycle, job = self.cycle, self.job
@@ -286,25 +304,70 @@ class _Probe:
             yield c, allow_borrow
 
     def minimal(self, candidates: list[JobState], allow_borrow: bool, threshold: int | None) -> list[JobState] | None:
-        cycle = self.cycle
+        """Remove candidates in turn until the job fits, then keep those not needed (`_fill_back`)."""
         if not self._room_possible(candidates):
             self._quota_only(candidates, allow_borrow, threshold)
             return None
+        self.walked = True
+        turns: Iterable[tuple[JobState, bool]]
+        if len(self.job.podsets) == 1 and not unassigned(self.cycle.state, self.job):
+            found = self._turns(candidates, allow_borrow, threshold)
+            if not self._may_fit(found):
+                return None
+            turns = found.turns
+        else:
+            turns = self._in_turn(candidates, allow_borrow, threshold)
+        cycle = self.cycle
         targets: list[JobState] = []
-        fits = False
-        may_borrow = allow_borrow
-        for c, may_borrow in self._in_turn(candidates, allow_borrow, threshold):
+        for c, may_borrow in turns:
             cycle.remove(c)
             targets.append(c)
             if self._fits(may_borrow):
-                fits = True
-                break
-        if not fits:
-            self._undo(targets)
-            return None
-        kept = self._fill_back(targets, may_borrow)
+                kept = self._fill_back(targets, may_borrow)
+                self._undo(targets)
+                return kept
         self._undo(targets)
-        return kept
+        return None
+
+    def _turns(self, candidates: list[JobState], allow_borrow: bool, threshold: int | None) -> Turns:
+        """The candidates `_in_turn` yields as they are removed one by one (it reads only the quota, so
+        the quota alone is moved), and whether the quota fits after the last turn of some run of turns
+        with one leave to borrow."""
+        job, quota = self.job, self.cycle.idx.quota
+        mark = quota.mark()
+        turns: list[Turn] = []
+        fits = False
+        for c, may_borrow in self._in_turn(candidates, allow_borrow, threshold):
+            if turns and turns[-1].may_borrow != may_borrow and not fits:
+                fits = quota.fits(job.queue, job.requests, turns[-1].may_borrow)
+            turns.append(Turn(c, may_borrow))
+            quota.add(c.queue, c.requests, -1)
+        if turns and not fits:
+            fits = quota.fits(job.queue, job.requests, turns[-1].may_borrow)
+        quota.rollback(mark)
+        return Turns(turns, fits)
+
+    def _may_fit(self, turns: Turns) -> bool:
+        """Whether the walk over `turns` may find the job a fit (False: it would not, and `quota_possible`
+        is what it would have learnt), asked without evicting anyone.
+
+        For one podset on its nodes, fitting only grows as jobs are removed (their quota and room come
+        back) while the preemptor's leave to borrow holds: some turn fits only if the last of its run
+        of turns with one leave fits, so the quota is asked at the end of each run (`_turns`), and the
+        nodes once, with every turn's job removed (`TopologyIndex.can_place_freed`). A failing search
+        then costs O(turns) sums, not an eviction and a placement per candidate.
+        """
+        if not turns.quota_fits:
+            return False
+        self.quota_possible = True
+        job = self.job
+        ps = job.podsets[0]
+        topology = self.cycle.idx.topology
+        t = ps.topology
+        request = placement_request(job, ps.name, ps.requests, topology.tainted)
+        required, preferred = (t.required, t.preferred) if t is not None else (None, None)
+        placeable = topology.can_place_freed(ps.count, request, required, preferred, [c for c, _ in turns.turns])
+        return placeable is not False
 
     def _room_possible(self, candidates: list[JobState]) -> bool:
         """Whether the nodes could hold the job were every candidate evicted (False: no victim set
