@@ -334,6 +334,8 @@ class _Probe:
         the quota alone is moved), and whether the quota fits after the last turn of some run of turns
         with one leave to borrow."""
         job, quota = self.job, self.cycle.idx.quota
+        if self._own_queue_only(candidates):
+            return Turns([Turn(c, allow_borrow) for c in candidates], self._fits_without(candidates, allow_borrow))
         mark = quota.mark()
         turns: list[Turn] = []
         fits = False
@@ -346,6 +348,26 @@ class _Probe:
             fits = quota.fits(job.queue, job.requests, turns[-1].may_borrow)
         quota.rollback(mark)
         return Turns(turns, fits)
+
+    def _own_queue_only(self, candidates: list[JobState]) -> bool:
+        """Whether every candidate runs in the preemptor's queue (`_in_turn` then yields each, with the
+        same leave to borrow)."""
+        queue = self.job.queue
+        return all(c.queue == queue for c in candidates)
+
+    def _fits_without(self, jobs: list[JobState], allow_borrow: bool) -> bool:
+        """Whether the quota holds the preemptor with all of `jobs`, of its own queue, removed: their
+        usage given back at once (a queue's usage moves its tree the same, one job at a time or summed)."""
+        job, quota = self.job, self.cycle.idx.quota
+        total: dict[str, int] = {}
+        for c in jobs:
+            for r, v in c.requests.items():
+                total[r] = total.get(r, 0) + v
+        mark = quota.mark()
+        quota.add(job.queue, total, -1)
+        fits = quota.fits(job.queue, job.requests, allow_borrow)
+        quota.rollback(mark)
+        return fits
 
     def _may_fit(self, turns: Turns) -> bool:
         """Whether the walk over `turns` may find the job a fit (False: it would not, and `quota_possible`
@@ -386,6 +408,10 @@ class _Probe:
         """`minimal`'s walk when no victim set can place the job: only whether quota would fit on the
         way is left to learn (`quota_possible`, which the job's wake reads), from the quota alone."""
         job, quota = self.job, self.cycle.idx.quota
+        if self._own_queue_only(candidates):
+            # fitting only grows as they are removed: it fits on the way iff with all of them removed
+            self.quota_possible = self.quota_possible or self._fits_without(candidates, allow_borrow)
+            return
         mark = quota.mark()
         for c, may_borrow in self._in_turn(candidates, allow_borrow, threshold):
             quota.add(c.queue, c.requests, -1)

@@ -348,18 +348,16 @@ class TopologyIndex:
         depth = 1 if required is None else self.level_depth(required)
         if depth is None:
             return None
-        given: dict[str, int] = {}
-        for job in freed:
-            for name, pods, pod_req in node_pods(job.podsets, job.placement):
-                g = pod_req.get("gpu", 0) * pods
-                if g > 0:
-                    given[name] = given.get(name, 0) + g
+        # what they hold per host (kept by their set, as for `could_hold`)
+        host_depth = len(self.levels) + 1
+        hosts, position = self.by_level[host_depth - 1], self._position(host_depth)
         gained: dict[int, int] = {}
         domains: dict[int, Domain] = {}
         total = 0
-        for name, g in given.items():
-            host = self.hosts.get(name)
-            if host is None or not host.schedulable:
+        for host_id, amounts in self._freed_room(freed, host_depth).items():
+            host = hosts[position[host_id]]
+            g = amounts.get("gpu", 0)
+            if g <= 0 or not host.schedulable:
                 continue  # giving back to a host out of service adds no room
             free = host.host_free.get("gpu", 0)
             more = max(0, free + g) // gpu - max(0, free) // gpu
