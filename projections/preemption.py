@@ -21,7 +21,7 @@ Everything is tentative on the cycle's view and undone before returning.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from muster.events.types import PreemptionReason
@@ -232,6 +232,10 @@ def _with_reasons(cycle: Cycle, job: JobState, victims: list[JobState]) -> list[
     return out
 
 
+WALK_BEFORE_ASKING = 32
+"""Candidates a victim walk removes one by one before asking whether it can end in a fit at all."""
+
+
 class Turn(NamedTuple):
     """A candidate `_Probe.minimal` removes in its turn, with whether the preemptor may borrow once it is."""
 
@@ -304,42 +308,51 @@ class _Probe:
             yield c, allow_borrow
 
     def minimal(self, candidates: list[JobState], allow_borrow: bool, threshold: int | None) -> list[JobState] | None:
-        """Remove candidates in turn until the job fits, then keep those not needed (`_fill_back`)."""
+        """Remove candidates in turn until the job fits, then keep those not needed (`_fill_back`).
+
+        A walk that has not found a fit after `WALK_BEFORE_ASKING` removals asks, for one podset on its
+        nodes, whether the rest of it can end in one at all (`_may_fit`); most walks that succeed end
+        sooner, and asking costs a pass over the rest of the candidates."""
         if not self._room_possible(candidates):
             self._quota_only(candidates, allow_borrow, threshold)
             return None
         self.walked = True
-        turns: Iterable[tuple[JobState, bool]]
-        if len(self.job.podsets) == 1 and not unassigned(self.cycle.state, self.job):
-            found = self._turns(candidates, allow_borrow, threshold)
-            if not self._may_fit(found):
-                return None
-            turns = found.turns
-        else:
-            turns = self._in_turn(candidates, allow_borrow, threshold)
-        cycle = self.cycle
+        cycle, job = self.cycle, self.job
+        ask = len(job.podsets) == 1 and not unassigned(cycle.state, job)
+        own = self._own_queue_only(candidates)
+        turns: Iterator[tuple[JobState, bool]] = self._in_turn(candidates, allow_borrow, threshold)
         targets: list[JobState] = []
-        for c, may_borrow in turns:
-            cycle.remove(c)
-            targets.append(c)
-            if self._fits(may_borrow):
-                kept = self._fill_back(targets, may_borrow)
+        while True:
+            for c, may_borrow in turns:
+                cycle.remove(c)
+                targets.append(c)
+                if self._fits(may_borrow):
+                    kept = self._fill_back(targets, may_borrow)
+                    self._undo(targets)
+                    return kept
+                if ask and len(targets) == WALK_BEFORE_ASKING:
+                    break
+            else:
                 self._undo(targets)
-                return kept
-        self._undo(targets)
-        return None
+                return None
+            rest = self._turns(turns, own, may_borrow)
+            if not self._may_fit(rest):
+                self._undo(targets)
+                return None
+            turns = iter(rest.turns)
 
-    def _turns(self, candidates: list[JobState], allow_borrow: bool, threshold: int | None) -> Turns:
-        """The candidates `_in_turn` yields as they are removed one by one (it reads only the quota, so
-        the quota alone is moved), and whether the quota fits after the last turn of some run of turns
-        with one leave to borrow."""
+    def _turns(self, rest: Iterator[tuple[JobState, bool]], own: bool, after: bool) -> Turns:
+        """The turns left in `rest` (`_in_turn` reads only the quota, so the quota alone is moved), and
+        whether the quota fits after the last of some run of them with one leave to borrow (the walk
+        tried the prefix before them; `after` is the leave of its last turn)."""
         job, quota = self.job, self.cycle.idx.quota
-        if self._own_queue_only(candidates):
-            return Turns([Turn(c, allow_borrow) for c in candidates], self._fits_without(candidates, allow_borrow))
+        if own:
+            left = [Turn(c, may_borrow) for c, may_borrow in rest]
+            return Turns(left, bool(left) and self._fits_without([t.job for t in left], after))
         mark = quota.mark()
         turns: list[Turn] = []
         fits = False
-        for c, may_borrow in self._in_turn(candidates, allow_borrow, threshold):
+        for c, may_borrow in rest:
             if turns and turns[-1].may_borrow != may_borrow and not fits:
                 fits = quota.fits(job.queue, job.requests, turns[-1].may_borrow)
             turns.append(Turn(c, may_borrow))
@@ -370,14 +383,14 @@ class _Probe:
         return fits
 
     def _may_fit(self, turns: Turns) -> bool:
-        """Whether the walk over `turns` may find the job a fit (False: it would not, and `quota_possible`
-        is what it would have learnt), asked without evicting anyone.
+        """Whether the rest of a walk, `turns`, may find the job a fit (False: it would not, and
+        `quota_possible` is what it would have learnt), asked without evicting anyone more.
 
         For one podset on its nodes, fitting only grows as jobs are removed (their quota and room come
         back) while the preemptor's leave to borrow holds: some turn fits only if the last of its run
         of turns with one leave fits, so the quota is asked at the end of each run (`_turns`), and the
-        nodes once, with every turn's job removed (`TopologyIndex.can_place_freed`). A failing search
-        then costs O(turns) sums, not an eviction and a placement per candidate.
+        nodes once, with every turn's job removed too (`TopologyIndex.can_place_freed`). A failing
+        search then costs O(turns) sums, not an eviction and a placement per candidate.
         """
         if not turns.quota_fits:
             return False

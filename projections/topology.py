@@ -324,13 +324,13 @@ class TopologyIndex:
             more = extra.get(id(self.root), {})
             return all(self.root.free.get(k, 0) + more.get(k, 0) >= n for k, n in need.items())
         # only the domains the freed jobs run in gain room; any other holds the pods only if it already
-        # has the room for them (which `_roomy` finds without visiting every domain of a full cluster)
+        # has the room for them
         domains, position = self.by_level[depth - 1], self._position(depth)
         for dom_id, more in extra.items():
             dom = domains[position[dom_id]]
             if all(dom.free.get(k, 0) + more.get(k, 0) >= n for k, n in need.items()):
                 return True
-        return bool(self._roomy(depth, list(need.items())))
+        return any(all(dom.free.get(k, 0) >= n for k, n in need.items()) for dom in domains)
 
     def can_place_freed(
         self, count: int, req: Mapping[str, int], required: str | None, preferred: str | None, freed: Iterable[JobState]
