@@ -76,7 +76,7 @@ def _plan(
         depth = 1
     domains = topo.by_level[depth - 1]
     # a domain's summed free capacity bounds what it can hold: skip the hopeless
-    roomy = _roomy(topo, depth, [(k, v * count) for k, v in req.items() if v > 0])
+    roomy = roomy_domains(topo, depth, [(k, v * count) for k, v in req.items() if v > 0])
     fitting = [d for d in roomy if topo.slots(d, req, count) >= count]
     if fitting:
         if len(fitting) == 1:
@@ -94,7 +94,7 @@ def _plan(
     return _Plan(primary, spread=domains, slots=slots)
 
 
-def _roomy(topo: TopologyIndex, depth: int, need: list[tuple[str, int]]) -> list[Domain]:
+def roomy_domains(topo: TopologyIndex, depth: int, need: list[tuple[str, int]]) -> list[Domain]:
     """The domains at `depth` whose free capacity covers `need`, in path order (as `by_level`).
 
     A domain's free capacity is the sum of its parts', so one short of `need` rules out every

@@ -203,8 +203,9 @@ def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
         victims = probe.minimal(candidates, False, None) or probe.minimal(same, allow_borrow, None)
     if not victims:
         # with only own-queue candidates a failure means that evicting all of them
-        # does not help, whatever their order
-        order_matters = len(same) != len(candidates) or state.fair_sharing
+        # does not help, whatever their order; nor does any order help when the nodes could
+        # not hold the job with every candidate evicted (every victim set is a subset of them)
+        order_matters = state.fair_sharing or (len(same) != len(candidates) and probe.walked)
         return Result([], probe.quota_possible, gpus, held, order_matters, candidates)
     return Result(_with_reasons(cycle, job, victims), True, gpus, held)
 
@@ -231,6 +232,24 @@ def _with_reasons(cycle: Cycle, job: JobState, victims: list[JobState]) -> list[
     return out
 
 
+WALK_BEFORE_ASKING = 32
+"""Candidates a victim walk removes one by one before asking whether it can end in a fit at all."""
+
+
+class Turn(NamedTuple):
+    """A candidate `_Probe.minimal` removes in its turn, with whether the preemptor may borrow once it is."""
+
+    job: JobState
+    may_borrow: bool
+
+
+class Turns(NamedTuple):
+    """`_Probe._turns`: the candidates removed in turn, and whether the quota fits after some run of them."""
+
+    turns: list[Turn]
+    quota_fits: bool
+
+
 class _Probe:
     """Tries victim sets on the cycle's view, leaving it unchanged."""
 
@@ -239,6 +258,9 @@ class _Probe:
         self.job = job
         self.rule = rule
         self.quota_possible = False
+        self.walked = False
+        """Whether a `minimal` walked its candidates (False: the nodes could not hold the job with every
+        candidate evicted, so no victim set places it, whatever their order)."""
 
     def _fits(self, allow_borrow: bool) -> bool:
         cycle, job = self.cycle, self.job
@@ -286,25 +308,101 @@ class _Probe:
             yield c, allow_borrow
 
     def minimal(self, candidates: list[JobState], allow_borrow: bool, threshold: int | None) -> list[JobState] | None:
-        cycle = self.cycle
+        """Remove candidates in turn until the job fits, then keep those not needed (`_fill_back`).
+
+        A walk that has not found a fit after `WALK_BEFORE_ASKING` removals asks, for one podset on its
+        nodes, whether the rest of it can end in one at all (`_may_fit`); most walks that succeed end
+        sooner, and asking costs a pass over the rest of the candidates."""
         if not self._room_possible(candidates):
             self._quota_only(candidates, allow_borrow, threshold)
             return None
+        self.walked = True
+        cycle, job = self.cycle, self.job
+        ask = len(job.podsets) == 1 and not unassigned(cycle.state, job)
+        own = self._own_queue_only(candidates)
+        turns: Iterator[tuple[JobState, bool]] = self._in_turn(candidates, allow_borrow, threshold)
         targets: list[JobState] = []
+        while True:
+            for c, may_borrow in turns:
+                cycle.remove(c)
+                targets.append(c)
+                if self._fits(may_borrow):
+                    kept = self._fill_back(targets, may_borrow)
+                    self._undo(targets)
+                    return kept
+                if ask and len(targets) == WALK_BEFORE_ASKING:
+                    break
+            else:
+                self._undo(targets)
+                return None
+            rest = self._turns(turns, own, may_borrow)
+            if not self._may_fit(rest):
+                self._undo(targets)
+                return None
+            turns = iter(rest.turns)
+
+    def _turns(self, rest: Iterator[tuple[JobState, bool]], own: bool, after: bool) -> Turns:
+        """The turns left in `rest` (`_in_turn` reads only the quota, so the quota alone is moved), and
+        whether the quota fits after the last of some run of them with one leave to borrow (the walk
+        tried the prefix before them; `after` is the leave of its last turn)."""
+        job, quota = self.job, self.cycle.idx.quota
+        if own:
+            left = [Turn(c, may_borrow) for c, may_borrow in rest]
+            return Turns(left, bool(left) and self._fits_without([t.job for t in left], after))
+        mark = quota.mark()
+        turns: list[Turn] = []
         fits = False
-        may_borrow = allow_borrow
-        for c, may_borrow in self._in_turn(candidates, allow_borrow, threshold):
-            cycle.remove(c)
-            targets.append(c)
-            if self._fits(may_borrow):
-                fits = True
-                break
-        if not fits:
-            self._undo(targets)
-            return None
-        kept = self._fill_back(targets, may_borrow)
-        self._undo(targets)
-        return kept
+        for c, may_borrow in rest:
+            if turns and turns[-1].may_borrow != may_borrow and not fits:
+                fits = quota.fits(job.queue, job.requests, turns[-1].may_borrow)
+            turns.append(Turn(c, may_borrow))
+            quota.add(c.queue, c.requests, -1)
+        if turns and not fits:
+            fits = quota.fits(job.queue, job.requests, turns[-1].may_borrow)
+        quota.rollback(mark)
+        return Turns(turns, fits)
+
+    def _own_queue_only(self, candidates: list[JobState]) -> bool:
+        """Whether every candidate runs in the preemptor's queue (`_in_turn` then yields each, with the
+        same leave to borrow)."""
+        queue = self.job.queue
+        return all(c.queue == queue for c in candidates)
+
+    def _fits_without(self, jobs: list[JobState], allow_borrow: bool) -> bool:
+        """Whether the quota holds the preemptor with all of `jobs`, of its own queue, removed: their
+        usage given back at once (a queue's usage moves its tree the same, one job at a time or summed)."""
+        job, quota = self.job, self.cycle.idx.quota
+        total: dict[str, int] = {}
+        for c in jobs:
+            for r, v in c.requests.items():
+                total[r] = total.get(r, 0) + v
+        mark = quota.mark()
+        quota.add(job.queue, total, -1)
+        fits = quota.fits(job.queue, job.requests, allow_borrow)
+        quota.rollback(mark)
+        return fits
+
+    def _may_fit(self, turns: Turns) -> bool:
+        """Whether the rest of a walk, `turns`, may find the job a fit (False: it would not, and
+        `quota_possible` is what it would have learnt), asked without evicting anyone more.
+
+        For one podset on its nodes, fitting only grows as jobs are removed (their quota and room come
+        back) while the preemptor's leave to borrow holds: some turn fits only if the last of its run
+        of turns with one leave fits, so the quota is asked at the end of each run (`_turns`), and the
+        nodes once, with every turn's job removed too (`TopologyIndex.can_place_freed`). A failing
+        search then costs O(turns) sums, not an eviction and a placement per candidate.
+        """
+        if not turns.quota_fits:
+            return False
+        self.quota_possible = True
+        job = self.job
+        ps = job.podsets[0]
+        topology = self.cycle.idx.topology
+        t = ps.topology
+        request = placement_request(job, ps.name, ps.requests, topology.tainted)
+        required, preferred = (t.required, t.preferred) if t is not None else (None, None)
+        placeable = topology.can_place_freed(ps.count, request, required, preferred, [c for c, _ in turns.turns])
+        return placeable is not False
 
     def _room_possible(self, candidates: list[JobState]) -> bool:
         """Whether the nodes could hold the job were every candidate evicted (False: no victim set
@@ -323,6 +421,10 @@ class _Probe:
         """`minimal`'s walk when no victim set can place the job: only whether quota would fit on the
         way is left to learn (`quota_possible`, which the job's wake reads), from the quota alone."""
         job, quota = self.job, self.cycle.idx.quota
+        if self._own_queue_only(candidates):
+            # fitting only grows as they are removed: it fits on the way iff with all of them removed
+            self.quota_possible = self.quota_possible or self._fits_without(candidates, allow_borrow)
+            return
         mark = quota.mark()
         for c, may_borrow in self._in_turn(candidates, allow_borrow, threshold):
             quota.add(c.queue, c.requests, -1)

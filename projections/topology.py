@@ -31,6 +31,8 @@ from muster.projections.state import ClusterState, JobState, NodeState
 
 HOST = "host"
 _MAX_GPU_BUCKET = 64
+_FREED_KEPT = 4096
+"""How many answers `_freed_room` keeps (then it starts afresh)."""
 
 
 class Domain:
@@ -131,8 +133,8 @@ class TopologyIndex:
         """Per depth, each domain's place (by `id`) in `by_level` (`room_short`)."""
         self._rooms: dict[tuple[str, int], _Room] = {}
         """(job, depth) -> what it holds per domain (`could_hold`); good while its placement is the same object."""
-        self._last_freed: _FreedRoom | None = None
-        """`_freed_room`'s last answer, for the list it was asked about."""
+        self._freed: dict[tuple[int, frozenset[int]], _FreedRoom] = {}
+        """(depth, ids of the placements summed) -> `_freed_room`'s answer (see there)."""
 
     # ------------------------------------------------------------ host updates
 
@@ -303,12 +305,60 @@ class TopologyIndex:
         if not need or depth is None:
             return True
         extra = self._freed_room(freed, depth)
-        domains = [self.root] if depth == 0 else self.by_level[depth - 1]
-        for dom in domains:
-            more = extra.get(id(dom), {})
+        if depth == 0:
+            more = extra.get(id(self.root), {})
+            return all(self.root.free.get(k, 0) + more.get(k, 0) >= n for k, n in need.items())
+        # only the domains the freed jobs run in gain room; any other holds the pods only if it already
+        # has the room for them
+        domains, position = self.by_level[depth - 1], self._position(depth)
+        for dom_id, more in extra.items():
+            dom = domains[position[dom_id]]
             if all(dom.free.get(k, 0) + more.get(k, 0) >= n for k, n in need.items()):
                 return True
-        return False
+        return any(all(dom.free.get(k, 0) >= n for k, n in need.items()) for dom in domains)
+
+    def can_place_freed(
+        self, count: int, req: Mapping[str, int], required: str | None, preferred: str | None, freed: Iterable[JobState]
+    ) -> bool | None:
+        """Whether `can_place` would find nodes for `count` pods of `req` were the running jobs `freed`
+        evicted first, asked without evicting them (None: not a GPU-only request; ask `can_place`).
+
+        Exact for GPU-only pods: a domain holds the sum over its schedulable hosts of their free GPUs
+        // the pod's GPUs (what `slots` reads off the histograms), so only the hosts `freed` run on
+        move; without a required level the pods may spread, so the whole cluster's count decides.
+        """
+        gpu = req.get("gpu", 0)
+        if gpu <= 0 or count <= 0 or any(v > 0 for k, v in req.items() if k != "gpu"):
+            return None
+        depth = 1 if required is None else self.level_depth(required)
+        if depth is None:
+            return None
+        # what they hold per host (kept by their set, as for `could_hold`)
+        host_depth = len(self.levels) + 1
+        hosts, position = self.by_level[host_depth - 1], self._position(host_depth)
+        gained: dict[int, int] = {}
+        domains: dict[int, Domain] = {}
+        total = 0
+        for host_id, amounts in self._freed_room(freed, host_depth).items():
+            host = hosts[position[host_id]]
+            g = amounts.get("gpu", 0)
+            if g <= 0 or not host.schedulable:
+                continue  # giving back to a host out of service adds no room
+            free = host.host_free.get("gpu", 0)
+            more = max(0, free + g) // gpu - max(0, free) // gpu
+            if more:
+                total += more
+                dom = host.chain[-(depth + 1)]
+                gained[id(dom)] = gained.get(id(dom), 0) + more
+                domains[id(dom)] = dom
+        if required is None:
+            # one domain or a spread over them: the cluster's pods (a count under `count` is not capped)
+            return self.slots(self.root, req, count) + total >= count
+        if any(self.slots(dom, req, count) + gained[key] >= count for key, dom in domains.items()):
+            return True
+        return any(
+            self.slots(dom, req, count) >= count for dom in placement.roomy_domains(self, depth, [("gpu", gpu * count)])
+        )
 
     def room_short(
         self, count: int, req: Mapping[str, int], level: str, freed: Iterable[JobState], keep: int
@@ -327,9 +377,7 @@ class TopologyIndex:
         need = gpu * count
         domains = self.by_level[depth - 1]
         lacks = [need - dom.free.get("gpu", 0) for dom in domains]
-        position = self._positions.get(depth)
-        if position is None:
-            position = self._positions[depth] = {id(dom): i for i, dom in enumerate(domains)}
+        position = self._position(depth)
         for dom_id, amounts in self._freed_room(freed, depth).items():
             lacks[position[dom_id]] -= amounts.get("gpu", 0)
         # the smallest first, ties in path order (as sorting the pairs would give)
@@ -337,24 +385,37 @@ class TopologyIndex:
         found = [DomainLack(max(1, lacks[i]), domains[i].path) for i in ranked]
         return RoomShort(found[:keep], found[keep].gpus if len(found) > keep else None)
 
+    def _position(self, depth: int) -> dict[int, int]:
+        """Each domain's place (by `id`) in `by_level` at `depth` (1 and deeper)."""
+        position = self._positions.get(depth)
+        if position is None:
+            position = self._positions[depth] = {id(dom): i for i, dom in enumerate(self.by_level[depth - 1])}
+        return position
+
     def _freed_room(self, freed: Iterable[JobState], depth: int) -> dict[int, dict[str, int]]:
         """What the running jobs `freed` hold per domain at `depth` (by `id`), added up.
 
-        The last answer is kept for its list: a failed victim search bounds the room of its
-        candidates (`could_hold`), then the wake asks what they leave each domain short of
-        (`room_short`), over the same list, which nobody changes once made.
+        Answers are kept by the set of placements summed (a few thousand, then forgotten): every
+        victim search of a preemptor bounds the room of its candidates (`could_hold`), then its wake
+        asks what they leave each domain short of (`room_short`), and the preemptors of a queue find
+        the same candidates, in an order that moves with time, until a job of theirs comes or goes.
+        A kept answer holds its placements, so their ids stay theirs (a running job's placement is
+        replaced, not changed, when it runs again).
         """
-        last = self._last_freed
-        if last is not None and last.jobs is freed and last.depth == depth:
-            return last.by_domain
+        placements = [job.placement for job in freed]
+        key = (depth, frozenset(map(id, placements)))
+        known = self._freed.get(key)
+        if known is not None:
+            return known.by_domain
         extra: dict[int, dict[str, int]] = {}
         for job in freed:
             for dom_id, amounts in self._room_by_domain(job, depth).items():
                 more = extra.setdefault(dom_id, {})
                 for k, v in amounts.items():
                     more[k] = more.get(k, 0) + v
-        if isinstance(freed, list):
-            self._last_freed = _FreedRoom(freed, depth, extra)
+        if len(self._freed) >= _FREED_KEPT:
+            self._freed.clear()
+        self._freed[key] = _FreedRoom(placements, extra)
         return extra
 
     @staticmethod
@@ -413,10 +474,10 @@ class RoomShort(NamedTuple):
 
 
 class _FreedRoom(NamedTuple):
-    """`_freed_room`'s answer for one list of jobs (held, so that its identity stays its own)."""
+    """`_freed_room`'s answer for a set of running jobs, with their placements (held, so that their ids
+    stay their own while the answer is kept)."""
 
-    jobs: list[JobState]
-    depth: int
+    placements: list[dict[str, str]]
     by_domain: dict[int, dict[str, int]]
 
 

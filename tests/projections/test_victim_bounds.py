@@ -1,0 +1,87 @@
+"""The victim search's shortcut is exact: asking whether a gang fits with jobs evicted, without evicting them,
+answers what evicting them and placing the gang answers, so a search it stops would have found no victim set."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from muster.events.types import (
+    Event,
+    JobSubmitted,
+    NodeAdded,
+    NodeCordoned,
+    PodSet,
+    QueueConfigured,
+    SchedulerConfigured,
+    Topology,
+)
+from muster.projections.cluster import evolve, node_pods
+from muster.projections.index import index_of
+from muster.projections.scheduler import decide
+from muster.projections.state import ClusterState
+from muster.projections.topology import Transaction
+
+LEVELS = ["block", "rack"]
+
+running_jobs = st.lists(
+    st.tuples(st.integers(1, 4), st.sampled_from([1, 2, 4, 8]), st.sampled_from([None, "rack", "block"])),
+    min_size=1,
+    max_size=14,
+)
+"""Jobs to run first: (pods, GPUs per pod, required level)."""
+
+
+def _running(jobs: list[tuple[int, int, str | None]], cordon: int) -> ClusterState:
+    """2 blocks x 2 racks x 2 nodes of 8 GPUs with `jobs` admitted where they fit, then node `cordon` cordoned
+    (its jobs run on: evicting them gives no room a gang may take)."""
+    state = ClusterState()
+    events: list[Event] = [
+        SchedulerConfigured(at=0, levels=LEVELS),
+        QueueConfigured(at=0, name="q", nominal={"gpu": 1000}),
+    ]
+    for i in range(8):
+        labels = {"block": f"b{i // 4}", "rack": f"r{i // 2}"}
+        events.append(NodeAdded(at=0, node=f"n{i}", labels=labels, capacity={"gpu": 8}))
+    for i, (pods, gpus, level) in enumerate(jobs):
+        topology = Topology(required=level) if level else None
+        podset = PodSet(name="w", count=pods, requests={"gpu": gpus}, topology=topology)
+        events.append(JobSubmitted(at=0, job=f"j{i}", queue="q", podsets=[podset]))
+    for ev in events:
+        evolve(state, ev)
+    for _ in range(len(jobs) + 1):
+        decided = decide(state, 0)
+        if not decided:
+            break
+        for ev in decided:
+            evolve(state, ev)
+    if cordon < 8:
+        evolve(state, NodeCordoned(at=1, node=f"n{cordon}", cordoned=True))
+    return state
+
+
+@settings(max_examples=600, deadline=None, derandomize=True)
+@given(
+    jobs=running_jobs,
+    cordon=st.integers(0, 8),  # 8: none
+    evicted=st.integers(0, (1 << 14) - 1),
+    pods=st.integers(1, 8),
+    gpus=st.sampled_from([1, 2, 3, 4, 8]),
+    required=st.sampled_from([None, "rack", "block"]),
+)
+def test_a_gang_fits_with_jobs_evicted_exactly_when_evicting_them_makes_it_fit(
+    jobs: list[tuple[int, int, str | None]], cordon: int, evicted: int, pods: int, gpus: int, required: str | None
+) -> None:
+    """`can_place_freed` says what evicting the jobs and then asking `can_place` says, also on a cordoned node."""
+    state = _running(jobs, cordon)
+    topology = index_of(state).topology
+    running = sorted((j for j in state.jobs.values() if j.status == "admitted"), key=lambda j: j.seq)
+    freed = [j for i, j in enumerate(running) if evicted >> i & 1]
+    asked = topology.can_place_freed(pods, {"gpu": gpus}, required, None, freed)
+    tx = Transaction(topology)
+    for job in freed:
+        for node, n, req in node_pods(job.podsets, job.placement):
+            tx.give(node, {k: v * n for k, v in req.items()})
+    placed = topology.can_place(pods, {"gpu": gpus}, required, None)
+    tx.rollback()
+    assert asked == placed
