@@ -317,7 +317,7 @@ def lowest_key(cycle: Cycle, job: JobState) -> OrderKey:
         borrows = 0 if quota.within_nominal(job.queue, requests) else 1
         share = quota.share(job.queue, requests) if cycle.state.fair_sharing else 0
         cycle.quota_keys[shape] = QuotaPosition(quota.version, borrows, share)
-    return order_key(priority, job.seq, borrows, share)
+    return order_key(priority, job.order_seq, borrows, share)
 
 
 def neg_seq(m: Member) -> int:

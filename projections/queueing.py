@@ -62,6 +62,6 @@ class StrictHeads:
                 by_queue.setdefault(job.queue, {})[job_id] = job
         # the one admission order with the quota position left out (as `views.queue_order` shows it)
         return {
-            q: sorted(members, key=lambda j: order_key(state.priority_of(members[j]), members[j].seq))
+            q: sorted(members, key=lambda j: order_key(state.priority_of(members[j]), members[j].order_seq))
             for q, members in by_queue.items()
         }

@@ -128,7 +128,7 @@ def _may_evict_any(cycle: Cycle, job: JobState, admitted: list[JobState]) -> boo
         if not overlaps(other, job):
             continue
         prio = state.priority_of(other) if state.preemptible(other) else None
-        if may_evict(rule, other.queue, prio, other.seq):
+        if may_evict(rule, other.queue, prio, other.order_seq):
             return True
     return False
 

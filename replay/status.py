@@ -70,7 +70,7 @@ def positions(state: ClusterState, queues: set[str]) -> dict[str, int]:
             waiting.append(job)
     out: dict[str, int] = {}
     for jobs in by_queue.values():
-        jobs.sort(key=lambda j: order_key(state.priority_of(j), j.seq))
+        jobs.sort(key=lambda j: order_key(state.priority_of(j), j.order_seq))
         out.update((j.id, pos) for pos, j in enumerate(jobs, start=1))
     return out
 

@@ -181,7 +181,7 @@ def pending_reason(job: JobState) -> str:
 def queue_order(state: ClusterState, queue: str) -> list[JobState]:
     """The queue's pending jobs in `order_key` order (their quota position aside, which the cycle judges)."""
     jobs = [j for j in state.jobs.values() if j.queue == queue and j.status == "pending"]
-    jobs.sort(key=lambda j: order_key(state.priority_of(j), j.seq))
+    jobs.sort(key=lambda j: order_key(state.priority_of(j), j.order_seq))
     return jobs
 
 
@@ -192,7 +192,7 @@ def pending_rows(state: ClusterState) -> list[dict[str, Any]]:
             by_queue.setdefault(job.queue, []).append(job)
     rows = []
     for queue in sorted(by_queue):
-        jobs = sorted(by_queue[queue], key=lambda j: order_key(state.priority_of(j), j.seq))
+        jobs = sorted(by_queue[queue], key=lambda j: order_key(state.priority_of(j), j.order_seq))
         for pos, job in enumerate(jobs, start=1):
             rows.append(
                 {

@@ -39,6 +39,9 @@ def _scenarios(tmp: Path) -> Iterator[tuple[str, Scenario]]:
         yield f"mixed-{seed}", loads(mixed(seed, jobs=60), "m.yaml")
     for seed in range(4):
         yield f"mixed-fair-idle-{seed}", loads(mixed(seed, jobs=60, fair=True, idle=True), "m.yaml")
+    for seed in range(4):  # idle reclaim of any job, not only borrowers: reclaimed jobs requeued behind the waiting
+        idle_any = mixed(seed, jobs=60, idle=True, fair=seed % 2 == 1)
+        yield f"mixed-idle-any-{seed}", loads(idle_any.replace("after: 300, only_borrowing: true", _IDLE_ANY), "m.yaml")
     for seed in range(3):  # every queue strict_fifo (a held-back job is not parked), every job a 300 s limit
         strict = mixed(seed, jobs=60).replace("  - {name: q", "  - {queueing_strategy: strict_fifo, name: q")
         yield f"mixed-strict-{seed}", loads(strict.replace("runtime: ", "max_runtime: 300, runtime: "), "m.yaml")
@@ -60,6 +63,9 @@ def _scenarios(tmp: Path) -> Iterator[tuple[str, Scenario]]:
     yield "bench-b", load(bench.case_b(tmp, 0.01))
     yield "bench-c", load(bench.case_c(tmp, 0.02, 1000))
     yield "bench-a3-flavors", load(bench.case_flavors(tmp, 0.03))
+
+
+_IDLE_ANY = "after: 60, only_borrowing: false"
 
 
 def _flavored(text: str) -> str:
