@@ -200,3 +200,14 @@ def test_one_waiting_job_reclaims_one_idle_job() -> None:
     policy = "idle_reclaim:\n  threshold: 0.05\n  after: 1800\n  only_borrowing: false\n"
     out = run(scenario(flat_nodes(8, 8), [queue("q", 16)], timeline, extra=policy + "until: 20000\n"))
     assert out.decisions(at=1900) == [("preempt", "idle2", None, "IdleReclaim"), ("admit", "w"), ("pending", "idle2")]
+
+
+def test_reclaimed_job_does_not_evict_the_equal_job_it_made_room_for() -> None:
+    """Under LowerOrNewerEqualPriority the reclaimed job is the newer one: it may not evict the job now in its room."""
+    policy = "idle_reclaim:\n  threshold: 0.05\n  after: 1800\n  only_borrowing: false\n"
+    timeline = _idle_one(submit("w", "q", 8, prio="training", at=200, runtime=100))
+    queues = [queue("q", 8, within="LowerOrNewerEqualPriority")]
+    out = run(scenario(ONE_NODE, queues, timeline, extra=policy + "until: 20000\n"))
+    assert [(e.at, e.job, e.reason) for e in out.preemptions()] == [(1900, "idle", "IdleReclaim")]
+    assert [a.at for a in out.admissions("w")] == [1900]
+    assert [a.at for a in out.admissions("idle")] == [0, 2000]
