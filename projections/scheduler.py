@@ -185,7 +185,7 @@ def _reclaim_idle(cycle: Cycle) -> None:
 def _keeps_the_room(cycle: Cycle, waiting: JobState, reclaimed: JobState) -> bool:
     """Whether `waiting` comes before `reclaimed`, requeued at its new place, and keeps what it takes."""
     key = lowest_key(cycle, waiting)
-    if key[:3] > lowest_key(cycle, reclaimed)[:3]:
+    if key[:-1] > lowest_key(cycle, reclaimed)[:-1]:  # all but the place (the seq, last)
         return False
     rule = preemptor_rule(cycle, reclaimed)._replace(seq=cycle.state.places + 1)
     priority = cycle.state.priority_of(waiting) if cycle.state.preemptible(waiting) else None
