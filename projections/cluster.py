@@ -232,6 +232,7 @@ def _on_submitted(state: ClusterState, ev: JobSubmitted) -> ClusterState:
         state.refused.append(RefusedSubmission(job=ev.job, queue=ev.queue, at=ev.at))
         return skip(state)
     state.submitted += 1
+    state.places += 1
     state.jobs[ev.job] = JobState(
         id=ev.job,
         queue=ev.queue,
@@ -240,6 +241,7 @@ def _on_submitted(state: ClusterState, ev: JobSubmitted) -> ClusterState:
         runtime=ev.runtime,
         checkpoint_every=ev.checkpoint_every,
         seq=state.submitted,
+        order_seq=state.places,
         submitted_at=ev.at,
         pods=ev.pods,
         requests=_podset_requests(ev.podsets),
@@ -312,6 +314,11 @@ def _on_preempted(state: ClusterState, ev: JobPreempted) -> ClusterState:
     job.reason = ""
     job.evicted_by = ev.preemptor
     job.preempted_at = ev.at
+    if ev.reason == "IdleReclaim":
+        # it loses its place: behind the jobs waiting now, whom its room was reclaimed for (spec,
+        # Idle reclamation); with its old place it would take the room back in the next cycle
+        state.places += 1
+        job.order_seq = state.places
     if ev.preemptor is not None:
         preemptor = state.jobs.get(ev.preemptor)
         if preemptor is not None and preemptor.status == "pending":

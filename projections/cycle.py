@@ -322,7 +322,7 @@ def lowest_key(cycle: Cycle, job: JobState) -> OrderKey:
         borrows = 0 if quota.within_nominal(job.queue, requests) else 1
         share = quota.share(job.queue, requests) if cycle.state.fair_sharing else 0
         known = cycle.quota_keys[shape] = QuotaPosition(quota.version, borrows, share)
-    return order_key(priority, job.seq, known.over_nominal, known.share, limit)
+    return order_key(priority, job.order_seq, known.over_nominal, known.share, limit)
 
 
 def neg_seq(m: Member) -> int:

@@ -49,7 +49,8 @@ class Preemptor(NamedTuple):
     mode: Mode | None
     """None: any mode (the answer is whether some quota position allows the eviction)."""
     seq: int | None
-    """Its submission order; None: any (the answer is whether some order allows it)."""
+    """Its place in the admission order (`JobState.order_seq`: "newer" is a later place, as Kueue's
+    queue order timestamp); None: any (the answer is whether some order allows it)."""
     spared: frozenset[str] = frozenset()
     """Jobs it never evicts: those its own eviction descends from (`eviction_chain`)."""
 
@@ -57,7 +58,7 @@ class Preemptor(NamedTuple):
 def may_evict(
     p: Preemptor, queue: str, priority: int | None, seq: int, lender_borrowing: bool = True, job: str | None = None
 ) -> bool:
-    """Whether `p` may evict a running job of `queue` at `priority` (None: not preemptible) submitted at `seq`.
+    """Whether `p` may evict a running job of `queue` at `priority` (None: not preemptible) placed at `seq`.
 
     `lender_borrowing`: whether `queue` borrows from the cohort now (a job of
     another queue is a candidate only then). `job`: its id (None: a job `p`

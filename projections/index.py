@@ -106,7 +106,7 @@ def queue_order_key(state: ClusterState, job: JobState) -> OrderKey:
     (strict heads, reservations' heads, views), as the cycle's heap orders it but for quota."""
     queue = state.queues.get(job.queue)
     strategy = queue.queueing_strategy if queue is not None else ""
-    return order_key(state.priority_of(job), job.seq, limit=limit_rank(strategy, job.max_runtime))
+    return order_key(state.priority_of(job), job.order_seq, limit=limit_rank(strategy, job.max_runtime))
 
 
 class SchedulerIndex:
@@ -176,7 +176,7 @@ class SchedulerIndex:
         group = self.group_of.pop(job.id, None)
         if group is not None and not active:
             # a job to try is parked in no block (looking through its class's blocks costs one per block)
-            self.parking.unpark(group, -job.seq, job.id)
+            self.parking.unpark(group, -job.order_seq, job.id)
         self._prio.pop(job.id, None)
         self._shape.pop(job.id, None)
         self.new_jobs.discard(job.id)
@@ -260,7 +260,7 @@ class SchedulerIndex:
         group = self.group_of.get(job.id)
         if group is None:
             group = self.group_of[job.id] = self.group(job)
-        self._add(group, [Member(-job.seq, job.id)], job.reason)
+        self._add(group, [Member(-job.order_seq, job.id)], job.reason)
 
     def activate_all(self, jobs: list[JobState]) -> None:
         """`activate` every job, a group at a time (a deep backlog arrives in one sync)."""
@@ -273,7 +273,7 @@ class SchedulerIndex:
         for group, members in by_group.items():
             reasons = {j.reason for j in members}
             reason = reasons.pop() if len(reasons) == 1 else None
-            self._add(group, sorted(Member(-j.seq, j.id) for j in members), reason)
+            self._add(group, sorted(Member(-j.order_seq, j.id) for j in members), reason)
 
     def _add(self, group: Group, members: list[Member], reason: str | None) -> None:
         """Add sorted members (the list becomes the group's own) with the reason they all have."""
@@ -309,7 +309,7 @@ class SchedulerIndex:
         members = self.groups.get(group)
         if not members:
             return False
-        target = Member(-job.seq, job_id)
+        target = Member(-job.order_seq, job_id)
         i = bisect.bisect_left(members, target)
         return i < len(members) and members[i] == target
 
@@ -321,7 +321,7 @@ class SchedulerIndex:
         members = self.groups.get(group)
         if not members:
             return False
-        target = Member(-job.seq, job.id)
+        target = Member(-job.order_seq, job.id)
         if members[-1] == target:
             # the usual case: the group's first job in queue order, just tried
             members.pop()
@@ -338,7 +338,7 @@ class SchedulerIndex:
     def park(self, job: JobState, wake: parking.Wake, reason: str, cycle: int) -> Block:
         """Set a job aside (see `parking`); it is no longer one to try."""
         self.deactivate(job)
-        return self.park_members(self.group_of[job.id], [Member(-job.seq, job.id)], job, wake, reason, cycle)
+        return self.park_members(self.group_of[job.id], [Member(-job.order_seq, job.id)], job, wake, reason, cycle)
 
     def park_members(
         self, group: Group, members: list[Member], like: JobState, wake: parking.Wake, reason: str, cycle: int

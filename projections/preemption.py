@@ -82,7 +82,7 @@ def _candidates(cycle: Cycle, job: JobState, p: Preemptor) -> list[JobState]:
                 break
             if c.id in removed or not overlaps(c, job):
                 continue
-            if may_evict(p, job.queue, cp, c.seq, job=c.id):
+            if may_evict(p, job.queue, cp, c.order_seq, job=c.id):
                 own.append(c)
     others: list[VictimEntry] = []
     if p.in_cohort and rule.others:
@@ -95,9 +95,9 @@ def _candidates(cycle: Cycle, job: JobState, p: Preemptor) -> list[JobState]:
                 continue  # not even its lowest priority: none of its jobs (the order is not needed)
             for entry in victim_order(cycle, other, upto):
                 cp, c = entry.priority, entry.job
-                if not may_evict(p, other, cp, c.seq, borrowing):
+                if not may_evict(p, other, cp, c.order_seq, borrowing):
                     break  # for other queues the rule only narrows as priority rises
-                if c.id in removed or not overlaps(c, job) or not may_evict(p, other, cp, c.seq, borrowing, c.id):
+                if c.id in removed or not overlaps(c, job) or not may_evict(p, other, cp, c.order_seq, borrowing, c.id):
                     continue
                 others.append(entry)
     others.sort(key=lambda e: (e.priority, e.lost, e.neg_admitted, e.neg_seq))
@@ -167,20 +167,26 @@ def overlaps(candidate: JobState, job: JobState) -> bool:
     return any(v > 0 and candidate.requests.get(r, 0) > 0 for r, v in job.requests.items())
 
 
-def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
-    """The victims to evict so that `job` fits, or none."""
-    state, quota = cycle.state, cycle.idx.quota
-    if job.chained_eviction(cycle.now):
-        return _NONE
-    prio = state.priority_of(job)
+def preemptor_rule(cycle: Cycle, job: JobState) -> Preemptor:
+    """What the eviction rule knows of `job` as a preemptor on the cycle's view."""
+    state = cycle.state
     queue = state.queues[job.queue]
-    policy = queue.preemption
     mode: Mode
     if state.fair_sharing:
         mode = "fair"
     else:
-        mode = "reclaim" if quota.within_nominal(job.queue, job.requests) else "borrow"
-    rule = Preemptor(job.queue, prio, policy, queue.cohort is not None, mode, job.seq, eviction_chain(state.jobs, job))
+        mode = "reclaim" if cycle.idx.quota.within_nominal(job.queue, job.requests) else "borrow"
+    prio, chain = state.priority_of(job), eviction_chain(state.jobs, job)
+    return Preemptor(job.queue, prio, queue.preemption, queue.cohort is not None, mode, job.order_seq, chain)
+
+
+def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
+    """The victims to evict so that `job` fits, or none."""
+    state = cycle.state
+    if job.chained_eviction(cycle.now):
+        return _NONE
+    policy = state.queues[job.queue].preemption
+    rule = preemptor_rule(cycle, job)
     candidates = _candidates(cycle, job, rule)
     if not candidates:
         return _NONE
@@ -285,7 +291,7 @@ class _Probe:
         """Whether the rule still lets the preemptor take `c` on the view as it stands (its queue borrows)."""
         cycle = self.cycle
         borrowing = cycle.idx.quota.is_borrowing(c.queue, self.job.requests)
-        return may_evict(self.rule, c.queue, cycle.state.priority_of(c), c.seq, borrowing)
+        return may_evict(self.rule, c.queue, cycle.state.priority_of(c), c.order_seq, borrowing)
 
     def _undo(self, removed: list[JobState]) -> None:
         for t in reversed(removed):
@@ -301,7 +307,7 @@ class _Probe:
         for c in candidates:
             if c.queue != job.queue:
                 cp = state.priority_of(c)
-                if not may_evict(self.rule, c.queue, cp, c.seq, quota.is_borrowing(c.queue, job.requests)):
+                if not may_evict(self.rule, c.queue, cp, c.order_seq, quota.is_borrowing(c.queue, job.requests)):
                     continue  # its queue no longer borrows
                 if threshold is not None and cp > threshold:
                     allow_borrow = False  # borrow_within_cohort: borrowing only past victims under the threshold

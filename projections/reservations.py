@@ -569,7 +569,7 @@ def _heads(
         job = state.jobs.get(job_id)
         if job is None or job.queue not in queues or job_id in placed or job.status != "pending":
             continue
-        key = order_key(idx.priority(job), job.seq, limit=idx.limit(job))
+        key = order_key(idx.priority(job), job.order_seq, limit=idx.limit(job))
         known = best.get(job.queue)
         if known is None or key < known[0]:
             best[job.queue] = (key, job)

@@ -14,7 +14,8 @@ One call is one scheduling cycle. It reads like Kueue's `schedule()`:
    why it waits (`JobInadmissible`, only when the reason changed) and park it;
    5b. reserve room for the jobs that waited longest (`reservations`; reserved room is
    held back from every other job but those whose declared limit ends before it is needed);
-6. reclaim jobs idle for long enough when a pending job could use their room;
+6. reclaim jobs idle for long enough when a pending job that will come before them needs
+   their room (a reclaimed job is requeued behind the jobs waiting then);
 7. undo every tentative change: the state is left exactly as it was found
    (the derived index's nodes and quotas are put back at its next sync, but
    those the fold of the decisions changes: see `topology`).
@@ -36,8 +37,9 @@ import heapq
 from muster.events.types import Event, JobId, JobRejected
 from muster.projections.cycle import Cycle, HeapEntry, lowest_key
 from muster.projections.duplicates import refuse_taken_ids
+from muster.projections.eviction import may_evict
 from muster.projections.index import index_of, queue_order_key, take_new_jobs
-from muster.projections.preemption import Victim
+from muster.projections.preemption import Victim, preemptor_rule
 from muster.projections.reservations import decide_reservations
 from muster.projections.state import ClusterState, JobState
 from muster.projections.trying import try_job
@@ -146,6 +148,15 @@ def _admit(cycle: Cycle) -> None:
 
 
 def _reclaim_idle(cycle: Cycle) -> None:
+    """Evict idle jobs whose room a waiting job that will keep it needs (spec, Idle reclamation).
+
+    A reclaimed job loses its place: the fold requeues it behind the jobs waiting now
+    (`JobState.order_seq`). A waiting job counts only if the reclaimed job would not take the room
+    back: it comes first in the next cycle's order (its key, but for the place, is no larger),
+    and once it runs the reclaimed job may not evict it (`eviction.may_evict`, with the job's
+    new place). And only if it needs this job's room: one that fits without it (in the room of
+    a job reclaimed or preempted just before) takes that room instead.
+    """
     state, idx = cycle.state, cycle.idx
     policy = state.idle_reclaim
     if policy is None:
@@ -168,11 +179,23 @@ def _reclaim_idle(cycle: Cycle) -> None:
     candidates = set(idx.group_of) - set(cycle.placed)
     waiting = sorted((state.jobs[j] for j in candidates), key=lambda j: queue_order_key(state, j))
     for job in idle:
+        # on the next cycle's view: without the job, which is then pending at the reclaim's place
         cycle.remove(job)
-        useful = any(cycle.fits(p, state.preemptible(p)) for p in waiting)
+        fitting = [p for p in waiting if _keeps_the_room(cycle, p, job) and cycle.fits(p, state.preemptible(p))]
         cycle.restore(job)
-        if useful:
+        if any(not cycle.fits(p, state.preemptible(p)) for p in fitting):
             cycle.preempt(Victim(job, "IdleReclaim"), None)
+
+
+def _keeps_the_room(cycle: Cycle, waiting: JobState, reclaimed: JobState) -> bool:
+    """Whether `waiting` comes before `reclaimed`, requeued at its new place, and keeps what it takes."""
+    key = lowest_key(cycle, waiting)
+    if key[:-1] > lowest_key(cycle, reclaimed)[:-1]:  # all but the place (the seq, last)
+        return False
+    rule = preemptor_rule(cycle, reclaimed)._replace(seq=cycle.state.places + 1)
+    priority = cycle.state.priority_of(waiting) if cycle.state.preemptible(waiting) else None
+    # once admitted, it borrows if it does not fit within its queue's nominal quota now
+    return not may_evict(rule, waiting.queue, priority, waiting.order_seq, key[0] == 1, waiting.id)
 
 
 def next_wakeup(state: ClusterState, now: int) -> int | None:

@@ -93,7 +93,7 @@ class JobState(msgspec.Struct, kw_only=True):
     runtime: int | None
     checkpoint_every: int | None
     seq: int
-    """Submission order: a job keeps its place in its queue across preemptions."""
+    """Submission order: the job's identity in every tie (its place in the queue is `order_seq`)."""
     submitted_at: int
     pods: dict[str, str] = {}
     requests: dict[str, int] = {}
@@ -128,6 +128,14 @@ class JobState(msgspec.Struct, kw_only=True):
     """While admitted with flavors: per podset, resource -> flavor (`JobAdmitted.flavors`); its
     `requests` are then keyed `resource@flavor`, as its queue's quota is (plain again once its queue
     turns into one plain pool, re-keyed when its pools or nodes change: `configuration.repool`)."""
+    order_seq: int = 0
+    """Its place in the admission order (`index.order_key`): its submission's place in the log, or its
+    last idle reclaim's, since a job reclaimed for idleness waits behind the jobs then waiting (spec,
+    Idle reclamation); other preemptions keep it. 0 (a state written before it existed): `seq`."""
+
+    def __post_init__(self) -> None:
+        if not self.order_seq:
+            self.order_seq = self.seq
 
     @property
     def gpus(self) -> int:
@@ -247,8 +255,12 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
     flavors: dict[str, FlavorState] = {}
     reservations: dict[str, Reservation] = {}
     """Job id -> the room held for it, until its `ReservationReleased`."""
+    places: int = 0
+    """Places given in the admission order (`JobState.order_seq`): one per submission and per idle
+    reclaim (a state written before it existed gave only submissions theirs: `submitted`)."""
 
     def __post_init__(self) -> None:
+        self.places = max(self.places, self.submitted)
         self.reset_bookkeeping()
 
     def reset_bookkeeping(self) -> None:

@@ -33,7 +33,7 @@ def park(cycle: Cycle, job: JobState, reason: str, wake: Wake) -> None:
     if _judged_on_a_narrow_view(cycle, job) or chain_may_shrink(cycle.state.jobs, job):
         # tried again next cycle whatever happens: a park would only be woken at the cycle's end
         idx.deactivate(job)
-        cycle.set_aside.append((idx.group_of[job.id], [Member(-job.seq, job.id)]))
+        cycle.set_aside.append((idx.group_of[job.id], [Member(-job.order_seq, job.id)]))
         return
     idx.park(job, wake, reason, cycle.number)
 
@@ -132,7 +132,7 @@ def _may_evict_any(cycle: Cycle, job: JobState, admitted: list[JobState]) -> boo
         if not overlaps(other, job):
             continue
         prio = state.priority_of(other) if state.preemptible(other) else None
-        if may_evict(rule, other.queue, prio, other.seq):
+        if may_evict(rule, other.queue, prio, other.order_seq):
             return True
     return False
 

@@ -119,7 +119,10 @@ def _preemption_why(state: ClusterState, ev: JobPreempted, victim: JobState) -> 
         policy = state.idle_reclaim
         threshold = policy.threshold if policy is not None else DEFAULT_IDLE_THRESHOLD
         since = f" since {victim.idle_since}" if victim.idle_since is not None else ""
-        return f"idle (GPU utilization at or under {threshold:.0%}{since}) while a pending job could use its room"
+        return (
+            f"idle (GPU utilization at or under {threshold:.0%}{since}) while a pending job that comes before it "
+            "needed its room; it waits behind the jobs pending then"
+        )
     reason: str = ev.reason
     if pre is None:
         return reason

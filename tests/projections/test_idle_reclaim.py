@@ -7,7 +7,7 @@ with no reclaim policy, can only get room when an idle job is reclaimed.
 
 from __future__ import annotations
 
-from simkit import nodes_8gpu, queue, run, scenario, submit
+from simkit import flat_nodes, nodes_8gpu, queue, run, scenario, submit
 
 TWO_NODES = nodes_8gpu(per_rack=2)  # 16 GPUs
 
@@ -135,3 +135,79 @@ def test_idle_clock_resets_when_the_job_is_readmitted() -> None:
     # `b` finishes at 2000; `lent` is readmitted and, with no new idle sample, runs on
     assert out.admissions("lent")[1].at == 2000
     assert len(out.preemptions()) == 1
+
+
+# A job reclaimed for idleness loses its place (spec, Idle reclamation): one 8-GPU node, one queue,
+# `idle` (submitted first) idle from t=100, the others waiting for its room.
+
+ONE_NODE = flat_nodes(8)
+
+
+def _one_queue(timeline: list[str]) -> str:
+    policy = "idle_reclaim:\n  threshold: 0.05\n  after: 1800\n  only_borrowing: false\n"
+    return scenario(ONE_NODE, [queue("q", 8)], timeline, extra=policy + "until: 20000\n")
+
+
+def _idle_one(*more: str) -> list[str]:
+    idle = submit("idle", "q", 8, runtime=100_000, prio="training")
+    return [idle, "  - {at: 100, utilization: {job: idle, gpu: 0.0}}\n", *more]
+
+
+def test_reclaimed_job_is_not_readmitted_ahead_of_the_job_it_was_reclaimed_for() -> None:
+    """An idle job reclaimed for an equal job of its queue waits behind it: the waiting job gets the room."""
+    out = run(_one_queue(_idle_one(submit("w", "q", 8, prio="training", at=200, runtime=100))))
+    assert out.decisions(at=1900) == [("preempt", "idle", None, "IdleReclaim"), ("admit", "w"), ("pending", "idle")]
+    assert [a.at for a in out.admissions("idle")] == [0, 2000]  # back when `w` ends
+
+
+def test_reclaimed_job_goes_ahead_of_jobs_submitted_after_its_reclaim() -> None:
+    """A reclaimed job's new place is the reclaim's: behind those then waiting, ahead of later submissions."""
+    later = submit("later", "q", 8, prio="training", at=1950, runtime=100)
+    out = run(_one_queue(_idle_one(submit("w", "q", 8, prio="training", at=200, runtime=100), later)))
+    assert out.decisions(at=2000, pending=False) == [("admit", "idle")]
+    assert out.admissions("later") == []  # `idle` runs on; `later` waits behind it
+
+
+def test_job_idle_again_after_readmission_is_reclaimed_only_when_someone_waits() -> None:
+    """Readmitted and idle again, a job is kept while no one waits and reclaimed when a job arrives."""
+    timeline = _idle_one(
+        submit("w", "q", 8, prio="training", at=200, runtime=100),
+        "  - {at: 2100, utilization: {job: idle, gpu: 0.0}}\n",
+        submit("w2", "q", 8, prio="training", at=5000, runtime=100),
+    )
+    out = run(_one_queue(timeline))
+    assert [(e.at, e.job) for e in out.preemptions()] == [(1900, "idle"), (5000, "idle")]
+    assert [a.at for a in out.admissions("w2")] == [5000]
+    assert [a.at for a in out.admissions("idle")] == [0, 2000, 5100]
+
+
+def test_idle_job_kept_when_only_lower_priority_jobs_wait() -> None:
+    """An idle job is not reclaimed for a lower-priority job: that job would still come after it."""
+    out = run(_one_queue(_idle_one(submit("w", "q", 8, at=200, runtime=100, prio="low"))))
+    assert out.preemptions() == []
+    assert out.admissions("w") == []
+
+
+def test_one_waiting_job_reclaims_one_idle_job() -> None:
+    """Two idle jobs and one waiting job that either's room holds: only the job idle longest is reclaimed."""
+    timeline = [
+        submit("idle1", "q", 8, runtime=100_000, prio="training"),
+        submit("idle2", "q", 8, runtime=100_000, prio="training"),
+        "  - {at: 100, utilization: {job: idle2, gpu: 0.0}}\n",
+        "  - {at: 150, utilization: {job: idle1, gpu: 0.0}}\n",
+        submit("w", "q", 8, prio="training", at=200, runtime=100),
+    ]
+    policy = "idle_reclaim:\n  threshold: 0.05\n  after: 1800\n  only_borrowing: false\n"
+    out = run(scenario(flat_nodes(8, 8), [queue("q", 16)], timeline, extra=policy + "until: 20000\n"))
+    assert out.decisions(at=1900) == [("preempt", "idle2", None, "IdleReclaim"), ("admit", "w"), ("pending", "idle2")]
+
+
+def test_reclaimed_job_does_not_evict_the_equal_job_it_made_room_for() -> None:
+    """Under LowerOrNewerEqualPriority the reclaimed job is the newer one: it may not evict the job now in its room."""
+    policy = "idle_reclaim:\n  threshold: 0.05\n  after: 1800\n  only_borrowing: false\n"
+    timeline = _idle_one(submit("w", "q", 8, prio="training", at=200, runtime=100))
+    queues = [queue("q", 8, within="LowerOrNewerEqualPriority")]
+    out = run(scenario(ONE_NODE, queues, timeline, extra=policy + "until: 20000\n"))
+    assert [(e.at, e.job, e.reason) for e in out.preemptions()] == [(1900, "idle", "IdleReclaim")]
+    assert [a.at for a in out.admissions("w")] == [1900]
+    assert [a.at for a in out.admissions("idle")] == [0, 2000]

@@ -250,3 +250,24 @@ async def test_a_flavored_job_is_told_what_its_candidates_on_its_flavors_hold() 
     assert changes[0] == "flavors: it may run on any one of h100, a100: what one of them lacks below is enough"
     assert "preemption cannot help: the jobs its policy may evict hold 8 GPUs, not enough to make room" in changes
     assert any(c.startswith("capacity: there is room on flavor h100's nodes for 0 of 2 pods") for c in changes)
+
+
+IDLE_ONE_QUEUE = """\
+nodes:
+  - {name: n0, capacity: {gpu: 8}}
+queues:
+  - {name: q, nominal: {gpu: 8}}
+idle_reclaim: {threshold: 0.05, after: 600, only_borrowing: false}
+timeline:
+  - {at: 0, submit: {job: idle, queue: q, podsets: [{count: 1, requests: {gpu: 8}}], runtime: 5000}}
+  - {at: 100, utilization: {job: idle, gpu: 0.0}}
+  - {at: 200, submit: {job: waiting, queue: q, podsets: [{count: 1, requests: {gpu: 8}}], runtime: 300}}
+"""
+
+
+async def test_a_job_reclaimed_for_idleness_is_told_it_waits_behind_the_job_it_made_room_for() -> None:
+    """The reclaimed job's story: reclaimed for a job before it, requeued at position 2 of 2, behind that job."""
+    story, _ = await explain(memory_log(sim(IDLE_ONE_QUEUE).events), "idle", Point(time=700))
+    pre, req = (ln for ln in story.lines if ln.kind in ("preempted", "requeued"))
+    assert pre.at == 700 and "needed its room; it waits behind the jobs pending then" in pre.text
+    assert req.data["position"] == 2 and "position 2 of 2" in req.text

@@ -41,6 +41,9 @@ def _scenarios(tmp: Path) -> Iterator[tuple[str, Scenario]]:
         yield f"mixed-{seed}", loads(mixed(seed, jobs=60), "m.yaml")
     for seed in range(4):
         yield f"mixed-fair-idle-{seed}", loads(mixed(seed, jobs=60, fair=True, idle=True), "m.yaml")
+    for seed in range(4):  # idle reclaim of any job, every sample idle: reclaimed jobs requeued behind the waiting
+        idle_any = mixed(seed, jobs=60, idle=True, fair=seed % 2 == 1).replace("gpu: 0.5}", "gpu: 0.01}")
+        yield f"mixed-idle-any-{seed}", loads(idle_any.replace("after: 300, only_borrowing: true", _IDLE_ANY), "m.yaml")
     for seed in range(3):  # every queue strict_fifo (a held-back job is not parked), every job a 300 s limit
         strict = mixed(seed, jobs=60).replace("  - {name: q", "  - {queueing_strategy: strict_fifo, name: q")
         yield f"mixed-strict-{seed}", loads(strict.replace("runtime: ", "max_runtime: 300, runtime: "), "m.yaml")
@@ -85,6 +88,9 @@ def _limits(text: str) -> str:
     return re.sub(r"(?<!_)runtime: (\d+)", limit, text)
 
 
+_IDLE_ANY = "after: 60, only_borrowing: false"
+
+
 def _flavored(text: str) -> str:
     """A `mixed` scenario with each queue's GPU quota split over flavors x (block b0) and y (block b1)."""
 
@@ -127,6 +133,8 @@ def test_every_scenario_and_bench_shape_decides_the_same_bytes_with_the_memo_off
     on = {name: _log(sc) for name, sc in _scenarios(tmp_path)}
     assert len(on) >= 14 and all(on.values())
     assert sum(b"ReservationMade" in e for log in on.values() for e in log) > 20, "reservations lost their point"
+    idle_any = [e for name, log in on.items() if name.startswith("mixed-idle-any") for e in log]
+    assert sum(b'"IdleReclaim"' in e for e in idle_any) >= 4, "the idle shapes reclaim nothing"
     parking.PARKING = False
     try:
         off = {name: _log(sc) for name, sc in _scenarios(tmp_path)}

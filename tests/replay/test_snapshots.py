@@ -20,7 +20,7 @@ from muster.events.store import EventStore
 from muster.projections.cluster import fold
 from muster.replay.points import Point
 from muster.replay.rebuild import state_at
-from muster.replay.snapshotcodec import SnapshotMeta, encode_state, sha256
+from muster.replay.snapshotcodec import SnapshotMeta, decode_state, encode_state, sha256
 from muster.replay.snapshots import Discarded, Snapshots
 from muster.replay.snapshotstores import DirSnapshots, MemorySnapshots, NatsSnapshots, SnapshotBackend
 from muster.replay.snapshotwriter import Snapshotter, write_snapshots
@@ -304,3 +304,15 @@ def test_a_number_past_msgpack_is_written_as_json_not_a_crash(
     assert "seq 80: the state holds a number past" in captured.err and "written as json" in captured.err
     assert main(["snapshot", "--log", str(path), "--snapshots", snaps, "--verify", "--output", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["discarded"] == []
+
+
+def test_a_state_written_before_order_seq_decodes_with_submission_order() -> None:
+    """A stored state without `order_seq`/`places`: each job's place is its submission order, places count from them."""
+    state = sim(mixed(2, jobs=20)).state
+    stored = json.loads(encode_state(state, "json"))
+    stored.pop("places")
+    for job in stored["jobs"].values():
+        job.pop("order_seq")
+    old = decode_state(json.dumps(stored).encode(), "json")
+    assert old.places == old.submitted == 20
+    assert all(j.order_seq == j.seq for j in old.jobs.values())
