@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 import pytest
@@ -17,10 +17,16 @@ from helmkit import CHART, NAMESPACE, ChartRun, Rendered, make_stub_chart, run_c
 
 from muster.daemon.config import load_config
 from muster.events.types import (
+    BorrowPolicy,
     CohortConfigured,
     PriorityClassConfigured,
     QueueConfigured,
+    QueueingStrategy,
+    ReclaimPolicy,
     SchedulerConfigured,
+    WhenCanBorrow,
+    WhenCanPreempt,
+    WithinQueuePolicy,
 )
 
 SECURED = {
@@ -741,3 +747,26 @@ def test_the_snapshot_sidecar_reads_the_archive_too(run: ChartRun) -> None:
         "readOnly": True,
     }
     assert "--archive" not in container(run.rendered["default"].one("Deployment", "muster"), "snapshots")["args"]
+
+
+QUEUE_ITEM = ("properties", "queues", "properties", "queues", "items", "properties")
+
+
+@pytest.mark.parametrize(
+    ("path", "literal"),
+    [
+        (("queueing_strategy",), QueueingStrategy),
+        (("preemption", "properties", "within_queue"), WithinQueuePolicy),
+        (("preemption", "properties", "reclaim_within_cohort"), ReclaimPolicy),
+        (("preemption", "properties", "borrow_within_cohort", "properties", "policy"), BorrowPolicy),
+        (("flavor_fungibility", "properties", "when_can_borrow"), WhenCanBorrow),
+        (("flavor_fungibility", "properties", "when_can_preempt"), WhenCanPreempt),
+    ],
+    ids=lambda v: v[-1] if isinstance(v, tuple) else None,
+)
+def test_the_charts_queue_enums_are_the_values_the_scheduler_takes(path: tuple[str, ...], literal: object) -> None:
+    """Each queue setting's enum in values.schema.json lists exactly what the event model accepts."""
+    node: Any = json.loads((Path(CHART) / "values.schema.json").read_text())
+    for key in QUEUE_ITEM + path:
+        node = node[key]
+    assert node["enum"] == list(get_args(literal))
