@@ -33,11 +33,12 @@ parking a job with its words and wake rule is `verdicts`.
 from __future__ import annotations
 
 import heapq
+from typing import NamedTuple
 
 from muster.events.types import Event, JobId, JobRejected
 from muster.projections.cycle import Cycle, HeapEntry, lowest_key
 from muster.projections.duplicates import refuse_taken_ids
-from muster.projections.eviction import may_evict
+from muster.projections.eviction import Preemptor, may_evict
 from muster.projections.index import index_of, queue_order_key, take_new_jobs
 from muster.projections.preemption import Victim, preemptor_rule
 from muster.projections.reservations import decide_reservations
@@ -181,21 +182,30 @@ def _reclaim_idle(cycle: Cycle) -> None:
     for job in idle:
         # on the next cycle's view: without the job, which is then pending at the reclaim's place
         cycle.remove(job)
-        fitting = [p for p in waiting if _keeps_the_room(cycle, p, job) and cycle.fits(p, state.preemptible(p))]
+        requeued = _Requeued(lowest_key(cycle, job)[:-1], preemptor_rule(cycle, job)._replace(seq=state.places + 1))
+        fitting = [p for p in waiting if _keeps_the_room(cycle, p, requeued) and cycle.fits(p, state.preemptible(p))]
         cycle.restore(job)
         if any(not cycle.fits(p, state.preemptible(p)) for p in fitting):
             cycle.preempt(Victim(job, "IdleReclaim"), None)
 
 
-def _keeps_the_room(cycle: Cycle, waiting: JobState, reclaimed: JobState) -> bool:
-    """Whether `waiting` comes before `reclaimed`, requeued at its new place, and keeps what it takes."""
+class _Requeued(NamedTuple):
+    """A job about to be reclaimed, as it will be once requeued at its new place."""
+
+    key: tuple[int, ...]
+    """Its order key but for the place (the seq, last)."""
+    rule: Preemptor
+    """What it may evict once it runs again, read with its new place."""
+
+
+def _keeps_the_room(cycle: Cycle, waiting: JobState, reclaimed: _Requeued) -> bool:
+    """Whether `waiting` comes before the `reclaimed` job and keeps what it takes."""
     key = lowest_key(cycle, waiting)
-    if key[:-1] > lowest_key(cycle, reclaimed)[:-1]:  # all but the place (the seq, last)
+    if key[:-1] > reclaimed.key:
         return False
-    rule = preemptor_rule(cycle, reclaimed)._replace(seq=cycle.state.places + 1)
     priority = cycle.state.priority_of(waiting) if cycle.state.preemptible(waiting) else None
     # once admitted, it borrows if it does not fit within its queue's nominal quota now
-    return not may_evict(rule, waiting.queue, priority, waiting.order_seq, key[0] == 1, waiting.id)
+    return not may_evict(reclaimed.rule, waiting.queue, priority, waiting.order_seq, key[0] == 1, waiting.id)
 
 
 def next_wakeup(state: ClusterState, now: int) -> int | None:
