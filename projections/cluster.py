@@ -56,6 +56,7 @@ from muster.projections.state import (
     QueueState,
     RefusedSubmission,
     Reservation,
+    podset_of,
     reservation_of,
     skip,
 )
@@ -87,7 +88,7 @@ def node_pods(podsets: list[PodSet], placement: Mapping[str, str]) -> list[tuple
     per_podset = {ps.name: ps.requests for ps in podsets}
     groups: dict[tuple[str, str], int] = {}
     for pod, node in placement.items():
-        key = (node, pod.rsplit("-", 1)[0])
+        key = (node, podset_of(pod))
         groups[key] = groups.get(key, 0) + 1
     return [(node, n, per_podset.get(name, {})) for (node, name), n in groups.items()]
 

@@ -37,6 +37,7 @@ from muster.projections.state import (
     NodeState,
     PriorityClassState,
     QueueState,
+    podset_of,
     skip,
 )
 
@@ -198,7 +199,7 @@ def _flavors_on_nodes(state: ClusterState, job: JobState, groups: list[ResourceG
     out: dict[str, dict[str, str]] = {}
     for ps in job.podsets:
         held = job.flavors.get(ps.name, {}) if job.flavors else {}
-        mine = [n for pod, n in job.placement.items() if pod.rsplit("-", 1)[0] == ps.name]
+        mine = [n for pod, n in job.placement.items() if podset_of(pod) == ps.name]
         nodes = [state.nodes[n] for n in mine if n in state.nodes]
         for group in groups:
             covered = [r for r in group.covered if ps.requests.get(r, 0) > 0]

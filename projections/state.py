@@ -85,6 +85,11 @@ class PriorityClassState(msgspec.Struct, kw_only=True):
     preemptible: bool = True
 
 
+def podset_of(pod: str) -> str:
+    """The podset a gang's pod belongs to: pods are named `PODSET-INDEX` (`JobState.placement`)."""
+    return pod.rsplit("-", 1)[0]
+
+
 class JobState(msgspec.Struct, kw_only=True):
     id: str
     queue: str
