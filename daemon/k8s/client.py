@@ -32,7 +32,7 @@ import aiohttp
 import msgspec
 from kubernetes_asyncio.client import ApiClient, BatchV1Api, CoreV1Api, CustomObjectsApi
 
-from muster.daemon.k8s.errors import KubeError, from_exception, from_status
+from muster.daemon.k8s.errors import KubeError, NotFound, PermanentError, from_exception, from_status
 from muster.daemon.k8s.pipelining import PipelinedPool, ssl_context_of
 
 __all__ = ["KubeClient", "call_json"]
@@ -105,6 +105,8 @@ class KubeClient:
         self._timeout = aiohttp.ClientTimeout(total=request_seconds)
         """One timeout object for every request (the library would build one per call from the seconds)."""
         skip_environment_lookups(api_client)
+        self._plurals: dict[tuple[str, str], str] = {}
+        """(apiVersion, kind) -> the namespaced resource serving it, as discovery said (`get_kind`)."""
         self._binds: PipelinedPool | None = None
         rest = getattr(api_client, "rest_client", None)
         host = api_client.configuration.host
@@ -233,6 +235,39 @@ class KubeClient:
     async def get_custom(self, group: str, version: str, namespace: str, plural: str, name: str) -> Obj:
         _, data = await self._call(self.custom.get_namespaced_custom_object, group, version, namespace, plural, name)
         return dict(data)
+
+    async def get_kind(self, api_version: str, kind: str, namespace: str, name: str) -> Obj:
+        """A namespaced object of any kind (a pod group's controller, an operator's own); its resource is found
+        by discovery, once per apiVersion. Raises NotFound when the object is gone. A kind the server does not
+        serve (a typo, a CRD not installed or deleted) is a PermanentError: nobody can say whether the object
+        exists, which is not the same as knowing it is gone."""
+        base = f"/apis/{api_version}" if "/" in api_version else f"/api/{api_version}"
+        if (api_version, kind) not in self._plurals:
+            try:
+                _, found = await self._call(self._get, base)
+            except NotFound as exc:
+                raise PermanentError(f"the server does not serve {api_version}", status=404) from exc
+            for r in found.get("resources") or [] if isinstance(found, dict) else []:
+                if isinstance(r, dict) and r.get("namespaced") and "/" not in str(r.get("name")):
+                    self._plurals[(api_version, str(r.get("kind")))] = str(r.get("name"))
+        plural = self._plurals.get((api_version, kind))
+        if plural is None:
+            raise PermanentError(f"{api_version} serves no namespaced kind {kind}", status=404)
+        path = f"{base}/namespaces/{quote(namespace, safe='')}/{plural}/{quote(name, safe='')}"
+        _, data = await self._call(self._get, path)
+        return dict(data)
+
+    def _get(self, path: str, **kwargs: Any) -> Awaitable[Any]:
+        """GET `path` through the library's session and credentials (what its generated methods do)."""
+        call: Callable[..., Awaitable[Any]] = self.api_client.call_api
+        return call(
+            path,
+            "GET",
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+            _return_http_data_only=True,
+            **kwargs,
+        )
 
     async def patch_owner(self, api: Any, namespace: str, name: str, patch: Obj) -> None:
         """Merge-patch an owner object (`owners.OwnerApi` says where it is served)."""

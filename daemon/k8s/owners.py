@@ -5,7 +5,9 @@ from the API, `list_sizings(client, owners)` many owners of one kind and namespa
 with one paged list. A missing owner (404), or one with another uid than the pods
 name (deleted and re-created), has no size: None. An owner whose size cannot
 be gang-scheduled (a PodGroup with `minMember: 0`, an MPIJob whose launcher
-waits for running workers) has size 0 and a `problem` saying why.
+waits for running workers) has size 0 and a `problem` saying why. `fetch_owner`
+also reads a labelled pod group's controller, an object of any kind (for
+reconciliation; such a group is sized by its label, not by a lookup).
 """
 
 from __future__ import annotations
@@ -168,8 +170,12 @@ def owner_sizing(owner: Owner, obj: Mapping[str, Any]) -> Sizing:
 
 
 async def fetch_owner(client: KubeClient, owner: Owner) -> dict[str, Any] | None:
-    """The owner object as the API has it; None when it is gone (404). Raises KubeError for anything else."""
+    """The owner object as the API has it (a labelled pod group's: the controller its pods name); None when
+    it is gone (404). Raises KubeError for anything else (a controller's kind the server does not serve)."""
     try:
+        if owner.controller is not None:
+            c = owner.controller
+            return await client.get_kind(c.api_version, c.kind, owner.namespace, c.name)
         if owner.kind == "Job":
             return await client.get_job(owner.namespace, owner.name)
         api = api_of(owner)

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from muster.daemon.k8s.objects import pod_requests
 from muster.events.types import JobId, Topology
 
-__all__ = ["Owner", "PodInfo", "pod_info", "recreated"]
+__all__ = ["Controller", "Owner", "PodInfo", "pod_info", "recreated"]
 
 Obj = dict[str, Any]
 Resources = dict[str, int]
@@ -71,6 +71,19 @@ UNOWNED = ("Pod", "Gang")
 
 
 @dataclass(frozen=True)
+class Controller:
+    """The controller a labelled pod group's pods name in ownerReferences: an operator's object of any kind.
+
+    Read by reconciliation (`owners.fetch_owner`): once it is gone, nothing recreates the group's pods.
+    """
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
 class Owner:
     """Who a gang belongs to; `uid` tells apart two owners that had the same name."""
 
@@ -80,10 +93,21 @@ class Owner:
     uid: str = ""
     controlled: bool = False
     """A labelled pod group whose pods name a controller (an operator of the user's own) in ownerReferences."""
+    controller: Controller | None = field(default=None, compare=False)
+    """That controller, as its first pod seen names it. Not part of the gang's identity: the pods of
+    one group are one gang whatever they name."""
 
     @property
     def source(self) -> str:
         return f"{self.kind}/{self.namespace}/{self.name}"
+
+    @property
+    def workload(self) -> str:
+        """The object whose deletion ends the gang's job, as users name it: the controller of a pod group."""
+        c = self.controller
+        if c is None:
+            return self.source
+        return f"{c.kind}/{self.namespace}/{c.name} (the controller of pod group {self.name})"
 
     def job_id(self, salt: str = "") -> JobId:
         """`namespace/kind/name`, plus a short uid (or `salt`) suffix so a recreated owner is a new job."""
@@ -202,6 +226,9 @@ def _controller(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
+_REF_KEYS = ("apiVersion", "kind", "name", "uid")
+
+
 def _gate_names(gates: Any) -> list[str]:
     """The names of a pod's scheduling gates (an unnamed or malformed one counts as someone else's)."""
     if not isinstance(gates, list):
@@ -226,7 +253,8 @@ def pod_info(pod: Obj) -> PodInfo:
     gates = _gate_names(spec.get("schedulingGates"))
     volcano_group = annotations.get(VOLCANO_GROUP_KEY) or labels.get(VOLCANO_GROUP_KEY)
     if labels.get(GANG_LABEL):
-        owner = Owner("Gang", ns, str(labels[GANG_LABEL]), controlled=ref is not None)
+        controller = None if ref is None else Controller(*(str(ref.get(k) or "") for k in _REF_KEYS))
+        owner = Owner("Gang", ns, str(labels[GANG_LABEL]), controlled=ref is not None, controller=controller)
     elif volcano_group:
         owner = Owner(VOLCANO_POD_GROUP, ns, str(volcano_group))
     elif labels.get(COSCHEDULING_GROUP_LABEL):

@@ -19,8 +19,11 @@ cancelled by the next pass while it ran.
 - pods are missing and the job has an owner whose controller recreates them (Job,
   JobSet, a Kubeflow job): while that owner exists with the job's uid, nothing (its
   controller brings them back and the gang maps the replacements); once it is gone, being
-  deleted, or re-created under the same name, `JobCancelled` with reason `WorkloadDeleted`; a
-  pod group's controller cannot be read (any kind): no verdict;
+  deleted, or re-created under the same name, `JobCancelled` with reason `WorkloadDeleted`. A
+  labelled pod group whose pods name a controller (an operator's object of any kind) is judged
+  the same by that controller, read by its pods' ownerReference (`pods.Controller`): a group
+  preempted while its controller was deleted otherwise waited for replacements forever, a
+  phantom job in its queue;
 - pods are missing and nothing recreates them (bare pods, a labelled pod group): all
   gone is `JobCancelled` (`WorkloadDeleted`), some gone is `JobFailed` (the gang can
   never be whole again).
@@ -102,7 +105,7 @@ def judge(
     if owner is not None and recreated(owner):
         if owner_alive is None or owner_alive:
             return None
-        reason = f"{WORKLOAD_DELETED}: {owner.source} is gone"
+        reason = f"{WORKLOAD_DELETED}: {owner.workload} is gone"
         return Verdict(job_id, JobCancelled(at=at, job=job_id, reason=reason), remaining)
     if not remaining:
         reason = f"{WORKLOAD_DELETED}: its pods are gone"
@@ -118,6 +121,16 @@ def _keys(job: LiveJob, tracked: Tracked | None) -> list[str]:
 
 def _owner(job: LiveJob, tracked: Tracked | None) -> Owner | None:
     return tracked.owner if tracked is not None else owner_of(job.source)
+
+
+def _same(owner: Owner, job: JobId, uid: str) -> bool:
+    """Whether the object read (its `uid`) is the one `job`'s pods belong to, not one made again under its name.
+
+    A Job's or JobSet's job id carries its uid; a pod group's controller is known by the uid its pods name.
+    """
+    if owner.controller is not None:
+        return uid == owner.controller.uid or not owner.controller.uid
+    return Owner(owner.kind, owner.namespace, owner.name, uid).job_id() == job
 
 
 def live_jobs(jobs: Iterable[LiveJob]) -> list[LiveJob]:
@@ -153,18 +166,14 @@ async def find_vanished(
         meta = (obj or {}).get("metadata") or {}
         uid = str(meta.get("uid") or "")
         # being deleted (a finalizer, e.g. the orphan one, holds it): its controller recreates nothing;
-        # same name, other uid: deleted and re-created, a new job of its own (its id carries the uid)
-        alive[job.id] = (
-            obj is not None
-            and not meta.get("deletionTimestamp")
-            and Owner(owner.kind, owner.namespace, owner.name, uid).job_id() == job.id
-        )
+        # same name, other uid: deleted and re-created, not the object the job's pods belong to
+        alive[job.id] = obj is not None and not meta.get("deletionTimestamp") and _same(owner, JobId(job.id), uid)
 
     async with anyio.create_task_group() as tg:
         for job in suspects:
             owner = _owner(job, known[job.id])
-            # a pod group's controller may be of any kind: it is not read, and the job gets no verdict
-            if owner is not None and recreated(owner) and owner.kind not in UNOWNED:
+            # a pod group judged by the log alone (no pod of it seen) names no controller: nothing to read
+            if owner is not None and recreated(owner) and (owner.kind not in UNOWNED or owner.controller is not None):
                 tg.start_soon(look, job, owner)
     verdicts = []
     for job in suspects:

@@ -86,6 +86,9 @@ CASES: dict[str, dict[str, Any]] = {
         "retention": {"maxAgeSeconds": 7 * 86400, "maxBytes": 1 << 30, "ceilingFactor": 4},
     },
     "archive-volume": {"archive": {"enabled": True, "claimName": "muster-archive"}},
+    "pod-group-controllers": {
+        "rbac": {"podGroupControllers": [{"apiGroup": "example.com", "resources": ["trainers"]}]}
+    },
 }
 BAD_CASES: dict[str, tuple[dict[str, Any], str]] = {
     "token-without-secret": ({"nats": {"auth": {"type": "token"}}}, "nats.auth.existingSecret is required"),
@@ -526,6 +529,14 @@ def test_flavors_in_the_values_grant_the_pod_patch_binding_needs(run: ChartRun) 
     nodeSelector at binding); without them there is none."""
     assert rules_of(run.rendered["flavors"], "ClusterRole") == LEAST_PRIVILEGE | {("", "pods", "patch")}
     assert ("", "pods", "patch") not in rules_of(run.rendered["default"], "ClusterRole")
+
+
+def test_pod_group_controllers_in_the_values_grant_get_on_them(run: ChartRun) -> None:
+    """`rbac.podGroupControllers` adds exactly a `get` of each named kind (reconciliation reads a pod group's
+    controller to learn it was deleted); by default there is none."""
+    assert rules_of(run.rendered["pod-group-controllers"], "ClusterRole") == LEAST_PRIVILEGE | {
+        ("example.com", "trainers", "get")
+    }
 
 
 def test_queues_apply_hook_runs_after_install_and_upgrade(run: ChartRun) -> None:

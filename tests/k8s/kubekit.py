@@ -300,6 +300,20 @@ class Kube:
         pods = m.pod_group_pods(group, count, gpus=gpus, labels=labels, grace_seconds=0)
         return group, [await self.create_pod(p) for p in pods]
 
+    async def controlled_gang(self, name: str, size: int, *, gpus: int = 1, queue: str = "q") -> tuple[Obj, list[Obj]]:
+        """A labelled pod group whose pods name a controller of the user's own (an operator's `Trainer`) and
+        that controller object: the pods as such an operator creates them (ownerReferences to its real uid)."""
+        trainer = await self.custom({"apiVersion": "example.com/v1", "kind": "Trainer", "metadata": {"name": name}})
+        meta = trainer["metadata"]
+        owner = {
+            "apiVersion": "example.com/v1",
+            "kind": "Trainer",
+            "name": name,
+            "uid": meta["uid"],
+            "controller": True,
+        }
+        return trainer, await self.gang(name, size, gpus=gpus, queue=queue, owner=owner)
+
     async def delete_custom(self, obj: Obj) -> None:
         """Delete a custom object made by `custom` (its user deleting it; no garbage collector runs here)."""
         group, version = obj["apiVersion"].split("/")

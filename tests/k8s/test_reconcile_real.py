@@ -14,9 +14,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from adapterkit import EventLog
 from kubekit import Kube, eventually, log_of, running_adapter, running_daemon
 from kubernetes_asyncio.client import ApiClient
 
+from muster.daemon.k8s import KubernetesAdapter
 from muster.events.store import EventStore
 from muster.events.types import (
     Event,
@@ -64,6 +66,21 @@ async def make_jobset(kube: Kube, name: str) -> tuple[Pods, Callable[[], Awaitab
             await kube.delete_pod(p["metadata"]["name"])
 
     return pods, delete
+
+
+async def preempt_gang(
+    kube: Kube, adapter: KubernetesAdapter, events: EventLog, log: list[Event], node: str
+) -> JobSubmitted:
+    """Admit the gang the adapter submits onto `node`, preempt it (onto `log`), wait until its pods are evicted."""
+    await events.wait_for(lambda e: bool(e.of(JobSubmitted)))
+    [sub] = events.of(JobSubmitted)
+    admitted = JobAdmitted(at=1, job=sub.job, queue=QueueName("q"), placement={p: NodeName(node) for p in sub.pods})
+    preempted = JobPreempted(at=2, job=sub.job, preemptor=None, reason="WithinQueue")
+    log += [sub, admitted, preempted]
+    assert (await adapter.apply(admitted)).ok
+    assert (await adapter.apply(preempted)).ok
+    await eventually(lambda: kube.gone(*(key.split("/")[1] for key in sub.pods.values())))
+    return sub
 
 
 async def all_bound(kube: Kube, pods: Pods, node: str) -> bool:
@@ -123,17 +140,10 @@ async def test_a_requeued_jobs_owner_deleted_while_watched_is_found_by_the_perio
 ) -> None:
     """A preempted Job's gang waits for replacements; its Job deleted meanwhile, a later pass cancels the job."""
     node = await kube.node("n1", gpus=8)
-    _, pods = await kube.job("train", 2, gpus=4)
+    await kube.job("train", 2, gpus=4)
     log: list[Event] = [QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})]
     async with running_adapter(api, state=lambda: fold(log), reconcile_seconds=0.2) as (adapter, events):
-        await events.wait_for(lambda e: bool(e.of(JobSubmitted)))
-        [sub] = events.of(JobSubmitted)
-        admitted = JobAdmitted(at=1, job=sub.job, queue=QueueName("q"), placement={p: NodeName(node) for p in sub.pods})
-        preempted = JobPreempted(at=2, job=sub.job, preemptor=None, reason="WithinQueue")
-        log += [sub, admitted, preempted]
-        assert (await adapter.apply(admitted)).ok
-        assert (await adapter.apply(preempted)).ok  # evicted: no JobFailed, the Job's controller recreates them
-        await eventually(lambda: kube.gone(*(p["metadata"]["name"] for p in pods)))
+        sub = await preempt_gang(kube, adapter, events, log, node)  # evicted: no JobFailed, its controller recreates
         await kube.batch.delete_namespaced_job("train", kube.ns, propagation_policy="Background")
         await events.wait_for(lambda e: bool(e.of(JobCancelled)))
     [cancelled] = events.of(JobCancelled)
@@ -159,3 +169,59 @@ async def test_a_waiting_workload_deleted_while_no_daemon_ran_leaves_no_phantom_
         assert not [j for j in loop.state.jobs.values() if j.status in ("pending", "admitted")]
     [cancelled] = await log_of(store, JobCancelled)
     assert cancelled.job == sub.job and cancelled.reason.startswith("WorkloadDeleted")
+
+
+@pytest.mark.parametrize("made_again", [False, True], ids=["deleted", "deleted-and-made-again"])
+async def test_a_preempted_pod_group_whose_controller_is_deleted_is_cancelled(
+    api: ApiClient, kube: Kube, made_again: bool
+) -> None:
+    """A pod group of an operator of the user's own, preempted, waits for its replacements; once its controller
+    is deleted (or made again under its name: another object) a reconciliation pass cancels the job naming the
+    controller (it waited forever before)."""
+    node = await kube.node("n1", gpus=8)
+    trainer, _ = await kube.controlled_gang("train", 2, gpus=4)
+    log: list[Event] = [QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})]
+    async with running_adapter(api, state=lambda: fold(log), reconcile_seconds=3600) as (adapter, events):
+        sub = await preempt_gang(kube, adapter, events, log, node)
+        assert await adapter.reconcile() == []  # its controller is there: it makes replacements, the job waits
+        await kube.delete_custom(trainer)
+        if made_again:
+            await kube.custom({"apiVersion": "example.com/v1", "kind": "Trainer", "metadata": {"name": "train"}})
+        cancelled = await adapter.reconcile()
+    assert [(c.job, c.reason) for c in cancelled] == [
+        (sub.job, f"WorkloadDeleted: Trainer/{kube.ns}/train (the controller of pod group train) is gone")
+    ]
+    after = fold([*log, *cancelled])
+    assert after.jobs[sub.job].status == "cancelled"
+    assert after.queues[QueueName("q")].usage.get("gpu", 0) == 0
+    assert not events.of(JobFailed)
+
+
+async def test_a_preempted_pod_group_whose_controller_went_while_no_adapter_ran_is_cancelled_at_start(
+    api: ApiClient, kube: Kube
+) -> None:
+    """The same found by the next adapter's reconciliation before it reports started: no phantom job waits in
+    its queue."""
+    node = await kube.node("n1", gpus=8)
+    trainer, _ = await kube.controlled_gang("train", 2, gpus=4)
+    log: list[Event] = [QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})]
+    async with running_adapter(api, state=lambda: fold(log), reconcile_seconds=3600) as (adapter, events):
+        sub = await preempt_gang(kube, adapter, events, log, node)
+    await kube.delete_custom(trainer)
+    async with running_adapter(api, state=lambda: fold(log), reconcile_seconds=3600) as (adapter, events):
+        [cancelled] = events.of(JobCancelled)  # pushed before the adapter reported started
+    assert cancelled.job == sub.job and cancelled.reason.startswith("WorkloadDeleted")
+    assert fold([*log, cancelled]).jobs[sub.job].status == "cancelled"
+    assert not events.of(JobSubmitted)
+
+
+async def test_a_pod_group_whose_controllers_kind_is_not_served_gets_no_verdict(api: ApiClient, kube: Kube) -> None:
+    """A controller of a kind the server does not serve cannot be read: its group is not cancelled on a guess
+    (as for an owner that cannot be read, the next pass asks again)."""
+    node = await kube.node("n1", gpus=8)
+    owner = {"apiVersion": "nothere.example.com/v1", "kind": "Ghost", "name": "g", "uid": "u-g", "controller": True}
+    await kube.gang("train", 2, gpus=4, owner=owner)
+    log: list[Event] = [QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})]
+    async with running_adapter(api, state=lambda: fold(log), reconcile_seconds=3600) as (adapter, events):
+        await preempt_gang(kube, adapter, events, log, node)
+        assert await adapter.reconcile() == []
