@@ -12,7 +12,7 @@ import argparse
 import contextlib
 import re
 import sys
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -26,6 +26,16 @@ from muster.replay.source import LogSource, QueueLog, SourceError, SourceUnavail
 
 class UsageError(Exception):
     """Bad arguments: printed, exit 2."""
+
+
+def require_known(flag: str, wanted: Iterable[str], known: Iterable[str], what: str) -> None:
+    """One rule for every filter that takes a name (`--queue`, `--namespace`, `--scope`): a name the log never
+    saw is a UsageError naming what it has, not an empty answer, which reads as "nothing there" for a typo."""
+    have = sorted(set(known))
+    missing = sorted(set(wanted) - set(have))
+    if missing:
+        shown = ", ".join(have[:20]) + (f" and {len(have) - 20} more" if len(have) > 20 else "")
+        raise UsageError(f"{flag} {missing[0]}: no such {what} on the log ({what}s: {shown or 'none'})")
 
 
 _BUCKET = re.compile(r"[A-Za-z0-9_-]+")

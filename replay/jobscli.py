@@ -53,9 +53,9 @@ def _split(values: list[str] | None) -> frozenset[str]:
 
 
 def job_filter(args: argparse.Namespace, state: Any) -> Any:
-    """The filter the flags ask for; raises UsageError for a state or queue that does not exist."""
-    from muster.replay.cliutil import UsageError
-    from muster.replay.status import LIVE, STATES, JobFilter
+    """The filter the flags ask for; raises UsageError for a state, queue or namespace the log does not have."""
+    from muster.replay.cliutil import UsageError, require_known
+    from muster.replay.status import LIVE, STATES, JobFilter, namespace_of
 
     states = _split(args.state)
     unknown = sorted(states - set(STATES))
@@ -63,12 +63,15 @@ def job_filter(args: argparse.Namespace, state: Any) -> Any:
         raise UsageError(f"--state {unknown[0]}: not a state (one of {', '.join(STATES)})")
     if args.all:
         states = frozenset(STATES)
-    queues = _split(args.queue) or (frozenset({args.scope}) if args.scope is not None else frozenset())
-    missing = sorted(queues - set(state.queues))
-    if missing:
-        known = ", ".join(sorted(state.queues)) or "none"
-        raise UsageError(f"--queue {missing[0]}: no such queue on the log (queues: {known})")
-    return JobFilter(queues=queues, states=states or LIVE, namespaces=_split(args.namespace))
+    queues = _split(args.queue)
+    require_known("--queue", queues, state.queues, "queue")
+    if not queues and args.scope is not None:
+        require_known("--scope", {args.scope}, state.queues, "queue")
+        queues = frozenset({args.scope})
+    namespaces = _split(args.namespace)
+    seen = {namespace_of(j) for j in state.jobs.values()} - {""}  # "": jobs of `muster submit`, of no namespace
+    require_known("--namespace", namespaces, seen, "namespace")
+    return JobFilter(queues=queues, states=states or LIVE, namespaces=namespaces)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -141,6 +141,33 @@ def test_jobs_refuses_an_unknown_queue_or_state(log, capsys) -> None:
     assert "--state sleeping: not a state" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("command", "flags", "said"),
+    [
+        pytest.param(
+            "jobs",
+            ["-n", "team-z"],
+            "--namespace team-z: no such namespace on the log (namespaces: team-a, team-b)",
+            id="jobs-namespace",
+        ),
+        pytest.param(
+            "jobs", ["-n", "team-a,team-z"], "--namespace team-z: no such namespace", id="jobs-one-namespace-of-two"
+        ),
+        pytest.param(
+            "jobs", ["-q", "qa", "-q", "qz"], "--queue qz: no such queue on the log (queues: qa, qb)", id="jobs-queue"
+        ),
+        pytest.param("jobs", ["--scope", "qz"], "--scope qz: no such queue on the log", id="jobs-scope"),
+        pytest.param("queues", ["--scope", "qz"], "--scope qz: no such queue on the log", id="queues-scope"),
+    ],
+)
+def test_a_filter_naming_what_the_log_never_saw_is_a_usage_error(log, capsys, command, flags, said) -> None:
+    """Every filter that takes a name refuses one the log never saw (exit 2, naming what it has) rather than
+    printing nothing with exit 0, which reads as "no jobs there" for a typo (`-n` did)."""
+    assert main([command, *log.flags, *flags]) == 2
+    err = capsys.readouterr().err
+    assert said in err
+
+
 def test_jobs_table_shows_names_that_can_be_typed_back(log, capsys) -> None:
     """The table names each job by its short name (unique here), uncut, and `-o wide` adds the full id."""
     assert main(["jobs", *log.flags, "-o", "wide"]) == 0
