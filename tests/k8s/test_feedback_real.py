@@ -264,3 +264,35 @@ async def test_a_preemption_the_daemon_decides_is_told_on_the_victims_job(
 
 async def _bound(kube: Kube, pods: list[dict[str, Any]]) -> bool:
     return all([await kube.pod_node(p["metadata"]["name"]) for p in pods])
+
+
+async def test_a_waiting_gangs_new_reason_is_told_again_on_its_job_and_pods(
+    api: ApiClient, kube: Kube, store: EventStore
+) -> None:
+    """A gang waiting for quota, then (quota raised) for room, gets a second Waiting Event with the new reason on
+    its Job and pods, and its pods' PodScheduled message follows: `kubectl describe` shows the current reason."""
+    await store.append([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 0})])
+    await kube.node("n1", gpus=8)
+    _, pods = await kube.job("big", 2, gpus=8)
+    pod = pods[0]["metadata"]["name"]
+    async with running_daemon(store, api):
+        await eventually(lambda: _has(kube, "Job", "big", "Waiting"))
+        first = (await scheduled_condition(kube, pod) or {}).get("message")
+        await store.append([QueueConfigured(at=1, name=QueueName("q"), nominal={"gpu": 64})])
+
+        async def told_twice() -> bool:
+            return len({e["message"] for e in await events_of(kube, "Job", "big") if e["reason"] == "Waiting"}) == 2
+
+        await eventually(told_twice)
+        await eventually(lambda: _has(kube, "Pod", pod, "Waiting"))
+        second = await eventually(lambda: _changed_condition(kube, pod, first))
+    waits = [e["message"] for e in await events_of(kube, "Job", "big") if e["reason"] == "Waiting"]
+    reasons_on_log = [e.reason for e in await log_of(store, JobInadmissible)]
+    assert len(set(reasons_on_log)) >= 2
+    assert all(any(r in w for r in reasons_on_log) for w in waits), (waits, reasons_on_log)
+    assert second != first and second.startswith("muster: ")
+
+
+async def _changed_condition(kube: Kube, pod: str, before: str | None) -> str | None:
+    message = (await scheduled_condition(kube, pod) or {}).get("message")
+    return message if message and message != before else None

@@ -14,7 +14,9 @@ import anyio
 from kubekit import Kube, eventually, running_daemon
 from kubernetes_asyncio.client import ApiClient
 
+from muster.daemon.k8s import manifests as m
 from muster.daemon.k8s.client import MERGE_PATCH
+from muster.daemon.k8s.pods import FLAVOR_GATE, FLAVOR_LABEL
 from muster.events.store import EventStore
 from muster.events.types import NodeName
 
@@ -74,3 +76,30 @@ async def test_queues_applied_plain_then_grouped_place_gangs_on_their_flavors_no
 
 async def _on(kube: Kube, pod: str, node: str) -> bool:
     return await kube.pod_node(pod) == node
+
+
+async def test_a_flavored_queues_gated_pods_get_the_flavors_node_selector_tolerations_and_label(
+    api: ApiClient, kube: Kube, store: EventStore, nats_url: str, tmp_path: Path
+) -> None:
+    """Through the daemon: a pod group of the grouped queue carrying muster's gate is bound on its flavor's node
+    with the flavor's node labels added to its nodeSelector, its taint tolerated and its name as a label, so the
+    kubelet and any later scheduler see the flavor it was admitted on."""
+    h100 = await kube.node("h100", gpus=8, labels={"example.com/product": "H100"})
+    taint = {"key": "example.com/gpu", "value": "h100", "effect": "NoSchedule"}
+    await kube.core.patch_node(h100, {"spec": {"taints": [taint]}}, _content_type=MERGE_PATCH)
+    (tmp_path / "grouped.yaml").write_text(GROUPED)
+    await queues_apply(nats_url, store, tmp_path / "grouped.yaml")
+    labels = {"muster.dev/gang": "g", "muster.dev/gang-size": "2", "muster.dev/queue": "team-f"}
+    for i in range(2):
+        pod = m.pod(f"g-{i}", kube.ns, gpus=4, labels=labels, grace_seconds=0)
+        pod["spec"]["schedulingGates"] = [{"name": FLAVOR_GATE}]
+        await kube.create_pod(pod)
+    async with running_daemon(store, api):
+        for i in range(2):
+            await eventually(lambda i=i: _on(kube, f"g-{i}", h100))
+    for i in range(2):
+        pod = await kube.core.read_namespaced_pod(f"g-{i}", kube.ns)
+        assert pod.spec.node_selector == {"example.com/product": "H100"}
+        assert not pod.spec.scheduling_gates
+        assert ("example.com/gpu", "h100", "NoSchedule") in [(t.key, t.value, t.effect) for t in pod.spec.tolerations]
+        assert pod.metadata.labels[FLAVOR_LABEL] == "h100"
