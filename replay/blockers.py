@@ -255,7 +255,13 @@ def reservation_text(r: Reservation, now: int) -> str:
     more = f" +{n - 5} more" if n > 5 else ""
     text += f"; waiting for {n} job{'s' if n != 1 else ''} to end ({', '.join(ends)}{more})"
     if r.expected_start is None:
-        return text + ", one without a declared limit (start unknown)"
+        unlimited = sum(1 for w in r.waits_for if w.end is None)
+        if not unlimited:
+            return text + " (start unknown)"
+        if n == 1:
+            return text + ", which has no declared limit (start unknown)"
+        which = "none has a" if unlimited == n else f"{unlimited} of them have no"
+        return text + f", {which} declared limit (start unknown)"
     if r.expected_start <= now:
         return text + f", expected {duration(now - r.expected_start)} ago"
     return text + f", expected in {duration(r.expected_start - now)}"
