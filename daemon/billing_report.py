@@ -25,15 +25,25 @@ import yaml
 from muster.daemon.billing_store import LedgerDB
 from muster.projections.chargeback import ROW_NUMBERS, HourPoint, Report, ReportRow, build_report, hourly_series
 from muster.projections.ledger import HOUR
-from muster.projections.ratecard import RateCard, parse_rate_card
+from muster.projections.ratecard import RateCard, RateCardError, parse_rate_card
 
 CSV_COLUMNS: tuple[str, ...] = ("key", "queue", "team", *ROW_NUMBERS, "efficiency", "rate_versions")
 
 
 def load_rate_card(path: str | Path) -> RateCard:
-    """Read and validate a rate card YAML file (RateCardError / OSError on failure)."""
+    """Read and validate a rate card YAML file: OSError, or a RateCardError naming the file (`FILE:LINE` for
+    malformed YAML)."""
+    from muster.replay.specreader import malformed
+
     with open(path, encoding="utf-8") as f:
-        return parse_rate_card(yaml.safe_load(f))
+        try:
+            doc = yaml.safe_load(f)
+        except (yaml.YAMLError, RecursionError) as exc:
+            raise RateCardError(malformed(str(path), exc)) from None
+    try:
+        return parse_rate_card(doc)
+    except RateCardError as exc:
+        raise RateCardError(f"{path}: {exc}") from None
 
 
 def render_csv(report: Report, out: IO[str]) -> None:
@@ -236,8 +246,11 @@ def report_command(args: Any) -> int:
 
     try:
         rates = load_rate_card(args.rates) if args.rates else None
-    except (OSError, yaml.YAMLError, RateCardError) as exc:
-        print(f"muster billing report: rate card {args.rates}: {exc}", file=sys.stderr)
+    except OSError as exc:
+        print(f"muster billing report: rate card {args.rates}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except RateCardError as exc:
+        print(f"muster billing report: rate card {exc}", file=sys.stderr)
         return 2
     try:
         ledger = LedgerDB.open(args.db, create=False)

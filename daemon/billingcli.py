@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="billing_command", metavar="SUBCOMMAND")
     sub.required = True
 
-    run = sub.add_parser("run", help="fold the event stream into the ledger (a durable JetStream consumer)")
+    run_help = "fold the event stream into the ledger (a durable JetStream consumer)"
+    run = sub.add_parser("run", help=run_help, description=run_help)
     run.add_argument("--config", help="YAML config (as mounted by the Helm chart)")
     run.add_argument("--nats", help="NATS URL(s), comma-separated (default: $NATS_URL or nats://127.0.0.1:4222)")
     run.add_argument("--stream", help="JetStream stream of the log (default MUSTER)")
@@ -46,11 +47,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_credential_arguments(run)
     run.set_defaults(_billing="run")
 
-    rep = sub.add_parser("report", help="allocated, used, idle, borrowed and lost GPU-hours with costs")
+    report_help = "allocated, used, idle, borrowed and lost GPU-hours with costs, from the ledger"
+    rep = sub.add_parser("report", help=report_help, description=report_help)
     rep.add_argument("--db", default=DEFAULT_DB, help=f"ledger URL (default {DEFAULT_DB})")
     rep.add_argument("--from", dest="start", help="start: ISO date/time (UTC) or epoch seconds (default: ledger start)")
     rep.add_argument("--to", dest="end", help="end (exclusive): ISO date/time or epoch seconds (default: ledger end)")
-    rep.add_argument("--by", choices=("queue", "job", "team", "flavor"), default="queue")
+    rep.add_argument(
+        "--by",
+        choices=("queue", "job", "team", "flavor"),
+        default="queue",
+        help="one row per queue (default), job, team (the rate card's teams) or GPU flavor",
+    )
     rep.add_argument(
         "-o",
         "--output",
@@ -61,7 +68,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="table (default), csv, one JSON document (json) or one row per line (jsonl)",
     )
     rep.add_argument("--rates", help="rate card YAML (without it, costs are zero)")
-    rep.add_argument("--share-idle", choices=("nominal", "usage", "none"), default="none")
+    rep.add_argument(
+        "--share-idle",
+        choices=("nominal", "usage", "none"),
+        default="none",
+        help="charge the GPU-hours nobody held to the rows: by nominal quota, by allocated GPU-hours, "
+        "or not at all (default: reported apart, as idle capacity)",
+    )
     rep.add_argument(
         "--plot",
         metavar="FILE.png",

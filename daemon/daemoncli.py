@@ -59,7 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="no Kubernetes: an in-process cluster of B blocks x R racks x N nodes x G GPUs (e.g. 4x4x4x8)",
     )
     parser.add_argument("--utilization-url", help="DCGM metrics: a Prometheus URL or dcgm-exporter URL(s)")
-    parser.add_argument("--utilization-source", choices=("prometheus", "exporter"))
+    parser.add_argument(
+        "--utilization-source",
+        choices=("prometheus", "exporter"),
+        help="what --utilization-url is: a Prometheus server (default) or dcgm-exporter /metrics URL(s)",
+    )
     parser.add_argument("--utilization-interval", type=float, help="seconds between scrapes (default 60)")
     parser.add_argument("--connect-timeout", type=float, default=30.0, help="seconds to reach NATS at start")
     for key, (_, what) in _FILE_FLAGS.items():

@@ -58,11 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     # `muster queues` alone shows the queues; `muster queues apply FILE` changes them
     add_view_arguments(parser)
-    sub = parser.add_subparsers(dest="queues_command", metavar="SUBCOMMAND")
-    apply = sub.add_parser(
-        "apply",
-        help="make the log's queues, cohorts, priority classes and settings what FILE says (appends what differs)",
-    )
+    sub = parser.add_subparsers(dest="queues_command", metavar="SUBCOMMAND", help="none: show the queues")
+    apply_help = "make the log's queues, cohorts, priority classes and settings what FILE says (appends what differs)"
+    apply = sub.add_parser("apply", help=apply_help, description=apply_help)
     apply.add_argument("file", metavar="FILE", help="queues YAML (spec/scenario.md field names)")
     apply.add_argument("--dry-run", action="store_true", help="print what differs from the log; append nothing")
     apply.add_argument(

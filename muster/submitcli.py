@@ -94,7 +94,7 @@ def from_file(path: str, at: int) -> list[JobSubmitted]:
     import yaml
 
     from muster.events.types import JobId, JobSubmitted, QueueName
-    from muster.replay.specreader import Reader, ScenarioError
+    from muster.replay.specreader import Reader, ScenarioError, yaml_problem
     from muster.replay.timelinespec import submit
 
     try:
@@ -102,8 +102,8 @@ def from_file(path: str, at: int) -> list[JobSubmitted]:
             root = yaml.compose(f, Loader=yaml.SafeLoader)
     except OSError as exc:
         raise ScenarioError(path, None, f"cannot read: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ScenarioError(path, None, f"malformed YAML: {exc}") from None
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise ScenarioError(path, *yaml_problem(exc)) from None
     if root is None:
         raise ScenarioError(path, None, "no job in the file")
     reader = Reader(path)

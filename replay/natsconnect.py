@@ -115,13 +115,15 @@ def read_yaml(path: str) -> dict[str, Any]:
     """A config file's top-level mapping: the one reading of muster's config files (the daemon's too)."""
     import yaml
 
+    from muster.replay.specreader import malformed
+
     try:
         with open(path, encoding="utf-8") as f:
             doc = yaml.safe_load(f) or {}
     except OSError as exc:
         raise ConfigProblem(f"{path}: {exc.strerror or exc}") from None
     except (yaml.YAMLError, RecursionError) as exc:
-        raise ConfigProblem(f"{path}: not valid YAML: {exc}") from None
+        raise ConfigProblem(malformed(path, exc)) from None
     if not isinstance(doc, dict):
         raise ConfigProblem(f"{path}: expected a mapping at the top")
     return doc

@@ -30,7 +30,7 @@ from muster.events.types import (
 )
 from muster.replay import flavorspec, nodespec, queuespec, timelinespec, tracecsv
 from muster.replay.queuespec import Known
-from muster.replay.specreader import Reader, ScenarioError
+from muster.replay.specreader import Reader, ScenarioError, yaml_problem
 from muster.replay.timelinespec import Input
 
 
@@ -98,14 +98,8 @@ def loads(
     r = Reader(name)
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark is not None else None
-        raise ScenarioError(name, line, f"malformed YAML: {exc.problem or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ScenarioError(name, None, f"malformed YAML: {exc}") from None
-    except RecursionError:  # PyYAML composes recursively: hostile nesting must be bad input, not a crash
-        raise ScenarioError(name, None, "malformed YAML: nested too deeply") from None
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise ScenarioError(name, *yaml_problem(exc)) from None
     if root is None:
         raise ScenarioError(name, None, "the scenario is empty")
     top = r.mapping(root, "scenario", _TOP)

@@ -43,7 +43,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_source_arguments(p)
     p.add_argument("--snapshots", metavar="WHERE", help="bucket (NATS; default STREAM-snapshots) or directory (--log)")
     p.add_argument("--every", type=int, default=50_000, metavar="N", help="a snapshot every N events (default 50000)")
-    p.add_argument("--format", choices=["msgpack+zlib", "msgpack", "json"], default="msgpack+zlib")
+    p.add_argument(
+        "--format",
+        choices=["msgpack+zlib", "msgpack", "json"],
+        default="msgpack+zlib",
+        help="encoding of the snapshots written (default msgpack+zlib; json is for reading them by eye)",
+    )
     p.add_argument("--verify", action="store_true", help="check every existing snapshot against a fold from the start")
     p.add_argument("--follow", action="store_true", help="keep following the stream and writing snapshots")
     p.add_argument(

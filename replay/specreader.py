@@ -26,6 +26,27 @@ class ScenarioError(Exception):
         self.message = message
 
 
+def yaml_problem(exc: Exception) -> tuple[int | None, str]:
+    """Where a YAML file could not be parsed (its line, when the parser knows it) and why: `malformed YAML: ...`.
+
+    The one form every file muster reads reports bad YAML in (scenarios, queues files, job files, configs,
+    rate cards), so a user is pointed at `FILE:LINE` whichever command read it. A RecursionError is
+    PyYAML composing hostile nesting recursively: bad input, not a crash.
+    """
+    if isinstance(exc, RecursionError):
+        return None, "malformed YAML: nested too deeply"
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        return (mark.line + 1 if mark is not None else None), f"malformed YAML: {exc.problem or exc}"
+    return None, f"malformed YAML: {exc}"
+
+
+def malformed(name: str, exc: Exception) -> str:
+    """`NAME:LINE: malformed YAML: PROBLEM` (`yaml_problem`; `NAME: ...` when the line is unknown)."""
+    line, message = yaml_problem(exc)
+    return f"{name}:{line}: {message}" if line is not None else f"{name}: {message}"
+
+
 class Reader:
     """Typed values from the nodes of one file; each failure is a `ScenarioError` at the node's line."""
 

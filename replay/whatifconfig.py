@@ -25,7 +25,7 @@ from muster.events.types import (
 )
 from muster.projections.state import ClusterState, QueueState
 from muster.replay.scenario import loads
-from muster.replay.specreader import ScenarioError
+from muster.replay.specreader import ScenarioError, malformed
 
 CONFIG_SECTIONS = ("queues", "cohorts", "priority_classes", "flavors", "fair_sharing", "idle_reclaim")
 
@@ -41,8 +41,8 @@ def load_config(text: str, name: str, state: ClusterState) -> tuple[list[Event],
     """
     try:
         root = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise WhatIfError(f"{name}: malformed YAML: {exc}") from None
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise WhatIfError(malformed(name, exc)) from None
     if not isinstance(root, dict):
         raise WhatIfError(f"{name}: expected a mapping with {', '.join(CONFIG_SECTIONS)}")
     unknown = sorted(set(root) - set(CONFIG_SECTIONS))

@@ -95,11 +95,14 @@ def load_rates(path: str) -> Any:
 
     from muster.projections.ratecard import RateCardError, parse_rate_card
     from muster.replay.cliutil import UsageError
+    from muster.replay.specreader import malformed
 
     try:
         with open(path, encoding="utf-8") as f:
             return parse_rate_card(yaml.safe_load(f))
     except OSError as exc:
         raise UsageError(f"--rates {path}: {exc.strerror or exc}") from None
-    except (yaml.YAMLError, RateCardError) as exc:
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise UsageError(f"--rates {malformed(path, exc)}") from None
+    except RateCardError as exc:
         raise UsageError(f"--rates {path}: {exc}") from None

@@ -121,13 +121,52 @@ def test_every_command_on_nats_reads_a_config_nats_block_alike(index: int, tmp_p
 
 @pytest.mark.parametrize("index", range(len(NATS_COMMANDS)), ids=NATS_COMMANDS)
 def test_every_command_on_nats_refuses_a_config_that_is_no_yaml_mapping(index: int, tmp_path: Path, capsys) -> None:
-    """A `--config` that is not YAML, or not a mapping, exits 2 naming the file, before NATS."""
+    """A `--config` that is not YAML, or not a mapping, exits 2 naming the file (and the line), before NATS."""
     argv = _nats_commands(tmp_path)[index]
     config = tmp_path / "config.yaml"
-    for text, why in (("nats: [unclosed\n", "not valid YAML"), ("- a list\n", "expected a mapping at the top")):
+    for text, why in (("nats: [unclosed\n", ":2: malformed YAML"), ("- a list\n", ": expected a mapping at the top")):
         config.write_text(text)
         assert main([*argv, "--config", str(config)]) == 2
-        assert f"{config}: {why}" in capsys.readouterr().err
+        assert f"{config}{why}" in capsys.readouterr().err
+
+
+MALFORMED = "a: 1\nb: [x\nc: 2\n"
+"""YAML whose parser stops at line 3."""
+
+
+def _file_readers(bad: Path) -> dict[str, list[str]]:
+    """Every command that reads a YAML file of its user's, given `bad` as that file."""
+    return {
+        "daemon --config": ["daemon", "--config", str(bad)],
+        "sim": ["sim", str(bad)],
+        "queues apply": ["queues", "apply", str(bad), "--nats", f"nats://127.0.0.1:{free_port()}"],
+        "submit --file": ["submit", "--file", str(bad), "--nats", f"nats://127.0.0.1:{free_port()}"],
+        "whatif --queues": ["whatif", "--queues", str(bad), "--log", str(bad.parent / "log.jsonl")],
+        "billing run --config": ["billing", "run", "--config", str(bad)],
+        "billing report --rates": [
+            "billing",
+            "report",
+            "--rates",
+            str(bad),
+            "--db",
+            f"sqlite:///{bad.parent / 'l.db'}",
+        ],
+        "ui --rates": ["ui", "--rates", str(bad), "--log", str(bad.parent / "log.jsonl")],
+    }
+
+
+@pytest.mark.parametrize("reader", list(_file_readers(Path("x"))))
+def test_every_yaml_file_a_command_reads_is_refused_at_its_file_and_line(reader: str, tmp_path: Path, capsys) -> None:
+    """Malformed YAML in any file a user hands a command (config, scenario, queues, job, rate card) exits 2 with
+    `FILE:LINE: malformed YAML: ...`, the line where the parser stopped (several printed PyYAML's multi-line
+    report, or no line at all)."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(MALFORMED)
+    (tmp_path / "log.jsonl").write_text("")
+    assert main(_file_readers(bad)[reader]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:3: malformed YAML: expected ',' or ']'" in err
+    assert len(err.strip().splitlines()) == 1, err
 
 
 @pytest.mark.parametrize("index", range(len(NATS_COMMANDS)), ids=NATS_COMMANDS)
@@ -172,6 +211,29 @@ def test_the_readme_names_only_commands_and_flags_that_exist() -> None:
             if not (name in taken or (glob and any(t.startswith(name) for t in taken))):
                 wrong.append(f"{span}: {name}{glob}")
     assert not wrong
+
+
+def test_the_readme_names_every_command_and_subcommand() -> None:
+    """Every runnable command, subcommands too (`queues apply`, `billing report`), is in a `muster ...` span of
+    README.md, so the README's command line section lists all that `muster --help` does."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    spans = {" ".join(span.split()[1:3]) for span in re.findall(r"`(muster [^`]+)`", readme)}
+    spans |= {span.split()[0] for span in spans}
+    assert [" ".join(c) for c in COMMANDS if " ".join(c) not in spans] == []
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_every_commands_help_says_what_it_and_each_option_does(command: tuple[str, ...]) -> None:
+    """`muster ... --help` has a description line and a help text for every option and argument (`--by` of
+    `billing report` had none, nor `billing run`/`report` and `queues apply` a description)."""
+    parser = build_parser()
+    for name in command:
+        parser = _subcommand(parser, name) or parser
+    assert parser.description, f"muster {' '.join(command)} --help has no description"
+    silent = [a.option_strings or a.dest for a in parser._actions if a.help is None]
+    assert silent == []
 
 
 def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser | None:
