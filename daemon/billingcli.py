@@ -23,6 +23,8 @@ import sys
 from typing import Any
 
 DEFAULT_DB = "sqlite:///muster-billing.db"
+CONFIG_TOP = frozenset({"billing", "nats", "http", "log", "identity"})
+"""The sections of the billing subscriber's config file (the chart's billing.yaml); others are refused."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -101,7 +103,7 @@ def _load_config(path: str | None) -> dict[str, Any]:
 
     data = read_file(path)
     if path:
-        check_keys(data, path, top={"billing", "nats", "http", "log", "identity"})
+        check_keys(data, path, top=CONFIG_TOP)
     return data
 
 

@@ -15,7 +15,8 @@ import pytest
 import yaml
 from helmkit import CHART, NAMESPACE, ChartRun, Rendered, make_stub_chart, run_chart
 
-from muster.daemon.config import load_config
+from muster.daemon.billingcli import CONFIG_TOP as BILLING_TOP
+from muster.daemon.config import KEYS, check_keys, load_config
 from muster.events.types import (
     BorrowPolicy,
     CohortConfigured,
@@ -86,6 +87,13 @@ CASES: dict[str, dict[str, Any]] = {
         "retention": {"maxAgeSeconds": 7 * 86400, "maxBytes": 1 << 30, "ceilingFactor": 4},
     },
     "archive-volume": {"archive": {"enabled": True, "claimName": "muster-archive"}},
+    "nkey": {"nats": {"auth": {"type": "nkey", "existingSecret": "muster-nkey"}}},
+    "creds": {
+        "nats": {
+            "auth": {"type": "creds", "existingSecret": "muster-creds"},
+            "tls": {"enabled": True, "existingSecret": "muster-nats-tls", "serverName": "nats.example.com"},
+        }
+    },
     "pod-group-controllers": {
         "rbac": {"podGroupControllers": [{"apiGroup": "example.com", "resources": ["trainers"]}]}
     },
@@ -781,3 +789,39 @@ def test_the_charts_queue_enums_are_the_values_the_scheduler_takes(path: tuple[s
     for key in QUEUE_ITEM + path:
         node = node[key]
     assert node["enum"] == list(get_args(literal))
+
+
+CHART_LEAVES_OUT: dict[str, str] = {
+    "kubernetes.kubeconfig": "in a cluster the daemon uses its service account; a kubeconfig is for running it outside",
+}
+"""Daemon config keys (`daemon.config.KEYS`) no values of the chart set, and why."""
+
+
+def _dotted(doc: dict[str, Any], prefix: str = "") -> set[str]:
+    """The keys of a config document as `section.key` (`nats.auth.token_file`); a section's own name too."""
+    out: set[str] = set()
+    for key, value in doc.items():
+        out.add(prefix + key)
+        if isinstance(value, dict) and (prefix + key) in KEYS:
+            out |= _dotted(value, f"{prefix}{key}.")
+    return out
+
+
+def test_every_config_key_the_chart_writes_is_read_and_every_key_the_daemon_reads_is_settable(run: ChartRun) -> None:
+    """Both ways between the chart and `daemon.config.KEYS`: every config file any case renders passes the
+    daemon's key check, and every key the daemon reads is written by some case (values.schema.json lets a user
+    set it) or is named in CHART_LEAVES_OUT with the reason."""
+    written: set[str] = set()
+    for case, rendered in sorted(run.rendered.items()):
+        if case in BAD_CASES:
+            continue
+        data = rendered.one("ConfigMap")["data"]
+        for name, top in (("config.yaml", None), ("admin.yaml", None), ("billing.yaml", BILLING_TOP)):
+            if name in data:
+                doc = yaml.safe_load(data[name]) or {}
+                check_keys(doc, f"{case}/{name}", **({"top": top} if top else {}))
+                written |= _dotted(doc)
+    every = {f"{section}.{key}" for section, keys in KEYS.items() for key in keys}
+    unset = sorted(every - written - set(CHART_LEAVES_OUT))
+    assert unset == [], f"keys the daemon reads that no values of the chart set: {unset}"
+    assert sorted(set(CHART_LEAVES_OUT) & written) == [], "a key left out that a case writes: drop it from the list"
