@@ -24,6 +24,12 @@ def add_source_arguments(p: argparse.ArgumentParser) -> None:
         help="JetStream stream holding the log (default: --config's nats.stream, $MUSTER_STREAM or MUSTER)",
     )
     g.add_argument(
+        "--subject-prefix",
+        metavar="PREFIX",
+        help="subject prefix of the log's events (default: --config's nats.subject_prefix, else muster), "
+        "as `queues apply` and the daemon take it",
+    )
+    g.add_argument(
         "--archive",
         metavar="DIR|nats-object:BUCKET",
         default=os.environ.get("MUSTER_ARCHIVE") or None,

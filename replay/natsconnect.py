@@ -66,9 +66,11 @@ def _tls_context(ca: str | None, cert: str | None, key: str | None, what: str) -
 
 
 def settings_of(args: argparse.Namespace) -> NatsSettings:
-    """The connection the arguments ask for: `--config`'s `nats` block, then the credential and TLS flags."""
+    """The connection the arguments ask for: `--config`'s `nats` block, then the flags (`--subject-prefix`,
+    credentials and TLS files) over it."""
     config = getattr(args, "config", None)
     out = read_config(config) if config else NatsSettings()
+    out.prefix = getattr(args, "subject_prefix", None) or out.prefix
     out.options.update(flag_options(args))
     return out
 

@@ -168,6 +168,15 @@ def test_a_filter_naming_what_the_log_never_saw_is_a_usage_error(log, capsys, co
     assert said in err
 
 
+def test_scope_reads_a_stream_of_another_subject_prefix_given_subject_prefix(log, capsys) -> None:
+    """`--scope` reads one queue's subjects, which carry the log's subject prefix: `--subject-prefix` (as `queues
+    apply` and the daemon take it) finds them on a stream of another prefix than muster's."""
+    rows = _json(capsys, "jobs", *log.admin, "--scope", "qa", "-o", "json")["jobs"]
+    assert {r["job"] for r in rows} == {RUNS, WAITS}
+    assert main(["jobs", *log.flags, "--scope", "qa"]) == 2  # muster's own prefix: not this log's subjects
+    assert "--scope qa: no such queue on the log" in capsys.readouterr().err
+
+
 def test_jobs_table_shows_names_that_can_be_typed_back(log, capsys) -> None:
     """The table names each job by its short name (unique here), uncut, and `-o wide` adds the full id."""
     assert main(["jobs", *log.flags, "-o", "wide"]) == 0
