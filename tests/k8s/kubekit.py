@@ -314,6 +314,16 @@ class Kube:
         }
         return trainer, await self.gang(name, size, gpus=gpus, queue=queue, owner=owner)
 
+    async def recreate(self, pods: list[Obj], *, suffix: str = "") -> list[Obj]:
+        """Create `pods` again as their controller does once they are gone (new uids; names + `suffix`)."""
+        out = []
+        for pod in pods:
+            meta = {k: v for k, v in pod["metadata"].items() if k in ("labels", "annotations", "ownerReferences")}
+            spec = {k: v for k, v in pod["spec"].items() if k != "nodeName"}
+            body = {"metadata": {**meta, "name": pod["metadata"]["name"] + suffix}, "spec": spec}
+            out.append(await self.create_pod(body))
+        return out
+
     async def delete_custom(self, obj: Obj) -> None:
         """Delete a custom object made by `custom` (its user deleting it; no garbage collector runs here)."""
         group, version = obj["apiVersion"].split("/")

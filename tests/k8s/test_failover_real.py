@@ -86,24 +86,46 @@ async def test_a_gang_a_dead_leader_admitted_and_partly_bound_is_bound_where_it_
     assert len(await log_of(store, JobSubmitted)) == 1
 
 
+Recreate = Callable[[], Awaitable[Pods]]
+
+
+async def job_again(kube: Kube) -> tuple[str, Pods, Recreate]:
+    obj, pods = await kube.job("train", 2, gpus=4)
+    return "Job", pods, lambda: kube.job_pods(obj, gpus=4, labels={"muster.dev/queue": "q"})
+
+
+async def jobset_again(kube: Kube) -> tuple[str, Pods, Recreate]:
+    _, pods = await kube.jobset("train", 2, 1, gpus=4)
+    return "JobSet", pods, lambda: kube.recreate(pods)
+
+
+async def controlled_group_again(kube: Kube) -> tuple[str, Pods, Recreate]:
+    _, pods = await kube.controlled_gang("train", 2, gpus=4)
+    return "Pod", pods, lambda: kube.recreate(pods, suffix="-r1")
+
+
+@pytest.mark.parametrize(
+    "make", [job_again, jobset_again, controlled_group_again], ids=["job", "jobset", "controlled-pod-group"]
+)
 async def test_a_preemption_a_dead_leader_decided_is_applied_and_told_by_the_next(
-    api: ApiClient, kube: Kube, store: EventStore
+    api: ApiClient, kube: Kube, store: EventStore, make: Callable[[Kube], Awaitable[tuple[str, Pods, Recreate]]]
 ) -> None:
-    """The victim's pods are evicted by the next leader, its Job gets the Warning Preempted, and its controller's
-    replacements are bound as the same job: nothing lost, nothing doubled."""
+    """The victim's pods are evicted by the next leader, its workload (a pod group: its pods) gets the Warning
+    Preempted, and its controller's replacements are bound as the same job: nothing lost, nothing doubled."""
     await store.append([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})])
     node = await kube.node("n1", gpus=8)
-    obj, pods = await kube.job("train", 2, gpus=4)
+    kind, pods, recreate = await make(kube)
     async with running_daemon(store, api):
         await eventually(lambda: all_on(kube, names(pods), node))
     [sub] = await log_of(store, JobSubmitted)
     epoch = await dead_leaders_epoch(store)
     await store.append([JobPreempted(at=2, job=sub.job, preemptor=None, reason="WithinQueue", epoch=epoch)])
 
+    told = "train" if kind != "Pod" else names(pods)[0]
     async with running_daemon(store, api) as loop:
         await eventually(lambda: kube.gone(*names(pods)))
-        await eventually(lambda: preempted_event(kube, "train"))
-        replacements = await kube.job_pods(obj, gpus=4, labels={"muster.dev/queue": "q"})  # its controller, again
+        await eventually(lambda: preempted_event(kube, kind, told))
+        replacements = await recreate()
         await eventually(lambda: all_on(kube, names(replacements), node))
         assert loop.state.jobs[sub.job].status == "admitted"
     assert [p.job for p in await log_of(store, JobPreempted)] == [sub.job]
@@ -116,8 +138,8 @@ async def all_on(kube: Kube, pods: list[str], node: str) -> bool:
     return all([await kube.pod_node(p) == node for p in pods])
 
 
-async def preempted_event(kube: Kube, job: str) -> bool:
+async def preempted_event(kube: Kube, kind: str, name: str) -> bool:
     listed = await kube.core.list_namespaced_event(
-        kube.ns, field_selector=f"involvedObject.kind=Job,involvedObject.name={job}"
+        kube.ns, field_selector=f"involvedObject.kind={kind},involvedObject.name={name}"
     )
     return any(e.reason == "Preempted" and e.type == "Warning" for e in listed.items)
