@@ -160,7 +160,14 @@ async def find_vanished(
             async with limiter:
                 obj = await fetch_owner(client, owner)
         except KubeError as exc:
-            log.warning("cannot read a gang's owner; judging it next time", owner=owner.source, error=exc.message)
+            # a pod group's controller is of a kind the chart grants no right to read unless told
+            hint = "grant get on it (chart: rbac.podGroupControllers)" if owner.controller and exc.status == 403 else ""
+            log.warning(
+                "cannot read a gang's owner; judging it next time",
+                owner=owner.workload,
+                error=exc.message,
+                **({"hint": hint} if hint else {}),
+            )
             alive[job.id] = None
             return
         meta = (obj or {}).get("metadata") or {}

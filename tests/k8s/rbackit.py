@@ -21,14 +21,16 @@ TESTER = {"kind": "User", "name": "tester", "apiGroup": "rbac.authorization.k8s.
 RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 
 
-async def bind_chart_rbac_to_tester(kube: Kube, tmp_path: Path) -> dict[str, Any]:
-    """Render the chart (Lease election on) into the test's namespace, bind its roles to `tester`; return its config."""
+async def bind_chart_rbac_to_tester(kube: Kube, tmp_path: Path, values: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Render the chart (Lease election on, and `values`) into the test's namespace, bind its roles to `tester`;
+    return its config."""
     release = kube.ns  # cluster-wide role names are per test
+    values = {"leaderElection": {"backend": "lease"}, **(values or {})}
     rendered = run_chart(
         {
             "chart": str(CHART),
             "namespace": kube.ns,
-            "render": {"lease": {"release": release, "values": {"leaderElection": {"backend": "lease"}}}},
+            "render": {"lease": {"release": release, "values": values}},
         },
         tmp_path,
     ).rendered["lease"]

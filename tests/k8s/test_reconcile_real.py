@@ -10,13 +10,16 @@ and the second gang never bound.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from adapterkit import EventLog
 from kubekit import Kube, eventually, log_of, running_adapter, running_daemon
 from kubernetes_asyncio.client import ApiClient
+from rbackit import bind_chart_rbac_to_tester
 
 from muster.daemon.k8s import KubernetesAdapter
 from muster.events.store import EventStore
@@ -171,6 +174,20 @@ async def test_a_waiting_workload_deleted_while_no_daemon_ran_leaves_no_phantom_
     assert cancelled.job == sub.job and cancelled.reason.startswith("WorkloadDeleted")
 
 
+@contextlib.asynccontextmanager
+async def preempted_controlled_group(
+    api: ApiClient, kube: Kube
+) -> AsyncIterator[tuple[KubernetesAdapter, EventLog, JobSubmitted, dict[str, Any], list[Event]]]:
+    """A labelled pod group of a `Trainer` controller, admitted and preempted by an adapter running on `api` (its
+    pods evicted, its replacements not made): the adapter, its events, the submission, the controller, the log."""
+    node = await kube.node("n1", gpus=8)
+    trainer, _ = await kube.controlled_gang("train", 2, gpus=4)
+    log: list[Event] = [QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})]
+    async with running_adapter(api, state=lambda: fold(log), reconcile_seconds=3600) as (adapter, events):
+        sub = await preempt_gang(kube, adapter, events, log, node)
+        yield adapter, events, sub, trainer, log
+
+
 @pytest.mark.parametrize("made_again", [False, True], ids=["deleted", "deleted-and-made-again"])
 async def test_a_preempted_pod_group_whose_controller_is_deleted_is_cancelled(
     api: ApiClient, kube: Kube, made_again: bool
@@ -178,11 +195,7 @@ async def test_a_preempted_pod_group_whose_controller_is_deleted_is_cancelled(
     """A pod group of an operator of the user's own, preempted, waits for its replacements; once its controller
     is deleted (or made again under its name: another object) a reconciliation pass cancels the job naming the
     controller (it waited forever before)."""
-    node = await kube.node("n1", gpus=8)
-    trainer, _ = await kube.controlled_gang("train", 2, gpus=4)
-    log: list[Event] = [QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})]
-    async with running_adapter(api, state=lambda: fold(log), reconcile_seconds=3600) as (adapter, events):
-        sub = await preempt_gang(kube, adapter, events, log, node)
+    async with preempted_controlled_group(api, kube) as (adapter, events, sub, trainer, log):
         assert await adapter.reconcile() == []  # its controller is there: it makes replacements, the job waits
         await kube.delete_custom(trainer)
         if made_again:
@@ -202,13 +215,10 @@ async def test_a_preempted_pod_group_whose_controller_went_while_no_adapter_ran_
 ) -> None:
     """The same found by the next adapter's reconciliation before it reports started: no phantom job waits in
     its queue."""
-    node = await kube.node("n1", gpus=8)
-    trainer, _ = await kube.controlled_gang("train", 2, gpus=4)
-    log: list[Event] = [QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})]
-    async with running_adapter(api, state=lambda: fold(log), reconcile_seconds=3600) as (adapter, events):
-        sub = await preempt_gang(kube, adapter, events, log, node)
+    async with preempted_controlled_group(api, kube) as (_, _, sub, trainer, log):
+        pass
     await kube.delete_custom(trainer)
-    async with running_adapter(api, state=lambda: fold(log), reconcile_seconds=3600) as (adapter, events):
+    async with running_adapter(api, state=lambda: fold(log), reconcile_seconds=3600) as (_, events):
         [cancelled] = events.of(JobCancelled)  # pushed before the adapter reported started
     assert cancelled.job == sub.job and cancelled.reason.startswith("WorkloadDeleted")
     assert fold([*log, cancelled]).jobs[sub.job].status == "cancelled"
@@ -225,3 +235,17 @@ async def test_a_pod_group_whose_controllers_kind_is_not_served_gets_no_verdict(
     async with running_adapter(api, state=lambda: fold(log), reconcile_seconds=3600) as (adapter, events):
         await preempt_gang(kube, adapter, events, log, node)
         assert await adapter.reconcile() == []
+
+
+@pytest.mark.parametrize("granted", [True, False], ids=["granted", "not-granted"])
+async def test_the_charts_pod_group_controllers_value_is_the_right_reconciliation_needs(
+    api: ApiClient, user_api: ApiClient, kube: Kube, tmp_path: Path, granted: bool
+) -> None:
+    """As `tester` with the chart's roles: with `rbac.podGroupControllers` naming the controller's kind, a deleted
+    controller's waiting group is cancelled; without it the read is refused and the group gets no verdict."""
+    values = {"rbac": {"podGroupControllers": [{"apiGroup": "example.com", "resources": ["trainers"]}]}}
+    await bind_chart_rbac_to_tester(kube, tmp_path, values if granted else None)
+    async with preempted_controlled_group(user_api, kube) as (adapter, _, sub, trainer, _):
+        await kube.delete_custom(trainer)
+        verdicts = await adapter.reconcile()
+    assert [(type(v), v.job) for v in verdicts] == ([(JobCancelled, sub.job)] if granted else [])
