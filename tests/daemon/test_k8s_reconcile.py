@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 from muster.daemon.k8s import manifests as m
+from muster.daemon.k8s.gangruns import Tracked
+from muster.daemon.k8s.pods import Controller, Owner
 from muster.daemon.k8s.reconciling import judge, owner_of
 from muster.events.types import (
     Event,
@@ -65,6 +67,25 @@ def test_judge(job: Job, present: set[str], owner_alive: bool | None, expected: 
     assert type(verdict.event).__name__ == kind
     assert verdict.event.reason.startswith(reason)  # type: ignore[attr-defined]
     assert verdict.remaining == tuple(sorted(present & set(job.pods.values())))
+
+
+@pytest.mark.parametrize(
+    ("owner_alive", "expected"),
+    [
+        pytest.param(True, None, id="controller-there"),
+        pytest.param(None, None, id="controller-unreadable"),
+        pytest.param(False, "WorkloadDeleted: Trainer/ns/t (the controller of pod group g) is gone", id="gone"),
+    ],
+)
+def test_judge_a_tracked_pod_group_by_its_controller(owner_alive: bool | None, expected: str | None) -> None:
+    """A pod group whose pods name a controller waits while it is there or cannot be read, and is cancelled
+    naming it once it is gone; judged by the log alone (no controller known) its gone pods cancel it."""
+    controller = Controller("example.com/v1", "Trainer", "t", "u-t")
+    tracked = Tracked(pods=GANG.pods, owner=Owner("Gang", "ns", "g", controlled=True, controller=controller))
+    verdict = judge(GANG, set().__contains__, owner_alive, at=7, tracked=tracked)
+    assert (verdict.event.reason if verdict is not None else None) == expected  # type: ignore[attr-defined]
+    untracked = judge(GANG, set().__contains__, None, at=7)
+    assert untracked is not None and isinstance(untracked.event, JobCancelled)
 
 
 def test_owner_of_reads_a_submission_source() -> None:
