@@ -34,6 +34,9 @@ __all__ = ["ConfigError", "DaemonConfig", "load_config", "nats_connect_options"]
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 """The pod's namespace, as Kubernetes mounts it with the service account token."""
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+"""What `log.level` (`--log-level`) may be."""
+
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 SECTIONS = ("leader_election", "kubernetes", "utilization", "http", "nats", "log", "ui", "archive", "retention")
@@ -371,6 +374,9 @@ class DaemonConfig:
             raise ConfigError(f"utilization.source must be prometheus or exporter, not {self.utilization_source!r}")
         if self.log_format not in ("json", "console"):
             raise ConfigError(f"log.format must be json or console, not {self.log_format!r}")
+        if self.log_level not in LOG_LEVELS:
+            # logging.getLevelName("LOUD") is no level: the daemon logged at info, saying nothing of the typo
+            raise ConfigError(f"log.level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
         if self.ui_port is not None:
             from muster.ui.server import exposure_problem, read_token
 

@@ -217,6 +217,17 @@ def test_a_config_key_typo_is_refused_naming_it_and_the_valid_keys(tmp_path, cap
     assert words in capsys.readouterr().err
 
 
+def test_a_log_level_that_is_no_level_is_refused(tmp_path, capsys):
+    """`log.level: loud` exits 2 naming the levels (it logged at info, saying nothing of the typo)."""
+    path = chart_config(tmp_path, "nats://127.0.0.1:1", "S", "p")
+    raw = yaml.safe_load(path.read_text())
+    raw["log"] = {"level": "loud"}
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["daemon", "--config", str(path)]) == 2
+    assert "log.level must be one of debug, info, warning, error, not 'loud'" in capsys.readouterr().err
+    assert main(["daemon", "--config", str(path), "--log-level", "DEBUG"]) != 2  # the flag over the file, any case
+
+
 def test_the_archive_and_the_window_are_read_from_the_config_and_checked(tmp_path):
     """The archive and window come from the config, the stream's limits are the window times ceiling_factor."""
     path = chart_config(tmp_path, "nats://127.0.0.1:1", "S", "p")

@@ -16,7 +16,7 @@ import yaml
 from helmkit import CHART, NAMESPACE, ChartRun, Rendered, make_stub_chart, run_chart
 
 from muster.daemon.billingcli import CONFIG_TOP as BILLING_TOP
-from muster.daemon.config import KEYS, check_keys, load_config
+from muster.daemon.config import KEYS, LOG_LEVELS, check_keys, load_config
 from muster.events.types import (
     BorrowPolicy,
     CohortConfigured,
@@ -825,3 +825,9 @@ def test_every_config_key_the_chart_writes_is_read_and_every_key_the_daemon_read
     unset = sorted(every - written - set(CHART_LEAVES_OUT))
     assert unset == [], f"keys the daemon reads that no values of the chart set: {unset}"
     assert sorted(set(CHART_LEAVES_OUT) & written) == [], "a key left out that a case writes: drop it from the list"
+
+
+def test_the_charts_log_levels_are_the_ones_the_daemon_takes() -> None:
+    """`daemon.logLevel`'s enum in values.schema.json is `daemon.config.LOG_LEVELS`, which the daemon checks."""
+    schema: Any = json.loads((Path(CHART) / "values.schema.json").read_text())
+    assert schema["properties"]["daemon"]["properties"]["logLevel"]["enum"] == list(LOG_LEVELS)
