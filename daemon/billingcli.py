@@ -111,13 +111,18 @@ def _run_subscriber(args: argparse.Namespace) -> int:
     import anyio
 
     from muster.daemon.billing_store import LedgerError
+    from muster.daemon.config import log_settings
+    from muster.daemon.logs import configure_logging
     from muster.replay.natsconnect import ConfigProblem, connect_options, flag_options
 
     try:
         cfg = _load_config(args.config)
+        # the chart writes `log` (json, the daemon's level) for this process too: it was never read
+        level, fmt = log_settings(cfg.get("log"), default_format="console")
     except (OSError, ValueError) as exc:
         print(f"muster billing run: config: {exc}", file=sys.stderr)
         return 2
+    configure_logging(level, fmt)
     try:
         # the flags over the config file's, both read and checked before NATS
         options = connect_options(cfg.get("nats") or {}) | flag_options(args)

@@ -36,6 +36,24 @@ SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/names
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 """What `log.level` (`--log-level`) may be."""
+LOG_FORMATS = ("json", "console")
+
+
+def log_settings(section: Any, default_format: str = "json") -> tuple[str, str]:
+    """A config file's `log` section as (level, format), checked: ConfigError naming what may be written.
+
+    The one reading of it, for the daemon and the billing subscriber (the chart writes it for both).
+    """
+    section = section if isinstance(section, Mapping) else {}
+    level = str(section.get("level", "info")).lower()
+    fmt = str(section.get("format", default_format)).lower()
+    if fmt not in LOG_FORMATS:
+        raise ConfigError(f"log.format must be json or console, not {fmt!r}")
+    if level not in LOG_LEVELS:
+        # logging.getLevelName("LOUD") is no level: the process logged at info, saying nothing of the typo
+        raise ConfigError(f"log.level must be one of {', '.join(LOG_LEVELS)}, not {level!r}")
+    return level, fmt
+
 
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
@@ -372,11 +390,7 @@ class DaemonConfig:
             raise ConfigError(f"leader_election.lease_name {self.lease_name!r} is not a valid Kubernetes object name")
         if self.utilization_url and self.utilization_source not in ("prometheus", "exporter"):
             raise ConfigError(f"utilization.source must be prometheus or exporter, not {self.utilization_source!r}")
-        if self.log_format not in ("json", "console"):
-            raise ConfigError(f"log.format must be json or console, not {self.log_format!r}")
-        if self.log_level not in LOG_LEVELS:
-            # logging.getLevelName("LOUD") is no level: the daemon logged at info, saying nothing of the typo
-            raise ConfigError(f"log.level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
+        log_settings({"level": self.log_level, "format": self.log_format})
         if self.ui_port is not None:
             from muster.ui.server import exposure_problem, read_token
 

@@ -6,6 +6,7 @@ The log is the hand-computed one of tests/projections/test_billing_ledger.py
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -378,7 +379,8 @@ async def test_nats_restart_mid_run_is_waited_out(own_nats: EmbeddedNats, tmp_pa
 async def test_cli_run_with_helm_config_serves_metrics_and_stops_on_sigterm(
     store: EventStore, nats_url: str, tmp_path: Path
 ) -> None:
-    """`muster billing run --config` (the chart's file) catches up, serves /metrics and /readyz, exits 0 on SIGTERM."""
+    """`muster billing run --config` (the chart's file) catches up, serves /metrics and /readyz, exits 0 on SIGTERM,
+    and logs as the file's `log` section says: JSON lines (it ignored the section and wrote structlog's default)."""
     await publish(store, scripted_log())
     metrics_port, health_port = free_port(), free_port()
     config = {
@@ -411,6 +413,9 @@ async def test_cli_run_with_helm_config_serves_metrics_and_stops_on_sigterm(
             if proc.returncode is None:
                 proc.kill()
     assert code == 0
+    lines = (tmp_path / "stderr.log").read_text().splitlines()
+    logged = [json.loads(line) for line in lines if line.startswith("{")]
+    assert any(r.get("event") == "billing.stopped" and r.get("level") == "info" for r in logged), lines
     assert dump(tmp_path / "data" / "billing.db")["seq"] == 19
     info = await _acks_settled(store, "billing-cli")
     assert info.num_ack_pending == 0

@@ -218,7 +218,8 @@ def test_a_config_key_typo_is_refused_naming_it_and_the_valid_keys(tmp_path, cap
 
 
 def test_a_log_level_that_is_no_level_is_refused(tmp_path, capsys):
-    """`log.level: loud` exits 2 naming the levels (it logged at info, saying nothing of the typo)."""
+    """`log.level: loud` exits 2 naming the levels, for the daemon and for `billing run`, which the chart writes
+    the same section for (the daemon logged at info, saying nothing of the typo; `billing run` never read it)."""
     path = chart_config(tmp_path, "nats://127.0.0.1:1", "S", "p")
     raw = yaml.safe_load(path.read_text())
     raw["log"] = {"level": "loud"}
@@ -226,6 +227,10 @@ def test_a_log_level_that_is_no_level_is_refused(tmp_path, capsys):
     assert main(["daemon", "--config", str(path)]) == 2
     assert "log.level must be one of debug, info, warning, error, not 'loud'" in capsys.readouterr().err
     assert main(["daemon", "--config", str(path), "--log-level", "DEBUG"]) != 2  # the flag over the file, any case
+    billing = tmp_path / "billing.yaml"
+    billing.write_text(yaml.safe_dump({"nats": raw["nats"], "log": {"level": "loud"}}))
+    assert main(["billing", "run", "--config", str(billing), "--once"]) == 2
+    assert "log.level must be one of debug, info, warning, error, not 'loud'" in capsys.readouterr().err
 
 
 def test_the_archive_and_the_window_are_read_from_the_config_and_checked(tmp_path):
