@@ -28,14 +28,20 @@ class UsageError(Exception):
     """Bad arguments: printed, exit 2."""
 
 
-def require_known(flag: str, wanted: Iterable[str], known: Iterable[str], what: str) -> None:
+SCOPE_HINT = "--scope reads the subjects of one prefix: is the log's --subject-prefix given?"
+"""What a `--scope` that finds nothing at all most likely means (a log of another subject prefix)."""
+
+
+def require_known(flag: str, wanted: Iterable[str], known: Iterable[str], what: str, *, hint: str = "") -> None:
     """One rule for every filter that takes a name (`--queue`, `--namespace`, `--scope`): a name the log never
-    saw is a UsageError naming what it has, not an empty answer, which reads as "nothing there" for a typo."""
+    saw is a UsageError naming what it has, not an empty answer, which reads as "nothing there" for a typo.
+    `hint` is added when the log has none at all."""
     have = sorted(set(known))
     missing = sorted(set(wanted) - set(have))
     if missing:
         shown = ", ".join(have[:20]) + (f" and {len(have) - 20} more" if len(have) > 20 else "")
-        raise UsageError(f"{flag} {missing[0]}: no such {what} on the log ({what}s: {shown or 'none'})")
+        extra = f"; {hint}" if hint and not have else ""
+        raise UsageError(f"{flag} {missing[0]}: no such {what} on the log ({what}s: {shown or 'none'}){extra}")
 
 
 _BUCKET = re.compile(r"[A-Za-z0-9_-]+")

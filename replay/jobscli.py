@@ -54,7 +54,7 @@ def _split(values: list[str] | None) -> frozenset[str]:
 
 def job_filter(args: argparse.Namespace, state: Any) -> Any:
     """The filter the flags ask for; raises UsageError for a state, queue or namespace the log does not have."""
-    from muster.replay.cliutil import UsageError, require_known
+    from muster.replay.cliutil import SCOPE_HINT, UsageError, require_known
     from muster.replay.status import LIVE, STATES, JobFilter, namespace_of
 
     states = _split(args.state)
@@ -66,7 +66,7 @@ def job_filter(args: argparse.Namespace, state: Any) -> Any:
     queues = _split(args.queue)
     require_known("--queue", queues, state.queues, "queue")
     if not queues and args.scope is not None:
-        require_known("--scope", {args.scope}, state.queues, "queue")
+        require_known("--scope", {args.scope}, state.queues, "queue", hint=SCOPE_HINT)
         queues = frozenset({args.scope})
     namespaces = _split(args.namespace)
     seen = {namespace_of(j) for j in state.jobs.values()} - {""}  # "": jobs of `muster submit`, of no namespace

@@ -52,12 +52,12 @@ def view(replayed: Any, scope: str | None = None) -> tuple[dict[str, Any], list[
 
 def document(replayed: Any, scope: str | None = None) -> dict[str, Any]:
     """The queues and cohorts of the state; with `scope`, that queue alone (UsageError when the log has none)."""
-    from muster.replay.cliutil import require_known
+    from muster.replay.cliutil import SCOPE_HINT, require_known
     from muster.replay.status import cohort_status, queue_status
 
     state = replayed.state
     if scope is not None:
-        require_known("--scope", {scope}, state.queues, "queue")
+        require_known("--scope", {scope}, state.queues, "queue", hint=SCOPE_HINT)
     queues = queue_status(state)
     if scope is not None:
         queues = [q for q in queues if q["queue"] == scope]

@@ -174,7 +174,9 @@ def test_scope_reads_a_stream_of_another_subject_prefix_given_subject_prefix(log
     rows = _json(capsys, "jobs", *log.admin, "--scope", "qa", "-o", "json")["jobs"]
     assert {r["job"] for r in rows} == {RUNS, WAITS}
     assert main(["jobs", *log.flags, "--scope", "qa"]) == 2  # muster's own prefix: not this log's subjects
-    assert "--scope qa: no such queue on the log" in capsys.readouterr().err
+    assert "--scope qa: no such queue on the log (queues: none); --scope reads the subjects of one prefix" in (
+        capsys.readouterr().err
+    )
 
 
 def test_jobs_table_shows_names_that_can_be_typed_back(log, capsys) -> None:
