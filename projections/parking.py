@@ -13,7 +13,12 @@ check that on every scenario and bench shape) and it is a function of the log:
   refused by the fence, one that failed, an audit's settling cycle). So every
   caller that decides at the log's recorded cycles (the daemon, `muster
   audit`, `muster sim`) holds the same parked set at each of them, whatever
-  unrecorded cycles it ran in between (those parked no one).
+  unrecorded cycles it ran in between (those parked no one). Every reader
+  starts afresh (nothing parked) at a new leader's election, where the fold
+  has the index rebuilt; a reader that starts elsewhere (an audit window, a
+  snapshot) parks more at first, and writes or re-derives other
+  `CycleSettled` records, but takes the same decisions. With the memo off
+  nothing stands, and no `CycleSettled` is written.
 - Every wake is a threshold on a counter the fold keeps and that only grows
   (usage given back or taken per queue, GPUs freed anywhere, borrowing starts
   per queue) or on time: looking at the state once or many times between two
