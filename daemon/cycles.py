@@ -10,7 +10,9 @@ decisions, or one on a server without atomic batches, may be cut by another
 writer, and then only a prefix of it is stored (the rest is decided again).
 Decision msg ids (`msgids.decision_ids`) make a retried append store nothing
 twice. Once stored, decisions are folded at their sequences (which hands this
-term's to the applier).
+term's to the applier). A cycle that decided nothing but judged jobs appends
+its `CycleSettled` the same way: refused, its parks are dropped (`parking`)
+and the jobs judged again by the next cycle.
 
 Invariants:
 - A cycle holds the write lock from its last drain to its append, so this
@@ -40,7 +42,7 @@ from muster.daemon.msgids import decision_ids
 from muster.daemon.terms import Leadership, Term
 from muster.daemon.timers import WakeTimer
 from muster.events.store import ConcurrencyConflict, EventStore, StoreError
-from muster.events.types import Event
+from muster.events.types import CycleSettled, Event
 from muster.projections.settling import Settling
 from muster.projections.state import ClusterState
 
@@ -151,7 +153,9 @@ class CycleRunner:
                 if self.stopping() or not leadership.may_decide():
                     return
                 continue
-            self.metrics.cycles.labels("decided").inc()
+            # "settled": it decided nothing but judged jobs (`CycleSettled`)
+            settled = all(isinstance(ev, CycleSettled) for ev in events)
+            self.metrics.cycles.labels("settled" if settled else "decided").inc()
             settling.decided(events)
         if settling.settled:
             return

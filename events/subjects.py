@@ -15,6 +15,7 @@ import re
 
 from muster.events.types import (
     CohortConfigured,
+    CycleSettled,
     Event,
     FlavorConfigured,
     GpuUtilizationSampled,
@@ -134,6 +135,8 @@ def _route(event: Event, queue: str | None) -> tuple[str, str]:
             return "scheduler", "config"
         case LeaderElected():
             return "leader", subject_token(event.holder)
+        case CycleSettled():
+            return "cycle", str(event.epoch)
     return "other", subject_token(type(event).__name__)
 
 
@@ -162,6 +165,7 @@ _KIND: dict[type, bytes] = {
     FlavorConfigured: b"flavor",
     SchedulerConfigured: b"scheduler",
     LeaderElected: b"leader",
+    CycleSettled: b"cycle",
 }
 
 

@@ -396,6 +396,23 @@ class ReservationReleased(Event, frozen=True, kw_only=True, tag="ReservationRele
     epoch: int = 0
 
 
+class CycleSettled(Event, frozen=True, kw_only=True, tag="CycleSettled"):
+    """A cycle that decided nothing, but judged `judged` pending jobs: each still waits for the reason it
+    has. Folded, their verdicts stand (`projections.parking`), so the next cycle does not judge them again.
+
+    A decision like the others (fenced, audited), but one that changes no job: it does not end the
+    instant's settling (`projections.settling`) and takes no cycle number of its own (the next cycle
+    that decides has this `cycle` too); `serial` tells the records apart.
+    """
+
+    judged: int
+    """Jobs the cycle judged and set aside (the members of its parks)."""
+    serial: int
+    """How many `CycleSettled` the log holds up to this one (the fold counts them: `ClusterState.settles`)."""
+    cycle: int = 0
+    epoch: int = 0
+
+
 AnyEvent = (
     SchedulerConfigured
     | PriorityClassConfigured
@@ -422,6 +439,7 @@ AnyEvent = (
     | FlavorConfigured
     | ReservationMade
     | ReservationReleased
+    | CycleSettled
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -450,6 +468,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     FlavorConfigured,
     ReservationMade,
     ReservationReleased,
+    CycleSettled,
 )
 
 # not annotated as `tuple[type[Event], ...]`: an isinstance test against it narrows to these types
@@ -462,6 +481,7 @@ DECISION_TYPES = (
     SubmissionRejected,
     ReservationMade,
     ReservationReleased,
+    CycleSettled,
 )
 
 __all__ = [
@@ -471,6 +491,7 @@ __all__ = [
     "BorrowWithinCohort",
     "CohortConfigured",
     "CohortName",
+    "CycleSettled",
     "Event",
     "ExpectedEnd",
     "FlavorConfigured",

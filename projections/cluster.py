@@ -23,6 +23,7 @@ from collections.abc import Mapping
 
 from muster.events.types import (
     AnyEvent,
+    CycleSettled,
     Event,
     GpuUtilizationSampled,
     JobAdmitted,
@@ -406,6 +407,10 @@ def _on_leader(state: ClusterState, ev: LeaderElected) -> ClusterState:
         return skip(state)
     state.epoch = ev.epoch
     state.leader = ev.holder
+    # a new leader starts with a fresh scheduler index (nothing parked), and so does every reader
+    # of the log at this point (an audit, a replay): their parking memos, and so the `CycleSettled`
+    # records they write or re-derive, have the same history
+    state.structure += 1
     return state
 
 
@@ -484,6 +489,16 @@ def _on_reservation_released(state: ClusterState, ev: ReservationReleased) -> Cl
     return state
 
 
+def _on_settled(state: ClusterState, ev: CycleSettled) -> ClusterState:
+    """A cycle that decided nothing judged jobs: count it, so the memo keeps its parks (`parking`).
+
+    It takes no cycle number (`_count_decision`): the cycles that decide keep the numbers they had."""
+    if _fenced(state, ev.epoch):
+        return state
+    state.settles += 1
+    return state
+
+
 _HANDLERS: dict[type[Event], object] = {
     JobSubmitted: _on_submitted,
     JobAdmitted: _on_admitted,
@@ -499,6 +514,7 @@ _HANDLERS: dict[type[Event], object] = {
     SubmissionRejected: _on_submission_rejected,
     ReservationMade: _on_reservation_made,
     ReservationReleased: _on_reservation_released,
+    CycleSettled: _on_settled,
     GpuUtilizationSampled: _on_utilization,
     LeaderElected: _on_leader,
     **configuration.HANDLERS,

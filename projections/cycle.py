@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import NamedTuple, cast
 
-from muster.events.types import Event, JobId, JobPreempted
+from muster.events.types import CycleSettled, Event, JobId, JobPreempted
 from muster.projections.assignment import Refusal, choose
 from muster.projections.cluster import node_pods
 from muster.projections.flavors import order_requests, placement_request, unassigned
@@ -81,6 +81,9 @@ class Cycle:
         self.idx = idx
         self.now = now
         self.number = state.cycle + 1
+        """Its decisions' `cycle` (one that decides nothing leaves the number to the next: `CycleSettled`)."""
+        self.parked_before = idx.parking.stamp
+        """Blocks of a higher stamp were parked by this cycle (not woken by its own admissions)."""
         self.epoch = state.epoch
         self.topo = Transaction(idx.topology)
         self.current: OrderKey | None = None
@@ -240,7 +243,7 @@ class Cycle:
                 self.consumed[key] = self.consumed.get(key, 0) + v
                 level = idx.parking.consumed_total.get(key, 0) + self.consumed[key]
                 due.update((b.stamp, b) for b in idx.parking.due_on_consumption(key, level))
-        due = {s: b for s, b in due.items() if b.members and b.cycle != self.number}
+        due = {s: b for s, b in due.items() if b.members and b.stamp <= self.parked_before}
         if not due:
             return
         # whose turn came before this admission is judged on the keys as they were before it
@@ -275,8 +278,9 @@ class Cycle:
     def finish(self) -> None:
         """Undo every tentative change, and hand the cycle's parks to the memo as a proposal.
 
-        The parks stand once the cycle's decisions are folded as decided (see
-        `parking`). Jobs set aside on a narrow view are tried again whatever happens.
+        The parks stand once the cycle's decisions are folded as decided, or, for a
+        cycle that decided nothing but parked jobs, the `CycleSettled` it adds here
+        (see `parking`). Jobs set aside on a narrow view are tried again whatever happens.
         """
         # the topology's and quota's changes are undone at the next sync, but where the fold
         # changes the node or queue (`TopologyIndex.settle`, `QuotaTree.settle`)
@@ -286,7 +290,13 @@ class Cycle:
         for job in self.taken:
             self.idx.activate(self.state, job)
         decisions = sum(1 for ev in self.events if getattr(ev, "cycle", 0) == self.number)
-        self.idx.parking.end_cycle(self.number, decisions)
+        serial = self.state.settles + 1
+        judged = self.idx.parking.end_cycle(self.number, decisions, serial)
+        if decisions == 0 and judged:
+            # its parks stand only once this record is folded, as a deciding cycle's once its decisions are
+            self.events.append(
+                CycleSettled(at=self.now, judged=judged, serial=serial, cycle=self.number, epoch=self.epoch)
+            )
 
     # ------------------------------------------------------------ events
 

@@ -335,17 +335,17 @@ class SchedulerIndex:
             self.group_reason.pop(group, None)
         return True
 
-    def park(self, job: JobState, wake: parking.Wake, reason: str, cycle: int) -> Block:
+    def park(self, job: JobState, wake: parking.Wake, reason: str) -> Block:
         """Set a job aside (see `parking`); it is no longer one to try."""
         self.deactivate(job)
-        return self.park_members(self.group_of[job.id], [Member(-job.order_seq, job.id)], job, wake, reason, cycle)
+        return self.park_members(self.group_of[job.id], [Member(-job.order_seq, job.id)], job, wake, reason)
 
     def park_members(
-        self, group: Group, members: list[Member], like: JobState, wake: parking.Wake, reason: str, cycle: int
+        self, group: Group, members: list[Member], like: JobState, wake: parking.Wake, reason: str
     ) -> Block:
         """Set aside jobs of `group` (no longer to try) judged like `like`, with one wake."""
         root = self.roots.get(like.queue, like.queue)
-        return self.parking.park(members, group, like.queue, root, wake, self.topology.gpu_free_total, reason, cycle)
+        return self.parking.park(members, group, like.queue, root, wake, self.topology.gpu_free_total, reason)
 
     def _woken(self, block: Block, members: list[Member]) -> None:
         self._add(cast(Group, block.group), members, block.reason)
@@ -356,7 +356,7 @@ class SchedulerIndex:
         """Bring the index in line with the state's changes since the last sync."""
         self.state = state
         memo = self.parking
-        memo.settle(state.cycle, state.cycle_decisions)
+        memo.settle(parking.Folded(state.cycle, state.cycle_decisions, state.settles))
         topo = self.topology
         # the last cycle's tentative changes, but where the fold changed the node or queue
         topo.settle(state.dirty_nodes)

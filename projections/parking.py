@@ -5,13 +5,20 @@ inadmissible again, for the same reason, and write nothing. The memo is
 exact (a run without it, `PARKING = False`, decides the same bytes; the tests
 check that on every scenario and bench shape) and it is a function of the log:
 
-- A verdict counts only once the decisions of the cycle that reached it are
+- A verdict counts only once the record of the cycle that reached it is
   folded. `decide` *proposes* its parks; the next sync keeps them if the
-  state shows that cycle's decisions folded as decided, and drops them
-  otherwise (a cycle refused by the fence, one that failed, one that decided
-  nothing, an audit's settling cycle). So every caller that decides at the
-  log's recorded cycles (the daemon, `muster audit`, `muster sim`) holds the
-  same parked set at each of them, whatever idle cycles it ran in between.
+  state shows that cycle's decisions folded as decided, or, for a cycle that
+  decided nothing but parked jobs, its `CycleSettled` (which `decide` writes
+  for exactly such a cycle, `Cycle.finish`); it drops them otherwise (a cycle
+  refused by the fence, one that failed, an audit's settling cycle). So every
+  caller that decides at the log's recorded cycles (the daemon, `muster
+  audit`, `muster sim`) holds the same parked set at each of them, whatever
+  unrecorded cycles it ran in between (those parked no one). Every reader
+  starts afresh (nothing parked) at a new leader's election, where the fold
+  has the index rebuilt; a reader that starts elsewhere (an audit window, a
+  snapshot) parks more at first, and writes or re-derives other
+  `CycleSettled` records, but takes the same decisions. With the memo off
+  nothing stands, and no `CycleSettled` is written.
 - Every wake is a threshold on a counter the fold keeps and that only grows
   (usage given back or taken per queue, GPUs freed anywhere, borrowing starts
   per queue) or on time: looking at the state once or many times between two
@@ -107,7 +114,7 @@ class Member(NamedTuple):
 class Block:
     """Jobs of one class parked together under one verdict (they share every wake)."""
 
-    __slots__ = ("cycle", "group", "members", "new_victims", "reason", "root", "stamp")
+    __slots__ = ("group", "members", "new_victims", "reason", "root", "stamp")
 
     def __init__(
         self,
@@ -116,19 +123,17 @@ class Block:
         root: str,
         members: list[Member],
         reason: str | None,
-        cycle: int,
         new_victims: bool = True,
     ):
         self.stamp = stamp
-        """Unique and growing: the park the block belongs to (its wake entries carry it)."""
+        """Unique and growing: the park the block belongs to (its wake entries carry it); a cycle's
+        blocks have stamps above the memo's `stamp` when it began."""
         self.group = group
         self.root = root
         self.members = members
         """Sorted like the index's group lists; empty once woken."""
         self.reason = reason
         """The reason every member has once the parking cycle's decisions are folded (None: unknown)."""
-        self.cycle = cycle
-        """The cycle that parked it."""
         self.new_victims = new_victims
         """Whether new victims in its tree (a queue starts borrowing) may change its verdict (`Wake`)."""
 
@@ -156,11 +161,24 @@ class Park(NamedTuple):
 
 
 class Proposal(NamedTuple):
-    """The parks of one cycle, kept once its decisions are folded (`cycle`, `decisions` in the state)."""
+    """The parks of one cycle, kept once the state shows its record folded (`Parking.settle`)."""
 
     cycle: int
     decisions: int
+    serial: int
+    """The `serial` of its `CycleSettled`, if it decided nothing (the state's `settles` once folded)."""
     parks: tuple[Park, ...]
+
+
+class Folded(NamedTuple):
+    """What the state shows of the cycles recorded so far (`ClusterState`'s fields of these names)."""
+
+    cycle: int
+    """The last cycle that decided something."""
+    cycle_decisions: int
+    """Its decisions folded."""
+    settles: int
+    """`CycleSettled` records folded."""
 
 
 class Parking:
@@ -219,7 +237,6 @@ class Parking:
         wake: Wake,
         gpu_free: int,
         reason: str,
-        cycle: int,
     ) -> Block:
         """Set jobs of one class aside until `wake`; provisional until the cycle's decisions are folded.
 
@@ -228,7 +245,7 @@ class Parking:
         """
         self.stamp += 1
         stamp = self.stamp
-        block = Block(stamp, group, root, members, reason, cycle, wake.new_victims)
+        block = Block(stamp, group, root, members, reason, wake.new_victims)
         self.blocks.setdefault(group, {})[stamp] = block
         self.by_root.setdefault(root, {})[stamp] = block
         freed = None if wake.freed_short is None else self.freed_seen + max(1, wake.freed_short - gpu_free)
@@ -280,17 +297,26 @@ class Parking:
         target = totals.get(key, 0) + amount
         heapq.heappush(heaps.setdefault(key, []), HeapEntry(target, block.stamp, block))
 
-    def end_cycle(self, cycle: int, decisions: int) -> None:
-        """The running cycle is over: its parks wait for its decisions to be folded."""
+    def end_cycle(self, cycle: int, decisions: int, serial: int) -> int:
+        """The running cycle is over: its parks wait for its record to be folded. Returns how many jobs
+        they hold (with the memo off: 0, for nothing it parks stands)."""
         parks, self._proposed = tuple(self._proposed), []
-        self.proposal = Proposal(cycle, decisions, parks) if parks else None
+        self.proposal = Proposal(cycle, decisions, serial, parks) if parks else None
+        return sum(len(park.block.members) for park in parks) if PARKING else 0
 
-    def settle(self, folded_cycle: int, folded_decisions: int) -> None:
-        """Keep the last cycle's parks if the state shows its decisions folded, else judge those jobs again."""
+    def settle(self, folded: Folded) -> None:
+        """Keep the last cycle's parks if the state shows its record folded, else judge those jobs again.
+
+        Its record is its decisions, or, if it decided nothing, its `CycleSettled`: then no cycle that
+        decided may have been folded since (the next one would have taken its number)."""
         p, self.proposal = self.proposal, None
         if p is None:
             return
-        if p.decisions > 0 and p.cycle == folded_cycle and p.decisions == folded_decisions:
+        if p.decisions > 0:
+            stands = p.cycle == folded.cycle and p.decisions == folded.cycle_decisions
+        else:
+            stands = p.serial == folded.settles and p.cycle == folded.cycle + 1
+        if stands:
             for park in p.parks:
                 if park.block.members:
                     self._stand(park)

@@ -248,6 +248,8 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
     """Last scheduling cycle that wrote a decision."""
     cycle_decisions: int = 0
     """How many decisions of that cycle have been applied."""
+    settles: int = 0
+    """`CycleSettled` records applied: the last one's `serial` (cycles that decided nothing but judged jobs)."""
     now: int = 0
     """Time of the latest event applied."""
     submitted: int = 0
@@ -273,7 +275,8 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
         self.dirty_queues: set[str] = set(self.queues)
         self.dirty_jobs: set[str] = {j.id for j in self.jobs.values() if j.status not in TERMINAL}
         self.structure = 0
-        """Bumped when nodes, queues, cohorts, classes or levels change shape."""
+        """Bumped when nodes, queues, cohorts, classes or levels change shape, and when a new leader is
+        elected (the scheduler index, with its parking memo, is rebuilt: `cluster`)."""
         self.released = 0
         """Bumped whenever resources are given back (finish, preemption, node up...)."""
         self.queue_released: dict[str, dict[str, int]] = {}

@@ -35,7 +35,7 @@ def park(cycle: Cycle, job: JobState, reason: str, wake: Wake) -> None:
         idx.deactivate(job)
         cycle.set_aside.append((idx.group_of[job.id], [Member(-job.order_seq, job.id)]))
         return
-    idx.park(job, wake, reason, cycle.number)
+    idx.park(job, wake, reason)
 
 
 def _judged_on_a_narrow_view(cycle: Cycle, job: JobState) -> bool:
@@ -95,7 +95,7 @@ def park_doomed(cycle: Cycle, bound: OrderKey | None) -> None:
         if _judged_on_a_narrow_view(cycle, first):
             cycle.set_aside.append((group, run))
         else:
-            idx.park_members(group, run, first, verdict.wake, reason, number)
+            idx.park_members(group, run, first, verdict.wake, reason)
     waits.sort(key=lambda w: w[0])
     cycle.events.extend(w for _, w in waits)
 

@@ -1,18 +1,28 @@
 """Re-derive every recorded decision: proof that each was the code's, and the alarm when code changes the past.
 
 A *batch* is one scheduling cycle as recorded: consecutive decision events
-(`JobAdmitted`, `JobPreempted`, `JobInadmissible`, `JobRejected`) with the
-same `(epoch, cycle)`. For each batch the audit calls `decide(state, at)` on
-the state folded up to just before the batch, at the batch's time, and
-compares the result with the recorded events, byte for byte (the stored JSON
-encoding), position by position.
+(`JobAdmitted`, `JobPreempted`, `JobInadmissible`, `JobRejected`, ...) with the
+same `(epoch, cycle)`, or one `CycleSettled` (a cycle that decided nothing but
+judged jobs: it shares its number with the next cycle that decides). For each
+batch the audit calls `decide(state, at)` on the state folded up to just
+before the batch, at the batch's time, and compares the result with the
+recorded events, byte for byte (the stored JSON encoding), position by
+position.
 
 How it stays exact and fast:
 - ONE running state is folded forward through the log; `decide` is called on
   it just before each batch and never sees the batch. This relies on the
-  core's parking memo being exact (cycles that decided nothing leave no trace
-  and need not be re-run); after a difference the scheduler index is dropped
-  so a tampered decision cannot leave a stale memo behind.
+  core's parking memo being exact and a function of the log: a cycle that
+  parked jobs is recorded (its decisions, or its `CycleSettled`), one that
+  neither decided nor parked leaves no trace and need not be re-run. After a
+  difference the scheduler index is dropped so a tampered decision cannot
+  leave a stale memo behind.
+- A `CycleSettled` says how many jobs the writer's memo judged, which only a
+  memo with the same history can re-derive: the audit's is, from the log's
+  start and from each new leader's election on (the fold rebuilds the
+  scheduler index there, for every reader alike). In a window that starts
+  later, or after a difference, until the next election, a `CycleSettled` is
+  checked only to decide nothing else (`settled_unchecked`).
 - The recorded events, not the re-derived ones, are folded: the log is the
   truth, and every later batch is judged on what really happened.
 - Decision events with `cycle` 0 are inputs (the daemon's input translation
@@ -37,6 +47,7 @@ from typing import Any
 from muster.events.codec import encode
 from muster.events.types import (
     DECISION_TYPES,
+    CycleSettled,
     Event,
     JobAdmitted,
     JobInadmissible,
@@ -97,6 +108,8 @@ class AuditReport:
     unrecorded: list[Batch] = field(default_factory=list)
     """Settling cycles (see `audit`) for which the code decides something the log does not show."""
     fenced_seqs: list[int] = field(default_factory=list)
+    settled_unchecked: int = 0
+    """`CycleSettled` records judged on a memo the audit could not rebuild (see the module docstring)."""
     events: int = 0
     seconds: float = 0.0
 
@@ -108,12 +121,30 @@ class AuditReport:
         return f"{self.identical:,} decisions re-derived identically, {self.differ:,} differ"
 
 
-def _compare(batch: Batch) -> None:
-    rec = [encode(e) for e in batch.recorded]
-    der = [encode(e) for e in batch.derived]
+def _compare(batch: Batch, memo_in_step: bool) -> int:
+    """Compare a batch's recorded and derived decisions; returns the `CycleSettled` left unchecked."""
+    recorded, derived = batch.recorded, batch.derived
+    unchecked = 0
+    if not memo_in_step:
+        unchecked = sum(1 for e in recorded if isinstance(e, CycleSettled))
+        recorded = [e for e in recorded if not isinstance(e, CycleSettled)]
+        derived = [e for e in derived if not isinstance(e, CycleSettled)]
+    rec = [encode(e) for e in recorded]
+    der = [encode(e) for e in derived]
     same = sum(1 for a, b in zip(rec, der, strict=False) if a == b)
     batch.identical = same
     batch.differ = max(len(rec), len(der)) - same
+    return unchecked
+
+
+def _joins(batch: Batch, key: tuple[int, int], ev: Event) -> bool:
+    """Whether a decision of cycle `key` belongs to the batch being read: same cycle, and neither is a
+    `CycleSettled` (a cycle that decided nothing is a batch of its own)."""
+    return (
+        key == (batch.epoch, batch.cycle)
+        and not isinstance(ev, CycleSettled)
+        and not isinstance(batch.recorded[-1], CycleSettled)
+    )
 
 
 def _reset_index(state: ClusterState) -> None:
@@ -143,9 +174,11 @@ async def audit(
     partial_key = (state.epoch, state.cycle) if state.cycle_decisions else None
     settle_at: int | None = None
     """Time of the last audited cycle that admitted or preempted: its caller decided again at that instant."""
+    in_step = from_seq <= 1
+    """Whether the audit's parking memo has the writer's history (see the module docstring)."""
 
     def flush() -> None:
-        nonlocal batch, settle_at
+        nonlocal batch, settle_at, in_step
         b = batch
         if b is None:
             return
@@ -155,7 +188,7 @@ async def audit(
         except Exception as exc:  # the audit reports a crashing core, it does not share the crash
             b.error = f"{type(exc).__name__}: {exc}"
             b.derived = []
-        _compare(b)
+        report.settled_unchecked += _compare(b, in_step)
         report.cycles += 1
         report.identical += b.identical
         report.differ += b.differ
@@ -170,6 +203,7 @@ async def audit(
             evolve(state, ev)
         if b.differ:
             _reset_index(state)
+            in_step = False
         if unsettled(b.recorded):
             settle_at = b.at
         if on_batch is not None:
@@ -203,6 +237,8 @@ async def audit(
             derived = []
             report.unrecorded.append(Batch(seq, seq, state.epoch, state.cycle + 1, at, [], [], error=str(exc)))
             return
+        if not in_step:
+            derived = [e for e in derived if not isinstance(e, CycleSettled)]
         if derived:
             report.unrecorded.append(Batch(seq, seq, state.epoch, state.cycle + 1, at, [], [], derived))
 
@@ -211,7 +247,7 @@ async def audit(
             beyond = seq > end_seq or (end_time is not None and ev.at > end_time)
             if isinstance(ev, DECISION_TYPES) and ev.cycle != 0:
                 key = (ev.epoch, ev.cycle)
-                if batch is not None and key == (batch.epoch, batch.cycle):
+                if batch is not None and _joins(batch, key, ev):
                     # a batch that started in the window is audited whole
                     batch.recorded.append(ev)
                     batch.seqs.append(seq)
@@ -244,7 +280,10 @@ async def audit(
             partial_key = None
             if isinstance(ev, DECISION_TYPES):
                 report.inputs += 1
+            epoch = state.epoch
             evolve(state, ev)
+            if state.epoch != epoch:
+                in_step = True  # a new leader: its memo, and the audit's, start afresh (`cluster`)
     flush()
     settle(end_seq + 1, None)
     return _finish(report, t0)
@@ -279,6 +318,8 @@ def brief(ev: Event) -> str:
         return f"reserve {', '.join(ev.nodes)} for {ev.job} ({start}): {ev.reason}"
     if isinstance(ev, ReservationReleased):
         return f"release the reservation of {ev.job}: {ev.reason}"
+    if isinstance(ev, CycleSettled):
+        return f"settled: {ev.judged} jobs judged still waiting, their verdicts stand (#{ev.serial})"
     return f"{type(ev).__name__}"
 
 
@@ -311,6 +352,7 @@ def report_document(r: AuditReport) -> dict[str, Any]:
         "cycles_identical": r.cycles_identical,
         "fenced": r.fenced,
         "fenced_seqs": r.fenced_seqs[:1000],
+        "settled_unchecked": r.settled_unchecked,
         "inputs": r.inputs,
         "skipped_partial": r.skipped_partial,
         "events": r.events,

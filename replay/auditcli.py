@@ -61,6 +61,11 @@ def render(report: Any, out: IO[str] | None = None, *, show: int = 20) -> None:
             f"{len(report.unrecorded):,} settling cycles where the code decides what the log does not show "
             "(a daemon that decided later, or deleted decisions: see --output json)"
         )
+    if report.settled_unchecked:
+        notes.append(
+            f"{report.settled_unchecked:,} CycleSettled records of a memo this window cannot rebuild (it starts "
+            "mid-term): checked to decide nothing else"
+        )
     if report.skipped_partial:
         notes.append(f"{report.skipped_partial:,} decisions of a cycle that began before --from")
     con.print("; ".join(notes) + f"; {report.seconds:.2f}s", highlight=False)

@@ -40,6 +40,7 @@ from muster.events.codec import encode
 from muster.events.types import (
     DECISION_TYPES,
     CohortConfigured,
+    CycleSettled,
     Event,
     JobAdmitted,
     JobCancelled,
@@ -294,6 +295,8 @@ class Checker:
         if fenced(getattr(ev, "epoch", 0), self.epoch):
             self.fenced += 1
             return
+        if isinstance(ev, CycleSettled):
+            return  # it changes no job (the memo's verdicts stand)
         job = self.jobs.get(job_id)
         if job is None:
             self._fail("decisions", seq, job_id, f"{type(ev).__name__} of {job_id}, which was never submitted")

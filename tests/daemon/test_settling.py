@@ -8,8 +8,10 @@ import msgspec
 from muster.daemon.loop import SchedulerLoop, SoleElector
 from muster.events.store import EventStore
 from muster.events.types import (
+    CycleSettled,
     Event,
     JobAdmitted,
+    JobCancelled,
     JobId,
     JobInadmissible,
     JobPreempted,
@@ -23,10 +25,13 @@ from muster.events.types import (
     QueueName,
     SchedulerConfigured,
 )
+from muster.projections.cluster import evolve
 from muster.projections.scheduler import decide
 from muster.projections.state import ClusterState
+from muster.replay.audit import audit
 from muster.replay.scenario import Scenario
 from muster.replay.simulator import simulate
+from muster.replay.source import MemoryLog
 from muster.replay.timelinespec import Input
 
 CONFIG: list[Event] = [
@@ -101,3 +106,50 @@ async def test_the_daemon_settles_an_instant_as_the_simulator_does(store: EventS
                 await _logged(store, len([e for e in expected if e.at <= at]))
         loop.stop()
     assert await _logged(store) == expected
+
+
+async def _settled(store: EventStore) -> None:
+    """Returns once the log holds a `CycleSettled`."""
+    while True:
+        if any(isinstance(s.event, CycleSettled) for s in await store.read()):
+            return
+        await anyio.sleep(0.05)
+
+
+class _CutInOnSettled:
+    """Another writer gets in just before the loop's first `CycleSettled` append (an event the fold skips)."""
+
+    def __init__(self, store: EventStore) -> None:
+        self.store, self.fired = store, 0
+
+    async def before_append(self, events: list[Event]) -> None:
+        if not self.fired and any(isinstance(e, CycleSettled) for e in events):
+            self.fired = len(events)
+            await self.store.append([JobCancelled(at=1, job=JobId("nobody"))])
+
+
+async def test_a_settled_cycle_refused_by_the_fence_is_judged_and_recorded_again(store: EventStore) -> None:
+    """A refused CycleSettled leaves its parks dropped: the next cycle judges the job again and records it once."""
+    huge = _job("huge", 1, 8, "high")
+    judged = ClusterState()
+    for ev in [*CONFIG, huge]:
+        evolve(judged, ev)
+    (wait,) = decide(judged, 1)  # the verdict a new leader finds on the log already: it writes no JobInadmissible
+    assert isinstance(wait, JobInadmissible)
+    await store.append([*CONFIG, huge, msgspec.structs.replace(wait, cycle=0)])
+    hook = _CutInOnSettled(store)
+    loop = SchedulerLoop(store, elector=SoleElector("d1"), clock=lambda: 5.0, hooks=hook)
+    async with anyio.create_task_group() as tg:
+        await tg.start(loop.run)
+        with anyio.fail_after(30):
+            await _settled(store)
+        loop.stop()
+    log = await store.read()
+    assert hook.fired == 1, "the first cycle of the term judged `huge` again and decided nothing else"
+    settled = [s for s in log if isinstance(s.event, CycleSettled)]
+    cut_in = next(s.seq for s in log if isinstance(s.event, JobCancelled))
+    assert [(s.event.judged, s.event.serial) for s in settled] == [(1, 1)] and settled[0].seq > cut_in
+    assert loop.metrics.registry.get_sample_value("muster_append_conflicts_total") == 1
+    assert [s.seq for s in log] == list(range(1, len(log) + 1))
+    report = await audit(MemoryLog.from_events([s.event for s in log]))
+    assert report.differ == 0 and report.identical == 1 and not report.unrecorded

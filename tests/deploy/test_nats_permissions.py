@@ -185,7 +185,7 @@ async def test_only_the_daemon_publishes_decisions_and_facts(connect: Connect) -
     """Decisions, job status, node facts and leadership come from the daemon alone."""
     daemon = await connect("daemon")
     await ensure_stream(daemon)
-    subjects = ["muster.job.train-1", "muster.node.gpu-0", "muster.leader.muster-0"]
+    subjects = ["muster.job.train-1", "muster.node.gpu-0", "muster.leader.muster-0", "muster.cycle.1"]
     for subject in subjects:
         await daemon.js.publish(subject, b"{}", stream="MUSTER")
     await daemon.js.publish("muster.submit.team-a.gang-7", b"{}", stream="MUSTER")  # gangs found in the cluster

@@ -1,4 +1,4 @@
-"""The parking memo: woken by every fold that frees room, kept only once a cycle's decisions are folded, switchable."""
+"""The parking memo: woken by every fold that frees room, kept only once a cycle's record is folded, switchable."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import pytest
 
 from muster.events.types import (
     CohortConfigured,
+    CycleSettled,
     Event,
     JobSubmitted,
     NodeAdded,
@@ -20,6 +21,7 @@ from muster.projections import parking
 from muster.projections.cluster import fold
 from muster.projections.index import index_of
 from muster.projections.scheduler import decide
+from muster.projections.state import ClusterState
 
 
 def _node(reserved: dict[str, int]) -> NodeUpdated:
@@ -43,20 +45,38 @@ def test_pods_leaving_a_node_wake_a_job_parked_on_capacity() -> None:
     assert [type(e).__name__ for e in waits] == ["JobInadmissible"]
     fold(waits, state)
     assert decide(state, 2) == []
-    fold([_node({"gpu": 4})], state)  # still not enough room: parked or not, nothing to decide
-    assert decide(state, 2) == []
+    fold([_node({"gpu": 4})], state)  # still not enough room: judged again, nothing to decide
+    settled = decide(state, 2)
+    assert settled == [CycleSettled(at=2, judged=1, serial=1, cycle=2)]
+    fold(settled, state)
     fold([_node({})], state)
     assert [type(e).__name__ for e in decide(state, 2)] == ["JobAdmitted"]
 
 
-def test_a_cycle_that_decided_nothing_keeps_no_parked_verdict() -> None:
-    """Parks of a cycle with no decision to fold are dropped: the parked set depends on the log, not on idle cycles."""
+def _judged_log() -> ClusterState:
+    """`j` waits for room with its reason already on the log, and nothing parked: a cycle judges it again."""
     state = fold(_terminating_pods_log())  # type: ignore[arg-type]
     state.jobs[
         "j"
     ].reason = "1 pod of gpu=8 do not fit on the schedulable nodes"  # as a folded JobInadmissible leaves it
-    assert decide(state, 1) == []
-    assert decide(state, 1) == []
+    return state
+
+
+def test_a_cycle_that_decided_nothing_keeps_its_verdicts_once_its_record_is_folded() -> None:
+    """A cycle that judged a job and decided nothing writes a CycleSettled; folded, the job stays parked."""
+    state = _judged_log()
+    settled = decide(state, 1)
+    assert settled == [CycleSettled(at=1, judged=1, serial=1, cycle=1)]
+    fold(settled, state)  # type: ignore[arg-type]
+    assert decide(state, 1) == []  # nothing to judge again: the verdict stands
+    assert set(index_of(state).parking.parked) == {"j"} and state.settles == 1
+
+
+def test_a_cycle_whose_record_is_not_folded_keeps_no_parked_verdict() -> None:
+    """Parks of a cycle whose CycleSettled is not folded (refused, lost) are dropped: the job is judged again."""
+    state = _judged_log()
+    assert decide(state, 1) == [CycleSettled(at=1, judged=1, serial=1, cycle=1)]
+    assert decide(state, 1) == [CycleSettled(at=1, judged=1, serial=1, cycle=1)]
     assert "j" not in index_of(state).parking.parked
 
 

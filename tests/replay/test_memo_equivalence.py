@@ -14,6 +14,7 @@ import pytest
 from replaykit import IDLE, STORY, mixed
 
 from muster.events.codec import encode
+from muster.events.types import CycleSettled
 from muster.projections import parking
 from muster.replay.scenario import Scenario, load, loads
 from muster.replay.simulator import simulate
@@ -122,7 +123,13 @@ def _flavored(text: str) -> str:
 
 
 def _log(scenario: Scenario) -> list[bytes]:
-    return [encode(e) for e in simulate(scenario).events]
+    """The run's log, but its `CycleSettled` records: they say which verdicts the memo keeps, so a run
+    without the memo writes none; every other event must be the same, in the same order."""
+    return [encode(e) for e in simulate(scenario).events if not isinstance(e, CycleSettled)]
+
+
+def _settled(scenario: Scenario) -> int:
+    return sum(isinstance(e, CycleSettled) for e in simulate(scenario, keep_events=True).events)
 
 
 # 16.5 CPU seconds (43 runs, twice), 66 s of wall time at load 12 on the 2 cores: the suite's 120 s
@@ -142,6 +149,13 @@ def test_every_scenario_and_bench_shape_decides_the_same_bytes_with_the_memo_off
         parking.PARKING = True
     for name in on:
         assert off[name] == on[name], f"{name}: the memo changed a decision"
+    # the memo's settling cycles are recorded (what keeps their verdicts), and the memo off records none
+    assert _settled(loads(mixed(0, jobs=60), "m.yaml")) > 0
+    parking.PARKING = False
+    try:
+        assert _settled(loads(mixed(0, jobs=60), "m.yaml")) == 0
+    finally:
+        parking.PARKING = True
 
 
 def test_a_job_woken_mid_cycle_beside_its_group_in_the_heap(tmp_path: Path) -> None:

@@ -106,7 +106,7 @@ def test_replay_cli_table_reads_well(tmp_path: Path, capsys: pytest.CaptureFixtu
     path = write_jsonl(tmp_path / "log.jsonl", sim(STORY).events)
     assert main(["replay", "--log", str(path), "--at", "@150"]) == 0
     out = capsys.readouterr().out
-    assert "Cluster at seq 18 of 22" in out and "t=150" in out
+    assert "Cluster at seq 19 of 23" in out and "t=150" in out  # 100's last cycle judged b-big: a CycleSettled
     assert "b0/r0" in out and "b0/r1" in out
     assert "Pending jobs" in out and "b-big" in out and "no room for gpu=32" in out
     assert "{" not in out
@@ -124,7 +124,7 @@ def test_replay_cli_json_has_queues_domains_and_pending(tmp_path: Path, capsys: 
     domains = {d["domain"]: d for d in doc["domains"]}
     assert domains["b0/r0"]["free"] == 0 and domains["b0/r1"]["free"] == 8
     assert [(p["queue"], p["position"], p["job"]) for p in doc["pending"]] == [("team-b", 1, "b-big")]
-    assert doc["seq"] == 18 and doc["at"] == 150
+    assert doc["seq"] == 19 and doc["at"] == 150
 
 
 def test_replay_cli_lent_and_borrowed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -147,7 +147,7 @@ async def test_replay_cli_on_the_embedded_nats(
     )
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["seq"] == 18 and [p["job"] for p in doc["pending"]] == ["b-big"]
+    assert doc["seq"] == 19 and [p["job"] for p in doc["pending"]] == ["b-big"]
 
 
 def test_replay_cli_bad_point_and_missing_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
