@@ -4,7 +4,8 @@ A plan replays the cluster forward: each domain's free room (with what the
 cycle's fence holds back counted as free, since the plan is for the one the
 room is held for), less what the reservations *ahead* of it will take there,
 then the room of the running jobs and of those reservations' holders coming
-back at their declared ends, known ends first. The job's start is the latest
+back at their declared ends, known ends first (then the unknown ones, the job that
+started last first: `comes_back`). The job's start is the latest
 end it had to wait for on the hosts it would take; a job without a limit in
 its way makes it unknown (None). A reservation ahead stands like a running job
 whose holder takes its `needs` from now until its own expected start plus its
@@ -36,6 +37,10 @@ class Plan(NamedTuple):
     needs: dict[str, dict[str, int]]
 
 
+UNKNOWN_AHEAD = -1
+"""`Running.started` of room whose holder has not started: it comes back after every running job's."""
+
+
 class Running(NamedTuple):
     """Room per host that comes back at `end` (None: unknown): a running job's, or a reservation's ahead
     (its holder's, once it has run to its limit)."""
@@ -44,6 +49,8 @@ class Running(NamedTuple):
     seq: int
     job: str
     room: dict[str, dict[str, int]]
+    started: int = UNKNOWN_AHEAD
+    """For an unknown end, when it started running (`comes_back`); a reservation ahead has not started."""
 
 
 class Replanned(NamedTuple):
@@ -53,9 +60,13 @@ class Replanned(NamedTuple):
     freed: int
 
 
-def comes_back(r: Running) -> tuple[bool, int, int]:
-    """The order room comes back in: known ends first, by end, then by submission."""
-    return r.end is None, r.end or 0, r.seq
+def comes_back(r: Running) -> tuple[bool, int, int, int]:
+    """The order room comes back in: known ends first, by end, then by submission; then the unknown ends,
+    the running job that started last first (run times are heavy-tailed: the longer a job has run, the
+    longer it is likely to run on), then the reservations ahead, by submission."""
+    if r.end is not None:
+        return False, r.end, 0, r.seq
+    return True, 0, -r.started, r.seq
 
 
 def plan_for(

@@ -299,3 +299,21 @@ def test_two_holders_on_one_host_do_not_hold_each_others_room() -> None:
     first = {m.job: (m.at, m.nodes) for m in reversed(reservations(out))}
     assert first == {"a": (10, ["n0"]), "b": (20, ["n0"])}
     assert (out.admitted("a").at, out.admitted("b").at) == (100, 600)
+
+
+def test_without_limits_a_gang_is_reserved_where_the_jobs_started_last() -> None:
+    """`old` has run on n0 since 0 and `new` on n1 since 100, neither with a limit: the gang is reserved on n1
+    (run times are heavy-tailed: the job that started last is the likelier to end first), so when `new` ends
+    at 400 the gang starts there: qr's `c`, within its nominal quota, does not take that node first."""
+    queues = [queue("qa", 0, "org", reserve_after=0), queue("qr", 16, "org")]
+    timeline = [
+        submit("old", "qr", 8, runtime=5000),
+        submit("new", "qr", 8, at=100, runtime=300),
+        submit("big", "qa", 8, at=200, runtime=100),
+        submit("c", "qr", 8, at=300, runtime=5000),
+    ]
+    out = run(scenario(TWO_NODES, queues, timeline, cohorts=["org"]))
+    [made] = reservations(out)
+    assert (made.job, made.nodes, made.expected_start) == ("big", ["n1"], None)
+    assert [w.job for w in made.waits_for] == ["new"]
+    assert out.admitted("big").at == 400 and out.admitted("c").at == 500
