@@ -36,7 +36,7 @@ Traces:
   of 1 to 64 GPUs (most small), seeded arrivals at offered load `--load`.
 
 Usage: python bench/bench_starvation.py [--only philly,synthetic] [--jobs N] [--shrink F] [--load L]
-       [--policies default,reserve,...] [--reserve-after S] [--limit-factor F] [--starved N]
+       [--policies default,reserve,...] [--reserve-after S] [--limit-factor F] [--starved N] [--sweep S,S,...]
 """
 
 from __future__ import annotations
@@ -415,6 +415,21 @@ def report(
     goals(trace.name, runs)
 
 
+def sweep(trace: Trace, d: Path, values: list[int], limit_factor: float) -> None:
+    """`reserve_after` is a knob: the trade-off it sets between average and maximum wait, per value (`--sweep`)."""
+    print(f"  SWEEP ({trace.name}) reserve_after: avg / max wait of reserve, reserve+limits", flush=True)
+    for after in values:
+        c0 = time.process_time()
+        plain = stats(run_muster(trace, d, "best_effort_fifo", after).waits)
+        limits = stats(run_muster(trace, d, "best_effort_fifo", after, limit_factor).waits)
+        cpu = time.process_time() - c0
+        print(
+            f"    {after:>9,} s: reserve {plain.avg:>9,.0f} / {plain.max:>10,}   "
+            f"reserve+limits {limits.avg:>9,.0f} / {limits.max:>10,}   cpu={cpu:6.1f}s",
+            flush=True,
+        )
+
+
 def goals(name: str, runs: dict[str, Run]) -> None:
     """Issue 12's goals, met or not, for the recommended policy without (`reserve`) and with declared
     limits (`reserve+limits`); a goal whose runs were not made says so."""
@@ -479,12 +494,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--starved", type=int, default=0, help="print the N longest waits of each muster policy with their reasons"
     )
+    ap.add_argument(
+        "--sweep", default="", help="comma-separated reserve_after values: print avg / max wait of each (SWEEP)"
+    )
     ap.add_argument("--jobs", type=int, default=20_000, help="jobs of each trace (Philly: the first by submission)")
     ap.add_argument("--shrink", type=float, default=0.2, help="Philly: fraction of each VC's nodes kept")
     ap.add_argument("--load", type=float, default=0.9, help="synthetic: offered load")
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
     policies = [p for p in args.policies.split(",") if p]
+    values = [int(v) for v in args.sweep.split(",") if v]
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         if "philly" in only:
@@ -493,9 +512,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"philly: trace not found in {PHILLY}, skipped", flush=True)
             else:
                 report(trace, d, policies, _after(args.reserve_after, trace), args.limit_factor, args.starved)
+                sweep(trace, d, values, args.limit_factor)
         if "synthetic" in only:
             trace = synthetic(args.jobs, args.load)
             report(trace, d, policies, _after(args.reserve_after, trace), args.limit_factor, args.starved)
+            sweep(trace, d, values, args.limit_factor)
     return 0
 
 
