@@ -4,8 +4,8 @@ A plan replays the cluster forward: each domain's free room (with what the
 cycle's fence holds back counted as free, since the plan is for the one the
 room is held for), less what the reservations *ahead* of it will take there,
 then the room of the running jobs and of those reservations' holders coming
-back at their declared ends, known ends first (then the unknown ones, the job that
-started last first: `comes_back`). The job's start is the latest
+back at their declared ends, known ends first (then the unknown ones, the running
+jobs' before the holders': `comes_back`). The job's start is the latest
 end it had to wait for on the hosts it would take; a job without a limit in
 its way makes it unknown (None). A reservation ahead stands like a running job
 whose holder takes its `needs` from now until its own expected start plus its
@@ -37,10 +37,6 @@ class Plan(NamedTuple):
     needs: dict[str, dict[str, int]]
 
 
-UNKNOWN_AHEAD = -1
-"""`Running.started` of room whose holder has not started: it comes back after every running job's."""
-
-
 class Running(NamedTuple):
     """Room per host that comes back at `end` (None: unknown): a running job's, or a reservation's ahead
     (its holder's, once it has run to its limit)."""
@@ -49,8 +45,8 @@ class Running(NamedTuple):
     seq: int
     job: str
     room: dict[str, dict[str, int]]
-    started: int = UNKNOWN_AHEAD
-    """For an unknown end, when it started running (`comes_back`); a reservation ahead has not started."""
+    ahead: bool = False
+    """A reservation's holder, not started yet: with an unknown end, after every running job's (`comes_back`)."""
 
 
 class Replanned(NamedTuple):
@@ -60,13 +56,13 @@ class Replanned(NamedTuple):
     freed: int
 
 
-def comes_back(r: Running) -> tuple[bool, int, int, int]:
+def comes_back(r: Running) -> tuple[bool, int, bool, int]:
     """The order room comes back in: known ends first, by end, then by submission; then the unknown ends,
-    the running job that started last first (run times are heavy-tailed: the longer a job has run, the
-    longer it is likely to run on), then the reservations ahead, by submission."""
+    the running jobs' first (a holder that has not started cannot end before a job that runs), each by
+    submission."""
     if r.end is not None:
-        return False, r.end, 0, r.seq
-    return True, 0, -r.started, r.seq
+        return False, r.end, False, r.seq
+    return True, 0, r.ahead, r.seq
 
 
 def plan_for(

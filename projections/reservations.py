@@ -15,8 +15,8 @@ The rules (docs/spec/scenario.md, Reservations and backfill):
 - Where: among the domains of the level its podsets require (every host
   when none is required), the one where it fits soonest, counting the
   running jobs' declared ends (admission + `max_runtime`); a job without a
-  limit has an unknown end and is counted after every known one, the one
-  that started last first (`planning.comes_back`). A reservation already held counts as a running job
+  limit has an unknown end and is counted after every known one, in
+  submission order, and before any holder's ahead (`planning.comes_back`). A reservation already held counts as a running job
   whose holder takes its `needs` until its expected start plus its limit,
   so a job may be reserved for behind another on the same hosts (stacked);
   a plan counts every reservation but its own and those behind it
@@ -429,7 +429,7 @@ def _plan(
         holder = state.jobs[other.job]
         start, limit = other.expected_start, holder.max_runtime
         end = None if start is None or limit is None else max(now, start) + limit
-        ahead.append(Running(end, holder.seq, other.job, other.needs))
+        ahead.append(Running(end, holder.seq, other.job, other.needs, ahead=True))
     return plan_for(job, idx.topology, running, ahead, excluded, now, fence.taken)
 
 
@@ -612,6 +612,6 @@ def _running(
             host = room.setdefault(node, {})
             for k, v in req.items():
                 host[k] = host.get(k, 0) + v * n
-        out.append(Running(end, job.seq, job_id, room, started or 0))
+        out.append(Running(end, job.seq, job_id, room))
     out.sort(key=comes_back)
     return out
