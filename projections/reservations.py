@@ -16,9 +16,10 @@ The rules (docs/spec/scenario.md, Reservations and backfill):
   when none is required), the one where it fits soonest, counting the
   running jobs' declared ends (admission + `max_runtime`); a job without a
   limit has an unknown end and is counted after every known one, in
-  submission order, and before any holder's ahead (`planning.comes_back`). A reservation already held counts as a running job
-  whose holder takes its `needs` until its expected start plus its limit,
-  so a job may be reserved for behind another on the same hosts (stacked);
+  submission order, and before any holder's ahead (`planning.comes_back`).
+  A reservation already held counts as a running job whose holder takes
+  its `needs` until its expected start plus its limit, so a job may be
+  reserved for behind another on the same hosts (stacked);
   a plan counts every reservation but its own and those behind it
   (`planning`), and, for an older holder planned again, the younger ones
   that are not a nominal-quota gang's (nor one such a gang is stacked

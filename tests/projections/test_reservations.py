@@ -301,7 +301,6 @@ def test_two_holders_on_one_host_do_not_hold_each_others_room() -> None:
     assert (out.admitted("a").at, out.admitted("b").at) == (100, 600)
 
 
-
 def test_a_running_job_without_a_limit_frees_its_room_before_a_holder_that_has_not_started() -> None:
     """`a` (16 GPUs) holds n0, n1 behind r0 and r1; `b` (8 GPUs), planned behind `a`, waits for r2 on n2 (running,
     no limit), not for `a` on n0 (not started: it cannot end first, though it was submitted before r2), so when r2
