@@ -35,9 +35,6 @@ class Plan(NamedTuple):
     expected_start: int | None
     waits_for: list[ExpectedEnd]
     needs: dict[str, dict[str, int]]
-    short: int = 0
-    """GPUs the job lacked before its start, at the least, in every domain (`before_start`): room that comes
-    back sooner than planned moves the start only when at least this many GPUs come back (`reservations`)."""
 
 
 class Running(NamedTuple):
@@ -57,8 +54,6 @@ class Replanned(NamedTuple):
 
     res: Reservation
     freed: int
-    short: int = 0
-    """Its plan's `Plan.short`."""
 
 
 def comes_back(r: Running) -> tuple[bool, int, bool, int]:
@@ -89,16 +84,14 @@ def plan_for(
     domains = topo.by_level[depth - 1] if depth is not None else [topo.root]
     queue = sorted(ahead, key=comes_back)
     best: tuple[tuple[object, ...], Plan] | None = None
-    most = 0
     for dom in domains:
-        plan, before = _plan_in(job, dom, running, queue, excluded, now, held)
-        most = max(most, before)
+        plan = _plan_in(job, dom, running, queue, excluded, now, held)
         if plan is None:
             continue
         score = (plan.expected_start is None, plan.expected_start or 0, len(plan.waits_for), dom.path)
         if best is None or score < best[0]:
             best = (score, plan)
-    return best[1]._replace(short=job.gpus - most) if best is not None else None
+    return best[1] if best is not None else None
 
 
 def _plan_in(
@@ -109,14 +102,12 @@ def _plan_in(
     excluded: set[str],
     now: int,
     held: Mapping[str, Mapping[str, int]],
-) -> tuple[Plan | None, int]:
-    """When and on which of the domain's hosts the job fits soonest, room coming back in `comes_back` order;
-    and `before_start`: the GPUs (on hosts with room) it had before the last end it waited for there, known ends
-    only (all of them when it never fits on those): what Plan.short is counted from."""
+) -> Plan | None:
+    """When and on which of the domain's hosts the job fits soonest, room coming back in `comes_back` order."""
     hosts = [dom] if dom.is_host else dom.hosts
     room = {h.name: dict(h.host_free) for h in hosts if h.schedulable and h.name not in excluded}
     if not room:
-        return None, 0
+        return None
     _add(room, ((n, r) for n, r in held.items() if n in room), 1)
     # what the reservations ahead will take is not this job's, until their holders end (it may go below 0)
     _add(room, ((n, req) for a in ahead for n, req in a.room.items() if n in room), -1)
@@ -124,38 +115,28 @@ def _plan_in(
     gpus = sum(r.get("gpu", 0) for r in room.values())
     chosen = _fit(job, room) if gpus >= need else None
     freed: list[Running] = []
-    positive = sum(max(0, r.get("gpu", 0)) for r in room.values())
-    before, last, known = positive, None, True
     for r in heapq.merge(running, ahead, key=comes_back) if ahead else running:
         if chosen is not None:
             break
         mine = {n: req for n, req in r.room.items() if n in room}
         if mine:
-            if r.end is None:  # only known ends bound a known start: count them all, and no more
-                if known:
-                    before, known = positive, False
-            elif r.end != last:
-                before, last = positive, r.end
-            positive -= sum(max(0, room[n].get("gpu", 0)) for n in mine)
             _add(room, mine.items(), 1)
-            positive += sum(max(0, room[n].get("gpu", 0)) for n in mine)
             freed.append(r)
             gpus += sum(req.get("gpu", 0) for req in mine.values())
             if gpus >= need:  # fewer free GPUs than it asks for cannot hold it: no need to try
                 chosen = _fit(job, room)
     if chosen is None:
-        return None, positive if known else before
+        return None
     waits = [r for r in freed if any(n in chosen for n in r.room)]
     unknown = any(r.end is None for r in waits)
     start = None if unknown else max((r.end or now for r in waits), default=now)
-    plan = Plan(
+    return Plan(
         nodes=sorted(chosen),
         domain="/".join(dom.path),
         expected_start=start,
         waits_for=[ExpectedEnd(job=JobId(r.job), end=r.end) for r in waits],
         needs=chosen,
     )
-    return plan, before
 
 
 def _add(room: dict[str, dict[str, int]], rooms: Iterable[tuple[str, Mapping[str, int]]], sign: int) -> None:

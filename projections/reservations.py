@@ -378,11 +378,7 @@ def _plan_stands(state: ClusterState, idx: SchedulerIndex, res: Reservation) -> 
     later. So the plan would start no sooner than the one that did not move it. Off with the parking memo
     (`parking.PARKING`), whose equivalence test checks it decides the same bytes."""
     seen = idx.replanned.get(res.job)
-    if not parking.PARKING or seen is None or seen.res != res:
-        return False
-    # room that came back sooner than planned is at most the GPUs freed since; fewer than the job lacked
-    # before its start cannot let it fit sooner (`Plan.short`)
-    return state.gpus_freed - seen.freed < max(1, seen.short)
+    return parking.PARKING and seen is not None and seen.freed == state.gpus_freed and seen.res == res
 
 
 def _planned(state: ClusterState, idx: SchedulerIndex, job: JobState, res: Reservation, plan: Plan | None) -> None:
@@ -390,7 +386,7 @@ def _planned(state: ClusterState, idx: SchedulerIndex, job: JobState, res: Reser
     make later: a known start for a gang of one podset (the greedy fit of several podsets, and the count of
     jobs waited for when the start is unknown, need not grow with less room)."""
     if plan is not None and plan.expected_start is not None and len(job.podsets) == 1:
-        idx.replanned[res.job] = Replanned(res, state.gpus_freed, plan.short)
+        idx.replanned[res.job] = Replanned(res, state.gpus_freed)
     else:
         idx.replanned.pop(res.job, None)
 
