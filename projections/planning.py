@@ -4,7 +4,8 @@ A plan replays the cluster forward: each domain's free room (with what the
 cycle's fence holds back counted as free, since the plan is for the one the
 room is held for), less what the reservations *ahead* of it will take there,
 then the room of the running jobs and of those reservations' holders coming
-back at their declared ends, known ends first. The job's start is the latest
+back at their declared ends, known ends first (then the unknown ones, the running
+jobs' before the holders': `comes_back`). The job's start is the latest
 end it had to wait for on the hosts it would take; a job without a limit in
 its way makes it unknown (None). A reservation ahead stands like a running job
 whose holder takes its `needs` from now until its own expected start plus its
@@ -44,6 +45,8 @@ class Running(NamedTuple):
     seq: int
     job: str
     room: dict[str, dict[str, int]]
+    ahead: bool = False
+    """A reservation's holder, not started yet: with an unknown end, after every running job's (`comes_back`)."""
 
 
 class Replanned(NamedTuple):
@@ -53,9 +56,13 @@ class Replanned(NamedTuple):
     freed: int
 
 
-def comes_back(r: Running) -> tuple[bool, int, int]:
-    """The order room comes back in: known ends first, by end, then by submission."""
-    return r.end is None, r.end or 0, r.seq
+def comes_back(r: Running) -> tuple[bool, int, bool, int]:
+    """The order room comes back in: known ends first, by end, then by submission; then the unknown ends,
+    the running jobs' first (a holder that has not started cannot end before a job that runs), each by
+    submission."""
+    if r.end is not None:
+        return False, r.end, False, r.seq
+    return True, 0, r.ahead, r.seq
 
 
 def plan_for(

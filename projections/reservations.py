@@ -16,9 +16,10 @@ The rules (docs/spec/scenario.md, Reservations and backfill):
   when none is required), the one where it fits soonest, counting the
   running jobs' declared ends (admission + `max_runtime`); a job without a
   limit has an unknown end and is counted after every known one, in
-  submission order. A reservation already held counts as a running job
-  whose holder takes its `needs` until its expected start plus its limit,
-  so a job may be reserved for behind another on the same hosts (stacked);
+  submission order, and before any holder's ahead (`planning.comes_back`).
+  A reservation already held counts as a running job whose holder takes
+  its `needs` until its expected start plus its limit, so a job may be
+  reserved for behind another on the same hosts (stacked);
   a plan counts every reservation but its own and those behind it
   (`planning`), and, for an older holder planned again, the younger ones
   that are not a nominal-quota gang's (nor one such a gang is stacked
@@ -78,7 +79,7 @@ from muster.events.types import (
 from muster.projections import parking
 from muster.projections.cluster import node_pods
 from muster.projections.index import OrderKey, SchedulerIndex, order_key
-from muster.projections.planning import Plan, Replanned, Running, plan_for
+from muster.projections.planning import Plan, Replanned, Running, comes_back, plan_for
 from muster.projections.state import ClusterState, JobState, NodeState, Reservation, reservation_of
 from muster.projections.topology import Transaction
 
@@ -429,7 +430,7 @@ def _plan(
         holder = state.jobs[other.job]
         start, limit = other.expected_start, holder.max_runtime
         end = None if start is None or limit is None else max(now, start) + limit
-        ahead.append(Running(end, holder.seq, other.job, other.needs))
+        ahead.append(Running(end, holder.seq, other.job, other.needs, ahead=True))
     return plan_for(job, idx.topology, running, ahead, excluded, now, fence.taken)
 
 
@@ -597,7 +598,7 @@ def _own_room(idx: SchedulerIndex, job: JobState, allow_borrow: bool) -> bool:
 def _running(
     state: ClusterState, idx: SchedulerIndex, now: int, placed: Mapping[str, Mapping[str, str]]
 ) -> list[Running]:
-    """The running jobs (with those just admitted) in the order their room comes back: known ends first."""
+    """The running jobs (with those just admitted) in the order their room comes back (`comes_back`)."""
     out: list[Running] = []
     ids = sorted({j for jobs in idx.running.values() for j in jobs} | set(placed))
     for job_id in ids:
@@ -613,6 +614,5 @@ def _running(
             for k, v in req.items():
                 host[k] = host.get(k, 0) + v * n
         out.append(Running(end, job.seq, job_id, room))
-    # known ends first, in order; then the jobs without a limit, in submission order
-    out.sort(key=lambda r: (r.end is None, r.end or 0, r.seq))
+    out.sort(key=comes_back)
     return out

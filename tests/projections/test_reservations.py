@@ -299,3 +299,22 @@ def test_two_holders_on_one_host_do_not_hold_each_others_room() -> None:
     first = {m.job: (m.at, m.nodes) for m in reversed(reservations(out))}
     assert first == {"a": (10, ["n0"]), "b": (20, ["n0"])}
     assert (out.admitted("a").at, out.admitted("b").at) == (100, 600)
+
+
+def test_a_running_job_without_a_limit_frees_its_room_before_a_holder_that_has_not_started() -> None:
+    """`a` (16 GPUs) holds n0, n1 behind r0 and r1; `b` (8 GPUs), planned behind `a`, waits for r2 on n2 (running,
+    no limit), not for `a` on n0 (not started: it cannot end first, though it was submitted before r2), so when r2
+    ends at 320 `b` starts there and qr's `c`, within its nominal quota, does not take that node first."""
+    queues = [queue("qa", 0, "org", reserve_after=50), queue("qb", 0, "org", reserve_after=0), queue("qr", 24, "org")]
+    timeline = [
+        submit("r0", "qr", 8, runtime=5000),
+        submit("r1", "qr", 8, runtime=5000),
+        submit("a", "qa", 16, at=10, runtime=100),
+        submit("r2", "qr", 8, at=20, runtime=300),
+        submit("b", "qb", 8, at=70, runtime=100),
+        submit("c", "qr", 8, at=100, runtime=100),
+    ]
+    out = run(scenario(flat_nodes(8, 8, 8), queues, timeline, cohorts=["org"]))
+    first = {m.job: (m.nodes, [w.job for w in m.waits_for]) for m in reversed(reservations(out))}
+    assert first == {"a": (["n0", "n1"], ["r0", "r1"]), "b": (["n2"], ["r2"])}
+    assert (out.admitted("b").at, out.admitted("c").at) == (320, 420)
