@@ -292,9 +292,11 @@ class TopologyIndex:
                 return upper
         return total
 
-    def could_hold(self, count: int, req: Mapping[str, int], level: str | None, freed: Iterable[JobState]) -> bool:
+    def could_hold(
+        self, count: int, req: Mapping[str, int], level: str | None, freed: Iterable[JobState] | SummedRoom
+    ) -> bool:
         """Whether some domain of `level` (None: the cluster) has the free capacity for `count` pods of `req`
-        were the running jobs `freed` (say every candidate victim) evicted first.
+        were the running jobs `freed` (say every candidate victim, or their classes' sums) evicted first.
 
         Free capacity only bounds what `place` finds, so False means that `place`
         fails on this view with any of `freed` evicted: a victim search can stop
@@ -304,7 +306,7 @@ class TopologyIndex:
         depth = 0 if level is None else self.level_depth(level)
         if not need or depth is None:
             return True
-        extra = self._freed_room(freed, depth)
+        extra = self._extra(freed, depth)
         if depth == 0:
             more = extra.get(id(self.root), {})
             return all(self.root.free.get(k, 0) + more.get(k, 0) >= n for k, n in need.items())
@@ -361,7 +363,7 @@ class TopologyIndex:
         )
 
     def room_short(
-        self, count: int, req: Mapping[str, int], level: str, freed: Iterable[JobState], keep: int
+        self, count: int, req: Mapping[str, int], level: str, freed: Iterable[JobState] | SummedRoom, keep: int
     ) -> RoomShort | None:
         """The `keep` domains of `level` that lack the fewest GPUs for `count` pods of `req` were the
         running jobs `freed` evicted first (a lack is at least 1: a domain whose sum would do may be
@@ -378,7 +380,7 @@ class TopologyIndex:
         domains = self.by_level[depth - 1]
         lacks = [need - dom.free.get("gpu", 0) for dom in domains]
         position = self._position(depth)
-        for dom_id, amounts in self._freed_room(freed, depth).items():
+        for dom_id, amounts in self._extra(freed, depth).items():
             lacks[position[dom_id]] -= amounts.get("gpu", 0)
         # the smallest first, ties in path order (as sorting the pairs would give)
         ranked = heapq.nsmallest(keep + 1, range(len(lacks)), key=lacks.__getitem__)
@@ -391,6 +393,10 @@ class TopologyIndex:
         if position is None:
             position = self._positions[depth] = {id(dom): i for i, dom in enumerate(self.by_level[depth - 1])}
         return position
+
+    def _extra(self, freed: Iterable[JobState] | SummedRoom, depth: int) -> dict[int, dict[str, int]]:
+        """What `freed` holds per domain at `depth` (by `id`): a list's room added up, or a sum's own."""
+        return freed.by_domain(depth) if isinstance(freed, SummedRoom) else self._freed_room(freed, depth)
 
     def _freed_room(self, freed: Iterable[JobState], depth: int) -> dict[int, dict[str, int]]:
         """What the running jobs `freed` hold per domain at `depth` (by `id`), added up.
@@ -409,7 +415,7 @@ class TopologyIndex:
             return known.by_domain
         extra: dict[int, dict[str, int]] = {}
         for job in freed:
-            for dom_id, amounts in self._room_by_domain(job, depth).items():
+            for dom_id, amounts in self.room_by_domain(job, depth).items():
                 more = extra.setdefault(dom_id, {})
                 for k, v in amounts.items():
                     more[k] = more.get(k, 0) + v
@@ -423,7 +429,7 @@ class TopologyIndex:
         """The domains (paths) a host's freed GPUs count in: each enclosing domain but the cluster."""
         return [d.path for d in host.chain[1:] if d.parent is not None]
 
-    def _room_by_domain(self, job: JobState, depth: int) -> dict[int, dict[str, int]]:
+    def room_by_domain(self, job: JobState, depth: int) -> dict[int, dict[str, int]]:
         """What a running job holds per domain at `depth` (by `id`), for as long as its placement stands.
 
         Hosts out of service count too: more room than evicting gives only weakens `could_hold`'s bound.
@@ -471,6 +477,26 @@ class RoomShort(NamedTuple):
     """The domains that lack least, with their lack, the smallest first."""
     rest: int | None
     """The least lack of the other domains (None: there are none)."""
+
+
+class SummedRoom(NamedTuple):
+    """GPUs running jobs hold per domain, added up by whole classes of them (`holdings`): what a victim
+    search's bounds read instead of a list of its candidates."""
+
+    parts: list[list[dict[int, int]]]
+    """Per class, per depth (0 = the cluster): GPUs per domain (by `id`)."""
+
+    def by_domain(self, depth: int) -> dict[int, dict[str, int]]:
+        """GPUs per domain at `depth` (by `id`), shaped as `TopologyIndex._freed_room`'s answer."""
+        out: dict[int, dict[str, int]] = {}
+        for rooms in self.parts:
+            for dom, gpus in rooms[depth].items():
+                more = out.get(dom)
+                if more is None:
+                    out[dom] = {"gpu": gpus}
+                else:
+                    more["gpu"] += gpus
+        return out
 
 
 class _FreedRoom(NamedTuple):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from logkit import settled
 
 from muster.events.types import (
     Event,
@@ -18,7 +19,6 @@ from muster.events.types import (
 )
 from muster.projections.cluster import evolve, node_pods
 from muster.projections.index import index_of
-from muster.projections.scheduler import decide
 from muster.projections.state import ClusterState
 from muster.projections.topology import Transaction
 
@@ -35,7 +35,6 @@ running_jobs = st.lists(
 def _running(jobs: list[tuple[int, int, str | None]], cordon: int) -> ClusterState:
     """2 blocks x 2 racks x 2 nodes of 8 GPUs with `jobs` admitted where they fit, then node `cordon` cordoned
     (its jobs run on: evicting them gives no room a gang may take)."""
-    state = ClusterState()
     events: list[Event] = [
         SchedulerConfigured(at=0, levels=LEVELS),
         QueueConfigured(at=0, name="q", nominal={"gpu": 1000}),
@@ -47,14 +46,7 @@ def _running(jobs: list[tuple[int, int, str | None]], cordon: int) -> ClusterSta
         topology = Topology(required=level) if level else None
         podset = PodSet(name="w", count=pods, requests={"gpu": gpus}, topology=topology)
         events.append(JobSubmitted(at=0, job=f"j{i}", queue="q", podsets=[podset]))
-    for ev in events:
-        evolve(state, ev)
-    for _ in range(len(jobs) + 1):
-        decided = decide(state, 0)
-        if not decided:
-            break
-        for ev in decided:
-            evolve(state, ev)
+    state = settled(events, len(jobs) + 1)
     if cordon < 8:
         evolve(state, NodeCordoned(at=1, node=f"n{cordon}", cordoned=True))
     return state
