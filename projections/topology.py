@@ -19,7 +19,6 @@ capacity - reserved - used of its node in the cluster state.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
@@ -83,6 +82,8 @@ class TopologyIndex:
 
     def __init__(self, state: ClusterState) -> None:
         self.levels: list[str] = list(state.levels)
+        self.version = 0
+        """Grows whenever a domain's free room moves (`_roomiest` keeps its order for one)."""
         self.max_bucket = 0
         """No host has more free GPUs than this: the GPU histograms are read up to here."""
         self.root = Domain("", 0, None, False)
@@ -134,6 +135,8 @@ class TopologyIndex:
         self._rooms: dict[tuple[str, int], _Room] = {}
         """(job, depth) -> what it holds per domain (`could_hold`); good while its placement is the same object."""
         self._freed: dict[tuple[int, frozenset[int]], _FreedRoom] = {}
+        self._ranked: dict[int, _Ranked] = {}
+        """Per depth, `_roomiest`'s order."""
         """(depth, ids of the placements summed) -> `_freed_room`'s answer (see there)."""
 
     # ------------------------------------------------------------ host updates
@@ -178,6 +181,7 @@ class TopologyIndex:
             self._contribute(host, free, 1)
 
     def _contribute(self, host: Domain, free: Mapping[str, int], sign: int) -> None:
+        self.version += 1
         # an over-committed host (capacity shrunk under its pods) adds no room, never less than none:
         # a domain's sum must bound what its hosts hold, or a plan trusts room its parts deny
         bucket = _bucket(free.get("gpu", 0))
@@ -219,6 +223,7 @@ class TopologyIndex:
                 signed.append((k, seen))
         if not host.schedulable:
             return
+        self.version += 1
         new_gpu = free.get("gpu", 0)
         old_bucket = 0 if old_gpu <= 0 else (old_gpu if old_gpu < _MAX_GPU_BUCKET else _MAX_GPU_BUCKET)
         new_bucket = 0 if new_gpu <= 0 else (new_gpu if new_gpu < _MAX_GPU_BUCKET else _MAX_GPU_BUCKET)
@@ -296,7 +301,8 @@ class TopologyIndex:
         self, count: int, req: Mapping[str, int], level: str | None, freed: Iterable[JobState] | SummedRoom
     ) -> bool:
         """Whether some domain of `level` (None: the cluster) has the free capacity for `count` pods of `req`
-        were the running jobs `freed` (say every candidate victim, or their classes' sums) evicted first.
+        were the running jobs `freed` (say every candidate victim, or their classes' sums for a GPU-only
+        request: those count GPUs alone) evicted first.
 
         Free capacity only bounds what `place` finds, so False means that `place`
         fails on this view with any of `freed` evicted: a victim search can stop
@@ -311,13 +317,14 @@ class TopologyIndex:
             more = extra.get(id(self.root), {})
             return all(self.root.free.get(k, 0) + more.get(k, 0) >= n for k, n in need.items())
         # only the domains the freed jobs run in gain room; any other holds the pods only if it already
-        # has the room for them
+        # has the room for them, and then so has each domain around it (its room is the sum of its parts'):
+        # looked for from the cluster down, not over every domain of the level
         domains, position = self.by_level[depth - 1], self._position(depth)
         for dom_id, more in extra.items():
             dom = domains[position[dom_id]]
             if all(dom.free.get(k, 0) + more.get(k, 0) >= n for k, n in need.items()):
                 return True
-        return any(all(dom.free.get(k, 0) >= n for k, n in need.items()) for dom in domains)
+        return bool(placement.roomy_domains(self, depth, list(need.items())))
 
     def can_place_freed(
         self, count: int, req: Mapping[str, int], required: str | None, preferred: str | None, freed: Iterable[JobState]
@@ -378,14 +385,36 @@ class TopologyIndex:
             return None
         need = gpu * count
         domains = self.by_level[depth - 1]
-        lacks = [need - dom.free.get("gpu", 0) for dom in domains]
         position = self._position(depth)
+        gained: dict[int, int] = {}
         for dom_id, amounts in self._extra(freed, depth).items():
-            lacks[position[dom_id]] -= amounts.get("gpu", 0)
-        # the smallest first, ties in path order (as sorting the pairs would give)
-        ranked = heapq.nsmallest(keep + 1, range(len(lacks)), key=lacks.__getitem__)
-        found = [DomainLack(max(1, lacks[i]), domains[i].path) for i in ranked]
+            i = position[dom_id]
+            gained[i] = gained.get(i, 0) + amounts.get("gpu", 0)
+        # (lack, place) of the domains the freed jobs run in, and of the `keep` + 1 others with the most
+        # free GPUs (the others' least lacks): the smallest of them are the smallest of all, ties in path order
+        lacks = [(need - domains[i].free.get("gpu", 0) - g, i) for i, g in gained.items()]
+        others = 0
+        for i in self._roomiest(depth):
+            if others > keep:
+                break
+            if i not in gained:
+                lacks.append((need - domains[i].free.get("gpu", 0), i))
+                others += 1
+        lacks.sort()
+        found = [DomainLack(max(1, lack), domains[i].path) for lack, i in lacks[: keep + 1]]
         return RoomShort(found[:keep], found[keep].gpus if len(found) > keep else None)
+
+    def _roomiest(self, depth: int) -> list[int]:
+        """The domains at `depth` (by place in `by_level`), the most free GPUs first, ties in path order.
+
+        Kept while no free room moves (`version`): the tries of a cycle between two admissions read one."""
+        known = self._ranked.get(depth)
+        if known is not None and known.version == self.version:
+            return known.order
+        domains = self.by_level[depth - 1]
+        order = sorted(range(len(domains)), key=lambda i: -domains[i].free.get("gpu", 0))
+        self._ranked[depth] = _Ranked(self.version, order)
+        return order
 
     def _position(self, depth: int) -> dict[int, int]:
         """Each domain's place (by `id`) in `by_level` at `depth` (1 and deeper)."""
@@ -497,6 +526,13 @@ class SummedRoom(NamedTuple):
                 else:
                     more["gpu"] += gpus
         return out
+
+
+class _Ranked(NamedTuple):
+    """`TopologyIndex._roomiest`'s order of a level's domains, as of the index's `version`."""
+
+    version: int
+    order: list[int]
 
 
 class _FreedRoom(NamedTuple):

@@ -77,3 +77,36 @@ def test_a_gang_fits_with_jobs_evicted_exactly_when_evicting_them_makes_it_fit(
     placed = topology.can_place(pods, {"gpu": gpus}, required, None)
     tx.rollback()
     assert asked == placed
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    jobs=running_jobs,
+    evicted=st.integers(0, (1 << 14) - 1),
+    pods=st.integers(1, 8),
+    gpus=st.sampled_from([1, 2, 4, 8]),
+    level=st.sampled_from(["rack", "block"]),
+    keep=st.integers(1, 4),
+)
+def test_the_domains_that_lack_least_are_those_evicting_the_jobs_leaves_roomiest(
+    jobs: list[tuple[int, int, str | None]], evicted: int, pods: int, gpus: int, level: str, keep: int
+) -> None:
+    """`room_short` ranks every domain of the level by what it lacks once the jobs are evicted, ties in path
+    order; `could_hold` says whether one lacks nothing."""
+    state = _running(jobs, 8)
+    topology = index_of(state).topology
+    running = sorted((j for j in state.jobs.values() if j.status == "admitted"), key=lambda j: j.seq)
+    freed = [j for i, j in enumerate(running) if evicted >> i & 1]
+    short = topology.room_short(pods, {"gpu": gpus}, level, freed, keep)
+    held = topology.could_hold(pods, {"gpu": gpus}, level, freed)
+    tx = Transaction(topology)
+    for job in freed:
+        for node, n, req in node_pods(job.podsets, job.placement):
+            tx.give(node, {k: v * n for k, v in req.items()})
+    domains = topology.by_level[topology.level_depth(level) - 1]  # type: ignore[operator]
+    lacks = sorted((pods * gpus - dom.free.get("gpu", 0), i) for i, dom in enumerate(domains))
+    tx.rollback()
+    assert short is not None
+    assert [(d.gpus, d.path) for d in short.lacks] == [(max(1, lack), domains[i].path) for lack, i in lacks[:keep]]
+    assert short.rest == (max(1, lacks[keep][0]) if len(lacks) > keep else None)
+    assert held == (lacks[0][0] <= 0)  # and `could_hold` says whether the roomiest would have the GPUs
