@@ -100,6 +100,15 @@ class Holdings:
         if holding.jobs == 0:
             del by_prio[priority]
 
+    def holds(self, job_id: str, holdings: list[Holding]) -> bool:
+        """Whether a running job is counted in one of `holdings`."""
+        part = self.parts.get(job_id)
+        if part is None:
+            return False
+        queue, priority = part.cls
+        mine = self.by_queue[queue][priority]
+        return any(h is mine for h in holdings)
+
     def classes(self, queue: str) -> list[tuple[int, Holding]]:
         """A queue's classes with running jobs, lowest priority first (victim order's)."""
         by_prio = self.by_queue.get(queue)

@@ -232,7 +232,7 @@ def _hopeless(cycle: Cycle, job: JobState, p: Preemptor, allow_borrow: bool) -> 
     for the sums to say (then the candidates are listed and walked).
 
     For a GPU-only gang of one podset, judged on the cycle's view as folded (no job tentatively
-    evicted, no reserved room to spare, no eviction chain) outside fair sharing, the candidates are
+    evicted, no reserved room to spare, none of its eviction chain a candidate) outside fair sharing, the candidates are
     whole (queue, priority) classes: the preemptor's own queue's below its priority (a policy that
     takes equals orders them by submission: not for the sums), and each other queue's that the rule
     lets it take while that queue borrows (the rule only narrows as priority rises). Such a search
@@ -242,7 +242,7 @@ def _hopeless(cycle: Cycle, job: JobState, p: Preemptor, allow_borrow: bool) -> 
     no longer borrows, so it frees between what that queue borrows and all it holds there, and the sums
     answer unless quota fits in between (then the walk decides, in its order)."""
     state, idx = cycle.state, cycle.idx
-    if not SUMS or state.fair_sharing or cycle.removed or cycle.fence.held or p.spared or len(job.podsets) != 1:
+    if not SUMS or state.fair_sharing or cycle.removed or cycle.fence.held or len(job.podsets) != 1:
         return None
     ps = job.podsets[0]
     topology = idx.topology
@@ -269,6 +269,8 @@ def _hopeless(cycle: Cycle, job: JobState, p: Preemptor, allow_borrow: bool) -> 
     held = Held(same + [h for _, hs in others for h in hs])
     if not held.holdings:
         return _NONE
+    if any(holdings.holds(spared, held.holdings) for spared in sorted(p.spared)):
+        return None  # a job it never evicts is in a class it takes: the class's sums overcount
     t = ps.topology
     room = held.room()
     if topology.could_hold(ps.count, request, t.required if t is not None else None, room):

@@ -123,14 +123,17 @@ def test_a_search_read_off_the_sums_answers_as_one_that_lists_its_candidates(
     preemptor: Gang,
     lending: int | None,
 ) -> None:
-    """Victims, whether quota fits on the way, what the candidates hold and the room short per domain agree."""
+    """Victims, whether quota fits on the way, what the candidates hold and the room short per domain agree,
+    for a new gang and for every job that waits."""
     state = _running(jobs, policy, lending)
     queue, cls, pods, gpus, level = preemptor
     evolve(state, JobSubmitted(at=1, job="p", queue=queue, priority_class=cls, podsets=[_podset(pods, gpus, level)]))
-    listed, (listed_short, _) = _search(state, "p", sums=False)
-    read, (read_short, _) = _search(state, "p", sums=True)
-    assert read == listed
-    assert read_short == listed_short
+    # and every job that waits: some were evicted, and never evict the job that evicted them
+    for job in sorted(j.id for j in state.jobs.values() if j.status == "pending"):
+        listed, (listed_short, _) = _search(state, job, sums=False)
+        read, (read_short, _) = _search(state, job, sums=True)
+        assert read == listed, job
+        assert read_short == listed_short, job
 
 
 def test_a_gang_no_rack_can_hold_waits_without_its_candidates_listed() -> None:
