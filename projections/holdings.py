@@ -13,7 +13,7 @@ Kept by the index (`SchedulerIndex._track`/`_untrack`) for the running set it
 tracks, so it is a function of the state like the rest of the index: for each
 (queue, priority) the preemptible running jobs that hold GPUs, their requests
 added up, and their GPUs per topology domain at every depth (as
-`TopologyIndex.room_by_domain` counts them). A job's own part is kept with it,
+`TopologyIndex._room_by_domain` counts them). A job's own part is kept with it,
 so taking it out subtracts exactly what was added, whatever its state says by
 then.
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from muster.projections.cluster import node_pods
 from muster.projections.state import JobState
 from muster.projections.topology import SummedRoom, TopologyIndex
 
@@ -71,18 +72,30 @@ class Holdings:
         self.depths = len(topology.levels) + 1
         self.by_queue: dict[str, dict[int, Holding]] = {}
         self.parts: dict[str, Part] = {}
+        self.version = 0
+        """Grows with every job counted or taken out (the sums kept by `room` hold for one)."""
+        self._rooms: dict[tuple[int, ...], SummedRoom] = {}
+        self._rooms_version = 0
 
     def add(self, job: JobState, priority: int) -> None:
         """Count a running preemptible job of `priority` (one that holds no GPU is no GPU gang's candidate)."""
         if job.requests.get("gpu", 0) <= 0 or job.id in self.parts:
             return
-        topo = self.topology
-        rooms = tuple(
-            {dom: amounts["gpu"] for dom, amounts in topo.room_by_domain(job, depth).items() if amounts.get("gpu")}
-            for depth in range(self.depths)
-        )
+        # what `TopologyIndex._room_by_domain` counts at each depth, in one pass over its nodes
+        hosts = self.topology.hosts
+        rooms: tuple[dict[int, int], ...] = tuple({} for _ in range(self.depths))
+        for name, pods, pod_req in node_pods(job.podsets, job.placement):
+            host = hosts.get(name)
+            gpus = pod_req.get("gpu", 0) * pods
+            if host is None or gpus <= 0:
+                continue
+            chain = host.chain
+            for depth, room in enumerate(rooms):
+                dom = id(chain[-(depth + 1)])
+                room[dom] = room.get(dom, 0) + gpus
         part = Part((job.queue, priority), dict(job.requests), rooms)
         self.parts[job.id] = part
+        self.version += 1
         holding = self.by_queue.setdefault(job.queue, {}).get(priority)
         if holding is None:
             holding = self.by_queue[job.queue][priority] = Holding(self.depths)
@@ -93,6 +106,7 @@ class Holdings:
         part = self.parts.pop(job_id, None)
         if part is None:
             return
+        self.version += 1
         queue, priority = part.cls
         by_prio = self.by_queue[queue]
         holding = by_prio[priority]
@@ -108,6 +122,18 @@ class Holdings:
         queue, priority = part.cls
         mine = self.by_queue[queue][priority]
         return any(h is mine for h in holdings)
+
+    def room(self, holdings: list[Holding]) -> SummedRoom:
+        """The GPUs of `holdings` per domain, for `TopologyIndex.could_hold` and `room_short`: kept while no
+        job is counted or taken out (the searches of a cycle ask for the same classes again and again)."""
+        if self._rooms_version != self.version:
+            self._rooms.clear()
+            self._rooms_version = self.version
+        key = tuple(id(h) for h in holdings)  # the classes live while the sums are kept: a class goes with a version
+        room = self._rooms.get(key)
+        if room is None:
+            room = self._rooms[key] = SummedRoom([h.rooms for h in holdings], {})
+        return room
 
     def classes(self, queue: str) -> list[tuple[int, Holding]]:
         """A queue's classes with running jobs, lowest priority first (victim order's)."""
@@ -127,7 +153,3 @@ class Held(NamedTuple):
             for r, v in h.requests.items():
                 out[r] = out.get(r, 0) + v
         return out
-
-    def room(self) -> SummedRoom:
-        """Their GPUs per domain, for `TopologyIndex.could_hold` and `room_short`."""
-        return SummedRoom([h.rooms for h in self.holdings])

@@ -232,10 +232,10 @@ def _hopeless(cycle: Cycle, job: JobState, p: Preemptor, allow_borrow: bool) -> 
     for the sums to say (then the candidates are listed and walked).
 
     For a GPU-only gang of one podset, judged on the cycle's view as folded (no job tentatively
-    evicted, no reserved room to spare, none of its eviction chain a candidate) outside fair sharing, the candidates are
-    whole (queue, priority) classes: the preemptor's own queue's below its priority (a policy that
-    takes equals orders them by submission: not for the sums), and each other queue's that the rule
-    lets it take while that queue borrows (the rule only narrows as priority rises). Such a search
+    evicted, no reserved room to spare, none of its eviction chain a candidate) outside fair sharing,
+    the candidates are whole (queue, priority) classes: the preemptor's own queue's below its priority
+    (a policy that takes equals orders them by submission: not for the sums), and each other queue's
+    that the rule lets it take while that queue borrows (the rule only narrows as priority rises). Such a search
     fails with no victim set tried (`_Probe.minimal`, `_room_possible`); what it learns on the way is
     whether quota fits once candidates are removed: with only its own queue's, with all of them gone
     (`_fits_without`); with other queues', the walk (`_quota_only`) stops taking a queue's jobs once it
@@ -272,7 +272,7 @@ def _hopeless(cycle: Cycle, job: JobState, p: Preemptor, allow_borrow: bool) -> 
     if any(holdings.holds(spared, held.holdings) for spared in sorted(p.spared)):
         return None  # a job it never evicts is in a class it takes: the class's sums overcount
     t = ps.topology
-    room = held.room()
+    room = holdings.room(held.holdings)
     if topology.could_hold(ps.count, request, t.required if t is not None else None, room):
         return None
     own_gpus = Held(same).requests().get("gpu", 0)

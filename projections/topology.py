@@ -444,7 +444,7 @@ class TopologyIndex:
             return known.by_domain
         extra: dict[int, dict[str, int]] = {}
         for job in freed:
-            for dom_id, amounts in self.room_by_domain(job, depth).items():
+            for dom_id, amounts in self._room_by_domain(job, depth).items():
                 more = extra.setdefault(dom_id, {})
                 for k, v in amounts.items():
                     more[k] = more.get(k, 0) + v
@@ -458,7 +458,7 @@ class TopologyIndex:
         """The domains (paths) a host's freed GPUs count in: each enclosing domain but the cluster."""
         return [d.path for d in host.chain[1:] if d.parent is not None]
 
-    def room_by_domain(self, job: JobState, depth: int) -> dict[int, dict[str, int]]:
+    def _room_by_domain(self, job: JobState, depth: int) -> dict[int, dict[str, int]]:
         """What a running job holds per domain at `depth` (by `id`), for as long as its placement stands.
 
         Hosts out of service count too: more room than evicting gives only weakens `could_hold`'s bound.
@@ -514,10 +514,17 @@ class SummedRoom(NamedTuple):
 
     parts: list[list[dict[int, int]]]
     """Per class, per depth (0 = the cluster): GPUs per domain (by `id`)."""
+    added: dict[int, dict[int, dict[str, int]]]
+    """Per depth, `by_domain`'s answer once asked (the classes do not move while the sum is kept)."""
 
     def by_domain(self, depth: int) -> dict[int, dict[str, int]]:
-        """GPUs per domain at `depth` (by `id`), shaped as `TopologyIndex._freed_room`'s answer."""
+        """GPUs per domain at `depth` (by `id`), shaped as `TopologyIndex._freed_room`'s answer (not to
+        be changed: it is kept)."""
+        known = self.added.get(depth)
+        if known is not None:
+            return known
         out: dict[int, dict[str, int]] = {}
+        self.added[depth] = out
         for rooms in self.parts:
             for dom, gpus in rooms[depth].items():
                 more = out.get(dom)
