@@ -14,6 +14,7 @@ from typing import NamedTuple, cast
 from muster.projections import parking
 from muster.projections.eviction import evicts_no_one, reach
 from muster.projections.flavors import MARKER, UNTAINTED
+from muster.projections.holdings import Holdings
 from muster.projections.parking import Block, Member, Parking
 from muster.projections.planning import Replanned
 from muster.projections.quota import QuotaTree
@@ -158,6 +159,8 @@ class SchedulerIndex:
         """Queue -> the jobs that joined or left its running set since its victim order was built."""
         self.victim_entries: dict[str, VictimMemo] = {}
         """Job -> its victim-order entry."""
+        self.holdings = Holdings(self.topology)
+        """Per queue and priority, what its preemptible running GPU jobs hold (`preemption._hopeless`)."""
         self.down_nodes: set[str] = {n for n, node in state.nodes.items() if not node.ready}
         self.orphans: set[str] = set()
         for job in state.jobs.values():
@@ -186,6 +189,7 @@ class SchedulerIndex:
         if running is not None and job.id in running:
             running.discard(job.id)
             self._running_moved(job)
+        self.holdings.discard(job.id)
         self.orphans.discard(job.id)
 
     def _track(self, state: ClusterState, job: JobState) -> None:
@@ -197,6 +201,8 @@ class SchedulerIndex:
         elif job.status == "admitted":
             self.running.setdefault(job.queue, set()).add(job.id)
             self._running_moved(job)
+            if state.preemptible(job):
+                self.holdings.add(job, state.priority_of(job))
 
     def _running_moved(self, job: JobState) -> None:
         """The job joined or left its queue's running set: its victim order is stale."""

@@ -21,15 +21,17 @@ Everything is tentative on the cycle's view and undone before returning.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from muster.events.types import PreemptionReason
 from muster.projections.eviction import LOWEST, Mode, Preemptor, eviction_chain, may_evict, reach
 from muster.projections.flavors import placement_request, unassigned
+from muster.projections.holdings import Held, Holding
 from muster.projections.index import VictimEntry, VictimList, VictimMemo
 from muster.projections.resources import gpus_of
 from muster.projections.state import JobState
+from muster.projections.topology import SummedRoom
 
 if TYPE_CHECKING:
     from muster.projections.cycle import Cycle
@@ -52,9 +54,14 @@ class Result(NamedTuple):
     """Whether the verdict may depend on the candidates' order, which moves with time (lost
     work grows between checkpoints): other queues' candidates are skipped once their queue
     stops borrowing, and fair sharing weighs shares victim by victim."""
-    candidates: Sequence[JobState] = ()
-    """Every candidate, when no victim set was found (the room they hold bounds the job's wake)."""
+    candidates: Sequence[JobState] | SummedRoom = ()
+    """Every candidate, when no victim set was found (the room they hold bounds the job's wake); for a
+    search decided from its candidates' sums (`_hopeless`), the room they hold, summed."""
 
+
+SUMS = True
+"""Switch for answering searches off their candidates' sums (`_hopeless`); off, every search lists its
+candidates (tests prove both agree)."""
 
 _NONE = Result([], False, 0, {})
 UNREACHABLE = 1 << 62
@@ -187,6 +194,9 @@ def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
         return _NONE
     policy = state.queues[job.queue].preemption
     rule = preemptor_rule(cycle, job)
+    hopeless = _hopeless(cycle, job, rule, allow_borrow)
+    if hopeless is not None:
+        return hopeless
     candidates = _candidates(cycle, job, rule)
     if not candidates:
         return _NONE
@@ -214,6 +224,98 @@ def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
         order_matters = state.fair_sharing or (len(same) != len(candidates) and probe.walked)
         return Result([], probe.quota_possible, gpus, held, order_matters, candidates)
     return Result(_with_reasons(cycle, job, victims), True, gpus, held)
+
+
+def _hopeless(cycle: Cycle, job: JobState, p: Preemptor, allow_borrow: bool) -> Result | None:
+    """`find_victims`' answer read off its candidates' sums (`holdings`) when it has no candidate, or when
+    the nodes could not hold the job were every candidate evicted; None when that is not so, or not
+    for the sums to say (then the candidates are listed and walked).
+
+    For a GPU-only gang of one podset, judged on the cycle's view as folded (no job tentatively
+    evicted, no reserved room to spare, none of its eviction chain a candidate) outside fair sharing,
+    the candidates are whole (queue, priority) classes: the preemptor's own queue's below its priority
+    (a policy that takes equals orders them by submission: not for the sums), and each other queue's
+    that the rule lets it take while that queue borrows (the rule only narrows as priority rises). Such a search
+    fails with no victim set tried (`_Probe.minimal`, `_room_possible`); what it learns on the way is
+    whether quota fits once candidates are removed: with only its own queue's, with all of them gone
+    (`_fits_without`); with other queues', the walk (`_quota_only`) stops taking a queue's jobs once it
+    no longer borrows, so it frees between what that queue borrows and all it holds there, and the sums
+    answer unless quota fits in between (then the walk decides, in its order)."""
+    state, idx = cycle.state, cycle.idx
+    if not SUMS or state.fair_sharing or cycle.removed or cycle.fence.held or len(job.podsets) != 1:
+        return None
+    ps = job.podsets[0]
+    topology = idx.topology
+    request = placement_request(job, ps.name, ps.requests, topology.tainted)
+    if not (_gpu_only(job.requests) and _gpu_only(request)) or unassigned(state, job):
+        return None
+    rule = reach(p.policy, p.mode)
+    if rule.equal_in_queue:
+        return None
+    holdings = idx.holdings
+    same: list[Holding] = []
+    if p.policy.within_queue != "Never":
+        same = [h for prio, h in holdings.classes(job.queue) if prio < p.priority]
+    others: list[tuple[str, list[Holding]]] = []
+    if p.in_cohort and rule.others:
+        upto = UNREACHABLE if rule.above_in_others else p.priority - 1
+        for other in idx.tree_queues.get(idx.roots.get(job.queue, job.queue), ()):
+            if other == job.queue:
+                continue
+            borrowing = idx.quota.is_borrowing(other, job.requests)
+            taken = [h for cp, h in holdings.classes(other) if cp <= upto and may_evict(p, other, cp, 0, borrowing)]
+            if taken:
+                others.append((other, taken))
+    held = Held(same + [h for _, hs in others for h in hs])
+    if not held.holdings:
+        return _NONE
+    if any(holdings.holds(spared, held.holdings) for spared in sorted(p.spared)):
+        return None  # a job it never evicts is in a class it takes: the class's sums overcount
+    t = ps.topology
+    room = holdings.room(held.holdings)
+    if topology.could_hold(ps.count, request, t.required if t is not None else None, room):
+        return None
+    own_gpus = Held(same).requests().get("gpu", 0)
+    if not others:
+        possible = _quota_fits(cycle, job, {job.queue: own_gpus}, allow_borrow)
+    elif p.policy.borrow_within_cohort.policy == "LowerPriority":
+        return None  # past the threshold the walk stops borrowing, in its order
+    else:
+        # `find_victims`: every candidate without borrowing, then its own queue's with leave to borrow
+        quota = idx.quota.queues
+        least = {job.queue: own_gpus}
+        most = {job.queue: own_gpus}
+        for other, hs in others:
+            holds = Held(hs).requests().get("gpu", 0)
+            node = quota[other]
+            borrowed = node.usage.get("gpu", 0) - node.nominal.get("gpu", 0)
+            least[other], most[other] = min(holds, borrowed), holds
+        if _quota_fits(cycle, job, least, False) or _quota_fits(cycle, job, {job.queue: own_gpus}, allow_borrow):
+            possible = True
+        elif not _quota_fits(cycle, job, most, False):
+            possible = False
+        else:
+            return None
+    requests = held.requests()
+    return Result([], possible, gpus_of(requests), requests, False, room)
+
+
+def _gpu_only(requests: Mapping[str, int]) -> bool:
+    """Whether a request asks for GPUs and nothing else (what `holdings` sums per domain)."""
+    return requests.get("gpu", 0) > 0 and all(v <= 0 for k, v in requests.items() if k != "gpu")
+
+
+def _quota_fits(cycle: Cycle, job: JobState, freed: Mapping[str, int], allow_borrow: bool) -> bool:
+    """Whether the quota holds `job` with `freed` GPUs given back per queue (a GPU-only job's fit reads
+    only GPU usage, and a queue's usage moves its tree the same, one job at a time or summed)."""
+    quota = cycle.idx.quota
+    mark = quota.mark()
+    for queue, gpus in freed.items():
+        if gpus:
+            quota.add(queue, {"gpu": gpus}, -1)
+    fits = quota.fits(job.queue, job.requests, allow_borrow)
+    quota.rollback(mark)
+    return fits
 
 
 def _with_reasons(cycle: Cycle, job: JobState, victims: list[JobState]) -> list[Victim]:

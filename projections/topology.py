@@ -19,7 +19,6 @@ capacity - reserved - used of its node in the cluster state.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
@@ -83,6 +82,8 @@ class TopologyIndex:
 
     def __init__(self, state: ClusterState) -> None:
         self.levels: list[str] = list(state.levels)
+        self.version = 0
+        """Grows whenever a domain's free room moves (`_roomiest` keeps its order for one)."""
         self.max_bucket = 0
         """No host has more free GPUs than this: the GPU histograms are read up to here."""
         self.root = Domain("", 0, None, False)
@@ -134,6 +135,8 @@ class TopologyIndex:
         self._rooms: dict[tuple[str, int], _Room] = {}
         """(job, depth) -> what it holds per domain (`could_hold`); good while its placement is the same object."""
         self._freed: dict[tuple[int, frozenset[int]], _FreedRoom] = {}
+        self._ranked: dict[int, _Ranked] = {}
+        """Per depth, `_roomiest`'s order."""
         """(depth, ids of the placements summed) -> `_freed_room`'s answer (see there)."""
 
     # ------------------------------------------------------------ host updates
@@ -178,6 +181,7 @@ class TopologyIndex:
             self._contribute(host, free, 1)
 
     def _contribute(self, host: Domain, free: Mapping[str, int], sign: int) -> None:
+        self.version += 1
         # an over-committed host (capacity shrunk under its pods) adds no room, never less than none:
         # a domain's sum must bound what its hosts hold, or a plan trusts room its parts deny
         bucket = _bucket(free.get("gpu", 0))
@@ -219,6 +223,7 @@ class TopologyIndex:
                 signed.append((k, seen))
         if not host.schedulable:
             return
+        self.version += 1
         new_gpu = free.get("gpu", 0)
         old_bucket = 0 if old_gpu <= 0 else (old_gpu if old_gpu < _MAX_GPU_BUCKET else _MAX_GPU_BUCKET)
         new_bucket = 0 if new_gpu <= 0 else (new_gpu if new_gpu < _MAX_GPU_BUCKET else _MAX_GPU_BUCKET)
@@ -292,9 +297,12 @@ class TopologyIndex:
                 return upper
         return total
 
-    def could_hold(self, count: int, req: Mapping[str, int], level: str | None, freed: Iterable[JobState]) -> bool:
+    def could_hold(
+        self, count: int, req: Mapping[str, int], level: str | None, freed: Iterable[JobState] | SummedRoom
+    ) -> bool:
         """Whether some domain of `level` (None: the cluster) has the free capacity for `count` pods of `req`
-        were the running jobs `freed` (say every candidate victim) evicted first.
+        were the running jobs `freed` (say every candidate victim, or their classes' sums for a GPU-only
+        request: those count GPUs alone) evicted first.
 
         Free capacity only bounds what `place` finds, so False means that `place`
         fails on this view with any of `freed` evicted: a victim search can stop
@@ -304,18 +312,19 @@ class TopologyIndex:
         depth = 0 if level is None else self.level_depth(level)
         if not need or depth is None:
             return True
-        extra = self._freed_room(freed, depth)
+        extra = self._extra(freed, depth)
         if depth == 0:
             more = extra.get(id(self.root), {})
             return all(self.root.free.get(k, 0) + more.get(k, 0) >= n for k, n in need.items())
         # only the domains the freed jobs run in gain room; any other holds the pods only if it already
-        # has the room for them
+        # has the room for them, and then so has each domain around it (its room is the sum of its parts'):
+        # looked for from the cluster down, not over every domain of the level
         domains, position = self.by_level[depth - 1], self._position(depth)
         for dom_id, more in extra.items():
             dom = domains[position[dom_id]]
             if all(dom.free.get(k, 0) + more.get(k, 0) >= n for k, n in need.items()):
                 return True
-        return any(all(dom.free.get(k, 0) >= n for k, n in need.items()) for dom in domains)
+        return bool(placement.roomy_domains(self, depth, list(need.items())))
 
     def can_place_freed(
         self, count: int, req: Mapping[str, int], required: str | None, preferred: str | None, freed: Iterable[JobState]
@@ -361,7 +370,7 @@ class TopologyIndex:
         )
 
     def room_short(
-        self, count: int, req: Mapping[str, int], level: str, freed: Iterable[JobState], keep: int
+        self, count: int, req: Mapping[str, int], level: str, freed: Iterable[JobState] | SummedRoom, keep: int
     ) -> RoomShort | None:
         """The `keep` domains of `level` that lack the fewest GPUs for `count` pods of `req` were the
         running jobs `freed` evicted first (a lack is at least 1: a domain whose sum would do may be
@@ -376,14 +385,36 @@ class TopologyIndex:
             return None
         need = gpu * count
         domains = self.by_level[depth - 1]
-        lacks = [need - dom.free.get("gpu", 0) for dom in domains]
         position = self._position(depth)
-        for dom_id, amounts in self._freed_room(freed, depth).items():
-            lacks[position[dom_id]] -= amounts.get("gpu", 0)
-        # the smallest first, ties in path order (as sorting the pairs would give)
-        ranked = heapq.nsmallest(keep + 1, range(len(lacks)), key=lacks.__getitem__)
-        found = [DomainLack(max(1, lacks[i]), domains[i].path) for i in ranked]
+        gained: dict[int, int] = {}
+        for dom_id, amounts in self._extra(freed, depth).items():
+            i = position[dom_id]
+            gained[i] = gained.get(i, 0) + amounts.get("gpu", 0)
+        # (lack, place) of the domains the freed jobs run in, and of the `keep` + 1 others with the most
+        # free GPUs (the others' least lacks): the smallest of them are the smallest of all, ties in path order
+        lacks = [(need - domains[i].free.get("gpu", 0) - g, i) for i, g in gained.items()]
+        others = 0
+        for i in self._roomiest(depth):
+            if others > keep:
+                break
+            if i not in gained:
+                lacks.append((need - domains[i].free.get("gpu", 0), i))
+                others += 1
+        lacks.sort()
+        found = [DomainLack(max(1, lack), domains[i].path) for lack, i in lacks[: keep + 1]]
         return RoomShort(found[:keep], found[keep].gpus if len(found) > keep else None)
+
+    def _roomiest(self, depth: int) -> list[int]:
+        """The domains at `depth` (by place in `by_level`), the most free GPUs first, ties in path order.
+
+        Kept while no free room moves (`version`): the tries of a cycle between two admissions read one."""
+        known = self._ranked.get(depth)
+        if known is not None and known.version == self.version:
+            return known.order
+        domains = self.by_level[depth - 1]
+        order = sorted(range(len(domains)), key=lambda i: -domains[i].free.get("gpu", 0))
+        self._ranked[depth] = _Ranked(self.version, order)
+        return order
 
     def _position(self, depth: int) -> dict[int, int]:
         """Each domain's place (by `id`) in `by_level` at `depth` (1 and deeper)."""
@@ -391,6 +422,10 @@ class TopologyIndex:
         if position is None:
             position = self._positions[depth] = {id(dom): i for i, dom in enumerate(self.by_level[depth - 1])}
         return position
+
+    def _extra(self, freed: Iterable[JobState] | SummedRoom, depth: int) -> dict[int, dict[str, int]]:
+        """What `freed` holds per domain at `depth` (by `id`): a list's room added up, or a sum's own."""
+        return freed.by_domain(depth) if isinstance(freed, SummedRoom) else self._freed_room(freed, depth)
 
     def _freed_room(self, freed: Iterable[JobState], depth: int) -> dict[int, dict[str, int]]:
         """What the running jobs `freed` hold per domain at `depth` (by `id`), added up.
@@ -471,6 +506,40 @@ class RoomShort(NamedTuple):
     """The domains that lack least, with their lack, the smallest first."""
     rest: int | None
     """The least lack of the other domains (None: there are none)."""
+
+
+class SummedRoom(NamedTuple):
+    """GPUs running jobs hold per domain, added up by whole classes of them (`holdings`): what a victim
+    search's bounds read instead of a list of its candidates."""
+
+    parts: list[list[dict[int, int]]]
+    """Per class, per depth (0 = the cluster): GPUs per domain (by `id`)."""
+    added: dict[int, dict[int, dict[str, int]]]
+    """Per depth, `by_domain`'s answer once asked (the classes do not move while the sum is kept)."""
+
+    def by_domain(self, depth: int) -> dict[int, dict[str, int]]:
+        """GPUs per domain at `depth` (by `id`), shaped as `TopologyIndex._freed_room`'s answer (not to
+        be changed: it is kept)."""
+        known = self.added.get(depth)
+        if known is not None:
+            return known
+        out: dict[int, dict[str, int]] = {}
+        self.added[depth] = out
+        for rooms in self.parts:
+            for dom, gpus in rooms[depth].items():
+                more = out.get(dom)
+                if more is None:
+                    out[dom] = {"gpu": gpus}
+                else:
+                    more["gpu"] += gpus
+        return out
+
+
+class _Ranked(NamedTuple):
+    """`TopologyIndex._roomiest`'s order of a level's domains, as of the index's `version`."""
+
+    version: int
+    order: list[int]
 
 
 class _FreedRoom(NamedTuple):

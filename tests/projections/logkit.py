@@ -15,6 +15,21 @@ def job(name: str, gpus: int, at: int, queue: str = "q") -> JobSubmitted:
     )
 
 
+def settled(events: list[Event], rounds: int) -> ClusterState:
+    """The state with `events` folded, then up to `rounds` cycles at their instant decided and folded
+    (until one decides nothing): the jobs admitted where they fit."""
+    state = ClusterState()
+    for ev in events:
+        evolve(state, ev)
+    for _ in range(rounds):
+        decided = decide(state, 0)
+        if not decided:
+            break
+        for ev in decided:
+            evolve(state, ev)
+    return state
+
+
 class Log:
     """One queue `q` of 8 GPUs on one 8-GPU node `n0`, leader epoch 1; `add` folds inputs, `cycle` decides."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from logkit import settled
 
 from muster.events.types import (
     Event,
@@ -18,7 +19,6 @@ from muster.events.types import (
 )
 from muster.projections.cluster import evolve, node_pods
 from muster.projections.index import index_of
-from muster.projections.scheduler import decide
 from muster.projections.state import ClusterState
 from muster.projections.topology import Transaction
 
@@ -35,7 +35,6 @@ running_jobs = st.lists(
 def _running(jobs: list[tuple[int, int, str | None]], cordon: int) -> ClusterState:
     """2 blocks x 2 racks x 2 nodes of 8 GPUs with `jobs` admitted where they fit, then node `cordon` cordoned
     (its jobs run on: evicting them gives no room a gang may take)."""
-    state = ClusterState()
     events: list[Event] = [
         SchedulerConfigured(at=0, levels=LEVELS),
         QueueConfigured(at=0, name="q", nominal={"gpu": 1000}),
@@ -47,14 +46,7 @@ def _running(jobs: list[tuple[int, int, str | None]], cordon: int) -> ClusterSta
         topology = Topology(required=level) if level else None
         podset = PodSet(name="w", count=pods, requests={"gpu": gpus}, topology=topology)
         events.append(JobSubmitted(at=0, job=f"j{i}", queue="q", podsets=[podset]))
-    for ev in events:
-        evolve(state, ev)
-    for _ in range(len(jobs) + 1):
-        decided = decide(state, 0)
-        if not decided:
-            break
-        for ev in decided:
-            evolve(state, ev)
+    state = settled(events, len(jobs) + 1)
     if cordon < 8:
         evolve(state, NodeCordoned(at=1, node=f"n{cordon}", cordoned=True))
     return state
@@ -85,3 +77,36 @@ def test_a_gang_fits_with_jobs_evicted_exactly_when_evicting_them_makes_it_fit(
     placed = topology.can_place(pods, {"gpu": gpus}, required, None)
     tx.rollback()
     assert asked == placed
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    jobs=running_jobs,
+    evicted=st.integers(0, (1 << 14) - 1),
+    pods=st.integers(1, 8),
+    gpus=st.sampled_from([1, 2, 4, 8]),
+    level=st.sampled_from(["rack", "block"]),
+    keep=st.integers(1, 4),
+)
+def test_the_domains_that_lack_least_are_those_evicting_the_jobs_leaves_roomiest(
+    jobs: list[tuple[int, int, str | None]], evicted: int, pods: int, gpus: int, level: str, keep: int
+) -> None:
+    """`room_short` ranks every domain of the level by what it lacks once the jobs are evicted, ties in path
+    order; `could_hold` says whether one lacks nothing."""
+    state = _running(jobs, 8)
+    topology = index_of(state).topology
+    running = sorted((j for j in state.jobs.values() if j.status == "admitted"), key=lambda j: j.seq)
+    freed = [j for i, j in enumerate(running) if evicted >> i & 1]
+    short = topology.room_short(pods, {"gpu": gpus}, level, freed, keep)
+    held = topology.could_hold(pods, {"gpu": gpus}, level, freed)
+    tx = Transaction(topology)
+    for job in freed:
+        for node, n, req in node_pods(job.podsets, job.placement):
+            tx.give(node, {k: v * n for k, v in req.items()})
+    domains = topology.by_level[topology.level_depth(level) - 1]  # type: ignore[operator]
+    lacks = sorted((pods * gpus - dom.free.get("gpu", 0), i) for i, dom in enumerate(domains))
+    tx.rollback()
+    assert short is not None
+    assert [(d.gpus, d.path) for d in short.lacks] == [(max(1, lack), domains[i].path) for lack, i in lacks[:keep]]
+    assert short.rest == (max(1, lacks[keep][0]) if len(lacks) > keep else None)
+    assert held == (lacks[0][0] <= 0)  # and `could_hold` says whether the roomiest would have the GPUs

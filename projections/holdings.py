@@ -1,0 +1,155 @@
+"""What the running jobs of each queue hold, by priority: the sums a victim search reads before listing anyone.
+
+A victim search for a GPU-only gang takes its candidates from whole (queue,
+priority) classes of running jobs (`preemption._candidates`: the rule,
+`eviction.may_evict`, depends on a candidate's queue and priority, and on its
+submission order only for equal priorities in the preemptor's own queue). When
+the nodes could not hold the gang even with every candidate evicted, no victim
+set places it, whatever their order; that is answered here from sums, in
+O(classes x domains they run in), instead of listing, ordering and adding up
+every candidate (about 450 near the end of bench (c)'s run, at every try).
+
+Kept by the index (`SchedulerIndex._track`/`_untrack`) for the running set it
+tracks, so it is a function of the state like the rest of the index: for each
+(queue, priority) the preemptible running jobs that hold GPUs, their requests
+added up, and their GPUs per topology domain at every depth (as
+`TopologyIndex._room_by_domain` counts them). A job's own part is kept with it,
+so taking it out subtracts exactly what was added, whatever its state says by
+then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from muster.projections.cluster import node_pods
+from muster.projections.state import JobState
+from muster.projections.topology import SummedRoom, TopologyIndex
+
+Class = tuple[str, int]
+"""(queue, priority) of running jobs."""
+
+
+class Part(NamedTuple):
+    """One running job's part of its class's sums."""
+
+    cls: Class
+    requests: Mapping[str, int]
+    rooms: tuple[dict[int, int], ...]
+    """Per depth (0 = the cluster), its GPUs per domain (by `id`)."""
+
+
+class Holding:
+    """The sums of one (queue, priority) class of running jobs."""
+
+    __slots__ = ("jobs", "requests", "rooms")
+
+    def __init__(self, depths: int) -> None:
+        self.jobs = 0
+        self.requests: dict[str, int] = {}
+        self.rooms: list[dict[int, int]] = [{} for _ in range(depths)]
+        """Per depth, GPUs per domain (by `id`); domains at zero are dropped."""
+
+    def move(self, part: Part, sign: int) -> None:
+        self.jobs += sign
+        for r, v in part.requests.items():
+            self.requests[r] = self.requests.get(r, 0) + sign * v
+        for room, own in zip(self.rooms, part.rooms, strict=True):
+            for dom, gpus in own.items():
+                left = room.get(dom, 0) + sign * gpus
+                if left:
+                    room[dom] = left
+                else:
+                    del room[dom]
+
+
+class Holdings:
+    """Per queue and priority, what its preemptible running GPU jobs hold (see the module docstring)."""
+
+    def __init__(self, topology: TopologyIndex) -> None:
+        self.topology = topology
+        self.depths = len(topology.levels) + 1
+        self.by_queue: dict[str, dict[int, Holding]] = {}
+        self.parts: dict[str, Part] = {}
+        self.version = 0
+        """Grows with every job counted or taken out (the sums kept by `room` hold for one)."""
+        self._rooms: dict[tuple[int, ...], SummedRoom] = {}
+        self._rooms_version = 0
+
+    def add(self, job: JobState, priority: int) -> None:
+        """Count a running preemptible job of `priority` (one that holds no GPU is no GPU gang's candidate)."""
+        if job.requests.get("gpu", 0) <= 0 or job.id in self.parts:
+            return
+        # what `TopologyIndex._room_by_domain` counts at each depth, in one pass over its nodes
+        hosts = self.topology.hosts
+        rooms: tuple[dict[int, int], ...] = tuple({} for _ in range(self.depths))
+        for name, pods, pod_req in node_pods(job.podsets, job.placement):
+            host = hosts.get(name)
+            gpus = pod_req.get("gpu", 0) * pods
+            if host is None or gpus <= 0:
+                continue
+            chain = host.chain
+            for depth, room in enumerate(rooms):
+                dom = id(chain[-(depth + 1)])
+                room[dom] = room.get(dom, 0) + gpus
+        part = Part((job.queue, priority), dict(job.requests), rooms)
+        self.parts[job.id] = part
+        self.version += 1
+        holding = self.by_queue.setdefault(job.queue, {}).get(priority)
+        if holding is None:
+            holding = self.by_queue[job.queue][priority] = Holding(self.depths)
+        holding.move(part, 1)
+
+    def discard(self, job_id: str) -> None:
+        """Take a job out (it stopped running, or changed), by the part it was counted with."""
+        part = self.parts.pop(job_id, None)
+        if part is None:
+            return
+        self.version += 1
+        queue, priority = part.cls
+        by_prio = self.by_queue[queue]
+        holding = by_prio[priority]
+        holding.move(part, -1)
+        if holding.jobs == 0:
+            del by_prio[priority]
+
+    def holds(self, job_id: str, holdings: list[Holding]) -> bool:
+        """Whether a running job is counted in one of `holdings`."""
+        part = self.parts.get(job_id)
+        if part is None:
+            return False
+        queue, priority = part.cls
+        mine = self.by_queue[queue][priority]
+        return any(h is mine for h in holdings)
+
+    def room(self, holdings: list[Holding]) -> SummedRoom:
+        """The GPUs of `holdings` per domain, for `TopologyIndex.could_hold` and `room_short`: kept while no
+        job is counted or taken out (the searches of a cycle ask for the same classes again and again)."""
+        if self._rooms_version != self.version:
+            self._rooms.clear()
+            self._rooms_version = self.version
+        key = tuple(id(h) for h in holdings)  # the classes live while the sums are kept: a class goes with a version
+        room = self._rooms.get(key)
+        if room is None:
+            room = self._rooms[key] = SummedRoom([h.rooms for h in holdings], {})
+        return room
+
+    def classes(self, queue: str) -> list[tuple[int, Holding]]:
+        """A queue's classes with running jobs, lowest priority first (victim order's)."""
+        by_prio = self.by_queue.get(queue)
+        return sorted(by_prio.items()) if by_prio else []
+
+
+class Held(NamedTuple):
+    """What a set of (queue, priority) classes holds, added up: every candidate of a search, without listing them."""
+
+    holdings: list[Holding]
+
+    def requests(self) -> dict[str, int]:
+        """Their requests added up (as a search adds up its candidates')."""
+        out: dict[str, int] = {}
+        for h in self.holdings:
+            for r, v in h.requests.items():
+                out[r] = out.get(r, 0) + v
+        return out

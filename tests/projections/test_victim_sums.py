@@ -1,0 +1,149 @@
+"""A victim search answered from its candidates' sums (`holdings`) says what listing and walking them says:
+the same victims, the same bounds for the wake, and the same room short per domain."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from logkit import settled
+
+from muster.events.types import (
+    BorrowWithinCohort,
+    CohortConfigured,
+    Event,
+    JobSubmitted,
+    NodeAdded,
+    PodSet,
+    PreemptionPolicy,
+    PriorityClassConfigured,
+    QueueConfigured,
+    SchedulerConfigured,
+    Topology,
+)
+from muster.projections import preemption
+from muster.projections.cluster import evolve
+from muster.projections.cycle import Cycle
+from muster.projections.index import index_of
+from muster.projections.preemption import Result, find_victims
+from muster.projections.state import ClusterState
+from muster.projections.topology import SummedRoom
+
+LEVELS = ["block", "rack"]
+QUEUES = ["qa", "qb", "qc"]
+CLASSES = {"low": 0, "mid": 50, "high": 100}
+POLICIES = [
+    PreemptionPolicy(within_queue="LowerPriority", reclaim_within_cohort="Any"),
+    PreemptionPolicy(within_queue="LowerPriority", reclaim_within_cohort="LowerPriority"),
+    PreemptionPolicy(within_queue="Never", reclaim_within_cohort="Any"),
+    PreemptionPolicy(
+        within_queue="LowerPriority",
+        reclaim_within_cohort="LowerPriority",
+        borrow_within_cohort=BorrowWithinCohort(policy="LowerPriority", max_priority_threshold=50),
+    ),
+    PreemptionPolicy(within_queue="LowerOrNewerEqualPriority", reclaim_within_cohort="Any"),
+]
+
+Gang = tuple[str, str, int, int, str | None]
+"""(queue, priority class, pods, GPUs per pod, required level)."""
+
+gang = st.tuples(
+    st.sampled_from(QUEUES),
+    st.sampled_from(sorted(CLASSES)),
+    st.integers(1, 4),
+    st.sampled_from([1, 2, 4, 8]),
+    st.sampled_from([None, "rack", "block"]),
+)
+"""Gangs to run first."""
+
+preemptors = st.tuples(
+    st.sampled_from(QUEUES),
+    st.sampled_from(["mid", "high"]),
+    st.integers(1, 8),
+    st.sampled_from([4, 8]),
+    st.sampled_from([None, "rack", "block"]),
+)
+"""A gang that may evict some of them, often bigger than a rack or block (then the sums answer)."""
+
+
+def _podset(pods: int, gpus: int, level: str | None) -> PodSet:
+    return PodSet(name="w", count=pods, requests={"gpu": gpus}, topology=Topology(required=level) if level else None)
+
+
+def _running(jobs: list[Gang], policy: int, lending: int | None = None) -> ClusterState:
+    """2 blocks x 2 racks x 2 nodes of 8 GPUs, three queues of 20 GPUs nominal in one cohort (each lending at
+    most `lending`), `jobs` admitted where they fit (the queues borrow what the others leave)."""
+    events: list[Event] = [SchedulerConfigured(at=0, levels=LEVELS), CohortConfigured(at=0, name="org")]
+    events += [PriorityClassConfigured(at=0, name=name, value=value) for name, value in CLASSES.items()]
+    limit = {"gpu": lending} if lending is not None else None
+    events += [
+        QueueConfigured(
+            at=0, name=q, cohort="org", nominal={"gpu": 20}, lending_limit=limit, preemption=POLICIES[policy]
+        )
+        for q in QUEUES
+    ]
+    for i in range(8):
+        labels = {"block": f"b{i // 4}", "rack": f"r{i // 2}"}
+        events.append(NodeAdded(at=0, node=f"n{i}", labels=labels, capacity={"gpu": 8}))
+    for i, (queue, cls, pods, gpus, level) in enumerate(jobs):
+        events.append(
+            JobSubmitted(at=0, job=f"j{i}", queue=queue, priority_class=cls, podsets=[_podset(pods, gpus, level)])
+        )
+    return settled(events, len(jobs) + 1)
+
+
+def _search(state: ClusterState, job: str, sums: bool) -> tuple[tuple[object, ...], object]:
+    """The search's answer for `job` at the next instant, and the room its wake finds short per domain."""
+    preemption.SUMS = sums
+    try:
+        cycle = Cycle(state, index_of(state), 1)
+        pending = state.jobs[job]
+        result: Result = find_victims(cycle, pending, True)
+        ps = pending.podsets[0]
+        level = ps.topology.required if ps.topology is not None else "rack"
+        short = cycle.idx.topology.room_short(ps.count, ps.requests, level or "rack", result.candidates, 2)
+        cycle.finish()
+    finally:
+        preemption.SUMS = True
+    victims = tuple((v.job.id, v.reason) for v in result.victims)
+    held = {k: v for k, v in result.candidate_requests.items() if v}
+    answer = (victims, result.quota_possible, result.candidate_gpus, held, result.order_matters)
+    return answer, (short, isinstance(result.candidates, SummedRoom))
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(
+    jobs=st.lists(gang, min_size=1, max_size=12),
+    policy=st.integers(0, len(POLICIES) - 1),
+    preemptor=preemptors,
+    lending=st.sampled_from([None, 4, 12]),
+)
+def test_a_search_read_off_the_sums_answers_as_one_that_lists_its_candidates(
+    jobs: list[Gang],
+    policy: int,
+    preemptor: Gang,
+    lending: int | None,
+) -> None:
+    """Victims, whether quota fits on the way, what the candidates hold and the room short per domain agree,
+    for a new gang and for every job that waits."""
+    state = _running(jobs, policy, lending)
+    queue, cls, pods, gpus, level = preemptor
+    evolve(state, JobSubmitted(at=1, job="p", queue=queue, priority_class=cls, podsets=[_podset(pods, gpus, level)]))
+    # and every job that waits: some were evicted, and never evict the job that evicted them
+    for job in sorted(j.id for j in state.jobs.values() if j.status == "pending"):
+        listed, (listed_short, _) = _search(state, job, sums=False)
+        read, (read_short, _) = _search(state, job, sums=True)
+        assert read == listed, job
+        assert read_short == listed_short, job
+
+
+def test_a_gang_no_rack_can_hold_waits_without_its_candidates_listed() -> None:
+    """A queue borrows for its low gangs; a gang within nominal quota but bigger than any rack finds no
+    victims among them, from the sums alone, and learns that evicting them would make quota fit."""
+    jobs: list[Gang] = [("qa", "low", 2, 8, "rack"), ("qb", "low", 2, 8, "rack")] * 2
+    state = _running(jobs, 0)
+    evolve(state, JobSubmitted(at=1, job="p", queue="qc", priority_class="high", podsets=[_podset(5, 4, "rack")]))
+    read, (_, from_sums) = _search(state, "p", sums=True)
+    listed, _ = _search(state, "p", sums=False)
+    assert from_sums and read == listed
+    victims, quota_possible, gpus, _, _ = read
+    assert victims == () and quota_possible and gpus == 32  # qa's two low gangs: qb's second waits on quota
