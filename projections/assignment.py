@@ -35,13 +35,15 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
+import msgspec
+
 from muster.events.types import PodSet
 from muster.projections import flavors
 from muster.projections.configuration import flavored_requests
 from muster.projections.eviction import evicts_from_others, evicts_no_one
 from muster.projections.flavors import Flavors, placement_request, view
 from muster.projections.parking import Wake
-from muster.projections.preemption import Result, Victim, find_victims
+from muster.projections.preemption import Result, Victim, candidates, find_victims, overlaps, preemptor_rule
 from muster.projections.resources import fmt, gpus_of
 from muster.projections.state import JobState, QueueState
 
@@ -119,12 +121,44 @@ def _search(cycle: Cycle, options: list[JobState], allow_borrow: bool) -> list[t
     """The victim searches for a job on each of `options` (the job on flavors to preempt in), in order,
     up to the first that finds victims (then last)."""
     out: list[tuple[JobState, Result]] = []
+    find = _finder(cycle, options, allow_borrow)
     for on in options:
-        result = find_victims(cycle, on, allow_borrow)
+        result = find(on)
         out.append((on, result))
         if result.victims:
             break
     return out
+
+
+_NO_VICTIMS = Result([], False, 0, {})
+"""`find_victims`' answer when no job is a candidate."""
+
+
+def _finder(cycle: Cycle, options: list[JobState], allow_borrow: bool) -> Callable[[JobState], Result]:
+    """`find_victims` for a job on each of `options` (one try's flavors), where a flavor no candidate
+    holds anything of is answered without a search.
+
+    A try that preempts nowhere (most of them) would gather the candidates once per flavor; instead
+    they are gathered once per preemptor rule (its mode may differ by flavor) for the job asking for
+    every flavor of the try, which holds each flavor's (`preemption.candidates`): a flavor none of
+    them overlaps has none, and its search would answer `_NO_VICTIMS`."""
+    if len(options) < 2:
+        return lambda on: find_victims(cycle, on, allow_borrow)
+    wide = msgspec.structs.replace(
+        options[0], requests={k: 1 for on in options for k, v in on.requests.items() if v > 0}
+    )
+    pools: dict[object, list[JobState]] = {}
+
+    def find(on: JobState) -> Result:
+        rule = preemptor_rule(cycle, on)
+        pool = pools.get(rule.mode)
+        if pool is None:
+            pool = pools[rule.mode] = candidates(cycle, wide, rule)
+        if not any(overlaps(c, on) for c in pool):
+            return _NO_VICTIMS
+        return find_victims(cycle, on, allow_borrow)
+
+    return find
 
 
 def victim_search(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
@@ -154,12 +188,12 @@ def choose(
 
     `victims_in(job_on_flavors)` says whether preemption makes room there (for `Preempt`)."""
     queue = cycle.state.queues[job.queue]
-    uncovered = flavors.uncovered(queue, job.podsets)
-    if uncovered:
+    plan = _plan(cycle, job, queue)
+    if plan.uncovered:
         # as Kueue: what no resource group gives quota for cannot be admitted (a queue_update may cover it)
-        return Choice(None, [], uncovered)
+        return Choice(None, [], plan.uncovered)
     policy = queue.fungibility
-    slots = _slots(job, queue)
+    slots = plan.slots
     chosen: Flavors = {}
     reasons: list[str] = []
     consumed: dict[str, int] = {}
@@ -176,8 +210,13 @@ def choose(
         pick: str | None = None
         fallback: str | None = None
         for f in allowed:
-            trial = {**chosen, ps.name: {**chosen.get(ps.name, {}), **dict.fromkeys(covered, f)}}
-            verdict = _judge(cycle, job, slot.upto, trial, allow_borrow, queue, f)
+            # the first podset-group is judged with nothing chosen before it: its trials are the plan's
+            known = plan.first.get(f) if slot is slots[0] else None
+            if known is not None:
+                trial = known.chosen
+            else:
+                trial = {**chosen, ps.name: {**chosen.get(ps.name, {}), **dict.fromkeys(covered, f)}}
+            verdict = _judge(cycle, job, slot.upto, trial, allow_borrow, queue, f, known)
             if verdict.mode == "fit" or (verdict.mode == "borrow" and policy.when_can_borrow == "Borrow"):
                 pick = f
                 break
@@ -218,12 +257,70 @@ def choose(
             refusals.append(final.refusal)
         return Choice(None, [whole], final.why, final.consumed, final.short, refusals)
     options: list[JobState] = []
+    if len(slots) == 1:
+        # the one podset-group got no flavor: the job on each of its flavors is the plan's
+        return Choice(None, [_on(job, plan.first[f]) for f in slots[0].allowed], reasons[0], consumed, short, refusals)
     for slot in stuck:
         name = slot.podset.name
         for f in slot.allowed:
             trial = {**chosen, name: {**chosen.get(name, {}), **dict.fromkeys(slot.covered, f)}}
             options.append(view(job, _complete(trial, slots)))
     return Choice(None, options, "; ".join(reasons), consumed, short, refusals)
+
+
+class _Trial(NamedTuple):
+    """The gang's first podset-group on one flavor, with nothing chosen before it: what judging it reads
+    that only the job's podsets and its queue's quota give (`_plan`)."""
+
+    chosen: Flavors
+    requests: dict[str, int]
+    """The requests of the podsets judged with it, keyed as the quota."""
+    whole: dict[str, int]
+    """The whole gang's requests on `chosen` (`flavors.view`'s)."""
+    asked: tuple[tuple[str, int], ...]
+    """What `requests` asks of the flavor's quota (`_words`' `asked`)."""
+    quota: tuple[tuple[str, int, int | None], ...]
+    """Per key of `asked`: its nominal quota and borrowing limit (`_words`' `quota`)."""
+
+
+class Plan(NamedTuple):
+    """What `choose` reads of a job that is the same for every try of every job of its class (its queue's
+    resource groups and its podsets): worked out once per class and index (`SchedulerIndex.flavor_plans`),
+    since a flavored job is tried again and again while it waits."""
+
+    uncovered: str
+    slots: list[_Slot]
+    first: dict[str, _Trial]
+    """Per flavor of the first podset-group, in order."""
+
+
+def _plan(cycle: Cycle, job: JobState, queue: QueueState) -> Plan:
+    """The job's `Plan` (kept per class: jobs of one class have the same queue and podsets)."""
+    idx = cycle.idx
+    group = idx.group_of.get(job.id)
+    known = idx.flavor_plans.get(group) if group is not None else None
+    if known is not None:
+        return known
+    uncovered = flavors.uncovered(queue, job.podsets)
+    slots = [] if uncovered else _slots(job, queue)
+    first: dict[str, _Trial] = {}
+    if slots:
+        slot = slots[0]
+        for f in slot.allowed:
+            chosen = {slot.podset.name: dict.fromkeys(slot.covered, f)}
+            requests = flavored_requests(job.podsets[: slot.upto], chosen)
+            first[f] = _Trial(chosen, requests, flavored_requests(job.podsets, chosen), *_asked(queue, requests, f))
+    plan = Plan(uncovered, slots, first)
+    if group is not None:
+        idx.flavor_plans[group] = plan
+    return plan
+
+
+def _on(job: JobState, trial: _Trial) -> JobState:
+    """`flavors.view(job, trial.chosen)`, with the requests the plan worked out."""
+    return msgspec.structs.replace(
+        job, flavors={ps: dict(c) for ps, c in trial.chosen.items()}, requests=dict(trial.whole)
+    )
 
 
 class _Slot(NamedTuple):
@@ -269,19 +366,25 @@ def _judge(
     allow_borrow: bool,
     queue: QueueState,
     flavor: str | None,
+    known: _Trial | None = None,
 ) -> _Verdict:
     """Whether the job's first `upto` podsets on `chosen` fit quota (within nominal or borrowing) and nodes now.
 
     A failure says why, and the use of quota in the tree after which those words may change
-    (quota words that name a borrowing limit; a placement failure turning into a quota one)."""
-    podsets = job.podsets if upto is None else job.podsets[:upto]
-    requests = flavored_requests(podsets, chosen)
+    (quota words that name a borrowing limit; a placement failure turning into a quota one).
+    `known`: `chosen` as the job's plan has it (its requests and quota words' keys worked out)."""
+    if known is not None:
+        requests = known.requests
+    else:
+        podsets = job.podsets if upto is None else job.podsets[:upto]
+        requests = flavored_requests(podsets, chosen)
     quota = cycle.idx.quota
     # the quota holds the request exactly when no limited resource is left short (`QuotaTree.fits`)
     headroom = quota.headroom(job.queue, requests, allow_borrow)
     lacking = {k: -h for k, h in headroom.items() if h < 0}
     if lacking:
-        why, limited = _quota_words(cycle, queue, requests, flavor, allow_borrow)
+        asked, limits = (known.asked, known.quota) if known is not None else _asked(queue, requests, flavor)
+        why, limited = _quota_words(cycle, queue, asked, limits, allow_borrow)
         most = max(sorted(lacking), key=lambda k: lacking[k])
         return _Verdict("no", why, dict.fromkeys(limited, 1), {most: lacking[most]})
     partial = view(job, chosen, upto)
@@ -360,17 +463,35 @@ def gpu_room(cycle: Cycle, names: list[str] | None) -> int:
     return sum(topology.gpu_free_on(name) for name in names)
 
 
-def _quota_words(
-    cycle: Cycle, queue: QueueState, requests: Mapping[str, int], flavor: str | None, allow_borrow: bool
-) -> tuple[str, tuple[str, ...]]:
-    """Why a flavor's quota does not hold the request (which of its limits stops it), and the keys
-    whose use decides between "limit reached" and "no room to lend"."""
+def _asked(
+    queue: QueueState, requests: Mapping[str, int], flavor: str | None
+) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int, int | None], ...]]:
+    """What a request asks of a flavor's quota (all flavors': None), and those keys' (nominal, borrowing
+    limit): the part of `_quota_words` that the queue's configuration alone gives."""
     suffix = f"@{flavor}" if flavor is not None else ""
     nominal, limits = queue.nominal, queue.borrowing_limit or {}
     asked = tuple((k, v) for k, v in requests.items() if v > 0 and k in nominal and k.endswith(suffix))
+    return asked, tuple((k, nominal[k], limits.get(k)) for k, _ in asked)
+
+
+def _quota_words(
+    cycle: Cycle,
+    queue: QueueState,
+    asked: tuple[tuple[str, int], ...],
+    quota: tuple[tuple[str, int, int | None], ...],
+    allow_borrow: bool,
+) -> tuple[str, tuple[str, ...]]:
+    """Why a flavor's quota does not hold the request (which of its limits stops it), and the keys
+    whose use decides between "limit reached" and "no room to lend" (`asked`, `quota`: `_asked`)."""
     usage = cycle.idx.quota.queues[queue.name].usage
-    reached = next((k for k, v in asked if k in limits and usage.get(k, 0) + v > nominal[k] + limits[k]), None)
-    quota = tuple((k, nominal[k], limits.get(k)) for k, _ in asked)
+    reached = next(
+        (
+            k
+            for (k, v), (_, n, lim) in zip(asked, quota, strict=True)
+            if lim is not None and usage.get(k, 0) + v > n + lim
+        ),
+        None,
+    )
     return _words(asked, quota, allow_borrow, queue.cohort is not None, reached)
 
 

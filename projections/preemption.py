@@ -104,6 +104,13 @@ def _candidates(cycle: Cycle, job: JobState, p: Preemptor) -> list[JobState]:
     return [e.job for e in others] + own
 
 
+def candidates(cycle: Cycle, job: JobState, rule: Preemptor) -> list[JobState]:
+    """`find_victims`' candidates for `job` under `rule`. A job asking for more resources has more
+    (each filter only widens: `overlaps`, a lender's `is_borrowing`), so one asking for the union of
+    several requests bounds each of theirs (`assignment` asks once for every flavor of a try)."""
+    return _candidates(cycle, job, rule)
+
+
 def victim_order(cycle: Cycle, queue: str, upto: int) -> list[VictimEntry]:
     """A queue's preemptible running jobs of priority <= `upto` in victim order (priority,
     lost work, newest); kept for the instant. Callers walk it in order and stop at a priority
