@@ -40,10 +40,18 @@ import msgspec
 from muster.events.types import PodSet
 from muster.projections import flavors
 from muster.projections.configuration import flavored_requests
-from muster.projections.eviction import evicts_from_others, evicts_no_one
+from muster.projections.eviction import evicts_from_others
 from muster.projections.flavors import Flavors, placement_request, view
 from muster.projections.parking import Wake
-from muster.projections.preemption import Result, Victim, candidates, find_victims, overlaps, preemptor_rule
+from muster.projections.preemption import (
+    Result,
+    Victim,
+    candidates,
+    find_victims,
+    mode_of,
+    overlaps,
+    preemptor_rule,
+)
 from muster.projections.resources import fmt, gpus_of
 from muster.projections.state import JobState, QueueState
 
@@ -148,12 +156,13 @@ def _finder(cycle: Cycle, options: list[JobState], allow_borrow: bool) -> Callab
         options[0], requests={k: 1 for on in options for k, v in on.requests.items() if v > 0}
     )
     pools: dict[object, list[JobState]] = {}
+    rule = preemptor_rule(cycle, options[0])  # the same job: only its mode may differ by flavor
 
     def find(on: JobState) -> Result:
-        rule = preemptor_rule(cycle, on)
-        pool = pools.get(rule.mode)
+        mode = mode_of(cycle, on)
+        pool = pools.get(mode)
         if pool is None:
-            pool = pools[rule.mode] = candidates(cycle, wide, rule)
+            pool = pools[mode] = candidates(cycle, wide, rule._replace(mode=mode))
         if not any(overlaps(c, on) for c in pool):
             return _NO_VICTIMS
         return find_victims(cycle, on, allow_borrow)
@@ -579,7 +588,7 @@ def wake(cycle: Cycle, job: JobState, choice: Choice, found: list[Result]) -> Wa
         released={k: max(1, v - held.get(k, 0)) for k, v in choice.short.items()},
         consumed=dict(choice.consumed),
         # as a plain job's (`verdicts.wake_rule`): new victims change nothing for one that may evict no one
-        new_victims=not evicts_no_one(queue.preemption, state.priority_of(job), state.lowest_priority()),
+        new_victims=not cycle.idx.evicts_no_one(job.queue, state.priority_of(job)),
     )
     if queue.cohort is not None and evicts_from_others(queue.preemption, None):
         for on in choice.preempt:

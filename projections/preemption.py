@@ -178,13 +178,18 @@ def preemptor_rule(cycle: Cycle, job: JobState) -> Preemptor:
     """What the eviction rule knows of `job` as a preemptor on the cycle's view."""
     state = cycle.state
     queue = state.queues[job.queue]
-    mode: Mode
-    if state.fair_sharing:
-        mode = "fair"
-    else:
-        mode = "reclaim" if cycle.idx.quota.within_nominal(job.queue, job.requests) else "borrow"
     prio, chain = state.priority_of(job), eviction_chain(state.jobs, job)
-    return Preemptor(job.queue, prio, queue.preemption, queue.cohort is not None, mode, job.order_seq, chain)
+    return Preemptor(
+        job.queue, prio, queue.preemption, queue.cohort is not None, mode_of(cycle, job), job.order_seq, chain
+    )
+
+
+def mode_of(cycle: Cycle, job: JobState) -> Mode:
+    """How `job` takes from other queues on the cycle's view (`Preemptor.mode`): by fair share, else
+    reclaiming while its request keeps its queue within nominal quota, else borrowing."""
+    if cycle.state.fair_sharing:
+        return "fair"
+    return "reclaim" if cycle.idx.quota.within_nominal(job.queue, job.requests) else "borrow"
 
 
 def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
