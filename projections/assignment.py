@@ -290,6 +290,8 @@ class _Trial(NamedTuple):
     """What `requests` asks of the flavor's quota (`_words`' `asked`)."""
     quota: tuple[tuple[str, int, int | None], ...]
     """Per key of `asked`: its nominal quota and borrowing limit (`_words`' `quota`)."""
+    words: dict[tuple[bool, str | None], tuple[str, tuple[str, ...]]]
+    """`_words` of `asked` by (leave to borrow, limit reached), as they are asked for."""
 
 
 class Plan(NamedTuple):
@@ -318,7 +320,8 @@ def _plan(cycle: Cycle, job: JobState, queue: QueueState) -> Plan:
         for f in slot.allowed:
             chosen = {slot.podset.name: dict.fromkeys(slot.covered, f)}
             requests = flavored_requests(job.podsets[: slot.upto], chosen)
-            first[f] = _Trial(chosen, requests, flavored_requests(job.podsets, chosen), *_asked(queue, requests, f))
+            whole = flavored_requests(job.podsets, chosen)
+            first[f] = _Trial(chosen, requests, whole, *_asked(queue, requests, f), {})
     plan = Plan(uncovered, slots, first)
     if group is not None:
         idx.flavor_plans[group] = plan
@@ -392,8 +395,16 @@ def _judge(
     headroom = quota.headroom(job.queue, requests, allow_borrow)
     lacking = {k: -h for k, h in headroom.items() if h < 0}
     if lacking:
-        asked, limits = (known.asked, known.quota) if known is not None else _asked(queue, requests, flavor)
-        why, limited = _quota_words(cycle, queue, asked, limits, allow_borrow)
+        if known is not None:
+            reached = _reached(cycle, queue, known.asked, known.quota)
+            said = known.words.get((allow_borrow, reached))
+            if said is None:
+                said = known.words[allow_borrow, reached] = _words(
+                    known.asked, known.quota, allow_borrow, queue.cohort is not None, reached
+                )
+            why, limited = said
+        else:
+            why, limited = _quota_words(cycle, queue, *_asked(queue, requests, flavor), allow_borrow)
         most = max(sorted(lacking), key=lambda k: lacking[k])
         return _Verdict("no", why, dict.fromkeys(limited, 1), {most: lacking[most]})
     partial = view(job, chosen, upto)
@@ -492,16 +503,19 @@ def _quota_words(
 ) -> tuple[str, tuple[str, ...]]:
     """Why a flavor's quota does not hold the request (which of its limits stops it), and the keys
     whose use decides between "limit reached" and "no room to lend" (`asked`, `quota`: `_asked`)."""
-    usage = cycle.idx.quota.queues[queue.name].usage
-    reached = next(
-        (
-            k
-            for (k, v), (_, n, lim) in zip(asked, quota, strict=True)
-            if lim is not None and usage.get(k, 0) + v > n + lim
-        ),
-        None,
-    )
+    reached = _reached(cycle, queue, asked, quota)
     return _words(asked, quota, allow_borrow, queue.cohort is not None, reached)
+
+
+def _reached(
+    cycle: Cycle, queue: QueueState, asked: tuple[tuple[str, int], ...], quota: tuple[tuple[str, int, int | None], ...]
+) -> str | None:
+    """The first key of `asked` whose borrowing limit the queue's use with the request would pass."""
+    usage = cycle.idx.quota.queues[queue.name].usage
+    for (k, v), (_, n, lim) in zip(asked, quota, strict=True):
+        if lim is not None and usage.get(k, 0) + v > n + lim:
+            return k
+    return None
 
 
 @functools.lru_cache(maxsize=4096)
