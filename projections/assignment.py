@@ -25,6 +25,11 @@ whether a job fits now (idle reclaim asks it).
 - `victim_search` is the same search for `explain`: what the candidates on the
   job's flavors hold, or the victims it would evict.
 
+A flavored job waits through many tries, each judging every flavor: what its
+queue and podsets alone give is worked out once per class (`Plan`), and a try
+gathers the candidates once for all its flavors (`_finder`), searching only
+the flavors some candidate holds anything of.
+
 The choice reads only the cycle's view (quota tree and topology), so replay,
 audit and a new leader make the same one.
 """
