@@ -26,9 +26,7 @@ whether a job fits now (idle reclaim asks it).
   job's flavors hold, or the victims it would evict.
 
 A flavored job waits through many tries, each judging every flavor: what its
-queue and podsets alone give is worked out once per class (`Plan`), and a try
-gathers the candidates once for all its flavors (`_finder`), searching only
-the flavors some candidate holds anything of.
+queue and podsets alone give is worked out once per class (`Plan`).
 
 The choice reads only the cycle's view (quota tree and topology), so replay,
 audit and a new leader make the same one.
@@ -48,15 +46,7 @@ from muster.projections.configuration import flavored_requests
 from muster.projections.eviction import evicts_from_others
 from muster.projections.flavors import Flavors, placement_request, view
 from muster.projections.parking import Wake
-from muster.projections.preemption import (
-    Result,
-    Victim,
-    candidates,
-    find_victims,
-    mode_of,
-    overlaps,
-    preemptor_rule,
-)
+from muster.projections.preemption import Result, Victim, find_victims
 from muster.projections.resources import fmt, gpus_of
 from muster.projections.state import JobState, QueueState
 
@@ -134,45 +124,12 @@ def _search(cycle: Cycle, options: list[JobState], allow_borrow: bool) -> list[t
     """The victim searches for a job on each of `options` (the job on flavors to preempt in), in order,
     up to the first that finds victims (then last)."""
     out: list[tuple[JobState, Result]] = []
-    find = _finder(cycle, options, allow_borrow)
     for on in options:
-        result = find(on)
+        result = find_victims(cycle, on, allow_borrow)
         out.append((on, result))
         if result.victims:
             break
     return out
-
-
-_NO_VICTIMS = Result([], False, 0, {})
-"""`find_victims`' answer when no job is a candidate."""
-
-
-def _finder(cycle: Cycle, options: list[JobState], allow_borrow: bool) -> Callable[[JobState], Result]:
-    """`find_victims` for a job on each of `options` (one try's flavors), where a flavor no candidate
-    holds anything of is answered without a search.
-
-    A try that preempts nowhere (most of them) would gather the candidates once per flavor; instead
-    they are gathered once per preemptor rule (its mode may differ by flavor) for the job asking for
-    every flavor of the try, which holds each flavor's (`preemption.candidates`): a flavor none of
-    them overlaps has none, and its search would answer `_NO_VICTIMS`."""
-    if len(options) < 2:
-        return lambda on: find_victims(cycle, on, allow_borrow)
-    wide = msgspec.structs.replace(
-        options[0], requests={k: 1 for on in options for k, v in on.requests.items() if v > 0}
-    )
-    pools: dict[object, list[JobState]] = {}
-    rule = preemptor_rule(cycle, options[0])  # the same job: only its mode may differ by flavor
-
-    def find(on: JobState) -> Result:
-        mode = mode_of(cycle, on)
-        pool = pools.get(mode)
-        if pool is None:
-            pool = pools[mode] = candidates(cycle, wide, rule._replace(mode=mode))
-        if not any(overlaps(c, on) for c in pool):
-            return _NO_VICTIMS
-        return find_victims(cycle, on, allow_borrow)
-
-    return find
 
 
 def victim_search(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:

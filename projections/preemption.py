@@ -104,13 +104,6 @@ def _candidates(cycle: Cycle, job: JobState, p: Preemptor) -> list[JobState]:
     return [e.job for e in others] + own
 
 
-def candidates(cycle: Cycle, job: JobState, rule: Preemptor) -> list[JobState]:
-    """`find_victims`' candidates for `job` under `rule`. A job asking for more resources has more
-    (each filter only widens: `overlaps`, a lender's `is_borrowing`), so one asking for the union of
-    several requests bounds each of theirs (`assignment` asks once for every flavor of a try)."""
-    return _candidates(cycle, job, rule)
-
-
 def victim_order(cycle: Cycle, queue: str, upto: int) -> list[VictimEntry]:
     """A queue's preemptible running jobs of priority <= `upto` in victim order (priority,
     lost work, newest); kept for the instant. Callers walk it in order and stop at a priority
@@ -178,18 +171,13 @@ def preemptor_rule(cycle: Cycle, job: JobState) -> Preemptor:
     """What the eviction rule knows of `job` as a preemptor on the cycle's view."""
     state = cycle.state
     queue = state.queues[job.queue]
+    mode: Mode
+    if state.fair_sharing:
+        mode = "fair"
+    else:
+        mode = "reclaim" if cycle.idx.quota.within_nominal(job.queue, job.requests) else "borrow"
     prio, chain = state.priority_of(job), eviction_chain(state.jobs, job)
-    return Preemptor(
-        job.queue, prio, queue.preemption, queue.cohort is not None, mode_of(cycle, job), job.order_seq, chain
-    )
-
-
-def mode_of(cycle: Cycle, job: JobState) -> Mode:
-    """How `job` takes from other queues on the cycle's view (`Preemptor.mode`): by fair share, else
-    reclaiming while its request keeps its queue within nominal quota, else borrowing."""
-    if cycle.state.fair_sharing:
-        return "fair"
-    return "reclaim" if cycle.idx.quota.within_nominal(job.queue, job.requests) else "borrow"
+    return Preemptor(job.queue, prio, queue.preemption, queue.cohort is not None, mode, job.order_seq, chain)
 
 
 def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
