@@ -25,6 +25,9 @@ whether a job fits now (idle reclaim asks it).
 - `victim_search` is the same search for `explain`: what the candidates on the
   job's flavors hold, or the victims it would evict.
 
+A flavored job waits through many tries, each judging every flavor: what its
+queue and podsets alone give is worked out once per class (`Plan`).
+
 The choice reads only the cycle's view (quota tree and topology), so replay,
 audit and a new leader make the same one.
 """
@@ -35,10 +38,12 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
+import msgspec
+
 from muster.events.types import PodSet
 from muster.projections import flavors
 from muster.projections.configuration import flavored_requests
-from muster.projections.eviction import evicts_from_others, evicts_no_one
+from muster.projections.eviction import evicts_from_others
 from muster.projections.flavors import Flavors, placement_request, view
 from muster.projections.parking import Wake
 from muster.projections.preemption import Result, Victim, find_victims
@@ -154,12 +159,12 @@ def choose(
 
     `victims_in(job_on_flavors)` says whether preemption makes room there (for `Preempt`)."""
     queue = cycle.state.queues[job.queue]
-    uncovered = flavors.uncovered(queue, job.podsets)
-    if uncovered:
+    plan = _plan(cycle, job, queue)
+    if plan.uncovered:
         # as Kueue: what no resource group gives quota for cannot be admitted (a queue_update may cover it)
-        return Choice(None, [], uncovered)
+        return Choice(None, [], plan.uncovered)
     policy = queue.fungibility
-    slots = _slots(job, queue)
+    slots = plan.slots
     chosen: Flavors = {}
     reasons: list[str] = []
     consumed: dict[str, int] = {}
@@ -176,8 +181,13 @@ def choose(
         pick: str | None = None
         fallback: str | None = None
         for f in allowed:
-            trial = {**chosen, ps.name: {**chosen.get(ps.name, {}), **dict.fromkeys(covered, f)}}
-            verdict = _judge(cycle, job, slot.upto, trial, allow_borrow, queue, f)
+            # the first podset-group is judged with nothing chosen before it: its trials are the plan's
+            known = plan.first.get(f) if slot is slots[0] else None
+            if known is not None:
+                trial = known.chosen
+            else:
+                trial = {**chosen, ps.name: {**chosen.get(ps.name, {}), **dict.fromkeys(covered, f)}}
+            verdict = _judge(cycle, job, slot.upto, trial, allow_borrow, queue, f, known)
             if verdict.mode == "fit" or (verdict.mode == "borrow" and policy.when_can_borrow == "Borrow"):
                 pick = f
                 break
@@ -218,12 +228,73 @@ def choose(
             refusals.append(final.refusal)
         return Choice(None, [whole], final.why, final.consumed, final.short, refusals)
     options: list[JobState] = []
+    if len(slots) == 1:
+        # the one podset-group got no flavor: the job on each of its flavors is the plan's
+        return Choice(None, [_on(job, plan.first[f]) for f in slots[0].allowed], reasons[0], consumed, short, refusals)
     for slot in stuck:
         name = slot.podset.name
         for f in slot.allowed:
             trial = {**chosen, name: {**chosen.get(name, {}), **dict.fromkeys(slot.covered, f)}}
             options.append(view(job, _complete(trial, slots)))
     return Choice(None, options, "; ".join(reasons), consumed, short, refusals)
+
+
+class _Trial(NamedTuple):
+    """The gang's first podset-group on one flavor, with nothing chosen before it: what judging it reads
+    that only the job's podsets and its queue's quota give (`_plan`)."""
+
+    chosen: Flavors
+    requests: dict[str, int]
+    """The requests of the podsets judged with it, keyed as the quota."""
+    whole: dict[str, int]
+    """The whole gang's requests on `chosen` (`flavors.view`'s)."""
+    asked: tuple[tuple[str, int], ...]
+    """What `requests` asks of the flavor's quota (`_words`' `asked`)."""
+    quota: tuple[tuple[str, int, int | None], ...]
+    """Per key of `asked`: its nominal quota and borrowing limit (`_words`' `quota`)."""
+    words: dict[tuple[bool, str | None], tuple[str, tuple[str, ...]]]
+    """`_words` of `asked` by (leave to borrow, limit reached), as they are asked for."""
+
+
+class Plan(NamedTuple):
+    """What `choose` reads of a job that is the same for every try of every job of its class (its queue's
+    resource groups and its podsets): worked out once per class and index (`SchedulerIndex.flavor_plans`),
+    since a flavored job is tried again and again while it waits."""
+
+    uncovered: str
+    slots: list[_Slot]
+    first: dict[str, _Trial]
+    """Per flavor of the first podset-group, in order."""
+
+
+def _plan(cycle: Cycle, job: JobState, queue: QueueState) -> Plan:
+    """The job's `Plan` (kept per class: jobs of one class have the same queue and podsets)."""
+    idx = cycle.idx
+    group = idx.group_of.get(job.id)
+    known = idx.flavor_plans.get(group) if group is not None else None
+    if known is not None:
+        return known
+    uncovered = flavors.uncovered(queue, job.podsets)
+    slots = [] if uncovered else _slots(job, queue)
+    first: dict[str, _Trial] = {}
+    if slots:
+        slot = slots[0]
+        for f in slot.allowed:
+            chosen = {slot.podset.name: dict.fromkeys(slot.covered, f)}
+            requests = flavored_requests(job.podsets[: slot.upto], chosen)
+            whole = flavored_requests(job.podsets, chosen)
+            first[f] = _Trial(chosen, requests, whole, *_asked(queue, requests, f), {})
+    plan = Plan(uncovered, slots, first)
+    if group is not None:
+        idx.flavor_plans[group] = plan
+    return plan
+
+
+def _on(job: JobState, trial: _Trial) -> JobState:
+    """`flavors.view(job, trial.chosen)`, with the requests the plan worked out."""
+    return msgspec.structs.replace(
+        job, flavors={ps: dict(c) for ps, c in trial.chosen.items()}, requests=dict(trial.whole)
+    )
 
 
 class _Slot(NamedTuple):
@@ -269,19 +340,33 @@ def _judge(
     allow_borrow: bool,
     queue: QueueState,
     flavor: str | None,
+    known: _Trial | None = None,
 ) -> _Verdict:
     """Whether the job's first `upto` podsets on `chosen` fit quota (within nominal or borrowing) and nodes now.
 
     A failure says why, and the use of quota in the tree after which those words may change
-    (quota words that name a borrowing limit; a placement failure turning into a quota one)."""
-    podsets = job.podsets if upto is None else job.podsets[:upto]
-    requests = flavored_requests(podsets, chosen)
+    (quota words that name a borrowing limit; a placement failure turning into a quota one).
+    `known`: `chosen` as the job's plan has it (its requests and quota words' keys worked out)."""
+    if known is not None:
+        requests = known.requests
+    else:
+        podsets = job.podsets if upto is None else job.podsets[:upto]
+        requests = flavored_requests(podsets, chosen)
     quota = cycle.idx.quota
     # the quota holds the request exactly when no limited resource is left short (`QuotaTree.fits`)
     headroom = quota.headroom(job.queue, requests, allow_borrow)
     lacking = {k: -h for k, h in headroom.items() if h < 0}
     if lacking:
-        why, limited = _quota_words(cycle, queue, requests, flavor, allow_borrow)
+        if known is not None:
+            reached = _reached(cycle, queue, known.asked, known.quota)
+            said = known.words.get((allow_borrow, reached))
+            if said is None:
+                said = known.words[allow_borrow, reached] = _words(
+                    known.asked, known.quota, allow_borrow, queue.cohort is not None, reached
+                )
+            why, limited = said
+        else:
+            why, limited = _quota_words(cycle, queue, *_asked(queue, requests, flavor), allow_borrow)
         most = max(sorted(lacking), key=lambda k: lacking[k])
         return _Verdict("no", why, dict.fromkeys(limited, 1), {most: lacking[most]})
     partial = view(job, chosen, upto)
@@ -360,18 +445,39 @@ def gpu_room(cycle: Cycle, names: list[str] | None) -> int:
     return sum(topology.gpu_free_on(name) for name in names)
 
 
-def _quota_words(
-    cycle: Cycle, queue: QueueState, requests: Mapping[str, int], flavor: str | None, allow_borrow: bool
-) -> tuple[str, tuple[str, ...]]:
-    """Why a flavor's quota does not hold the request (which of its limits stops it), and the keys
-    whose use decides between "limit reached" and "no room to lend"."""
+def _asked(
+    queue: QueueState, requests: Mapping[str, int], flavor: str | None
+) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int, int | None], ...]]:
+    """What a request asks of a flavor's quota (all flavors': None), and those keys' (nominal, borrowing
+    limit): the part of `_quota_words` that the queue's configuration alone gives."""
     suffix = f"@{flavor}" if flavor is not None else ""
     nominal, limits = queue.nominal, queue.borrowing_limit or {}
     asked = tuple((k, v) for k, v in requests.items() if v > 0 and k in nominal and k.endswith(suffix))
-    usage = cycle.idx.quota.queues[queue.name].usage
-    reached = next((k for k, v in asked if k in limits and usage.get(k, 0) + v > nominal[k] + limits[k]), None)
-    quota = tuple((k, nominal[k], limits.get(k)) for k, _ in asked)
+    return asked, tuple((k, nominal[k], limits.get(k)) for k, _ in asked)
+
+
+def _quota_words(
+    cycle: Cycle,
+    queue: QueueState,
+    asked: tuple[tuple[str, int], ...],
+    quota: tuple[tuple[str, int, int | None], ...],
+    allow_borrow: bool,
+) -> tuple[str, tuple[str, ...]]:
+    """Why a flavor's quota does not hold the request (which of its limits stops it), and the keys
+    whose use decides between "limit reached" and "no room to lend" (`asked`, `quota`: `_asked`)."""
+    reached = _reached(cycle, queue, asked, quota)
     return _words(asked, quota, allow_borrow, queue.cohort is not None, reached)
+
+
+def _reached(
+    cycle: Cycle, queue: QueueState, asked: tuple[tuple[str, int], ...], quota: tuple[tuple[str, int, int | None], ...]
+) -> str | None:
+    """The first key of `asked` whose borrowing limit the queue's use with the request would pass."""
+    usage = cycle.idx.quota.queues[queue.name].usage
+    for (k, v), (_, n, lim) in zip(asked, quota, strict=True):
+        if lim is not None and usage.get(k, 0) + v > n + lim:
+            return k
+    return None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -458,7 +564,7 @@ def wake(cycle: Cycle, job: JobState, choice: Choice, found: list[Result]) -> Wa
         released={k: max(1, v - held.get(k, 0)) for k, v in choice.short.items()},
         consumed=dict(choice.consumed),
         # as a plain job's (`verdicts.wake_rule`): new victims change nothing for one that may evict no one
-        new_victims=not evicts_no_one(queue.preemption, state.priority_of(job), state.lowest_priority()),
+        new_victims=not cycle.idx.evicts_no_one(job.queue, state.priority_of(job)),
     )
     if queue.cohort is not None and evicts_from_others(queue.preemption, None):
         for on in choice.preempt:

@@ -9,7 +9,7 @@ woken from the same sync, from counters the fold keeps (see `parking`).
 from __future__ import annotations
 
 import bisect
-from typing import NamedTuple, cast
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 from muster.projections import parking
 from muster.projections.eviction import evicts_no_one, reach
@@ -21,6 +21,9 @@ from muster.projections.quota import QuotaTree
 from muster.projections.state import TERMINAL, ClusterState, JobState
 from muster.projections.topology import TopologyIndex
 from muster.projections.validation import invalid_reason
+
+if TYPE_CHECKING:
+    from muster.projections.assignment import Plan
 
 _ATTR = "_scheduler_index"
 
@@ -161,6 +164,8 @@ class SchedulerIndex:
         """Job -> its victim-order entry."""
         self.holdings = Holdings(self.topology)
         """Per queue and priority, what its preemptible running GPU jobs hold (`preemption._hopeless`)."""
+        self.flavor_plans: dict[Group, Plan] = {}
+        """Per class of flavored jobs, what `assignment.choose` reads of their queue and podsets."""
         self.down_nodes: set[str] = {n for n, node in state.nodes.items() if not node.ready}
         self.orphans: set[str] = set()
         for job in state.jobs.values():

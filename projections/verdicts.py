@@ -41,11 +41,7 @@ def park(cycle: Cycle, job: JobState, reason: str, wake: Wake) -> None:
 def _judged_on_a_narrow_view(cycle: Cycle, job: JobState) -> bool:
     """Whether the job was judged without victims the next cycle may offer: in a cycle that evicts, without
     the jobs just admitted in its tree, or sparing those on reserved nodes (its block is tried again)."""
-    return (
-        cycle.reserved
-        or may_evict_new(cycle, on_any_flavor(cycle.state, job))
-        or cycle.fence.judged_again(cycle.state, job)
-    )
+    return cycle.reserved or may_evict_new(cycle, job) or cycle.fence.judged_again(cycle.state, job)
 
 
 def park_doomed(cycle: Cycle, bound: OrderKey | None) -> None:
@@ -112,6 +108,7 @@ def may_evict_new(cycle: Cycle, job: JobState) -> bool:
     admitted = cycle.admitted_by_root.get(idx.roots.get(job.queue, job.queue))
     if not admitted:
         return False
+    job = on_any_flavor(state, job)  # a pending flavored job may take room on any of its flavors
     # the answer depends on the queue, the priority and the resources asked for, and on
     # the admitted list, which only grows: a backlog of one shape asks once per admission
     key = (job.queue, state.priority_of(job), tuple(sorted(r for r, v in job.requests.items() if v > 0)))

@@ -364,6 +364,40 @@ def test_preemption_takes_the_first_flavor_in_order_with_victims() -> None:
     assert flavors_of(out, "high") == {"w": "h100"}
 
 
+def test_a_job_borrowing_on_its_first_flavor_reclaims_on_the_next_where_it_is_within_nominal() -> None:
+    """Whether a preemptor reclaims or borrows is judged per flavor: on h100 it would borrow (and may take
+    nothing), on a100 it is within nominal and takes back what a cohort neighbour borrowed there."""
+    text = scenario(
+        cluster(h100=2, a100=2),
+        [
+            fqueue("q", fq("h100", 0), fq("a100", 16), cohort="c", policy="reclaim_within_cohort: Any"),
+            fqueue("r", fq("h100", 16), fq("a100", 0), cohort="c"),
+        ],
+        [job("r-h", "r", "w:2x8"), job("r-a", "r", "w:2x8", at=1), job("mine", "q", "w:2x8", at=10)],
+        cohorts=("c",),
+    )
+    out = run(text)
+    assert flavors_of(out, "r-a") == {"w": "a100"}
+    assert [(p.job, p.preemptor, p.reason) for p in out.preemptions()] == [("r-a", "mine", "ReclaimWithinCohort")]
+    assert flavors_of(out, "mine") == {"w": "a100"}
+
+
+def test_a_queue_update_reordering_flavors_sends_the_next_job_of_a_tried_class_to_the_new_first() -> None:
+    """What a job's queue and podsets give its flavor assignment is worked out once per class, and again
+    after a queue_update: a job like one admitted before the update goes to the flavor now first."""
+    groups = f"[{{covered: [gpu], flavors: [{fq('a100', 16)}, {fq('h100', 16)}]}}]"
+    update = f"  - {{at: 50, queue_update: {{name: q, resource_groups: {groups}}}}}\n"
+    out = run(
+        scenario(
+            cluster(),
+            [fqueue("q", fq("h100", 16), fq("a100", 16))],
+            [job("before", "q", "w:1x8"), update, job("after", "q", "w:1x8", at=60)],
+        )
+    )
+    assert flavors_of(out, "before") == {"w": "h100"}
+    assert flavors_of(out, "after") == {"w": "a100"}
+
+
 def test_cohort_adds_up_per_flavor() -> None:
     """A queue borrows a flavor's quota only from what its cohort has of that flavor."""
     text = scenario(
