@@ -60,8 +60,9 @@ class VictimMemo(NamedTuple):
     entry: VictimEntry | None
 
 
-Shape = tuple[str, tuple[tuple[str, int], ...]]
-"""(queue, requests): jobs with the same one weigh the same on quota."""
+Shape = tuple[str, tuple[tuple[str, int], ...], tuple[tuple[str, ...], ...]]
+"""(queue, requests, per podset its flavor restrictions, or () when none): jobs with the same one weigh the
+same on quota."""
 Group = tuple[Shape, int, bool, tuple[object, ...], int, str]
 """A job class: (shape, priority, preemptible, podsets, limit rank (`limit_rank`), ""), or the job's
 id last for a job whose verdict is its own (a preemptor, a job evicted to make room). Pending jobs of
@@ -229,10 +230,12 @@ class SchedulerIndex:
         return p
 
     def shape(self, job: JobState) -> Shape:
-        """(queue, requests) as a key: jobs with the same one weigh the same on quota."""
+        """(queue, requests, its podsets' flavor restrictions) as a key: jobs with the same one weigh the same on
+        quota (a restriction decides which flavor's quota a pending job is judged on: `flavors.order_requests`)."""
         k = self._shape.get(job.id)
         if k is None:
-            k = self._shape[job.id] = (job.queue, tuple(sorted(job.requests.items())))
+            restricted = tuple(tuple(ps.flavors) for ps in job.podsets) if any(ps.flavors for ps in job.podsets) else ()
+            k = self._shape[job.id] = (job.queue, tuple(sorted(job.requests.items())), restricted)
         return k
 
     def equal_in_queue(self, queue: str) -> bool:

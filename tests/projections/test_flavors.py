@@ -651,3 +651,27 @@ def test_what_a_running_job_borrowed_is_keyed_as_its_queues_pools_after_each_cha
     assert (j.flavors, j.borrowed, state.queues["q"].usage["gpu@h100"]) == ({"w": {"gpu": "h100"}}, {"gpu@h100": 8}, 8)
     fold([QueueConfigured(at=9, name="q", nominal={"gpu": 8})], state)  # type: ignore[arg-type, list-item]
     assert (j.borrowed, state.queues["q"].usage["gpu"]) == ({"gpu": 8}, 8)
+
+
+def test_a_job_restricted_to_a_flavor_it_would_borrow_on_comes_after_one_within_nominal() -> None:
+    """Of two pending jobs of one queue and size restricted to different flavors, the one that would borrow on
+    its flavor comes after another queue's job within its nominal quota there, whichever was judged first:
+    that job takes the last node of the flavor, and the borrower waits."""
+    text = scenario(
+        cluster(),
+        [
+            fqueue("q1", fq("h100", 8), fq("a100", 8), cohort="c"),
+            fqueue("q2", fq("h100", 8), fq("a100", 8), cohort="c"),
+        ],
+        [
+            job("r", "q1", "w:1x8:flavors=a100", at=0, runtime=10_000),  # uses q1's a100 nominal
+            job("hb", "q2", "w:2x8:flavors=h100", at=0, runtime=10_000),  # no h100 node is free
+            job("y", "q1", "w:1x8:flavors=h100", at=10),  # within nominal on h100, no node
+            job("x", "q1", "w:1x8:flavors=a100", at=10),  # would borrow on a100
+            job("z", "q2", "w:1x8:flavors=a100", at=10),  # within nominal on a100
+        ],
+        cohorts=("c",),
+    )
+    out = run(text)
+    assert out.admitted("z").at == 10
+    assert out.admitted("x").at > 10
