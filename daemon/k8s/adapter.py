@@ -60,11 +60,12 @@ from muster.daemon.cluster import Reapply
 from muster.daemon.k8s.applying import Applier, ApplyResult
 from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import KubeError
+from muster.daemon.k8s.gangs import WorkloadCheck
 from muster.daemon.k8s.mirroring import Mirror
 from muster.daemon.k8s.objects import DEFAULT_TOLERATED_TAINTS
 from muster.daemon.k8s.owners import Sizing, fetch_namespace_queue, fetch_sizing, list_sizings
 from muster.daemon.k8s.pods import Owner, PodInfo
-from muster.daemon.k8s.reconciling import find_vanished, live_jobs
+from muster.daemon.k8s.reconciling import find_vanished, live_jobs, owner_exists
 from muster.daemon.k8s.reporting import Reporter, binding_failed, reports_for
 from muster.daemon.k8s.translating import Translator
 from muster.daemon.k8s.watching import Backoff, Synced, WatchEvent, watch_objects
@@ -267,6 +268,9 @@ class KubernetesAdapter:
                         else:
                             tg.start_soon(self._rebind, job)
                     self.translator.gangs.rebind.clear()
+                    for check in self.translator.gangs.deletions:
+                        tg.start_soon(self._read_workload, check, sink)
+                    self.translator.gangs.deletions.clear()
                     if events:
                         await sink(events)
                     # Only now are these versions "pushed" (see caught_up).
@@ -316,18 +320,28 @@ class KubernetesAdapter:
     async def reconcile(self, sink: Sink | None = None) -> list[Event]:
         """Compare the log's live jobs with the cluster and end those whose workload is gone (see `reconciling`).
 
-        Returns the events pushed to `sink` (the sink of `run` when None). Without a view of the log: nothing.
+        Returns the events pushed to `sink` (the sink of `run` when None). Without a view of the log: only the
+        pod groups a pod was deleted from (`Gangs.settle_deletions`).
         """
         sink = sink or self._sink
-        if self._state is None or sink is None:
+        if sink is None:
             return []
         gangs = self.translator.gangs
+        async with self._lock:
+            # pod groups that lost some waiting pods, not all, since the last pass: a pod deleted out of one
+            now = int(self._clock())
+            settled = gangs.settle_deletions(now)
+            if settled:
+                settled += self.translator.flush(now)
+                await sink(settled)
+        if self._state is None:
+            return settled
         jobs = live_jobs(self._state().jobs.values())  # taken now: the log folds on while owners are read
         verdicts = await find_vanished(
             self.client, jobs, gangs.has_pod, int(self._clock()), limiter=self._lookups, tracked=gangs.tracked
         )
         if not verdicts:
-            return []
+            return settled
         async with self._lock:
             events: list[Event] = []
             for verdict in verdicts:
@@ -337,7 +351,17 @@ class KubernetesAdapter:
             events += self.translator.flush(int(self._clock()))
             if events:
                 await sink(events)
-        return events
+        return settled + events
+
+    async def _read_workload(self, check: WorkloadCheck, sink: Sink) -> None:
+        """A pod of a waiting job was deleted: read its owner, which tells a deleted workload (WorkloadDeleted)
+        from a pod deleted out of one (JobFailed), see `Gangs.workload_read`."""
+        alive = await owner_exists(self.client, check.owner, check.owned_by, self._lookups)
+        async with self._lock:
+            at = int(self._clock())
+            events = self.translator.gangs.workload_read(check.job, alive, at) + self.translator.flush(at)
+            if events:
+                await sink(events)
 
     async def _rebind(self, job: JobId) -> ApplyResult:
         """Bind the pods that took over slots of `job`'s admitted gang (`gangruns.take_successors`), as placed."""

@@ -95,6 +95,9 @@ class Gang:
     """This run began after an earlier run of the same owner ended (`_next_run`): its job id is salted."""
     max_runtime: int | None = None
     """The owner's time limit (a Job's `activeDeadlineSeconds`), for pods that declare none."""
+    losing: str = ""
+    """A pod of the run was deleted while it waited for admission: the JobFailed reason it ends with
+    unless its whole workload turns out deleted (`Gangs.pending_pod_deleted`)."""
 
 
 @dataclass(frozen=True)

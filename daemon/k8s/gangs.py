@@ -29,7 +29,8 @@ Invariants:
   neither terminated nor being deleted), with a deterministic job id.
 - Each admitted run reports JobStarted once; a gang ends once (JobFinished
   when every pod succeeded and, for a Job, `completions` pods did; JobFailed
-  when a pod failed or was deleted by someone else). Pods muster evicted for a
+  when a pod failed or was deleted by someone else; JobCancelled `WorkloadDeleted`
+  when the user deleted a waiting gang's workload, see `_pending_pod_deleted`). Pods muster evicted for a
   preemption are expected to go and report nothing; the gang waits for its
   replacements under the same job id.
 - A Job's pod created after another succeeded (its next index) runs in that
@@ -47,6 +48,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from muster.daemon.k8s.gangruns import (
     ENDED,
@@ -63,9 +65,20 @@ from muster.daemon.k8s.gangruns import (
 from muster.daemon.k8s.gangviews import GangViews
 from muster.daemon.k8s.owners import Sizing
 from muster.daemon.k8s.pods import TERMINATED, UNOWNED, Owner, PodInfo, recreated
+from muster.daemon.k8s.reconciling import workload_deleted
 from muster.events.types import Event, JobFailed, JobFinished, JobId, JobStarted
 
-__all__ = ["TERMINATED", "Gang", "Gangs", "KnownJob", "Tracked"]
+__all__ = ["TERMINATED", "Gang", "Gangs", "KnownJob", "Tracked", "WorkloadCheck"]
+
+
+@dataclass(frozen=True)
+class WorkloadCheck:
+    """A waiting job a pod of which was deleted, and what to read to learn whether its workload is gone."""
+
+    job: JobId
+    owner: Owner
+    owned_by: JobId
+    """The job id the owner's uid gives (`reconciling.owner_exists` compares it): a later run's is salted."""
 
 
 class Gangs(GangViews):
@@ -87,6 +100,10 @@ class Gangs(GangViews):
         self._ns_asked: set[str] = set()
         self.rebind: set[JobId] = set()
         """Admitted jobs whose gang took a successor pod (`take_successors`): the adapter binds it."""
+        self._losing_seen: set[JobId] = set()
+        """Pod groups found losing by the last reconciliation pass (`settle_deletions`)."""
+        self.deletions: list[WorkloadCheck] = []
+        """Waiting jobs a pod of which was deleted: the adapter reads their owner (`workload_read`)."""
 
     # ------------------------------------------------------------ inputs
 
@@ -132,10 +149,43 @@ class Gangs(GangViews):
             and info.phase not in TERMINATED
         ):
             where = f"while running on {info.node}" if info.node else "before it was bound"
-            events += self._end(gang, JobFailed(at=at, job=gang.job_id, reason=f"pod {key} was deleted {where}"))
+            reason = f"pod {key} was deleted {where}"
+            if info.node or gang.started:
+                events += self._end(gang, JobFailed(at=at, job=gang.job_id, reason=reason))
+            else:
+                events += self._pending_pod_deleted(gang, reason, at)
         else:
             events += self._evaluate(gang, at)
         self._collect(gang)
+        return events
+
+    def workload_read(self, job: JobId, alive: bool | None, at: int) -> list[Event]:
+        """The adapter read the owner of `job` (see `deletions`): gone ends it WorkloadDeleted, there (or
+        unreadable) ends it as a pod deleted from it."""
+        gang = self._gang_of(job)
+        if gang is None or gang.done or not gang.losing:
+            return []
+        if alive is False:
+            return self._end(gang, workload_deleted(job, gang.owner, at))
+        return self._end(gang, JobFailed(at=at, job=job, reason=gang.losing))
+
+    def settle_deletions(self, at: int) -> list[Event]:
+        """Pod groups with no owner to read that lost some of their waiting pods and kept the others for a
+        whole pass (called by each reconciliation pass): a pod was deleted from a workload still there.
+
+        A user deleting a group deletes its pods one by one (`kubectl delete -l` sends a request each): a
+        pass in between must not end it, so a group is settled by the first pass that finds it losing again.
+        """
+        events: list[Event] = []
+        seen, self._losing_seen = self._losing_seen, set()
+        for owner in sorted(self._gangs, key=lambda o: o.source):
+            gang = self._gangs[owner]
+            if not gang.losing or gang.done or gang.job_id is None or recreated(owner):
+                continue
+            if gang.job_id in seen:
+                events += self._end(gang, JobFailed(at=at, job=gang.job_id, reason=gang.losing))
+            else:
+                self._losing_seen.add(gang.job_id)
         return events
 
     def set_size(self, owner: Owner, sizing: Sizing, at: int) -> list[Event]:
@@ -256,6 +306,26 @@ class Gangs(GangViews):
             self._collect(gang)
 
     # ------------------------------------------------------------ internals
+
+    def _pending_pod_deleted(self, gang: Gang, reason: str, at: int) -> list[Event]:
+        """A pod of a gang waiting for admission was deleted: its user deleting the workload (the Job, JobSet...,
+        or every pod of a pod group) cancels it, `WorkloadDeleted`; a pod deleted from a workload still there
+        fails it, `reason`.
+
+        Whether a workload with an owner object is gone takes a read of that object (`deletions`, answered with
+        `workload_read`): its pods go after it, one deletion event at a time, so the first does not tell. A pod
+        group without one is gone when its last pod is; one that keeps some is settled by `settle_deletions`.
+        """
+        assert gang.job_id is not None
+        first = not gang.losing
+        gang.losing = gang.losing or reason
+        if recreated(gang.owner):
+            if first:
+                self.deletions.append(WorkloadCheck(gang.job_id, gang.owner, gang.owner.job_id(gang.uid)))
+            return []
+        if any(key in gang.pods for key in gang.mapping.values()):
+            return []
+        return self._end(gang, workload_deleted(gang.job_id, gang.owner, at))
 
     def _end(self, gang: Gang, event: Event) -> list[Event]:
         if gang.done:

@@ -51,7 +51,7 @@ from muster.daemon.k8s.owners import fetch_owner
 from muster.daemon.k8s.pods import UNOWNED, Owner, recreated
 from muster.events.types import Event, JobCancelled, JobFailed, JobId
 
-__all__ = ["LiveJob", "Tracked", "Verdict", "find_vanished", "judge", "owner_of"]
+__all__ = ["LiveJob", "Tracked", "Verdict", "find_vanished", "judge", "owner_exists", "owner_of", "workload_deleted"]
 
 log = structlog.get_logger("muster.k8s.reconcile")
 
@@ -105,11 +105,9 @@ def judge(
     if owner is not None and recreated(owner):
         if owner_alive is None or owner_alive:
             return None
-        reason = f"{WORKLOAD_DELETED}: {owner.workload} is gone"
-        return Verdict(job_id, JobCancelled(at=at, job=job_id, reason=reason), remaining)
+        return Verdict(job_id, workload_deleted(job_id, owner, at), remaining)
     if not remaining:
-        reason = f"{WORKLOAD_DELETED}: its pods are gone"
-        return Verdict(job_id, JobCancelled(at=at, job=job_id, reason=reason), ())
+        return Verdict(job_id, workload_deleted(job_id, owner, at), ())
     shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
     reason = f"pods deleted while no scheduler watched, and nothing recreates them: {shown}"
     return Verdict(job_id, JobFailed(at=at, job=job_id, reason=reason), remaining)
@@ -131,6 +129,34 @@ def _same(owner: Owner, job: JobId, uid: str) -> bool:
     if owner.controller is not None:
         return uid == owner.controller.uid or not owner.controller.uid
     return Owner(owner.kind, owner.namespace, owner.name, uid).job_id() == job
+
+
+async def owner_exists(client: KubeClient, owner: Owner, job: JobId, limiter: anyio.CapacityLimiter) -> bool | None:
+    """Whether `job`'s owner (a pod group's: its controller) still exists to recreate its pods; None when unreadable."""
+    try:
+        async with limiter:
+            obj = await fetch_owner(client, owner)
+    except KubeError as exc:
+        # a pod group's controller is of a kind the chart grants no right to read unless told
+        hint = "grant get on it (chart: rbac.podGroupControllers)" if owner.controller and exc.status == 403 else ""
+        log.warning(
+            "cannot read a gang's owner; judging it next time",
+            owner=owner.workload,
+            error=exc.message,
+            **({"hint": hint} if hint else {}),
+        )
+        return None
+    meta = (obj or {}).get("metadata") or {}
+    uid = str(meta.get("uid") or "")
+    # being deleted (a finalizer, e.g. the orphan one, holds it): its controller recreates nothing;
+    # same name, other uid: deleted and re-created, not the object the job's pods belong to
+    return obj is not None and not meta.get("deletionTimestamp") and _same(owner, job, uid)
+
+
+def workload_deleted(job: JobId, owner: Owner | None, at: int) -> JobCancelled:
+    """How a job whose workload is gone ends: cancelled, naming the owner that went (or its pods, when it has none)."""
+    what = f"{owner.workload} is gone" if owner is not None and recreated(owner) else "its pods are gone"
+    return JobCancelled(at=at, job=job, reason=f"{WORKLOAD_DELETED}: {what}")
 
 
 def live_jobs(jobs: Iterable[LiveJob]) -> list[LiveJob]:
@@ -156,25 +182,7 @@ async def find_vanished(
     alive: dict[str, bool | None] = {}
 
     async def look(job: LiveJob, owner: Owner) -> None:
-        try:
-            async with limiter:
-                obj = await fetch_owner(client, owner)
-        except KubeError as exc:
-            # a pod group's controller is of a kind the chart grants no right to read unless told
-            hint = "grant get on it (chart: rbac.podGroupControllers)" if owner.controller and exc.status == 403 else ""
-            log.warning(
-                "cannot read a gang's owner; judging it next time",
-                owner=owner.workload,
-                error=exc.message,
-                **({"hint": hint} if hint else {}),
-            )
-            alive[job.id] = None
-            return
-        meta = (obj or {}).get("metadata") or {}
-        uid = str(meta.get("uid") or "")
-        # being deleted (a finalizer, e.g. the orphan one, holds it): its controller recreates nothing;
-        # same name, other uid: deleted and re-created, not the object the job's pods belong to
-        alive[job.id] = obj is not None and not meta.get("deletionTimestamp") and _same(owner, JobId(job.id), uid)
+        alive[job.id] = await owner_exists(client, owner, JobId(job.id), limiter)
 
     async with anyio.create_task_group() as tg:
         for job in suspects:

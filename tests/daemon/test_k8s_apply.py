@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import pytest
 from adapterkit import eventually
 from emulatorkit import admission, pod_object, submit_gang
 from kubernetes_asyncio.client import CoreV1Api
@@ -17,6 +18,7 @@ from muster.demo.emulator import KubeEmulator
 from muster.events.types import (
     Event,
     JobAdmitted,
+    JobCancelled,
     JobFailed,
     JobId,
     JobInadmissible,
@@ -144,6 +146,35 @@ async def test_a_pod_deleted_before_binding_fails_the_job_once(kube, start_adapt
         assert result.outcome == "skipped"
         assert requests_to(emulator, "binding") == []
         assert len(events.of(JobFailed)) == 1
+
+
+@pytest.mark.parametrize("kind", ["job", "pod-group", "pod"])
+async def test_a_waiting_workload_deleted_by_its_user_is_cancelled_once(kube, start_adapter, kind):
+    """A pending Job (then its pods), pod group or lone pod deleted: one JobCancelled WorkloadDeleted, no JobFailed."""
+    emulator, api = kube
+    core = CoreV1Api(api)
+    async with start_adapter(api, reconcile_seconds=3600) as (adapter, events):
+        if kind == "job":
+            sub = await submit_gang(emulator, api, adapter, events)
+            emulator.remove_object("batch/v1/jobs", "ns", "train")
+            reason = "WorkloadDeleted: Job/ns/train is gone"
+        else:
+            emulator.put_object("v1/nodes", m.node("n1"))
+            size = 3 if kind == "pod-group" else 1
+            labels = {"muster.dev/queue": "q"}
+            if kind == "pod-group":
+                labels |= {"muster.dev/gang": "g", "muster.dev/gang-size": str(size)}
+            for i in range(size):
+                await core.create_namespaced_pod("ns", m.pod(f"p-{i}", "ns", gpus=1, labels=labels))
+            await events.wait_for(lambda e: bool(e.of(JobSubmitted)))
+            [sub] = events.of(JobSubmitted)
+            reason = "WorkloadDeleted: its pods are gone"
+        for key in sorted(sub.pods.values()):  # one request a pod, as the garbage collector and kubectl send
+            await core.delete_namespaced_pod(key.split("/")[1], "ns", grace_period_seconds=0)
+        await events.wait_for(lambda e: bool(e.of(JobCancelled)))
+        await adapter.reconcile()
+    assert [(c.job, c.reason) for c in events.of(JobCancelled)] == [(sub.job, reason)]
+    assert events.of(JobFailed) == []
 
 
 async def test_a_pod_gone_when_its_binding_is_sent_fails_the_job(kube, start_adapter):
