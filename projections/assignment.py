@@ -295,8 +295,10 @@ def _plan(cycle: Cycle, job: JobState, queue: QueueState) -> Plan:
 def order_requests(cycle: Cycle, job: JobState) -> Mapping[str, int]:
     """`flavors.order_requests` of a job on the cycle's view: a pending flavored job's from its class's `Plan`
     (the order key of a waiting job is asked for again at every change of its quota tree)."""
-    if cycle.idx.group_of.get(job.id) is None or not flavors.unassigned(cycle.state, job):
-        return flavors.order_requests(cycle.state, job)  # no class (or no plan to make): worked out for itself
+    if not flavors.unassigned(cycle.state, job):
+        return job.requests  # on its flavors, or in a plain queue: as `flavors.order_requests`
+    if cycle.idx.group_of.get(job.id) is None:
+        return flavors.order_requests(cycle.state, job)  # no class to keep a plan for: worked out for itself
     return _plan(cycle, job, cycle.state.queues[job.queue]).order
 
 
