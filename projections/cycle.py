@@ -173,7 +173,7 @@ class Cycle:
 
         The nodes a `look` at the job found on this very view are taken as found (an admission on
         flavors looks first, then places: the placement search is not made twice)."""
-        nodes = self._kept(job)
+        nodes = self._kept(job) if self.found else None  # a plain queue's job never looks first
         if nodes is not None:
             for ps, on in zip(job.podsets, nodes, strict=True):
                 self._take_nodes(ps.requests, on)
