@@ -44,7 +44,7 @@ from muster.events.types import PodSet
 from muster.projections import flavors
 from muster.projections.configuration import flavored_requests
 from muster.projections.eviction import evicts_from_others
-from muster.projections.flavors import Flavors, placement_request, view
+from muster.projections.flavors import Flavors, PodsetsKey, podsets_key, view
 from muster.projections.parking import Wake
 from muster.projections.preemption import Result, Victim, find_victims
 from muster.projections.resources import fmt, gpus_of
@@ -265,6 +265,8 @@ class Plan(NamedTuple):
     slots: list[_Slot]
     first: dict[str, _Trial]
     """Per flavor of the first podset-group, in order."""
+    order: Mapping[str, int]
+    """The requests that place its jobs in the admission order (`flavors.order_requests`)."""
 
 
 def _plan(cycle: Cycle, job: JobState, queue: QueueState) -> Plan:
@@ -284,10 +286,20 @@ def _plan(cycle: Cycle, job: JobState, queue: QueueState) -> Plan:
             requests = flavored_requests(job.podsets[: slot.upto], chosen)
             whole = flavored_requests(job.podsets, chosen)
             first[f] = _Trial(chosen, requests, whole, *_asked(queue, requests, f), {})
-    plan = Plan(uncovered, slots, first)
+    plan = Plan(uncovered, slots, first, flavors.order_requests(cycle.state, job))
     if group is not None:
         idx.flavor_plans[group] = plan
     return plan
+
+
+def order_requests(cycle: Cycle, job: JobState) -> Mapping[str, int]:
+    """`flavors.order_requests` of a job on the cycle's view: a pending flavored job's from its class's `Plan`
+    (the order key of a waiting job is asked for again at every change of its quota tree)."""
+    if not flavors.unassigned(cycle.state, job):
+        return job.requests  # on its flavors, or in a plain queue: as `flavors.order_requests`
+    if cycle.idx.group_of.get(job.id) is None:
+        return flavors.order_requests(cycle.state, job)  # no class to keep a plan for: worked out for itself
+    return _plan(cycle, job, cycle.state.queues[job.queue]).order
 
 
 def _on(job: JobState, trial: _Trial) -> JobState:
@@ -391,23 +403,14 @@ def _nodes_refuse(cycle: Cycle, on: JobState) -> Refusal | None:
     Jobs of many queues ask the same flavors for the same pods in a cycle: the answer is kept
     until the view changes, that is until the cycle takes room for a job (`Cycle.placed` grows);
     a view with jobs tentatively removed (a victim search, idle reclaim) is judged afresh."""
-    topology = cycle.idx.topology
     key: tuple[object, ...] | None = None
+    podsets: PodsetsKey | None = None
     if not cycle.removed:
-        key = (len(cycle.placed), *(_podset_key(on, ps, topology.tainted) for ps in on.podsets))
+        podsets = podsets_key(on, cycle.idx.topology.tainted)
+        key = (len(cycle.placed), *podsets)
         if key in cycle.nodes_judged:
             return cycle.nodes_judged[key]
-    if len(on.podsets) == 1:
-        ps = on.podsets[0]
-        t = ps.topology
-        required, preferred = (t.required, t.preferred) if t is not None else (None, None)
-        req = placement_request(on, ps.name, ps.requests, topology.tainted)
-        _, why = topology.place(ps.count, req, required, preferred)  # read-only: it takes nothing
-    else:
-        mark = cycle.topo.mark()
-        placement, why = cycle.place(on)
-        cycle.topo.rollback(mark)
-        why = "" if placement is not None else why
+    why = cycle.look(on, podsets)
     refusal = None
     if why:
         names = _gpu_flavors(on)
@@ -415,12 +418,6 @@ def _nodes_refuse(cycle: Cycle, on: JobState) -> Refusal | None:
     if key is not None:
         cycle.nodes_judged[key] = refusal
     return refusal
-
-
-def _podset_key(on: JobState, ps: PodSet, tainted: bool) -> tuple[object, ...]:
-    t = ps.topology
-    req = placement_request(on, ps.name, ps.requests, tainted)
-    return (ps.count, tuple(sorted(req.items())), t.required if t else None, t.preferred if t else None)
 
 
 def _gpu_flavors(on: JobState) -> list[str] | None:

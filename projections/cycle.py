@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from typing import NamedTuple, cast
 
 from muster.events.types import CycleSettled, Event, JobId, JobPreempted
-from muster.projections.assignment import Refusal, choose
+from muster.projections.assignment import Refusal, choose, order_requests
 from muster.projections.cluster import node_pods
-from muster.projections.flavors import order_requests, placement_request, unassigned
+from muster.projections.flavors import PodsetsKey, placement_request, podsets_key, unassigned
 from muster.projections.index import Group, OrderKey, SchedulerIndex, Shape, ahead_of_seq, order_key
 from muster.projections.parking import Block, Member, Wake
 from muster.projections.preemption import Victim
@@ -64,6 +64,18 @@ class EvictNewAnswer(NamedTuple):
     answer: bool
 
 
+class View(NamedTuple):
+    """The topology's tentative state in a cycle, as a token (`Cycle.view`): the same token, the same free room.
+    Within a cycle the undo log only grows or is rolled back, and each entry is a new object: its length and
+    its last entry, by identity (an equal entry may follow a rollback), name the state."""
+
+    length: int
+    last: object
+
+    def same(self, other: View | None) -> bool:
+        return other is not None and self.length == other.length and self.last is other.last
+
+
 class Removal(NamedTuple):
     """A tentative eviction's place in the cycle's undo logs: from the marks before it to those after."""
 
@@ -102,9 +114,12 @@ class Cycle:
         self.quota_keys: dict[Shape, QuotaPosition] = {}
         """`lowest_key`'s quota part by (queue, requests)."""
         self.may_evict_new: dict[tuple[str, int, tuple[str, ...]], EvictNewAnswer] = {}
+        """`may_evict_new` by (queue, priority, resources)."""
         self.nodes_judged: dict[tuple[object, ...], Refusal | None] = {}
         """`assignment`'s placement verdicts on flavors, by admissions so far and podsets (see there)."""
-        """`may_evict_new` by (queue, priority, resources)."""
+        self.found_view: View | None = None
+        self.found: dict[PodsetsKey, list[list[str]]] = {}
+        """Nodes per podset that `look` found on the view `found_view`, by `podsets_key`: `place` takes them."""
         self.admitted_by_root: dict[str, list[JobState]] = {}
         """Jobs admitted (or holding room as preemptors) in this cycle, per tree: new victims next cycle."""
         self.removed: set[str] = set()
@@ -154,9 +169,69 @@ class Cycle:
         quota.add(job.queue, job.requests, 1)
 
     def place(self, job: JobState) -> tuple[dict[str, str] | None, str]:
-        """Place every podset (taking the capacity); on failure take nothing and say why."""
-        mark = self.topo.mark()
+        """Place every podset (taking the capacity); on failure take nothing and say why.
+
+        The nodes a `look` at the job found on this very view are taken as found (an admission on
+        flavors looks first, then places: the placement search is not made twice)."""
+        nodes = self._kept(job) if self.found else None  # a plain queue's job never looks first
+        if nodes is not None:
+            for ps, on in zip(job.podsets, nodes, strict=True):
+                self._take_nodes(ps.requests, on)
+        else:
+            nodes, why = self._find(job)
+            if nodes is None:
+                return None, why
         placement: dict[str, str] = {}
+        for ps, on in zip(job.podsets, nodes, strict=True):
+            name = ps.name
+            for i, node in enumerate(on):
+                placement[f"{name}-{i}"] = node
+        return placement, ""
+
+    def look(self, job: JobState, key: PodsetsKey | None) -> str:
+        """Why the nodes cannot hold the job now, in `place`'s words ("" when they can), taking nothing.
+
+        With the job's `podsets_key`, the nodes found are kept for `place` while the view stays this one."""
+        view = self.view()
+        if len(job.podsets) == 1:
+            ps = job.podsets[0]
+            t = ps.topology
+            topology = self.idx.topology
+            one, why = topology.place(
+                ps.count,
+                placement_request(job, ps.name, ps.requests, topology.tainted),
+                t.required if t is not None else None,
+                t.preferred if t is not None else None,
+            )
+            nodes = [one] if one is not None else None
+        else:
+            mark = self.topo.mark()
+            nodes, why = self._find(job)
+            self.topo.rollback(mark)  # the view is again the one looked at (`view`)
+        if nodes is None:
+            return why
+        if key is not None:
+            if not view.same(self.found_view):
+                self.found_view, self.found = view, {}
+            self.found[key] = nodes
+        return ""
+
+    def view(self) -> View:
+        """The topology's tentative state now, as a token (see `View`)."""
+        log = self.topo.log
+        return View(len(log), log[-1] if log else None)
+
+    def _kept(self, job: JobState) -> list[list[str]] | None:
+        """The nodes per podset a `look` found for the job's pods on this very view, if any."""
+        if not self.found or not self.view().same(self.found_view):
+            return None
+        return self.found.get(podsets_key(job, self.idx.topology.tainted))
+
+    def _find(self, job: JobState) -> tuple[list[list[str]] | None, str]:
+        """Nodes per podset, each podset placed on what those before it left (taken); on failure none
+        taken, and why."""
+        mark = self.topo.mark()
+        out: list[list[str]] = []
         topology = self.idx.topology
         for ps in job.podsets:
             t = ps.topology
@@ -171,17 +246,18 @@ class Cycle:
                 # a gang of several podsets gets words that do not depend on which podset
                 # failed first (that changes with free capacity, and the memo must not see it)
                 return None, why if len(job.podsets) == 1 else capacity_reason(job)
-            name = ps.name
-            for i, node in enumerate(nodes):
-                placement[f"{name}-{i}"] = node
-            # one take per node, not per pod (a gang of 64 pods takes 8 nodes)
-            req = ps.requests
-            if len(nodes) == 1:
-                self.topo.take(nodes[0], req)
-                continue
-            for node, n in Counter(nodes).items():
-                self.topo.take(node, {k: v * n for k, v in req.items()} if n > 1 else req)
-        return placement, ""
+            self._take_nodes(ps.requests, nodes)
+            out.append(nodes)
+        return out, ""
+
+    def _take_nodes(self, req: Mapping[str, int], nodes: list[str]) -> None:
+        """Take the room of one pod of `req` on each of `nodes`: one take per node, not per pod (a gang
+        of 64 pods takes 8 nodes)."""
+        if len(nodes) == 1:
+            self.topo.take(nodes[0], req)
+            return
+        for node, n in Counter(nodes).items():
+            self.topo.take(node, {k: v * n for k, v in req.items()} if n > 1 else req)
 
     def fits(self, job: JobState, allow_borrow: bool) -> bool:
         """Whether the job fits quota and nodes now (leaves nothing taken)."""
@@ -285,6 +361,7 @@ class Cycle:
         # the topology's and quota's changes are undone at the next sync, but where the fold
         # changes the node or queue (`TopologyIndex.settle`, `QuotaTree.settle`)
         self.topo.defer()
+        self.found = {}  # the undo log starts again empty: its tokens (`View`) no longer name the state
         for group, members in self.set_aside:
             self.idx.reactivate(group, members)  # their verdicts are not folded yet: no reason known
         for job in self.taken:
@@ -328,7 +405,7 @@ def lowest_key(cycle: Cycle, job: JobState) -> OrderKey:
         shape, priority, limit = idx.shape(job), idx.priority(job), idx.limit(job)
     known = cycle.quota_keys.get(shape)
     if known is None or known.version != quota.version:
-        requests = order_requests(cycle.state, job)
+        requests = order_requests(cycle, job)
         borrows = 0 if quota.within_nominal(job.queue, requests) else 1
         share = quota.share(job.queue, requests) if cycle.state.fair_sharing else 0
         known = cycle.quota_keys[shape] = QuotaPosition(quota.version, borrows, share)

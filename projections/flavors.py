@@ -77,6 +77,21 @@ def placement_request(
     return out
 
 
+PodsetsKey = tuple[tuple[object, ...], ...]
+"""What placing a job's podsets reads of the job: per podset, its pods, a pod's request as placement sees it
+(with its flavor markers) and its topology."""
+
+
+def podsets_key(job: JobState, tainted: bool) -> PodsetsKey:
+    """The job's `PodsetsKey` (`tainted`: the topology's: whether pods on no flavor ask for the untainted nodes)."""
+    out = []
+    for ps in job.podsets:
+        t = ps.topology
+        req = placement_request(job, ps.name, ps.requests, tainted)
+        out.append((ps.count, tuple(sorted(req.items())), t.required if t else None, t.preferred if t else None))
+    return tuple(out)
+
+
 class PodFit(NamedTuple):
     """What the pods of a podset admitted on flavors get at binding, so they land on those flavors."""
 
