@@ -128,7 +128,9 @@ def _same(owner: Owner, job: JobId, uid: str) -> bool:
     """
     if owner.controller is not None:
         return uid == owner.controller.uid or not owner.controller.uid
-    return Owner(owner.kind, owner.namespace, owner.name, uid).job_id() == job
+    own = Owner(owner.kind, owner.namespace, owner.name, uid).job_id()
+    # a later run of the same owner (its pods made again after a run ended) is `OWN-rXXXXXX` (`gangs._job_id`)
+    return job == own or job.startswith(f"{own}-r")
 
 
 async def owner_exists(client: KubeClient, owner: Owner, job: JobId, limiter: anyio.CapacityLimiter) -> bool | None:

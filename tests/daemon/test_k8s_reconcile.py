@@ -10,9 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import pytest
 
 from muster.daemon.k8s import manifests as m
+from muster.daemon.k8s import reconciling
 from muster.daemon.k8s.gangruns import Tracked
 from muster.daemon.k8s.pods import Controller, Owner
 from muster.daemon.k8s.reconciling import judge, owner_of
@@ -156,3 +158,26 @@ async def test_a_pod_group_running_on_replacement_pods_is_not_taken_for_gone(kub
         ]
         assert await adapter.reconcile() == []
     assert not events.of(JobCancelled) and not events.of(JobFailed)
+
+
+@pytest.mark.parametrize(
+    ("job", "uid", "alive"),
+    [
+        pytest.param("ns/job/train-abcdef12", "abcdef12-0000", True, id="its-run"),
+        pytest.param("ns/job/train-abcdef12-r1a2b3c", "abcdef12-0000", True, id="a-later-run-of-it"),
+        pytest.param("ns/job/train-abcdef12-r1a2b3c", "99999999-0000", False, id="made-again-under-its-name"),
+    ],
+)
+async def test_a_later_run_of_a_job_is_judged_by_the_job_it_belongs_to(
+    monkeypatch: pytest.MonkeyPatch, job: str, uid: str, alive: bool
+) -> None:
+    """A Job whose later run (a salted job id) lost its pods still exists for reconciliation: the run is not
+    cancelled as 'gone' while its Job is there; a Job made again under the name is another owner."""
+
+    async def fetch(client: object, owner: Owner) -> dict[str, Any]:
+        return {"metadata": {"name": owner.name, "uid": uid}}
+
+    monkeypatch.setattr(reconciling, "fetch_owner", fetch)
+    owner = Owner("Job", "ns", "train")
+    found = await reconciling.owner_exists(None, owner, JobId(job), anyio.CapacityLimiter(1))  # type: ignore[arg-type]
+    assert found is alive
