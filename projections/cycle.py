@@ -112,7 +112,7 @@ class Cycle:
         """Groups whose first job failed for its class on the current view: the rest of each
         fail the same way when their turn comes, unless the view changes first (`park_doomed`)."""
         self.quota_keys: dict[Shape, QuotaPosition] = {}
-        """`lowest_key`'s quota part by (queue, requests)."""
+        """`lowest_key`'s quota part by shape (`SchedulerIndex.shape`)."""
         self.may_evict_new: dict[tuple[str, int, tuple[str, ...]], EvictNewAnswer] = {}
         """`may_evict_new` by (queue, priority, resources)."""
         self.nodes_judged: dict[tuple[object, ...], Refusal | None] = {}

@@ -167,6 +167,17 @@ def salt(gang: Gang, chosen: list[PodInfo]) -> str:
     return hashlib.sha256("".join(sorted(p.uid for p in chosen)).encode()).hexdigest()
 
 
+def later_run(job: JobId, chosen: list[PodInfo]) -> JobId:
+    """The job id of a later run of `job`'s owner (its pods made again after a run ended): salted by its pods."""
+    uids = "".join(sorted(p.uid for p in chosen))
+    return JobId(f"{job}-r{hashlib.sha256(uids.encode()).hexdigest()[:6]}")
+
+
+def run_of(job: JobId, own: JobId) -> bool:
+    """Whether `job` is `own` or one of its later runs (`later_run`)."""
+    return job == own or job.startswith(f"{own}-r")
+
+
 def new_to(ended: KnownJob, chosen: list[PodInfo]) -> bool:
     """Whether `chosen` are not the pods of the `ended` run: none has its name, or those that do wait unbound.
 

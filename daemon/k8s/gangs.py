@@ -46,7 +46,6 @@ Invariants:
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -56,6 +55,7 @@ from muster.daemon.k8s.gangruns import (
     KnownJob,
     Tracked,
     as_placed,
+    later_run,
     new_to,
     podsets_of,
     salt,
@@ -428,8 +428,7 @@ class Gangs(GangViews):
         the log saw end (`new_to`).
         """
         job = gang.owner.job_id(salt(gang, chosen))
-        uids = "".join(sorted(p.uid for p in chosen))
-        run = JobId(f"{job}-r{hashlib.sha256(uids.encode()).hexdigest()[:6]}")
+        run = later_run(job, chosen)
         if not gang.later_run and recreated(gang.owner) and self._known is not None:
             known = self._known(job)
             gang.later_run = (

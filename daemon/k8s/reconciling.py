@@ -46,7 +46,7 @@ import structlog
 
 from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import KubeError
-from muster.daemon.k8s.gangruns import Tracked
+from muster.daemon.k8s.gangruns import Tracked, run_of
 from muster.daemon.k8s.owners import fetch_owner
 from muster.daemon.k8s.pods import UNOWNED, Owner, recreated
 from muster.events.types import Event, JobCancelled, JobFailed, JobId
@@ -128,9 +128,7 @@ def _same(owner: Owner, job: JobId, uid: str) -> bool:
     """
     if owner.controller is not None:
         return uid == owner.controller.uid or not owner.controller.uid
-    own = Owner(owner.kind, owner.namespace, owner.name, uid).job_id()
-    # a later run of the same owner (its pods made again after a run ended) is `OWN-rXXXXXX` (`gangs._job_id`)
-    return job == own or job.startswith(f"{own}-r")
+    return run_of(job, Owner(owner.kind, owner.namespace, owner.name, uid).job_id())
 
 
 async def owner_exists(client: KubeClient, owner: Owner, job: JobId, limiter: anyio.CapacityLimiter) -> bool | None:
