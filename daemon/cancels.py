@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from muster.events.types import JobCancelled
 
-__all__ = ["USER_CANCEL", "by_user"]
+__all__ = ["USER_CANCEL", "by_user", "user_cancelled"]
 
 USER_CANCEL = "Cancelled:"
 """The reason prefix `muster cancel` writes (`muster.controlcli`)."""
@@ -18,4 +18,9 @@ USER_CANCEL = "Cancelled:"
 
 def by_user(event: JobCancelled) -> bool:
     """Whether the cancellation came from a user, so the cluster's workload must be stopped."""
-    return event.reason.startswith(USER_CANCEL)
+    return user_cancelled(event.reason)
+
+
+def user_cancelled(reason: str) -> bool:
+    """Whether a cancelled job's reason (`JobCancelled.reason`, kept as `JobState.reason`) is a user's cancel."""
+    return reason.startswith(USER_CANCEL)

@@ -207,6 +207,21 @@ class NodeCordoned(Event, frozen=True, kw_only=True, tag="NodeCordoned"):
 # ---------------------------------------------------------------- jobs: inputs
 
 
+class ControllerRef(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """The object that makes a labelled pod group's pods (an operator's Trainer, a Deployment...): the
+    ownerReference with `controller: true` its pods name, with their namespace.
+
+    On the log so that what a controller's pods are does not depend on who watched them: a new leader
+    judges a job whose pods are gone by its controller, and knows a controller whose job a user
+    cancelled (`daemon.k8s.controllers`)."""
+
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+    uid: str
+
+
 class JobSubmitted(Event, frozen=True, kw_only=True, tag="JobSubmitted"):
     """A gang: every pod of every podset runs together or not at all.
 
@@ -214,6 +229,8 @@ class JobSubmitted(Event, frozen=True, kw_only=True, tag="JobSubmitted"):
     `pods` maps the gang pod name `PODSET-INDEX` to the Kubernetes pod `namespace/name`
     when the gang came from a cluster. `max_runtime` is the time limit its user declared
     (seconds per run, counted from each admission): the cluster ends a run that reaches it.
+    `controller`: for a labelled pod group whose pods name a controller, that controller; unset
+    otherwise (and in logs older than it), so other submissions are stored exactly as before.
     """
 
     job: JobId
@@ -226,6 +243,7 @@ class JobSubmitted(Event, frozen=True, kw_only=True, tag="JobSubmitted"):
     source: str = ""
     v: int = 2
     max_runtime: int | None = None
+    controller: ControllerRef | UnsetType = UNSET
 
 
 class JobCancelled(Event, frozen=True, kw_only=True, tag="JobCancelled"):
@@ -491,6 +509,7 @@ __all__ = [
     "BorrowWithinCohort",
     "CohortConfigured",
     "CohortName",
+    "ControllerRef",
     "CycleSettled",
     "Event",
     "ExpectedEnd",

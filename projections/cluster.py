@@ -249,6 +249,7 @@ def _on_submitted(state: ClusterState, ev: JobSubmitted) -> ClusterState:
         requests=_podset_requests(ev.podsets),
         source=ev.source,
         max_runtime=ev.max_runtime,
+        controller=ev.controller or None,
     )
     state.dirty_jobs.add(ev.job)
     return state

@@ -17,6 +17,7 @@ from typing import Literal
 import msgspec
 
 from muster.events.types import (
+    ControllerRef,
     ExpectedEnd,
     FlavorFungibility,
     IdleReclaimPolicy,
@@ -137,6 +138,9 @@ class JobState(msgspec.Struct, kw_only=True):
     """Its place in the admission order (`index.order_key`): its submission's place in the log, or its
     last idle reclaim's, since a job reclaimed for idleness waits behind the jobs then waiting (spec,
     Idle reclamation); other preemptions keep it. 0 (a state written before it existed): `seq`."""
+    controller: ControllerRef | None = None
+    """A labelled pod group's controller (`JobSubmitted.controller`): the Kubernetes adapter judges the job
+    by it and knows its new pods by it (`daemon.k8s.controllers`); None for every other job."""
 
     def __post_init__(self) -> None:
         if not self.order_seq:

@@ -66,7 +66,7 @@ from muster.daemon.k8s.objects import DEFAULT_TOLERATED_TAINTS
 from muster.daemon.k8s.owners import Sizing, fetch_namespace_queue, fetch_sizing, list_sizings
 from muster.daemon.k8s.pods import Owner, PodInfo
 from muster.daemon.k8s.reconciling import find_vanished, live_jobs, owner_exists
-from muster.daemon.k8s.reporting import Reporter, binding_failed, reports_for
+from muster.daemon.k8s.reporting import Reporter, binding_failed, controller_stopped, reports_for
 from muster.daemon.k8s.translating import Translator
 from muster.daemon.k8s.watching import Backoff, Synced, WatchEvent, watch_objects
 from muster.events.types import Event, JobAdmitted, JobId, JobPreempted
@@ -271,6 +271,7 @@ class KubernetesAdapter:
                     for check in self.translator.gangs.deletions:
                         tg.start_soon(self._read_workload, check, sink)
                     self.translator.gangs.deletions.clear()
+                    self._tell_stopped()
                     if events:
                         await sink(events)
                     # Only now are these versions "pushed" (see caught_up).
@@ -352,6 +353,21 @@ class KubernetesAdapter:
             if events:
                 await sink(events)
         return settled + events
+
+    def _tell_stopped(self) -> None:
+        """Say why pods of a controller whose job its user cancelled are left alone (`controllers.Stopped`)."""
+        gangs = self.translator.gangs
+        for run in gangs.stopped:
+            c = run.stopped.controller
+            log.info(
+                "pods of a cancelled job's controller left alone",
+                job=run.stopped.job,
+                controller=f"{c.kind}/{c.namespace}/{c.name}",
+                pods=len(run.pods),
+            )
+            if self.reporter is not None:
+                self.reporter.report(controller_stopped(run.stopped, run.pods))
+        gangs.stopped.clear()
 
     async def _read_workload(self, check: WorkloadCheck, sink: Sink) -> None:
         """A pod of a waiting job was deleted: read its owner, which tells a deleted workload (WorkloadDeleted)

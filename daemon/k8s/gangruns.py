@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from msgspec import UNSET
+
 from muster.daemon.k8s.pods import Owner, PodInfo
 from muster.events.types import JobId, JobSubmitted, PodSet, QueueName, Topology
 
@@ -35,6 +37,7 @@ __all__ = [
     "new_to",
     "podsets_of",
     "salt",
+    "same_shape",
     "shape_of",
     "submission",
     "take_successors",
@@ -82,6 +85,9 @@ class Gang:
     retired: set[str] = field(default_factory=set)
     """Uids of pods the log no longer counts for this gang's job, whose end is expected: pods muster
     evicted, and the pods of an earlier run still there when a new run began (`_next_run`)."""
+    stopped: JobId | None = None
+    """The job a user cancelled whose controller made this gang's current pods again (`controllers.Stopped`):
+    they are left alone; pods made later are judged again (`Gangs._next_run`)."""
     uid: str = ""
     """The owner's uid, learned from its lookup when its pods do not carry it."""
     queue: str = ""
@@ -131,6 +137,12 @@ def shape_of(p: PodInfo) -> tuple[str, tuple[tuple[str, int], ...], Topology | N
     """What makes two pods interchangeable in a gang: role, requests, topology (`podsets_of` groups by it,
     a successor takes the slot of a pod of its shape)."""
     return (p.hint, tuple(sorted(p.requests.items())), p.topology)
+
+
+def same_shape(a: Iterable[PodSet], b: Iterable[PodSet]) -> bool:
+    """Whether two runs' podsets are the same gang (names, counts, requests): replacement pods of this
+    shape take the places of a job's pods (a requeued gang's, or a job a new leader adopts: `controllers`)."""
+    return [(ps.name, ps.count, ps.requests) for ps in a] == [(ps.name, ps.count, ps.requests) for ps in b]
 
 
 def as_placed(mapping: dict[str, str], pods: Mapping[str, PodInfo], placement: Mapping[str, str]) -> dict[str, str]:
@@ -230,7 +242,8 @@ def take_successors(gang: Gang) -> bool:
 
 def submission(gang: Gang, chosen: list[PodInfo], at: int, namespace_queue: str) -> JobSubmitted:
     """The run's JobSubmitted: the pods' settings (the first pod that sets one), else the owner's; the queue
-    falls back to the namespace's default (`namespace_queue`, "" for none)."""
+    falls back to the namespace's default (`namespace_queue`, "" for none). A labelled pod group's
+    controller, as its first pod names it, goes on the log with it (`JobSubmitted.controller`)."""
     assert gang.job_id is not None
     first = chosen[0]
     return JobSubmitted(
@@ -244,4 +257,5 @@ def submission(gang: Gang, chosen: list[PodInfo], at: int, namespace_queue: str)
         pods={name: key for name, key in gang.mapping.items()},
         source=first.owner.source,
         max_runtime=first_set([*(p.max_runtime for p in chosen), gang.max_runtime]),
+        controller=first.owner.controller or UNSET,
     )

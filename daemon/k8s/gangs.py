@@ -49,6 +49,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from muster.daemon.k8s.controllers import Adopt, Claim, Stopped
 from muster.daemon.k8s.gangruns import (
     ENDED,
     Gang,
@@ -59,6 +60,7 @@ from muster.daemon.k8s.gangruns import (
     new_to,
     podsets_of,
     salt,
+    same_shape,
     submission,
     take_successors,
 )
@@ -66,9 +68,12 @@ from muster.daemon.k8s.gangviews import GangViews
 from muster.daemon.k8s.owners import Sizing
 from muster.daemon.k8s.pods import TERMINATED, UNOWNED, Owner, PodInfo, recreated
 from muster.daemon.k8s.reconciling import workload_deleted
-from muster.events.types import Event, JobFailed, JobFinished, JobId, JobStarted
+from muster.events.types import ControllerRef, Event, JobFailed, JobFinished, JobId, JobStarted, PodSet
 
-__all__ = ["TERMINATED", "Gang", "Gangs", "KnownJob", "Tracked", "WorkloadCheck"]
+__all__ = ["TERMINATED", "Gang", "Gangs", "KnownJob", "StoppedRun", "Tracked", "WorkloadCheck"]
+
+ClaimOf = Callable[[str, ControllerRef, list[PodSet]], Claim]
+"""What pods of a source naming a controller are when no job on the log holds them (`controllers`)."""
 
 
 @dataclass(frozen=True)
@@ -81,13 +86,28 @@ class WorkloadCheck:
     """The job id the owner's uid gives (`reconciling.owner_exists` compares it): a later run's is salted."""
 
 
+@dataclass(frozen=True)
+class StoppedRun:
+    """Pods left alone because their controller's job was cancelled by its user (the adapter tells them why)."""
+
+    stopped: Stopped
+    pods: tuple[PodInfo, ...]
+
+
 class Gangs(GangViews):
     """All gangs of muster pods; every change returns the events it produced (the questions: `GangViews`)."""
 
     def __init__(
-        self, *, known: Callable[[JobId], KnownJob | None] | None = None, namespace_queues: bool = False
+        self,
+        *,
+        known: Callable[[JobId], KnownJob | None] | None = None,
+        namespace_queues: bool = False,
+        claim: ClaimOf | None = None,
     ) -> None:
+        """`known`: what the log says of a job; `claim`: what the log says of a controller's pods no job
+        holds (`controllers.ControllerJobs.claim`); both None without a view of the log."""
         super().__init__(known)
+        self._claim: ClaimOf = claim or (lambda source, controller, podsets: None)
         self.recheck: set[str] = set()
         """Pod keys whose `holds_capacity` may have changed without an event of their own."""
         self._wanted: list[Owner] = []
@@ -104,6 +124,8 @@ class Gangs(GangViews):
         """Pod groups found losing by the last reconciliation pass (`settle_deletions`)."""
         self.deletions: list[WorkloadCheck] = []
         """Waiting jobs a pod of which was deleted: the adapter reads their owner (`workload_read`)."""
+        self.stopped: list[StoppedRun] = []
+        """Pods of a controller whose job a user cancelled, left alone: the adapter tells them why."""
 
     # ------------------------------------------------------------ inputs
 
@@ -370,10 +392,17 @@ class Gangs(GangViews):
             if self._needs_namespace(gang, chosen):
                 return []
             gang.podsets, gang.mapping = podsets_of(chosen)
-            gang.job_id = self._job_id(gang, chosen)
-            self._by_job[gang.job_id] = gang.owner
+            job = self._job_id(gang, chosen)
+            known = self._known(job) if self._known is not None else None
+            controller = chosen[0].owner.controller
+            claimed = self._claim(gang.owner.source, controller, gang.podsets) if known is None and controller else None
+            if isinstance(claimed, Stopped):
+                return events + self._stop(gang, chosen, claimed)
+            if isinstance(claimed, Adopt) and self._known is not None:
+                job, known = claimed.job, self._known(claimed.job)
+            gang.job_id = job
+            self._by_job[job] = gang.owner
             self.recheck.update(gang.pods)  # now the log can say whether it counts them (holds_capacity)
-            known = self._known(gang.job_id) if self._known is not None else None
             if known is None:
                 events.append(submission(gang, chosen, at, self._ns_queue.get(chosen[0].namespace, "")))
             else:
@@ -391,9 +420,7 @@ class Gangs(GangViews):
             if len(fresh) < gang.size:
                 return events
             podsets, mapping = podsets_of(fresh[: gang.size])
-            if [(ps.name, ps.count, ps.requests) for ps in podsets] != [
-                (ps.name, ps.count, ps.requests) for ps in gang.podsets
-            ]:
+            if not same_shape(podsets, gang.podsets):
                 return events  # replacements do not fit the submitted shape; keep waiting
             gang.mapping = mapping
             gang.requeued = False
@@ -443,21 +470,36 @@ class Gangs(GangViews):
         re-placed them gave up ends with JobFailed; its controller's replacements, arriving later,
         would otherwise pend forever. The log's rule is that an ended job never runs again, so
         the replacements are a new job (`_job_id`), once `size` pods that were never part of the
-        ended run exist. What is left of the old run counts outside any job (`retired`).
+        ended run exist. What is left of the old run counts outside any job (`retired`). Pods left
+        alone for a controller whose job its user cancelled (`_stop`) are followed the same way: pods
+        made after them are judged again (by a controller made again, they are a new job).
         """
-        if gang.size is None or gang.job_id is None or not recreated(gang.owner):
+        if gang.size is None or (gang.job_id is None and gang.stopped is None) or not recreated(gang.owner):
             return []
         fresh = [p for p in gang.pods.values() if p.active and p.uid not in gang.retired]
         if len(fresh) < gang.size:
             return []
         fresh_uids = {p.uid for p in fresh}
         gang.retired |= {p.uid for p in gang.pods.values() if p.uid not in fresh_uids}
-        self._by_job.pop(gang.job_id, None)
+        if gang.job_id is not None:
+            self._by_job.pop(gang.job_id, None)
         gang.job_id, gang.mapping, gang.podsets = None, {}, []
         gang.done = gang.started = gang.requeued = False
-        gang.later_run = True
+        gang.later_run = gang.stopped is None
+        gang.stopped = None
         self.recheck.update(gang.pods)
         return self._evaluate(gang, at)
+
+    def _stop(self, gang: Gang, chosen: list[PodInfo], stopped: Stopped) -> list[Event]:
+        """Leave the pods of a controller whose job its user cancelled alone (`controllers.Stopped`): no job,
+        no binding; the adapter tells them why (`stopped`). Pods it makes after these are judged again."""
+        gang.podsets, gang.mapping = [], {}
+        gang.stopped = stopped.job
+        gang.done = True
+        gang.retired |= {p.uid for p in chosen}
+        self.recheck.update(gang.pods)
+        self.stopped.append(StoppedRun(stopped, tuple(chosen)))
+        return []
 
     def _completed(self, gang: Gang) -> bool:
         """Whether the owner needs no more pods: a Job counts its successful pods (distinct indexes) to completions."""

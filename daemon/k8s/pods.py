@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from muster.daemon.k8s.objects import pod_requests
-from muster.events.types import JobId, Topology
+from muster.events.types import ControllerRef, JobId, Topology
 
-__all__ = ["Controller", "Owner", "PodInfo", "pod_info", "recreated"]
+__all__ = ["Owner", "PodInfo", "controller_ref", "pod_info", "recreated"]
 
 Obj = dict[str, Any]
 Resources = dict[str, int]
@@ -71,19 +71,6 @@ UNOWNED = ("Pod", "Gang")
 
 
 @dataclass(frozen=True)
-class Controller:
-    """The controller a labelled pod group's pods name in ownerReferences: an operator's object of any kind.
-
-    Read by reconciliation (`owners.fetch_owner`): once it is gone, nothing recreates the group's pods.
-    """
-
-    api_version: str
-    kind: str
-    name: str
-    uid: str
-
-
-@dataclass(frozen=True)
 class Owner:
     """Who a gang belongs to; `uid` tells apart two owners that had the same name."""
 
@@ -93,9 +80,10 @@ class Owner:
     uid: str = ""
     controlled: bool = False
     """A labelled pod group whose pods name a controller (an operator of the user's own) in ownerReferences."""
-    controller: Controller | None = field(default=None, compare=False)
-    """That controller, as its first pod seen names it. Not part of the gang's identity: the pods of
-    one group are one gang whatever they name."""
+    controller: ControllerRef | None = field(default=None, compare=False)
+    """That controller, as its pod names it (`controller_ref`), read by reconciliation (`owners.fetch_owner`):
+    once it is gone, nothing recreates the group's pods. Not part of the gang's identity: the pods of one
+    group are one gang whatever they name (the gang's `Owner` is its first pod's)."""
 
     @property
     def source(self) -> str:
@@ -226,7 +214,13 @@ def _controller(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
-_REF_KEYS = ("apiVersion", "kind", "name", "uid")
+def controller_ref(meta: Mapping[str, Any], namespace: str) -> ControllerRef | None:
+    """The controller a pod names in its ownerReferences (the one with `controller: true`), or None."""
+    ref = _controller(meta)
+    if ref is None:
+        return None
+    api_version, kind, name, uid = (str(ref.get(k) or "") for k in ("apiVersion", "kind", "name", "uid"))
+    return ControllerRef(api_version=api_version, kind=kind, namespace=namespace, name=name, uid=uid)
 
 
 def _gate_names(gates: Any) -> list[str]:
@@ -253,7 +247,7 @@ def pod_info(pod: Obj) -> PodInfo:
     gates = _gate_names(spec.get("schedulingGates"))
     volcano_group = annotations.get(VOLCANO_GROUP_KEY) or labels.get(VOLCANO_GROUP_KEY)
     if labels.get(GANG_LABEL):
-        controller = None if ref is None else Controller(*(str(ref.get(k) or "") for k in _REF_KEYS))
+        controller = controller_ref(meta, ns)
         owner = Owner("Gang", ns, str(labels[GANG_LABEL]), controlled=ref is not None, controller=controller)
     elif volcano_group:
         owner = Owner(VOLCANO_POD_GROUP, ns, str(volcano_group))

@@ -21,9 +21,11 @@ cancelled by the next pass while it ran.
   controller brings them back and the gang maps the replacements); once it is gone, being
   deleted, or re-created under the same name, `JobCancelled` with reason `WorkloadDeleted`. A
   labelled pod group whose pods name a controller (an operator's object of any kind) is judged
-  the same by that controller, read by its pods' ownerReference (`pods.Controller`): a group
-  preempted while its controller was deleted otherwise waited for replacements forever, a
-  phantom job in its queue;
+  the same by that controller, as its pods name it (`pods.controller_ref`), or, when none of its
+  pods is left to name it (a new leader after a preemption), as the log names it
+  (`JobSubmitted.controller`): a group preempted while its controller was deleted otherwise waited
+  for replacements forever, a phantom job in its queue; and one whose controller lives keeps its
+  job (its replacements are mapped onto it: `controllers.claim`), not cancelled for pods gone;
 - pods are missing and nothing recreates them (bare pods, a labelled pod group): all
   gone is `JobCancelled` (`WorkloadDeleted`), some gone is `JobFailed` (the gang can
   never be whole again).
@@ -49,7 +51,7 @@ from muster.daemon.k8s.errors import KubeError
 from muster.daemon.k8s.gangruns import Tracked, run_of
 from muster.daemon.k8s.owners import fetch_owner
 from muster.daemon.k8s.pods import UNOWNED, Owner, recreated
-from muster.events.types import Event, JobCancelled, JobFailed, JobId
+from muster.events.types import ControllerRef, Event, JobCancelled, JobFailed, JobId
 
 __all__ = ["LiveJob", "Tracked", "Verdict", "find_vanished", "judge", "owner_exists", "owner_of", "workload_deleted"]
 
@@ -73,6 +75,9 @@ class LiveJob(Protocol):
     @property
     def source(self) -> str: ...
 
+    @property
+    def controller(self) -> ControllerRef | None: ...
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -83,12 +88,13 @@ class Verdict:
     remaining: tuple[str, ...]
 
 
-def owner_of(source: str) -> Owner | None:
-    """The owner named by a `JobSubmitted.source` (`Kind/namespace/name`), or None when it names none."""
+def owner_of(source: str, controller: ControllerRef | None = None) -> Owner | None:
+    """The owner named by a `JobSubmitted.source` (`Kind/namespace/name`), or None when it names none; a
+    labelled pod group's with the `controller` the log names for it (`JobState.controller`)."""
     parts = source.split("/")
     if len(parts) != 3 or not all(parts):
         return None
-    return Owner(parts[0], parts[1], parts[2])
+    return Owner(parts[0], parts[1], parts[2], controlled=controller is not None, controller=controller)
 
 
 def judge(
@@ -118,7 +124,7 @@ def _keys(job: LiveJob, tracked: Tracked | None) -> list[str]:
 
 
 def _owner(job: LiveJob, tracked: Tracked | None) -> Owner | None:
-    return tracked.owner if tracked is not None else owner_of(job.source)
+    return tracked.owner if tracked is not None else owner_of(job.source, job.controller)
 
 
 def _same(owner: Owner, job: JobId, uid: str) -> bool:
@@ -187,7 +193,7 @@ async def find_vanished(
     async with anyio.create_task_group() as tg:
         for job in suspects:
             owner = _owner(job, known[job.id])
-            # a pod group judged by the log alone (no pod of it seen) names no controller: nothing to read
+            # an uncontrolled pod group has no object to read (a controlled one: the log names its controller)
             if owner is not None and recreated(owner) and (owner.kind not in UNOWNED or owner.controller is not None):
                 tg.start_soon(look, job, owner)
     verdicts = []

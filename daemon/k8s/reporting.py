@@ -45,7 +45,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -55,6 +55,7 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
 from muster.daemon.k8s.client import KubeClient
+from muster.daemon.k8s.controllers import Stopped
 from muster.daemon.k8s.errors import Conflict, KubeError
 from muster.daemon.k8s.owners import api_of
 from muster.daemon.k8s.pods import (
@@ -67,7 +68,7 @@ from muster.daemon.k8s.pods import (
 )
 from muster.events.types import Event, JobAdmitted, JobInadmissible, JobPreempted, JobRejected
 
-__all__ = ["Report", "Reporter", "binding_failed", "reports_for"]
+__all__ = ["Report", "Reporter", "binding_failed", "controller_stopped", "reports_for"]
 
 log = structlog.get_logger("muster.k8s.report")
 
@@ -197,6 +198,23 @@ def binding_failed(pods: dict[str, PodInfo], owner: Owner | None, outcomes: dict
     if out and workload is not None:
         failed = ", ".join(r.target.name for r in out[:5]) + (f" and {len(out) - 5} more" if len(out) > 5 else "")
         out.append(Report(workload, "Warning", "FailedScheduling", f"muster: binding failed for {failed}"))
+    return out
+
+
+def controller_stopped(stopped: Stopped, pods: Iterable[PodInfo]) -> list[Report]:
+    """Reports for pods left alone because their controller's job was cancelled by its user: a Warning
+    `Cancelled` on each (and the pod group's status `Cancelled`) and on the controller. No PodScheduled
+    condition: the cluster autoscaler must not add nodes for pods that are not to run."""
+    c = stopped.controller
+    message = (
+        f"muster: the job {stopped.job} of {c.kind}/{c.namespace}/{c.name} was cancelled by its user; the pods it"
+        " makes are not scheduled (delete it, or make it again, to run it again)"
+    )
+    out = [
+        Report(_pod(p), "Warning", "Cancelled", message, status="Cancelled", told=p.told, shown=p.shown)
+        for p in sorted(pods, key=lambda p: p.key)
+    ]
+    out.append(Report(Target(c.api_version, c.kind, c.namespace, c.name, c.uid), "Warning", "Cancelled", message))
     return out
 
 

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from muster.daemon.k8s.controllers import ControllerJobs
 from muster.daemon.k8s.gangs import Gangs
 from muster.daemon.k8s.objects import DEFAULT_TOLERATED_TAINTS, NodeView, node_view, taints_block
 from muster.daemon.k8s.owners import Sizing
@@ -96,7 +97,11 @@ class Translator:
         """The taints tolerated when every node view was last judged (`_judge_taints`)."""
         self.flavors_changed = False
         """Set by the adapter when the log's flavors changed: `flush` has nodes to judge again."""
-        self.gangs = Gangs(known=self._known_job if state is not None else None, namespace_queues=namespace_queues)
+        self.gangs = Gangs(
+            known=self._known_job if state is not None else None,
+            namespace_queues=namespace_queues,
+            claim=ControllerJobs(state).claim if state is not None else None,
+        )
         self.problems: list[str] = []
 
     def _tolerated(self) -> frozenset[str]:

@@ -16,9 +16,10 @@ import pytest
 from muster.daemon.k8s import manifests as m
 from muster.daemon.k8s import reconciling
 from muster.daemon.k8s.gangruns import Tracked
-from muster.daemon.k8s.pods import Controller, Owner
+from muster.daemon.k8s.pods import Owner
 from muster.daemon.k8s.reconciling import judge, owner_of
 from muster.events.types import (
+    ControllerRef,
     Event,
     JobAdmitted,
     JobCancelled,
@@ -40,6 +41,7 @@ class Job:
     source: str
     pods: dict[str, str] = field(default_factory=dict)
     status: str = "admitted"
+    controller: ControllerRef | None = None
 
 
 GANG = Job("ns/gang/g-1234", "Gang/ns/g", {"w-0": "ns/g-0", "w-1": "ns/g-1"})
@@ -82,7 +84,7 @@ def test_judge(job: Job, present: set[str], owner_alive: bool | None, expected: 
 def test_judge_a_tracked_pod_group_by_its_controller(owner_alive: bool | None, expected: str | None) -> None:
     """A pod group whose pods name a controller waits while it is there or cannot be read, and is cancelled
     naming it once it is gone; judged by the log alone (no controller known) its gone pods cancel it."""
-    controller = Controller("example.com/v1", "Trainer", "t", "u-t")
+    controller = ControllerRef(api_version="example.com/v1", kind="Trainer", namespace="ns", name="t", uid="u-t")
     tracked = Tracked(pods=GANG.pods, owner=Owner("Gang", "ns", "g", controlled=True, controller=controller))
     verdict = judge(GANG, set().__contains__, owner_alive, at=7, tracked=tracked)
     assert (verdict.event.reason if verdict is not None else None) == expected  # type: ignore[attr-defined]
@@ -97,18 +99,24 @@ def test_owner_of_reads_a_submission_source() -> None:
     assert owner_of("") is None and owner_of("cli") is None and owner_of("a/b") is None
 
 
-async def test_a_gang_deleted_while_no_adapter_ran_is_cancelled_before_the_adapter_starts(kube, start_adapter):
-    """The log holds a gang admitted whose pods are gone: the adapter's first push ends it, WorkloadDeleted."""
-    emulator, api = kube
-    emulator.put_object("v1/nodes", m.node("n1"))
-    sub = JobSubmitted(
+def group_submission(**fields: Any) -> JobSubmitted:
+    """The submission of pod group ns/g, pods g-0 and g-1 of one GPU each (`fields` added)."""
+    return JobSubmitted(
         at=1,
         job=JobId("ns/gang/g-1"),
         queue=QueueName("q"),
         podsets=[PodSet(name="w", count=2, requests={"gpu": 1})],
         pods={"w-0": "ns/g-0", "w-1": "ns/g-1"},
         source="Gang/ns/g",
+        **fields,
     )
+
+
+async def test_a_gang_deleted_while_no_adapter_ran_is_cancelled_before_the_adapter_starts(kube, start_adapter):
+    """The log holds a gang admitted whose pods are gone: the adapter's first push ends it, WorkloadDeleted."""
+    emulator, api = kube
+    emulator.put_object("v1/nodes", m.node("n1"))
+    sub = group_submission()
     placement = {p: NodeName("n1") for p in sub.pods}
     admitted = JobAdmitted(at=2, job=sub.job, queue=QueueName("q"), placement=placement)
     state = fold([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8}), sub, admitted])
@@ -181,3 +189,32 @@ async def test_a_later_run_of_a_job_is_judged_by_the_job_it_belongs_to(
     owner = Owner("Job", "ns", "train")
     found = await reconciling.owner_exists(None, owner, JobId(job), anyio.CapacityLimiter(1))  # type: ignore[arg-type]
     assert found is alive
+
+
+async def test_a_preempted_controlled_pod_group_found_without_pods_by_a_new_leader_keeps_its_job(kube, start_adapter):
+    """A pod group of a controller, preempted, whose pods are all gone when a new leader starts, is judged by the
+    controller the log names (not cancelled 'its pods are gone'), and its controller's replacements are that job's
+    pods: no new job, and its next admission binds them."""
+    emulator, api = kube
+    emulator.put_object("v1/nodes", m.node("n1"))
+    controller = ControllerRef(api_version="example.com/v1", kind="Trainer", namespace="ns", name="g", uid="u-g")
+    sub = group_submission(controller=controller)
+    placement = {p: NodeName("n1") for p in sub.pods}
+    log: list[Event] = [
+        QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8}),
+        sub,
+        JobAdmitted(at=2, job=sub.job, queue=QueueName("q"), placement=placement),
+        JobPreempted(at=3, job=sub.job, preemptor=None, reason="WithinQueue"),
+    ]
+    labels = {"muster.dev/gang": "g", "muster.dev/gang-size": "2", "muster.dev/queue": "q", "muster.dev/podset": "w"}
+    async with start_adapter(api, state=lambda: fold(log)) as (adapter, events):
+        assert not events.of(JobCancelled)  # pushed before `run` reported started, had it judged the job gone
+        for name in ("g-0-r1", "g-1-r1"):  # the controller's replacements
+            emulator.put_object("v1/pods", m.pod(name, "ns", gpus=1, labels=labels, owner=TRAINER, grace_seconds=0))
+        await adapter.caught_up("pods", emulator.resource_version)
+        again = JobAdmitted(at=4, job=sub.job, queue=QueueName("q"), placement=placement)
+        log.append(again)
+        assert (await adapter.apply(again)).outcome == "applied"
+        assert await adapter.reconcile() == []
+    assert not events.of(JobSubmitted) and not events.of(JobCancelled)
+    assert {emulator.get_object("v1/pods", "ns", n)["spec"].get("nodeName") for n in ("g-0-r1", "g-1-r1")} == {"n1"}

@@ -1,0 +1,98 @@
+"""A labelled pod group's controller on the log: which job the pods it makes belong to.
+
+A pod group whose pods name a controller (the ownerReference with `controller: true`: an
+operator's Trainer, a Deployment...) is submitted with it (`JobSubmitted.controller`, folded into
+`JobState.controller`). Its job id is salted by its pods' uids (`gangruns.salt`), so pods the
+controller makes again are new to the log. `claim` says what they are from the log alone, so that
+every leader, a new one after a failover too, gives the same answer:
+
+- the latest job of that controller and group waits (pending: a preempted one waits for the
+  replacements of its evicted pods) and has their shape: they are that job's pods (`Adopt`), not
+  a new job (a new leader otherwise split its history in two, and the first job waited for ever);
+- the latest job was cancelled by its user (`muster cancel`, which deleted its pods: muster cannot
+  suspend a controller of a kind it does not know, and the controller makes them again): they are
+  left alone, unbound, and told why (`Stopped`): the user asked for the job not to run. Deleting
+  the controller, or making it again (a new uid), is how to run it again;
+- otherwise (no job of it yet, or its last run ended otherwise, e.g. failed): a new job, as for
+  any pod group (`gangs.Gangs._next_run`).
+
+`ControllerJobs` finds that latest job: an index of the log's jobs by (source, controller uid),
+brought up to date as the log grows (a state only ever adds jobs, in log order), so a question
+costs the jobs submitted since the last one, not a scan of every job.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from muster.daemon.cancels import user_cancelled
+from muster.daemon.k8s.gangruns import same_shape
+from muster.events.types import ControllerRef, JobId, PodSet
+from muster.projections.state import ClusterState, JobState
+
+__all__ = ["Adopt", "Claim", "ControllerJobs", "Stopped", "claim"]
+
+
+@dataclass(frozen=True)
+class Adopt:
+    """The pods replace the pods of `job`, which waits for them: the gang runs as that job."""
+
+    job: JobId
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """The pods were made by the controller of `job` after its user cancelled it: they are left alone."""
+
+    job: JobId
+    controller: ControllerRef
+
+
+Claim: TypeAlias = Adopt | Stopped | None
+"""What a controller's pods new to the log are (None: a new job)."""
+
+
+def claim(latest: JobState | None, podsets: Sequence[PodSet]) -> Claim:
+    """The rule (see the module docstring): what pods of the shape `podsets` are, given the `latest` job of
+    their controller and group on the log."""
+    if latest is None or latest.controller is None:
+        return None
+    if latest.status == "pending" and same_shape(latest.podsets, podsets):
+        return Adopt(JobId(latest.id))
+    if latest.status == "cancelled" and user_cancelled(latest.reason):
+        return Stopped(JobId(latest.id), latest.controller)
+    return None
+
+
+class ControllerJobs:
+    """The latest job on the log of each (source, controller uid), from the fold of the log."""
+
+    def __init__(self, state: Callable[[], ClusterState]) -> None:
+        self._state = state
+        self._of: ClusterState | None = None
+        """The state indexed (a new one, e.g. rebuilt from a snapshot, is indexed afresh)."""
+        self._indexed = 0
+        """How many of its jobs, the first ones in log order, are indexed."""
+        self._latest: dict[tuple[str, str], str] = {}
+
+    def claim(self, source: str, controller: ControllerRef, podsets: Sequence[PodSet]) -> Claim:
+        """What pods of `source` (`Gang/ns/name`) that name `controller` are, when no job holds them (`claim`)."""
+        return claim(self.latest(source, controller), podsets)
+
+    def latest(self, source: str, controller: ControllerRef) -> JobState | None:
+        """The job of `source` and `controller` (by uid) submitted last, or None."""
+        state = self._state()
+        jobs = state.jobs
+        if state is not self._of or len(jobs) < self._indexed:
+            self._of, self._indexed, self._latest = state, 0, {}
+        if len(jobs) > self._indexed:
+            added = list(itertools.islice(reversed(jobs.values()), len(jobs) - self._indexed))
+            for job in reversed(added):
+                if job.controller is not None:
+                    self._latest[(job.source, job.controller.uid)] = job.id
+            self._indexed = len(jobs)
+        found = self._latest.get((source, controller.uid))
+        return jobs.get(found) if found is not None else None
