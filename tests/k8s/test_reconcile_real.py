@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from adapterkit import EventLog
-from kubekit import Kube, eventually, log_of, running_adapter, running_daemon
+from kubekit import Kube, admitted, eventually, log_of, running_adapter, running_daemon
 from kubernetes_asyncio.client import ApiClient
 from rbackit import bind_chart_rbac_to_tester
 
@@ -249,3 +249,35 @@ async def test_the_charts_pod_group_controllers_value_is_the_right_reconciliatio
         await kube.delete_custom(trainer)
         verdicts = await adapter.reconcile()
     assert [(type(v), v.job) for v in verdicts] == ([(JobCancelled, sub.job)] if granted else [])
+
+
+@pytest.mark.parametrize("alive", [True, False], ids=["controller-there", "controller-deleted"])
+async def test_a_preempted_pod_group_without_pods_at_a_new_leader_is_judged_by_the_controller_the_log_names(
+    api: ApiClient, kube: Kube, alive: bool
+) -> None:
+    """A preempted pod group whose pods are all gone when the next adapter starts (no pod names its controller):
+    with its controller there it keeps its job, and the replacements the controller makes are that job's pods,
+    bound by its next admission (before: cancelled 'its pods are gone', the replacements a new job); with its
+    controller deleted it is cancelled naming the controller."""
+    async with preempted_controlled_group(api, kube) as (_, _, sub, trainer, log):
+        pass
+    if not alive:
+        await kube.delete_custom(trainer)
+    async with running_adapter(api, state=lambda: fold(log), reconcile_seconds=3600) as (adapter, events):
+        cancelled = events.of(JobCancelled)  # pushed before the adapter reported started
+        if not alive:
+            assert [(c.job, c.reason) for c in cancelled] == [
+                (sub.job, f"WorkloadDeleted: Trainer/{kube.ns}/train (the controller of pod group train) is gone")
+            ]
+            return
+        assert cancelled == []
+        meta = trainer["metadata"]
+        owner = {"apiVersion": "example.com/v1", "kind": "Trainer", "name": "train", "uid": meta["uid"]}
+        replacements = await kube.gang("train", 2, gpus=4, owner=owner | {"controller": True})
+        again = admitted(sub, kube.node_name("n1"), at=3)
+        log.append(again)
+        await adapter.caught_up("pods", int(replacements[-1]["metadata"]["resourceVersion"]))
+        assert (await adapter.apply(again)).outcome == "applied"
+        await eventually(lambda: all_bound(kube, replacements, kube.node_name("n1")))
+        assert await adapter.reconcile() == []
+    assert not events.of(JobSubmitted) and not events.of(JobCancelled)
