@@ -7,7 +7,10 @@ A user's cancel (`daemon.cancels.by_user`) stops the workload; the adapter's own
   job (`spec.runPolicy.suspend`). Its controller deletes the pods and keeps the object, so
   the user can still read its status and logs, and delete it when done.
 - Any other gang (labelled pod groups, bare pods, Volcano or coscheduling PodGroups): its
-  pods are deleted; nothing else owns them. The PodGroup object itself is left alone.
+  pods are deleted. The PodGroup object itself is left alone. A labelled pod group's controller
+  (an operator's object, of a kind muster cannot suspend) may make them again: the log names it
+  (`JobSubmitted.controller`), so the pods it makes after the cancel are left alone, unbound, and
+  told why, by this leader and the next (`controllers`).
 
 Stopping twice is harmless: suspending a suspended owner changes nothing and a pod already
 gone answers 404.

@@ -36,6 +36,9 @@ Invariants:
 - A Job's pod created after another succeeded (its next index) runs in that
   pod's slot of the admitted gang (`take_successors`); pods of a recreating
   owner that come after its run ended are a new run, a new job (`_next_run`).
+- Pods of a labelled pod group's controller that no job on the log holds are judged by the
+  controller's jobs on the log (`controllers.claim`): the replacements of its waiting job are
+  that job's pods; those it makes after its user cancelled its job are left alone (`stopped`).
 - A pod is its uid, not its name: a pod deleted and created again under the
   same name (an operator's `<job>-worker-0`, a user re-applying a manifest) is
   a new pod. The uids of a run's pods are retired when it ends, so its owner's
