@@ -186,12 +186,18 @@ class Gangs(GangViews):
 
     def workload_read(self, job: JobId, alive: bool | None, at: int) -> list[Event]:
         """The adapter read the owner of `job` (see `deletions`): gone ends it WorkloadDeleted, there (or
-        unreadable) ends it as a pod deleted from it."""
+        unreadable) ends it as a pod deleted from it; but a pod group's controller that is there makes the
+        pod again (an operator does): the gang waits for it, as a preempted gang waits for its replacements,
+        and the replacement takes the deleted pod's place (its admission binds it there)."""
         gang = self._gang_of(job)
         if gang is None or gang.done or not gang.losing:
             return []
         if alive is False:
             return self._end(gang, workload_deleted(job, gang.owner, at))
+        if alive and gang.owner.controller is not None:
+            gang.losing = ""
+            gang.requeued = True
+            return self._evaluate(gang, at)  # its replacement may be there already
         return self._end(gang, JobFailed(at=at, job=job, reason=gang.losing))
 
     def settle_deletions(self, at: int) -> list[Event]:

@@ -4,7 +4,8 @@ The user's deletion of a Job, a JobSet, a pod group or a lone pod is a cancellat
 (`JobCancelled` `WorkloadDeleted`), not a failure: before, the first pod's deletion event
 ended the job `JobFailed` ("pod X was deleted before it was bound"), and chargeback and
 `muster jobs` called the user's own deletion a failure. A pod deleted out of a workload
-that is still there still fails its gang. The server runs no garbage collector: the
+that is still there still fails its gang, unless a pod group's controller is there to make it
+again: the replacement takes its place. The server runs no garbage collector: the
 tests delete the owner, then its pods, as the collector would.
 """
 
@@ -14,10 +15,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from kubekit import Kube, running_adapter, submitted
+from kubekit import Kube, admitted, running_adapter, submitted
 from kubernetes_asyncio.client import ApiClient
 
-from muster.events.types import JobCancelled, JobFailed
+from muster.events.types import Event, JobCancelled, JobFailed, JobSubmitted, QueueConfigured, QueueName
+from muster.projections.cluster import fold
 
 Deletion = Callable[[], Awaitable[None]]
 
@@ -116,3 +118,28 @@ async def _server_version(kube: Kube) -> int:
     """The server's current resourceVersion of pods in the test's namespace."""
     listed: Any = await kube.core.list_namespaced_pod(kube.ns)
     return int(listed.metadata.resource_version)
+
+
+@pytest.mark.parametrize("suffix", ["", "-r1"], ids=["same-name", "new-name"])
+async def test_a_pod_deleted_from_a_waiting_controlled_group_is_replaced_in_its_place(
+    api: ApiClient, kube: Kube, suffix: str
+) -> None:
+    """A pending pod group's pod deleted while its controller (an operator's Trainer) is there: the replacement
+    the controller makes takes its place, and the job's admission binds it with the others (before, the job
+    ended JobFailed at once and its pods waited unbound for ever)."""
+    node = await kube.node("n1")
+    _, pods = await kube.controlled_gang("train", 2, gpus=1)
+    log: list[Event] = [QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})]
+    async with running_adapter(api, state=lambda: fold(log), reconcile_seconds=3600) as (adapter, events):
+        sub = await submitted(events)
+        log.append(sub)
+        await kube.delete_pod("train-1")
+        [replacement] = await kube.recreate([pods[1]], suffix=suffix)
+        await adapter.caught_up("pods", int(replacement["metadata"]["resourceVersion"]))
+        admission = admitted(sub, node, at=2)
+        log.append(admission)
+        await adapter.ready(admission)  # as the daemon applies an admission: once its pods are there
+        assert (await adapter.apply(admission)).outcome == "applied"
+        assert events.of(JobFailed) == []
+        assert [await kube.pod_node(p) for p in ("train-0", "train-1" + suffix)] == [node, node]
+    assert events.of(JobCancelled) == [] and events.of(JobSubmitted) == [sub]
