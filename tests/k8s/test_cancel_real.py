@@ -100,3 +100,21 @@ async def test_a_cancelled_controlled_pod_group_is_not_run_again_by_its_controll
     async with running_adapter(api, state=lambda: fold(log), reconcile_seconds=3600) as (_, events):
         assert not events.of(JobSubmitted)  # its relist was pushed before it reported started
     assert [await kube.pod_node(p) for p in ("train-0", "train-1")] == ["", ""]
+
+
+async def test_a_cancelled_controlled_pod_group_stays_cancelled_across_a_change_of_leader(
+    api: ApiClient, kube: Kube, store: EventStore
+) -> None:
+    """The whole daemon: `muster cancel` of a pod group whose controller makes its pods again; the next daemon to
+    lead, started after that, submits and binds nothing of them either (it reads the controller from the log)."""
+    await store.append([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})])
+    await kube.node("n1", gpus=8)
+    _, pods = await kube.controlled_gang("train", 2, gpus=2)
+    async with running_daemon(store, api):
+        sub = await _cancel_when_admitted(store)
+        await eventually(lambda: kube.gone("train-0", "train-1"), seconds=30)
+        await kube.recreate(pods)
+        await eventually(lambda: _told_cancelled(kube, "train-1"), seconds=30)
+    async with running_daemon(store, api):  # its first term began: its relist is on the log
+        assert await log_of(store, JobSubmitted) == [sub]
+    assert [await kube.pod_node(p) for p in ("train-0", "train-1")] == ["", ""]
