@@ -6,9 +6,13 @@ operator's Trainer, a Deployment...) is submitted with it (`JobSubmitted.control
 controller makes again are new to the log. `claim` says what they are from the log alone, so that
 every leader, a new one after a failover too, gives the same answer:
 
-- the latest job of that controller and group waits (pending: a preempted one waits for the
-  replacements of its evicted pods) and has their shape: they are that job's pods (`Adopt`), not
-  a new job (a new leader otherwise split its history in two, and the first job waited for ever);
+- the latest job of that controller and group waits or runs (pending: a preempted one waits for
+  the replacements of its evicted pods; admitted: pods of it were deleted while no leader
+  watched) and has their shape: they are that job's pods (`Adopt`), as the pods a Job's
+  controller makes again are its job's, not a new job (a new leader otherwise split its history
+  in two, and the first job waited, or held its quota, for ever: reconciliation keeps a job whose
+  controller is there). A new leader re-applies an admitted job's admission at the start of its
+  term, which binds such replacements where the log placed the pods they replace;
 - the latest job was cancelled by its user (`muster cancel`, which deleted its pods: muster cannot
   suspend a controller of a kind it does not know, and the controller makes them again): they are
   left alone, unbound, and told why (`Stopped`): the user asked for the job not to run. Deleting
@@ -38,7 +42,7 @@ __all__ = ["Adopt", "Claim", "ControllerJobs", "Stopped", "claim"]
 
 @dataclass(frozen=True)
 class Adopt:
-    """The pods replace the pods of `job`, which waits for them: the gang runs as that job."""
+    """The pods replace the pods of `job`, which waits for them or runs: the gang is that job's."""
 
     job: JobId
 
@@ -60,7 +64,7 @@ def claim(latest: JobState | None, podsets: Sequence[PodSet]) -> Claim:
     their controller and group on the log."""
     if latest is None or latest.controller is None:
         return None
-    if latest.status == "pending" and same_shape(latest.podsets, podsets):
+    if latest.status in ("pending", "admitted") and same_shape(latest.podsets, podsets):
         return Adopt(JobId(latest.id))
     if latest.status == "cancelled" and user_cancelled(latest.reason):
         return Stopped(JobId(latest.id), latest.controller)

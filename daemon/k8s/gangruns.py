@@ -81,7 +81,8 @@ class Gang:
     started: bool = False
     done: bool = False
     requeued: bool = False
-    """Preempted: waiting for replacement pods to map onto the same podsets."""
+    """Waiting for replacement pods to map onto the same podsets: preempted, or a waiting pod group that lost
+    a pod while its controller is there (`Gangs.workload_read`)."""
     retired: set[str] = field(default_factory=set)
     """Uids of pods the log no longer counts for this gang's job, whose end is expected: pods muster
     evicted, and the pods of an earlier run still there when a new run began (`_next_run`)."""

@@ -13,10 +13,13 @@ from muster.daemon.k8s.controllers import Adopt, ControllerJobs, Stopped, claim
 from muster.events.types import (
     ControllerRef,
     Event,
+    JobAdmitted,
     JobCancelled,
     JobFailed,
     JobId,
     JobSubmitted,
+    NodeAdded,
+    NodeName,
     PodSet,
     QueueConfigured,
     QueueName,
@@ -35,6 +38,12 @@ def submission(job: JobId = JOB, controller: ControllerRef | None = TRAINER, pod
 
 
 QUEUE = QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})
+NODE = NodeAdded(at=0, node=NodeName("n1"), capacity={"gpu": 8})
+
+
+def admitted() -> Event:
+    """The admission of pod group ns/g onto node n1."""
+    return JobAdmitted(at=2, job=JOB, queue=QueueName("q"), placement={"w-0": NodeName("n1"), "w-1": NodeName("n1")})
 
 
 @pytest.mark.parametrize(
@@ -42,6 +51,7 @@ QUEUE = QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})
     [
         pytest.param([], None, id="no-job-of-it"),
         pytest.param([submission()], Adopt(JOB), id="its-job-waits"),
+        pytest.param([submission(), admitted()], Adopt(JOB), id="its-job-runs"),
         pytest.param(
             [submission(podsets=[PodSet(name="w", count=3, requests={"gpu": 1})])], None, id="its-job-has-another-shape"
         ),
@@ -68,7 +78,7 @@ QUEUE = QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})
 )
 def test_claim(log: list[Event], expected: Adopt | Stopped | None) -> None:
     """Pods are the replacements of their controller's waiting job, left alone after its user's cancel, else new."""
-    state = fold([QUEUE, *log])
+    state = fold([QUEUE, NODE, *log])
     assert ControllerJobs(lambda: state).claim("Gang/ns/g", TRAINER, PODSETS) == expected
 
 

@@ -27,6 +27,7 @@ from muster.events.types import (
     JobId,
     JobPreempted,
     JobSubmitted,
+    NodeAdded,
     NodeName,
     PodSet,
     QueueConfigured,
@@ -202,11 +203,13 @@ async def test_a_preempted_controlled_pod_group_found_without_pods_by_a_new_lead
     placement = {p: NodeName("n1") for p in sub.pods}
     log: list[Event] = [
         QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8}),
+        NodeAdded(at=0, node=NodeName("n1"), capacity={"gpu": 8}),
         sub,
         JobAdmitted(at=2, job=sub.job, queue=QueueName("q"), placement=placement),
         JobPreempted(at=3, job=sub.job, preemptor=None, reason="WithinQueue"),
     ]
     labels = {"muster.dev/gang": "g", "muster.dev/gang-size": "2", "muster.dev/queue": "q", "muster.dev/podset": "w"}
+    assert fold(log).jobs[sub.job].preemptions == 1
     async with start_adapter(api, state=lambda: fold(log)) as (adapter, events):
         assert not events.of(JobCancelled)  # pushed before `run` reported started, had it judged the job gone
         for name in ("g-0-r1", "g-1-r1"):  # the controller's replacements
@@ -218,3 +221,28 @@ async def test_a_preempted_controlled_pod_group_found_without_pods_by_a_new_lead
         assert await adapter.reconcile() == []
     assert not events.of(JobSubmitted) and not events.of(JobCancelled)
     assert {emulator.get_object("v1/pods", "ns", n)["spec"].get("nodeName") for n in ("g-0-r1", "g-1-r1")} == {"n1"}
+
+
+async def test_a_running_controlled_pod_group_that_lost_a_pod_while_no_adapter_ran_runs_on_its_replacement(
+    kube, start_adapter
+):
+    """An admitted pod group of a controller lost a bound pod while no adapter ran, and the controller made a
+    replacement: the new leader takes the replacement for the job's (no new job, no phantom of the old one) and
+    its admission, re-applied as a new term does, binds it where the log placed the pod it replaces."""
+    emulator, api = kube
+    emulator.put_object("v1/nodes", m.node("n1"))
+    controller = ControllerRef(api_version="example.com/v1", kind="Trainer", namespace="ns", name="g", uid="u-g")
+    sub = group_submission(controller=controller)
+    admitted = JobAdmitted(at=2, job=sub.job, queue=QueueName("q"), placement={p: NodeName("n1") for p in sub.pods})
+    node = NodeAdded(at=0, node=NodeName("n1"), capacity={"gpu": 8})
+    log: list[Event] = [QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8}), node, sub, admitted]
+    labels = {"muster.dev/gang": "g", "muster.dev/gang-size": "2", "muster.dev/queue": "q", "muster.dev/podset": "w"}
+    running = m.pod("g-0", "ns", gpus=1, labels=labels, owner=TRAINER, grace_seconds=0, node_name="n1")
+    emulator.put_object("v1/pods", running | {"status": {"phase": "Running"}})
+    emulator.put_object("v1/pods", m.pod("g-1-r1", "ns", gpus=1, labels=labels, owner=TRAINER, grace_seconds=0))
+    assert fold(log).jobs[sub.job].status == "admitted"
+    async with start_adapter(api, state=lambda: fold(log)) as (adapter, events):
+        assert (await adapter.apply(admitted)).outcome == "applied"
+        assert await adapter.reconcile() == []
+    assert not events.of(JobSubmitted) and not events.of(JobCancelled) and not events.of(JobFailed)
+    assert emulator.get_object("v1/pods", "ns", "g-1-r1")["spec"].get("nodeName") == "n1"
