@@ -14,7 +14,10 @@
 - a binding the API server refused: Warning `FailedScheduling` and `PodScheduled=False`,
   reason `SchedulerError`, on the pods it left unbound;
 - a preemption: Warning `Preempted` with its reason and preemptor; a rejection: Warning
-  `Rejected` with why.
+  `Rejected` with why;
+- pods a pod group's controller made after its user cancelled its job, left alone
+  (`controllers.Stopped`): Warning `Cancelled` on them and on the controller, and the group's
+  status `Cancelled` on them (no PodScheduled condition: no node is to be added for them).
 
 The gang's status (`Admitted`, `Pending` with the core's reason, `Preempted`, `Rejected`)
 is written where a user looks for it, only when it changes: the annotations
