@@ -36,6 +36,7 @@ __all__ = [
     "first_set",
     "new_to",
     "podsets_of",
+    "queue_of",
     "salt",
     "same_shape",
     "shape_of",
@@ -241,6 +242,11 @@ def take_successors(gang: Gang) -> bool:
     return unbound
 
 
+def queue_of(gang: Gang, chosen: list[PodInfo], namespace_queue: str) -> QueueName:
+    """The run's queue: the first of its pods that names one, else its owner's, else its namespace's default."""
+    return QueueName(first_set(p.queue or None for p in chosen) or gang.queue or namespace_queue)
+
+
 def submission(gang: Gang, chosen: list[PodInfo], at: int, namespace_queue: str) -> JobSubmitted:
     """The run's JobSubmitted: the pods' settings (the first pod that sets one), else the owner's; the queue
     falls back to the namespace's default (`namespace_queue`, "" for none). A labelled pod group's
@@ -250,7 +256,7 @@ def submission(gang: Gang, chosen: list[PodInfo], at: int, namespace_queue: str)
     return JobSubmitted(
         at=at,
         job=gang.job_id,
-        queue=QueueName(first_set(p.queue or None for p in chosen) or gang.queue or namespace_queue),
+        queue=queue_of(gang, chosen, namespace_queue),
         priority_class=first_set(p.priority_class for p in chosen),
         podsets=gang.podsets,
         runtime=first_set(p.runtime for p in chosen),

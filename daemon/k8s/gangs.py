@@ -62,6 +62,7 @@ from muster.daemon.k8s.gangruns import (
     later_run,
     new_to,
     podsets_of,
+    queue_of,
     salt,
     same_shape,
     submission,
@@ -75,8 +76,8 @@ from muster.events.types import ControllerRef, Event, JobFailed, JobFinished, Jo
 
 __all__ = ["TERMINATED", "Gang", "Gangs", "KnownJob", "StoppedRun", "Tracked", "WorkloadCheck"]
 
-ClaimOf = Callable[[str, ControllerRef, list[PodSet]], Claim]
-"""What pods of a source naming a controller are when no job on the log holds them (`controllers`)."""
+ClaimOf = Callable[[str, ControllerRef, str, list[PodSet]], Claim]
+"""What pods of a source and queue naming a controller are when no job on the log holds them (`controllers`)."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ class Gangs(GangViews):
         """`known`: what the log says of a job; `claim`: what the log says of a controller's pods no job
         holds (`controllers.ControllerJobs.claim`); both None without a view of the log."""
         super().__init__(known)
-        self._claim: ClaimOf = claim or (lambda source, controller, podsets: None)
+        self._claim: ClaimOf = claim or (lambda source, controller, queue, podsets: None)
         self.recheck: set[str] = set()
         """Pod keys whose `holds_capacity` may have changed without an event of their own."""
         self._wanted: list[Owner] = []
@@ -403,8 +404,10 @@ class Gangs(GangViews):
             gang.podsets, gang.mapping = podsets_of(chosen)
             job = self._job_id(gang, chosen)
             known = self._known(job) if self._known is not None else None
-            controller = chosen[0].owner.controller
-            claimed = self._claim(gang.owner.source, controller, gang.podsets) if known is None and controller else None
+            ns_queue, controller = self._ns_queue.get(chosen[0].namespace, ""), chosen[0].owner.controller
+            claimed = None
+            if known is None and controller is not None:
+                claimed = self._claim(gang.owner.source, controller, queue_of(gang, chosen, ns_queue), gang.podsets)
             if isinstance(claimed, Stopped):
                 return events + self._stop(gang, chosen, claimed)
             if isinstance(claimed, Adopt) and self._known is not None:
@@ -413,7 +416,7 @@ class Gangs(GangViews):
             self._by_job[job] = gang.owner
             self.recheck.update(gang.pods)  # now the log can say whether it counts them (holds_capacity)
             if known is None:
-                events.append(submission(gang, chosen, at, self._ns_queue.get(chosen[0].namespace, "")))
+                events.append(submission(gang, chosen, at, ns_queue))
             else:
                 gang.started = known.started_at is not None
                 if known.status in ENDED:

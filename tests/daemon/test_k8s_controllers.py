@@ -31,10 +31,12 @@ PODSETS = [PodSet(name="w", count=2, requests={"gpu": 1})]
 JOB = JobId("ns/gang/g-1")
 
 
-def submission(job: JobId = JOB, controller: ControllerRef | None = TRAINER, podsets: list[PodSet] = PODSETS) -> Event:
+def submission(
+    job: JobId = JOB, controller: ControllerRef | None = TRAINER, podsets: list[PodSet] = PODSETS, queue: str = "q"
+) -> Event:
     """A submission of pod group ns/g naming `controller` (None: naming none, as every other job)."""
     extra = {"controller": controller} if controller is not None else {}
-    return JobSubmitted(at=1, job=job, queue=QueueName("q"), podsets=podsets, source="Gang/ns/g", **extra)
+    return JobSubmitted(at=1, job=job, queue=QueueName(queue), podsets=podsets, source="Gang/ns/g", **extra)
 
 
 QUEUE = QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})
@@ -56,6 +58,16 @@ def admitted() -> Event:
             [submission(podsets=[PodSet(name="w", count=3, requests={"gpu": 1})])], None, id="its-job-has-another-shape"
         ),
         pytest.param([submission(controller=None)], None, id="a-job-naming-no-controller"),
+        pytest.param([submission(queue="a")], None, id="a-job-of-another-queue"),
+        pytest.param(
+            [
+                submission(),
+                submission(JobId("ns/gang/g-a"), queue="a"),
+                JobCancelled(at=2, job=JobId("ns/gang/g-a"), reason="Cancelled: x"),
+            ],
+            Adopt(JOB),
+            id="another-queues-job-hides-nothing",
+        ),
         pytest.param(
             [submission(), JobCancelled(at=2, job=JOB, reason="Cancelled: stop")],
             Stopped(JOB, TRAINER),
@@ -79,17 +91,17 @@ def admitted() -> Event:
 def test_claim(log: list[Event], expected: Adopt | Stopped | None) -> None:
     """Pods are the replacements of their controller's waiting job, left alone after its user's cancel, else new."""
     state = fold([QUEUE, NODE, *log])
-    assert ControllerJobs(lambda: state).claim("Gang/ns/g", TRAINER, PODSETS) == expected
+    assert ControllerJobs(lambda: state).claim("Gang/ns/g", TRAINER, "q", PODSETS) == expected
 
 
 def test_the_index_finds_jobs_submitted_after_it_was_asked() -> None:
     """The index follows the log as it is folded on: a job submitted after a question is found by the next one."""
     state = fold([QUEUE])
     index = ControllerJobs(lambda: state)
-    assert index.latest("Gang/ns/g", TRAINER) is None
+    assert index.latest("Gang/ns/g", TRAINER, "q") is None
     fold([submission()], state)  # the daemon folds on into the same state
-    assert claim(index.latest("Gang/ns/g", TRAINER), PODSETS) == Adopt(JOB)
+    assert claim(index.latest("Gang/ns/g", TRAINER, "q"), PODSETS) == Adopt(JOB)
     fold([JobCancelled(at=2, job=JOB, reason="Cancelled: stop")], state)
-    assert claim(index.latest("Gang/ns/g", TRAINER), PODSETS) == Stopped(JOB, TRAINER)
+    assert claim(index.latest("Gang/ns/g", TRAINER, "q"), PODSETS) == Stopped(JOB, TRAINER)
     other = ControllerRef(api_version="example.com/v1", kind="Trainer", namespace="ns", name="t", uid="u-other")
-    assert index.latest("Gang/ns/g", other) is None and index.latest("Gang/ns/h", TRAINER) is None
+    assert index.latest("Gang/ns/g", other, "q") is None and index.latest("Gang/ns/h", TRAINER, "q") is None
