@@ -112,7 +112,11 @@ def render_table(report: Report, out: IO[str], *, skipped: int = 0) -> None:
             ",".join(r.rate_versions),
         ]
 
-    for r in report.rows:
+    rows = report.rows
+    if report.by == "job":
+        # the jobs that wasted the most GPU time first: what a per-job report is read for (csv/json keep key order)
+        rows = sorted(rows, key=lambda r: (-r.idle_gpu_hours, r.key))
+    for r in rows:
         table.add_row(*cells(r))
     table.add_section()
     table.add_row(*cells(report.totals), style="bold")
@@ -124,6 +128,8 @@ def render_table(report: Report, out: IO[str], *, skipped: int = 0) -> None:
         f"nobody held {_h(idle.unallocated_gpu_hours)} (cost {_m(idle.cost)} {cur}; shared: {idle.shared})."
     )
     notes = ["eff. = used / allocated GPU-hours, over the time utilization was sampled (idle likewise)"]
+    if report.by == "job":
+        notes.append("jobs with the most idle GPU-hours first")
     if report.unpriced_gpu_hours:
         notes.append(f"{_h(report.unpriced_gpu_hours)} GPU-h before the first rate card version are unpriced")
     if not report.rate_versions and not report.unpriced_gpu_hours and report.totals.allocated_gpu_hours:

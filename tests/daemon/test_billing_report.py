@@ -157,6 +157,19 @@ def test_table_shows_queues_totals_and_idle_capacity(
         assert word in out
 
 
+def test_the_per_job_table_puts_the_idlest_jobs_first(
+    capsys: pytest.CaptureFixture[str], ledger_url: str, rates: str
+) -> None:
+    """`--by job` lists jobs by idle GPU-hours, most first (the README's promise); the JSON keeps its key order."""
+    doc = json.loads(_run(capsys, "--db", ledger_url, "--by", "job", "--format", "json"), parse_float=Decimal)
+    idlest = [r["key"] for r in sorted(doc["rows"], key=lambda r: (-r["idle_gpu_hours"], r["key"]))]
+    assert idlest != [r["key"] for r in doc["rows"]]
+    out = _run(capsys, "--db", ledger_url, "--by", "job")
+    shown = [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│ job-")]
+    assert shown == idlest
+    assert "most idle GPU-hours first" in out
+
+
 def test_plot_is_written_as_png(capsys: pytest.CaptureFixture[str], ledger_url: str, tmp_path: Path) -> None:
     """`--plot FILE.png` draws the stacked and the allocated-vs-used charts into a PNG file."""
     png = tmp_path / "billing.png"
