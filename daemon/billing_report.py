@@ -75,7 +75,8 @@ def _when(t: int) -> str:
     return f"t={t}"
 
 
-def render_table(report: Report, out: IO[str], *, skipped: int = 0) -> None:
+def render_table(report: Report, out: IO[str], *, skipped: int = 0, priced: bool = True) -> None:
+    """The report as a table with its notes; `priced`: a rate card was given."""
     from rich.console import Console
     from rich.table import Table
 
@@ -125,15 +126,18 @@ def render_table(report: Report, out: IO[str], *, skipped: int = 0) -> None:
     idle = report.idle_capacity
     console.print(
         f"Cluster capacity {_h(idle.capacity_gpu_hours)} GPU-h, held {_h(idle.allocated_gpu_hours)}, "
-        f"nobody held {_h(idle.unallocated_gpu_hours)} (cost {_m(idle.cost)} {cur}; shared: {idle.shared})."
+        f"nobody held {_h(idle.unallocated_gpu_hours)} (cost {f'{_m(idle.cost)} {cur}'.strip()}; "
+        f"shared: {idle.shared})."
     )
     notes = ["eff. = used / allocated GPU-hours, over the time utilization was sampled (idle likewise)"]
     if report.by == "job":
         notes.append("jobs with the most idle GPU-hours first")
-    if report.unpriced_gpu_hours:
+    if not priced:
+        # without a card every hour is unpriced: that is no card's fault of coverage
+        if report.totals.allocated_gpu_hours:
+            notes.append("no rate card given (--rates): costs are zero")
+    elif report.unpriced_gpu_hours:
         notes.append(f"{_h(report.unpriced_gpu_hours)} GPU-h before the first rate card version are unpriced")
-    if not report.rate_versions and not report.unpriced_gpu_hours and report.totals.allocated_gpu_hours:
-        notes.append("no rate card given (--rates): costs are zero")
     if skipped:
         notes.append(f"{skipped} malformed event(s) were skipped (see `billing_skipped`)")
     for note in notes:
@@ -299,7 +303,7 @@ def report_command(args: Any) -> int:
         for row in report.rows:
             out.write(_json.encode(row).decode() + "\n")
     else:
-        render_table(report, out, skipped=skipped)
+        render_table(report, out, skipped=skipped, priced=rates is not None)
     sys.stdout.write(out.getvalue())
     if args.plot:
         series = hourly_series(usage, capacity, start=start, end=end)

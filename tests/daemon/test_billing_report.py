@@ -170,6 +170,19 @@ def test_the_per_job_table_puts_the_idlest_jobs_first(
     assert "most idle GPU-hours first" in out
 
 
+def test_a_report_without_a_rate_card_says_so_not_that_hours_predate_the_card(
+    capsys: pytest.CaptureFixture[str], ledger_url: str, rates: str
+) -> None:
+    """Without --rates the table says no rate card was given (it said every GPU-hour came before the card's
+    first version); with a card that covers the ledger, neither note."""
+    out = " ".join(_run(capsys, "--db", ledger_url).split())
+    assert "no rate card given (--rates): costs are zero" in out
+    assert "before the first rate card version" not in out
+    assert "; shared: none)" in out and " ;" not in out
+    priced = _run(capsys, "--db", ledger_url, "--rates", rates)
+    assert "no rate card given" not in priced and "before the first rate card version" not in priced
+
+
 def test_plot_is_written_as_png(capsys: pytest.CaptureFixture[str], ledger_url: str, tmp_path: Path) -> None:
     """`--plot FILE.png` draws the stacked and the allocated-vs-used charts into a PNG file."""
     png = tmp_path / "billing.png"
