@@ -138,6 +138,11 @@ def render_table(report: Report, out: IO[str], *, skipped: int = 0, priced: bool
             notes.append("no rate card given (--rates): costs are zero")
     elif report.unpriced_gpu_hours:
         notes.append(f"{_h(report.unpriced_gpu_hours)} GPU-h before the first rate card version are unpriced")
+    for version, models in report.unnamed_models.items():
+        notes.append(
+            f"rate card version {version} names no GPU model {', '.join(models)} in gpu_hour: "
+            "priced at its `default` (0 when it has none)"
+        )
     if skipped:
         notes.append(f"{skipped} malformed event(s) were skipped (see `billing_skipped`)")
     for note in notes:

@@ -112,6 +112,9 @@ class Report(msgspec.Struct, kw_only=True):
     idle_capacity: IdleCapacity
     unpriced_gpu_hours: Decimal = Decimal(0)
     rate_versions: list[str] = []
+    unnamed_models: dict[str, list[str]] = {}
+    """Rate version -> the GPU models (flavors) of the window that its `gpu_hour` does not name, so
+    priced at its default rate: a card written for other model names prices them all alike, maybe at 0."""
 
 
 def hours(seconds: int, per: int = 1) -> Decimal:
@@ -176,10 +179,17 @@ def build_report(
     card = rates if rates is not None else RateCard(versions=[])
     version_cache: dict[int, RateVersion | None] = {}
 
+    unnamed: dict[str, set[str]] = {}
+
     def version(hour: int) -> RateVersion | None:
         if hour not in version_cache:
             version_cache[hour] = card.version_at(hour)
         return version_cache[hour]
+
+    def rate(v: RateVersion, model: str) -> Fraction:
+        if model not in v.gpu_hour:
+            unnamed.setdefault(v.version, set()).add(model or "-")
+        return Fraction(v.gpu_rate(model))
 
     groups: dict[str, _Acc] = {}
     # integer sums per (group, hour, model, class) first, priced once each
@@ -216,7 +226,7 @@ def build_report(
             continue
         acc = groups[key]
         acc.versions.add(v.version)
-        acc.cost += _price(v, model, pclass, u)
+        acc.cost += _price(v, rate(v, model), pclass, u)
 
     # idle capacity: ready GPUs nobody held, priced at the plain GPU rate
     cap_s = alloc_s = unalloc_s = 0
@@ -236,7 +246,7 @@ def build_report(
         v = version(hour)
         if v is not None and free:
             idle_versions.add(v.version)
-            cost = Fraction(free) * Fraction(v.gpu_rate(model)) / HOUR
+            cost = Fraction(free) * rate(v, model) / HOUR
             idle_cost += cost
             idle_by_model[model or "-"] = idle_by_model.get(model or "-", Fraction(0)) + cost
     idle_units = _money_units(idle_cost)
@@ -286,11 +296,11 @@ def build_report(
         ),
         unpriced_gpu_hours=hours(unpriced_s),
         rate_versions=totals.rate_versions,
+        unnamed_models={v: sorted(models) for v, models in sorted(unnamed.items())},
     )
 
 
-def _price(v: RateVersion, model: str, pclass: str, u: Usage) -> Fraction:
-    gpu_rate = Fraction(v.gpu_rate(model))
+def _price(v: RateVersion, gpu_rate: Fraction, pclass: str, u: Usage) -> Fraction:
     amount: Fraction = (
         u.alloc_gpu_s * gpu_rate
         + u.borrowed_gpu_s * gpu_rate * (Fraction(v.borrowed_premium) - 1)

@@ -183,6 +183,19 @@ def test_a_report_without_a_rate_card_says_so_not_that_hours_predate_the_card(
     assert "no rate card given" not in priced and "before the first rate card version" not in priced
 
 
+def test_gpu_models_the_rate_card_does_not_name_are_pointed_out(
+    capsys: pytest.CaptureFixture[str], ledger_url: str, tmp_path: Path
+) -> None:
+    """A card naming models the ledger does not book (H100 under another name) prices them at its default,
+    0 here: the report says which models and which version, instead of a quiet bill of 0."""
+    card = tmp_path / "flavors.yaml"
+    card.write_text("versions: [{version: v1, effective_from: 2025-01-01, gpu_hour: {h100: 4.0, a100: 2.0}}]\n")
+    doc = json.loads(_run(capsys, "--db", ledger_url, "--rates", str(card), "--format", "json"))
+    assert doc["unnamed_models"] == {"v1": ["A100", "H100"]}
+    out = " ".join(_run(capsys, "--db", ledger_url, "--rates", str(card)).split())
+    assert "rate card version v1 names no GPU model A100, H100 in gpu_hour: priced at its `default`" in out
+
+
 def test_plot_is_written_as_png(capsys: pytest.CaptureFixture[str], ledger_url: str, tmp_path: Path) -> None:
     """`--plot FILE.png` draws the stacked and the allocated-vs-used charts into a PNG file."""
     png = tmp_path / "billing.png"
