@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from replaykit import STORY, memory_log, mixed, sim, sim_until, write_jsonl
+from replaykit import FLAVORED_QUEUES, STORY, memory_log, mixed, sim, sim_until, write_jsonl
 
 from muster.cli import main
 from muster.events.store import EventStore
@@ -189,30 +189,9 @@ def test_a_scenario_given_as_the_log_is_refused(tmp_path: Path, capsys: pytest.C
     assert "is not a JSONL event log" in err and "muster sim" in err
 
 
-FLAVORED = """\
-nodes:
-  - {name: h0, labels: {model: H100}, capacity: {gpu: 8}}
-  - {name: a0, labels: {model: A100}, capacity: {gpu: 8}}
-  - {name: a1, labels: {model: A100}, capacity: {gpu: 8}}
-flavors:
-  - {name: h100, node_labels: {model: H100}}
-  - {name: a100, node_labels: {model: A100}}
-cohorts: [{name: org}]
-queues:
-  - name: q
-    cohort: org
-    resource_groups: [{covered: [gpu], flavors: [{name: a100, nominal: {gpu: 8}}, {name: h100, nominal: {gpu: 8}}]}]
-  - name: idle
-    cohort: org
-    resource_groups: [{covered: [gpu], flavors: [{name: a100, nominal: {gpu: 8}}]}]
-timeline:
-  - {at: 0, submit: {job: big, queue: q, podsets: [{count: 2, requests: {gpu: 8}}], runtime: 1000}}
-"""
-
-
 def test_replay_cli_gives_a_flavored_queues_gpus_per_flavor(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A queue with quota per flavor shows its GPUs and each flavor's (they were "-": only plain `gpu` was read)."""
-    path = write_jsonl(tmp_path / "log.jsonl", sim(FLAVORED).events)
+    path = write_jsonl(tmp_path / "log.jsonl", sim(FLAVORED_QUEUES).events)
     assert main(["replay", "--log", str(path), "--at", "@100", "--running"]) == 0
     rows = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
     # big takes a100's 8 and borrows the idle queue's 8 a100 GPUs

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from uikit import IDLE, STORY, memory_log, mixed, sim
+from uikit import FLAVORED_QUEUES, IDLE, STORY, memory_log, mixed, sim
 
 from muster.events.types import (
     Event,
@@ -193,30 +193,17 @@ async def test_a_quantity_past_64_bits_is_kept_like_any_other() -> None:
             assert moment.state == fold(events, seq), f"seq {seq}"
 
 
-FLAVORED = """\
-nodes:
-  - {name: h0, labels: {model: H100}, capacity: {gpu: 8}}
-  - {name: a0, labels: {model: A100}, capacity: {gpu: 8}}
-  - {name: a1, labels: {model: A100}, capacity: {gpu: 8}}
-flavors:
-  - {name: h100, node_labels: {model: H100}}
-  - {name: a100, node_labels: {model: A100}}
-queues:
-  - name: q
-    resource_groups: [{covered: [gpu], flavors: [{name: a100, nominal: {gpu: 16}}, {name: h100, nominal: {gpu: 8}}]}]
-timeline:
-  - {at: 0, submit: {job: big, queue: q, podsets: [{count: 2, requests: {gpu: 8}}], runtime: 1000}}
-"""
-
-
 async def test_the_queues_page_counts_a_flavored_queues_gpus() -> None:
     """A queue with quota per flavor is drawn with its GPUs (the page read plain `gpu` only: 0 nominal, 0 used,
     a flat history), in its row and in the history its line is drawn from."""
-    events = sim(FLAVORED).events
+    events = sim(FLAVORED_QUEUES).events
     feed = await folded(events, every=1)
     running = next(i for i, ev in enumerate(events, start=1) if isinstance(ev, JobAdmitted))
     async with feed.at(Point(seq=running)) as moment:
         page = pages.queues(moment)
-    (row,) = page["rows"]
-    assert row["gpus"] == {"nominal": 24, "used": 16, "borrowed": 0, "lent": 0}
-    assert page["history"][-1]["used"] == {"q": 16}
+    rows = {r["queue"]: r["gpus"] for r in page["rows"]}
+    assert rows == {
+        "q": {"nominal": 16, "used": 16, "borrowed": 8, "lent": 0},
+        "idle": {"nominal": 8, "used": 0, "borrowed": 0, "lent": 8},
+    }
+    assert page["history"][-1]["used"] == {"q": 16, "idle": 0}
