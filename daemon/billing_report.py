@@ -75,8 +75,10 @@ def _when(t: int) -> str:
     return f"t={t}"
 
 
-def render_table(report: Report, out: IO[str], *, skipped: int = 0, priced: bool = True) -> None:
-    """The report as a table with its notes; `priced`: a rate card was given."""
+def render_table(
+    report: Report, out: IO[str], *, skipped: int = 0, priced: bool = True, asked: tuple[int, int] | None = None
+) -> None:
+    """The report as a table with its notes; `priced`: a rate card was given; `asked`: the window asked for."""
     from rich.console import Console
     from rich.table import Table
 
@@ -132,6 +134,11 @@ def render_table(report: Report, out: IO[str], *, skipped: int = 0, priced: bool
     notes = ["eff. = used / allocated GPU-hours, over the time utilization was sampled (idle likewise)"]
     if report.by == "job":
         notes.append("jobs with the most idle GPU-hours first")
+    if asked is not None and asked != (report.start, report.end):
+        notes.append(
+            f"the ledger counts whole hours: the window asked for, {_when(asked[0])} to {_when(asked[1])}, "
+            "is counted as the hours it touches (the title's)"
+        )
     if not priced:
         # without a card every hour is unpriced: that is no card's fault of coverage
         if report.totals.allocated_gpu_hours:
@@ -308,7 +315,7 @@ def report_command(args: Any) -> int:
         for row in report.rows:
             out.write(_json.encode(row).decode() + "\n")
     else:
-        render_table(report, out, skipped=skipped, priced=rates is not None)
+        render_table(report, out, skipped=skipped, priced=rates is not None, asked=(start, end))
     sys.stdout.write(out.getvalue())
     if args.plot:
         series = hourly_series(usage, capacity, start=start, end=end)

@@ -105,6 +105,7 @@ class Report(msgspec.Struct, kw_only=True):
     by: GroupBy
     start: int
     end: int
+    """The window counted: the one asked for, widened to whole hours (ledger rows are hours)."""
     currency: str
     share_idle: ShareIdle
     rows: list[ReportRow]
@@ -175,7 +176,9 @@ def build_report(
     rates: RateCard | None = None,
     share_idle: ShareIdle = "none",
 ) -> Report:
-    """Group, price and total the ledger rows whose hour overlaps [start, end)."""
+    """Group, price and total the ledger rows whose hour overlaps [start, end); the report says the window it
+    counted, [start, end) widened to whole hours."""
+    start, end = start - start % HOUR, end + (-end) % HOUR
     card = rates if rates is not None else RateCard(versions=[])
     version_cache: dict[int, RateVersion | None] = {}
 

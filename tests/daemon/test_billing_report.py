@@ -196,6 +196,21 @@ def test_gpu_models_the_rate_card_does_not_name_are_pointed_out(
     assert "rate card version v1 names no GPU model A100, H100 in gpu_hour: priced at its `default`" in out
 
 
+def test_a_window_inside_an_hour_says_it_counts_the_whole_hour(
+    capsys: pytest.CaptureFixture[str], ledger_url: str
+) -> None:
+    """`--from 06:15 --to 06:45` counts the hour 06:00-07:00 (rows are hours): the report says so in its window
+    and a note, instead of titling the whole hour's GPU-hours "06:15 to 06:45"."""
+    window = ("--from", "2025-01-01T06:15:00Z", "--to", "2025-01-01T06:45:00Z")
+    doc = json.loads(_run(capsys, "--db", ledger_url, *window, "--format", "json"))
+    assert (doc["start"], doc["end"]) == (T0 + 6 * HOUR, T0 + 7 * HOUR)
+    out = " ".join(_run(capsys, "--db", ledger_url, *window).split())
+    assert "2025-01-01 06:00 to 2025-01-01 07:00" in out
+    assert "the window asked for, 2025-01-01 06:15 to 2025-01-01 06:45, is counted as the hours it touches" in out
+    whole = _run(capsys, "--db", ledger_url, "--from", "2025-01-01T06:00:00Z", "--to", "2025-01-01T07:00:00Z")
+    assert "the window asked for" not in whole
+
+
 def test_plot_is_written_as_png(capsys: pytest.CaptureFixture[str], ledger_url: str, tmp_path: Path) -> None:
     """`--plot FILE.png` draws the stacked and the allocated-vs-used charts into a PNG file."""
     png = tmp_path / "billing.png"
