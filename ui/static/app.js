@@ -338,7 +338,8 @@ function drawChargeback(main, p) {
   let html = `<h2>Chargeback</h2><p class="muted">${esc(when(r.start))} to ${esc(when(r.end))}, as the billing ledger holds it at this point of the log`
     + (p.priced ? `; rate card ${esc(r.rate_versions.join(", "))}` : "; no rate card (muster ui --rates FILE prices it)") + `.</p>`;
   html += `<div class="card">` + hbars(r.rows, [
-    { key: "allocated_gpu_hours", label: "allocated GPU-h", fill: "queue" },
+    // one colour per quantity, none a queue's: a queue coloured like "used" or "lost" read as that quantity
+    { key: "allocated_gpu_hours", label: "allocated GPU-h", fill: "#8a94ad" },
     { key: "used_gpu_hours", label: "used GPU-h", fill: "#59a14f" },
     { key: "borrowed_gpu_hours", label: "borrowed GPU-h", fill: "#b07aa1" },
     { key: "lost_gpu_hours", label: "lost GPU-h", fill: "#e15759" },
