@@ -145,6 +145,11 @@ def render_table(
             notes.append("no rate card given (--rates): costs are zero")
     elif report.unpriced_gpu_hours:
         notes.append(f"{_h(report.unpriced_gpu_hours)} GPU-h before the first rate card version are unpriced")
+    if report.unknown_team_queues:
+        notes.append(
+            f"the rate card's teams name queues the ledger never saw: {', '.join(report.unknown_team_queues)} "
+            "(a queue it does not name is its own team)"
+        )
     for version, models in report.unnamed_models.items():
         notes.append(
             f"rate card version {version} names no GPU model {', '.join(models)} in gpu_hour: "

@@ -113,6 +113,9 @@ class Report(msgspec.Struct, kw_only=True):
     idle_capacity: IdleCapacity
     unpriced_gpu_hours: Decimal = Decimal(0)
     rate_versions: list[str] = []
+    unknown_team_queues: list[str] = []
+    """Queues the rate card's `teams` maps that the ledger never saw (configured or billed): a typo there
+    leaves the real queue its own team."""
     unnamed_models: dict[str, list[str]] = {}
     """Rate version -> the GPU models (flavors) of the window that its `gpu_hour` does not name, so
     priced at its default rate: a card written for other model names prices them all alike, maybe at 0."""
@@ -300,6 +303,7 @@ def build_report(
         unpriced_gpu_hours=hours(unpriced_s),
         rate_versions=totals.rate_versions,
         unnamed_models={v: sorted(models) for v, models in sorted(unnamed.items())},
+        unknown_team_queues=sorted(set(card.teams) - set(queues) - set(queue_alloc)),
     )
 
 

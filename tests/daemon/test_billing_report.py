@@ -211,6 +211,22 @@ def test_a_window_inside_an_hour_says_it_counts_the_whole_hour(
     assert "the window asked for" not in whole
 
 
+def test_a_rate_card_team_naming_no_queue_of_the_ledger_is_pointed_out(
+    capsys: pytest.CaptureFixture[str], ledger_url: str, tmp_path: Path
+) -> None:
+    """`teams: {visoin: perception}` (a typo) leaves vision its own team: the report names the unknown queue."""
+    card = tmp_path / "teams.yaml"
+    card.write_text(
+        "teams: {visoin: perception, speech: perception}\n"
+        "versions: [{version: v1, effective_from: 2025-01-01, gpu_hour: {default: 1}}]\n"
+    )
+    doc = json.loads(_run(capsys, "--db", ledger_url, "--rates", str(card), "--by", "team", "--format", "json"))
+    assert doc["unknown_team_queues"] == ["visoin"]
+    assert {r["key"] for r in doc["rows"]} == {"perception", "vision", "research"}
+    out = " ".join(_run(capsys, "--db", ledger_url, "--rates", str(card), "--by", "team").split())
+    assert "the rate card's teams name queues the ledger never saw: visoin" in out
+
+
 def test_plot_is_written_as_png(capsys: pytest.CaptureFixture[str], ledger_url: str, tmp_path: Path) -> None:
     """`--plot FILE.png` draws the stacked and the allocated-vs-used charts into a PNG file."""
     png = tmp_path / "billing.png"
