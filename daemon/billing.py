@@ -149,6 +149,10 @@ class SubscriberOptions:
     gpu_label: str = DEFAULT_GPU_LABEL
     settle_every: int = 60
     """When caught up, book running jobs up to the latest event at most this often (seconds of event time)."""
+    from_stream_start: bool = False
+    """Start a ledger whose next event the stream no longer holds (purged into an archive, dropped by its
+    limits) at the stream's first message anyway; without it such a start is refused: the ledger would miss
+    those events' GPU-hours without a word."""
     hooks: CrashHooks = field(default_factory=NoCrash)
 
 
@@ -187,6 +191,18 @@ class BillingSubscriber:
                 f"the ledger has applied up to sequence {seq} but stream {self.options.stream!r} ends at "
                 f"{info.state.last_seq}: the stream was recreated; bill it into a new ledger (--db)"
             )
+        first = info.state.first_seq
+        if first > seq + 1:
+            gone = f"{seq + 1:,}" if first == seq + 2 else f"{seq + 1:,} to {first - 1:,}"
+            if not self.options.from_stream_start:
+                raise LedgerError(
+                    f"the ledger has applied up to sequence {seq:,} but stream {self.options.stream!r} now starts at "
+                    f"{first:,}: events {gone} left it (purged after sealing into the archive, or dropped by its "
+                    "limits) before this ledger read them, so it would miss their GPU-hours; give billing its "
+                    "database back (the chart: billing.persistence.existingClaim), or start it there knowingly "
+                    "with --from-stream-start"
+                )
+            log.warning("billing.starts_after_missing_events", missing=gone, stream_first=first, ledger_seq=seq)
         self.state = BillingState(tracker=tracker) if tracker is not None else new_billing_state(self.options.gpu_label)
         await self._position()
         self.metrics.applied_seq.set(seq)

@@ -75,7 +75,10 @@ def _when(t: int) -> str:
     return f"t={t}"
 
 
-def render_table(report: Report, out: IO[str], *, skipped: int = 0) -> None:
+def render_table(
+    report: Report, out: IO[str], *, skipped: int = 0, priced: bool = True, asked: tuple[int, int] | None = None
+) -> None:
+    """The report as a table with its notes; `priced`: a rate card was given; `asked`: the window asked for."""
     from rich.console import Console
     from rich.table import Table
 
@@ -112,7 +115,11 @@ def render_table(report: Report, out: IO[str], *, skipped: int = 0) -> None:
             ",".join(r.rate_versions),
         ]
 
-    for r in report.rows:
+    rows = report.rows
+    if report.by == "job":
+        # the jobs that wasted the most GPU time first: what a per-job report is read for (csv/json keep key order)
+        rows = sorted(rows, key=lambda r: (-r.idle_gpu_hours, r.key))
+    for r in rows:
         table.add_row(*cells(r))
     table.add_section()
     table.add_row(*cells(report.totals), style="bold")
@@ -121,13 +128,33 @@ def render_table(report: Report, out: IO[str], *, skipped: int = 0) -> None:
     idle = report.idle_capacity
     console.print(
         f"Cluster capacity {_h(idle.capacity_gpu_hours)} GPU-h, held {_h(idle.allocated_gpu_hours)}, "
-        f"nobody held {_h(idle.unallocated_gpu_hours)} (cost {_m(idle.cost)} {cur}; shared: {idle.shared})."
+        f"nobody held {_h(idle.unallocated_gpu_hours)} (cost {f'{_m(idle.cost)} {cur}'.strip()}; "
+        f"shared: {idle.shared})."
     )
     notes = ["eff. = used / allocated GPU-hours, over the time utilization was sampled (idle likewise)"]
-    if report.unpriced_gpu_hours:
+    if report.by == "job":
+        notes.append("jobs with the most idle GPU-hours first")
+    if asked is not None and asked != (report.start, report.end):
+        notes.append(
+            f"the ledger counts whole hours: the window asked for, {_when(asked[0])} to {_when(asked[1])}, "
+            "is counted as the hours it touches (the title's)"
+        )
+    if not priced:
+        # without a card every hour is unpriced: that is no card's fault of coverage
+        if report.totals.allocated_gpu_hours:
+            notes.append("no rate card given (--rates): costs are zero")
+    elif report.unpriced_gpu_hours:
         notes.append(f"{_h(report.unpriced_gpu_hours)} GPU-h before the first rate card version are unpriced")
-    if not report.rate_versions and not report.unpriced_gpu_hours and report.totals.allocated_gpu_hours:
-        notes.append("no rate card given (--rates): costs are zero")
+    if report.unknown_team_queues:
+        notes.append(
+            f"the rate card's teams name queues the ledger never saw: {', '.join(report.unknown_team_queues)} "
+            "(a queue it does not name is its own team)"
+        )
+    for version, models in report.unnamed_models.items():
+        notes.append(
+            f"rate card version {version} names no GPU model {', '.join(models)} in gpu_hour: "
+            "priced at its `default` (0 when it has none)"
+        )
     if skipped:
         notes.append(f"{skipped} malformed event(s) were skipped (see `billing_skipped`)")
     for note in notes:
@@ -293,7 +320,7 @@ def report_command(args: Any) -> int:
         for row in report.rows:
             out.write(_json.encode(row).decode() + "\n")
     else:
-        render_table(report, out, skipped=skipped)
+        render_table(report, out, skipped=skipped, priced=rates is not None, asked=(start, end))
     sys.stdout.write(out.getvalue())
     if args.plot:
         series = hourly_series(usage, capacity, start=start, end=end)

@@ -41,6 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--db", help=f"ledger URL: sqlite:///FILE or postgresql://... (default {DEFAULT_DB})")
     run.add_argument("--durable", help="durable consumer name (default muster-billing)")
     run.add_argument("--once", action="store_true", help="catch up with the stream, then exit")
+    run.add_argument(
+        "--from-stream-start",
+        action="store_true",
+        help="a ledger whose next events left the stream (purged, dropped) starts at the stream's first message "
+        "instead of refusing (it misses their GPU-hours)",
+    )
     run.add_argument("--batch", type=int, default=1000, help="messages per fetch and per transaction")
     run.add_argument("--gpu-label", help="node label naming the GPU model (default nvidia.com/gpu.product)")
     run.add_argument("--connect-timeout", type=float, default=30.0, help="seconds to reach NATS at start")
@@ -158,6 +164,7 @@ async def _serve(args: argparse.Namespace, cfg: dict[str, Any], nats_options: di
         stream=args.stream or nats_cfg.get("stream") or "MUSTER",
         durable=args.durable or billing_cfg.get("consumer") or "muster-billing",
         batch=max(1, args.batch),
+        from_stream_start=args.from_stream_start,
     )
     if args.gpu_label:
         options.gpu_label = args.gpu_label

@@ -6,7 +6,8 @@ are computed from the folded state at scrape time, so they can never drift
 from it. The age of a queue's oldest pending job is the one gauge that reads
 a clock (the scrape's time less when the job last became pending: its
 submission, or its last preemption); in the daemon event times are epoch
-seconds. Every replica folds the same log, so a standby reports the same
+seconds; a job a user holds is counted apart (`muster_held_jobs`), not as
+waiting. Every replica folds the same log, so a standby reports the same
 cluster gauges as the leader; `muster_leader` tells them apart. Reservations
 held per queue (`muster_queue_reservations`) are read from the folded state too.
 """
@@ -74,6 +75,11 @@ class _StateCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         get = self.metrics._state
         pending = GaugeMetricFamily("muster_pending_jobs", "Jobs waiting for admission", labels=["queue"])
+        held = GaugeMetricFamily(
+            "muster_held_jobs",
+            "Pending jobs a user holds (muster hold): not waiting for the scheduler",
+            labels=["queue"],
+        )
         running = GaugeMetricFamily("muster_admitted_jobs", "Jobs admitted and not ended", labels=["queue"])
         usage = GaugeMetricFamily("muster_queue_usage", "Quota used by admitted jobs", labels=["queue", "resource"])
         nominal = GaugeMetricFamily("muster_queue_nominal", "Nominal quota", labels=["queue", "resource"])
@@ -93,23 +99,27 @@ class _StateCollector(Collector):
         if get is not None:
             state = get()
             now = self.metrics.clock()
-            counts: dict[str, list[int]] = {q: [0, 0] for q in state.queues}
+            counts: dict[str, list[int]] = {q: [0, 0, 0] for q in state.queues}
             since: dict[str, int] = {}
             for job in state.jobs.values():
-                if job.status == "pending":
-                    counts.setdefault(job.queue, [0, 0])[0] += 1
+                if job.status == "pending" and job.held:
+                    # a held job waits for its user, not the scheduler: it must not look starved
+                    counts.setdefault(job.queue, [0, 0, 0])[2] += 1
+                elif job.status == "pending":
+                    counts.setdefault(job.queue, [0, 0, 0])[0] += 1
                     since[job.queue] = min(since.get(job.queue, job.pending_since()), job.pending_since())
                 elif job.status == "admitted":
-                    counts.setdefault(job.queue, [0, 0])[1] += 1
-            for q, (p, a) in sorted(counts.items()):
+                    counts.setdefault(job.queue, [0, 0, 0])[1] += 1
+            for q, (p, a, h) in sorted(counts.items()):
                 pending.add_metric([q], p)
                 running.add_metric([q], a)
+                held.add_metric([q], h)
                 oldest.add_metric([q], max(0.0, now - since[q]) if q in since else 0.0)
-            held: dict[str, int] = {}
+            reservations: dict[str, int] = {}
             for r in state.reservations.values():
-                held[r.queue] = held.get(r.queue, 0) + 1
-            for q in sorted(set(state.queues) | set(held)):
-                reserved.add_metric([q], held.get(q, 0))
+                reservations[r.queue] = reservations.get(r.queue, 0) + 1
+            for q in sorted(set(state.queues) | set(reservations)):
+                reserved.add_metric([q], reservations.get(q, 0))
             for name, queue in sorted(state.queues.items()):
                 for res in sorted(set(queue.usage) | set(queue.nominal)):
                     used = queue.usage.get(res, 0)
@@ -117,4 +127,4 @@ class _StateCollector(Collector):
                     nominal.add_metric([name, res], queue.nominal.get(res, 0))
                     if res in queue.nominal:
                         borrowed.add_metric([name, res], max(0, used - queue.nominal[res]))
-        yield from (pending, running, usage, nominal, borrowed, oldest, reserved)
+        yield from (pending, held, running, usage, nominal, borrowed, oldest, reserved)

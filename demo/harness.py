@@ -24,11 +24,13 @@ cleanly and returns what happened; the stream stays in `DIR/nats` for
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,7 +123,7 @@ async def run_demo(options: DemoOptions) -> DemoResult:
     from muster.demo.dcgm import FakeDcgm, serving
     from muster.demo.emulator import KubeEmulator, running
     from muster.demo.kubelet_sim import SimulatedKubelet
-    from muster.demo.view import DemoStats
+    from muster.demo.view import DemoStats, Replayed
     from muster.demo.workload import Workload, demo_config, demo_nodes
     from muster.events.embedded import EmbeddedNats
     from muster.events.store import EventStore
@@ -173,31 +175,36 @@ async def run_demo(options: DemoOptions) -> DemoResult:
                     finally:
                         stopped.set()
 
-                async with anyio.create_task_group() as tg:
-                    if threading.current_thread() is threading.main_thread():
-                        tg.start_soon(_stop_on_signal, stop)
-                    await tg.start(kubelet.run)
-                    await tg.start(workload.controller)
-                    await tg.start(daemon)
-                    tg.start_soon(workload.run)
-                    if options.ui_port is not None:
-                        ui_url = f"http://127.0.0.1:{await _dashboard(tg, store, loop, options.ui_port, rates)}/"
-                        _console(options).print(f"dashboard: [bold]{ui_url}[/bold] (until the demo ends)")
-                    with anyio.move_on_after(options.duration):
-                        await _show(options, loop, stats, stop, started)
-                    interrupted = stop.is_set()
-                    loop.stop()  # steps down and releases the lease, as on SIGTERM
-                    with anyio.move_on_after(10):
-                        await stopped.wait()
-                    tg.cancel_scope.cancel()
-            events = await store.last_seq()
-            by_type: Counter[str] = Counter()
-            sample = ""
-            async for batch in store.iter_batches(1, events):
-                for stored in batch:
-                    by_type[type(stored.event).__name__] += 1
-                    if not sample and type(stored.event).__name__ == "JobPreempted":
-                        sample = getattr(stored.event, "job", "")
+                with _live_view(options, loop, stats, started) as redraw:
+                    async with anyio.create_task_group() as tg:
+                        if threading.current_thread() is threading.main_thread():
+                            tg.start_soon(_stop_on_signal, stop)
+                        await tg.start(kubelet.run)
+                        await tg.start(workload.controller)
+                        await tg.start(daemon)
+                        tg.start_soon(workload.run)
+                        if options.ui_port is not None:
+                            ui_url = f"http://127.0.0.1:{await _dashboard(tg, store, loop, options.ui_port, rates)}/"
+                            _console(options).print(f"dashboard: [bold]{ui_url}[/bold] (until the demo ends)")
+                        with anyio.move_on_after(options.duration):
+                            await _show(redraw, stop)
+                        interrupted = stop.is_set()
+                        loop.stop()  # steps down and releases the lease, as on SIGTERM
+                        with anyio.move_on_after(10):
+                            await stopped.wait()
+                        tg.cancel_scope.cancel()
+                    events = await store.last_seq()
+                    by_type: Counter[str] = Counter()
+                    sample = ""
+                    final = Replayed()
+                    async for batch in store.iter_batches(1, events):
+                        for stored in batch:
+                            by_type[type(stored.event).__name__] += 1
+                            if not sample and type(stored.event).__name__ == "JobPreempted":
+                                sample = getattr(stored.event, "job", "")
+                            final.step(stored.seq, stored.event)
+                    # the last frame is the log as it ends: facts and submissions land after the daemon stops folding
+                    redraw(final.state, final.stats)
             if not sample:
                 sample = next((j for j, s in loop.state.jobs.items() if s.status == "finished"), "")
         finally:
@@ -266,26 +273,39 @@ def _console(options: DemoOptions) -> Any:
     return options.console or Console()
 
 
-async def _show(options: DemoOptions, loop: Any, stats: Any, stop: anyio.Event, started: float) -> None:
+Redraw = Callable[..., None]
+"""`redraw()`: the daemon's state now; `redraw(state, stats)`: those."""
+
+
+@contextlib.contextmanager
+def _live_view(options: DemoOptions, loop: Any, stats: Any, started: float) -> Iterator[Redraw]:
+    """The live view while the demo runs (nothing without `options.live`); yields the function that redraws it."""
     from rich.live import Live
 
     from muster.demo.view import render
 
-    console = _console(options)
-
-    def view() -> Any:
+    def view(state: Any = None, shown: Any = None) -> Any:
         return render(
-            loop.state, stats, elapsed=time.monotonic() - started, duration=options.duration, speed=options.speed
+            state if state is not None else loop.state,
+            shown if shown is not None else stats,
+            elapsed=time.monotonic() - started,
+            duration=options.duration,
+            speed=options.speed,
         )
 
     if not options.live:
-        await stop.wait()
+        yield lambda *_: None
         return
-    with Live(view(), console=console, refresh_per_second=4, transient=False) as live:
-        while not stop.is_set():
-            with anyio.move_on_after(0.25):
-                await stop.wait()
-            live.update(view())
+    with Live(view(), console=_console(options), refresh_per_second=4, transient=False) as live:
+        yield lambda *shown: live.update(view(*shown))
+
+
+async def _show(redraw: Redraw, stop: anyio.Event) -> None:
+    """Redraw four times a second until `stop` (or the caller's deadline)."""
+    while not stop.is_set():
+        with anyio.move_on_after(0.25):
+            await stop.wait()
+        redraw()
 
 
 async def _stop_on_signal(stop: anyio.Event) -> None:

@@ -23,10 +23,11 @@ from muster.events.types import (
     JobSubmitted,
     LeaderElected,
 )
+from muster.projections.cluster import evolve
 from muster.projections.resources import gpus_of, gpus_over
 from muster.projections.state import ClusterState
 
-__all__ = ["DemoStats", "render"]
+__all__ = ["DemoStats", "Replayed", "render"]
 
 
 @dataclass
@@ -55,7 +56,8 @@ class DemoStats:
             self.admitted[event.queue] += 1
             nodes = len(set(event.placement.values()))
             gpus = state.jobs[event.job].gpus if event.job in state.jobs else 0
-            borrowed = f", borrowing {event.borrowed.get('gpu', 0)} GPUs" if event.borrowed.get("gpu") else ""
+            lent = gpus_of(event.borrowed)  # `gpu`, or `gpu@FLAVOR` on flavors
+            borrowed = f", borrowing {lent} GPUs" if lent else ""
             self.recent.append(f"[green]admitted[/] {_short(event.job)}: {gpus} GPUs on {nodes} node(s){borrowed}")
         elif isinstance(event, JobPreempted):
             job = state.jobs.get(event.job)
@@ -72,6 +74,24 @@ class DemoStats:
             self.rejected += 1
         elif isinstance(event, LeaderElected):
             self.leader = f"{event.holder} (epoch {event.epoch})"
+
+
+class Replayed:
+    """The view's state and counts folded from the log itself, as the daemon's follower folds it (an event
+    is accepted when the fold neither skipped nor fenced it): the demo's last frame, drawn from the whole log."""
+
+    def __init__(self) -> None:
+        self.state = ClusterState()
+        self.stats = DemoStats()
+
+    def step(self, seq: int, event: Event) -> None:
+        state = self.state
+        skipped, fenced = state.skipped, state.fenced
+        try:
+            evolve(state, event)
+        except Exception:  # the daemon skips an event its fold raises on: so does its picture
+            state.skipped += 1
+        self.stats.observe(state, seq, event, state.skipped == skipped and state.fenced == fenced)
 
 
 def _short(job: str | None) -> str:
@@ -100,7 +120,8 @@ def render(state: ClusterState, stats: DemoStats, *, elapsed: float, duration: f
     from rich.table import Table
 
     capacity = sum(n.capacity.get("gpu", 0) for n in state.nodes.values() if n.ready)
-    used = sum(q.usage.get("gpu", 0) for q in state.queues.values())
+    # every GPU key: a queue on flavors holds `gpu@FLAVOR`, never plain `gpu`
+    used = sum(gpus_of(q.usage) for q in state.queues.values())
     pending: Counter[str] = Counter()
     running: Counter[str] = Counter()
     sampled = busy = idle = 0.0

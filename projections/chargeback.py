@@ -105,6 +105,7 @@ class Report(msgspec.Struct, kw_only=True):
     by: GroupBy
     start: int
     end: int
+    """The window counted: the one asked for, widened to whole hours (ledger rows are hours)."""
     currency: str
     share_idle: ShareIdle
     rows: list[ReportRow]
@@ -112,6 +113,12 @@ class Report(msgspec.Struct, kw_only=True):
     idle_capacity: IdleCapacity
     unpriced_gpu_hours: Decimal = Decimal(0)
     rate_versions: list[str] = []
+    unknown_team_queues: list[str] = []
+    """Queues the rate card's `teams` maps that the ledger never saw (configured or billed): a typo there
+    leaves the real queue its own team."""
+    unnamed_models: dict[str, list[str]] = {}
+    """Rate version -> the GPU models (flavors) of the window that its `gpu_hour` does not name, so
+    priced at its default rate: a card written for other model names prices them all alike, maybe at 0."""
 
 
 def hours(seconds: int, per: int = 1) -> Decimal:
@@ -172,14 +179,23 @@ def build_report(
     rates: RateCard | None = None,
     share_idle: ShareIdle = "none",
 ) -> Report:
-    """Group, price and total the ledger rows whose hour overlaps [start, end)."""
+    """Group, price and total the ledger rows whose hour overlaps [start, end); the report says the window it
+    counted, [start, end) widened to whole hours."""
+    start, end = start - start % HOUR, end + (-end) % HOUR
     card = rates if rates is not None else RateCard(versions=[])
     version_cache: dict[int, RateVersion | None] = {}
+
+    unnamed: dict[str, set[str]] = {}
 
     def version(hour: int) -> RateVersion | None:
         if hour not in version_cache:
             version_cache[hour] = card.version_at(hour)
         return version_cache[hour]
+
+    def rate(v: RateVersion, model: str) -> Fraction:
+        if model not in v.gpu_hour:
+            unnamed.setdefault(v.version, set()).add(model or "-")
+        return Fraction(v.gpu_rate(model))
 
     groups: dict[str, _Acc] = {}
     # integer sums per (group, hour, model, class) first, priced once each
@@ -216,7 +232,7 @@ def build_report(
             continue
         acc = groups[key]
         acc.versions.add(v.version)
-        acc.cost += _price(v, model, pclass, u)
+        acc.cost += _price(v, rate(v, model), pclass, u)
 
     # idle capacity: ready GPUs nobody held, priced at the plain GPU rate
     cap_s = alloc_s = unalloc_s = 0
@@ -236,7 +252,7 @@ def build_report(
         v = version(hour)
         if v is not None and free:
             idle_versions.add(v.version)
-            cost = Fraction(free) * Fraction(v.gpu_rate(model)) / HOUR
+            cost = Fraction(free) * rate(v, model) / HOUR
             idle_cost += cost
             idle_by_model[model or "-"] = idle_by_model.get(model or "-", Fraction(0)) + cost
     idle_units = _money_units(idle_cost)
@@ -286,11 +302,12 @@ def build_report(
         ),
         unpriced_gpu_hours=hours(unpriced_s),
         rate_versions=totals.rate_versions,
+        unnamed_models={v: sorted(models) for v, models in sorted(unnamed.items())},
+        unknown_team_queues=sorted(set(card.teams) - set(queues) - set(queue_alloc)),
     )
 
 
-def _price(v: RateVersion, model: str, pclass: str, u: Usage) -> Fraction:
-    gpu_rate = Fraction(v.gpu_rate(model))
+def _price(v: RateVersion, gpu_rate: Fraction, pclass: str, u: Usage) -> Fraction:
     amount: Fraction = (
         u.alloc_gpu_s * gpu_rate
         + u.borrowed_gpu_s * gpu_rate * (Fraction(v.borrowed_premium) - 1)

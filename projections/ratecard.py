@@ -1,7 +1,7 @@
 """The rate card of chargeback: its versions, read and checked (`parse_rate_card`).
 
 A rate card is a list of versions, each effective from a date (or epoch
-second), with GPU rates per model, CPU and memory rates, a borrowed premium
+second) on the hour (the ledger books by the hour), with GPU rates per model, CPU and memory rates, a borrowed premium
 and discounts per priority class; `teams` maps queues to teams. Bad input
 raises `RateCardError` with a message that says where. Pricing with it is
 `chargeback`.
@@ -17,6 +17,11 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import msgspec
+
+from muster.projections.ledger import HOUR
+
+_DATES_FROM = 10**9
+"""Effective times from here on (2001) are dates; below, seconds of a simulation's clock."""
 
 
 class RateCardError(ValueError):
@@ -80,6 +85,13 @@ def parse_time(value: object) -> int:
     raise ValueError(f"{value!r} is not a time")
 
 
+def _when(t: int) -> str:
+    """An effective time as a card could say it: ISO UTC for a date, seconds for a simulation's clock."""
+    if t < _DATES_FROM:
+        return str(t)
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _money(where: str, value: object) -> Decimal:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise RateCardError(f"{where}: {value!r} is not a number")
@@ -134,6 +146,14 @@ def parse_rate_card(data: object) -> RateCard:
             start = parse_time(v["effective_from"])
         except ValueError as exc:
             raise RateCardError(f"{where}: effective_from: {exc}") from None
+        if start % HOUR:
+            # a ledger row is one hour, priced by the version in force at its start: a version taking
+            # effect mid-hour would silently start at the next hour instead
+            before, after = _when(start - start % HOUR), _when(start - start % HOUR + HOUR)
+            raise RateCardError(
+                f"{where}: effective_from {v['effective_from']} is not on the hour: the ledger books GPU-hours "
+                f"per hour (UTC), so prices can change only at the start of one ({before} or {after})"
+            )
         gpu = {
             str(k): _money(f"{where}: gpu_hour.{k}", p)
             for k, p in _mapping(f"{where}: gpu_hour", v.get("gpu_hour")).items()

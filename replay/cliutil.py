@@ -18,6 +18,7 @@ from typing import IO, Any
 
 from muster.events.codec import DecodeError, decode
 from muster.events.store import BadEvent, EventStore, StoredEvent, StoreError
+from muster.projections.resources import gpus_of
 from muster.replay.points import Clock, Point, PointError, parse_point
 from muster.replay.snapshots import Discarded, Snapshots
 from muster.replay.snapshotstores import DirSnapshots, NatsSnapshots, default_bucket
@@ -358,10 +359,15 @@ def console(out: IO[str] | None = None) -> Any:
 
 
 def gpus(resources: dict[str, int] | None) -> str:
+    """A resource vector's GPUs: `16`, or on flavors their sum and each flavor's (`127 (a100 66, h100 61)`)."""
     if not resources:
         return "-"
-    v = resources.get("gpu")
-    return "-" if v is None else f"{v:,}"
+    flavors = {k.partition("@")[2]: v for k, v in sorted(resources.items()) if k.startswith("gpu@")}
+    if not flavors:
+        v = resources.get("gpu")
+        return "-" if v is None else f"{v:,}"
+    each = ", ".join(f"{f} {v:,}" for f, v in flavors.items())
+    return f"{gpus_of(resources):,} ({each})"
 
 
 PLAIN_ROWS = 2000

@@ -106,7 +106,11 @@ def render(story: Any, now: int, out: IO[str] | None = None) -> None:
     con.print(t)
     p = story.pending
     if p is not None:
-        waited = f"waiting {duration(now - start)}" if start is not None else "waiting"
+        # since it last became pending: a requeued job's run before its preemption was no wait
+        since = s.get("pending_since", start)
+        waited = f"waiting {duration(now - since)}" if since is not None else "waiting"
+        if since is not None and start is not None and since != start:
+            waited += f" since it was requeued ({duration(now - start)} since submission)"
         ahead = ", ".join(f"{a['job']} ({a['gpus']} GPUs)" for a in p["ahead"][:8])
         more = f" and {len(p['ahead']) - 8} more" if len(p["ahead"]) > 8 else ""
         con.print(

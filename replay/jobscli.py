@@ -78,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
     from muster.replay.watching import run_view
 
     def view(replayed: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        doc = document(replayed, job_filter(args, replayed.state))
+        # a past point's ages are as they were then, not as they would be now
+        now = None if args.at == "end" else replayed.state.now
+        doc = document(replayed, job_filter(args, replayed.state), now)
         return doc, doc["jobs"]
 
     return run_view(args, "jobs", "job", view, lambda d: render(d, wide=args.output == "wide"))

@@ -217,8 +217,11 @@ def render_list(metas: list[Any]) -> None:
     from rich.table import Table
 
     from muster.replay.cliutil import add_row, console
+    from muster.replay.points import Clock
 
     con = console()
+    # a cluster's event times are epoch seconds: shown as dates, as every other command shows them
+    clock = Clock.for_log(max((m.at for m in metas), default=0))
     t = Table(title="Snapshots", title_justify="left")
     for col in ("seq", "at", "jobs", "format", "size", "verified", "written"):
         t.add_column(col, justify="right" if col in ("seq", "at", "jobs", "size") else "left")
@@ -226,5 +229,5 @@ def render_list(metas: list[Any]) -> None:
         verified = "yes" if m.is_verified else "no"
         if m.is_verified and m.verified_from is not None:
             verified += f" (from {m.verified_from})"
-        add_row(t, f"{m.seq:,}", m.at, f"{m.jobs:,}", m.format, _size(m.size), verified, m.written)
+        add_row(t, f"{m.seq:,}", clock.at(m.at), f"{m.jobs:,}", m.format, _size(m.size), verified, m.written)
     con.print(t)

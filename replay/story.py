@@ -118,7 +118,8 @@ def _preemption_why(state: ClusterState, ev: JobPreempted, victim: JobState) -> 
     if ev.reason == "IdleReclaim":
         policy = state.idle_reclaim
         threshold = policy.threshold if policy is not None else DEFAULT_IDLE_THRESHOLD
-        since = f" since {victim.idle_since}" if victim.idle_since is not None else ""
+        # for how long, not since when: a raw event time reads as an epoch second in a cluster's log
+        since = f" for {duration(ev.at - victim.idle_since)}" if victim.idle_since is not None else ""
         return (
             f"idle (GPU utilization at or under {threshold:.0%}{since}) while a pending job that comes before it "
             "needed its room; it waits behind the jobs pending then"
@@ -397,6 +398,7 @@ class Storyteller:
             "first_admitted_at": job.first_admitted_at,
             "finished_at": job.finished_at,
             "preemptions": job.preemptions,
+            "pending_since": job.pending_since() if job.status == "pending" else None,
             "lost_gpu_seconds": self.lost,
             "gpus": job.gpus,
             "shape": job_shape(job),

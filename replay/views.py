@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from muster.projections.index import queue_order_key
+from muster.projections.resources import gpus_of
 from muster.projections.state import ClusterState, JobState
 
 
@@ -77,6 +78,11 @@ def lent_by_queue(state: ClusterState) -> dict[str, dict[str, int]]:
                 if v:
                     out[n][r] = v
     return out
+
+
+def queue_gpus_used(state: ClusterState) -> dict[str, int]:
+    """Per queue, the GPUs its admitted jobs hold, plain (`gpu`) or per flavor (`gpu@h100`) alike."""
+    return {name: gpus_of(q.usage) for name, q in state.queues.items()}
 
 
 def queue_rows(state: ClusterState) -> list[dict[str, Any]]:

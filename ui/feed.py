@@ -46,6 +46,7 @@ from muster.replay.points import Point
 from muster.replay.rebuild import state_at
 from muster.replay.snapshots import Snapshots, Verify, fold_range
 from muster.replay.source import LogSource
+from muster.replay.views import queue_gpus_used
 from muster.ui.books import Books
 from muster.ui.moments import EVERY, Past, PastStates
 
@@ -97,8 +98,7 @@ class History:
     def observe(self, seq: int, state: ClusterState) -> None:
         if seq % self.stride:
             return
-        used = {name: q.usage.get("gpu", 0) for name, q in state.queues.items()}
-        self.samples.append(Sample(seq, state.now, used))
+        self.samples.append(Sample(seq, state.now, queue_gpus_used(state)))
         if len(self.samples) > self.limit:
             self.stride *= 2
             self.samples = [s for s in self.samples if s.seq % self.stride == 0]

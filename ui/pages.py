@@ -22,12 +22,21 @@ from muster.projections.cluster import node_pods
 from muster.projections.ledger import HOUR, Usage, UsageKey
 from muster.projections.quota import QuotaTree
 from muster.projections.ratecard import RateCard
+from muster.projections.resources import gpus_of
 from muster.projections.state import TERMINAL, JobState
 from muster.replay.explaincli import document as story_document
 from muster.replay.heap import no_gc
 from muster.replay.points import Clock, Point
 from muster.replay.story import Storyteller
-from muster.replay.views import domain_rows, job_counts, job_shape, node_rows, pending_reason, queue_rows
+from muster.replay.views import (
+    domain_rows,
+    job_counts,
+    job_shape,
+    node_rows,
+    pending_reason,
+    queue_gpus_used,
+    queue_rows,
+)
 from muster.ui.feed import Feed, Moment
 
 JOB_ROWS = 200
@@ -118,10 +127,10 @@ def queues(moment: Moment) -> dict[str, Any]:
         row["pending_gpus"] = pending_gpus.get(name, 0)
         row["weight"] = state.queues[name].weight
         row["share_permille"] = tree.share(name) if tree is not None else 0
+        # what the page draws: GPUs whether plain (`gpu`) or per flavor (`gpu@h100`)
+        row["gpus"] = {k: gpus_of(row[k]) for k in ("nominal", "used", "borrowed", "lent")}
     history = [{"seq": s.seq, "at": s.at, "used": s.used} for s in moment.history]
-    history.append(
-        {"seq": moment.seq, "at": state.now, "used": {n: q.usage.get("gpu", 0) for n, q in state.queues.items()}}
-    )
+    history.append({"seq": moment.seq, "at": state.now, "used": queue_gpus_used(state)})
     return {"rows": rows, "cohorts": dict(sorted(state.cohorts.items())), "history": history}
 
 

@@ -118,6 +118,15 @@ def test_jobs_lists_live_jobs_with_state_position_and_reason(log, capsys) -> Non
     assert rows[WAITS]["age"] > 0
 
 
+def test_jobs_at_a_past_point_gives_ages_as_they_were_then(log, capsys) -> None:
+    """`jobs --at SEQ` measures a job's age at that point of the log, not from today's clock."""
+    doc = _json(capsys, "jobs", *log.flags, "--at", str(len(HISTORY)), "-o", "json")
+    rows = {r["job"]: r for r in doc["jobs"]}
+    # the last event is at START + 3: the jobs submitted at START + 1, + 2 and + 3 were 2, 1 and 0 s old
+    assert (rows[RUNS]["age"], rows[WAITS]["age"], rows[OTHER]["age"]) == (2, 1, 0)
+    assert doc["now"] == START + 3
+
+
 @pytest.mark.parametrize(
     ("flags", "jobs"),
     [

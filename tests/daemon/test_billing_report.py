@@ -157,6 +157,76 @@ def test_table_shows_queues_totals_and_idle_capacity(
         assert word in out
 
 
+def test_the_per_job_table_puts_the_idlest_jobs_first(
+    capsys: pytest.CaptureFixture[str], ledger_url: str, rates: str
+) -> None:
+    """`--by job` lists jobs by idle GPU-hours, most first (the README's promise); the JSON keeps its key order."""
+    doc = json.loads(_run(capsys, "--db", ledger_url, "--by", "job", "--format", "json"), parse_float=Decimal)
+    idlest = [r["key"] for r in sorted(doc["rows"], key=lambda r: (-r["idle_gpu_hours"], r["key"]))]
+    assert idlest != [r["key"] for r in doc["rows"]]
+    out = _run(capsys, "--db", ledger_url, "--by", "job")
+    shown = [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│ job-")]
+    assert shown == idlest
+    assert "most idle GPU-hours first" in out
+
+
+def test_a_report_without_a_rate_card_says_so_not_that_hours_predate_the_card(
+    capsys: pytest.CaptureFixture[str], ledger_url: str, rates: str
+) -> None:
+    """Without --rates the table says no rate card was given (it said every GPU-hour came before the card's
+    first version); with a card that covers the ledger, neither note."""
+    out = " ".join(_run(capsys, "--db", ledger_url).split())
+    assert "no rate card given (--rates): costs are zero" in out
+    assert "before the first rate card version" not in out
+    assert "; shared: none)" in out and " ;" not in out
+    priced = _run(capsys, "--db", ledger_url, "--rates", rates)
+    assert "no rate card given" not in priced and "before the first rate card version" not in priced
+
+
+def test_gpu_models_the_rate_card_does_not_name_are_pointed_out(
+    capsys: pytest.CaptureFixture[str], ledger_url: str, tmp_path: Path
+) -> None:
+    """A card naming models the ledger does not book (H100 under another name) prices them at its default,
+    0 here: the report says which models and which version, instead of a quiet bill of 0."""
+    card = tmp_path / "flavors.yaml"
+    card.write_text("versions: [{version: v1, effective_from: 2025-01-01, gpu_hour: {h100: 4.0, a100: 2.0}}]\n")
+    doc = json.loads(_run(capsys, "--db", ledger_url, "--rates", str(card), "--format", "json"))
+    assert doc["unnamed_models"] == {"v1": ["A100", "H100"]}
+    out = " ".join(_run(capsys, "--db", ledger_url, "--rates", str(card)).split())
+    assert "rate card version v1 names no GPU model A100, H100 in gpu_hour: priced at its `default`" in out
+
+
+def test_a_window_inside_an_hour_says_it_counts_the_whole_hour(
+    capsys: pytest.CaptureFixture[str], ledger_url: str
+) -> None:
+    """`--from 06:15 --to 06:45` counts the hour 06:00-07:00 (rows are hours): the report says so in its window
+    and a note, instead of titling the whole hour's GPU-hours "06:15 to 06:45"."""
+    window = ("--from", "2025-01-01T06:15:00Z", "--to", "2025-01-01T06:45:00Z")
+    doc = json.loads(_run(capsys, "--db", ledger_url, *window, "--format", "json"))
+    assert (doc["start"], doc["end"]) == (T0 + 6 * HOUR, T0 + 7 * HOUR)
+    out = " ".join(_run(capsys, "--db", ledger_url, *window).split())
+    assert "2025-01-01 06:00 to 2025-01-01 07:00" in out
+    assert "the window asked for, 2025-01-01 06:15 to 2025-01-01 06:45, is counted as the hours it touches" in out
+    whole = _run(capsys, "--db", ledger_url, "--from", "2025-01-01T06:00:00Z", "--to", "2025-01-01T07:00:00Z")
+    assert "the window asked for" not in whole
+
+
+def test_a_rate_card_team_naming_no_queue_of_the_ledger_is_pointed_out(
+    capsys: pytest.CaptureFixture[str], ledger_url: str, tmp_path: Path
+) -> None:
+    """`teams: {visoin: perception}` (a typo) leaves vision its own team: the report names the unknown queue."""
+    card = tmp_path / "teams.yaml"
+    card.write_text(
+        "teams: {visoin: perception, speech: perception}\n"
+        "versions: [{version: v1, effective_from: 2025-01-01, gpu_hour: {default: 1}}]\n"
+    )
+    doc = json.loads(_run(capsys, "--db", ledger_url, "--rates", str(card), "--by", "team", "--format", "json"))
+    assert doc["unknown_team_queues"] == ["visoin"]
+    assert {r["key"] for r in doc["rows"]} == {"perception", "vision", "research"}
+    out = " ".join(_run(capsys, "--db", ledger_url, "--rates", str(card), "--by", "team").split())
+    assert "the rate card's teams name queues the ledger never saw: visoin" in out
+
+
 def test_plot_is_written_as_png(capsys: pytest.CaptureFixture[str], ledger_url: str, tmp_path: Path) -> None:
     """`--plot FILE.png` draws the stacked and the allocated-vs-used charts into a PNG file."""
     png = tmp_path / "billing.png"

@@ -172,12 +172,18 @@ class Process:
     """An SQLite file, or a ledger URL."""
     hooks: Any = field(default_factory=NoCrash)
     batch: int = 3
+    from_stream_start: bool = False
 
     async def run_once(self) -> BillingSubscriber:
         nc = await nats.connect(self.url)
         ledger = LedgerDB.open(ledger_url(self.db_path))
         options = SubscriberOptions(
-            stream=self.stream, durable="billing", batch=self.batch, fetch_timeout=0.5, hooks=self.hooks
+            stream=self.stream,
+            durable="billing",
+            batch=self.batch,
+            fetch_timeout=0.5,
+            hooks=self.hooks,
+            from_stream_start=self.from_stream_start,
         )
         sub = BillingSubscriber(nc.jetstream(), ledger, options, BillingMetrics())
         try:
@@ -339,6 +345,20 @@ async def test_a_ledger_ahead_of_its_stream_is_refused(store: EventStore, nats_u
             await Process(nats_url, empty, tmp_path / "l.db").run_once()
     finally:
         await store.js.delete_stream(empty)
+
+
+async def test_a_ledger_whose_next_events_were_purged_is_refused_unless_asked(
+    store: EventStore, nats_url: str, tmp_path: Path
+) -> None:
+    """A new ledger on a stream purged up to seq 6 (an archive's window, a lost emptyDir ledger) is refused, naming
+    the events it would miss; `from_stream_start` bills from seq 6 on, knowingly."""
+    await publish(store, scripted_log())
+    await store.js.purge_stream(store.stream, seq=6)
+    with pytest.raises(LedgerError, match=r"now starts at 6: events 1 to 5 left it .*--from-stream-start"):
+        await Process(nats_url, store.stream, tmp_path / "new.db").run_once()
+
+    sub = await Process(nats_url, store.stream, tmp_path / "new.db", from_stream_start=True).run_once()
+    assert sub.tracker.seq == len(scripted_log()) and sub.tracker.applied == len(scripted_log()) - 5
 
 
 async def test_nats_restart_mid_run_is_waited_out(own_nats: EmbeddedNats, tmp_path: Path) -> None:

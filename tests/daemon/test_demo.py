@@ -141,3 +141,58 @@ def test_the_closing_hints_name_a_muster_this_shell_can_run(tmp_path, monkeypatc
     monkeypatch.setenv("PATH", str(venv_bin))  # muster on PATH: the short name works
     print_summary(result, tmp_path)
     assert "  muster replay --nats" in capsys.readouterr().out
+
+
+def test_the_live_view_counts_the_gpus_held_on_flavors():
+    """The header's "cluster used/capacity" counts a job admitted on a flavor (it read plain `gpu` only: 0)."""
+    from rich.console import Console
+
+    from muster.demo.view import DemoStats, render
+    from muster.events.types import (
+        FlavorConfigured,
+        FlavorQuota,
+        JobAdmitted,
+        JobSubmitted,
+        NodeAdded,
+        PodSet,
+        QueueConfigured,
+        ResourceGroup,
+    )
+    from muster.projections.cluster import fold
+
+    state = fold(
+        [
+            FlavorConfigured(at=0, name="h100", node_labels={"model": "h100"}),
+            NodeAdded(at=0, node="n0", labels={"model": "h100"}, capacity={"gpu": 8}),
+            NodeAdded(at=0, node="n1", labels={"model": "h100"}, capacity={"gpu": 8}),
+            QueueConfigured(
+                at=0,
+                name="team-a",
+                resource_groups=[
+                    ResourceGroup(covered=["gpu"], flavors=[FlavorQuota(name="h100", nominal={"gpu": 16})])
+                ],
+            ),
+            JobSubmitted(at=1, job="j", queue="team-a", podsets=[PodSet(name="w", count=1, requests={"gpu": 8})]),
+            JobAdmitted(at=1, job="j", queue="team-a", placement={"w-0": "n0"}, flavors={"w": {"gpu": "h100"}}),
+        ]
+    )
+    assert state.jobs["j"].status == "admitted"
+    console = Console(record=True, width=120)
+    console.print(render(state, DemoStats(), elapsed=1, duration=10, speed=1))
+    assert "cluster     8/16 GPUs" in console.export_text()
+
+
+@pytest.mark.slow
+def test_the_last_frame_is_the_log_as_it_ends(tmp_path):
+    """The demo's last frame counts every event of its log (it lagged: facts and submissions landed after the
+    daemon stopped folding, so its queues disagreed with `muster queues` on the same log)."""
+    proc = subprocess.run(
+        [MUSTER, "demo", "--duration", "8", "--dir", str(tmp_path / "demo")],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    events = int(re.search(r"([\d,]+) events on stream MUSTER", proc.stdout).group(1).replace(",", ""))  # type: ignore[union-attr]
+    shown = re.findall(r"log\s+([\d,]+) events", proc.stdout)
+    assert shown and int(shown[-1].replace(",", "")) == events

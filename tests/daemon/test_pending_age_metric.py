@@ -9,6 +9,7 @@ from muster.daemon.metrics import DaemonMetrics
 from muster.events.types import (
     Event,
     JobAdmitted,
+    JobHeld,
     JobPreempted,
     JobSubmitted,
     NodeAdded,
@@ -71,3 +72,14 @@ def test_reservations_held_per_queue() -> None:
             {q: metrics.registry.get_sample_value("muster_queue_reservations", {"queue": q}) for q in ("qa", "qb")}
         )
     assert got == [{"qa": 1.0, "qb": 0.0}, {"qa": 0.0, "qb": 0.0}]
+
+
+def test_a_held_job_is_counted_apart_and_does_not_age_its_queue() -> None:
+    """A job its user holds since t=100 is neither pending nor the queue's oldest wait: the job waiting since
+    t=400 is (600 s at the scrape), and `muster_held_jobs` counts the held one."""
+    state = fold([*CONFIG, _job("held", 100), JobHeld(at=150, job="held"), _job("waits", 400)])
+    metrics = DaemonMetrics(clock=lambda: 1000.0)
+    metrics.watch(lambda: state)
+    sample = metrics.registry.get_sample_value
+    assert sample(AGE, {"queue": "qa"}) == 600.0
+    assert (sample("muster_pending_jobs", {"queue": "qa"}), sample("muster_held_jobs", {"queue": "qa"})) == (1, 1)

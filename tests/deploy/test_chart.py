@@ -47,6 +47,7 @@ CASES: dict[str, dict[str, Any]] = {
     "default": {},
     "billing": {"billing": {"enabled": True}},
     "service-monitor": {"serviceMonitor": {"enabled": True}},
+    "billing-monitored": {"billing": {"enabled": True}, "serviceMonitor": {"enabled": True}},
     "lease": {"leaderElection": {"backend": "lease"}},
     "secured": SECURED,
     "token": {
@@ -139,7 +140,7 @@ BUILTIN_API_VERSIONS = {
     "Role": "rbac.authorization.k8s.io/v1",
     "RoleBinding": "rbac.authorization.k8s.io/v1",
 }
-CUSTOM_API_VERSIONS = {"ServiceMonitor": "monitoring.coreos.com/v1"}
+CUSTOM_API_VERSIONS = {"ServiceMonitor": "monitoring.coreos.com/v1", "PodMonitor": "monitoring.coreos.com/v1"}
 
 WORKLOAD_STATUS = {
     ("batch", "jobs", "patch"),
@@ -655,6 +656,22 @@ def test_service_monitor_is_optional_and_scrapes_the_metrics_port(run: ChartRun)
     endpoint = monitor["spec"]["endpoints"][0]
     assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
     assert {p["name"] for p in rendered.one("Service")["spec"]["ports"]} >= {endpoint["port"]}
+
+
+def test_the_billing_subscribers_metrics_are_scraped_too(run: ChartRun) -> None:
+    """With billing and serviceMonitor enabled, a PodMonitor scrapes the billing pod's metrics port at /metrics
+    (its `muster_billing_*` metrics were served on a port nothing scraped); without billing, none."""
+    assert not run.rendered["service-monitor"].of_kind("PodMonitor")
+    rendered = run.rendered["billing-monitored"]
+    monitor = rendered.one("PodMonitor")
+    billing = rendered.one("Deployment", "muster-billing")
+    pod_labels = billing["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+    port = next(p for p in container(billing)["ports"] if p["name"] == endpoint["port"])
+    assert port["containerPort"] == config_of(rendered, "billing.yaml")["http"]["metrics_port"]
 
 
 def test_snapshot_sidecar_follows_the_log_as_the_daemon_and_writes_only_as_leader(run: ChartRun) -> None:

@@ -399,6 +399,19 @@ def test_rate_card_versions_and_errors() -> None:
     assert parse_time("2025-01-02") == parse_time("2025-01-02T00:00:00Z") == 1735776000
 
 
+def test_a_rate_version_taking_effect_mid_hour_is_refused_with_the_hours_around_it() -> None:
+    """A price change at 10:30 would be billed from 11:00 (rows are hours): the card is refused, naming both hours."""
+    card = {"versions": [{"version": "spring", "effective_from": "2025-03-01T10:30:00Z", "gpu_hour": {"default": 2}}]}
+    with pytest.raises(RateCardError, match="not on the hour") as err:
+        parse_rate_card(card)
+    assert "version spring" in str(err.value)
+    assert "(2025-03-01T10:00:00Z or 2025-03-01T11:00:00Z)" in str(err.value)
+    with pytest.raises(RateCardError, match=r"\(3600 or 7200\)"):
+        parse_rate_card({"versions": [{"version": "sim", "effective_from": 5400}]})
+    on_the_hour = parse_rate_card({"versions": [{"version": "sim", "effective_from": 7200}]})
+    assert on_the_hour.versions[0].effective_from == 7200
+
+
 def test_usage_before_the_first_rate_version_is_unpriced() -> None:
     """Hours before the first effective date are counted as unpriced GPU-hours, not charged."""
     only_v2 = parse_rate_card({"versions": [RATES["versions"][0]]})

@@ -3,6 +3,7 @@
 - `STORY`: the preempted-then-finished story (b-big borrows, a-1 reclaims, b-big
   runs again and finishes) that `explain` must tell;
 - `IDLE`: a borrowed job goes idle and is reclaimed for a waiting job;
+- `FLAVORED_QUEUES`: queue q has quota on two flavors and its gang borrows queue idle's a100 quota;
 - `mixed(seed, ...)`: a seeded scenario over a 2-block x 2-rack cluster with
   cohorts, limits, priorities, topology, checkpoints, node failures, cordons,
   cancellations, queue updates, utilization samples and optional fair sharing
@@ -92,6 +93,26 @@ timeline:
   - {at: 100, utilization: {job: own, gpu: 0.9}}
   - {at: 200, submit: {job: b, queue: qb, podsets: [{count: 1, requests: {gpu: 8}}], runtime: 300}}
   - {at: 300, submit: {job: b2, queue: qb, podsets: [{count: 1, requests: {gpu: 4}}], runtime: 300}}
+"""
+
+FLAVORED_QUEUES = """\
+nodes:
+  - {name: h0, labels: {model: H100}, capacity: {gpu: 8}}
+  - {name: a0, labels: {model: A100}, capacity: {gpu: 8}}
+  - {name: a1, labels: {model: A100}, capacity: {gpu: 8}}
+flavors:
+  - {name: h100, node_labels: {model: H100}}
+  - {name: a100, node_labels: {model: A100}}
+cohorts: [{name: org}]
+queues:
+  - name: q
+    cohort: org
+    resource_groups: [{covered: [gpu], flavors: [{name: a100, nominal: {gpu: 8}}, {name: h100, nominal: {gpu: 8}}]}]
+  - name: idle
+    cohort: org
+    resource_groups: [{covered: [gpu], flavors: [{name: a100, nominal: {gpu: 8}}]}]
+timeline:
+  - {at: 0, submit: {job: big, queue: q, podsets: [{count: 2, requests: {gpu: 8}}], runtime: 1000}}
 """
 
 

@@ -271,3 +271,18 @@ async def test_a_job_reclaimed_for_idleness_is_told_it_waits_behind_the_job_it_m
     pre, req = (ln for ln in story.lines if ln.kind in ("preempted", "requeued"))
     assert pre.at == 700 and "needed its room; it waits behind the jobs pending then" in pre.text
     assert req.data["position"] == 2 and "position 2 of 2" in req.text
+
+
+async def test_an_idle_reclaim_says_how_long_the_job_was_idle() -> None:
+    """The reclaim line says for how long the job sat idle (600 s here), not an event time that reads as a date."""
+    story, _ = await explain(memory_log(sim(IDLE_ONE_QUEUE).events), "idle", Point(time=700))
+    (pre,) = (ln for ln in story.lines if ln.kind == "preempted")
+    assert "idle (GPU utilization at or under 5% for 10m 00s)" in pre.text
+
+
+def test_a_requeued_job_waits_since_its_requeue_not_since_its_submission(tmp_path: Path, capsys) -> None:
+    """`explain` of a job reclaimed at t=700 after running since t=0 says it has waited 0s, not 11m 40s."""
+    path = write_jsonl(tmp_path / "log.jsonl", sim(IDLE_ONE_QUEUE).events)
+    assert main(["explain", "idle", "--log", str(path), "--at", "@700"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Pending, waiting 0s since it was requeued (11m 40s since submission)" in out

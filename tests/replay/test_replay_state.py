@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from replaykit import STORY, memory_log, mixed, sim, sim_until, write_jsonl
+from replaykit import FLAVORED_QUEUES, STORY, memory_log, mixed, sim, sim_until, write_jsonl
 
 from muster.cli import main
 from muster.events.store import EventStore
@@ -187,3 +187,13 @@ def test_a_scenario_given_as_the_log_is_refused(tmp_path: Path, capsys: pytest.C
     assert main(["replay", "--log", str(path)]) == 2
     err = capsys.readouterr().err
     assert "is not a JSONL event log" in err and "muster sim" in err
+
+
+def test_replay_cli_gives_a_flavored_queues_gpus_per_flavor(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A queue with quota per flavor shows its GPUs and each flavor's (they were "-": only plain `gpu` was read)."""
+    path = write_jsonl(tmp_path / "log.jsonl", sim(FLAVORED_QUEUES).events)
+    assert main(["replay", "--log", str(path), "--at", "@100", "--running"]) == 0
+    rows = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
+    # big takes a100's 8 and borrows the idle queue's 8 a100 GPUs
+    assert any(r.startswith("│ q │ org │ 16 (a100 8, h100 8) │ 16 (a100 16) │ 8 (a100 8) │") for r in rows), rows
+    assert any(r.startswith("│ idle │ org │ 8 (a100 8) │ 0 │ - │ 8 (a100 8) │") for r in rows), rows

@@ -279,6 +279,21 @@ def test_snapshot_cli_on_a_file_log(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "--snapshots DIR" in capsys.readouterr().err
 
 
+def test_snapshot_list_shows_a_clusters_event_times_as_dates(tmp_path: Path, capsys) -> None:
+    """`snapshot --list` of a log in epoch seconds gives each snapshot's time as a date, not 1800000170."""
+    from muster.replay.points import Clock
+
+    shifted = [msgspec.structs.replace(ev, at=ev.at + 1_800_000_000) for ev in EVENTS]
+    path = write_jsonl(tmp_path / "log.jsonl", shifted)
+    snaps = str(tmp_path / "snaps")
+    assert main(["snapshot", "--log", str(path), "--snapshots", snaps, "--every", "60", "--output", "json"]) == 0
+    capsys.readouterr()
+    assert main(["snapshot", "--log", str(path), "--snapshots", snaps, "--list"]) == 0
+    out = capsys.readouterr().out
+    at = shifted[59].at
+    assert Clock(epoch=True).at(at) in out and str(at) not in out
+
+
 async def test_memory_log_reads_what_a_file_holds(tmp_path: Path) -> None:
     """A log in memory and the same log in a file replay to the same states."""
     path = write_jsonl(tmp_path / "log.jsonl", EVENTS)

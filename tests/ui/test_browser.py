@@ -112,6 +112,23 @@ def gangs_placed(state: ClusterState) -> int:
     return len({job for node in state.nodes.values() for job in node.jobs})
 
 
+async def test_each_quantity_of_the_gpu_hours_chart_has_its_legends_colour(demo_log: Path) -> None:
+    """In "GPU-hours by queue" every bar has the colour its legend gives its quantity (allocated bars took their
+    queue's colour, so team-c's read as "used" and team-d's as "lost")."""
+    feed = Feed(FileLog(demo_log))
+    async with serving(feed) as base, browser_page() as page:
+        await page.goto(base + "/")
+        assert await shows(page, "chargeback", "svg[data-testid=chart] rect") > 4
+        fills = (
+            await page.locator("svg[data-testid=chart]")
+            .first.locator("rect")
+            .evaluate_all("rects => rects.map(r => r.getAttribute('fill'))")
+        )
+    legend, bars = fills[:4], fills[4:]
+    assert len(set(legend)) == 4 and len(bars) % 4 == 0 and bars
+    assert all(bars[i : i + 4] == legend for i in range(0, len(bars), 4))
+
+
 async def test_the_time_slider_shows_the_cluster_as_it_was(demo_log: Path) -> None:
     """Moving the slider to before the first admission empties the map; a later point and Live show their gangs."""
     log = FileLog(demo_log)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from uikit import IDLE, STORY, memory_log, mixed, sim
+from uikit import FLAVORED_QUEUES, IDLE, STORY, memory_log, mixed, sim
 
 from muster.events.types import (
     Event,
+    JobAdmitted,
     JobCancelled,
     JobHeld,
     JobId,
@@ -190,3 +191,19 @@ async def test_a_quantity_past_64_bits_is_kept_like_any_other() -> None:
     for seq in range(len(events), -1, -1):
         async with feed.at(Point(seq=seq)) as moment:
             assert moment.state == fold(events, seq), f"seq {seq}"
+
+
+async def test_the_queues_page_counts_a_flavored_queues_gpus() -> None:
+    """A queue with quota per flavor is drawn with its GPUs (the page read plain `gpu` only: 0 nominal, 0 used,
+    a flat history), in its row and in the history its line is drawn from."""
+    events = sim(FLAVORED_QUEUES).events
+    feed = await folded(events, every=1)
+    running = next(i for i, ev in enumerate(events, start=1) if isinstance(ev, JobAdmitted))
+    async with feed.at(Point(seq=running)) as moment:
+        page = pages.queues(moment)
+    rows = {r["queue"]: r["gpus"] for r in page["rows"]}
+    assert rows == {
+        "q": {"nominal": 16, "used": 16, "borrowed": 8, "lent": 0},
+        "idle": {"nominal": 8, "used": 0, "borrowed": 0, "lent": 8},
+    }
+    assert page["history"][-1]["used"] == {"q": 16, "idle": 0}

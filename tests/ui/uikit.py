@@ -18,12 +18,12 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "replay"))
 
-from replaykit import IDLE, STORY, memory_log, mixed, sim, write_jsonl
+from replaykit import FLAVORED_QUEUES, IDLE, STORY, memory_log, mixed, sim, write_jsonl
 
 from muster.ui.feed import Feed
 from muster.ui.server import serve
 
-__all__ = ["IDLE", "STORY", "memory_log", "mixed", "serving", "sim", "wait_for", "write_jsonl"]
+__all__ = ["FLAVORED_QUEUES", "IDLE", "STORY", "memory_log", "mixed", "serving", "sim", "wait_for", "write_jsonl"]
 
 
 @contextlib.asynccontextmanager

@@ -33,9 +33,6 @@ function span(seconds) {
   if (h < 48) return h + "h " + String(m % 60).padStart(2, "0") + "m";
   return Math.floor(h / 24) + "d " + (h % 24) + "h";
 }
-function gpus(res) {
-  return res && res.gpu !== undefined ? num(res.gpu) : "0";
-}
 
 // ---------------------------------------------------------------- fetching
 
@@ -189,7 +186,7 @@ function sparkline(points, queue, nominal) {
 }
 
 function quotaBar(r) {
-  const nominal = (r.nominal || {}).gpu || 0, used = (r.used || {}).gpu || 0, lent = (r.lent || {}).gpu || 0;
+  const { nominal, used, lent } = r.gpus;  // summed over flavors by the server
   const top = Math.max(1, nominal, used + lent);
   const pct = (v) => ((100 * v) / top).toFixed(1) + "%";
   const own = Math.min(used, nominal);
@@ -215,10 +212,10 @@ function drawQueues(main, p) {
       + `<th class="n">running</th><th class="n">pending gangs</th><th class="n">pending GPUs</th><th class="n">weight</th><th class="n">fair share</th><th>history</th></tr>`;
     for (const r of rows) {
       html += `<tr data-queue="${esc(r.queue)}"><td><i class="sw" style="background:${colour(r.queue)}"></i> ${esc(r.queue)}</td>`
-        + `<td class="n">${gpus(r.nominal)}</td><td class="n">${gpus(r.used)}</td><td class="n">${gpus(r.borrowed)}</td><td class="n">${gpus(r.lent)}</td>`
+        + `<td class="n">${num(r.gpus.nominal)}</td><td class="n">${num(r.gpus.used)}</td><td class="n">${num(r.gpus.borrowed)}</td><td class="n">${num(r.gpus.lent)}</td>`
         + `<td>${quotaBar(r)}</td><td class="n">${r.running}</td><td class="n">${r.pending}</td><td class="n">${num(r.pending_gpus)}</td>`
         + `<td class="n">${num(r.weight, 1)}</td><td class="n" title="weighted dominant resource share (Kueue's DRS), per mille">${r.share_permille}‰</td>`
-        + `<td>${sparkline(p.history, r.queue, (r.nominal || {}).gpu || 0)}</td></tr>`;
+        + `<td>${sparkline(p.history, r.queue, r.gpus.nominal)}</td></tr>`;
     }
     html += `</table></div>`;
   }
@@ -341,7 +338,8 @@ function drawChargeback(main, p) {
   let html = `<h2>Chargeback</h2><p class="muted">${esc(when(r.start))} to ${esc(when(r.end))}, as the billing ledger holds it at this point of the log`
     + (p.priced ? `; rate card ${esc(r.rate_versions.join(", "))}` : "; no rate card (muster ui --rates FILE prices it)") + `.</p>`;
   html += `<div class="card">` + hbars(r.rows, [
-    { key: "allocated_gpu_hours", label: "allocated GPU-h", fill: "queue" },
+    // one colour per quantity, none a queue's: a queue coloured like "used" or "lost" read as that quantity
+    { key: "allocated_gpu_hours", label: "allocated GPU-h", fill: "#8a94ad" },
     { key: "used_gpu_hours", label: "used GPU-h", fill: "#59a14f" },
     { key: "borrowed_gpu_hours", label: "borrowed GPU-h", fill: "#b07aa1" },
     { key: "lost_gpu_hours", label: "lost GPU-h", fill: "#e15759" },
