@@ -190,7 +190,8 @@ class JobState(msgspec.Struct, kw_only=True):
         if self.runtime is not None and self.runtime < done:
             done = self.runtime
         every = self.checkpoint_every
-        return (done % every if every else done) * self.requests.get("gpu", 0)
+        # `gpus`, not requests["gpu"]: a job admitted on flavors holds `gpu@FLAVOR`, which counted as 0
+        return (done % every if every else done) * self.gpus
 
     def remaining(self) -> int | None:
         if self.runtime is None:
