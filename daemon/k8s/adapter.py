@@ -378,6 +378,9 @@ class KubernetesAdapter:
             events = self.translator.gangs.workload_read(check.job, alive, at) + self.translator.flush(at)
             if events:
                 await sink(events)
+            # An admission waiting for the gang's pods (`ready`) learns that a replacement already there took
+            # the deleted pod's place, or that the job ended: else it waits for a pod change, or its timeout.
+            self._notify()
 
     async def _rebind(self, job: JobId) -> ApplyResult:
         """Bind the pods that took over slots of `job`'s admitted gang (`gangruns.take_successors`), as placed."""

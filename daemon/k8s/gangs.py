@@ -32,7 +32,8 @@ Invariants:
   when a pod failed or was deleted by someone else; JobCancelled `WorkloadDeleted`
   when the user deleted a waiting gang's workload, see `_pending_pod_deleted`). Pods muster evicted for a
   preemption are expected to go and report nothing; the gang waits for its
-  replacements under the same job id.
+  replacements under the same job id. So does a waiting gang whose owner is there to make a
+  deleted pod again (`workload_read`): only a running gang, or one nothing recreates, fails so.
 - A Job's pod created after another succeeded (its next index) runs in that
   pod's slot of the admitted gang (`take_successors`); pods of a recreating
   owner that come after its run ended are a new run, a new job (`_next_run`).
@@ -186,16 +187,18 @@ class Gangs(GangViews):
         return events
 
     def workload_read(self, job: JobId, alive: bool | None, at: int) -> list[Event]:
-        """The adapter read the owner of `job` (see `deletions`): gone ends it WorkloadDeleted, there (or
-        unreadable) ends it as a pod deleted from it; but a pod group's controller that is there makes the
-        pod again (an operator does): the gang waits for it, as a preempted gang waits for its replacements,
-        and the replacement takes the deleted pod's place (its admission binds it there)."""
+        """The adapter read the owner of `job` (see `deletions`, asked only for owners that recreate their
+        pods): gone ends it WorkloadDeleted; unreadable ends it as a pod deleted from it; there, it makes the
+        pod again (the Job controller, JobSet's child Jobs, a training operator, a pod group's controller):
+        the gang waits for it, as a preempted gang waits for its replacements, and the replacement takes the
+        deleted pod's place (its admission binds it there). Ending it JobFailed instead retired the other
+        pods with the run, and the replacement alone was no gang: they all waited unbound for ever."""
         gang = self._gang_of(job)
         if gang is None or gang.done or not gang.losing:
             return []
         if alive is False:
             return self._end(gang, workload_deleted(job, gang.owner, at))
-        if alive and gang.owner.controller is not None:
+        if alive:
             gang.losing = ""
             gang.requeued = True
             return self._evaluate(gang, at)  # its replacement may be there already
@@ -342,7 +345,8 @@ class Gangs(GangViews):
     def _pending_pod_deleted(self, gang: Gang, reason: str, at: int) -> list[Event]:
         """A pod of a gang waiting for admission was deleted: its user deleting the workload (the Job, JobSet...,
         or every pod of a pod group) cancels it, `WorkloadDeleted`; a pod deleted from a workload still there
-        fails it, `reason`.
+        is made again by its owner, and the gang waits for it (`workload_read`); one deleted from a pod group
+        nothing recreates fails it, `reason` (`settle_deletions`).
 
         Whether a workload with an owner object is gone takes a read of that object (`deletions`, answered with
         `workload_read`): its pods go after it, one deletion event at a time, so the first does not tell. A pod
