@@ -20,7 +20,7 @@ from kubekit import Kube, admitted, running_adapter, submitted
 from kubernetes_asyncio.client import ApiClient
 
 from muster.daemon.k8s import manifests as m
-from muster.events.types import Event, JobCancelled, JobFailed, JobSubmitted, QueueConfigured, QueueName
+from muster.events.types import Event, JobCancelled, JobFailed, JobStarted, JobSubmitted, QueueConfigured, QueueName
 from muster.projections.cluster import fold
 
 Obj = dict[str, Any]
@@ -197,3 +197,30 @@ async def test_a_pod_deleted_from_a_waiting_controlled_group_is_replaced_in_its_
         assert events.of(JobFailed) == []
         assert [await kube.pod_node(p) for p in ("train-0", "train-1" + suffix)] == [node, node]
     assert events.of(JobCancelled) == [] and events.of(JobSubmitted) == [sub]
+
+
+async def test_a_running_job_deleted_by_its_user_is_cancelled_not_failed(api: ApiClient, kube: Kube) -> None:
+    """A bound, running Job its user deletes (then its pods, as the garbage collector does) ends JobCancelled
+    WorkloadDeleted, as reconciliation ends it when no daemon watched (before: JobFailed, "pod X was deleted
+    while running")."""
+    node = await kube.node("n1")
+    _, pods = await kube.job("train", 2, gpus=1)
+    log: list[Event] = [QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})]
+    async with running_adapter(api, state=lambda: fold(log), reconcile_seconds=3600) as (adapter, events):
+        sub = await submitted(events)
+        admission = admitted(sub, node, at=2)
+        log += [sub, admission]
+        await adapter.ready(admission)
+        assert (await adapter.apply(admission)).outcome == "applied"
+        for pod in pods:
+            await kube.set_phase(pod["metadata"]["name"], "Running")
+        await events.wait_for(lambda e: bool(e.of(JobStarted)))
+        await kube.batch.delete_namespaced_job("train", kube.ns)
+        for pod in pods:
+            await kube.delete_pod(pod["metadata"]["name"])
+        await events.wait_for(lambda e: bool(e.of(JobCancelled)))
+        await adapter.reconcile()  # a pass after the deletion finds nothing more to say
+    assert [(c.job, c.reason) for c in events.of(JobCancelled)] == [
+        (sub.job, f"WorkloadDeleted: Job/{kube.ns}/train is gone")
+    ]
+    assert events.of(JobFailed) == []
