@@ -262,14 +262,9 @@ class KubernetesAdapter:
                                 tg.start_soon(self._resolve, owner, send.clone())
                     for namespace in self.translator.gangs.namespaces_to_fetch():
                         tg.start_soon(self._resolve_namespace, namespace, send.clone())
-                    for job in sorted(self.translator.gangs.rebind):
-                        if self.reapply is not None:
-                            self.reapply(Reapply(job, "Successors", functools.partial(self._rebind, job)))
-                        else:
-                            tg.start_soon(self._rebind, job)
-                    self.translator.gangs.rebind.clear()
+                    self._bind_successors(tg)
                     for check in self.translator.gangs.deletions:
-                        tg.start_soon(self._read_workload, check, sink)
+                        tg.start_soon(self._read_workload, check, sink, tg)
                     self.translator.gangs.deletions.clear()
                     self._tell_stopped()
                     if events:
@@ -369,15 +364,29 @@ class KubernetesAdapter:
                 self.reporter.report(controller_stopped(run.stopped, run.pods))
         gangs.stopped.clear()
 
-    async def _read_workload(self, check: WorkloadCheck, sink: Sink) -> None:
-        """A pod of a waiting job was deleted: read its owner, which tells a deleted workload (WorkloadDeleted)
-        from a pod deleted out of one (JobFailed), see `Gangs.workload_read`."""
+    def _bind_successors(self, tg: TaskGroup) -> None:
+        """Bind the pods that took over slots of admitted gangs (`Gangs.rebind`): through `reapply` in a daemon."""
+        gangs = self.translator.gangs
+        for job in sorted(gangs.rebind):
+            if self.reapply is not None:
+                self.reapply(Reapply(job, "Successors", functools.partial(self._rebind, job)))
+            else:
+                tg.start_soon(self._rebind, job)
+        gangs.rebind.clear()
+
+    async def _read_workload(self, check: WorkloadCheck, sink: Sink, tg: TaskGroup) -> None:
+        """Someone deleted a pod of a job: read its owner, which tells a deleted workload (WorkloadDeleted) from a
+        pod deleted out of one, which its owner makes again (see `Gangs.workload_read`)."""
         alive = await owner_exists(self.client, check.owner, check.owned_by, self._lookups)
         async with self._lock:
             at = int(self._clock())
             events = self.translator.gangs.workload_read(check.job, alive, at) + self.translator.flush(at)
             if events:
                 await sink(events)
+            self._bind_successors(tg)  # a bound run's replacement already there took the deleted pod's slot
+            # An admission waiting for the gang's pods (`ready`) learns that a replacement already there took
+            # the deleted pod's place, or that the job ended: else it waits for a pod change, or its timeout.
+            self._notify()
 
     async def _rebind(self, job: JobId) -> ApplyResult:
         """Bind the pods that took over slots of `job`'s admitted gang (`gangruns.take_successors`), as placed."""

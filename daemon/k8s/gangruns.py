@@ -104,8 +104,11 @@ class Gang:
     max_runtime: int | None = None
     """The owner's time limit (a Job's `activeDeadlineSeconds`), for pods that declare none."""
     losing: str = ""
-    """A pod of the run was deleted while it waited for admission: the JobFailed reason it ends with
-    unless its whole workload turns out deleted (`Gangs.pending_pod_deleted`)."""
+    """A pod of the run was deleted by someone: the JobFailed reason it ends with if its owner cannot be read,
+    while that read is on its way (`Gangs.workload_read`; a pod group nothing recreates: `settle_deletions`)."""
+    vacated: dict[str, PodInfo] = field(default_factory=dict)
+    """Gang pod name -> the pod deleted from it while the run was bound, its owner there to make it again: the
+    replacement takes that name, and so the node the log placed it on (`take_successors`)."""
 
 
 @dataclass(frozen=True)
@@ -213,30 +216,35 @@ def first_set(values: Iterable[Any]) -> Any:
 
 
 def take_successors(gang: Gang) -> bool:
-    """A Job with completions > parallelism runs its next indexes in the slots its succeeded pods leave.
+    """Pods that take over slots of an admitted run, which returns whether one waits for a binding.
 
+    A Job with completions > parallelism runs its next indexes in the slots its succeeded pods leave.
     As Kueue counts such a Job: the gang is `parallelism` pods, admitted once; the pod the Job
     controller creates after a success takes that pod's gang pod name and so its node (the
     adapter binds it: `rebind`), with no new submission and no second share of quota. A
-    successor an earlier leader bound is found on its predecessor's node.
+    successor an earlier leader bound is found on its predecessor's node. The replacement of a
+    bound pod someone deleted while its owner is there (`vacated`) takes its slot the same way, as
+    a new leader's relist takes it (`as_placed`): the log still holds the slot's capacity.
     """
-    if gang.owner.kind != "Job" or gang.requeued or gang.job_id is None:
+    if gang.requeued or gang.job_id is None or gang.losing:
         return False
     unbound = False
-    freed = [n for n, key in sorted(gang.mapping.items()) if key in gang.pods and gang.pods[key].ran]
+    ran = [n for n, key in gang.mapping.items() if gang.owner.kind == "Job" and key in gang.pods and gang.pods[key].ran]
+    freed = sorted({*ran, *(n for n in gang.vacated if gang.mapping.get(n) not in gang.pods)})
     mapped = set(gang.mapping.values())
     waiting = sorted(
         (p for p in gang.pods.values() if p.active and p.key not in mapped and p.uid not in gang.retired),
         key=PodInfo.sort_key,
     )
     for name in freed:
-        done = gang.pods[gang.mapping[name]]
+        done = gang.pods.get(gang.mapping[name]) or gang.vacated[name]
         fits = [p for p in waiting if shape_of(p) == shape_of(done) and p.node in ("", done.node)]
         successor = next((p for p in fits if p.node), None) or next(iter(fits), None)
         if successor is None:
             continue
         waiting.remove(successor)
         gang.mapping[name] = successor.key
+        gang.vacated.pop(name, None)
         if not successor.node:
             unbound = True
     return unbound

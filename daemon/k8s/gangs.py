@@ -30,9 +30,11 @@ Invariants:
 - Each admitted run reports JobStarted once; a gang ends once (JobFinished
   when every pod succeeded and, for a Job, `completions` pods did; JobFailed
   when a pod failed or was deleted by someone else; JobCancelled `WorkloadDeleted`
-  when the user deleted a waiting gang's workload, see `_pending_pod_deleted`). Pods muster evicted for a
+  when the user deleted a gang's workload, see `_run_pod_deleted`). Pods muster evicted for a
   preemption are expected to go and report nothing; the gang waits for its
-  replacements under the same job id.
+  replacements under the same job id. So does a gang whose owner is there to make a pod someone
+  deleted again (`workload_read`); bound, the replacement takes the deleted pod's slot and node
+  (`vacated`). Only a pod group nothing recreates fails so.
 - A Job's pod created after another succeeded (its next index) runs in that
   pod's slot of the admitted gang (`take_successors`); pods of a recreating
   owner that come after its run ended are a new run, a new job (`_next_run`).
@@ -175,29 +177,28 @@ class Gangs(GangViews):
             and info.phase not in TERMINATED
         ):
             where = f"while running on {info.node}" if info.node else "before it was bound"
-            reason = f"pod {key} was deleted {where}"
-            if info.node or gang.started:
-                events += self._end(gang, JobFailed(at=at, job=gang.job_id, reason=reason))
-            else:
-                events += self._pending_pod_deleted(gang, reason, at)
+            events += self._run_pod_deleted(gang, info, f"pod {key} was deleted {where}", at)
         else:
             events += self._evaluate(gang, at)
         self._collect(gang)
         return events
 
     def workload_read(self, job: JobId, alive: bool | None, at: int) -> list[Event]:
-        """The adapter read the owner of `job` (see `deletions`): gone ends it WorkloadDeleted, there (or
-        unreadable) ends it as a pod deleted from it; but a pod group's controller that is there makes the
-        pod again (an operator does): the gang waits for it, as a preempted gang waits for its replacements,
-        and the replacement takes the deleted pod's place (its admission binds it there)."""
+        """The adapter read the owner of `job` (see `deletions`, asked only for owners that recreate their
+        pods): gone ends it WorkloadDeleted; unreadable ends it as a pod deleted from it; there, it makes the
+        pod again (the Job controller, JobSet's child Jobs, a training operator, a pod group's controller):
+        the gang waits for it, as a preempted gang waits for its replacements, and the replacement takes the
+        deleted pod's place (its admission binds it there; a bound run's, on the deleted pod's node: `rebind`).
+        Ending it JobFailed instead retired the other
+        pods with the run, and the replacement alone was no gang: they all waited unbound for ever."""
         gang = self._gang_of(job)
         if gang is None or gang.done or not gang.losing:
             return []
         if alive is False:
             return self._end(gang, workload_deleted(job, gang.owner, at))
-        if alive and gang.owner.controller is not None:
+        if alive:
             gang.losing = ""
-            gang.requeued = True
+            gang.requeued = not gang.vacated  # a bound run keeps its slots: the replacement takes the deleted one
             return self._evaluate(gang, at)  # its replacement may be there already
         return self._end(gang, JobFailed(at=at, job=job, reason=gang.losing))
 
@@ -281,6 +282,7 @@ class Gangs(GangViews):
         self.recheck.update(p.key for p in victims)
         gang.started = False
         gang.requeued = True
+        gang.vacated.clear()  # every slot is taken again, by the replacements' re-admission
         return victims
 
     def nodes_lost(self, nodes: set[str], at: int) -> list[Event]:
@@ -339,25 +341,32 @@ class Gangs(GangViews):
 
     # ------------------------------------------------------------ internals
 
-    def _pending_pod_deleted(self, gang: Gang, reason: str, at: int) -> list[Event]:
-        """A pod of a gang waiting for admission was deleted: its user deleting the workload (the Job, JobSet...,
-        or every pod of a pod group) cancels it, `WorkloadDeleted`; a pod deleted from a workload still there
-        fails it, `reason`.
+    def _run_pod_deleted(self, gang: Gang, info: PodInfo, reason: str, at: int) -> list[Event]:
+        """Someone deleted a pod of the run: its user deleting the workload (the Job, JobSet..., or every pod
+        of a pod group) cancels it, `WorkloadDeleted`; a pod deleted from a workload still there is made again
+        by its owner, and the gang waits for it (`workload_read`): bound, the replacement takes its slot and
+        node (`vacated`); a pod deleted from a pod group nothing recreates fails it, `reason`, at once when
+        bound, else once a pass finds it still losing (`settle_deletions`).
 
         Whether a workload with an owner object is gone takes a read of that object (`deletions`, answered with
         `workload_read`): its pods go after it, one deletion event at a time, so the first does not tell. A pod
-        group without one is gone when its last pod is; one that keeps some is settled by `settle_deletions`.
+        group without one is gone when its last pod is.
         """
         assert gang.job_id is not None
-        first = not gang.losing
+        bound = bool(info.node) or gang.started
+        if not recreated(gang.owner):
+            if bound:
+                return self._end(gang, JobFailed(at=at, job=gang.job_id, reason=reason))
+            gang.losing = gang.losing or reason
+            if any(key in gang.pods for key in gang.mapping.values()):
+                return []
+            return self._end(gang, workload_deleted(gang.job_id, gang.owner, at))
+        if bound:
+            gang.vacated.update((name, info) for name, key in gang.mapping.items() if key == info.key)
+        if not gang.losing:
+            self.deletions.append(WorkloadCheck(gang.job_id, gang.owner, gang.owner.job_id(gang.uid)))
         gang.losing = gang.losing or reason
-        if recreated(gang.owner):
-            if first:
-                self.deletions.append(WorkloadCheck(gang.job_id, gang.owner, gang.owner.job_id(gang.uid)))
-            return []
-        if any(key in gang.pods for key in gang.mapping.values()):
-            return []
-        return self._end(gang, workload_deleted(gang.job_id, gang.owner, at))
+        return []
 
     def _end(self, gang: Gang, event: Event) -> list[Event]:
         if gang.done:
@@ -495,7 +504,7 @@ class Gangs(GangViews):
         gang.retired |= {p.uid for p in gang.pods.values() if p.uid not in fresh_uids}
         if gang.job_id is not None:
             self._by_job.pop(gang.job_id, None)
-        gang.job_id, gang.mapping, gang.podsets = None, {}, []
+        gang.job_id, gang.mapping, gang.podsets, gang.vacated = None, {}, [], {}
         gang.done = gang.started = gang.requeued = False
         gang.later_run = gang.stopped is None
         gang.stopped = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import msgspec
 import pytest
 from adapterkit import eventually
@@ -130,22 +131,29 @@ async def test_server_errors_on_binding_are_retried(kube, start_adapter):
         assert all(pod_object(emulator, key)["spec"]["nodeName"] == "n1" for key in sub.pods.values())
 
 
-async def test_a_pod_deleted_before_binding_fails_the_job_once(kube, start_adapter):
-    """Deleting a waiting gang's pod gives one JobFailed; its admission then binds nothing."""
+async def test_a_pod_deleted_before_binding_from_a_job_still_there_is_replaced_in_its_place(kube, start_adapter):
+    """A waiting Job's pod deleted while the Job exists fails nothing: the admission binds the Job controller's
+    replacement in its place with the others (before: JobFailed, and its admission bound nothing)."""
     emulator, api = kube
-    async with start_adapter(api) as (adapter, events):
+    core = CoreV1Api(api)
+    # The admission may wait for the gang as long as it takes: learning that the Job is there must wake it.
+    async with start_adapter(api, reconcile_seconds=3600, pod_wait_seconds=3600) as (adapter, events):
         sub = await submit_gang(emulator, api, adapter, events)
-        ns, name = sub.pods["pod-1"].split("/")
-        await CoreV1Api(api).delete_namespaced_pod(name, ns, grace_period_seconds=0)
-        await events.wait_for(lambda e: len(e.of(JobFailed)) == 1)
-        [failed] = events.of(JobFailed)
-        assert failed.job == sub.job
-        assert failed.reason == f"pod {ns}/{name} was deleted before it was bound"
+        lost = sub.pods["pod-1"]
+        await core.delete_namespaced_pod(lost.split("/")[1], "ns", grace_period_seconds=0)
+        index = int(lost.split("/")[1].split("-")[1])  # `train-<index>-<random>`, as the Job controller names it
+        job = emulator.get_object("batch/v1/jobs", "ns", "train")
+        [made] = m.job_pods(job, [index], gpus=1, labels={"muster.dev/queue": "q"})
+        await core.create_namespaced_pod("ns", made)
+        await adapter.caught_up("pods", emulator.resource_version)
 
-        result = await adapter.apply(admission(sub, ["n1"]))
-        assert result.outcome == "skipped"
-        assert requests_to(emulator, "binding") == []
-        assert len(events.of(JobFailed)) == 1
+        decision = admission(sub, ["n1"])
+        with anyio.fail_after(30):
+            await adapter.ready(decision)
+        assert (await adapter.apply(decision)).outcome == "applied"
+        bound = [key for key in sub.pods.values() if key != lost] + [f"ns/{made['metadata']['name']}"]
+        assert [pod_object(emulator, key)["spec"]["nodeName"] for key in bound] == ["n1"] * 3
+        assert events.of(JobFailed) == [] and events.of(JobCancelled) == []
 
 
 @pytest.mark.parametrize("kind", ["job", "pod-group", "pod"])

@@ -7,12 +7,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
+from adapterkit import eventually
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
 from muster.daemon.k8s import manifests as m
 from muster.demo.emulator import KubeEmulator
 from muster.demo.kubelet_sim import OUTCOME_ANNOTATION, SimulatedKubelet
 from muster.events.types import (
+    Event,
     JobAdmitted,
     JobFailed,
     JobFinished,
@@ -21,8 +23,10 @@ from muster.events.types import (
     JobSubmitted,
     NodeName,
     NodeUpdated,
+    QueueConfigured,
     QueueName,
 )
+from muster.projections.cluster import fold
 
 
 @contextlib.asynccontextmanager
@@ -82,17 +86,50 @@ async def test_a_failed_pod_fails_the_gang(kube, start_adapter):
         assert events.of(JobFinished) == []
 
 
-async def test_a_running_pod_deleted_by_someone_else_fails_the_gang(kube, start_adapter):
-    """A user deleting a pod of a running gang ends the job with JobFailed 'deleted while running'."""
+async def test_a_running_pod_deleted_by_someone_else_fails_a_gang_nothing_recreates(kube, start_adapter):
+    """A user deleting a pod of a running pod group (no controller) ends its job JobFailed 'deleted while running'."""
     emulator, api = kube
+    emulator.put_object("v1/nodes", m.node("n1"))
+    core = CoreV1Api(api)
+    labels = {"muster.dev/queue": "q", "muster.dev/gang": "victim", "muster.dev/gang-size": "2"}
     async with start_adapter(api) as (adapter, events), kubelet(api):
-        sub = await gang(emulator, api, events, "victim")
+        for i in range(2):
+            await core.create_namespaced_pod("ns", m.pod(f"victim-{i}", "ns", gpus=1, labels=labels))
+        await events.wait_for(lambda e: bool(e.of(JobSubmitted)))
+        [sub] = events.of(JobSubmitted)
         await adapter.apply(admit(sub))
         await events.wait_for(lambda e: len(e.of(JobStarted)) == 1)
         ns, name = sub.pods["pod-0"].split("/")
-        await CoreV1Api(api).delete_namespaced_pod(name, ns)  # graceful: the kubelet confirms
+        await core.delete_namespaced_pod(name, ns)  # graceful: the kubelet confirms
         await events.wait_for(lambda e: len(e.of(JobFailed)) == 1)
         assert events.of(JobFailed)[0].reason == f"pod {ns}/{name} was deleted while running on n1"
+
+
+async def test_a_running_jobs_pod_deleted_by_someone_else_is_replaced_on_its_node(kube, start_adapter):
+    """A user deleting a pod of a running Job fails nothing: the Job controller's replacement is bound on the
+    deleted pod's node in the admitted gang and runs (before: JobFailed, and the replacement waited unbound)."""
+    emulator, api = kube
+    core = CoreV1Api(api)
+    log: list[Event] = [QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})]
+    async with start_adapter(api, state=lambda: fold(log), reconcile_seconds=3600) as (adapter, events), kubelet(api):
+        sub = await gang(emulator, api, events, "victim")
+        log += [*events.events, admit(sub)]  # the log the adapter binds the replacement by: the slot's node
+        await adapter.apply(admit(sub))
+        await events.wait_for(lambda e: len(e.of(JobStarted)) == 1)
+        ns, name = sub.pods["pod-0"].split("/")
+        await core.delete_namespaced_pod(name, ns)  # graceful: the kubelet confirms
+        await eventually(lambda: emulator.get_object("v1/pods", ns, name) is None)
+        job = emulator.get_object("batch/v1/jobs", "ns", "victim")
+        [made] = m.job_pods(job, [int(name.split("-")[1])], gpus=1, labels={"muster.dev/queue": "q"})
+        await core.create_namespaced_pod("ns", made)
+
+        def running() -> bool:
+            pod = emulator.get_object("v1/pods", "ns", made["metadata"]["name"]) or {}
+            return pod.get("spec", {}).get("nodeName") == "n1" and pod.get("status", {}).get("phase") == "Running"
+
+        await eventually(running)
+        await adapter.reconcile()  # a pass after it finds nothing to say
+        assert events.of(JobFailed) == [] and len(events.of(JobStarted)) == 1
 
 
 async def test_a_preempted_gang_waits_for_replacement_pods_and_runs_again(kube, start_adapter):

@@ -24,6 +24,7 @@ from muster.events.types import (
     JobFailed,
     JobFinished,
     JobPreempted,
+    JobStarted,
     JobSubmitted,
     QueueConfigured,
     QueueName,
@@ -106,6 +107,36 @@ async def test_an_indexed_jobs_next_indexes_run_in_its_admitted_gang_until_compl
     assert len(await log_of(store, JobSubmitted)) == 1
     assert [a.job for a in await log_of(store, JobAdmitted)] == [sub.job]  # no re-queue, quota counted once
     assert len(await log_of(store, JobFinished)) == 1
+
+
+async def test_a_running_jobs_pod_deleted_while_the_job_is_there_is_replaced_on_its_node(
+    api: ApiClient, kube: Kube, store: EventStore
+) -> None:
+    """A running Job's pod deleted by someone: the Job controller's replacement is bound on the deleted pod's node
+    in the admitted gang, and the job finishes (before: JobFailed at once, and the replacement waited unbound for
+    ever, in no job)."""
+    await store.append([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})])
+    await kube.node("a", gpus=4)
+    await kube.node("b", gpus=4)
+    job, pods = await kube.job("train", 2, gpus=4)
+    async with running_daemon(store, api):
+        placed = await eventually(lambda: _bound(kube, pods))
+        [sub] = await log_of(store, JobSubmitted)
+        for name in names(pods):
+            await kube.set_phase(name, "Running")
+        await eventually(lambda: of_job(store, JobStarted, sub.job))
+
+        await kube.delete_pod(names(pods)[1])  # its kubelet confirms at once
+        [again] = await kube.job_pods(job, [1], gpus=4, labels={"muster.dev/queue": "q"})
+        assert await eventually(lambda: kube.pod_node(names([again])[0])) == placed[1]
+
+        for name in names([pods[0], again]):
+            await kube.set_phase(name, "Succeeded")
+        await eventually(lambda: of_job(store, JobFinished, sub.job))
+
+    assert await log_of(store, JobFailed) == []
+    assert [a.job for a in await log_of(store, JobAdmitted)] == [sub.job]  # in place: no re-queue
+    assert len(await log_of(store, JobSubmitted)) == 1
 
 
 async def test_a_successor_pod_is_bound_only_while_the_lease_is_held(api: ApiClient, kube: Kube) -> None:

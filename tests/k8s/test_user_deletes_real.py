@@ -4,9 +4,10 @@ The user's deletion of a Job, a JobSet, a pod group or a lone pod is a cancellat
 (`JobCancelled` `WorkloadDeleted`), not a failure: before, the first pod's deletion event
 ended the job `JobFailed` ("pod X was deleted before it was bound"), and chargeback and
 `muster jobs` called the user's own deletion a failure. A pod deleted out of a workload
-that is still there still fails its gang, unless a pod group's controller is there to make it
-again: the replacement takes its place. The server runs no garbage collector: the
-tests delete the owner, then its pods, as the collector would.
+that is still there is made again by its controller (the Job controller, JobSet's child Jobs, a
+training operator, a pod group's own controller): the replacement takes its place; only a pod
+group nothing recreates fails. The server runs no garbage collector or Job controller: the
+tests delete the owner, then its pods, and make the replacements, as those would.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import pytest
 from kubekit import Kube, admitted, running_adapter, submitted
 from kubernetes_asyncio.client import ApiClient
 
-from muster.events.types import Event, JobCancelled, JobFailed, JobSubmitted, QueueConfigured, QueueName
+from muster.daemon.k8s import manifests as m
+from muster.events.types import Event, JobCancelled, JobFailed, JobStarted, JobSubmitted, QueueConfigured, QueueName
 from muster.projections.cluster import fold
 
+Obj = dict[str, Any]
 Deletion = Callable[[], Awaitable[None]]
 
 
@@ -79,19 +82,70 @@ async def test_a_waiting_workload_deleted_by_its_user_is_cancelled_not_failed(
     assert events.of(JobFailed) == []
 
 
-async def test_a_pod_deleted_from_a_waiting_job_still_there_fails_it(api: ApiClient, kube: Kube) -> None:
-    """A pending Job's pod deleted while the Job exists: JobFailed naming the pod, as before."""
-    await kube.node("n1")
-    await kube.job("train", 2, gpus=1)
-    async with running_adapter(api, reconcile_seconds=3600) as (_, events):
+Replace = Callable[[Obj], Awaitable[Obj]]
+
+
+async def losing_job(kube: Kube) -> tuple[list[Obj], Replace]:
+    """A Job of 2 pods; its controller makes a deleted pod again under a new name (same index)."""
+    job, pods = await kube.job("train", 2, gpus=1)
+
+    async def replace(pod: Obj) -> Obj:
+        index = int(pod["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"])
+        [made] = await kube.job_pods(job, [index], gpus=1, labels={"muster.dev/queue": "q"})
+        return made
+
+    return pods, replace
+
+
+async def losing_jobset(kube: Kube) -> tuple[list[Obj], Replace]:
+    """A JobSet of 2 child Jobs of 1 pod; the child Job's controller makes a deleted pod again under a new name."""
+    _, pods = await kube.jobset("train", 2, 1, gpus=1)
+
+    async def replace(pod: Obj) -> Obj:
+        [made] = await kube.recreate([pod], suffix="-r1")
+        return made
+
+    return pods, replace
+
+
+async def losing_pytorchjob(kube: Kube) -> tuple[list[Obj], Replace]:
+    """A PyTorchJob (master and worker); the training operator makes a deleted pod again under the same name."""
+    owner = await kube.custom(m.pytorchjob("train", kube.ns, masters=1, workers=1))
+    made = m.pytorchjob_pods(owner, gpus=1, labels={"muster.dev/queue": "q"}, grace_seconds=0)
+    pods = [await kube.create_pod(p) for p in made]
+
+    async def replace(pod: Obj) -> Obj:
+        [again] = await kube.recreate([pod])
+        return again
+
+    return pods, replace
+
+
+@pytest.mark.parametrize("make", [losing_job, losing_jobset, losing_pytorchjob], ids=["job", "jobset", "pytorchjob"])
+async def test_a_pod_deleted_from_a_waiting_job_still_there_is_replaced_in_its_place(
+    api: ApiClient, kube: Kube, make: Callable[[Kube], Awaitable[tuple[list[Obj], Replace]]]
+) -> None:
+    """A pending Job's (JobSet's, PyTorchJob's) pod deleted while the workload exists: its controller's replacement
+    takes its place and the job's admission binds it with the others (before, the job ended JobFailed at once
+    and the replacement and the survivors waited unbound for ever, with no job and no verdict)."""
+    node = await kube.node("n1")
+    pods, replace = await make(kube)
+    log: list[Event] = [QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})]
+    async with running_adapter(api, state=lambda: fold(log), reconcile_seconds=3600) as (adapter, events):
         sub = await submitted(events)
-        key = sorted(sub.pods.values())[0]
-        await kube.delete_pod(key.split("/")[1])
-        await events.wait_for(lambda e: bool(e.of(JobFailed)))
-    assert [(f.job, f.reason) for f in events.of(JobFailed)] == [
-        (sub.job, f"pod {key} was deleted before it was bound")
-    ]
-    assert events.of(JobCancelled) == []
+        log.append(sub)
+        lost, kept = pods[1]["metadata"]["name"], pods[0]["metadata"]["name"]
+        await kube.delete_pod(lost)
+        replacement = await replace(pods[1])
+        await adapter.caught_up("pods", int(replacement["metadata"]["resourceVersion"]))
+        admission = admitted(sub, node, at=2)
+        log.append(admission)
+        await adapter.ready(admission)  # as the daemon applies an admission: once its pods are there
+        assert (await adapter.apply(admission)).outcome == "applied"
+        await adapter.reconcile()  # a pass after it finds nothing to say
+        assert [await kube.pod_node(p) for p in (kept, replacement["metadata"]["name"])] == [node, node]
+    assert events.of(JobFailed) == [] and events.of(JobCancelled) == []
+    assert events.of(JobSubmitted) == [sub]
 
 
 async def test_a_pod_deleted_from_a_waiting_group_that_keeps_the_others_fails_it_after_a_whole_pass(
@@ -143,3 +197,30 @@ async def test_a_pod_deleted_from_a_waiting_controlled_group_is_replaced_in_its_
         assert events.of(JobFailed) == []
         assert [await kube.pod_node(p) for p in ("train-0", "train-1" + suffix)] == [node, node]
     assert events.of(JobCancelled) == [] and events.of(JobSubmitted) == [sub]
+
+
+async def test_a_running_job_deleted_by_its_user_is_cancelled_not_failed(api: ApiClient, kube: Kube) -> None:
+    """A bound, running Job its user deletes (then its pods, as the garbage collector does) ends JobCancelled
+    WorkloadDeleted, as reconciliation ends it when no daemon watched (before: JobFailed, "pod X was deleted
+    while running")."""
+    node = await kube.node("n1")
+    _, pods = await kube.job("train", 2, gpus=1)
+    log: list[Event] = [QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})]
+    async with running_adapter(api, state=lambda: fold(log), reconcile_seconds=3600) as (adapter, events):
+        sub = await submitted(events)
+        admission = admitted(sub, node, at=2)
+        log += [sub, admission]
+        await adapter.ready(admission)
+        assert (await adapter.apply(admission)).outcome == "applied"
+        for pod in pods:
+            await kube.set_phase(pod["metadata"]["name"], "Running")
+        await events.wait_for(lambda e: bool(e.of(JobStarted)))
+        await kube.batch.delete_namespaced_job("train", kube.ns)
+        for pod in pods:
+            await kube.delete_pod(pod["metadata"]["name"])
+        await events.wait_for(lambda e: bool(e.of(JobCancelled)))
+        await adapter.reconcile()  # a pass after the deletion finds nothing more to say
+    assert [(c.job, c.reason) for c in events.of(JobCancelled)] == [
+        (sub.job, f"WorkloadDeleted: Job/{kube.ns}/train is gone")
+    ]
+    assert events.of(JobFailed) == []
