@@ -65,7 +65,7 @@ from muster.daemon.k8s.mirroring import Mirror
 from muster.daemon.k8s.objects import DEFAULT_TOLERATED_TAINTS
 from muster.daemon.k8s.owners import Sizing, fetch_namespace_queue, fetch_sizing, list_sizings
 from muster.daemon.k8s.pods import Owner, PodInfo
-from muster.daemon.k8s.reconciling import find_vanished, live_jobs, owner_exists
+from muster.daemon.k8s.reconciling import find_vanished, live_jobs, read_owner
 from muster.daemon.k8s.reporting import Reporter, binding_failed, controller_stopped, reports_for
 from muster.daemon.k8s.translating import Translator
 from muster.daemon.k8s.watching import Backoff, Synced, WatchEvent, watch_objects
@@ -377,10 +377,11 @@ class KubernetesAdapter:
     async def _read_workload(self, check: WorkloadCheck, sink: Sink, tg: TaskGroup) -> None:
         """Someone deleted a pod of a job: read its owner, which tells a deleted workload (WorkloadDeleted) from a
         pod deleted out of one, which its owner makes again (see `Gangs.workload_read`)."""
-        alive = await owner_exists(self.client, check.owner, check.owned_by, self._lookups)
+        read = await read_owner(self.client, check.owner, check.owned_by, self._lookups)
         async with self._lock:
             at = int(self._clock())
-            events = self.translator.gangs.workload_read(check.job, alive, at) + self.translator.flush(at)
+            events = self.translator.gangs.workload_read(check.job, read.exists, at, read.ended)
+            events += self.translator.flush(at)
             if events:
                 await sink(events)
             self._bind_successors(tg)  # a bound run's replacement already there took the deleted pod's slot

@@ -169,6 +169,22 @@ def owner_sizing(owner: Owner, obj: Mapping[str, Any]) -> Sizing:
     return Sizing(size, uid, queue)
 
 
+ENDED_CONDITIONS = ("Complete", "Completed", "Succeeded", "Failed", "FailureTarget")
+"""Owner conditions (a Job's, a JobSet's, a Kubeflow job's) after which it makes no pod again."""
+
+
+def makes_no_pods(obj: Mapping[str, Any]) -> str:
+    """Why an existing owner will not make a deleted pod again ("" when it will): it ended (a true
+    Complete/Failed condition: a Job past its `activeDeadlineSeconds` deletes its pods and fails
+    DeadlineExceeded) or it is suspended. A gang waiting for its replacement would wait for ever."""
+    for c in (obj.get("status") or {}).get("conditions") or ():
+        if c.get("type") in ENDED_CONDITIONS and c.get("status") == "True":
+            return f"{c['type']} ({c['reason']})" if c.get("reason") else str(c["type"])
+    if (obj.get("spec") or {}).get("suspend") is True:
+        return "suspended"
+    return ""
+
+
 async def fetch_owner(client: KubeClient, owner: Owner) -> dict[str, Any] | None:
     """The owner object as the API has it (a labelled pod group's: the controller its pods name); None when
     it is gone (404). Raises KubeError for anything else (a controller's kind the server does not serve)."""

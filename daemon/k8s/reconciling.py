@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import anyio
 import structlog
@@ -49,11 +49,22 @@ import structlog
 from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import KubeError
 from muster.daemon.k8s.gangruns import Tracked, run_of
-from muster.daemon.k8s.owners import fetch_owner
+from muster.daemon.k8s.owners import fetch_owner, makes_no_pods
 from muster.daemon.k8s.pods import UNOWNED, Owner, recreated
 from muster.events.types import ControllerRef, Event, JobCancelled, JobFailed, JobId
 
-__all__ = ["LiveJob", "Tracked", "Verdict", "find_vanished", "judge", "owner_exists", "owner_of", "workload_deleted"]
+__all__ = [
+    "LiveJob",
+    "OwnerRead",
+    "Tracked",
+    "Verdict",
+    "find_vanished",
+    "judge",
+    "owner_makes_no_pods",
+    "owner_of",
+    "read_owner",
+    "workload_deleted",
+]
 
 log = structlog.get_logger("muster.k8s.reconcile")
 
@@ -98,9 +109,15 @@ def owner_of(source: str, controller: ControllerRef | None = None) -> Owner | No
 
 
 def judge(
-    job: LiveJob, present: Callable[[str], bool], owner_alive: bool | None, at: int, tracked: Tracked | None = None
+    job: LiveJob,
+    present: Callable[[str], bool],
+    owner_alive: bool | None,
+    at: int,
+    tracked: Tracked | None = None,
+    owner_ended: str = "",
 ) -> Verdict | None:
-    """Whether `job` lost its workload (see the module docstring). `owner_alive` is None when unknown."""
+    """Whether `job` lost its workload (see the module docstring). `owner_alive` is None when unknown;
+    `owner_ended` why an owner that is there makes no pod again (ended or suspended: `OwnerRead.ended`)."""
     keys = _keys(job, tracked)
     missing = [k for k in keys if not present(k)]
     if not missing:
@@ -109,14 +126,20 @@ def judge(
     owner = _owner(job, tracked)
     job_id = JobId(job.id)
     if owner is not None and recreated(owner):
-        if owner_alive is None or owner_alive:
+        if owner_alive is None or (owner_alive and not owner_ended):
             return None
+        if owner_alive:
+            what = f"its pods are missing: {_shown(missing)}"
+            return Verdict(job_id, owner_makes_no_pods(job_id, owner, owner_ended, at, what), remaining)
         return Verdict(job_id, workload_deleted(job_id, owner, at), remaining)
     if not remaining:
         return Verdict(job_id, workload_deleted(job_id, owner, at), ())
-    shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-    reason = f"pods deleted while no scheduler watched, and nothing recreates them: {shown}"
+    reason = f"pods deleted while no scheduler watched, and nothing recreates them: {_shown(missing)}"
     return Verdict(job_id, JobFailed(at=at, job=job_id, reason=reason), remaining)
+
+
+def _shown(keys: list[str]) -> str:
+    return ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
 
 
 def _keys(job: LiveJob, tracked: Tracked | None) -> list[str]:
@@ -137,8 +160,17 @@ def _same(owner: Owner, job: JobId, uid: str) -> bool:
     return run_of(job, Owner(owner.kind, owner.namespace, owner.name, uid).job_id())
 
 
-async def owner_exists(client: KubeClient, owner: Owner, job: JobId, limiter: anyio.CapacityLimiter) -> bool | None:
-    """Whether `job`'s owner (a pod group's: its controller) still exists to recreate its pods; None when unreadable."""
+class OwnerRead(NamedTuple):
+    """What a read of a job's owner found."""
+
+    exists: bool | None
+    """Whether the owner the job's pods belong to is there (None: unreadable)."""
+    ended: str = ""
+    """Why an existing owner makes no pod again, ended or suspended (`owners.makes_no_pods`); "" if it does."""
+
+
+async def read_owner(client: KubeClient, owner: Owner, job: JobId, limiter: anyio.CapacityLimiter) -> OwnerRead:
+    """Whether `job`'s owner (a pod group's: its controller) still exists to recreate its pods."""
     try:
         async with limiter:
             obj = await fetch_owner(client, owner)
@@ -151,12 +183,19 @@ async def owner_exists(client: KubeClient, owner: Owner, job: JobId, limiter: an
             error=exc.message,
             **({"hint": hint} if hint else {}),
         )
-        return None
+        return OwnerRead(None)
     meta = (obj or {}).get("metadata") or {}
     uid = str(meta.get("uid") or "")
     # being deleted (a finalizer, e.g. the orphan one, holds it): its controller recreates nothing;
     # same name, other uid: deleted and re-created, not the object the job's pods belong to
-    return obj is not None and not meta.get("deletionTimestamp") and _same(owner, job, uid)
+    if obj is None or meta.get("deletionTimestamp") or not _same(owner, job, uid):
+        return OwnerRead(False)
+    return OwnerRead(True, makes_no_pods(obj))
+
+
+def owner_makes_no_pods(job: JobId, owner: Owner, ended: str, at: int, what: str) -> JobFailed:
+    """How a job ends whose owner is there but makes no pod again (`OwnerRead.ended`) while `what` is missing."""
+    return JobFailed(at=at, job=job, reason=f"{owner.workload} is {ended}, so it makes no pod again; {what}")
 
 
 def workload_deleted(job: JobId, owner: Owner | None, at: int) -> JobCancelled:
@@ -185,10 +224,10 @@ async def find_vanished(
     """
     known = {j.id: tracked(JobId(j.id)) for j in jobs}
     suspects = [j for j in jobs if any(not present(k) for k in _keys(j, known[j.id]))]
-    alive: dict[str, bool | None] = {}
+    alive: dict[str, OwnerRead] = {}
 
     async def look(job: LiveJob, owner: Owner) -> None:
-        alive[job.id] = await owner_exists(client, owner, JobId(job.id), limiter)
+        alive[job.id] = await read_owner(client, owner, JobId(job.id), limiter)
 
     async with anyio.create_task_group() as tg:
         for job in suspects:
@@ -198,7 +237,8 @@ async def find_vanished(
                 tg.start_soon(look, job, owner)
     verdicts = []
     for job in suspects:
-        verdict = judge(job, present, alive.get(job.id), at, known[job.id])
+        read = alive.get(job.id, OwnerRead(None))
+        verdict = judge(job, present, read.exists, at, known[job.id], read.ended)
         if verdict is not None:
             verdicts.append(verdict)
     return verdicts

@@ -15,6 +15,7 @@ import pytest
 
 from muster.daemon.k8s import manifests as m
 from muster.daemon.k8s.gangs import Gangs
+from muster.daemon.k8s.owners import makes_no_pods
 from muster.daemon.k8s.pods import pod_info
 from muster.events.types import Event, JobCancelled, JobFailed, JobId, JobStarted, JobSubmitted
 
@@ -114,3 +115,36 @@ def test_a_replacement_bound_in_place_runs_on_in_the_same_job() -> None:
     out = gangs.pod_changed(pod_info(replacement), at=5)
     assert not any(isinstance(e, (JobStarted, JobFailed, JobSubmitted)) for e in out)
     assert gangs.tracked(job) is not None
+
+
+@pytest.mark.parametrize("bound", [False, True], ids=["waiting", "running"])
+def test_a_pod_deleted_by_a_job_that_ended_fails_the_job_instead_of_waiting_for_a_replacement(bound: bool) -> None:
+    """A Job past its activeDeadlineSeconds deletes its pods and makes none again: the job fails, naming why."""
+    gangs = Gangs()
+    nodes = ("n1", "n2") if bound else ("", "")
+    first = [job_pod(i, f"u{i}", nodes[i], "Running" if bound else "Pending") for i in range(2)]
+    job = submitted(gangs, first)
+    gangs.pod_deleted(key(first[1]), at=2)
+    out = gangs.workload_read(job, True, at=3, ended="Failed (DeadlineExceeded)")
+    assert [type(e) for e in out] == [JobFailed] and gangs.ended(job)
+    assert "Job/ns/train is Failed (DeadlineExceeded), so it makes no pod again" in getattr(out[0], "reason", "")
+
+
+@pytest.mark.parametrize(
+    ("obj", "why"),
+    [
+        pytest.param({"status": {}}, "", id="running"),
+        pytest.param(
+            {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}]}},
+            "Failed (DeadlineExceeded)",
+            id="job-past-its-deadline",
+        ),
+        pytest.param({"status": {"conditions": [{"type": "Complete", "status": "True"}]}}, "Complete", id="complete"),
+        pytest.param({"status": {"conditions": [{"type": "Failed", "status": "False"}]}}, "", id="condition-false"),
+        pytest.param({"status": {"conditions": [{"type": "Succeeded", "status": "True"}]}}, "Succeeded", id="kubeflow"),
+        pytest.param({"spec": {"suspend": True}}, "suspended", id="suspended"),
+    ],
+)
+def test_an_owner_that_ended_or_is_suspended_makes_no_pods(obj: Obj, why: str) -> None:
+    """Which owner objects will not make a deleted pod again, and the words that say why."""
+    assert makes_no_pods(obj) == why

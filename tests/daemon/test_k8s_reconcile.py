@@ -74,6 +74,14 @@ def test_judge(job: Job, present: set[str], owner_alive: bool | None, expected: 
     assert verdict.remaining == tuple(sorted(present & set(job.pods.values())))
 
 
+def test_judge_a_job_whose_owner_ended_while_no_scheduler_watched() -> None:
+    """A Job that failed past its deadline while no scheduler watched deleted its pods and makes none again:
+    its job fails naming why, instead of waiting for ever for replacements (a phantom holding its quota)."""
+    verdict = judge(BATCH, set().__contains__, True, at=7, owner_ended="Failed (DeadlineExceeded)")
+    assert verdict is not None and isinstance(verdict.event, JobFailed)
+    assert verdict.event.reason.startswith("Job/ns/train is Failed (DeadlineExceeded), so it makes no pod again")
+
+
 @pytest.mark.parametrize(
     ("owner_alive", "expected"),
     [
@@ -188,7 +196,7 @@ async def test_a_later_run_of_a_job_is_judged_by_the_job_it_belongs_to(
 
     monkeypatch.setattr(reconciling, "fetch_owner", fetch)
     owner = Owner("Job", "ns", "train")
-    found = await reconciling.owner_exists(None, owner, JobId(job), anyio.CapacityLimiter(1))  # type: ignore[arg-type]
+    found = (await reconciling.read_owner(None, owner, JobId(job), anyio.CapacityLimiter(1))).exists  # type: ignore[arg-type]
     assert found is alive
 
 

@@ -148,6 +148,26 @@ async def test_a_pod_deleted_from_a_waiting_job_still_there_is_replaced_in_its_p
     assert events.of(JobSubmitted) == [sub]
 
 
+async def test_a_job_past_its_deadline_that_deletes_its_pods_fails_rather_than_waiting_for_replacements(
+    api: ApiClient, kube: Kube
+) -> None:
+    """A Job failed DeadlineExceeded deletes its pods and makes none again: its job fails naming why, instead of
+    waiting for ever for replacements (a phantom holding its queue's quota)."""
+    await kube.node("n1")
+    job, pods = await kube.job("train", 2, gpus=1)
+    failed = {"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "past its deadline"}
+    status = {"status": {"conditions": [{**failed, "lastProbeTime": None, "lastTransitionTime": None}]}}
+    async with running_adapter(api, reconcile_seconds=3600) as (_adapter, events):
+        sub = await submitted(events)
+        await kube.batch.patch_namespaced_job_status(job["metadata"]["name"], kube.ns, status)
+        await kube.delete_pod(pods[0]["metadata"]["name"])
+        await events.wait_for(lambda e: bool(e.of(JobFailed)))
+    [fail] = events.of(JobFailed)
+    assert fail.job == sub.job
+    assert fail.reason.startswith(f"Job/{kube.ns}/train is Failed (DeadlineExceeded), so it makes no pod again")
+    assert events.of(JobCancelled) == []
+
+
 async def test_a_pod_deleted_from_a_waiting_group_that_keeps_the_others_fails_it_after_a_whole_pass(
     api: ApiClient, kube: Kube
 ) -> None:
