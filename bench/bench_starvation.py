@@ -3,8 +3,10 @@
 Prints, per trace and policy, the queueing delay (first admission less submission;
 a job still pending at the end counts with what it waited so far, see
 `replay/waits.py`): average, p50, p99 and maximum over all jobs, and the same for
-the big gangs (32 GPUs or more), then a GOALS block: issue 12's goals, met or
-not, for `reserve` and `reserve+limits`. Not a test: it prints numbers and exits 0.
+the big gangs (32 GPUs or more), for a policy that reserves how its reservations'
+hosts drained against the hosts that drained first (`Drains`), then a GOALS block:
+issue 12's goals, met or not, for `reserve` and `reserve+limits`. Not a test: it
+prints numbers and exits 0.
 
 Policies:
 - `default`: `muster sim` with today's defaults (`best_effort_fifo` everywhere);
@@ -54,6 +56,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from muster.events import types as events
 from muster.events.types import Event, JobAdmitted, JobInadmissible, ReservationMade, ReservationReleased
 from muster.replay.scenario import load
 from muster.replay.simulator import simulate
@@ -171,12 +174,58 @@ class Story:
 
 
 @dataclass
+class Drains:
+    """How long the hosts of each job's first reservation took to drain (the latest end, by the trace's runtimes,
+    of the jobs running on them when it was made), against the same number of hosts of the cluster that drained
+    first: the best a plan could have picked, known only afterwards (without limits a plan guesses which end first)."""
+
+    held: list[int]
+    best: list[int]
+
+    def line(self) -> str:
+        if not self.held:
+            return "no reservations"
+        return (
+            f"{len(self.held)} first reservations: their hosts drained in avg {sum(self.held) / len(self.held):,.0f} / "
+            f"max {max(self.held):,} s; the hosts that drained first in avg {sum(self.best) / len(self.best):,.0f} / "
+            f"max {max(self.best):,} s"
+        )
+
+
+class Occupancy:
+    """Which jobs run on which host in a `muster sim` run, and when each ends by its runtime (`Drains`)."""
+
+    def __init__(self, runtime: dict[str, int]) -> None:
+        self.runtime = runtime
+        self.on: dict[str, dict[str, int]] = {}
+        """Host -> job -> its end."""
+        self.hosts_of: dict[str, set[str]] = {}
+        self.drains = Drains([], [])
+
+    def admitted(self, ev: JobAdmitted) -> None:
+        hosts = self.hosts_of[ev.job] = set(ev.placement.values())
+        for h in hosts:
+            self.on.setdefault(h, {})[ev.job] = ev.at + self.runtime[ev.job]
+
+    def ended(self, job: str) -> None:
+        for h in self.hosts_of.pop(job, ()):
+            self.on[h].pop(job, None)
+
+    def reserved(self, ev: ReservationMade, hosts: list[str]) -> None:
+        drain = {h: max([ev.at, *self.on.get(h, {}).values()]) - ev.at for h in hosts}
+        self.drains.held.append(max(drain[h] for h in ev.nodes))
+        self.drains.best.append(sorted(drain.values())[len(ev.nodes) - 1])
+
+
+@dataclass
 class Run:
-    """One policy's waits, and for `muster sim` how the nominal-quota guarantee fared and each job's story."""
+    """One policy's waits, and for `muster sim` how the nominal-quota guarantee fared, each job's story and how
+    its reservations drained."""
 
     waits: list[Wait]
     guarantee: Guarantee | None = None
     stories: dict[str, Story] | None = None
+    drains: Drains | None = None
 
 
 @dataclass
@@ -218,16 +267,20 @@ def run_muster(
     promised: dict[str, int] = {}
     started: dict[str, int] = {}
     stories: dict[str, Story] = {}
+    hosts = [f"n{i}" for i in range(nodes)]
+    occupancy = Occupancy({j.job: j.runtime for j in trace.jobs})
 
     def watch(ev: Event) -> None:
         if isinstance(ev, ReservationMade):
             story = stories.setdefault(ev.job, Story())
             if story.reserved is None:
                 story.reserved, story.promised = ev.at, ev.expected_start
+                occupancy.reserved(ev, hosts)
             nominal = ev.reason == "within its queue's nominal quota"
             if nominal and ev.job not in promised and ev.expected_start is not None:
                 promised[ev.job] = ev.expected_start
         elif isinstance(ev, JobAdmitted):
+            occupancy.admitted(ev)
             story = stories.setdefault(ev.job, Story())
             if story.admitted is None:
                 story.admitted = ev.at
@@ -237,6 +290,8 @@ def run_muster(
             stories.setdefault(ev.job, Story()).reason = ev.reason
         elif isinstance(ev, ReservationReleased) and ev.reason == "replaced":
             stories.setdefault(ev.job, Story()).moves += 1
+        elif isinstance(ev, events.JobFinished | events.JobFailed | events.JobPreempted):
+            occupancy.ended(ev.job)
 
     waits = run_waits(simulate(load(path), keep_events=False, on_event=watch))
     g = Guarantee(jobs=len(promised))
@@ -245,7 +300,7 @@ def run_muster(
         if at is None or at > start:
             g.late += 1
             g.worst = max(g.worst, (at if at is not None else start) - start)
-    return Run(waits, g, stories)
+    return Run(waits, g, stories, occupancy.drains)
 
 
 def _per_pod(gpus: int) -> int:
@@ -377,6 +432,8 @@ def starved(trace: Trace, run: Run, n: int) -> None:
         reserved = f"reserved after {s.reserved - j.submit:,} s" if s.reserved is not None else "never reserved"
         if s.promised is not None:
             reserved += f", first expected start +{s.promised - j.submit:,} s"
+        if s.reserved is not None and s.admitted is not None:
+            reserved += f", started {s.admitted - s.reserved:,} s after it"  # the drain of the room it held
         print(
             f"    {j.job} {j.queue} {j.gpus} GPUs runtime {j.runtime:,} s: waited {wait:,} s; {reserved}, "
             f"{s.moves} moves; last reason: {s.reason or '-'}",
@@ -411,6 +468,8 @@ def report(
         big = stats(w for w in run.waits if w.gpus >= BIG)
         print(f"  {name:<14} all: {_fmt(stats(run.waits))}  cpu={cpu:6.1f}s", flush=True)
         print(f"  {'':<14} >={BIG} GPUs: {_fmt(big)}  ({big.jobs} gangs)", flush=True)
+        if run.drains is not None and run.drains.held:
+            print(f"  {'':<14} drains: {run.drains.line()}", flush=True)
         starved(trace, run, starved_n)
     goals(trace.name, runs)
 
