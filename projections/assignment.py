@@ -563,7 +563,8 @@ def wake(cycle: Cycle, job: JobState, choice: Choice, found: list[Result]) -> Wa
         # as a plain job's (`verdicts.wake_rule`): new victims change nothing for one that may evict no one
         new_victims=not cycle.idx.evicts_no_one(job.queue, state.priority_of(job)),
     )
-    if queue.cohort is not None and evicts_from_others(queue.preemption, None):
+    # as `verdicts.wake_rule`: back within nominal quota it may reclaim (or, reclaimed for idleness, evict)
+    if (queue.cohort is not None and evicts_from_others(queue.preemption, None)) or job.idle_reclaimed_at is not None:
         for on in choice.preempt:
             over = cycle.idx.quota.over_nominal(job.queue, on.requests)
             if not over:

@@ -295,6 +295,7 @@ def _on_admitted(state: ClusterState, ev: JobAdmitted) -> ClusterState:
     job.idle_since = None
     job.nominated = False
     job.evicted_by = None
+    job.idle_reclaimed_at = None
     _count_decision(state, ev.cycle)
     state.dirty_jobs.add(job.id)
     _reservation_moved(state, job.id)
@@ -322,6 +323,7 @@ def _on_preempted(state: ClusterState, ev: JobPreempted) -> ClusterState:
         # Idle reclamation); with its old place it would take the room back in the next cycle
         state.places += 1
         job.order_seq = state.places
+        job.idle_reclaimed_at = ev.at
     if ev.preemptor is not None:
         preemptor = state.jobs.get(ev.preemptor)
         if preemptor is not None and preemptor.status == "pending":

@@ -16,6 +16,11 @@ open, which asks whether *some* submission order or quota position allows it).
   `reclaim_within_cohort` (Any, or LowerPriority); borrowing follows
   `borrow_within_cohort` (LowerPriority, at or under the threshold if one is
   set); with fair sharing either may apply (shares decide among them).
+- Nothing at all while the preemptor was reclaimed for idleness and borrows
+  (`Preemptor.idle_borrowing`, until it runs again): its room went to waiting
+  work, and evicting busy jobs to give it room back would trade them for a
+  job that sat idle. Within its nominal quota the rule is the usual one (the
+  queue's guarantee holds); borrowing, it waits for free room.
 - Never a job the preemptor's own eviction descends from (`eviction_chain`):
   who evicted it, who evicted that one while it still waits, and so on. So
   evictions never go round in a loop (A evicts B, B evicts C, C evicts A),
@@ -53,6 +58,9 @@ class Preemptor(NamedTuple):
     queue order timestamp); None: any (the answer is whether some order allows it)."""
     spared: frozenset[str] = frozenset()
     """Jobs it never evicts: those its own eviction descends from (`eviction_chain`)."""
+    idle_borrowing: bool = False
+    """Reclaimed for idleness (`JobState.idle_reclaimed_at`) and borrowing now: it evicts no one (False:
+    not such a job, or a question about any quota position, of which within nominal allows evicting)."""
 
 
 def may_evict(
@@ -64,7 +72,7 @@ def may_evict(
     another queue is a candidate only then). `job`: its id (None: a job `p`
     does not spare).
     """
-    if priority is None or (job is not None and job in p.spared):
+    if priority is None or p.idle_borrowing or (job is not None and job in p.spared):
         return False
     if queue == p.queue:
         within = p.policy.within_queue

@@ -174,17 +174,22 @@ def overlaps(candidate: JobState, job: JobState) -> bool:
     return any(v > 0 and candidate.requests.get(r, 0) > 0 for r, v in job.requests.items())
 
 
-def preemptor_rule(cycle: Cycle, job: JobState) -> Preemptor:
-    """What the eviction rule knows of `job` as a preemptor on the cycle's view."""
+def preemptor_rule(cycle: Cycle, job: JobState, reclaimed: bool = False) -> Preemptor:
+    """What the eviction rule knows of `job` as a preemptor on the cycle's view (`reclaimed`: as it will
+    be once reclaimed for idleness now, else as the log left it)."""
     state = cycle.state
     queue = state.queues[job.queue]
+    quota = cycle.idx.quota
     mode: Mode
     if state.fair_sharing:
         mode = "fair"
     else:
-        mode = "reclaim" if cycle.idx.quota.within_nominal(job.queue, job.requests) else "borrow"
+        mode = "reclaim" if quota.within_nominal(job.queue, job.requests) else "borrow"
     prio, chain = state.priority_of(job), eviction_chain(state.jobs, job)
-    return Preemptor(job.queue, prio, queue.preemption, queue.cohort is not None, mode, job.order_seq, chain)
+    rule = Preemptor(job.queue, prio, queue.preemption, queue.cohort is not None, mode, job.order_seq, chain)
+    if (reclaimed or job.idle_reclaimed_at is not None) and not quota.within_nominal(job.queue, job.requests):
+        return rule._replace(idle_borrowing=True)
+    return rule
 
 
 def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
@@ -194,6 +199,8 @@ def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
         return _NONE
     policy = state.queues[job.queue].preemption
     rule = preemptor_rule(cycle, job)
+    if rule.idle_borrowing:
+        return _NONE  # the rule lets it evict no one (the sums in `_hopeless` do not ask it per class)
     hopeless = _hopeless(cycle, job, rule, allow_borrow)
     if hopeless is not None:
         return hopeless

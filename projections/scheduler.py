@@ -182,7 +182,9 @@ def _reclaim_idle(cycle: Cycle) -> None:
     for job in idle:
         # on the next cycle's view: without the job, which is then pending at the reclaim's place
         cycle.remove(job)
-        requeued = _Requeued(lowest_key(cycle, job)[:-1], preemptor_rule(cycle, job)._replace(seq=state.places + 1))
+        requeued = _Requeued(
+            lowest_key(cycle, job)[:-1], preemptor_rule(cycle, job, reclaimed=True)._replace(seq=state.places + 1)
+        )
         fitting = [p for p in waiting if _keeps_the_room(cycle, p, requeued) and cycle.fits(p, state.preemptible(p))]
         cycle.restore(job)
         if any(not cycle.fits(p, state.preemptible(p)) for p in fitting):

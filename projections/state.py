@@ -126,6 +126,10 @@ class JobState(msgspec.Struct, kw_only=True):
     """When it was last preempted: it may not preempt anyone at that same instant."""
     evicted_by: str | None = None
     """The job that preempted it, until it runs again: it may not evict that job in return."""
+    idle_reclaimed_at: int | None = None
+    """When it was last reclaimed for idleness, until it runs again: while it borrows it evicts no one
+    (`eviction.Preemptor.idle_borrowing`); it gave its room to waiting work, and taking room back from
+    busy jobs would trade them for a job that sat idle (spec, Idle reclamation)."""
     held: bool = False
     """Held by a user (`JobHeld`) while pending: the scheduler's index leaves it out until released."""
     max_runtime: int | None = None

@@ -31,12 +31,14 @@ def job_class(cycle: Cycle, job: JobState) -> tuple[object, ...] | None:
     if (
         job.nominated
         or job.evicted_by is not None
+        or job.idle_reclaimed_at is not None
         or cycle.idx.equal_in_queue(job.queue)
         or job.queue in cycle.heads.strict
         or cycle.fence.own_verdict(job)
     ):
         # its candidates depend on its own history (the jobs it spares, see `eviction`) or on its
-        # own submission order (equal priorities, by seq); in a strict_fifo queue the jobs after a
+        # own submission order (equal priorities, by seq); one reclaimed for idleness may evict no one
+        # while its class may; in a strict_fifo queue the jobs after a
         # refused head are held behind it, not refused with it; a job that may use reserved room
         # sees more than its class
         return None

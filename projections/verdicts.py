@@ -187,9 +187,10 @@ def wake_rule(
         _wait_for_room(cycle, job, result, wake)
         for r, h in headroom.items():
             wake.consumed[r] = h + 1
-    # back within nominal quota, the queue may reclaim what its cohort borrowed
+    # back within nominal quota, the queue may reclaim what its cohort borrowed (and a job reclaimed
+    # for idleness may evict at all again, `eviction.Preemptor.idle_borrowing`)
     policy = queue.preemption
-    if queue.cohort is not None and evicts_from_others(policy, None):
+    if (queue.cohort is not None and evicts_from_others(policy, None)) or job.idle_reclaimed_at is not None:
         over = cycle.idx.quota.over_nominal(job.queue, job.requests)
         if over:
             r = max(sorted(over), key=lambda k: over[k])

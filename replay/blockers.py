@@ -211,7 +211,14 @@ def blockers(state: ClusterState, job: JobState) -> dict[str, Any]:
             verdict = "its limit ends too late to use it"
         changes.append(f"reserved room: {', '.join(other.nodes)} held for {other.job}; {verdict}")
     victims = _victims(state, job)
-    if victims.get("victims"):
+    reclaimed_at = victims.get("idle_reclaimed_at")
+    if reclaimed_at is not None:
+        changes.append(
+            f"preemption: reclaimed for idleness at {reclaimed_at} ({duration(state.now - reclaimed_at)} ago): "
+            "it evicts no one while it borrows, until it runs again (it waits for free room, or for its queue "
+            "to be within nominal quota)"
+        )
+    elif victims.get("victims"):
         changes.append(
             "preemption: evicting "
             + ", ".join(v["job"] for v in victims["victims"])
@@ -295,11 +302,15 @@ def _victims(state: ClusterState, job: JobState) -> dict[str, Any]:
     from muster.projections.assignment import victim_search
     from muster.projections.cycle import Cycle
     from muster.projections.index import index_of
+    from muster.projections.preemption import preemptor_rule
 
     try:
         idx = index_of(state)
         cycle = Cycle(state, idx, state.now)
         try:
+            if preemptor_rule(cycle, job).idle_borrowing:
+                # the rule lets it evict no one (`eviction.Preemptor.idle_borrowing`): say why
+                return {"victims": [], "candidate_gpus": 0, "idle_reclaimed_at": job.idle_reclaimed_at}
             result = victim_search(cycle, job, state.preemptible(job))
         finally:
             cycle.finish()

@@ -211,3 +211,54 @@ def test_reclaimed_job_does_not_evict_the_equal_job_it_made_room_for() -> None:
     assert [(e.at, e.job, e.reason) for e in out.preemptions()] == [(1900, "idle", "IdleReclaim")]
     assert [a.at for a in out.admissions("w")] == [1900]
     assert [a.at for a in out.admissions("idle")] == [0, 2000]
+
+
+# A job reclaimed for idleness evicts no one while it borrows, until it runs again (spec, Idle
+# reclamation): 32 GPUs, four queues of 8 in one cohort; qa runs `own` and the borrowing `lent` (idle
+# from t=100), qc runs the busy scavengers `s1` and `s2` (which borrows); qb's `w` waits for room.
+
+
+def _reclaimed_borrower(*more: str) -> str:
+    timeline = [
+        submit("own", "qa", 8, runtime=100_000, prio="training"),
+        submit("lent", "qa", 8, runtime=100_000, prio="training"),
+        submit("s1", "qc", 8, runtime=100_000, prio="scavenger"),
+        submit("s2", "qc", 8, runtime=5000, prio="scavenger"),
+        "  - {at: 100, utilization: {job: lent, gpu: 0.0}}\n",
+        submit("w", "qb", 8, at=200, runtime=100_000, prio="training"),
+        *more,
+    ]
+    queues = [
+        queue("qa", 8, "org", reclaim="Any", borrow="LowerPriority"),
+        queue("qb", 8, "org"),
+        queue("qc", 8, "org"),
+        queue("qd", 8, "org"),
+    ]
+    policy = "idle_reclaim:\n  threshold: 0.05\n  after: 1800\n"
+    return scenario(nodes_8gpu(per_rack=4), queues, timeline, cohorts=["org"], extra=policy + "until: 20000\n")
+
+
+def test_reclaimed_borrower_waits_for_free_room_instead_of_evicting_a_busy_scavenger() -> None:
+    """Requeued while it borrows, a job reclaimed for idleness evicts no busy job: it runs once room is free."""
+    out = run(_reclaimed_borrower())
+    assert out.admitted("s2").borrowed == {"gpu": 8}
+    assert [(e.at, e.job, e.reason) for e in out.preemptions()] == [(1900, "lent", "IdleReclaim")]
+    assert [a.at for a in out.admissions("w")] == [1900]
+    assert [a.at for a in out.admissions("lent")] == [0, 5000]  # when `s2` ends
+
+
+def test_reclaimed_job_back_within_nominal_quota_reclaims_from_a_borrower() -> None:
+    """Within its queue's nominal quota a job reclaimed for idleness still takes back what a borrower holds."""
+    out = run(_reclaimed_borrower("  - {at: 2500, queue_update: {name: qa, nominal: {gpu: 16}}}\n"))
+    assert [(e.at, e.job, e.preemptor, e.reason) for e in out.preemptions()] == [
+        (1900, "lent", None, "IdleReclaim"),
+        (2500, "s2", "lent", "ReclaimWithinCohort"),
+    ]
+    assert [a.at for a in out.admissions("lent")] == [0, 2500]
+
+
+def test_the_mark_ends_when_the_job_runs_again() -> None:
+    """Readmitted, a job once reclaimed for idleness evicts as any job: its mark is gone from the state."""
+    out = run(_reclaimed_borrower())
+    assert out.state.jobs["lent"].idle_reclaimed_at is None
+    assert out.state.jobs["lent"].status == "admitted"
