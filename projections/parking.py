@@ -28,7 +28,8 @@ A job is woken (tried again) when:
 - quota blocked it: usage in its cohort tree went down by at least its
   deficit (a release of d raises any queue's available quota by at most d),
   or its own queue gave back what it holds over nominal quota (it may then
-  reclaim what the cohort borrowed);
+  reclaim what the cohort borrowed); for most such jobs the wake is checked
+  first (below);
 - placement blocked it: GPUs freed anywhere (for a flavor's placement, on that
   flavor's nodes; for a gang bound to one domain of a level, in one domain,
   `RoomWait`) reach what it lacks beyond the free GPUs and what preemption
@@ -43,6 +44,39 @@ A job is woken (tried again) when:
   work, which orders them, grows with time);
 - its tree admitted, in the same cycle, a job that could be its victim (the
   scheduler asks for that one through `due_on_consumption`).
+
+A release wake of a class that quota blocks (`Wake.quota`, GPU-only jobs outside
+fair sharing) is checked before anyone is tried. The release counter only says
+the verdict *may* have changed (usage can have fallen by the deficit); in a full
+cohort the GPUs given back are retaken at once, usage does not fall, and a deep
+backlog's big gangs would be tried again and again for nothing. So the wake
+makes the block *due* (`due`, still parked); at its first job's turn in the
+next cycle (`scheduler._check_due`) `verdicts.quota_short` asks whether quota
+could fit on the cycle's view with every job the class could ever evict gone
+(a superset of any victim search's candidates, and of the jobs this cycle
+admitted that it may take). If not, each of its jobs would be tried and parked
+again for the same reason, writing nothing: the block stays parked, is not
+judged (no `CycleSettled` counts it), merges its group's other due blocks
+(they come up later in the cycle and lack as much or more), and its release
+wakes wait again for what it lacks now (`rearm`), in its tree and, while it
+borrows, in its own queue. If so, it is woken and tried there. That is exact
+and the same for every reader:
+- what the class lacks with every candidate gone, F, grows between two cycles
+  only by usage given back in its tree (an admission of a job it may evict adds
+  to usage and to the candidates alike; one it may not only lowers F), by a queue
+  starting to borrow (which wakes the block outright, `wake_tree`, or in the
+  cycle, `Cycle.take`), or by its own queue giving back what it holds over
+  nominal (it may then reclaim: the own wake); and within a cycle F only falls;
+- so a check that fails sets wakes that fire before any later check could pass.
+  A reader that ran a check another never ran (the daemon decides at cycles that
+  leave no record; audit only at recorded ones) has its wakes fire at every
+  state where the other's check would pass, and the check there is a function
+  of that state: both try the class at the same recorded cycle;
+- re-arms are proposed like parks: kept if the cycle decided nothing (it
+  checked on the folded state itself) or once its decisions are folded, else
+  the block is due again. A passing check woke jobs that a cycle leaving no
+  record then set aside (judged on a narrow view) are parked again, due
+  (`Cycle.finish`), as for a reader that never ran that cycle.
 
 Jobs are parked in blocks: the jobs of one class (`index.Group`) that one
 cycle found inadmissible for one verdict share every wake threshold, so they
