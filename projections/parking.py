@@ -181,7 +181,7 @@ class Member(NamedTuple):
 class Block:
     """Jobs of one class parked together under one verdict (they share every wake)."""
 
-    __slots__ = ("armed", "group", "members", "new_victims", "quota", "reason", "root", "stamp")
+    __slots__ = ("armed", "group", "members", "new_victims", "quota", "reason", "root", "stamp", "timed")
 
     def __init__(
         self,
@@ -192,6 +192,7 @@ class Block:
         reason: str | None,
         new_victims: bool = True,
         quota: QuotaWait | None = None,
+        timed: bool = False,
     ):
         self.stamp = stamp
         """Unique and growing: the park the block belongs to (its wake entries carry it); a cycle's
@@ -206,6 +207,9 @@ class Block:
         """Whether new victims in its tree (a queue starts borrowing) may change its verdict (`Wake`)."""
         self.quota = quota
         """Set for a class quota blocks: its release wakes make it due for a check, not a try (`Wake.quota`)."""
+        self.timed = timed
+        """Whether it also waits for a time (`Wake.at_time`): a block merged into another keeps no wake but
+        the other's, so such a block is never merged (`merge_due`)."""
         self.armed: dict[tuple[str, str], int] = {}
         """For a `quota` block: per release counter, the level its live wake waits for (older entries
         left in the heaps by a re-arm are stale)."""
@@ -324,7 +328,7 @@ class Parking:
         """
         self.stamp += 1
         stamp = self.stamp
-        block = Block(stamp, group, root, members, reason, wake.new_victims, wake.quota)
+        block = Block(stamp, group, root, members, reason, wake.new_victims, wake.quota, wake.at_time is not None)
         self.blocks.setdefault(group, {})[stamp] = block
         self.by_root.setdefault(root, {})[stamp] = block
         freed = None if wake.freed_short is None else self.freed_seen + max(1, wake.freed_short - gpu_free)
@@ -484,8 +488,10 @@ class Parking:
                 self.due[block.stamp] = block
 
     def merge_due(self, block: Block) -> None:
-        """Move into `block` the members of its group's other due blocks (their turns come later in the cycle)."""
-        others = [b for b in self.blocks.get(block.group, {}).values() if b is not block and self.due.get(b.stamp) is b]
+        """Move into `block` the members of its group's other due blocks (their turns come later in the cycle),
+        but those that also wait for a time."""
+        blocks = self.blocks.get(block.group, {}).values()
+        others = [b for b in blocks if b is not block and not b.timed and self.due.get(b.stamp) is b]
         if not others:
             return
         members = block.members

@@ -182,7 +182,7 @@ def wake_rule(
             wake.released[min(headroom)] = 1
         if quota_possible:
             _wait_for_room(cycle, job, result, wake)
-        elif _checked(cycle, job, wake):
+        elif _checked(cycle, job):
             wake.quota = QuotaWait(job.queue, job.requests["gpu"], allow_borrow, state.priority_of(job))
     else:
         # placement blocked: wake when GPUs free up, or when quota would block instead
@@ -199,16 +199,15 @@ def wake_rule(
     return wake
 
 
-def _checked(cycle: Cycle, job: JobState, wake: Wake) -> bool:
+def _checked(cycle: Cycle, job: JobState) -> bool:
     """Whether a job that quota blocks with every candidate evicted may have its release wakes checked
-    (`quota_short`): a GPU-only job outside fair sharing (where any usage moved wakes it) that does not
-    wait for a time, is no preemptor holding room, is not held behind a strict_fifo head, and sees no
-    reserved room its class does not. Jobs evicted to make room are checked too: the candidates the
-    check counts include the ones they spare."""
+    (`quota_short`): a GPU-only job outside fair sharing (where any usage moved wakes it) that is no
+    preemptor holding room, is not held behind a strict_fifo head, and sees no reserved room its class
+    does not. Jobs evicted to make room are checked too: the candidates the check counts include the
+    ones they spare, and those they may not take at this instant (a time wake tries them later)."""
     requests = job.requests
     return (
-        wake.at_time is None
-        and not cycle.state.fair_sharing
+        not cycle.state.fair_sharing
         and not job.nominated
         and requests.get("gpu", 0) > 0
         and all(v <= 0 for r, v in requests.items() if r != "gpu")
