@@ -450,6 +450,7 @@ class Parking:
         return True
 
     def _drop(self, block: Block) -> None:
+        self.due.pop(block.stamp, None)  # woken or emptied: nothing left to check
         blocks = self.blocks.get(block.group)
         if blocks is not None:
             del blocks[block.stamp]
