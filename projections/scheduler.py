@@ -105,7 +105,8 @@ def _admit(cycle: Cycle) -> None:
     # One order over every job to try: its key is judged when the job comes up
     # (keys only grow within a cycle, so a stale key is a lower bound and the
     # lazy heap still yields the job with the smallest current key). Parked jobs
-    # are absent, and would only have failed without changing anything. Jobs of
+    # are absent, and would only have failed without changing anything; a parked
+    # quota block whose release wake came is checked at its turn (`_check_due`). Jobs of
     # one class always have the same key but for their seq, so the heap holds
     # groups: popping one tries its first job, which leaves the group (parked or
     # taken). A group whose first job failed for its class is doomed: its jobs
