@@ -3,6 +3,8 @@ the same victims, the same bounds for the wake, and the same room short per doma
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from logkit import settled
@@ -91,6 +93,27 @@ def _running(jobs: list[Gang], policy: int, lending: int | None = None) -> Clust
     return settled(events, len(jobs) + 1)
 
 
+def searches(test: Callable[..., None]) -> Callable[..., None]:
+    """Run `test` over searches among running gangs in three queues (`jobs`, `policy`, `preemptor`, `lending`)."""
+    return settings(max_examples=400, deadline=None, derandomize=True)(
+        given(
+            jobs=st.lists(gang, min_size=1, max_size=12),
+            policy=st.integers(0, len(POLICIES) - 1),
+            preemptor=preemptors,
+            lending=st.sampled_from([None, 4, 12]),
+        )(test)
+    )
+
+
+def _waiting(jobs: list[Gang], policy: int, preemptor: Gang, lending: int | None) -> tuple[ClusterState, list[str]]:
+    """`jobs` running, the `preemptor` ("p") submitted at the next instant, and every job that waits (some were
+    evicted, and never evict the job that evicted them)."""
+    state = _running(jobs, policy, lending)
+    queue, cls, pods, gpus, level = preemptor
+    evolve(state, JobSubmitted(at=1, job="p", queue=queue, priority_class=cls, podsets=[_podset(pods, gpus, level)]))
+    return state, sorted(j.id for j in state.jobs.values() if j.status == "pending")
+
+
 def _search(state: ClusterState, job: str, sums: bool) -> tuple[tuple[object, ...], object]:
     """The search's answer for `job` at the next instant, and the room its wake finds short per domain."""
     preemption.SUMS = sums
@@ -110,13 +133,7 @@ def _search(state: ClusterState, job: str, sums: bool) -> tuple[tuple[object, ..
     return answer, (short, isinstance(result.candidates, SummedRoom))
 
 
-@settings(max_examples=400, deadline=None, derandomize=True)
-@given(
-    jobs=st.lists(gang, min_size=1, max_size=12),
-    policy=st.integers(0, len(POLICIES) - 1),
-    preemptor=preemptors,
-    lending=st.sampled_from([None, 4, 12]),
-)
+@searches
 def test_a_search_read_off_the_sums_answers_as_one_that_lists_its_candidates(
     jobs: list[Gang],
     policy: int,
@@ -125,11 +142,8 @@ def test_a_search_read_off_the_sums_answers_as_one_that_lists_its_candidates(
 ) -> None:
     """Victims, whether quota fits on the way, what the candidates hold and the room short per domain agree,
     for a new gang and for every job that waits."""
-    state = _running(jobs, policy, lending)
-    queue, cls, pods, gpus, level = preemptor
-    evolve(state, JobSubmitted(at=1, job="p", queue=queue, priority_class=cls, podsets=[_podset(pods, gpus, level)]))
-    # and every job that waits: some were evicted, and never evict the job that evicted them
-    for job in sorted(j.id for j in state.jobs.values() if j.status == "pending"):
+    state, waiting = _waiting(jobs, policy, preemptor, lending)
+    for job in waiting:
         listed, (listed_short, _) = _search(state, job, sums=False)
         read, (read_short, _) = _search(state, job, sums=True)
         assert read == listed, job
@@ -147,3 +161,31 @@ def test_a_gang_no_rack_can_hold_waits_without_its_candidates_listed() -> None:
     assert from_sums and read == listed
     victims, quota_possible, gpus, _, _ = read
     assert victims == () and quota_possible and gpus == 32  # qa's two low gangs: qb's second waits on quota
+
+
+def _walked(state: ClusterState, job: str, freeing: bool, sums: bool) -> tuple[object, ...]:
+    """The search's answer for `job` at the next instant, walked with a `Freeing` or by evicting on the view."""
+    preemption.FREEING, preemption.SUMS = freeing, sums
+    try:
+        cycle = Cycle(state, index_of(state), 1)
+        result: Result = find_victims(cycle, state.jobs[job], True)
+        view = (cycle.idx.topology.free_total(), {q: dict(n.usage) for q, n in cycle.idx.quota.queues.items()})
+        cycle.finish()
+    finally:
+        preemption.FREEING, preemption.SUMS = True, True
+    victims = tuple((v.job.id, v.reason) for v in result.victims)
+    listed = None if isinstance(result.candidates, SummedRoom) else [c.id for c in result.candidates]
+    return victims, result.quota_possible, result.order_matters, listed, view
+
+
+@searches
+def test_a_walk_that_frees_room_in_sums_evicts_whom_a_walk_that_evicts_and_places_evicts(
+    jobs: list[Gang], policy: int, preemptor: Gang, lending: int | None
+) -> None:
+    """The same victims in the same order with the same reasons, the same bounds for the wake, and the view left
+    as found, whether the walk asks a `Freeing` or evicts each candidate and places the gang (sums on or off)."""
+    state, waiting = _waiting(jobs, policy, preemptor, lending)
+    for job in waiting:
+        evicting = _walked(state, job, freeing=False, sums=False)
+        assert _walked(state, job, freeing=True, sums=False) == evicting, job
+        assert _walked(state, job, freeing=True, sums=True)[:3] == evicting[:3], job
