@@ -324,12 +324,17 @@ def _gpu_only(requests: Mapping[str, int]) -> bool:
 
 def _quota_fits(cycle: Cycle, job: JobState, freed: Mapping[str, int], allow_borrow: bool) -> bool:
     """Whether the quota holds `job` with `freed` GPUs given back per queue (a GPU-only job's fit reads
-    only GPU usage, and a queue's usage moves its tree the same, one job at a time or summed)."""
+    only GPU usage)."""
+    return _fits_given(cycle, job, {queue: {"gpu": gpus} for queue, gpus in freed.items() if gpus}, allow_borrow)
+
+
+def _fits_given(cycle: Cycle, job: JobState, given: Mapping[str, Mapping[str, int]], allow_borrow: bool) -> bool:
+    """Whether the quota holds `job` with `given` usage given back per queue: in sums (a queue's usage moves
+    its tree the same, one job at a time or summed)."""
     quota = cycle.idx.quota
     mark = quota.mark()
-    for queue, gpus in freed.items():
-        if gpus:
-            quota.add(queue, {"gpu": gpus}, -1)
+    for queue, requests in given.items():
+        quota.add(queue, requests, -1)
     fits = quota.fits(job.queue, job.requests, allow_borrow)
     quota.rollback(mark)
     return fits
@@ -401,6 +406,8 @@ class _Probe:
         """While `minimal` walks a podset a `Freeing` answers for: the candidates it has taken, evicted only
         from the quota (from `mark` on its undo log) and from the `Freeing`, not from the nodes."""
         self.mark = 0
+        self.given: dict[str, dict[str, int]] | None = None
+        """Per queue, usage of turns `_turns` took without giving it back to the quota (`_in_turn` reads it)."""
 
     def _take(self, c: JobState) -> None:
         """Evict a candidate tentatively, for the walk."""
@@ -461,12 +468,13 @@ class _Probe:
         self, candidates: list[JobState], allow_borrow: bool, threshold: int | None
     ) -> Iterator[tuple[JobState, bool]]:
         """The candidates `minimal` removes, in turn, with whether the preemptor may borrow once it is
-        removed; judged lazily, on the quota as the caller's removals leave it."""
+        removed; judged lazily, on the quota as the caller's removals leave it (and what `given` notes)."""
         job, state, quota = self.job, self.cycle.state, self.cycle.idx.quota
         for c in candidates:
             if c.queue != job.queue:
                 cp = state.priority_of(c)
-                if not may_evict(self.rule, c.queue, cp, c.order_seq, quota.is_borrowing(c.queue, job.requests)):
+                given = self.given.get(c.queue) if self.given is not None else None
+                if not may_evict(self.rule, c.queue, cp, c.order_seq, quota.is_borrowing(c.queue, job.requests, given)):
                     continue  # its queue no longer borrows
                 if threshold is not None and cp > threshold:
                     allow_borrow = False  # borrow_within_cohort: borrowing only past victims under the threshold
@@ -479,7 +487,7 @@ class _Probe:
         and a `Freeing` says after each candidate whether the nodes would hold the job, at the cost of that
         candidate's hosts (not of giving its room back and placing the gang); any other job is evicted and
         placed on the cycle's view. For one podset on its nodes, a walk that has not found a fit after
-        `WALK_BEFORE_ASKING` removals asks whether the quota can fit on the rest of it at all (`_may_fit`)."""
+        `WALK_BEFORE_ASKING` removals asks whether the rest of it can end in one at all (`_may_fit`)."""
         if not self._room_possible(candidates):
             self._quota_only(candidates, allow_borrow, threshold)
             return None
@@ -510,7 +518,7 @@ class _Probe:
             else:
                 return None
             rest = self._turns(turns, own, may_borrow)
-            if not self._may_fit(rest):
+            if not self._may_fit(rest) or not self._may_place(rest):
                 return None
             turns = iter(rest.turns)
 
@@ -529,21 +537,26 @@ class _Probe:
         """The turns left in `rest` (`_in_turn` reads only the quota, so the quota alone is moved), and
         whether the quota fits after the last of some run of them with one leave to borrow (the walk
         tried the prefix before them; `after` is the leave of its last turn)."""
-        job, quota = self.job, self.cycle.idx.quota
+        cycle, job = self.cycle, self.job
         if own:
             left = [Turn(c, may_borrow) for c, may_borrow in rest]
             return Turns(left, bool(left) and self._fits_without([t.job for t in left], after))
-        mark = quota.mark()
+        # the turns' usage is noted, not given back one by one: `_in_turn` reads it from `given`, and the
+        # quota is asked with it given back in sums (the tree moves the same)
+        given: dict[str, dict[str, int]] = {}
+        self.given = given
         turns: list[Turn] = []
         fits = False
         for c, may_borrow in rest:
             if turns and turns[-1].may_borrow != may_borrow and not fits:
-                fits = quota.fits(job.queue, job.requests, turns[-1].may_borrow)
+                fits = _fits_given(cycle, job, given, turns[-1].may_borrow)
             turns.append(Turn(c, may_borrow))
-            quota.add(c.queue, c.requests, -1)
+            back = given.setdefault(c.queue, {})
+            for r, v in c.requests.items():
+                back[r] = back.get(r, 0) + v
+        self.given = None
         if turns and not fits:
-            fits = quota.fits(job.queue, job.requests, turns[-1].may_borrow)
-        quota.rollback(mark)
+            fits = _fits_given(cycle, job, given, turns[-1].may_borrow)
         return Turns(turns, fits)
 
     def _own_queue_only(self, candidates: list[JobState]) -> bool:
@@ -555,16 +568,11 @@ class _Probe:
     def _fits_without(self, jobs: list[JobState], allow_borrow: bool) -> bool:
         """Whether the quota holds the preemptor with all of `jobs`, of its own queue, removed: their
         usage given back at once (a queue's usage moves its tree the same, one job at a time or summed)."""
-        job, quota = self.job, self.cycle.idx.quota
         total: dict[str, int] = {}
         for c in jobs:
             for r, v in c.requests.items():
                 total[r] = total.get(r, 0) + v
-        mark = quota.mark()
-        quota.add(job.queue, total, -1)
-        fits = quota.fits(job.queue, job.requests, allow_borrow)
-        quota.rollback(mark)
-        return fits
+        return _fits_given(self.cycle, self.job, {self.job.queue: total}, allow_borrow)
 
     def _may_fit(self, turns: Turns) -> bool:
         """Whether the rest of a walk, `turns`, may find the job a fit (False: it would not, and
@@ -572,13 +580,30 @@ class _Probe:
 
         Fitting only grows as jobs are removed (their quota and room come back) while the preemptor's
         leave to borrow holds: some turn's quota fits only if the last of its run of turns with one leave
-        fits, so the quota is asked at the end of each run (`_turns`). A failing search whose quota never
-        fits then costs O(turns) sums, not an eviction and a placement per candidate (the nodes are asked
-        as cheaply by a `Freeing`, for the podsets one answers for).
+        fits, so the quota is asked at the end of each run (`_turns`), and the nodes once, with every turn
+        taken (`_may_place`). A failing search then costs O(turns) sums, not a turn per candidate.
         """
         if not turns.quota_fits:
             return False
         self.quota_possible = True
+        return True
+
+    def _may_place(self, turns: Turns) -> bool:
+        """Whether the nodes would hold the job with every turn of the rest of a walk taken too (False: no turn
+        of it finds a fit: room only grows as jobs are removed), for a walk a `Freeing` answers for (others
+        are placed turn by turn). On False the turns are left taken: the walk ends there, and `_undo` drops
+        the `Freeing`."""
+        freeing = self.freeing
+        if freeing is None:
+            return True
+        if not freeing.may_place_with([t.job for t in turns.turns]):
+            return False  # no domain could gain the room: not asked host by host
+        for t in turns.turns:
+            freeing.move(t.job, 1)
+        if not (freeing.could_place(self.job.gpus) and freeing.places()):
+            return False
+        for t in turns.turns:
+            freeing.move(t.job, -1)  # the walk goes on, turn by turn
         return True
 
     def _room_possible(self, candidates: list[JobState]) -> bool:

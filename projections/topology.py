@@ -32,6 +32,8 @@ HOST = "host"
 _MAX_GPU_BUCKET = 64
 _FREED_KEPT = 4096
 """How many answers `_freed_room` keeps (then it starts afresh)."""
+_PODS_KEPT = 1 << 16
+"""How many answers `pods_freed` keeps (then it starts afresh)."""
 
 
 class Domain:
@@ -137,6 +139,8 @@ class TopologyIndex:
         self._freed: dict[tuple[int, frozenset[int]], _FreedRoom] = {}
         self._on_hosts: dict[str, _OnHosts] = {}
         """job -> its GPUs per host (`gpus_on_hosts`); good while its placement is the same object."""
+        self._pods: dict[tuple[str, int, int], _Pods] = {}
+        """(job, depth, GPUs per pod) -> `pods_freed`'s answer; good while its placement is the same object."""
         self._ranked: dict[int, _Ranked] = {}
         """Per depth, `_roomiest`'s order."""
         """(depth, ids of the placements summed) -> `_freed_room`'s answer (see there)."""
@@ -322,10 +326,17 @@ class TopologyIndex:
         # has the room for them, and then so has each domain around it (its room is the sum of its parts'):
         # looked for from the cluster down, not over every domain of the level
         domains, position = self.by_level[depth - 1], self._position(depth)
-        for dom_id, more in extra.items():
-            dom = domains[position[dom_id]]
-            if all(dom.free.get(k, 0) + more.get(k, 0) >= n for k, n in need.items()):
-                return True
+        if len(need) == 1:
+            # one resource (a GPU gang's): the test of every domain the freed jobs run in, without a generator
+            ((k, n),) = need.items()
+            for dom_id, more in extra.items():
+                if domains[position[dom_id]].free.get(k, 0) + more.get(k, 0) >= n:
+                    return True
+        else:
+            for dom_id, more in extra.items():
+                dom = domains[position[dom_id]]
+                if all(dom.free.get(k, 0) + more.get(k, 0) >= n for k, n in need.items()):
+                    return True
         return bool(placement.roomy_domains(self, depth, list(need.items())))
 
     def freeing(
@@ -466,6 +477,23 @@ class TopologyIndex:
         self._on_hosts[job.id] = _OnHosts(job.placement, hosts)
         return hosts
 
+    def pods_freed(self, job: JobState, depth: int, gpu: int) -> dict[Domain, int]:
+        """At most how many more pods of `gpu` GPUs each domain at `depth` (0: the cluster) holds once a running
+        job is evicted: per host it runs on, its GPUs there over `gpu`, rounded up (what it gives back to a host
+        adds at most that many, whatever the host had free), added up per domain (`Freeing.may_place_with`)."""
+        key = (job.id, depth, gpu)
+        known = self._pods.get(key)
+        if known is not None and known.placement is job.placement:
+            return known.by_domain
+        if len(self._pods) >= _PODS_KEPT:
+            self._pods.clear()
+        by_domain: dict[Domain, int] = {}
+        for host, g in self.gpus_on_hosts(job):
+            dom = host.chain[-(depth + 1)]
+            by_domain[dom] = by_domain.get(dom, 0) - (-g // gpu)
+        self._pods[key] = _Pods(job.placement, by_domain)
+        return by_domain
+
     # ------------------------------------------------------------ placement (`placement`)
 
     def place(
@@ -502,7 +530,20 @@ class SummedRoom(NamedTuple):
     parts: list[list[dict[int, int]]]
     """Per class, per depth (0 = the cluster): GPUs per domain (by `id`)."""
     added: dict[int, dict[int, dict[str, int]]]
-    """Per depth, `by_domain`'s answer once asked (the classes do not move while the sum is kept)."""
+    """Per depth, `by_domain`'s answer once asked (moved with the classes' jobs: `move`)."""
+
+    def move(self, rooms: tuple[dict[int, int], ...], sign: int) -> None:
+        """Move the sums by one job's GPUs per domain at every depth (`rooms`: `holdings.Part.rooms`), as its
+        class's are (`parts` are the classes' own, so only what `by_domain` worked out is moved here)."""
+        for depth, out in self.added.items():
+            for dom, gpus in rooms[depth].items():
+                more = out.get(dom)
+                if more is None:
+                    out[dom] = {"gpu": sign * gpus}
+                    continue
+                more["gpu"] += sign * gpus
+                if not more["gpu"]:
+                    del out[dom]  # as `by_domain` leaves out a domain where none is held
 
     def by_domain(self, depth: int) -> dict[int, dict[str, int]]:
         """GPUs per domain at `depth` (by `id`), shaped as `TopologyIndex._freed_room`'s answer (not to
@@ -584,26 +625,53 @@ class Freeing:
         for host, g in self.index.gpus_on_hosts(job):
             if not host.schedulable:
                 continue  # giving back to a host out of service adds no room (`TopologyIndex.adjust`)
-            free = host.host_free.get("gpu", 0)
             name = host.name
             freed = on_host.get(name, 0)
             on_host[name] = freed + sign * g
             # only room above zero counts: an over-committed host has none, however far below it is
-            before, after = max(0, free + freed), max(0, free + freed + sign * g)
+            before = host.host_free.get("gpu", 0) + freed
+            after = before + sign * g
+            if before < 0:
+                before = 0
+            if after < 0:
+                after = 0
             self.free += after - before
             more = after // gpu - before // gpu
             if not more:
                 continue
             self.slots += more
             if depth:
-                key = id(host.chain[-(depth + 1)])
+                dom = host.chain[-(depth + 1)]
+                key = id(dom)
                 had = self.gained.get(key)
                 if had is None:
                     had = 0
-                    self.base[key] = self.index.slots(host.chain[-(depth + 1)], {"gpu": gpu}, count)
+                    self.base[key] = self.index.slots(dom, {"gpu": gpu}, count)
                 base = self.base[key]
                 self.gained[key] = had + more
                 self.fitting += (base + had + more >= count) - (base + had >= count)
+
+    def may_place_with(self, jobs: list[JobState]) -> bool:
+        """Whether the pods might fit were `jobs` taken too (False: they would not), from what each job gives
+        back at most per domain (`TopologyIndex.pods_freed`), not host by host: a bound, for a walk to ask
+        before taking every job of its rest (True: take them and ask `places`)."""
+        index, depth, gpu, count = self.index, self.depth, self.gpu, self.count
+        if self.held or self.fitting > 0:
+            return True
+        if not depth:
+            return self.room + self.slots + sum(index.pods_freed(j, 0, gpu).get(index.root, 0) for j in jobs) >= count
+        bound: dict[Domain, int] = {}
+        for job in jobs:
+            for dom, pods in index.pods_freed(job, depth, gpu).items():
+                bound[dom] = bound.get(dom, 0) + pods
+        for dom, pods in bound.items():
+            key = id(dom)
+            base = self.base.get(key)
+            if base is None:
+                base = self.base[key] = index.slots(dom, {"gpu": gpu}, count)
+            if base + self.gained.get(key, 0) + pods >= count:
+                return True
+        return False
 
     def could_place(self, gpus: int) -> bool:
         """`Cycle.could_place` with the set evicted: the cluster's free GPUs cover a gang of `gpus`."""
@@ -629,6 +697,13 @@ class _FreedRoom(NamedTuple):
 
     placements: list[dict[str, str]]
     by_domain: dict[int, dict[str, int]]
+
+
+class _Pods(NamedTuple):
+    """`TopologyIndex.pods_freed`'s answer for a running job, as placed by `placement` (the job's own dict)."""
+
+    placement: Mapping[str, str]
+    by_domain: dict[Domain, int]
 
 
 class _OnHosts(NamedTuple):

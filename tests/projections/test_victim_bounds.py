@@ -72,7 +72,8 @@ def test_a_gang_fits_with_jobs_evicted_exactly_when_evicting_them_makes_it_fit(
     required: str | None,
 ) -> None:
     """A `Freeing` says what evicting its jobs and then asking `could_place` and `can_place` says, also on a
-    cordoned node, and also once some of the jobs it took are given back (as a victim walk's fill-back does)."""
+    cordoned node, and also once some of the jobs it took are given back (as a victim walk's fill-back does);
+    its bound says no only when evicting them all leaves no room."""
     state = _running(jobs, cordon)
     topology = index_of(state).topology
     running = sorted((j for j in state.jobs.values() if j.status == "admitted"), key=lambda j: j.seq)
@@ -80,6 +81,7 @@ def test_a_gang_fits_with_jobs_evicted_exactly_when_evicting_them_makes_it_fit(
     back = [j for i, j in enumerate(taken) if returned >> i & 1]
     freeing = topology.freeing(pods, {"gpu": gpus}, required, None)
     assert freeing is not None
+    bound = freeing.may_place_with(taken)
     for job in taken:
         freeing.move(job, 1)
     for job in back:
@@ -93,6 +95,11 @@ def test_a_gang_fits_with_jobs_evicted_exactly_when_evicting_them_makes_it_fit(
     placed = (topology.can_place(pods, {"gpu": gpus}, required, None), pods * gpus <= topology.gpu_free_total)
     tx.rollback()
     assert asked == placed
+    for job in taken:
+        for node, n, req in node_pods(job.podsets, job.placement):
+            tx.give(node, {k: v * n for k, v in req.items()})
+    assert bound or not topology.can_place(pods, {"gpu": gpus}, required, None)  # a bound: False only when none fits
+    tx.rollback()
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
