@@ -111,7 +111,7 @@ def _candidates(cycle: Cycle, job: JobState, p: Preemptor) -> list[JobState]:
                 if c.id in removed or not overlaps(c, job) or not may_evict(p, other, cp, c.order_seq, borrowing, c.id):
                     continue
                 others.append(entry)
-    others.sort(key=lambda e: (e.priority, e.lost, e.neg_admitted, e.neg_seq))
+    others.sort()  # by (priority, lost, neg_admitted, neg_seq): seq is unique, so the job is never compared
     return [e.job for e in others] + own
 
 
