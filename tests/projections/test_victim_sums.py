@@ -13,6 +13,7 @@ from muster.events.types import (
     BorrowWithinCohort,
     CohortConfigured,
     Event,
+    JobFinished,
     JobSubmitted,
     NodeAdded,
     PodSet,
@@ -25,8 +26,10 @@ from muster.events.types import (
 from muster.projections import preemption
 from muster.projections.cluster import evolve
 from muster.projections.cycle import Cycle
+from muster.projections.holdings import Holding
 from muster.projections.index import index_of
 from muster.projections.preemption import Result, find_victims
+from muster.projections.scheduler import decide
 from muster.projections.state import ClusterState
 from muster.projections.topology import SummedRoom
 
@@ -189,3 +192,37 @@ def test_a_walk_that_frees_room_in_sums_evicts_whom_a_walk_that_evicts_and_place
         evicting = _walked(state, job, freeing=False, sums=False)
         assert _walked(state, job, freeing=True, sums=False) == evicting, job
         assert _walked(state, job, freeing=True, sums=True)[:3] == evicting[:3], job
+
+
+def _sums(state: ClusterState) -> list[tuple[list[Holding], SummedRoom]]:
+    """The kept sums a search would read for each queue's classes and for every queue's, each depth worked out."""
+    holdings = index_of(state).holdings
+    sets = [[h for _, h in holdings.classes(q)] for q in QUEUES]
+    sets.append([h for hs in sets for h in hs])
+    out = [(hs, holdings.room(hs)) for hs in sets if hs]
+    for _, room in out:
+        for depth in range(holdings.depths):
+            room.by_domain(depth)
+    return out
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(jobs=st.lists(gang, min_size=1, max_size=16), ended=st.integers(0, (1 << 16) - 1))
+def test_sums_kept_while_jobs_end_and_start_are_the_sums_added_up_afresh(jobs: list[Gang], ended: int) -> None:
+    """What a search reads per domain off the kept sums of some classes, after jobs of theirs ended and waiting
+    ones started in their room (a class emptied, new ones made), is what adding up those classes now gives."""
+    state = _running(jobs, 0)
+    _sums(state)
+    for i, job in enumerate(sorted(state.jobs)):
+        if ended >> i & 1 and state.jobs[job].status == "admitted":
+            evolve(state, JobFinished(at=1, job=job))
+    for _ in range(len(jobs)):
+        decided = decide(state, 1)
+        if not decided:
+            break
+        for ev in decided:
+            evolve(state, ev)
+    depths = index_of(state).holdings.depths
+    for hs, room in _sums(state):
+        afresh = SummedRoom([h.rooms for h in hs], {})
+        assert [room.by_domain(d) for d in range(depths)] == [afresh.by_domain(d) for d in range(depths)]
