@@ -27,6 +27,9 @@ from muster.projections.cluster import node_pods
 from muster.projections.state import JobState
 from muster.projections.topology import SummedRoom, TopologyIndex
 
+_SUMS_KEPT = 256
+"""How many sums `Holdings.room` keeps (then it starts afresh)."""
+
 Class = tuple[str, int]
 """(queue, priority) of running jobs."""
 
@@ -72,10 +75,10 @@ class Holdings:
         self.depths = len(topology.levels) + 1
         self.by_queue: dict[str, dict[int, Holding]] = {}
         self.parts: dict[str, Part] = {}
-        self.version = 0
-        """Grows with every job counted or taken out (the sums kept by `room` hold for one)."""
         self._rooms: dict[tuple[int, ...], SummedRoom] = {}
-        self._rooms_version = 0
+        """`room`'s sums by their classes (by `id`), kept up to date as jobs are counted and taken out."""
+        self._summed_in: dict[int, set[tuple[int, ...]]] = {}
+        """Per class (by `id`), the keys of the kept sums it is part of."""
 
     def add(self, job: JobState, priority: int) -> None:
         """Count a running preemptible job of `priority` (one that holds no GPU is no GPU gang's candidate)."""
@@ -95,24 +98,27 @@ class Holdings:
                 room[dom] = room.get(dom, 0) + gpus
         part = Part((job.queue, priority), dict(job.requests), rooms)
         self.parts[job.id] = part
-        self.version += 1
         holding = self.by_queue.setdefault(job.queue, {}).get(priority)
         if holding is None:
             holding = self.by_queue[job.queue][priority] = Holding(self.depths)
         holding.move(part, 1)
+        self._resum(holding, part, 1)
 
     def discard(self, job_id: str) -> None:
         """Take a job out (it stopped running, or changed), by the part it was counted with."""
         part = self.parts.pop(job_id, None)
         if part is None:
             return
-        self.version += 1
         queue, priority = part.cls
         by_prio = self.by_queue[queue]
         holding = by_prio[priority]
         holding.move(part, -1)
+        self._resum(holding, part, -1)
         if holding.jobs == 0:
             del by_prio[priority]
+            # the sums it is part of go with it (its `id` may be another class's next)
+            for key in self._summed_in.pop(id(holding), set()):
+                self._forget(key)
 
     def holds(self, job_id: str, holdings: list[Holding]) -> bool:
         """Whether a running job is counted in one of `holdings`."""
@@ -124,16 +130,33 @@ class Holdings:
         return any(h is mine for h in holdings)
 
     def room(self, holdings: list[Holding]) -> SummedRoom:
-        """The GPUs of `holdings` per domain, for `TopologyIndex.could_hold` and `room_short`: kept while no
-        job is counted or taken out (the searches of a cycle ask for the same classes again and again)."""
-        if self._rooms_version != self.version:
-            self._rooms.clear()
-            self._rooms_version = self.version
-        key = tuple(id(h) for h in holdings)  # the classes live while the sums are kept: a class goes with a version
+        """The GPUs of `holdings` per domain, for `TopologyIndex.could_hold` and `room_short`: kept, and moved
+        as their jobs are counted and taken out (the searches of a cycle, and of the cycles after it, ask
+        for the same classes again and again)."""
+        key = tuple(id(h) for h in holdings)  # a class's sums go when it does: its id is its own while kept
         room = self._rooms.get(key)
         if room is None:
+            if len(self._rooms) >= _SUMS_KEPT:
+                self._rooms.clear()
+                self._summed_in.clear()
             room = self._rooms[key] = SummedRoom([h.rooms for h in holdings], {})
+            for h in holdings:
+                self._summed_in.setdefault(id(h), set()).add(key)
         return room
+
+    def _resum(self, holding: Holding, part: Part, sign: int) -> None:
+        """Move the kept sums `holding` is part of by one job's `part`."""
+        for key in self._summed_in.get(id(holding), ()):
+            self._rooms[key].move(part.rooms, sign)
+
+    def _forget(self, key: tuple[int, ...]) -> None:
+        """Drop a kept sum (and its classes' note of it)."""
+        if self._rooms.pop(key, None) is None:
+            return
+        for h in key:
+            keys = self._summed_in.get(h)
+            if keys is not None:
+                keys.discard(key)
 
     def classes(self, queue: str) -> list[tuple[int, Holding]]:
         """A queue's classes with running jobs, lowest priority first (victim order's)."""

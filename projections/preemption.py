@@ -31,7 +31,7 @@ from muster.projections.holdings import Held, Holding
 from muster.projections.index import VictimEntry, VictimList, VictimMemo
 from muster.projections.resources import gpus_of
 from muster.projections.state import JobState
-from muster.projections.topology import SummedRoom
+from muster.projections.topology import Freeing, SummedRoom
 
 if TYPE_CHECKING:
     from muster.projections.cycle import Cycle
@@ -62,6 +62,10 @@ class Result(NamedTuple):
 SUMS = True
 """Switch for answering searches off their candidates' sums (`_hopeless`); off, every search lists its
 candidates (tests prove both agree)."""
+
+FREEING = True
+"""Switch for walking victims with a `Freeing` (`_Probe.minimal`); off, every candidate taken is evicted on the
+cycle's view and the gang placed (tests prove both agree)."""
 
 _NONE = Result([], False, 0, {})
 UNREACHABLE = 1 << 62
@@ -107,7 +111,7 @@ def _candidates(cycle: Cycle, job: JobState, p: Preemptor) -> list[JobState]:
                 if c.id in removed or not overlaps(c, job) or not may_evict(p, other, cp, c.order_seq, borrowing, c.id):
                     continue
                 others.append(entry)
-    others.sort(key=lambda e: (e.priority, e.lost, e.neg_admitted, e.neg_seq))
+    others.sort()  # by (priority, lost, neg_admitted, neg_seq): seq is unique, so the job is never compared
     return [e.job for e in others] + own
 
 
@@ -202,7 +206,7 @@ def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
     if rule.idle_borrowing:
         return _NONE  # the rule lets it evict no one (the sums in `_hopeless` do not ask it per class)
     hopeless = _hopeless(cycle, job, rule, allow_borrow)
-    if hopeless is not None:
+    if isinstance(hopeless, Result):
         return hopeless
     candidates = _candidates(cycle, job, rule)
     if not candidates:
@@ -212,7 +216,7 @@ def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
         for r, v in c.requests.items():
             held[r] = held.get(r, 0) + v
     gpus = gpus_of(held)  # a flavored job's candidates hold `gpu@FLAVOR`
-    probe = _Probe(cycle, job, rule)
+    probe = _Probe(cycle, job, rule, Roomy(candidates, hopeless.roomy) if hopeless.roomy is not None else None)
     same = [c for c in candidates if c.queue == job.queue]
     if len(same) == len(candidates):
         victims = probe.minimal(candidates, allow_borrow, None)
@@ -233,10 +237,23 @@ def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
     return Result(_with_reasons(cycle, job, victims), True, gpus, held)
 
 
-def _hopeless(cycle: Cycle, job: JobState, p: Preemptor, allow_borrow: bool) -> Result | None:
+class Unanswered(NamedTuple):
+    """`_hopeless`: the sums do not answer the search (its candidates are listed and walked)."""
+
+    roomy: bool | None
+    """Whether the nodes could hold the job were every candidate evicted, as the sums showed (None: not
+    asked): `_Probe._room_possible`'s answer for the same candidates listed, which is then not asked again."""
+
+
+_UNKNOWN = Unanswered(roomy=None)
+_ROOMY = Unanswered(roomy=True)
+_CRAMPED = Unanswered(roomy=False)
+
+
+def _hopeless(cycle: Cycle, job: JobState, p: Preemptor, allow_borrow: bool) -> Result | Unanswered:
     """`find_victims`' answer read off its candidates' sums (`holdings`) when it has no candidate, or when
-    the nodes could not hold the job were every candidate evicted; None when that is not so, or not
-    for the sums to say (then the candidates are listed and walked).
+    the nodes could not hold the job were every candidate evicted; `Unanswered` when that is not so, or
+    not for the sums to say (then the candidates are listed and walked).
 
     For a GPU-only gang of one podset, judged on the cycle's view as folded (no job tentatively
     evicted, no reserved room to spare, none of its eviction chain a candidate) outside fair sharing,
@@ -250,15 +267,15 @@ def _hopeless(cycle: Cycle, job: JobState, p: Preemptor, allow_borrow: bool) -> 
     answer unless quota fits in between (then the walk decides, in its order)."""
     state, idx = cycle.state, cycle.idx
     if not SUMS or state.fair_sharing or cycle.removed or cycle.fence.held or len(job.podsets) != 1:
-        return None
+        return _UNKNOWN
     ps = job.podsets[0]
     topology = idx.topology
     request = placement_request(job, ps.name, ps.requests, topology.tainted)
     if not (_gpu_only(job.requests) and _gpu_only(request)) or unassigned(state, job):
-        return None
+        return _UNKNOWN
     rule = reach(p.policy, p.mode)
     if rule.equal_in_queue:
-        return None
+        return _UNKNOWN
     holdings = idx.holdings
     same: list[Holding] = []
     if p.policy.within_queue != "Never":
@@ -277,16 +294,16 @@ def _hopeless(cycle: Cycle, job: JobState, p: Preemptor, allow_borrow: bool) -> 
     if not held.holdings:
         return _NONE
     if any(holdings.holds(spared, held.holdings) for spared in sorted(p.spared)):
-        return None  # a job it never evicts is in a class it takes: the class's sums overcount
+        return _UNKNOWN  # a job it never evicts is in a class it takes: the class's sums overcount
     t = ps.topology
     room = holdings.room(held.holdings)
     if topology.could_hold(ps.count, request, t.required if t is not None else None, room):
-        return None
+        return _ROOMY
     own_gpus = Held(same).requests().get("gpu", 0)
     if not others:
         possible = _quota_fits(cycle, job, {job.queue: own_gpus}, allow_borrow)
     elif p.policy.borrow_within_cohort.policy == "LowerPriority":
-        return None  # past the threshold the walk stops borrowing, in its order
+        return _CRAMPED  # past the threshold the walk stops borrowing, in its order
     else:
         # `find_victims`: every candidate without borrowing, then its own queue's with leave to borrow
         quota = idx.quota.queues
@@ -302,7 +319,7 @@ def _hopeless(cycle: Cycle, job: JobState, p: Preemptor, allow_borrow: bool) -> 
         elif not _quota_fits(cycle, job, most, False):
             possible = False
         else:
-            return None
+            return _CRAMPED
     requests = held.requests()
     return Result([], possible, gpus_of(requests), requests, False, room)
 
@@ -314,24 +331,31 @@ def _gpu_only(requests: Mapping[str, int]) -> bool:
 
 def _quota_fits(cycle: Cycle, job: JobState, freed: Mapping[str, int], allow_borrow: bool) -> bool:
     """Whether the quota holds `job` with `freed` GPUs given back per queue (a GPU-only job's fit reads
-    only GPU usage, and a queue's usage moves its tree the same, one job at a time or summed)."""
+    only GPU usage)."""
+    return _fits_given(cycle, job, {queue: {"gpu": gpus} for queue, gpus in freed.items() if gpus}, allow_borrow)
+
+
+def _fits_given(cycle: Cycle, job: JobState, given: Mapping[str, Mapping[str, int]], allow_borrow: bool) -> bool:
+    """Whether the quota holds `job` with `given` usage given back per queue: in sums (a queue's usage moves
+    its tree the same, one job at a time or summed)."""
     quota = cycle.idx.quota
     mark = quota.mark()
-    for queue, gpus in freed.items():
-        if gpus:
-            quota.add(queue, {"gpu": gpus}, -1)
+    for queue, requests in given.items():
+        quota.add(queue, requests, -1)
     fits = quota.fits(job.queue, job.requests, allow_borrow)
     quota.rollback(mark)
     return fits
 
 
 def _with_reasons(cycle: Cycle, job: JobState, victims: list[JobState]) -> list[Victim]:
+    """The victims with why each is taken: whether the preemptor is within its nominal quota once they are
+    gone reads only the quota, so only their usage is given back (and taken again)."""
     state, quota = cycle.state, cycle.idx.quota
+    mark = quota.mark()
     for v in victims:
-        cycle.remove(v)
+        quota.add(v.queue, v.requests, -1)
     within_nominal = quota.within_nominal(job.queue, job.requests)
-    for v in reversed(victims):
-        cycle.restore(v)
+    quota.rollback(mark)
     out: list[Victim] = []
     for v in victims:
         reason: PreemptionReason
@@ -365,23 +389,58 @@ class Turns(NamedTuple):
     quota_fits: bool
 
 
+class Roomy(NamedTuple):
+    """`_Probe._room_possible`'s answer for a list of candidates, known before the probe (`Unanswered`)."""
+
+    candidates: list[JobState]
+    answer: bool
+
+
 class _Probe:
     """Tries victim sets on the cycle's view, leaving it unchanged."""
 
-    def __init__(self, cycle: Cycle, job: JobState, rule: Preemptor) -> None:
+    def __init__(self, cycle: Cycle, job: JobState, rule: Preemptor, roomy: Roomy | None = None) -> None:
         self.cycle = cycle
         self.job = job
         self.rule = rule
+        self.roomy = roomy
+        """`_room_possible`'s answer for one list of candidates, if known (`Unanswered.roomy`)."""
         self.quota_possible = False
         self.walked = False
         """Whether a `minimal` walked its candidates (False: the nodes could not hold the job with every
         candidate evicted, so no victim set places it, whatever their order)."""
+        self.freeing: Freeing | None = None
+        """While `minimal` walks a podset a `Freeing` answers for: the candidates it has taken, evicted only
+        from the quota (from `mark` on its undo log) and from the `Freeing`, not from the nodes."""
+        self.mark = 0
+        self.given: dict[str, dict[str, int]] | None = None
+        """Per queue, usage of turns `_turns` took without giving it back to the quota (`_in_turn` reads it)."""
+
+    def _take(self, c: JobState) -> None:
+        """Evict a candidate tentatively, for the walk."""
+        if self.freeing is None:
+            self.cycle.remove(c)
+            return
+        self.cycle.idx.quota.add(c.queue, c.requests, -1)
+        self.freeing.move(c, 1)
+
+    def _give_back(self, c: JobState) -> None:
+        """Undo `_take`."""
+        if self.freeing is None:
+            self.cycle.restore(c)
+            return
+        self.cycle.idx.quota.add(c.queue, c.requests, 1)
+        self.freeing.move(c, -1)
 
     def _fits(self, allow_borrow: bool) -> bool:
         cycle, job = self.cycle, self.job
         if not cycle.idx.quota.fits(job.queue, job.requests, allow_borrow):
             return False
         self.quota_possible = True
+        freeing = self.freeing
+        if freeing is not None:
+            # what `cycle.fits` would say (quota, then `could_place`, then `can_place`) on the view as evicted
+            return freeing.could_place(job.gpus) and freeing.places()
         return bool(cycle.fits(job, allow_borrow))
 
     def _fill_back(self, targets: list[JobState], allow_borrow: bool) -> list[JobState]:
@@ -389,11 +448,11 @@ class _Probe:
         kept = list(targets)
         for i in range(len(targets) - 2, -1, -1):
             t = targets[i]
-            self.cycle.restore(t)
+            self._give_back(t)
             if self._fits(allow_borrow):
                 kept.remove(t)
             else:
-                self.cycle.remove(t)
+                self._take(t)
         return kept
 
     def _still(self, c: JobState) -> bool:
@@ -403,6 +462,11 @@ class _Probe:
         return may_evict(self.rule, c.queue, cycle.state.priority_of(c), c.order_seq, borrowing)
 
     def _undo(self, removed: list[JobState]) -> None:
+        """Give back every job of `removed` still taken (the cycle's view is again as found)."""
+        if self.freeing is not None:
+            self.cycle.idx.quota.rollback(self.mark)
+            self.freeing = None
+            return
         for t in reversed(removed):
             if t.id in self.cycle.removed:
                 self.cycle.restore(t)
@@ -411,12 +475,13 @@ class _Probe:
         self, candidates: list[JobState], allow_borrow: bool, threshold: int | None
     ) -> Iterator[tuple[JobState, bool]]:
         """The candidates `minimal` removes, in turn, with whether the preemptor may borrow once it is
-        removed; judged lazily, on the quota as the caller's removals leave it."""
+        removed; judged lazily, on the quota as the caller's removals leave it (and what `given` notes)."""
         job, state, quota = self.job, self.cycle.state, self.cycle.idx.quota
         for c in candidates:
             if c.queue != job.queue:
                 cp = state.priority_of(c)
-                if not may_evict(self.rule, c.queue, cp, c.order_seq, quota.is_borrowing(c.queue, job.requests)):
+                given = self.given.get(c.queue) if self.given is not None else None
+                if not may_evict(self.rule, c.queue, cp, c.order_seq, quota.is_borrowing(c.queue, job.requests, given)):
                     continue  # its queue no longer borrows
                 if threshold is not None and cp > threshold:
                     allow_borrow = False  # borrow_within_cohort: borrowing only past victims under the threshold
@@ -425,56 +490,80 @@ class _Probe:
     def minimal(self, candidates: list[JobState], allow_borrow: bool, threshold: int | None) -> list[JobState] | None:
         """Remove candidates in turn until the job fits, then keep those not needed (`_fill_back`).
 
-        A walk that has not found a fit after `WALK_BEFORE_ASKING` removals asks, for one podset on its
-        nodes, whether the rest of it can end in one at all (`_may_fit`); most walks that succeed end
-        sooner, and asking costs a pass over the rest of the candidates."""
+        One GPU-only podset on its nodes is walked without evicting anyone from the nodes: the quota moves,
+        and a `Freeing` says after each candidate whether the nodes would hold the job, at the cost of that
+        candidate's hosts (not of giving its room back and placing the gang); any other job is evicted and
+        placed on the cycle's view. For one podset on its nodes, a walk that has not found a fit after
+        `WALK_BEFORE_ASKING` removals asks whether the rest of it can end in one at all (`_may_fit`)."""
         if not self._room_possible(candidates):
             self._quota_only(candidates, allow_borrow, threshold)
             return None
         self.walked = True
         cycle, job = self.cycle, self.job
+        self.freeing = self._freeing() if FREEING else None
+        self.mark = cycle.idx.quota.mark()
         ask = len(job.podsets) == 1 and not unassigned(cycle.state, job)
-        own = self._own_queue_only(candidates)
-        turns: Iterator[tuple[JobState, bool]] = self._in_turn(candidates, allow_borrow, threshold)
         targets: list[JobState] = []
+        turns = self._in_turn(candidates, allow_borrow, threshold)
+        kept = self._walk(turns, targets, ask, self._own_queue_only(candidates))
+        self._undo(targets)
+        return kept
+
+    def _walk(
+        self, turns: Iterator[tuple[JobState, bool]], targets: list[JobState], ask: bool, own: bool
+    ) -> list[JobState] | None:
+        """`minimal`'s walk over `turns`, taking each into `targets` (left taken: the caller undoes them);
+        `own`: whether every candidate runs in the preemptor's queue (`_turns`)."""
         while True:
             for c, may_borrow in turns:
-                cycle.remove(c)
+                self._take(c)
                 targets.append(c)
                 if self._fits(may_borrow):
-                    kept = self._fill_back(targets, may_borrow)
-                    self._undo(targets)
-                    return kept
+                    return self._fill_back(targets, may_borrow)
                 if ask and len(targets) == WALK_BEFORE_ASKING:
                     break
             else:
-                self._undo(targets)
                 return None
             rest = self._turns(turns, own, may_borrow)
-            if not self._may_fit(rest):
-                self._undo(targets)
+            if not self._may_fit(rest) or not self._may_place(rest):
                 return None
             turns = iter(rest.turns)
+
+    def _freeing(self) -> Freeing | None:
+        """A `Freeing` for the job's pods, when it has one podset on its nodes that one answers for."""
+        cycle, job = self.cycle, self.job
+        if len(job.podsets) != 1 or unassigned(cycle.state, job):
+            return None  # `Cycle.fits` places several podsets, or chooses flavors, in turn
+        ps = job.podsets[0]
+        topology = cycle.idx.topology
+        t = ps.topology
+        request = placement_request(job, ps.name, ps.requests, topology.tainted)
+        return topology.freeing(ps.count, request, t.required if t else None, t.preferred if t else None)
 
     def _turns(self, rest: Iterator[tuple[JobState, bool]], own: bool, after: bool) -> Turns:
         """The turns left in `rest` (`_in_turn` reads only the quota, so the quota alone is moved), and
         whether the quota fits after the last of some run of them with one leave to borrow (the walk
         tried the prefix before them; `after` is the leave of its last turn)."""
-        job, quota = self.job, self.cycle.idx.quota
+        cycle, job = self.cycle, self.job
         if own:
             left = [Turn(c, may_borrow) for c, may_borrow in rest]
             return Turns(left, bool(left) and self._fits_without([t.job for t in left], after))
-        mark = quota.mark()
+        # the turns' usage is noted, not given back one by one: `_in_turn` reads it from `given`, and the
+        # quota is asked with it given back in sums (the tree moves the same)
+        given: dict[str, dict[str, int]] = {}
+        self.given = given
         turns: list[Turn] = []
         fits = False
         for c, may_borrow in rest:
             if turns and turns[-1].may_borrow != may_borrow and not fits:
-                fits = quota.fits(job.queue, job.requests, turns[-1].may_borrow)
+                fits = _fits_given(cycle, job, given, turns[-1].may_borrow)
             turns.append(Turn(c, may_borrow))
-            quota.add(c.queue, c.requests, -1)
+            back = given.setdefault(c.queue, {})
+            for r, v in c.requests.items():
+                back[r] = back.get(r, 0) + v
+        self.given = None
         if turns and not fits:
-            fits = quota.fits(job.queue, job.requests, turns[-1].may_borrow)
-        quota.rollback(mark)
+            fits = _fits_given(cycle, job, given, turns[-1].may_borrow)
         return Turns(turns, fits)
 
     def _own_queue_only(self, candidates: list[JobState]) -> bool:
@@ -486,44 +575,51 @@ class _Probe:
     def _fits_without(self, jobs: list[JobState], allow_borrow: bool) -> bool:
         """Whether the quota holds the preemptor with all of `jobs`, of its own queue, removed: their
         usage given back at once (a queue's usage moves its tree the same, one job at a time or summed)."""
-        job, quota = self.job, self.cycle.idx.quota
         total: dict[str, int] = {}
         for c in jobs:
             for r, v in c.requests.items():
                 total[r] = total.get(r, 0) + v
-        mark = quota.mark()
-        quota.add(job.queue, total, -1)
-        fits = quota.fits(job.queue, job.requests, allow_borrow)
-        quota.rollback(mark)
-        return fits
+        return _fits_given(self.cycle, self.job, {self.job.queue: total}, allow_borrow)
 
     def _may_fit(self, turns: Turns) -> bool:
         """Whether the rest of a walk, `turns`, may find the job a fit (False: it would not, and
         `quota_possible` is what it would have learnt), asked without evicting anyone more.
 
-        For one podset on its nodes, fitting only grows as jobs are removed (their quota and room come
-        back) while the preemptor's leave to borrow holds: some turn fits only if the last of its run
-        of turns with one leave fits, so the quota is asked at the end of each run (`_turns`), and the
-        nodes once, with every turn's job removed too (`TopologyIndex.can_place_freed`). A failing
-        search then costs O(turns) sums, not an eviction and a placement per candidate.
+        Fitting only grows as jobs are removed (their quota and room come back) while the preemptor's
+        leave to borrow holds: some turn's quota fits only if the last of its run of turns with one leave
+        fits, so the quota is asked at the end of each run (`_turns`), and the nodes once, with every turn
+        taken (`_may_place`). A failing search then costs O(turns) sums, not a turn per candidate.
         """
         if not turns.quota_fits:
             return False
         self.quota_possible = True
-        job = self.job
-        ps = job.podsets[0]
-        topology = self.cycle.idx.topology
-        t = ps.topology
-        request = placement_request(job, ps.name, ps.requests, topology.tainted)
-        required, preferred = (t.required, t.preferred) if t is not None else (None, None)
-        placeable = topology.can_place_freed(ps.count, request, required, preferred, [c for c, _ in turns.turns])
-        return placeable is not False
+        return True
+
+    def _may_place(self, turns: Turns) -> bool:
+        """Whether the nodes would hold the job with every turn of the rest of a walk taken too (False: no turn
+        of it finds a fit: room only grows as jobs are removed), for a walk a `Freeing` answers for (others
+        are placed turn by turn). On False the turns are left taken: the walk ends there, and `_undo` drops
+        the `Freeing`."""
+        freeing = self.freeing
+        if freeing is None:
+            return True
+        if not freeing.may_place_with([t.job for t in turns.turns]):
+            return False  # no domain could gain the room: not asked host by host
+        for t in turns.turns:
+            freeing.move(t.job, 1)
+        if not (freeing.could_place(self.job.gpus) and freeing.places()):
+            return False
+        for t in turns.turns:
+            freeing.move(t.job, -1)  # the walk goes on, turn by turn
+        return True
 
     def _room_possible(self, candidates: list[JobState]) -> bool:
         """Whether the nodes could hold the job were every candidate evicted (False: no victim set
         places it). A bound on domains' free room: a failing search then costs O(domains), not a
         placement per candidate (big gangs that need one rack wait through many releases)."""
-        cycle, job = self.cycle, self.job
+        cycle, job, known = self.cycle, self.job, self.roomy
+        if known is not None and known.candidates is candidates:
+            return known.answer
         if len(job.podsets) != 1 or unassigned(cycle.state, job):
             return True  # `Cycle.fits` places several podsets, or chooses flavors, in turn
         ps = job.podsets[0]

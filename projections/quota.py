@@ -221,12 +221,17 @@ class QuotaTree:
                 out[r] = b
         return out
 
-    def is_borrowing(self, queue: str, resources: Mapping[str, int] | None = None) -> bool:
-        """Whether the queue uses more than its nominal quota (of the given resources, else any)."""
+    def is_borrowing(
+        self, queue: str, resources: Mapping[str, int] | None = None, given_back: Mapping[str, int] | None = None
+    ) -> bool:
+        """Whether the queue uses more than its nominal quota (of the given resources, else any), once it has
+        given back `given_back` (a victim search's removals not applied to the tree)."""
         node = self.queues[queue]
         for r, v in node.usage.items():
             if resources is not None and resources.get(r, 0) <= 0:
                 continue
+            if given_back is not None:
+                v -= given_back.get(r, 0)
             if r in node.nominal and v > node.nominal[r]:
                 return True
         return False

@@ -57,26 +57,49 @@ def _running(jobs: list[tuple[int, int, str | None]], cordon: int) -> ClusterSta
     jobs=running_jobs,
     cordon=st.integers(0, 8),  # 8: none
     evicted=st.integers(0, (1 << 14) - 1),
+    returned=st.integers(0, (1 << 14) - 1),
     pods=st.integers(1, 8),
     gpus=st.sampled_from([1, 2, 3, 4, 8]),
     required=st.sampled_from([None, "rack", "block"]),
 )
 def test_a_gang_fits_with_jobs_evicted_exactly_when_evicting_them_makes_it_fit(
-    jobs: list[tuple[int, int, str | None]], cordon: int, evicted: int, pods: int, gpus: int, required: str | None
+    jobs: list[tuple[int, int, str | None]],
+    cordon: int,
+    evicted: int,
+    returned: int,
+    pods: int,
+    gpus: int,
+    required: str | None,
 ) -> None:
-    """`can_place_freed` says what evicting the jobs and then asking `can_place` says, also on a cordoned node."""
+    """A `Freeing` says what evicting its jobs and then asking `could_place` and `can_place` says, also on a
+    cordoned node, and also once some of the jobs it took are given back (as a victim walk's fill-back does);
+    its bound says no only when evicting them all leaves no room."""
     state = _running(jobs, cordon)
     topology = index_of(state).topology
     running = sorted((j for j in state.jobs.values() if j.status == "admitted"), key=lambda j: j.seq)
-    freed = [j for i, j in enumerate(running) if evicted >> i & 1]
-    asked = topology.can_place_freed(pods, {"gpu": gpus}, required, None, freed)
+    taken = [j for i, j in enumerate(running) if evicted >> i & 1]
+    back = [j for i, j in enumerate(taken) if returned >> i & 1]
+    freeing = topology.freeing(pods, {"gpu": gpus}, required, None)
+    assert freeing is not None
+    bound = freeing.may_place_with(taken)
+    for job in taken:
+        freeing.move(job, 1)
+    for job in back:
+        freeing.move(job, -1)
+    asked = (freeing.places(), freeing.could_place(pods * gpus))
     tx = Transaction(topology)
-    for job in freed:
-        for node, n, req in node_pods(job.podsets, job.placement):
-            tx.give(node, {k: v * n for k, v in req.items()})
-    placed = topology.can_place(pods, {"gpu": gpus}, required, None)
+    for job in taken:
+        if job not in back:
+            for node, n, req in node_pods(job.podsets, job.placement):
+                tx.give(node, {k: v * n for k, v in req.items()})
+    placed = (topology.can_place(pods, {"gpu": gpus}, required, None), pods * gpus <= topology.gpu_free_total)
     tx.rollback()
     assert asked == placed
+    for job in taken:
+        for node, n, req in node_pods(job.podsets, job.placement):
+            tx.give(node, {k: v * n for k, v in req.items()})
+    assert bound or not topology.can_place(pods, {"gpu": gpus}, required, None)  # a bound: False only when none fits
+    tx.rollback()
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)

@@ -3,6 +3,8 @@ the same victims, the same bounds for the wake, and the same room short per doma
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from logkit import settled
@@ -11,6 +13,7 @@ from muster.events.types import (
     BorrowWithinCohort,
     CohortConfigured,
     Event,
+    JobFinished,
     JobSubmitted,
     NodeAdded,
     PodSet,
@@ -23,8 +26,10 @@ from muster.events.types import (
 from muster.projections import preemption
 from muster.projections.cluster import evolve
 from muster.projections.cycle import Cycle
+from muster.projections.holdings import Holding
 from muster.projections.index import index_of
 from muster.projections.preemption import Result, find_victims
+from muster.projections.scheduler import decide
 from muster.projections.state import ClusterState
 from muster.projections.topology import SummedRoom
 
@@ -91,6 +96,27 @@ def _running(jobs: list[Gang], policy: int, lending: int | None = None) -> Clust
     return settled(events, len(jobs) + 1)
 
 
+def searches(test: Callable[..., None]) -> Callable[..., None]:
+    """Run `test` over searches among running gangs in three queues (`jobs`, `policy`, `preemptor`, `lending`)."""
+    return settings(max_examples=400, deadline=None, derandomize=True)(
+        given(
+            jobs=st.lists(gang, min_size=1, max_size=12),
+            policy=st.integers(0, len(POLICIES) - 1),
+            preemptor=preemptors,
+            lending=st.sampled_from([None, 4, 12]),
+        )(test)
+    )
+
+
+def _waiting(jobs: list[Gang], policy: int, preemptor: Gang, lending: int | None) -> tuple[ClusterState, list[str]]:
+    """`jobs` running, the `preemptor` ("p") submitted at the next instant, and every job that waits (some were
+    evicted, and never evict the job that evicted them)."""
+    state = _running(jobs, policy, lending)
+    queue, cls, pods, gpus, level = preemptor
+    evolve(state, JobSubmitted(at=1, job="p", queue=queue, priority_class=cls, podsets=[_podset(pods, gpus, level)]))
+    return state, sorted(j.id for j in state.jobs.values() if j.status == "pending")
+
+
 def _search(state: ClusterState, job: str, sums: bool) -> tuple[tuple[object, ...], object]:
     """The search's answer for `job` at the next instant, and the room its wake finds short per domain."""
     preemption.SUMS = sums
@@ -110,13 +136,7 @@ def _search(state: ClusterState, job: str, sums: bool) -> tuple[tuple[object, ..
     return answer, (short, isinstance(result.candidates, SummedRoom))
 
 
-@settings(max_examples=400, deadline=None, derandomize=True)
-@given(
-    jobs=st.lists(gang, min_size=1, max_size=12),
-    policy=st.integers(0, len(POLICIES) - 1),
-    preemptor=preemptors,
-    lending=st.sampled_from([None, 4, 12]),
-)
+@searches
 def test_a_search_read_off_the_sums_answers_as_one_that_lists_its_candidates(
     jobs: list[Gang],
     policy: int,
@@ -125,11 +145,8 @@ def test_a_search_read_off_the_sums_answers_as_one_that_lists_its_candidates(
 ) -> None:
     """Victims, whether quota fits on the way, what the candidates hold and the room short per domain agree,
     for a new gang and for every job that waits."""
-    state = _running(jobs, policy, lending)
-    queue, cls, pods, gpus, level = preemptor
-    evolve(state, JobSubmitted(at=1, job="p", queue=queue, priority_class=cls, podsets=[_podset(pods, gpus, level)]))
-    # and every job that waits: some were evicted, and never evict the job that evicted them
-    for job in sorted(j.id for j in state.jobs.values() if j.status == "pending"):
+    state, waiting = _waiting(jobs, policy, preemptor, lending)
+    for job in waiting:
         listed, (listed_short, _) = _search(state, job, sums=False)
         read, (read_short, _) = _search(state, job, sums=True)
         assert read == listed, job
@@ -147,3 +164,65 @@ def test_a_gang_no_rack_can_hold_waits_without_its_candidates_listed() -> None:
     assert from_sums and read == listed
     victims, quota_possible, gpus, _, _ = read
     assert victims == () and quota_possible and gpus == 32  # qa's two low gangs: qb's second waits on quota
+
+
+def _walked(state: ClusterState, job: str, freeing: bool, sums: bool) -> tuple[object, ...]:
+    """The search's answer for `job` at the next instant, walked with a `Freeing` or by evicting on the view."""
+    preemption.FREEING, preemption.SUMS = freeing, sums
+    try:
+        cycle = Cycle(state, index_of(state), 1)
+        result: Result = find_victims(cycle, state.jobs[job], True)
+        view = (cycle.idx.topology.free_total(), {q: dict(n.usage) for q, n in cycle.idx.quota.queues.items()})
+        cycle.finish()
+    finally:
+        preemption.FREEING, preemption.SUMS = True, True
+    victims = tuple((v.job.id, v.reason) for v in result.victims)
+    listed = None if isinstance(result.candidates, SummedRoom) else [c.id for c in result.candidates]
+    return victims, result.quota_possible, result.order_matters, listed, view
+
+
+@searches
+def test_a_walk_that_frees_room_in_sums_evicts_whom_a_walk_that_evicts_and_places_evicts(
+    jobs: list[Gang], policy: int, preemptor: Gang, lending: int | None
+) -> None:
+    """The same victims in the same order with the same reasons, the same bounds for the wake, and the view left
+    as found, whether the walk asks a `Freeing` or evicts each candidate and places the gang (sums on or off)."""
+    state, waiting = _waiting(jobs, policy, preemptor, lending)
+    for job in waiting:
+        evicting = _walked(state, job, freeing=False, sums=False)
+        assert _walked(state, job, freeing=True, sums=False) == evicting, job
+        assert _walked(state, job, freeing=True, sums=True)[:3] == evicting[:3], job
+
+
+def _sums(state: ClusterState) -> list[tuple[list[Holding], SummedRoom]]:
+    """The kept sums a search would read for each queue's classes and for every queue's, each depth worked out."""
+    holdings = index_of(state).holdings
+    sets = [[h for _, h in holdings.classes(q)] for q in QUEUES]
+    sets.append([h for hs in sets for h in hs])
+    out = [(hs, holdings.room(hs)) for hs in sets if hs]
+    for _, room in out:
+        for depth in range(holdings.depths):
+            room.by_domain(depth)
+    return out
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(jobs=st.lists(gang, min_size=1, max_size=16), ended=st.integers(0, (1 << 16) - 1))
+def test_sums_kept_while_jobs_end_and_start_are_the_sums_added_up_afresh(jobs: list[Gang], ended: int) -> None:
+    """What a search reads per domain off the kept sums of some classes, after jobs of theirs ended and waiting
+    ones started in their room (a class emptied, new ones made), is what adding up those classes now gives."""
+    state = _running(jobs, 0)
+    _sums(state)
+    for i, job in enumerate(sorted(state.jobs)):
+        if ended >> i & 1 and state.jobs[job].status == "admitted":
+            evolve(state, JobFinished(at=1, job=job))
+    for _ in range(len(jobs)):
+        decided = decide(state, 1)
+        if not decided:
+            break
+        for ev in decided:
+            evolve(state, ev)
+    depths = index_of(state).holdings.depths
+    for hs, room in _sums(state):
+        afresh = SummedRoom([h.rooms for h in hs], {})
+        assert [room.by_domain(d) for d in range(depths)] == [afresh.by_domain(d) for d in range(depths)]
