@@ -22,7 +22,7 @@ from muster.projections.assignment import Refusal, choose, order_requests
 from muster.projections.cluster import node_pods
 from muster.projections.flavors import PodsetsKey, placement_request, podsets_key, unassigned
 from muster.projections.index import Group, OrderKey, SchedulerIndex, Shape, ahead_of_seq, order_key
-from muster.projections.parking import Block, Member, QuotaShort, QuotaWait, Wake
+from muster.projections.parking import Block, Member, Wake
 from muster.projections.preemption import Victim
 from muster.projections.queueing import StrictHeads
 from muster.projections.reservations import Fence
@@ -40,8 +40,6 @@ class HeapEntry(NamedTuple):
     group's first job changes only by leaving it or by a wake, which pushes the group again)."""
     push: int
     group: Group
-    due: Block | None = None
-    """A parked quota block due for a check at its first job's turn (`parking.Parking.due`), not the group."""
 
 
 class QuotaPosition(NamedTuple):
@@ -115,8 +113,6 @@ class Cycle:
         fail the same way when their turn comes, unless the view changes first (`park_doomed`)."""
         self.quota_keys: dict[Shape, QuotaPosition] = {}
         """`lowest_key`'s quota part by shape (`SchedulerIndex.shape`)."""
-        self.quota_shorts: dict[tuple[QuotaWait, int, int], QuotaShort | tuple[()]] = {}
-        """`verdicts.quota_short` by class, quota version and admissions in its tree (() when quota could fit)."""
         self.may_evict_new: dict[tuple[str, int, tuple[str, ...]], EvictNewAnswer] = {}
         """`may_evict_new` by (queue, priority, resources)."""
         self.nodes_judged: dict[tuple[object, ...], Refusal | None] = {}
@@ -134,8 +130,6 @@ class Cycle:
         """Jobs admitted or reserved (tentatively) in this cycle, with their placement."""
         self.reserved = False
         """Whether room was held for a preemptor (a change no decision event will fold)."""
-        self.checked_wakes: list[tuple[Block, list[Member]]] = []
-        """Due quota blocks a passing check woke in this cycle (`scheduler._check_due`), with the members woken."""
         self.set_aside: list[tuple[Group, list[Member]]] = []
         """Jobs judged on a narrow view (`verdicts`): not parked, only left out of this cycle and
         tried again at the next, whatever happens (a park would be woken at `finish` anyway)."""
@@ -336,9 +330,9 @@ class Cycle:
         before = {s: lowest_key(self, jobs[b.members[-1].job]) for s, b in due.items()}
         quota.add(job.queue, job.requests, 1, record=False)
         for stamp in sorted(due):
-            self.wake(due[stamp], before[stamp])
+            self._wake(due[stamp], before[stamp])
 
-    def wake(self, block: Block, before: OrderKey) -> None:
+    def _wake(self, block: Block, before: OrderKey) -> None:
         """Wake a block parked before this cycle, but its members whose turn came before the change
         (they stay as judged); `before` is its first member's key before the change."""
         keep = 0
@@ -368,35 +362,18 @@ class Cycle:
         # changes the node or queue (`TopologyIndex.settle`, `QuotaTree.settle`)
         self.topo.defer()
         self.found = {}  # the undo log starts again empty: its tokens (`View`) no longer name the state
-        decisions = sum(1 for ev in self.events if getattr(ev, "cycle", 0) == self.number)
-        serial = self.state.settles + 1
-        judged = self.idx.parking.end_cycle(self.number, decisions, serial)
-        if decisions == 0 and not judged and self.checked_wakes:
-            self._undo_checked_wakes()
         for group, members in self.set_aside:
             self.idx.reactivate(group, members)  # their verdicts are not folded yet: no reason known
         for job in self.taken:
             self.idx.activate(self.state, job)
+        decisions = sum(1 for ev in self.events if getattr(ev, "cycle", 0) == self.number)
+        serial = self.state.settles + 1
+        judged = self.idx.parking.end_cycle(self.number, decisions, serial)
         if decisions == 0 and judged:
             # its parks stand only once this record is folded, as a deciding cycle's once its decisions are
             self.events.append(
                 CycleSettled(at=self.now, judged=judged, serial=serial, cycle=self.number, epoch=self.epoch)
             )
-
-    def _undo_checked_wakes(self) -> None:
-        """A cycle that leaves no record put back the jobs its passing checks woke (they were set aside,
-        judged on a narrow view): due again, as for a reader that never ran this cycle (`parking`)."""
-        idx = self.idx
-        woken = {m.job for _, members in self.checked_wakes for m in members}
-        kept = ((g, [m for m in ms if m.job not in woken]) for g, ms in self.set_aside)
-        self.set_aside = [(g, ms) for g, ms in kept if ms]
-        jobs = self.state.jobs
-        for block, members in self.checked_wakes:
-            for m in members:
-                job = jobs.get(m.job)
-                if job is not None:
-                    idx.deactivate(job)
-            idx.parking.restore(block, members)
 
     # ------------------------------------------------------------ events
 

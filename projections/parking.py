@@ -28,8 +28,7 @@ A job is woken (tried again) when:
 - quota blocked it: usage in its cohort tree went down by at least its
   deficit (a release of d raises any queue's available quota by at most d),
   or its own queue gave back what it holds over nominal quota (it may then
-  reclaim what the cohort borrowed); for most such jobs the wake is checked
-  first (below);
+  reclaim what the cohort borrowed);
 - placement blocked it: GPUs freed anywhere (for a flavor's placement, on that
   flavor's nodes; for a gang bound to one domain of a level, in one domain,
   `RoomWait`) reach what it lacks beyond the free GPUs and what preemption
@@ -44,39 +43,6 @@ A job is woken (tried again) when:
   work, which orders them, grows with time);
 - its tree admitted, in the same cycle, a job that could be its victim (the
   scheduler asks for that one through `due_on_consumption`).
-
-A release wake of a class that quota blocks (`Wake.quota`, GPU-only jobs outside
-fair sharing) is checked before anyone is tried. The release counter only says
-the verdict *may* have changed (usage can have fallen by the deficit); in a full
-cohort the GPUs given back are retaken at once, usage does not fall, and a deep
-backlog's big gangs would be tried again and again for nothing. So the wake
-makes the block *due* (`due`, still parked); at its first job's turn in the
-next cycle (`scheduler._check_due`) `verdicts.quota_short` asks whether quota
-could fit on the cycle's view with every job the class could ever evict gone
-(a superset of any victim search's candidates, and of the jobs this cycle
-admitted that it may take). If not, each of its jobs would be tried and parked
-again for the same reason, writing nothing: the block stays parked, is not
-judged (no `CycleSettled` counts it), merges its group's other due blocks
-(they come up later in the cycle and lack as much or more), and its release
-wakes wait again for what it lacks now (`rearm`), in its tree and, while it
-borrows, in its own queue. If so, it is woken and tried there. That is exact
-and the same for every reader:
-- what the class lacks with every candidate gone, F, grows between two cycles
-  only by usage given back in its tree (an admission of a job it may evict adds
-  to usage and to the candidates alike; one it may not only lowers F), by a queue
-  starting to borrow (which wakes the block outright, `wake_tree`, or in the
-  cycle, `Cycle.take`), or by its own queue giving back what it holds over
-  nominal (it may then reclaim: the own wake); and within a cycle F only falls;
-- so a check that fails sets wakes that fire before any later check could pass.
-  A reader that ran a check another never ran (the daemon decides at cycles that
-  leave no record; audit only at recorded ones) has its wakes fire at every
-  state where the other's check would pass, and the check there is a function
-  of that state: both try the class at the same recorded cycle;
-- re-arms are proposed like parks: kept if the cycle decided nothing (it
-  checked on the folded state itself) or once its decisions are folded, else
-  the block is due again. A passing check woke jobs that a cycle leaving no
-  record then set aside (judged on a narrow view) are parked again, due
-  (`Cycle.finish`), as for a reader that never ran that cycle.
 
 Jobs are parked in blocks: the jobs of one class (`index.Group`) that one
 cycle found inadmissible for one verdict share every wake threshold, so they
@@ -118,39 +84,6 @@ class Wake:
     new_victims: bool = True
     """Whether a queue of its tree that starts borrowing may change the verdict (False: the job may
     evict no one, so victims coming or going change nothing; only quota and room do)."""
-    quota: QuotaWait | None = None
-    """For a class that quota blocks: what its release wakes check at its turn before it is tried
-    (None: a release wake tries it)."""
-
-
-class QuotaWait(NamedTuple):
-    """A GPU-only class parked because quota blocks it: a release wake checks it against the cycle's view
-    at its turn (`verdicts.quota_short`) and tries it only if quota could fit with every candidate evicted."""
-
-    queue: str
-    gpus: int
-    """GPUs each job asks for."""
-    allow_borrow: bool
-    priority: int
-
-
-class QuotaShort(NamedTuple):
-    """How far a quota-blocked class still is from a verdict that may change (`verdicts.quota_short`)."""
-
-    tree: int
-    """GPUs its tree must give back first."""
-    own: int | None
-    """GPUs its own queue must give back before it may reclaim from others (None: no such wake)."""
-
-
-class Rearm(NamedTuple):
-    """A checked block still short of quota: its release wakes wait again from the counters its cycle saw."""
-
-    block: Block
-    tree: int
-    """GPUs its tree must give back before it is checked again."""
-    own: int | None
-    """GPUs its own queue must give back (it may then reclaim from others; None: no such wake)."""
 
 
 ROOM_DOMAINS = 8
@@ -181,7 +114,7 @@ class Member(NamedTuple):
 class Block:
     """Jobs of one class parked together under one verdict (they share every wake)."""
 
-    __slots__ = ("armed", "group", "members", "new_victims", "quota", "reason", "root", "stamp", "timed")
+    __slots__ = ("group", "members", "new_victims", "reason", "root", "stamp")
 
     def __init__(
         self,
@@ -191,8 +124,6 @@ class Block:
         members: list[Member],
         reason: str | None,
         new_victims: bool = True,
-        quota: QuotaWait | None = None,
-        timed: bool = False,
     ):
         self.stamp = stamp
         """Unique and growing: the park the block belongs to (its wake entries carry it); a cycle's
@@ -205,14 +136,6 @@ class Block:
         """The reason every member has once the parking cycle's decisions are folded (None: unknown)."""
         self.new_victims = new_victims
         """Whether new victims in its tree (a queue starts borrowing) may change its verdict (`Wake`)."""
-        self.quota = quota
-        """Set for a class quota blocks: its release wakes make it due for a check, not a try (`Wake.quota`)."""
-        self.timed = timed
-        """Whether it also waits for a time (`Wake.at_time`): a block merged into another keeps no wake but
-        the other's, so such a block is never merged (`merge_due`)."""
-        self.armed: dict[tuple[str, str], int] = {}
-        """For a `quota` block: per release counter, the level its live wake waits for (older entries
-        left in the heaps by a re-arm are stale)."""
 
 
 class HeapEntry(NamedTuple):
@@ -245,7 +168,6 @@ class Proposal(NamedTuple):
     serial: int
     """The `serial` of its `CycleSettled`, if it decided nothing (the state's `settles` once folded)."""
     parks: tuple[Park, ...]
-    rearms: tuple[Rearm, ...] = ()
 
 
 class Folded(NamedTuple):
@@ -289,11 +211,6 @@ class Parking:
         self.proposal: Proposal | None = None
         self._proposed: list[Park] = []
         """Blocks parked by the running cycle (they become `proposal` at its end)."""
-        self._rearmed: list[Rearm] = []
-        """Blocks the running cycle checked and found still short of quota."""
-        self.due: dict[int, Block] = {}
-        """Quota blocks whose release wake came, by stamp: checked at their turn in the next cycle
-        (`verdicts.quota_short`), woken only if quota could fit; they stay parked meanwhile."""
 
     @property
     def parked(self) -> dict[str, Block]:
@@ -328,7 +245,7 @@ class Parking:
         """
         self.stamp += 1
         stamp = self.stamp
-        block = Block(stamp, group, root, members, reason, wake.new_victims, wake.quota, wake.at_time is not None)
+        block = Block(stamp, group, root, members, reason, wake.new_victims)
         self.blocks.setdefault(group, {})[stamp] = block
         self.by_root.setdefault(root, {})[stamp] = block
         freed = None if wake.freed_short is None else self.freed_seen + max(1, wake.freed_short - gpu_free)
@@ -361,9 +278,9 @@ class Parking:
         for path, level in park.domain_levels.items():
             heapq.heappush(self._domain_freed_heaps.setdefault(path, []), HeapEntry(level, block.stamp, block))
         for r, amount in wake.released.items():
-            self._arm((root, r), amount, block)
+            self._push(self._release_heaps, (root, r), self.released_total, amount, block)
         for r, amount in wake.own_released.items():
-            self._arm((f"own:{park.queue}", r), amount, block)
+            self._push(self._release_heaps, (f"own:{park.queue}", r), self.released_total, amount, block)
         for r, amount in wake.consumed.items():
             self._push(self._consume_heaps, (root, r), self.consumed_total, amount, block)
         if wake.at_time is not None:
@@ -380,33 +297,11 @@ class Parking:
         target = totals.get(key, 0) + amount
         heapq.heappush(heaps.setdefault(key, []), HeapEntry(target, block.stamp, block))
 
-    def _arm(self, key: tuple[str, str], amount: int, block: Block) -> None:
-        """Wait for `amount` more usage given back at `key` (the block's live wake there, if a quota block)."""
-        target = self.released_total.get(key, 0) + amount
-        heapq.heappush(self._release_heaps.setdefault(key, []), HeapEntry(target, block.stamp, block))
-        if block.quota is not None:
-            block.armed[key] = target
-
-    def rearm(self, block: Block, tree: int, own: int | None) -> None:
-        """A due block checked at its turn is still short of quota: it waits again, from the counters this
-        cycle saw, once its record stands (`settle`); it stays parked and was not judged."""
-        self._rearmed.append(Rearm(block, tree, own))
-
-    def _stand_rearm(self, rearm: Rearm) -> None:
-        block, wait = rearm.block, rearm.block.quota
-        if not block.members or wait is None:
-            return  # woken meanwhile: tried like any woken job
-        block.armed = {}
-        self._arm((block.root, "gpu"), max(1, rearm.tree), block)
-        if rearm.own is not None:
-            self._arm((f"own:{wait.queue}", "gpu"), max(1, rearm.own), block)
-
     def end_cycle(self, cycle: int, decisions: int, serial: int) -> int:
         """The running cycle is over: its parks wait for its record to be folded. Returns how many jobs
-        they hold (with the memo off: 0, for nothing it parks stands); its re-armed blocks are not counted."""
+        they hold (with the memo off: 0, for nothing it parks stands)."""
         parks, self._proposed = tuple(self._proposed), []
-        rearms, self._rearmed = tuple(self._rearmed), []
-        self.proposal = Proposal(cycle, decisions, serial, parks, rearms) if parks or rearms else None
+        self.proposal = Proposal(cycle, decisions, serial, parks) if parks else None
         return sum(len(park.block.members) for park in parks) if PARKING else 0
 
     def settle(self, folded: Folded) -> None:
@@ -421,13 +316,6 @@ class Parking:
             stands = p.cycle == folded.cycle and p.decisions == folded.cycle_decisions
         else:
             stands = p.serial == folded.settles and p.cycle == folded.cycle + 1
-        for rearm in p.rearms:
-            # a cycle that decided nothing checked on the folded state itself: its checks hold whatever
-            # is folded next; one that decided checked on a view its decisions fill, kept only with them
-            if stands or p.decisions == 0:
-                self._stand_rearm(rearm)
-            elif rearm.block.members:
-                self.due[rearm.block.stamp] = rearm.block
         if stands:
             for park in p.parks:
                 if park.block.members:
@@ -450,7 +338,6 @@ class Parking:
         return True
 
     def _drop(self, block: Block) -> None:
-        self.due.pop(block.stamp, None)  # woken or emptied: nothing left to check
         blocks = self.blocks.get(block.group)
         if blocks is not None:
             del blocks[block.stamp]
@@ -477,55 +364,12 @@ class Parking:
         while heap and heap[0].level <= level:
             self.wake(heapq.heappop(heap).block)
 
-    def _pop_released(self, key: tuple[str, str], level: int) -> None:
-        """Release wakes due at `key`: a quota block's makes it due for a check, any other's wakes it."""
-        heap = self._release_heaps.get(key)
-        while heap and heap[0].level <= level:
-            entry = heapq.heappop(heap)
-            block = entry.block
-            if block.quota is None:
-                self.wake(block)
-            elif block.members and block.armed.get(key) == entry.level:
-                self.due[block.stamp] = block
-
-    def merge_due(self, block: Block) -> None:
-        """Move into `block` the members of its group's other due blocks (their turns come later in the cycle),
-        but those that also wait for a time."""
-        blocks = self.blocks.get(block.group, {}).values()
-        others = [b for b in blocks if b is not block and not b.timed and self.due.get(b.stamp) is b]
-        if not others:
-            return
-        members = block.members
-        for other in others:
-            del self.due[other.stamp]
-            members.extend(other.members)
-            other.members = []
-            self._drop(other)
-        members.sort()
-
-    def restore(self, block: Block, members: list[Member]) -> None:
-        """Park again the members a passing check woke in a cycle that left no record: due again."""
-        if block.members:
-            block.members = sorted(block.members + members)
-        else:
-            block.members = list(members)
-            self.blocks.setdefault(block.group, {})[block.stamp] = block
-            self.by_root.setdefault(block.root, {})[block.stamp] = block
-        self.due[block.stamp] = block
-
-    def take_due(self, block: Block) -> bool:
-        """Take a block off the due list at its turn; whether it was still due (parked, not yet checked)."""
-        if self.due.get(block.stamp) is not block:
-            return False
-        del self.due[block.stamp]
-        return bool(block.members)
-
     def usage_moved(self, queue: str, root: str, released: Mapping[str, int], consumed: Mapping[str, int]) -> None:
         """Count a queue's usage given back and taken since the last look, and wake whom it concerns."""
         for r, d in sorted(released.items()):
             for key in ((root, r), (f"own:{queue}", r)):
                 total = self.released_total[key] = self.released_total.get(key, 0) + d
-                self._pop_released(key, total)
+                self._pop_due(self._release_heaps.get(key, []), total)
         for r, d in sorted(consumed.items()):
             key = (root, r)
             total = self.consumed_total[key] = self.consumed_total.get(key, 0) + d
@@ -562,7 +406,6 @@ class Parking:
         self._pop_due(self._time_heap, now)
 
     def wake_all(self) -> None:
-        self.due.clear()
         for block in sorted((b for bs in self.blocks.values() for b in bs.values()), key=lambda b: b.stamp):
             self.wake(block)
 

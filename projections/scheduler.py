@@ -33,19 +33,18 @@ parking a job with its words and wake rule is `verdicts`.
 from __future__ import annotations
 
 import heapq
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
 from muster.events.types import Event, JobId, JobRejected
 from muster.projections.cycle import Cycle, HeapEntry, lowest_key
 from muster.projections.duplicates import refuse_taken_ids
 from muster.projections.eviction import Preemptor, may_evict
-from muster.projections.index import Group, OrderKey, index_of, queue_order_key, take_new_jobs
-from muster.projections.parking import Block
+from muster.projections.index import index_of, queue_order_key, take_new_jobs
 from muster.projections.preemption import Victim, preemptor_rule
 from muster.projections.reservations import decide_reservations
 from muster.projections.state import ClusterState, JobState
 from muster.projections.trying import try_job
-from muster.projections.verdicts import park_doomed, quota_short
+from muster.projections.verdicts import park_doomed
 
 
 def decide(state: ClusterState, now: int) -> list[Event]:
@@ -105,8 +104,7 @@ def _admit(cycle: Cycle) -> None:
     # One order over every job to try: its key is judged when the job comes up
     # (keys only grow within a cycle, so a stale key is a lower bound and the
     # lazy heap still yields the job with the smallest current key). Parked jobs
-    # are absent, and would only have failed without changing anything; a parked
-    # quota block whose release wake came is checked at its turn (`_check_due`). Jobs of
+    # are absent, and would only have failed without changing anything. Jobs of
     # one class always have the same key but for their seq, so the heap holds
     # groups: popping one tries its first job, which leaves the group (parked or
     # taken). A group whose first job failed for its class is doomed: its jobs
@@ -114,23 +112,13 @@ def _admit(cycle: Cycle) -> None:
     # end, unless an admission changes the view first (`park_doomed`, `take`).
     jobs = state.jobs
     groups = idx.groups
-    due = idx.parking.due
-    if not groups and not due:
+    if not groups:
         return  # nothing to try, and nothing doomed yet
     heap = [HeapEntry(lowest_key(cycle, jobs[m[-1].job]), next(cycle.pushes), g) for g, m in groups.items()]
-    # quota blocks whose release wake came are checked at their turn, still parked (`_check_due`)
-    for stamp in sorted(due):
-        parked = due[stamp]
-        if parked.members:
-            first = jobs[parked.members[-1].job]
-            heap.append(HeapEntry(lowest_key(cycle, first), next(cycle.pushes), cast(Group, parked.group), parked))
     heapq.heapify(heap)
     cycle.heap = heap
     while heap:
-        key, _, group, block = heapq.heappop(heap)
-        if block is not None:
-            _check_due(cycle, key, block)
-            continue
+        key, _, group = heapq.heappop(heap)
         members = groups.get(group)
         if not members:
             continue
@@ -158,36 +146,6 @@ def _admit(cycle: Cycle) -> None:
         else:
             heapq.heappush(heap, HeapEntry(lowest_key(cycle, jobs[members[-1].job]), next(cycle.pushes), group))
     park_doomed(cycle, None)
-
-
-def _check_due(cycle: Cycle, key: OrderKey, block: Block) -> None:
-    """At a due quota block's turn: wake it to be tried if quota could fit now, else let it wait again.
-
-    Its jobs would be tried here, on this very view; when quota blocks them even with every job
-    they could evict gone (`verdicts.quota_short`), each try would park it again for the same
-    reason and write nothing, so the block stays parked (not judged: no `CycleSettled` counts it)
-    and its release wakes wait again from what it lacks now (`parking`)."""
-    heap, idx = cycle.heap, cycle.idx
-    assert heap is not None and block.quota is not None
-    parking = idx.parking
-    if not block.members or parking.due.get(block.stamp) is not block:
-        parking.take_due(block)
-        return
-    fresh = lowest_key(cycle, cycle.state.jobs[block.members[-1].job])
-    if fresh != key and heap and fresh > heap[0].key:
-        heapq.heappush(heap, HeapEntry(fresh, next(cycle.pushes), cast(Group, block.group), block))
-        return
-    parking.take_due(block)
-    short = quota_short(cycle, block.quota)
-    if short is not None:
-        # its group's other due blocks come up later in this cycle, when it lacks as much or more
-        # (usage only grows within a cycle): they wait with it (a deep backlog stays one block)
-        parking.merge_due(block)
-        parking.rearm(block, short.tree, short.own)
-    else:
-        before = list(block.members)
-        cycle.wake(block, fresh)
-        cycle.checked_wakes.append((block, before[: len(before) - len(block.members)]))
 
 
 def _reclaim_idle(cycle: Cycle) -> None:

@@ -13,10 +13,10 @@ import bisect
 
 from muster.events.types import JobId, JobInadmissible
 from muster.projections.cycle import Cycle, EvictNewAnswer, lowest_key, neg_seq
-from muster.projections.eviction import Mode, Preemptor, chain_may_shrink, evicts_from_others, may_evict
+from muster.projections.eviction import Preemptor, chain_may_shrink, evicts_from_others, may_evict
 from muster.projections.flavors import on_any_flavor, placement_request
 from muster.projections.index import OrderKey, ahead_of_seq
-from muster.projections.parking import ROOM_DOMAINS, Member, QuotaShort, QuotaWait, RoomWait, Wake
+from muster.projections.parking import ROOM_DOMAINS, Member, RoomWait, Wake
 from muster.projections.preemption import Result, overlaps
 from muster.projections.state import JobState
 from muster.projections.topology import RoomShort
@@ -182,8 +182,6 @@ def wake_rule(
             wake.released[min(headroom)] = 1
         if quota_possible:
             _wait_for_room(cycle, job, result, wake)
-        elif _checked(cycle, job):
-            wake.quota = QuotaWait(job.queue, job.requests["gpu"], allow_borrow, state.priority_of(job))
     else:
         # placement blocked: wake when GPUs free up, or when quota would block instead
         _wait_for_room(cycle, job, result, wake)
@@ -198,83 +196,3 @@ def wake_rule(
             r = max(sorted(over), key=lambda k: over[k])
             wake.own_released[r] = over[r]
     return wake
-
-
-def _checked(cycle: Cycle, job: JobState) -> bool:
-    """Whether a job that quota blocks with every candidate evicted may have its release wakes checked
-    (`quota_short`): a GPU-only job outside fair sharing (where any usage moved wakes it) that is no
-    preemptor holding room, is not held behind a strict_fifo head, and sees no reserved room its class
-    does not. Jobs evicted to make room are checked too: the candidates the check counts include the
-    ones they spare, and those they may not take at this instant (a time wake tries them later)."""
-    requests = job.requests
-    return (
-        not cycle.state.fair_sharing
-        and not job.nominated
-        and requests.get("gpu", 0) > 0
-        and all(v <= 0 for r, v in requests.items() if r != "gpu")
-        and job.queue not in cycle.heads.strict
-        and not cycle.fence.own_verdict(job)
-    )
-
-
-def quota_short(cycle: Cycle, wait: QuotaWait) -> QuotaShort | None:
-    """Whether a parked class that quota blocked is still blocked at its turn, on the cycle's view, even
-    with every job it could ever evict gone; None when quota could fit (then its jobs are tried).
-
-    Exact: `find_victims` only evicts candidates, so a try would find no victim and the same quota
-    reason (its words do not depend on usage), and write nothing. The candidates counted are a
-    superset of any search's at this turn and in the cycles to come until the wakes fire: every
-    class `may_evict` lets it take in its own queue and in every borrowing queue of its tree, for
-    any submission order, in any quota position while it is within nominal quota (its own queue's
-    admissions may yet make it borrow), and the jobs this cycle admitted that it may take (they are
-    candidates once folded). So what it lacks, F, can grow only by usage given back in the tree
-    (usage less candidates, per queue, only falls by a release: an admission that is a candidate adds
-    to both), by a queue starting to borrow (`wake_tree` wakes it), or by its own queue giving back
-    what it holds over nominal (then it may reclaim: the `own` wake). The counters' wakes are set
-    from that, so whenever a check would pass, every reader's wake has fired: see `parking`.
-    """
-    root = cycle.idx.roots.get(wait.queue, wait.queue)
-    view = (wait, cycle.idx.quota.version, len(cycle.admitted_by_root.get(root, ())))
-    known = cycle.quota_shorts.get(view)
-    if known is None:
-        known = cycle.quota_shorts[view] = _quota_short(cycle, wait, root)
-    return known or None
-
-
-def _quota_short(cycle: Cycle, wait: QuotaWait, root: str) -> QuotaShort | tuple[()]:
-    state, idx = cycle.state, cycle.idx
-    quota = idx.quota
-    req = {"gpu": wait.gpus}
-    headroom = quota.headroom(wait.queue, req, wait.allow_borrow).get("gpu")
-    if headroom is None:
-        return ()  # pragma: no cover - a class quota blocks has its GPUs limited
-    queue = state.queues[wait.queue]
-    reclaiming = quota.within_nominal(wait.queue, req)
-    mode: Mode | None = None if reclaiming else "borrow"
-    p = Preemptor(wait.queue, wait.priority, queue.preemption, queue.cohort is not None, mode, None)
-    freed: dict[str, int] = {}
-    for other in idx.tree_queues.get(root, ()):
-        borrowing = other == wait.queue or quota.is_borrowing(other, req)
-        classes = idx.holdings.classes(other)
-        gpus = sum(h.requests.get("gpu", 0) for cp, h in classes if may_evict(p, other, cp, 0, borrowing))
-        if gpus:
-            freed[other] = gpus
-    for job in cycle.admitted_by_root.get(root, ()):
-        gpus = job.requests.get("gpu", 0)
-        prio = state.priority_of(job) if state.preemptible(job) else None
-        if gpus > 0 and may_evict(p, job.queue, prio, job.order_seq):
-            freed[job.queue] = freed.get(job.queue, 0) + gpus
-    # usage given back raises what a queue may take by at most as much: the sum bounds it first
-    short = -(headroom + sum(freed.values()))
-    if short <= 0:
-        mark = quota.mark()
-        for other in sorted(freed):
-            quota.add(other, {"gpu": freed[other]}, -1)
-        short = -quota.headroom(wait.queue, req, wait.allow_borrow)["gpu"]
-        quota.rollback(mark)
-        if short <= 0:
-            return ()
-    own = None
-    if not reclaiming and queue.cohort is not None and evicts_from_others(queue.preemption, None):
-        own = quota.over_nominal(wait.queue, req).get("gpu")
-    return QuotaShort(short, own)
