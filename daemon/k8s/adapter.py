@@ -380,7 +380,7 @@ class KubernetesAdapter:
         read = await read_owner(self.client, check.owner, check.owned_by, self._lookups)
         async with self._lock:
             at = int(self._clock())
-            events = self.translator.gangs.workload_read(check.job, read.exists, at, read.ended)
+            events = self.translator.gangs.workload_read(check.job, read, at)
             events += self.translator.flush(at)
             if events:
                 await sink(events)

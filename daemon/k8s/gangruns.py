@@ -181,13 +181,17 @@ def salt(gang: Gang, chosen: list[PodInfo]) -> str:
     """A pod group has no owner uid; its pods' uids tell a re-created group apart."""
     if gang.owner.kind != "Gang":
         return gang.uid
-    return hashlib.sha256("".join(sorted(p.uid for p in chosen)).encode()).hexdigest()
+    return _pods_digest(chosen)
+
+
+def _pods_digest(pods: list[PodInfo]) -> str:
+    """A run told apart by its pods: a digest of their uids, whatever their order."""
+    return hashlib.sha256("".join(sorted(p.uid for p in pods)).encode()).hexdigest()
 
 
 def later_run(job: JobId, chosen: list[PodInfo]) -> JobId:
     """The job id of a later run of `job`'s owner (its pods made again after a run ended): salted by its pods."""
-    uids = "".join(sorted(p.uid for p in chosen))
-    return JobId(f"{job}-r{hashlib.sha256(uids.encode()).hexdigest()[:6]}")
+    return JobId(f"{job}-r{_pods_digest(chosen)[:6]}")
 
 
 def run_of(job: JobId, own: JobId) -> bool:

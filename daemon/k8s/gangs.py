@@ -73,7 +73,7 @@ from muster.daemon.k8s.gangruns import (
 from muster.daemon.k8s.gangviews import GangViews
 from muster.daemon.k8s.owners import Sizing
 from muster.daemon.k8s.pods import TERMINATED, UNOWNED, Owner, PodInfo, recreated
-from muster.daemon.k8s.reconciling import owner_makes_no_pods, workload_deleted
+from muster.daemon.k8s.reconciling import OwnerRead, owner_makes_no_pods, workload_deleted
 from muster.events.types import ControllerRef, Event, JobFailed, JobFinished, JobId, JobStarted, PodSet
 
 __all__ = ["TERMINATED", "Gang", "Gangs", "KnownJob", "StoppedRun", "Tracked", "WorkloadCheck"]
@@ -183,24 +183,24 @@ class Gangs(GangViews):
         self._collect(gang)
         return events
 
-    def workload_read(self, job: JobId, alive: bool | None, at: int, ended: str = "") -> list[Event]:
+    def workload_read(self, job: JobId, read: OwnerRead, at: int) -> list[Event]:
         """The adapter read the owner of `job` (see `deletions`, asked only for owners that recreate their
         pods): gone ends it WorkloadDeleted; unreadable ends it as a pod deleted from it; there, it makes the
         pod again (the Job controller, JobSet's child Jobs, a training operator, a pod group's controller):
         the gang waits for it, as a preempted gang waits for its replacements, and the replacement takes the
         deleted pod's place (its admission binds it there; a bound run's, on the deleted pod's node: `rebind`).
-        Ending it JobFailed instead retired the other
-        pods with the run, and the replacement alone was no gang: they all waited unbound for ever. An owner
-        that is there but `ended` (a Job past its `activeDeadlineSeconds`, failed or complete) or suspended
-        makes no pod again: the job fails, naming why, rather than wait for ever."""
+        Ending it JobFailed instead retired the other pods with the run, and the replacement alone was no
+        gang: they all waited unbound for ever. An owner that is there but ended (`OwnerRead.ended`: a Job
+        past its `activeDeadlineSeconds`, failed or complete) or suspended makes no pod again: the job fails,
+        naming why, rather than wait for ever."""
         gang = self._gang_of(job)
         if gang is None or gang.done or not gang.losing:
             return []
-        if alive is False:
+        if read.exists is False:
             return self._end(gang, workload_deleted(job, gang.owner, at))
-        if alive and ended:
-            return self._end(gang, owner_makes_no_pods(job, gang.owner, ended, at, gang.losing))
-        if alive:
+        if read.exists and read.ended:
+            return self._end(gang, owner_makes_no_pods(job, gang.owner, read.ended, at, gang.losing))
+        if read.exists:
             gang.losing = ""
             gang.requeued = not gang.vacated  # a bound run keeps its slots: the replacement takes the deleted one
             return self._evaluate(gang, at)  # its replacement may be there already

@@ -108,16 +108,23 @@ def owner_of(source: str, controller: ControllerRef | None = None) -> Owner | No
     return Owner(parts[0], parts[1], parts[2], controlled=controller is not None, controller=controller)
 
 
+class OwnerRead(NamedTuple):
+    """What a read of a job's owner found."""
+
+    exists: bool | None
+    """Whether the owner the job's pods belong to is there (None: unreadable)."""
+    ended: str = ""
+    """Why an existing owner makes no pod again, ended or suspended (`owners.makes_no_pods`); "" if it does."""
+
+
 def judge(
     job: LiveJob,
     present: Callable[[str], bool],
-    owner_alive: bool | None,
+    owner_read: OwnerRead,
     at: int,
     tracked: Tracked | None = None,
-    owner_ended: str = "",
 ) -> Verdict | None:
-    """Whether `job` lost its workload (see the module docstring). `owner_alive` is None when unknown;
-    `owner_ended` why an owner that is there makes no pod again (ended or suspended: `OwnerRead.ended`)."""
+    """Whether `job` lost its workload (see the module docstring), given what a read of its owner found."""
     keys = _keys(job, tracked)
     missing = [k for k in keys if not present(k)]
     if not missing:
@@ -126,11 +133,11 @@ def judge(
     owner = _owner(job, tracked)
     job_id = JobId(job.id)
     if owner is not None and recreated(owner):
-        if owner_alive is None or (owner_alive and not owner_ended):
+        if owner_read.exists is None or (owner_read.exists and not owner_read.ended):
             return None
-        if owner_alive:
+        if owner_read.exists:
             what = f"its pods are missing: {_shown(missing)}"
-            return Verdict(job_id, owner_makes_no_pods(job_id, owner, owner_ended, at, what), remaining)
+            return Verdict(job_id, owner_makes_no_pods(job_id, owner, owner_read.ended, at, what), remaining)
         return Verdict(job_id, workload_deleted(job_id, owner, at), remaining)
     if not remaining:
         return Verdict(job_id, workload_deleted(job_id, owner, at), ())
@@ -158,15 +165,6 @@ def _same(owner: Owner, job: JobId, uid: str) -> bool:
     if owner.controller is not None:
         return uid == owner.controller.uid or not owner.controller.uid
     return run_of(job, Owner(owner.kind, owner.namespace, owner.name, uid).job_id())
-
-
-class OwnerRead(NamedTuple):
-    """What a read of a job's owner found."""
-
-    exists: bool | None
-    """Whether the owner the job's pods belong to is there (None: unreadable)."""
-    ended: str = ""
-    """Why an existing owner makes no pod again, ended or suspended (`owners.makes_no_pods`); "" if it does."""
 
 
 async def read_owner(client: KubeClient, owner: Owner, job: JobId, limiter: anyio.CapacityLimiter) -> OwnerRead:
@@ -237,8 +235,7 @@ async def find_vanished(
                 tg.start_soon(look, job, owner)
     verdicts = []
     for job in suspects:
-        read = alive.get(job.id, OwnerRead(None))
-        verdict = judge(job, present, read.exists, at, known[job.id], read.ended)
+        verdict = judge(job, present, alive.get(job.id, OwnerRead(None)), at, known[job.id])
         if verdict is not None:
             verdicts.append(verdict)
     return verdicts

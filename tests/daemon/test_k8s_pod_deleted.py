@@ -17,6 +17,7 @@ from muster.daemon.k8s import manifests as m
 from muster.daemon.k8s.gangs import Gangs
 from muster.daemon.k8s.owners import makes_no_pods
 from muster.daemon.k8s.pods import pod_info
+from muster.daemon.k8s.reconciling import OwnerRead
 from muster.events.types import Event, JobCancelled, JobFailed, JobId, JobStarted, JobSubmitted
 
 Obj = dict[str, Any]
@@ -78,7 +79,7 @@ def test_a_pod_deleted_from_a_jobs_run_is_judged_by_a_read_of_the_job(
     assert gangs.pod_changed(pod_info(replacement), at=3) == []
     assert not gangs.rebind and not gangs.complete(job)  # nothing taken before the read says the Job is there
 
-    out = gangs.workload_read(job, alive, at=4)
+    out = gangs.workload_read(job, OwnerRead(alive), at=4)
     if ends is None:
         assert out == []
         assert gangs.complete(job)
@@ -108,7 +109,7 @@ def test_a_replacement_bound_in_place_runs_on_in_the_same_job() -> None:
     first = [job_pod(i, f"u{i}", f"n{i}", "Running") for i in range(2)]
     job = submitted(gangs, first)
     gangs.pod_deleted(key(first[1]), at=2)
-    gangs.workload_read(job, True, at=3)
+    gangs.workload_read(job, OwnerRead(True), at=3)
     replacement = job_pod(1, "u2")
     assert gangs.pod_changed(pod_info(replacement), at=4) == []
     replacement["spec"]["nodeName"], replacement["status"] = "n1", {"phase": "Running"}
@@ -125,7 +126,7 @@ def test_a_pod_deleted_by_a_job_that_ended_fails_the_job_instead_of_waiting_for_
     first = [job_pod(i, f"u{i}", nodes[i], "Running" if bound else "Pending") for i in range(2)]
     job = submitted(gangs, first)
     gangs.pod_deleted(key(first[1]), at=2)
-    out = gangs.workload_read(job, True, at=3, ended="Failed (DeadlineExceeded)")
+    out = gangs.workload_read(job, OwnerRead(True, "Failed (DeadlineExceeded)"), at=3)
     assert [type(e) for e in out] == [JobFailed] and gangs.ended(job)
     assert "Job/ns/train is Failed (DeadlineExceeded), so it makes no pod again" in getattr(out[0], "reason", "")
 

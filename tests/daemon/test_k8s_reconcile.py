@@ -17,7 +17,7 @@ from muster.daemon.k8s import manifests as m
 from muster.daemon.k8s import reconciling
 from muster.daemon.k8s.gangruns import Tracked
 from muster.daemon.k8s.pods import Owner
-from muster.daemon.k8s.reconciling import judge, owner_of
+from muster.daemon.k8s.reconciling import OwnerRead, judge, owner_of
 from muster.events.types import (
     ControllerRef,
     Event,
@@ -63,7 +63,7 @@ BATCH = Job("ns/job/train-abcdef12", "Job/ns/train", {"w-0": "ns/train-0-x", "w-
 )
 def test_judge(job: Job, present: set[str], owner_alive: bool | None, expected: tuple[str, str] | None) -> None:
     """A job is ended only when its pods are missing and nothing will bring them back, cancelled when all are gone."""
-    verdict = judge(job, present.__contains__, owner_alive, at=7)
+    verdict = judge(job, present.__contains__, OwnerRead(owner_alive), at=7)
     if expected is None:
         assert verdict is None
         return
@@ -77,7 +77,7 @@ def test_judge(job: Job, present: set[str], owner_alive: bool | None, expected: 
 def test_judge_a_job_whose_owner_ended_while_no_scheduler_watched() -> None:
     """A Job that failed past its deadline while no scheduler watched deleted its pods and makes none again:
     its job fails naming why, instead of waiting for ever for replacements (a phantom holding its quota)."""
-    verdict = judge(BATCH, set().__contains__, True, at=7, owner_ended="Failed (DeadlineExceeded)")
+    verdict = judge(BATCH, set().__contains__, OwnerRead(True, "Failed (DeadlineExceeded)"), at=7)
     assert verdict is not None and isinstance(verdict.event, JobFailed)
     assert verdict.event.reason.startswith("Job/ns/train is Failed (DeadlineExceeded), so it makes no pod again")
 
@@ -95,9 +95,9 @@ def test_judge_a_tracked_pod_group_by_its_controller(owner_alive: bool | None, e
     naming it once it is gone; judged by the log alone (no controller known) its gone pods cancel it."""
     controller = ControllerRef(api_version="example.com/v1", kind="Trainer", namespace="ns", name="t", uid="u-t")
     tracked = Tracked(pods=GANG.pods, owner=Owner("Gang", "ns", "g", controlled=True, controller=controller))
-    verdict = judge(GANG, set().__contains__, owner_alive, at=7, tracked=tracked)
+    verdict = judge(GANG, set().__contains__, OwnerRead(owner_alive), at=7, tracked=tracked)
     assert (verdict.event.reason if verdict is not None else None) == expected  # type: ignore[attr-defined]
-    untracked = judge(GANG, set().__contains__, None, at=7)
+    untracked = judge(GANG, set().__contains__, OwnerRead(None), at=7)
     assert untracked is not None and isinstance(untracked.event, JobCancelled)
 
 
