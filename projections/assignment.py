@@ -43,7 +43,7 @@ import msgspec
 from muster.events.types import PodSet
 from muster.projections import flavors
 from muster.projections.configuration import flavored_requests
-from muster.projections.eviction import evicts_from_others
+from muster.projections.eviction import evicts_more_within_nominal
 from muster.projections.flavors import Flavors, PodsetsKey, podsets_key, view
 from muster.projections.parking import Wake
 from muster.projections.preemption import Result, Victim, find_victims
@@ -563,8 +563,7 @@ def wake(cycle: Cycle, job: JobState, choice: Choice, found: list[Result]) -> Wa
         # as a plain job's (`verdicts.wake_rule`): new victims change nothing for one that may evict no one
         new_victims=not cycle.idx.evicts_no_one(job.queue, state.priority_of(job)),
     )
-    # as `verdicts.wake_rule`: back within nominal quota it may reclaim (or, reclaimed for idleness, evict)
-    if (queue.cohort is not None and evicts_from_others(queue.preemption, None)) or job.idle_reclaimed_at is not None:
+    if evicts_more_within_nominal(queue.preemption, queue.cohort is not None, job):
         for on in choice.preempt:
             over = cycle.idx.quota.over_nominal(job.queue, on.requests)
             if not over:

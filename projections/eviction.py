@@ -118,6 +118,13 @@ def evicts_from_others(policy: PreemptionPolicy, mode: Mode | None) -> bool:
     return reach(policy, mode).others
 
 
+def evicts_more_within_nominal(policy: PreemptionPolicy, in_cohort: bool, job: JobState) -> bool:
+    """Whether `job` may evict jobs it may not evict now once its queue is back within nominal quota: it
+    then reclaims what its cohort borrowed, or, reclaimed for idleness, evicts at all again (its wake
+    waits for its queue to give back what it holds over nominal)."""
+    return (in_cohort and evicts_from_others(policy, None)) or job.idle_reclaimed_at is not None
+
+
 def evicts_nothing(policy: PreemptionPolicy) -> bool:
     """Whether the rule lets a preemptor under `policy` evict no job at all, whatever its position."""
     return evicts_no_one(policy, 0, LOWEST)

@@ -184,16 +184,13 @@ def preemptor_rule(cycle: Cycle, job: JobState, reclaimed: bool = False) -> Pree
     state = cycle.state
     queue = state.queues[job.queue]
     quota = cycle.idx.quota
-    mode: Mode
-    if state.fair_sharing:
-        mode = "fair"
-    else:
-        mode = "reclaim" if quota.within_nominal(job.queue, job.requests) else "borrow"
+    within = quota.within_nominal(job.queue, job.requests)
+    mode: Mode = "fair" if state.fair_sharing else "reclaim" if within else "borrow"
     prio, chain = state.priority_of(job), eviction_chain(state.jobs, job)
-    rule = Preemptor(job.queue, prio, queue.preemption, queue.cohort is not None, mode, job.order_seq, chain)
-    if (reclaimed or job.idle_reclaimed_at is not None) and not quota.within_nominal(job.queue, job.requests):
-        return rule._replace(idle_borrowing=True)
-    return rule
+    idle_borrowing = (reclaimed or job.idle_reclaimed_at is not None) and not within
+    return Preemptor(
+        job.queue, prio, queue.preemption, queue.cohort is not None, mode, job.order_seq, chain, idle_borrowing
+    )
 
 
 def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:

@@ -194,7 +194,7 @@ class JobState(msgspec.Struct, kw_only=True):
         if self.runtime is not None and self.runtime < done:
             done = self.runtime
         every = self.checkpoint_every
-        # `gpus`, not requests["gpu"]: a job admitted on flavors holds `gpu@FLAVOR`, which counted as 0
+        # `gpus`: a job admitted on flavors holds `gpu@FLAVOR`, not `gpu`
         return (done % every if every else done) * self.gpus
 
     def remaining(self) -> int | None:

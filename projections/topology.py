@@ -32,8 +32,9 @@ HOST = "host"
 _MAX_GPU_BUCKET = 64
 _FREED_KEPT = 4096
 """How many answers `_freed_room` keeps (then it starts afresh)."""
-_PODS_KEPT = 1 << 16
-"""How many answers `pods_freed` keeps (then it starts afresh)."""
+_PER_JOB_KEPT = 1 << 16
+"""How many answers each per-job cache (`could_hold`'s rooms, `gpus_on_hosts`, `pods_freed`) keeps, then it
+starts afresh: they are keyed by job, and a long-running daemon's index outlives many jobs."""
 
 
 class Domain:
@@ -459,6 +460,8 @@ class TopologyIndex:
             for k, v in pod_req.items():
                 if v > 0:
                     amounts[k] = amounts.get(k, 0) + v * pods
+        if len(self._rooms) >= _PER_JOB_KEPT:
+            self._rooms.clear()
         self._rooms[key] = _Room(job.placement, by_domain)
         return by_domain
 
@@ -474,6 +477,8 @@ class TopologyIndex:
             if gpus > 0 and name in self.hosts:
                 held[name] = held.get(name, 0) + gpus
         hosts = [(self.hosts[name], gpus) for name, gpus in held.items()]
+        if len(self._on_hosts) >= _PER_JOB_KEPT:
+            self._on_hosts.clear()
         self._on_hosts[job.id] = _OnHosts(job.placement, hosts)
         return hosts
 
@@ -485,7 +490,7 @@ class TopologyIndex:
         known = self._pods.get(key)
         if known is not None and known.placement is job.placement:
             return known.by_domain
-        if len(self._pods) >= _PODS_KEPT:
+        if len(self._pods) >= _PER_JOB_KEPT:
             self._pods.clear()
         by_domain: dict[Domain, int] = {}
         for host, g in self.gpus_on_hosts(job):

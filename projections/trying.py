@@ -38,9 +38,8 @@ def job_class(cycle: Cycle, job: JobState) -> tuple[object, ...] | None:
     ):
         # its candidates depend on its own history (the jobs it spares, see `eviction`) or on its
         # own submission order (equal priorities, by seq); one reclaimed for idleness may evict no one
-        # while its class may; in a strict_fifo queue the jobs after a
-        # refused head are held behind it, not refused with it; a job that may use reserved room
-        # sees more than its class
+        # while its class may; in a strict_fifo queue the jobs after a refused head are held behind
+        # it, not refused with it; a job that may use reserved room sees more than its class
         return None
     group = cycle.idx.group_of.get(job.id) or cycle.idx.group(job)
     return group[:4]  # the group less its limit rank (one verdict for any limit) and whose job it is

@@ -13,7 +13,7 @@ import bisect
 
 from muster.events.types import JobId, JobInadmissible
 from muster.projections.cycle import Cycle, EvictNewAnswer, lowest_key, neg_seq
-from muster.projections.eviction import Preemptor, chain_may_shrink, evicts_from_others, may_evict
+from muster.projections.eviction import Preemptor, chain_may_shrink, evicts_more_within_nominal, may_evict
 from muster.projections.flavors import on_any_flavor, placement_request
 from muster.projections.index import OrderKey, ahead_of_seq
 from muster.projections.parking import ROOM_DOMAINS, Member, RoomWait, Wake
@@ -187,10 +187,7 @@ def wake_rule(
         _wait_for_room(cycle, job, result, wake)
         for r, h in headroom.items():
             wake.consumed[r] = h + 1
-    # back within nominal quota, the queue may reclaim what its cohort borrowed (and a job reclaimed
-    # for idleness may evict at all again, `eviction.Preemptor.idle_borrowing`)
-    policy = queue.preemption
-    if (queue.cohort is not None and evicts_from_others(policy, None)) or job.idle_reclaimed_at is not None:
+    if evicts_more_within_nominal(queue.preemption, queue.cohort is not None, job):
         over = cycle.idx.quota.over_nominal(job.queue, job.requests)
         if over:
             r = max(sorted(over), key=lambda k: over[k])
