@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from muster.events.types import PodSet
-from muster.projections.flavors import MARKER, gpu_flavors, placement_request, quota_asks
+from muster.projections.flavors import MARKER, gpu_flavors, placement_request, quota_asks, unassigned
 from muster.projections.queueing import STRICT_FIFO
 from muster.projections.resources import fmt
 from muster.projections.state import ClusterState, JobState, Reservation
@@ -25,6 +25,7 @@ from muster.replay.points import duration
 from muster.replay.views import queue_order
 
 if TYPE_CHECKING:
+    from muster.projections.cycle import Cycle
     from muster.projections.topology import TopologyIndex
 
 
@@ -302,13 +303,12 @@ def _victims(state: ClusterState, job: JobState) -> dict[str, Any]:
     from muster.projections.assignment import victim_search
     from muster.projections.cycle import Cycle
     from muster.projections.index import index_of
-    from muster.projections.preemption import preemptor_rule
 
     try:
         idx = index_of(state)
         cycle = Cycle(state, idx, state.now)
         try:
-            if preemptor_rule(cycle, job).idle_borrowing:
+            if _idle_borrowing(cycle, job):
                 # the rule lets it evict no one (`eviction.Preemptor.idle_borrowing`): say why
                 return {"victims": [], "candidate_gpus": 0, "idle_reclaimed_at": job.idle_reclaimed_at}
             result = victim_search(cycle, job, state.preemptible(job))
@@ -320,3 +320,22 @@ def _victims(state: ClusterState, job: JobState) -> dict[str, Any]:
         "victims": [{"job": v.job.id, "queue": v.job.queue, "reason": v.reason} for v in result.victims],
         "candidate_gpus": result.candidate_gpus,
     }
+
+
+def _idle_borrowing(cycle: Cycle, job: JobState) -> bool:
+    """Whether the eviction rule lets `job` evict no one because it was reclaimed for idleness and
+    borrows, judged as the core's victim search judges it: a pending job of a queue with flavors on
+    each flavor the search looks for victims on (its quota is keyed `gpu@FLAVOR`: judged on its plain
+    requests, such a job never borrows), and the rule holds when it holds on all of them."""
+    from muster.projections.assignment import choose
+    from muster.projections.preemption import find_victims, preemptor_rule
+
+    if job.idle_reclaimed_at is None:
+        return False
+    if not unassigned(cycle.state, job):
+        return preemptor_rule(cycle, job).idle_borrowing
+    allow = cycle.state.preemptible(job)
+    choice = choose(cycle, job, allow, lambda on: bool(find_victims(cycle, on, allow).victims))
+    if choice.admit is not None or not choice.preempt:
+        return False
+    return all(preemptor_rule(cycle, on).idle_borrowing for on in choice.preempt)

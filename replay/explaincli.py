@@ -40,10 +40,20 @@ def run(args: argparse.Namespace) -> int:
             from muster.replay.jobnames import NameProblem, resolve
             from muster.replay.rebuild import state_at
 
-            replayed = await state_at(source, point, await open_snapshots(args, source, store))
+            snapshots = await open_snapshots(args, source, store)
+            replayed = await state_at(source, point, snapshots)
             try:
                 found = resolve(args.job, replayed.state.jobs)
             except NameProblem as exc:
+                later = None if point.is_end else await _submitted_later(source, args.job, snapshots)
+                if later is not None:
+                    job, when = later
+                    print(
+                        f"muster explain: {job} was not yet submitted at {point.text} in {source.name}: "
+                        f"it was submitted at {when}",
+                        file=sys.stderr,
+                    )
+                    return 2
                 print(f"muster explain: {exc} in {source.name} up to {point.text}", file=sys.stderr)
                 return 2
             print(f"muster explain: {found.note}", file=sys.stderr)
@@ -57,6 +67,23 @@ def run(args: argparse.Namespace) -> int:
 
     code: int = run_command(args, body, "explain")
     return code
+
+
+async def _submitted_later(source: Any, typed: str, snapshots: Any) -> tuple[str, str] | None:
+    """The job `typed` names and when it was submitted, when the point does not hold it but the log
+    does, later (a point before a job's submission is no reason to say there is no such job)."""
+    from muster.replay.jobnames import NameProblem, resolve
+    from muster.replay.points import END, Clock
+    from muster.replay.rebuild import state_at
+
+    jobs = (await state_at(source, END, snapshots)).state.jobs
+    try:
+        found = resolve(typed, jobs)
+    except NameProblem:
+        return None
+    job = jobs[found.job]
+    clock = Clock.for_log(job.submitted_at)
+    return found.job, clock.at(job.submitted_at)
 
 
 def document(story: Any, now: int) -> dict[str, Any]:

@@ -286,3 +286,17 @@ def test_a_requeued_job_waits_since_its_requeue_not_since_its_submission(tmp_pat
     assert main(["explain", "idle", "--log", str(path), "--at", "@700"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "Pending, waiting 0s since it was requeued (11m 40s since submission)" in out
+
+
+def test_explain_at_a_point_before_the_submission_says_when_the_job_was_submitted(tmp_path: Path, capsys) -> None:
+    """`explain b-small --at @100` (submitted at t=150) says it was not yet submitted and when it was, not "no job"."""
+    path = write_jsonl(tmp_path / "log.jsonl", sim(STORY).events)
+    for at in ("@100", "1"):
+        assert main(["explain", "b-small", "--log", str(path), "--at", at]) == 2
+        err = capsys.readouterr().err
+        assert f"b-small was not yet submitted at {at}" in err and "it was submitted at t=150" in err
+        assert "no job" not in err
+    assert main(["explain", "b-smal", "--log", str(path), "--at", "@100"]) == 2
+    assert "b-small was not yet submitted at @100" in capsys.readouterr().err
+    assert main(["explain", "nobody", "--log", str(path), "--at", "@100"]) == 2
+    assert "no job 'nobody'" in capsys.readouterr().err

@@ -73,3 +73,24 @@ async def test_explain_says_the_reclaimed_borrower_evicts_no_one() -> None:
     assert story.pending is not None
     changes = story.pending["what_would_have_to_change"]
     assert any("reclaimed for idleness at 1900" in c and "evicts no one while it borrows" in c for c in changes)
+
+
+# RECLAIMED with every queue's quota on one flavor, h100: the reclaimed job borrows `gpu@h100`.
+RECLAIMED_ON_FLAVOR = RECLAIMED.replace(
+    "nodes: [{name: n0, capacity: {gpu: 8}}, {name: n1, capacity: {gpu: 8}},\n"
+    "        {name: n2, capacity: {gpu: 8}}, {name: n3, capacity: {gpu: 8}}]",
+    "nodes: [{generate: {count: 4, name: 'n{i}', labels: {model: H100}, capacity: {gpu: 8}}}]\n"
+    "flavors: [{name: h100, node_labels: {model: H100}}]",
+).replace("nominal: {gpu: 8}", "resource_groups: [{covered: [gpu], flavors: [{name: h100, nominal: {gpu: 8}}]}]")
+
+
+async def test_explain_says_a_reclaimed_borrower_on_a_flavor_evicts_no_one() -> None:
+    """On a flavor too, `explain` says the reclaimed job evicts no one while it borrows (its quota is `gpu@h100`)."""
+    events = sim(RECLAIMED_ON_FLAVOR).events
+    preempted = [(e.at, e.job, e.reason) for e in events if isinstance(e, JobPreempted)]
+    assert preempted == [(1900, "lent", "IdleReclaim")]
+    story, _ = await explain(memory_log(events), "lent", Point(time=3000))
+    assert story.pending is not None
+    changes = story.pending["what_would_have_to_change"]
+    assert any("reclaimed for idleness at 1900" in c and "evicts no one while it borrows" in c for c in changes)
+    assert not any(c.startswith("preemption cannot help") for c in changes)
