@@ -17,7 +17,8 @@ from muster.replay.story import Story, Storyteller
 
 
 async def explain(source: LogSource, job: str, point: Point) -> tuple[Story, int]:
-    """Fold the log up to `point`, telling `job`'s story; returns (story, time of the last event folded)."""
+    """Fold the log up to `point`, telling `job`'s story; returns (story, the time it is told as of: the
+    point's time, or that of the last event folded)."""
     last = await source.last_seq()
     end = point.seq if point.seq is not None else last
     start = await _before_submission(source, job, end, point.time) if isinstance(source, ArchivedLog) else None
@@ -27,6 +28,11 @@ async def explain(source: LogSource, job: str, point: Point) -> tuple[Story, int
         with no_gc():  # not across the read (see `no_gc`)
             for seq, ev in batch:
                 teller.step(seq, ev)
+    if point.time is not None and point.time > teller.state.now:
+        # the state at a time is the log's up to it, as of that time: a job pending then has waited
+        # until the time asked, not until the last event before it (a time past the log's end is
+        # refused by the caller, so the log did reach it)
+        teller.state.now = point.time
     return teller.finish(), teller.state.now
 
 

@@ -15,7 +15,7 @@ import pytest
 from replaykit import STORY, memory_log, sim, write_jsonl
 
 from muster.cli import main
-from muster.events.types import JobPreempted
+from muster.events.types import JobAdmitted, JobPreempted
 from muster.replay.explain import explain
 from muster.replay.points import END, Point
 
@@ -123,8 +123,9 @@ async def test_a_reserved_job_shows_its_reservation_and_the_jobs_it_waits_for() 
     assert line.data["waits_for"] == [{"job": "dev-1", "expected_end": 1200}, {"job": "dev-2", "expected_end": 1800}]
     assert story.pending is not None and story.pending["reservation"]["expected_start"] == 1800
     changes = story.pending["what_would_have_to_change"]
-    assert changes[0].startswith("reserved n0, n1 since 1m 40s ago; waiting for 2 jobs to end")  # as of t=200
-    assert "expected in 26m 40s" in changes[0]
+    # as of the time asked, t=600 (not the last event before it, at t=200)
+    assert changes[0].startswith("reserved n0, n1 since 8m 20s ago; waiting for 2 jobs to end")
+    assert "(dev-1 in 10m 00s, dev-2 in 20m 00s), expected in 20m 00s" in changes[0]
     held, _ = await explain(log, "dev-6", Point(time=600))
     assert held.pending is not None
     assert (
@@ -300,3 +301,28 @@ def test_explain_at_a_point_before_the_submission_says_when_the_job_was_submitte
     assert "b-small was not yet submitted at @100" in capsys.readouterr().err
     assert main(["explain", "nobody", "--log", str(path), "--at", "@100"]) == 2
     assert "no job 'nobody'" in capsys.readouterr().err
+
+
+TWO_GANGS_96_FREE = """\
+topology:
+  levels: [block, rack]
+nodes:
+  - generate: {count: 3, name: "{block}-{rack}-n{i}", labels: {block: [b0, b1], rack: [r0, r1]}, capacity: {gpu: 8}}
+queues:
+  - {name: q, nominal: {gpu: 128}}
+timeline:
+  - {at: 0, submit: {job: g1, queue: q, podsets: [{count: 8, requests: {gpu: 8}}], runtime: 1000}}
+  - {at: 0, submit: {job: g2, queue: q, podsets: [{count: 8, requests: {gpu: 8}}], runtime: 1000}}
+"""
+
+
+def test_of_two_64_gpu_gangs_on_96_free_gpus_one_runs_whole_and_the_other_waits_whole(tmp_path: Path, capsys) -> None:
+    """g1 gets all 8 pods, g2 none until g1 ends; `explain g2 --at @500` says room for 4 of 8 pods, waiting 8m 20s."""
+    events = sim(TWO_GANGS_96_FREE).events
+    admitted = [(e.at, e.job, len(e.placement)) for e in events if isinstance(e, JobAdmitted)]
+    assert admitted == [(0, "g1", 8), (1000, "g2", 8)]
+    path = write_jsonl(tmp_path / "log.jsonl", events)
+    assert main(["explain", "g2", "--log", str(path), "--at", "@500"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "pending as of t=500" in out and "Pending, waiting 8m 20s: position 1 of 1 in q" in out
+    assert "there is room in the cluster for 4 of 8 pods of gpu=8: 32 more GPUs must be free" in out
