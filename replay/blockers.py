@@ -166,10 +166,14 @@ def blockers(state: ClusterState, job: JobState) -> dict[str, Any]:
                 "the queue's nominal quota or borrowing limit must grow"
             )
         else:
+            # a non-preemptible job never borrows: past its nominal quota, its own queue's jobs hold what
+            # it waits for, and the cohort's finishing would not let it in
+            own = not state.preemptible(job) and q["used"] + q["requested"] > q["nominal"]
+            who = "jobs of its queue" if own else "jobs of its queue or cohort"
             changes.append(
                 f"quota: {q['short']:,} more {r} must be free for {job.queue} (it uses {q['used']:,} of "
                 f"{q['nominal']:,} nominal; {q['available']:,} available to it now, {q['requested']:,} needed): "
-                "jobs of its queue or cohort must finish, or its quota grow"
+                f"{who} must finish, or its quota grow"
             )
     for c in capacity:
         if not c.get("missing_gpus"):

@@ -326,3 +326,57 @@ def test_of_two_64_gpu_gangs_on_96_free_gpus_one_runs_whole_and_the_other_waits_
     out = " ".join(capsys.readouterr().out.split())
     assert "pending as of t=500" in out and "Pending, waiting 8m 20s: position 1 of 1 in q" in out
     assert "there is room in the cluster for 4 of 8 pods of gpu=8: 32 more GPUs must be free" in out
+
+
+INFERENCE_RECLAIMS = """\
+nodes:
+  - generate: {count: 8, name: "n{i}", capacity: {gpu: 8}}
+priority_classes:
+  - {name: inference, value: 1000, preemptible: false}
+  - {name: training, value: 100}
+cohorts: [{name: org}]
+queues:
+  - {name: serve, cohort: org, nominal: {gpu: 32}, preemption: {reclaim_within_cohort: Any}}
+  - {name: research, cohort: org, nominal: {gpu: 32}}
+timeline:
+  - {at: 0, submit: {job: a-ckpt600, queue: research, priority_class: training,
+     podsets: [{count: 2, requests: {gpu: 8}}], runtime: 20000, checkpoint_every: 600}}
+  - {at: 0, submit: {job: b-ckpt3000, queue: research, priority_class: training,
+     podsets: [{count: 2, requests: {gpu: 8}}], runtime: 20000, checkpoint_every: 3000}}
+  - {at: 0, submit: {job: c-nockpt, queue: research, priority_class: training,
+     podsets: [{count: 2, requests: {gpu: 8}}], runtime: 20000}}
+  - {at: 0, submit: {job: d-ckpt100, queue: research, priority_class: training,
+     podsets: [{count: 2, requests: {gpu: 8}}], runtime: 20000, checkpoint_every: 100}}
+  - {at: 1050, submit: {job: inf1, queue: serve, priority_class: inference,
+     podsets: [{count: 2, requests: {gpu: 8}}], runtime: 3600}}
+  - {at: 1050, submit: {job: inf2, queue: serve, priority_class: inference,
+     podsets: [{count: 2, requests: {gpu: 8}}], runtime: 3600}}
+  - {at: 1100, submit: {job: inf3, queue: serve, priority_class: inference,
+     podsets: [{count: 4, requests: {gpu: 8}}], runtime: 3600}}
+until: 8000
+"""
+
+
+async def test_inference_takes_back_its_quota_from_the_training_jobs_that_lose_the_least_work() -> None:
+    """At t=1050 the two inference gangs evict d (800 GPU-s since its checkpoint) and a (7,200), not b or c
+    (16,800 each); explain tells each victim its loss, and the inference gang past its nominal quota that
+    only its own queue's jobs hold what it waits for (it never borrows)."""
+    events = sim(INFERENCE_RECLAIMS).events
+    preempted = [
+        (e.at, e.job, e.preemptor, e.reason, e.lost_gpu_seconds) for e in events if isinstance(e, JobPreempted)
+    ]
+    assert preempted == [
+        (1050, "d-ckpt100", "inf1", "ReclaimWithinCohort", 800),
+        (1050, "a-ckpt600", "inf2", "ReclaimWithinCohort", 7200),
+    ]
+    log = memory_log(events)
+    story, _ = await explain(log, "d-ckpt100", Point(time=1300))
+    (pre,) = (ln for ln in story.lines if ln.kind == "preempted")
+    assert "preempted by inf1 (serve, inference (1000), 16 GPUs) after running 17m 30s: ReclaimWithinCohort" in pre.text
+    assert "lost 800 GPU-seconds (0.2 GPU-hours) of work since its last checkpoint" in pre.text
+    (req,) = (ln for ln in story.lines if ln.kind == "requeued")
+    assert "16m 40s of work saved" in req.text
+    story, _ = await explain(log, "inf3", Point(time=1300))
+    assert story.pending is not None
+    (quota,) = (c for c in story.pending["what_would_have_to_change"] if c.startswith("quota:"))
+    assert quota.endswith("jobs of its queue must finish, or its quota grow"), quota
