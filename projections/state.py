@@ -315,19 +315,30 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
         return self.lowest_priority()
 
     def preemptible(self, job: JobState) -> bool:
+        """Whether the job's class lets it be preempted; no class is the lowest class (spec: a job's
+        `priority_class` defaults to the lowest), as for its priority value."""
         if job.priority_class is None:
-            return True
+            return self._lowest()[1]
         pc = self.priority_classes.get(job.priority_class)
         return pc is None or pc.preemptible
 
     def lowest_priority(self) -> int:
-        """The lowest class's value (0 without classes); kept per `structure`, which every class change bumps."""
-        known: tuple[int, int] | None = self.__dict__.get("_lowest_priority")
+        """The lowest class's value (0 without classes)."""
+        return self._lowest()[0]
+
+    def _lowest(self) -> tuple[int, bool]:
+        """The lowest class's value and whether it is preemptible (0 and True without classes; of several
+        classes of that value, preemptible unless none is); kept per `structure`, which every class
+        change bumps."""
+        known: tuple[int, int, bool] | None = self.__dict__.get("_lowest_class")
         if known is not None and known[0] == self.structure:
-            return known[1]
+            return known[1], known[2]
         value = min((pc.value for pc in self.priority_classes.values()), default=0)
-        self.__dict__["_lowest_priority"] = (self.structure, value)
-        return value
+        preemptible = not self.priority_classes or any(
+            pc.preemptible for pc in self.priority_classes.values() if pc.value == value
+        )
+        self.__dict__["_lowest_class"] = (self.structure, value, preemptible)
+        return value, preemptible
 
     def cohort_root(self, queue: str) -> str:
         """The root of a queue's cohort tree (`queue:NAME` for a queue without a cohort)."""
