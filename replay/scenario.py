@@ -151,6 +151,7 @@ def loads(
             str(csv_path), rows, {i.data["job"]: f"{name}:{i.line}" for i in inputs if i.kind == "submit"}
         )
         inputs.extend(rows)
+    timelinespec.named_jobs_submitted(name, inputs)
     # at equal times, timeline entries come before CSV rows (stable sort keeps file order)
     inputs.sort(key=lambda i: (i.at, i.order))
     until = r.integer(top["until"], "until") if "until" in top else None

@@ -155,3 +155,13 @@ def unique_jobs(path: str, inputs: list[Input], seen: dict[str, str]) -> None:
         if job in seen:
             raise ScenarioError(path, i.line, f"job {job!r} is submitted twice (first at {seen[job]})")
         seen[job] = f"{path}:{i.line}"
+
+
+def named_jobs_submitted(path: str, inputs: list[Input]) -> None:
+    """A `cancel` or `utilization` names a job the scenario submits: one that names no such job (a typo)
+    would change nothing, silently. Its time is not checked: before the submission it is harmless."""
+    submitted = {i.data["job"] for i in inputs if i.kind == "submit"}
+    for i in inputs:
+        job = i.data["name"] if i.kind == "cancel" else i.data["job"] if i.kind == "utilization" else None
+        if job is not None and job not in submitted:
+            raise ScenarioError(path, i.line, f"{i.kind}: job {job!r} is not submitted in this scenario")

@@ -325,6 +325,21 @@ INVALID = [
         "queue 'nope' is not defined",
         id="update-unknown-queue",
     ),
+    pytest.param(
+        GOOD_QUEUES
+        + "timeline:\n"
+        + "  - {at: 0, submit: {job: train, queue: q, podsets: [{count: 1, requests: {gpu: 1}}]}}\n"
+        + "  - {at: 5, cancel: trian}\n",
+        5,
+        "cancel: job 'trian' is not submitted in this scenario",
+        id="cancel-of-a-job-never-submitted",
+    ),
+    pytest.param(
+        GOOD_QUEUES + "timeline:\n  - {at: 0, utilization: {job: a, gpu: 0.5}}\n",
+        4,
+        "utilization: job 'a' is not submitted in this scenario",
+        id="utilization-of-a-job-never-submitted",
+    ),
 ]
 
 
