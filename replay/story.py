@@ -231,19 +231,26 @@ class Storyteller:
             extras.append(f"runtime {duration(ev.runtime)}")
         if ev.checkpoint_every:
             extras.append(f"checkpoint every {duration(ev.checkpoint_every)}")
+        if ev.max_runtime is not None:
+            extras.append(f"time limit {duration(ev.max_runtime)} per run")
         requests: dict[str, int] = {}
         for ps in ev.podsets:
             for k, v in ps.requests.items():
                 requests[k] = requests.get(k, 0) + v * ps.count
         prio = self.state.priority_classes.get(ev.priority_class or "")
-        pl = f"{ev.priority_class} ({prio.value})" if prio else (ev.priority_class or "the lowest priority")
+        if prio is not None:
+            pl = f"priority {ev.priority_class} ({prio.value})"
+        elif ev.priority_class is None:
+            pl = f"no priority class (so the lowest, {self.state.lowest_priority()})"
+        else:
+            pl = f"priority {ev.priority_class}"
         shape = "+".join(f"{ps.count}x{ps.requests.get('gpu', 0)}" for ps in ev.podsets) or "no pods"
         topo = [
             f"{'required' if ps.topology.required else 'preferred'} {ps.topology.required or ps.topology.preferred}"
             for ps in ev.podsets
             if ps.topology is not None and (ps.topology.required or ps.topology.preferred)
         ]
-        text = f"submitted to queue {ev.queue}: {requests.get('gpu', 0)} GPUs ({shape}), priority {pl}"
+        text = f"submitted to queue {ev.queue}: {requests.get('gpu', 0)} GPUs ({shape}), {pl}"
         if topo:
             text += f", topology {', '.join(topo)}"
         if extras:

@@ -380,3 +380,12 @@ async def test_inference_takes_back_its_quota_from_the_training_jobs_that_lose_t
     assert story.pending is not None
     (quota,) = (c for c in story.pending["what_would_have_to_change"] if c.startswith("quota:"))
     assert quota.endswith("jobs of its queue must finish, or its quota grow"), quota
+
+
+async def test_the_submission_line_names_the_time_limit_and_a_missing_class() -> None:
+    """small-2 of examples/strict_fifo.yaml: its story says its 10-minute limit and no class (so the lowest, 0),
+    then its failure at that limit."""
+    story, _ = await explain(memory_log(sim(STRICT_EXAMPLE).events), "small-2", END)
+    sub = story.lines[0]
+    assert "no priority class (so the lowest, 0)" in sub.text and "time limit 10m 00s per run" in sub.text
+    assert story.lines[-1].kind == "failed" and story.lines[-1].text.endswith(": DeadlineExceeded")
