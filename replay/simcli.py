@@ -152,7 +152,7 @@ def print_tables(result: Any, out: IO[str]) -> None:
                 _t(js["finished"]),
                 _t(wait),
                 str(js["preemptions"]),
-                (job.reason if job and js["status"] in ("pending", "rejected") else "")[:60],
+                job.reason if job and js["status"] in ("pending", "rejected") else "",
             )
         console.print(t)
     else:

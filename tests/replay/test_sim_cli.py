@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from muster.cli import main
+from muster.events.types import JobInadmissible
 from muster.replay.scenario import loads
 from muster.replay.simulator import simulate
 from muster.replay.specreader import ScenarioError
@@ -88,6 +89,20 @@ def test_table_output_lists_jobs_and_queues(tmp_path: Path, capsys: pytest.Captu
     for word in ("b-big", "a-1", "team-a", "team-b", "finished", "Jobs", "Queues", "cluster GPU utilization"):
         assert word in out
     assert "{" not in out
+
+
+def test_table_output_gives_a_pending_job_s_whole_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The table's `why` column holds the whole reason a job waits (it was cut at 60 characters, mid-sentence)."""
+    text = (
+        CLUSTER
+        + "timeline:\n  - {at: 0, submit: {job: huge, queue: team-b, podsets: [{count: 5, requests: {gpu: 8}}]}}\n"
+    )
+    (reason,) = [e.reason for e in simulate(loads(text, "t.yaml")).events if isinstance(e, JobInadmissible)]
+    assert len(reason) > 60
+    assert main(["sim", str(_write(tmp_path, text))]) == 0
+    rows = [ln.split("│") for ln in capsys.readouterr().out.splitlines() if ln.startswith("│")]
+    why = " ".join(row[-2].strip() for row in rows if len(row) == 12)
+    assert " ".join(reason.split()) in " ".join(why.split())
 
 
 def test_table_output_summarises_many_jobs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
