@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from muster.events.types import PodSet
+from muster.projections.configuration import carries
 from muster.projections.flavors import MARKER, gpu_flavors, placement_request, quota_asks, unassigned
 from muster.projections.queueing import STRICT_FIFO
 from muster.projections.resources import fmt
@@ -189,6 +190,7 @@ def blockers(state: ClusterState, job: JobState) -> dict[str, Any]:
                 f"capacity: there is room {_where(c)} for {c['cluster_room_pods']} of {c['pods']} pods of "
                 f"{fmt(c['per_pod'])}: {c['missing_gpus']:,} more GPUs must be free on schedulable nodes"
                 + (f" of flavor {c['flavor']}" if "flavor" in c else "")
+                + _unschedulable_room(state, c)
             )
     tried = list(dict.fromkeys(c["flavor"] for c in capacity if "flavor" in c))
     if len(tried) > 1 and changes:
@@ -252,6 +254,26 @@ def blockers(state: ClusterState, job: JobState) -> dict[str, Any]:
         "reservation": reservation_data(reservation) if reservation is not None else None,
         "what_would_have_to_change": changes,
     }
+
+
+def _unschedulable_room(state: ClusterState, capacity: dict[str, Any]) -> str:
+    """`; n0 (cordoned) would hold a pod`: nodes that take no pods now but have the room for one of the
+    podset's (an operator reading "no room" looks at the nodes and sees free GPUs there)."""
+    per_pod = capacity["per_pod"]
+    flavor = state.flavors.get(capacity["flavor"]) if "flavor" in capacity else None
+    found: list[str] = []
+    for name in sorted(state.nodes):
+        node = state.nodes[name]
+        if node.schedulable or (flavor is not None and not carries(node.labels, flavor.node_labels)):
+            continue
+        room = {k: v - node.used.get(k, 0) - node.reserved.get(k, 0) for k, v in node.capacity.items()}
+        if all(room.get(k, 0) >= v for k, v in per_pod.items() if v > 0):
+            why = "down" if not node.ready else "cordoned" if node.cordoned else "unschedulable"
+            found.append(f"{name} ({why})")
+    if not found:
+        return ""
+    shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+    return f"; {shown} would hold a pod but take{'s' if len(found) == 1 else ''} none now"
 
 
 def reservation_text(r: Reservation, now: int) -> str:

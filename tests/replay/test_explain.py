@@ -389,3 +389,23 @@ async def test_the_submission_line_names_the_time_limit_and_a_missing_class() ->
     sub = story.lines[0]
     assert "no priority class (so the lowest, 0)" in sub.text and "time limit 10m 00s per run" in sub.text
     assert story.lines[-1].kind == "failed" and story.lines[-1].text.endswith(": DeadlineExceeded")
+
+
+CORDONED = """\
+nodes:
+  - {name: n0, capacity: {gpu: 8}}
+  - {name: n1, capacity: {gpu: 8}}
+queues: [{name: q, nominal: {gpu: 16}}]
+timeline:
+  - {at: 0, cordon: n0}
+  - {at: 0, submit: {job: a, queue: q, podsets: [{count: 1, requests: {gpu: 8}}], runtime: 1000}}
+  - {at: 20, submit: {job: late, queue: q, podsets: [{count: 1, requests: {gpu: 8}}], runtime: 100}}
+"""
+
+
+async def test_a_job_kept_off_a_cordoned_node_with_room_is_told_that_node_takes_no_pods() -> None:
+    """`late` waits with 0 GPUs free on schedulable nodes; explain names n0, which has the room but is cordoned."""
+    story, _ = await explain(memory_log(sim(CORDONED).events), "late", Point(time=30))
+    assert story.pending is not None
+    (capacity,) = (c for c in story.pending["what_would_have_to_change"] if c.startswith("capacity:"))
+    assert capacity.endswith("on schedulable nodes; n0 (cordoned) would hold a pod but takes none now"), capacity
