@@ -238,6 +238,7 @@ def blockers(state: ClusterState, job: JobState) -> dict[str, Any]:
             f"preemption cannot help: the jobs its policy may evict hold {victims['candidate_gpus']:,} GPUs, "
             "not enough to make room"
         )
+    changes.extend(_idle_room(state, job))
     if not changes:
         changes.append(
             "nothing visible blocks it now: it should be admitted by the next scheduling cycle "
@@ -254,6 +255,35 @@ def blockers(state: ClusterState, job: JobState) -> dict[str, Any]:
         "reservation": reservation_data(reservation) if reservation is not None else None,
         "what_would_have_to_change": changes,
     }
+
+
+def _idle_room(state: ClusterState, job: JobState) -> list[str]:
+    """The running jobs idle reclaim may take back (spec, Idle reclamation): idle, preemptible and, with
+    `only_borrowing`, admitted on borrowed quota while their queue still borrows. Whether one is
+    reclaimed for this job the cycle judges when it is due (this job must come before it and need
+    its room), so the line says when it may be, not that it will."""
+    policy = state.idle_reclaim
+    if policy is None:
+        return []
+    from muster.projections.quota import QuotaTree
+
+    tree = QuotaTree(state)
+    out = []
+    for other in sorted(state.jobs.values(), key=lambda j: j.seq):
+        if other.id == job.id or other.status != "admitted" or other.idle_since is None:
+            continue
+        if not state.preemptible(other):
+            continue
+        if policy.only_borrowing and not (other.borrowed and tree.is_borrowing(other.queue)):
+            continue
+        due = other.idle_since + policy.after
+        when = f"in {duration(due - state.now)}" if due > state.now else "now"
+        out.append(
+            f"idle reclaim: {other.id} ({other.queue}, {other.gpus} GPUs) has been idle for "
+            f"{duration(state.now - other.idle_since)}; it may be reclaimed {when}, for a waiting job that "
+            "comes before it and needs its room"
+        )
+    return out
 
 
 def _unschedulable_room(state: ClusterState, capacity: dict[str, Any]) -> str:

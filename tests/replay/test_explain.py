@@ -409,3 +409,16 @@ async def test_a_job_kept_off_a_cordoned_node_with_room_is_told_that_node_takes_
     assert story.pending is not None
     (capacity,) = (c for c in story.pending["what_would_have_to_change"] if c.startswith("capacity:"))
     assert capacity.endswith("on schedulable nodes; n0 (cordoned) would hold a pod but takes none now"), capacity
+
+
+async def test_a_job_waiting_for_room_an_idle_job_holds_is_told_when_that_job_may_be_reclaimed() -> None:
+    """At t=300 `waiting` is told that `idle` (idle since t=100, `after` 600 s) may be reclaimed in 6m 40s;
+    it is, at t=700, and `waiting` runs in its room."""
+    events = sim(IDLE_ONE_QUEUE).events
+    story, _ = await explain(memory_log(events), "waiting", Point(time=300))
+    assert story.pending is not None
+    assert (
+        "idle reclaim: idle (q, 8 GPUs) has been idle for 3m 20s; it may be reclaimed in 6m 40s, for a waiting job "
+        "that comes before it and needs its room"
+    ) in story.pending["what_would_have_to_change"]
+    assert [(e.at, e.job) for e in events if isinstance(e, JobAdmitted)][1] == (700, "waiting")
