@@ -103,12 +103,23 @@ def _lenders(state: ClusterState, queue: str, borrowed: dict[str, int]) -> list[
 
 
 def _domains(state: ClusterState, nodes: Sequence[str]) -> str:
+    """`rack b0/r1`, `racks b0/r0, b0/r1`, or, when racks of one block, `block b0 (racks b0/r0, b0/r1)`:
+    a gang that must stay in one block is seen to, at a glance."""
     levels = state.levels
     if not levels:
         return ""
-    doms = sorted({"/".join(state.nodes[n].labels.get(lv, "?") for lv in levels) for n in nodes if n in state.nodes})
+    known = [state.nodes[n] for n in nodes if n in state.nodes]
+    doms = sorted({"/".join(node.labels.get(lv, "?") for lv in levels) for node in known})
     label = levels[-1] + ("s" if len(doms) != 1 else "")
-    return f"{label} {', '.join(doms)}"
+    inner = f"{label} {', '.join(doms)}"
+    if len(doms) < 2:
+        return inner
+    # the innermost enclosing level whose one domain holds every node
+    for depth in range(len(levels) - 1, 0, -1):
+        outer = {"/".join(node.labels.get(lv, "?") for lv in levels[:depth]) for node in known}
+        if len(outer) == 1:
+            return f"{levels[depth - 1]} {outer.pop()} ({inner})"
+    return inner
 
 
 def _preemption_why(state: ClusterState, ev: JobPreempted, victim: JobState) -> str:
