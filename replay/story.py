@@ -140,6 +140,13 @@ def _preemption_why(state: ClusterState, ev: JobPreempted, victim: JobState) -> 
         return reason
     pq = pre.queue
     if reason == "WithinQueue":
+        if state.priority_of(pre) == state.priority_of(victim):
+            # only LowerOrNewerEqualPriority evicts an equal: one that comes after the preemptor
+            return (
+                f"{pre.id}, of the same priority ({priority_label(state, pre)}) in the same queue, comes before "
+                "it in the queue's order, and the queue's within_queue policy (LowerOrNewerEqualPriority) "
+                "lets it evict an equal that comes after it"
+            )
         return (
             f"{pre.id} has priority {priority_label(state, pre)} in the same queue, "
             f"above {priority_label(state, victim)}"

@@ -422,3 +422,28 @@ async def test_a_job_waiting_for_room_an_idle_job_holds_is_told_when_that_job_ma
         "that comes before it and needs its room"
     ) in story.pending["what_would_have_to_change"]
     assert [(e.at, e.job) for e in events if isinstance(e, JobAdmitted)][1] == (700, "waiting")
+
+
+EQUAL_PRIORITY = """\
+nodes: [{name: n0, capacity: {gpu: 8}}, {name: n1, capacity: {gpu: 8}}]
+priority_classes: [{name: training, value: 100}]
+queues: [{name: q, nominal: {gpu: 16}, preemption: {within_queue: LowerOrNewerEqualPriority}}]
+timeline:
+  - {at: 0, node_down: n1}
+  - {at: 0, submit: {job: old, queue: q, priority_class: training, podsets: [{count: 2, requests: {gpu: 8}}],
+     runtime: 1000}}
+  - {at: 5, submit: {job: new, queue: q, priority_class: training, podsets: [{count: 1, requests: {gpu: 8}}],
+     runtime: 1000}}
+  - {at: 10, node_up: n1}
+"""
+
+
+async def test_an_eviction_of_an_equal_says_it_came_after_not_that_the_preemptor_ranks_above() -> None:
+    """`old` evicts `new`, of the same priority, under LowerOrNewerEqualPriority: the story says why, and not
+    that training (100) is above training (100)."""
+    events = sim(EQUAL_PRIORITY).events
+    assert [(e.at, e.job, e.preemptor) for e in events if isinstance(e, JobPreempted)] == [(10, "new", "old")]
+    story, _ = await explain(memory_log(events), "new", END)
+    (pre,) = (ln for ln in story.lines if ln.kind == "preempted")
+    assert "above" not in pre.text
+    assert "old, of the same priority (training (100)) in the same queue, comes before it" in pre.text
