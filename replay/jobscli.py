@@ -77,9 +77,14 @@ def job_filter(args: argparse.Namespace, state: Any) -> Any:
 def run(args: argparse.Namespace) -> int:
     from muster.replay.watching import run_view
 
+    from muster.replay.cliutil import point_arg
+
+    point = point_arg(args.at, "--at")
+
     def view(replayed: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        # a past point's ages are as they were then, not as they would be now
-        now = None if args.at == "end" else replayed.state.now
+        # a past point's ages are as they were then, not as they would be now: at a time point, that
+        # time (the log reached it: one past its end is refused), else the last event folded
+        now = None if point.is_end else max(replayed.state.now, point.time or 0)
         doc = document(replayed, job_filter(args, replayed.state), now)
         return doc, doc["jobs"]
 
@@ -94,7 +99,8 @@ def document(replayed: Any, flt: Any, now: int | None = None) -> dict[str, Any]:
 
     state = replayed.state
     clock = Clock.for_log(state.now, int(time.time()) if now is None else now)
-    at = clock.now if clock.epoch and clock.now is not None else state.now
+    # at the end of a cluster's log, ages run to the wall clock; of a sim's, to its last event
+    at = now if now is not None else clock.now if clock.epoch and clock.now is not None else state.now
     return {
         "seq": replayed.seq,
         "at": state.now,

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -125,6 +126,25 @@ def test_jobs_at_a_past_point_gives_ages_as_they_were_then(log, capsys) -> None:
     # the last event is at START + 3: the jobs submitted at START + 1, + 2 and + 3 were 2, 1 and 0 s old
     assert (rows[RUNS]["age"], rows[WAITS]["age"], rows[OTHER]["age"]) == (2, 1, 0)
     assert doc["now"] == START + 3
+
+
+def test_jobs_at_a_time_in_a_sim_log_gives_ages_at_that_time(tmp_path: Path, capsys) -> None:
+    """`jobs --at @300` of a sim log whose last event before it is at t=200 gives ages at t=300, not t=200."""
+    from muster.events.codec import encode
+    from muster.replay.scenario import loads
+    from muster.replay.simulator import simulate
+
+    scenario = loads(
+        "nodes: [{name: n0, capacity: {gpu: 8}}]\nqueues: [{name: q, nominal: {gpu: 8}}]\ntimeline:\n"
+        "  - {at: 0, submit: {job: a, queue: q, podsets: [{count: 1, requests: {gpu: 8}}], runtime: 1000}}\n"
+        "  - {at: 200, submit: {job: b, queue: q, podsets: [{count: 1, requests: {gpu: 8}}], runtime: 10}}\n",
+        "t.yaml",
+    )
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(b"".join(encode(e) + b"\n" for e in simulate(scenario).events))
+    doc = _json(capsys, "jobs", "--log", str(path), "--at", "@300", "-o", "json")
+    assert {r["job"]: r["age"] for r in doc["jobs"]} == {"a": 300, "b": 100}
+    assert doc["now"] == 300
 
 
 @pytest.mark.parametrize(
