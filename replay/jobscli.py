@@ -75,15 +75,13 @@ def job_filter(args: argparse.Namespace, state: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from muster.replay.watching import run_view
-
     from muster.replay.cliutil import point_arg
-
-    point = point_arg(args.at, "--at")
+    from muster.replay.watching import run_view
 
     def view(replayed: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         # a past point's ages are as they were then, not as they would be now: at a time point, that
         # time (the log reached it: one past its end is refused), else the last event folded
+        point = point_arg(args.at, "--at")  # run_view checked it before it read the log
         now = None if point.is_end else max(replayed.state.now, point.time or 0)
         doc = document(replayed, job_filter(args, replayed.state), now)
         return doc, doc["jobs"]
