@@ -257,6 +257,10 @@ def blockers(state: ClusterState, job: JobState) -> dict[str, Any]:
     }
 
 
+IDLE_SHOWN = 5
+"""How many idle jobs `explain` names (a busy cluster may have dozens)."""
+
+
 def _idle_room(state: ClusterState, job: JobState) -> list[str]:
     """The running jobs idle reclaim may take back (spec, Idle reclamation): idle, preemptible and, with
     `only_borrowing`, admitted on borrowed quota while their queue still borrows. Whether one is
@@ -269,7 +273,7 @@ def _idle_room(state: ClusterState, job: JobState) -> list[str]:
 
     tree = QuotaTree(state)
     out = []
-    for other in sorted(state.jobs.values(), key=lambda j: j.seq):
+    for other in sorted(state.jobs.values(), key=lambda j: (j.idle_since or 0, j.seq)):
         if other.id == job.id or other.status != "admitted" or other.idle_since is None:
             continue
         if not state.preemptible(other):
@@ -283,6 +287,10 @@ def _idle_room(state: ClusterState, job: JobState) -> list[str]:
             f"{duration(state.now - other.idle_since)}; it may be reclaimed {when}, for a waiting job that "
             "comes before it and needs its room"
         )
+    if len(out) > IDLE_SHOWN:
+        # the longest idle first: those are reclaimed first
+        more = len(out) - IDLE_SHOWN
+        out = [*out[:IDLE_SHOWN], f"idle reclaim: {more} more idle job{'s' if more != 1 else ''} may be reclaimed"]
     return out
 
 
