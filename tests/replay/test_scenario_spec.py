@@ -5,9 +5,12 @@ Each test names the sentence it checks; the scenarios are as small as the senten
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from replaykit import memory_log, sim
 
-from muster.events.types import JobAdmitted, JobInadmissible, JobPreempted
+from muster.events.types import JobAdmitted, JobCancelled, JobInadmissible, JobPreempted
 from muster.replay.explain import explain
 from muster.replay.points import END
 
@@ -78,3 +81,18 @@ async def test_small_jobs_pack_into_one_block_so_a_256_gpu_gang_gets_a_whole_blo
     story, _ = await explain(memory_log(events), "big", END)
     (line,) = (ln for ln in story.lines if ln.kind == "admitted")
     assert "in block b1 (racks b1/r0, b1/r1, b1/r2, b1/r3)" in line.text
+
+
+SPEC = Path(__file__).resolve().parents[2] / "docs" / "spec" / "scenario.md"
+
+
+def test_the_contract_s_own_example_is_a_valid_scenario_that_runs() -> None:
+    """The spec's first YAML block loads and runs: its job is admitted at t=0 inside one block and cancelled at
+    t=900 (its flavors named labels no node carried, so copying the example gave exit 2)."""
+    example = re.search(r"```yaml\n(.*?)```", SPEC.read_text(), re.S)
+    assert example is not None
+    events = sim(example.group(1)).events
+    (admitted,) = [e for e in events if isinstance(e, JobAdmitted)]
+    assert admitted.job == "train-1" and admitted.at == 0
+    assert len({n.split("-")[0] for n in admitted.placement.values()}) == 1
+    assert [(e.at, e.job) for e in events if isinstance(e, JobCancelled)] == [(900, "train-1")]
