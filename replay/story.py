@@ -122,6 +122,24 @@ def _domains(state: ClusterState, nodes: Sequence[str]) -> str:
     return inner
 
 
+def _quota_text(ev: QueueConfigured) -> str:
+    """A queue's quota as configured: `nominal gpu=64, borrowing limit gpu=32`, or per flavor of each
+    resource group: `h100 nominal gpu=8; a100 nominal gpu=8, borrowing limit gpu=8`."""
+    if not ev.resource_groups:
+        text = f"nominal {fmt(ev.nominal)}"
+        if ev.borrowing_limit is not None:
+            text += f", borrowing limit {fmt(ev.borrowing_limit)}"
+        return text
+    parts = []
+    for group in ev.resource_groups:
+        for fq in group.flavors:
+            part = f"{fq.name} nominal {fmt(fq.nominal)}"
+            if fq.borrowing_limit is not None:
+                part += f", borrowing limit {fmt(fq.borrowing_limit)}"
+            parts.append(part)
+    return "; ".join(parts)
+
+
 def _preemption_why(state: ClusterState, ev: JobPreempted, victim: JobState) -> str:
     pre = state.jobs.get(ev.preemptor) if ev.preemptor else None
     if ev.reason == "NodeFailure":
@@ -238,10 +256,7 @@ class Storyteller:
                 what = "cordoned (it keeps running there)" if ev.cordoned else "uncordoned"
                 self._add(seq, at, "node", f"node {ev.node}, which runs part of it, was {what}")
             case QueueConfigured():
-                text = f"queue {ev.name} reconfigured: nominal {fmt(ev.nominal)}"
-                if ev.borrowing_limit is not None:
-                    text += f", borrowing limit {fmt(ev.borrowing_limit)}"
-                self._add(seq, at, "queue", text)
+                self._add(seq, at, "queue", f"queue {ev.name} reconfigured: {_quota_text(ev)}")
 
     def _submitted(self, seq: int, ev: JobSubmitted, job: JobState | None) -> None:
         extras = []
@@ -312,6 +327,9 @@ class Storyteller:
         text = f"admitted{waited} on {len(nodes)} node{'s' if len(nodes) != 1 else ''} {shown}"
         if where:
             text += f" in {where}"
+        on = sorted({f for chosen in (ev.flavors or {}).values() for f in chosen.values()})
+        if on:
+            text += f", on flavor{'s' if len(on) != 1 else ''} {', '.join(on)}"
         text += f"; {quota} (cycle {ev.cycle})"
         self._add(seq, at, "admitted", text, nodes=nodes, borrowed=dict(ev.borrowed), placement=dict(ev.placement))
         self.waiting_since = None

@@ -447,3 +447,30 @@ async def test_an_eviction_of_an_equal_says_it_came_after_not_that_the_preemptor
     (pre,) = (ln for ln in story.lines if ln.kind == "preempted")
     assert "above" not in pre.text
     assert "old, of the same priority (training (100)) in the same queue, comes before it" in pre.text
+
+
+REGROUPED = """\
+nodes:
+  - {name: h0, labels: {model: H100}, capacity: {gpu: 8}}
+  - {name: a0, labels: {model: A100}, capacity: {gpu: 8}}
+flavors:
+  - {name: h100, node_labels: {model: H100}}
+  - {name: a100, node_labels: {model: A100}}
+queues:
+  - {name: q, resource_groups: [{covered: [gpu], flavors: [{name: h100, nominal: {gpu: 8}}]}]}
+timeline:
+  - {at: 0, submit: {job: a, queue: q, podsets: [{count: 1, requests: {gpu: 8}}], runtime: 1000}}
+  - {at: 0, submit: {job: b, queue: q, podsets: [{count: 1, requests: {gpu: 8}}], runtime: 1000}}
+  - {at: 100, queue_update: {name: q, resource_groups: [{covered: [gpu], flavors: [{name: h100, nominal: {gpu: 8}},
+     {name: a100, nominal: {gpu: 8}}]}]}}
+"""
+
+
+async def test_a_flavored_queue_s_new_quota_and_the_flavor_a_job_runs_on_are_told() -> None:
+    """`b` waits for h100 quota; the update that adds a100 is told per flavor (it said "nominal nothing"),
+    and its admission names the flavor it runs on."""
+    story, _ = await explain(memory_log(sim(REGROUPED).events), "b", END)
+    (update,) = (ln for ln in story.lines if ln.kind == "queue")
+    assert update.text == "queue q reconfigured: h100 nominal gpu=8; a100 nominal gpu=8"
+    (admitted,) = (ln for ln in story.lines if ln.kind == "admitted")
+    assert "on 1 node a0, on flavor a100;" in admitted.text
