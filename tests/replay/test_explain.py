@@ -210,13 +210,19 @@ async def test_the_story_tells_holds_releases_and_a_refused_second_submission() 
     assert "dataset not ready" in story.lines[1].text and "second submission" in story.lines[3].text
 
 
-FLAVORED = """\
+TWO_MODELS = """\
 nodes:
   - {name: h0, labels: {model: H100}, capacity: {gpu: 8}}
   - {name: a0, labels: {model: A100}, capacity: {gpu: 8}}
 flavors:
   - {name: h100, node_labels: {model: H100}}
   - {name: a100, node_labels: {model: A100}}
+"""
+"""One H100 node and one A100 node, each its flavor."""
+
+FLAVORED = (
+    TWO_MODELS
+    + """\
 priority_classes:
   - {name: urgent, value: 2000}
   - {name: high, value: 500}
@@ -230,6 +236,7 @@ timeline:
   - {at: 1, submit: {job: top, queue: q, priority_class: urgent, podsets: [{count: 1, requests: {gpu: 8}}]}}
   - {at: 10, submit: {job: big, queue: q, priority_class: high, podsets: [{count: 2, requests: {gpu: 8}}]}}
 """
+)
 
 
 async def test_a_flavored_job_is_told_what_its_candidates_on_its_flavors_hold() -> None:
@@ -449,13 +456,9 @@ async def test_an_eviction_of_an_equal_says_it_came_after_not_that_the_preemptor
     assert "old, of the same priority (training (100)) in the same queue, comes before it" in pre.text
 
 
-REGROUPED = """\
-nodes:
-  - {name: h0, labels: {model: H100}, capacity: {gpu: 8}}
-  - {name: a0, labels: {model: A100}, capacity: {gpu: 8}}
-flavors:
-  - {name: h100, node_labels: {model: H100}}
-  - {name: a100, node_labels: {model: A100}}
+REGROUPED = (
+    TWO_MODELS
+    + """\
 queues:
   - {name: q, resource_groups: [{covered: [gpu], flavors: [{name: h100, nominal: {gpu: 8}}]}]}
 timeline:
@@ -464,6 +467,7 @@ timeline:
   - {at: 100, queue_update: {name: q, resource_groups: [{covered: [gpu], flavors: [{name: h100, nominal: {gpu: 8}},
      {name: a100, nominal: {gpu: 8}}]}]}}
 """
+)
 
 
 async def test_a_flavored_queue_s_new_quota_and_the_flavor_a_job_runs_on_are_told() -> None:
