@@ -319,7 +319,10 @@ class Storyteller:
         if ev.borrowed:
             lenders = _lenders(state, job.queue, ev.borrowed)
             cohort = state.queues[job.queue].cohort if job.queue in state.queues else None
-            quota = f"borrowing {fmt(ev.borrowed)} from cohort {cohort}"
+            root = state.cohort_root(job.queue).removeprefix("cohort:")
+            # the lenders are any of the tree's queues (`_lenders`), not only the queue's own cohort's
+            tree = f" and its parents up to {root}" if cohort is not None and root != cohort else ""
+            quota = f"borrowing {fmt(ev.borrowed)} from cohort {cohort}{tree}"
             if lenders:
                 quota += f" (unused quota of {', '.join(lenders)})"
         else:

@@ -478,3 +478,26 @@ async def test_a_flavored_queue_s_new_quota_and_the_flavor_a_job_runs_on_are_tol
     assert update.text == "queue q reconfigured: h100 nominal gpu=8; a100 nominal gpu=8"
     (admitted,) = (ln for ln in story.lines if ln.kind == "admitted")
     assert "on 1 node a0, on flavor a100;" in admitted.text
+
+
+NESTED_COHORTS = """\
+nodes:
+  - generate: {count: 4, name: "n{i}", capacity: {gpu: 8}}
+cohorts: [{name: org}, {name: lab, parent: org}]
+queues:
+  - {name: qa, cohort: org, nominal: {gpu: 16}}
+  - {name: qb, cohort: lab, nominal: {gpu: 8}}
+  - {name: qc, cohort: lab, nominal: {gpu: 8}}
+timeline:
+  - {at: 0, submit: {job: big, queue: qb, podsets: [{count: 3, requests: {gpu: 8}}], runtime: 100}}
+"""
+
+
+async def test_a_borrower_in_a_nested_cohort_is_told_it_borrows_from_the_tree_not_its_cohort_alone() -> None:
+    """qb (in lab, under org) borrows 16 GPUs that qa (in org) and qc (in lab) leave unused: the story names the
+    tree up to org, since qa is no queue of lab."""
+    story, _ = await explain(memory_log(sim(NESTED_COHORTS).events), "big", END)
+    (admitted,) = (ln for ln in story.lines if ln.kind == "admitted")
+    assert "borrowing gpu=16 from cohort lab and its parents up to org (unused quota of qa (gpu=16 unused)" in (
+        admitted.text
+    )
