@@ -93,7 +93,7 @@ def render(doc: dict[str, Any]) -> Any:
             r["cohort"] or "-",
             *(("",) * 5 if flavored else _quota_cells(r)),
             *(_gangs(r, c.lower()) for c in counts),
-            f"{r['fair_share'] / 1000:.3f}",
+            _share(r["fair_share"]),
         )
         for f in r["flavors"]:
             add_row(q, f"  {f['flavor']}", "", *_quota_cells(f), "", "", "", "")
@@ -128,3 +128,11 @@ def _gangs(row: dict[str, Any], kind: str) -> str:
     """`3 (24)`: gangs and their GPUs."""
     n = row[f"{kind}_jobs"]
     return f"{n} ({row[f'{kind}_gpus']:,})" if n else "0"
+
+
+def _share(per_mille: int) -> str:
+    """A fair share for a person: `0.250`; `inf` for the core's unbounded share (a borrowing queue of
+    weight 0, or one whose cohort lends none of what it borrows), which printed as 4611686018427388.000."""
+    from muster.projections.quota import UNLIMITED
+
+    return "inf" if per_mille >= UNLIMITED else f"{per_mille / 1000:.3f}"

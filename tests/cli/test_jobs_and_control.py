@@ -128,23 +128,46 @@ def test_jobs_at_a_past_point_gives_ages_as_they_were_then(log, capsys) -> None:
     assert doc["now"] == START + 3
 
 
-def test_jobs_at_a_time_in_a_sim_log_gives_ages_at_that_time(tmp_path: Path, capsys) -> None:
-    """`jobs --at @300` of a sim log whose last event before it is at t=200 gives ages at t=300, not t=200."""
+def _sim_log(tmp_path: Path, scenario_text: str) -> Path:
+    """A `muster sim` run of the scenario, written as a JSONL log for `--log`."""
     from muster.events.codec import encode
     from muster.replay.scenario import loads
     from muster.replay.simulator import simulate
 
-    scenario = loads(
+    path = tmp_path / "log.jsonl"
+    events = simulate(loads(scenario_text, "t.yaml")).events
+    path.write_bytes(b"".join(encode(e) + b"\n" for e in events))
+    return path
+
+
+def test_jobs_at_a_time_in_a_sim_log_gives_ages_at_that_time(tmp_path: Path, capsys) -> None:
+    """`jobs --at @300` of a sim log whose last event before it is at t=200 gives ages at t=300, not t=200."""
+    path = _sim_log(
+        tmp_path,
         "nodes: [{name: n0, capacity: {gpu: 8}}]\nqueues: [{name: q, nominal: {gpu: 8}}]\ntimeline:\n"
         "  - {at: 0, submit: {job: a, queue: q, podsets: [{count: 1, requests: {gpu: 8}}], runtime: 1000}}\n"
         "  - {at: 200, submit: {job: b, queue: q, podsets: [{count: 1, requests: {gpu: 8}}], runtime: 10}}\n",
-        "t.yaml",
     )
-    path = tmp_path / "log.jsonl"
-    path.write_bytes(b"".join(encode(e) + b"\n" for e in simulate(scenario).events))
     doc = _json(capsys, "jobs", "--log", str(path), "--at", "@300", "-o", "json")
     assert {r["job"]: r["age"] for r in doc["jobs"]} == {"a": 300, "b": 100}
     assert doc["now"] == 300
+
+
+def test_queues_shows_the_share_of_a_borrowing_queue_of_weight_zero_as_inf(tmp_path: Path, capsys) -> None:
+    """Fair sharing gives a borrowing queue of weight 0 an unbounded share: `muster queues` prints `inf`, not
+    the core's sentinel (4611686018427388.000)."""
+    path = _sim_log(
+        tmp_path,
+        "nodes: [{name: n0, capacity: {gpu: 8}}, {name: n1, capacity: {gpu: 8}}]\ncohorts: [{name: org}]\n"
+        "fair_sharing: true\nqueues:\n  - {name: a, cohort: org, nominal: {gpu: 8}, weight: 0}\n"
+        "  - {name: b, cohort: org, nominal: {gpu: 8}}\ntimeline:\n"
+        "  - {at: 0, submit: {job: j, queue: a, podsets: [{count: 2, requests: {gpu: 8}}], runtime: 100}}\n",
+    )
+    assert main(["queues", "--log", str(path), "--at", "@50"]) == 0
+    rows = {
+        ln.split()[0]: ln.split() for ln in capsys.readouterr().out.splitlines() if ln.split()[:1] in (["a"], ["b"])
+    }
+    assert rows["a"][-1] == "inf" and rows["b"][-1] == "0.000"
 
 
 @pytest.mark.parametrize(
