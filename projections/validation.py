@@ -93,6 +93,14 @@ def invalid_reason(state: ClusterState, job: JobState) -> str | None:
             return (
                 f"podset {ps.name!r}: flavor {unknown[0]!r} does not exist (known: {', '.join(sorted(state.flavors))})"
             )
+        if ps.flavors and not state.queues[job.queue].resource_groups:
+            # a plain queue's quota is one pool over every node: nothing would keep the pods to the flavor's
+            # nodes, and running them elsewhere would bind them where the user said they must not go
+            return (
+                f"podset {ps.name!r} names flavors ({', '.join(ps.flavors)}), but queue {job.queue!r} has no "
+                "resource_groups: its quota is one pool over every node, so it keeps no podset to a flavor's "
+                "nodes (give the queue resource_groups, or drop the podset's flavors)"
+            )
         topo = ps.topology
         if topo is not None:
             if topo.required is not None and topo.preferred is not None:

@@ -228,3 +228,22 @@ def test_queues_shows_a_flavored_queues_quota_and_use_per_flavor(
     row = next(line.split() for line in lines if line.split()[:1] == ["q"])
     assert row[:2] == ["q", "org"] and "16" not in row, "a flavored queue's line sums no GPUs of unlike flavors"
     assert any(line.split()[:3] == ["h100", "8", "-"] and line.split()[3] == "4" for line in lines)
+
+
+def test_a_podset_naming_a_flavor_in_a_plain_queue_is_rejected_not_bound_off_its_flavor() -> None:
+    """A podset naming flavors in a queue without resource_groups is rejected, never bound on another flavor's node."""
+    from muster.events.types import JobAdmitted, JobRejected
+
+    text = (
+        NODES
+        + """\
+queues: [{name: q, nominal: {gpu: 16}}]
+timeline:
+  - at: 0
+    submit: {job: j, queue: q, podsets: [{name: w, count: 1, requests: {gpu: 8}, flavors: [h100]}], runtime: 10}
+"""
+    )
+    events = list(simulate(loads(text, "f.yaml")).events)
+    assert not [e for e in events if isinstance(e, JobAdmitted)]
+    (rejected,) = [e for e in events if isinstance(e, JobRejected)]
+    assert "queue 'q' has no resource_groups" in rejected.reason and "flavors (h100)" in rejected.reason
