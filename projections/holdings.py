@@ -1,7 +1,7 @@
 """What the running jobs of each queue hold, by priority: the sums a victim search reads before listing anyone.
 
 A victim search for a GPU-only gang takes its candidates from whole (queue,
-priority) classes of running jobs (`preemption._candidates`: the rule,
+priority) classes of running jobs (`candidates.list_candidates`: the rule,
 `eviction.may_evict`, depends on a candidate's queue and priority, and on its
 submission order only for equal priorities in the preemptor's own queue). When
 the nodes could not hold the gang even with every candidate evicted, no victim
@@ -13,7 +13,7 @@ Kept by the index (`SchedulerIndex._track`/`_untrack`) for the running set it
 tracks, so it is a function of the state like the rest of the index: for each
 (queue, priority) the preemptible running jobs that hold GPUs, their requests
 added up, and their GPUs per topology domain at every depth (as
-`TopologyIndex._room_by_domain` counts them). A job's own part is kept with it,
+`HeldRoom.room_by_domain` counts them). A job's own part is kept with it,
 so taking it out subtracts exactly what was added, whatever its state says by
 then.
 """
@@ -24,8 +24,9 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from muster.projections.cluster import node_pods
+from muster.projections.held import SummedRoom
 from muster.projections.state import JobState
-from muster.projections.topology import SummedRoom, TopologyIndex
+from muster.projections.topology import TopologyIndex
 
 _SUMS_KEPT = 256
 """How many sums `Holdings.room` keeps (then it starts afresh)."""
@@ -84,7 +85,7 @@ class Holdings:
         """Count a running preemptible job of `priority` (one that holds no GPU is no GPU gang's candidate)."""
         if job.requests.get("gpu", 0) <= 0 or job.id in self.parts:
             return
-        # what `TopologyIndex._room_by_domain` counts at each depth, in one pass over its nodes
+        # what `HeldRoom.room_by_domain` counts at each depth, in one pass over its nodes
         hosts = self.topology.hosts
         rooms: tuple[dict[int, int], ...] = tuple({} for _ in range(self.depths))
         for name, pods, pod_req in node_pods(job.podsets, job.placement):

@@ -23,18 +23,14 @@ from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from muster.projections import placement
-from muster.projections.cluster import node_pods
 from muster.projections.flavors import MARKER, node_markers
+from muster.projections.freeing import Freeing
+from muster.projections.held import HeldRoom, SummedRoom
 from muster.projections.resources import undoing
 from muster.projections.state import ClusterState, JobState, NodeState
 
 HOST = "host"
 _MAX_GPU_BUCKET = 64
-_FREED_KEPT = 4096
-"""How many answers `_freed_room` keeps (then it starts afresh)."""
-_PER_JOB_KEPT = 1 << 16
-"""How many answers each per-job cache (`could_hold`'s rooms, `gpus_on_hosts`, `pods_freed`) keeps, then it
-starts afresh: they are keyed by job, and a long-running daemon's index outlives many jobs."""
 
 
 class Domain:
@@ -135,16 +131,10 @@ class TopologyIndex:
         """The last cycle's tentative changes, not undone yet (`settle`)."""
         self._positions: dict[int, dict[int, int]] = {}
         """Per depth, each domain's place (by `id`) in `by_level` (`room_short`)."""
-        self._rooms: dict[tuple[str, int], _Room] = {}
-        """(job, depth) -> what it holds per domain (`could_hold`); good while its placement is the same object."""
-        self._freed: dict[tuple[int, frozenset[int]], _FreedRoom] = {}
-        self._on_hosts: dict[str, _OnHosts] = {}
-        """job -> its GPUs per host (`gpus_on_hosts`); good while its placement is the same object."""
-        self._pods: dict[tuple[str, int, int], _Pods] = {}
-        """(job, depth, GPUs per pod) -> `pods_freed`'s answer; good while its placement is the same object."""
+        self.held = HeldRoom(self.hosts)
+        """What running jobs hold per domain and host (`could_hold`, `room_short`, `Freeing`)."""
         self._ranked: dict[int, _Ranked] = {}
         """Per depth, `_roomiest`'s order."""
-        """(depth, ids of the placements summed) -> `_freed_room`'s answer (see there)."""
 
     # ------------------------------------------------------------ host updates
 
@@ -409,95 +399,12 @@ class TopologyIndex:
 
     def _extra(self, freed: Iterable[JobState] | SummedRoom, depth: int) -> dict[int, dict[str, int]]:
         """What `freed` holds per domain at `depth` (by `id`): a list's room added up, or a sum's own."""
-        return freed.by_domain(depth) if isinstance(freed, SummedRoom) else self._freed_room(freed, depth)
-
-    def _freed_room(self, freed: Iterable[JobState], depth: int) -> dict[int, dict[str, int]]:
-        """What the running jobs `freed` hold per domain at `depth` (by `id`), added up.
-
-        Answers are kept by the set of placements summed (a few thousand, then forgotten): every
-        victim search of a preemptor bounds the room of its candidates (`could_hold`), then its wake
-        asks what they leave each domain short of (`room_short`), and the preemptors of a queue find
-        the same candidates, in an order that moves with time, until a job of theirs comes or goes.
-        A kept answer holds its placements, so their ids stay theirs (a running job's placement is
-        replaced, not changed, when it runs again).
-        """
-        placements = [job.placement for job in freed]
-        key = (depth, frozenset(map(id, placements)))
-        known = self._freed.get(key)
-        if known is not None:
-            return known.by_domain
-        extra: dict[int, dict[str, int]] = {}
-        for job in freed:
-            for dom_id, amounts in self._room_by_domain(job, depth).items():
-                more = extra.setdefault(dom_id, {})
-                for k, v in amounts.items():
-                    more[k] = more.get(k, 0) + v
-        if len(self._freed) >= _FREED_KEPT:
-            self._freed.clear()
-        self._freed[key] = _FreedRoom(placements, extra)
-        return extra
+        return freed.by_domain(depth) if isinstance(freed, SummedRoom) else self.held.freed_room(freed, depth)
 
     @staticmethod
     def freed_in_domains(host: Domain) -> list[tuple[str, ...]]:
         """The domains (paths) a host's freed GPUs count in: each enclosing domain but the cluster."""
         return [d.path for d in host.chain[1:] if d.parent is not None]
-
-    def _room_by_domain(self, job: JobState, depth: int) -> dict[int, dict[str, int]]:
-        """What a running job holds per domain at `depth` (by `id`), for as long as its placement stands.
-
-        Hosts out of service count too: more room than evicting gives only weakens `could_hold`'s bound.
-        """
-        key = (job.id, depth)
-        known = self._rooms.get(key)
-        if known is not None and known.placement is job.placement:
-            return known.by_domain
-        by_domain: dict[int, dict[str, int]] = {}
-        for name, pods, pod_req in node_pods(job.podsets, job.placement):
-            host = self.hosts.get(name)
-            if host is None:
-                continue
-            amounts = by_domain.setdefault(id(host.chain[-(depth + 1)]), {})
-            for k, v in pod_req.items():
-                if v > 0:
-                    amounts[k] = amounts.get(k, 0) + v * pods
-        if len(self._rooms) >= _PER_JOB_KEPT:
-            self._rooms.clear()
-        self._rooms[key] = _Room(job.placement, by_domain)
-        return by_domain
-
-    def gpus_on_hosts(self, job: JobState) -> list[tuple[Domain, int]]:
-        """The GPUs a running job holds on each host it runs on (in or out of service), for as long as its
-        placement stands (a victim walk takes and gives back the same candidates again and again)."""
-        known = self._on_hosts.get(job.id)
-        if known is not None and known.placement is job.placement:
-            return known.hosts
-        held: dict[str, int] = {}
-        for name, pods, pod_req in node_pods(job.podsets, job.placement):
-            gpus = pod_req.get("gpu", 0) * pods
-            if gpus > 0 and name in self.hosts:
-                held[name] = held.get(name, 0) + gpus
-        hosts = [(self.hosts[name], gpus) for name, gpus in held.items()]
-        if len(self._on_hosts) >= _PER_JOB_KEPT:
-            self._on_hosts.clear()
-        self._on_hosts[job.id] = _OnHosts(job.placement, hosts)
-        return hosts
-
-    def pods_freed(self, job: JobState, depth: int, gpu: int) -> dict[Domain, int]:
-        """At most how many more pods of `gpu` GPUs each domain at `depth` (0: the cluster) holds once a running
-        job is evicted: per host it runs on, its GPUs there over `gpu`, rounded up (what it gives back to a host
-        adds at most that many, whatever the host had free), added up per domain (`Freeing.may_place_with`)."""
-        key = (job.id, depth, gpu)
-        known = self._pods.get(key)
-        if known is not None and known.placement is job.placement:
-            return known.by_domain
-        if len(self._pods) >= _PER_JOB_KEPT:
-            self._pods.clear()
-        by_domain: dict[Domain, int] = {}
-        for host, g in self.gpus_on_hosts(job):
-            dom = host.chain[-(depth + 1)]
-            by_domain[dom] = by_domain.get(dom, 0) - (-g // gpu)
-        self._pods[key] = _Pods(job.placement, by_domain)
-        return by_domain
 
     # ------------------------------------------------------------ placement (`placement`)
 
@@ -528,201 +435,11 @@ class RoomShort(NamedTuple):
     """The least lack of the other domains (None: there are none)."""
 
 
-class SummedRoom(NamedTuple):
-    """GPUs running jobs hold per domain, added up by whole classes of them (`holdings`): what a victim
-    search's bounds read instead of a list of its candidates."""
-
-    parts: list[list[dict[int, int]]]
-    """Per class, per depth (0 = the cluster): GPUs per domain (by `id`)."""
-    added: dict[int, dict[int, dict[str, int]]]
-    """Per depth, `by_domain`'s answer once asked (moved with the classes' jobs: `move`)."""
-
-    def move(self, rooms: tuple[dict[int, int], ...], sign: int) -> None:
-        """Move the sums by one job's GPUs per domain at every depth (`rooms`: `holdings.Part.rooms`), as its
-        class's are (`parts` are the classes' own, so only what `by_domain` worked out is moved here)."""
-        for depth, out in self.added.items():
-            for dom, gpus in rooms[depth].items():
-                more = out.get(dom)
-                if more is None:
-                    out[dom] = {"gpu": sign * gpus}
-                    continue
-                more["gpu"] += sign * gpus
-                if not more["gpu"]:
-                    del out[dom]  # as `by_domain` leaves out a domain where none is held
-
-    def by_domain(self, depth: int) -> dict[int, dict[str, int]]:
-        """GPUs per domain at `depth` (by `id`), shaped as `TopologyIndex._freed_room`'s answer (not to
-        be changed: it is kept)."""
-        known = self.added.get(depth)
-        if known is not None:
-            return known
-        out: dict[int, dict[str, int]] = {}
-        self.added[depth] = out
-        for rooms in self.parts:
-            for dom, gpus in rooms[depth].items():
-                more = out.get(dom)
-                if more is None:
-                    out[dom] = {"gpu": gpus}
-                else:
-                    more["gpu"] += gpus
-        return out
-
-
-class Freeing:
-    """Whether one GPU-only podset would fit were a set of running jobs evicted, kept as jobs join and leave
-    the set without moving the index (`TopologyIndex.freeing`): a victim walk asks after every candidate it
-    takes or gives back, at the cost of the hosts that one runs on, not of an eviction and a placement.
-
-    Exact, what evicting the jobs and asking `Cycle.could_place` and `can_place` says: a domain holds the sum
-    over its schedulable hosts of their free GPUs // the pod's GPUs (what `slots` reads off the histograms),
-    so only the hosts the jobs run on move. With a required level one of its domains must hold every pod;
-    without, the pods may spread (one domain that holds them all is a spread too), so the cluster's count
-    decides (`placement._plan`). The index must not move while a `Freeing` is asked.
-    """
-
-    __slots__ = (
-        "base",
-        "count",
-        "depth",
-        "fitting",
-        "free",
-        "gained",
-        "gpu",
-        "held",
-        "index",
-        "on_host",
-        "room",
-        "slots",
-    )
-
-    def __init__(self, index: TopologyIndex, count: int, gpu: int, depth: int, required: bool) -> None:
-        self.index = index
-        self.count = count
-        self.gpu = gpu
-        self.depth = depth
-        """Depth of the required level's domains (0: none required, the cluster counts)."""
-        self.on_host: dict[str, int] = {}
-        """GPUs the set frees per host (by name)."""
-        self.free = 0
-        """Free GPUs the cluster gains (as `gpu_free_total` would)."""
-        self.slots = 0
-        """Pods the cluster gains room for."""
-        self.gained: dict[int, int] = {}
-        """Pods each domain of the required level (by `id`) gains room for."""
-        self.base: dict[int, int] = {}
-        """Pods each of those domains holds before (counted up to `count`)."""
-        self.fitting = 0
-        """How many of those domains hold every pod with the set evicted."""
-        req = {"gpu": gpu}
-        if required:
-            need = [("gpu", gpu * count)]
-            self.held = any(index.slots(d, req, count) >= count for d in placement.roomy_domains(index, depth, need))
-            """Whether some domain holds every pod already (then it still does, whatever is evicted)."""
-        else:
-            self.depth = 0
-            self.held = False
-        self.room = 0 if required else index.slots(index.root, req, count)
-        """Without a required level: pods the cluster holds before (counted up to `count`)."""
-
-    def move(self, job: JobState, sign: int) -> None:
-        """Add a running job to the evicted set (`sign` 1), or take it back out of it (-1)."""
-        gpu, count, depth, on_host = self.gpu, self.count, self.depth, self.on_host
-        for host, g in self.index.gpus_on_hosts(job):
-            if not host.schedulable:
-                continue  # giving back to a host out of service adds no room (`TopologyIndex.adjust`)
-            name = host.name
-            freed = on_host.get(name, 0)
-            on_host[name] = freed + sign * g
-            # only room above zero counts: an over-committed host has none, however far below it is
-            before = host.host_free.get("gpu", 0) + freed
-            after = before + sign * g
-            if before < 0:
-                before = 0
-            if after < 0:
-                after = 0
-            self.free += after - before
-            more = after // gpu - before // gpu
-            if not more:
-                continue
-            self.slots += more
-            if depth:
-                dom = host.chain[-(depth + 1)]
-                key = id(dom)
-                had = self.gained.get(key)
-                if had is None:
-                    had = 0
-                    self.base[key] = self.index.slots(dom, {"gpu": gpu}, count)
-                base = self.base[key]
-                self.gained[key] = had + more
-                self.fitting += (base + had + more >= count) - (base + had >= count)
-
-    def may_place_with(self, jobs: list[JobState]) -> bool:
-        """Whether the pods might fit were `jobs` taken too (False: they would not), from what each job gives
-        back at most per domain (`TopologyIndex.pods_freed`), not host by host: a bound, for a walk to ask
-        before taking every job of its rest (True: take them and ask `places`)."""
-        index, depth, gpu, count = self.index, self.depth, self.gpu, self.count
-        if self.held or self.fitting > 0:
-            return True
-        if not depth:
-            return self.room + self.slots + sum(index.pods_freed(j, 0, gpu).get(index.root, 0) for j in jobs) >= count
-        bound: dict[Domain, int] = {}
-        for job in jobs:
-            for dom, pods in index.pods_freed(job, depth, gpu).items():
-                bound[dom] = bound.get(dom, 0) + pods
-        for dom, pods in bound.items():
-            key = id(dom)
-            base = self.base.get(key)
-            if base is None:
-                base = self.base[key] = index.slots(dom, {"gpu": gpu}, count)
-            if base + self.gained.get(key, 0) + pods >= count:
-                return True
-        return False
-
-    def could_place(self, gpus: int) -> bool:
-        """`Cycle.could_place` with the set evicted: the cluster's free GPUs cover a gang of `gpus`."""
-        return gpus <= self.index.gpu_free_total + self.free
-
-    def places(self) -> bool:
-        """Whether `can_place` would find nodes for the pods with the set evicted."""
-        if self.depth:
-            return self.held or self.fitting > 0
-        return self.room + self.slots >= self.count
-
-
 class _Ranked(NamedTuple):
     """`TopologyIndex._roomiest`'s order of a level's domains, as of the index's `version`."""
 
     version: int
     order: list[int]
-
-
-class _FreedRoom(NamedTuple):
-    """`_freed_room`'s answer for a set of running jobs, with their placements (held, so that their ids
-    stay their own while the answer is kept)."""
-
-    placements: list[dict[str, str]]
-    by_domain: dict[int, dict[str, int]]
-
-
-class _Pods(NamedTuple):
-    """`TopologyIndex.pods_freed`'s answer for a running job, as placed by `placement` (the job's own dict)."""
-
-    placement: Mapping[str, str]
-    by_domain: dict[Domain, int]
-
-
-class _OnHosts(NamedTuple):
-    """A running job's GPUs per host, as placed by `placement` (the job's own dict)."""
-
-    placement: Mapping[str, str]
-    hosts: list[tuple[Domain, int]]
-
-
-class _Room(NamedTuple):
-    """A running job's room per domain of one level, as placed by `placement` (the job's own dict)."""
-
-    placement: Mapping[str, str]
-    by_domain: dict[int, dict[str, int]]
 
 
 class Transaction:

@@ -26,12 +26,12 @@ from muster.events.types import (
 from muster.projections import preemption
 from muster.projections.cluster import evolve
 from muster.projections.cycle import Cycle
+from muster.projections.held import SummedRoom
 from muster.projections.holdings import Holding
 from muster.projections.index import index_of
 from muster.projections.preemption import Result, find_victims
 from muster.projections.scheduler import decide
 from muster.projections.state import ClusterState
-from muster.projections.topology import SummedRoom
 
 LEVELS = ["block", "rack"]
 QUEUES = ["qa", "qb", "qc"]
