@@ -125,18 +125,78 @@ class HeldRoom:
         return by_domain
 
 
-class SummedRoom(NamedTuple):
+_MOVES_KEPT = 1024
+"""How many moves a `MoveLog` keeps: a sum further behind is added up afresh when next asked."""
+
+
+class Moved(NamedTuple):
+    """One running job counted into a class (`sign` 1) or taken out of it (-1), by its GPUs per domain."""
+
+    rooms: tuple[dict[int, int], ...]
+    """Per depth (0 = the cluster), its GPUs per domain (by `id`): `holdings.Part.rooms`."""
+    sign: int
+
+
+class MoveLog:
+    """A class's moves in order (`holdings.Holding.move`), so that its kept sums catch up only when asked: of
+    the sums a class is part of, most are not asked again before its next job comes or goes (in bench (c),
+    one move in seven is ever read)."""
+
+    __slots__ = ("moves", "start")
+
+    def __init__(self) -> None:
+        self.moves: list[Moved] = []
+        self.start = 0
+        """How many moves were dropped before `moves[0]` (the log is bounded: `_MOVES_KEPT`)."""
+
+    def append(self, moved: Moved) -> None:
+        if len(self.moves) >= _MOVES_KEPT:
+            self.start += len(self.moves)
+            self.moves = []
+        self.moves.append(moved)
+
+    def end(self) -> int:
+        """How many moves were logged."""
+        return self.start + len(self.moves)
+
+
+class SummedRoom:
     """GPUs running jobs hold per domain, added up by whole classes of them (`holdings`): what a victim
-    search's bounds read instead of a list of its candidates."""
+    search's bounds read instead of a list of its candidates.
 
-    parts: list[list[dict[int, int]]]
-    """Per class, per depth (0 = the cluster): GPUs per domain (by `id`)."""
-    added: dict[int, dict[int, dict[str, int]]]
-    """Per depth, `by_domain`'s answer once asked (moved with the classes' jobs: `move`)."""
+    Worked out per depth when first asked, then moved by its classes' moves (`MoveLog`) when asked again,
+    not at every move: a sum nobody asks for costs nothing."""
 
-    def move(self, rooms: tuple[dict[int, int], ...], sign: int) -> None:
-        """Move the sums by one job's GPUs per domain at every depth (`rooms`: `holdings.Part.rooms`), as its
-        class's are (`parts` are the classes' own, so only what `by_domain` worked out is moved here)."""
+    __slots__ = ("added", "logs", "parts", "seen")
+
+    def __init__(self, parts: list[list[dict[int, int]]], logs: list[MoveLog] | None = None) -> None:
+        self.parts = parts
+        """Per class, per depth (0 = the cluster): GPUs per domain (by `id`), the classes' own (always current)."""
+        self.logs = logs or []
+        """Per class, its moves (none: a sum read at once, never moved)."""
+        self.seen = [log.end() for log in self.logs]
+        """Per class, how many of its moves `added` counts."""
+        self.added: dict[int, dict[int, dict[str, int]]] = {}
+        """Per depth, `by_domain`'s answer once asked (moved with the classes' jobs: `_catch_up`)."""
+
+    def _catch_up(self) -> None:
+        """Move what `by_domain` worked out by the classes' moves since (afresh when a log dropped some)."""
+        added, seen = self.added, self.seen
+        for i, log in enumerate(self.logs):
+            at, end = seen[i], log.end()
+            if at == end:
+                continue
+            seen[i] = end
+            if at < log.start:
+                added.clear()  # moves it missed were dropped: `by_domain` adds the classes up again
+                continue
+            if added:
+                for moved in log.moves[at - log.start :]:
+                    self._move(moved)
+
+    def _move(self, moved: Moved) -> None:
+        """Move the sums by one job's GPUs per domain at every depth worked out."""
+        rooms, sign = moved
         for depth, out in self.added.items():
             for dom, gpus in rooms[depth].items():
                 more = out.get(dom)
@@ -149,7 +209,9 @@ class SummedRoom(NamedTuple):
 
     def by_domain(self, depth: int) -> dict[int, dict[str, int]]:
         """GPUs per domain at `depth` (by `id`), shaped as `HeldRoom.freed_room`'s answer (not to
-        be changed: it is kept)."""
+        be changed: it is kept, and moved when asked again)."""
+        if self.logs:
+            self._catch_up()
         known = self.added.get(depth)
         if known is not None:
             return known

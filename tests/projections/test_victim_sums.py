@@ -224,5 +224,5 @@ def test_sums_kept_while_jobs_end_and_start_are_the_sums_added_up_afresh(jobs: l
             evolve(state, ev)
     depths = index_of(state).holdings.depths
     for hs, room in _sums(state):
-        afresh = SummedRoom([h.rooms for h in hs], {})
+        afresh = SummedRoom([h.rooms for h in hs])
         assert [room.by_domain(d) for d in range(depths)] == [afresh.by_domain(d) for d in range(depths)]
