@@ -79,6 +79,8 @@ class Holdings:
         self.depths = len(topology.levels) + 1
         self.by_queue: dict[str, dict[int, Holding]] = {}
         self.parts: dict[str, Part] = {}
+        self._classes: dict[str, list[tuple[int, Holding]]] = {}
+        """Per queue, `classes`' answer (not to be changed), kept until a class of it is made or emptied."""
         self._rooms: dict[tuple[int, ...], SummedRoom] = {}
         """`room`'s sums by their classes (by the `id` of their logs, which a sum holds: a class made anew
         has a log, and sums, of its own)."""
@@ -104,6 +106,7 @@ class Holdings:
         holding = self.by_queue.setdefault(job.queue, {}).get(priority)
         if holding is None:
             holding = self.by_queue[job.queue][priority] = Holding(self.depths)
+            self._classes.pop(job.queue, None)
         holding.move(part, 1)
 
     def discard(self, job_id: str) -> None:
@@ -117,6 +120,7 @@ class Holdings:
         holding.move(part, -1)
         if holding.jobs == 0:
             del by_prio[priority]  # its sums are not asked again (a class made anew has a log of its own)
+            self._classes.pop(queue, None)
 
     def holds(self, job_id: str, holdings: list[Holding]) -> bool:
         """Whether a running job is counted in one of `holdings`."""
@@ -141,8 +145,11 @@ class Holdings:
 
     def classes(self, queue: str) -> list[tuple[int, Holding]]:
         """A queue's classes with running jobs, lowest priority first (victim order's)."""
-        by_prio = self.by_queue.get(queue)
-        return sorted(by_prio.items()) if by_prio else []
+        known = self._classes.get(queue)
+        if known is None:
+            by_prio = self.by_queue.get(queue)
+            known = self._classes[queue] = sorted(by_prio.items()) if by_prio else []
+        return known
 
 
 class Held(NamedTuple):

@@ -178,10 +178,11 @@ def _hopeless(cycle: Cycle, job: JobState, p: Preemptor, allow_borrow: bool) -> 
     if p.in_cohort and rule.others:
         upto = UNREACHABLE if rule.above_in_others else p.priority - 1
         for other in idx.tree_queues.get(idx.roots.get(job.queue, job.queue), ()):
-            if other == job.queue:
-                continue
+            classes = holdings.classes(other)
+            if other == job.queue or not classes or classes[0][0] > upto:
+                continue  # none of its classes is in reach (the lowest priority comes first)
             borrowing = idx.quota.is_borrowing(other, job.requests)
-            taken = [h for cp, h in holdings.classes(other) if cp <= upto and may_evict(p, other, cp, 0, borrowing)]
+            taken = [h for cp, h in classes if cp <= upto and may_evict(p, other, cp, 0, borrowing)]
             if taken:
                 others.append((other, taken))
     held = Held(same + [h for _, hs in others for h in hs])
@@ -220,7 +221,9 @@ def _hopeless(cycle: Cycle, job: JobState, p: Preemptor, allow_borrow: bool) -> 
 
 def _gpu_only(requests: Mapping[str, int]) -> bool:
     """Whether a request asks for GPUs and nothing else (what `holdings` sums per domain)."""
-    return requests.get("gpu", 0) > 0 and all(v <= 0 for k, v in requests.items() if k != "gpu")
+    if requests.get("gpu", 0) <= 0:
+        return False
+    return len(requests) == 1 or all(v <= 0 for k, v in requests.items() if k != "gpu")
 
 
 def _quota_fits(cycle: Cycle, job: JobState, freed: Mapping[str, int], allow_borrow: bool) -> bool:

@@ -30,6 +30,8 @@ from muster.projections.resources import undoing
 from muster.projections.state import ClusterState, JobState, NodeState
 
 HOST = "host"
+_SHORT_KEPT = 4096
+"""How many answers `room_short` keeps (then it starts afresh)."""
 _MAX_GPU_BUCKET = 64
 
 
@@ -135,6 +137,8 @@ class TopologyIndex:
         """What running jobs hold per domain and host (`could_hold`, `room_short`, `Freeing`)."""
         self._ranked: dict[int, _Ranked] = {}
         """Per depth, `_roomiest`'s order."""
+        self._short: dict[tuple[int, int, int, int], _Short] = {}
+        """(id of the freed room, depth, GPUs needed, domains kept) -> `room_short`'s answer for a listed set."""
 
     # ------------------------------------------------------------ host updates
 
@@ -358,10 +362,17 @@ class TopologyIndex:
         if gpu <= 0 or depth is None or depth > len(self.levels) or any(v > 0 for k, v in req.items() if k != "gpu"):
             return None
         need = gpu * count
+        extra = self._extra(freed, depth)
+        # a listed set's room is kept unchanged (`HeldRoom.freed_room`), so its answer holds while no free room
+        # moves: the wakes of a cycle's failed searches ask it again and again (a sum's room moves with its jobs)
+        key = (id(extra), depth, need, keep)
+        known = self._short.get(key) if not isinstance(freed, SummedRoom) else None
+        if known is not None and known.extra is extra and known.version == self.version:
+            return known.answer
         domains = self.by_level[depth - 1]
         position = self._position(depth)
         gained: dict[int, int] = {}
-        for dom_id, amounts in self._extra(freed, depth).items():
+        for dom_id, amounts in extra.items():
             i = position[dom_id]
             gained[i] = gained.get(i, 0) + amounts.get("gpu", 0)
         # (lack, place) of the domains the freed jobs run in, and of the `keep` + 1 others with the most
@@ -376,7 +387,12 @@ class TopologyIndex:
                 others += 1
         lacks.sort()
         found = [DomainLack(max(1, lack), domains[i].path) for lack, i in lacks[: keep + 1]]
-        return RoomShort(found[:keep], found[keep].gpus if len(found) > keep else None)
+        answer = RoomShort(found[:keep], found[keep].gpus if len(found) > keep else None)
+        if not isinstance(freed, SummedRoom):
+            if len(self._short) >= _SHORT_KEPT:
+                self._short.clear()
+            self._short[key] = _Short(extra, self.version, answer)
+        return answer
 
     def _roomiest(self, depth: int) -> list[int]:
         """The domains at `depth` (by place in `by_level`), the most free GPUs first, ties in path order.
@@ -433,6 +449,14 @@ class RoomShort(NamedTuple):
     """The domains that lack least, with their lack, the smallest first."""
     rest: int | None
     """The least lack of the other domains (None: there are none)."""
+
+
+class _Short(NamedTuple):
+    """`room_short`'s answer for a listed set's room (held, so that its id stays its own), as of `version`."""
+
+    extra: dict[int, dict[str, int]]
+    version: int
+    answer: RoomShort
 
 
 class _Ranked(NamedTuple):
