@@ -10,6 +10,7 @@ entry for its admission and the instant (`index.victim_entries`).
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from muster.projections.eviction import LOWEST, Preemptor, may_evict, reach
@@ -84,44 +85,48 @@ def victim_order(cycle: Cycle, queue: str, upto: int) -> list[VictimEntry]:
         changed = set(idx.running_changes.pop(queue, ()))
         running = idx.running.get(queue, set())
         keys = [e for e in hit.entries if e.job.id not in changed]
-        for j in sorted(changed):
-            if j in running:
-                entry = victim_entry(cycle, j, hit.upto)
-                if entry is not None:
-                    bisect.insort(keys, entry)
+        for entry in victim_entries(cycle, sorted(j for j in changed if j in running), hit.upto):
+            bisect.insort(keys, entry)
         idx.victim_cache[queue] = VictimList(now, version, hit.upto, keys)
         return keys
     idx.running_changes.pop(queue, None)
-    keys = [e for j in idx.running.get(queue, ()) if (e := victim_entry(cycle, j, upto)) is not None]
+    keys = victim_entries(cycle, idx.running.get(queue, ()), upto)
     keys.sort()
     idx.victim_cache[queue] = VictimList(now, version, upto, keys)
     return keys
 
 
-def victim_entry(cycle: Cycle, job_id: str, upto: int) -> VictimEntry | None:
-    """A running job's place in victim order at the cycle's instant (None: not preemptible, or above `upto`).
+def victim_entries(cycle: Cycle, job_ids: Iterable[str], upto: int) -> list[VictimEntry]:
+    """The running jobs' places in victim order at the cycle's instant, leaving out those not preemptible
+    or above `upto` (in the order given: the caller sorts).
 
-    A job's entry holds for the instant (and its admission): several cycles at one
-    instant reuse it (`index.victim_entries`).
+    A job's entry holds for the instant (and its admission): several cycles at one instant reuse it
+    (`index.victim_entries`); whether it is preemptible, and its priority, hold for its admission. One
+    loop over a queue's jobs, not a call per job: a queue's order is rebuilt at every new instant.
     """
     idx, now, state = cycle.idx, cycle.now, cycle.state
-    c = state.jobs[job_id]
-    entries = idx.victim_entries
-    memo = entries.get(job_id)
-    if memo is not None and memo.admitted_at == c.admitted_at:
-        prio = memo.priority
-        if prio is None or prio > upto:
-            return None  # not preemptible, or out of reach
-        if memo.at == now and memo.entry is not None:
-            return memo.entry
-    else:
-        prio = state.priority_of(c) if state.preemptible(c) else None
-        if prio is None or prio > upto:
-            entries[job_id] = VictimMemo(-1, c.admitted_at, prio, None)
-            return None
-    entry = VictimEntry(prio, c.lost_gpu_seconds(now), -(c.admitted_at or 0), -c.seq, c)
-    entries[job_id] = VictimMemo(now, c.admitted_at, prio, entry)
-    return entry
+    jobs, memos = state.jobs, idx.victim_entries
+    out: list[VictimEntry] = []
+    for job_id in job_ids:
+        c = jobs[job_id]
+        admitted_at = c.admitted_at
+        memo = memos.get(job_id)
+        if memo is not None and memo.admitted_at == admitted_at:
+            prio = memo.priority
+            if prio is None or prio > upto:
+                continue  # not preemptible, or out of reach
+            if memo.at == now and memo.entry is not None:
+                out.append(memo.entry)
+                continue
+        else:
+            prio = state.priority_of(c) if state.preemptible(c) else None
+            if prio is None or prio > upto:
+                memos[job_id] = VictimMemo(-1, admitted_at, prio, None)
+                continue
+        entry = VictimEntry(prio, c.lost_gpu_seconds(now), -(admitted_at or 0), -c.seq, c)
+        memos[job_id] = VictimMemo(now, admitted_at, prio, entry)
+        out.append(entry)
+    return out
 
 
 def overlaps(candidate: JobState, job: JobState) -> bool:

@@ -140,14 +140,24 @@ def _onto_hosts(
     key is its own free room, then its place in path order (`hosts` are in path order): most placements end
     here, and the pass reads each host's room once instead of its slots, its key and its covering apart."""
     host_slots = topo.host_slots
+    asked = [(k, v) for k, v in req.items() if v > 0]
+    one = asked[0] if len(asked) == 1 and asked[0][0] == primary else None  # a GPU pod's: `host_slots` inline
     best: Domain | None = None
     least = 0
     room: list[_HostRoom] = []
     for place, h in enumerate(hosts):
-        n = host_slots(h, req, count)
+        if one is not None:
+            if not h.schedulable:
+                continue
+            free = h.host_free.get(primary, 0)
+            n = free // one[1]
+            if n > count:
+                n = count
+        else:
+            n = host_slots(h, req, count)
+            free = h.host_free.get(primary, 0)
         if n <= 0:
             continue
-        free = h.host_free.get(primary, 0)
         if n >= count and (best is None or free < least):
             best, least = h, free
         room.append(_HostRoom(-n, free, place))
