@@ -41,8 +41,8 @@ class HeldRoom:
         self._pods: dict[tuple[str, int, int], _Pods] = {}
         """(job, depth, GPUs per pod) -> `pods_freed`'s answer."""
 
-    def freed_room(self, freed: Iterable[JobState], depth: int) -> dict[int, dict[str, int]]:
-        """What the running jobs `freed` hold per domain at `depth` (by `id`), added up.
+    def freed_room(self, freed: Iterable[JobState], depth: int) -> dict[Domain, dict[str, int]]:
+        """What the running jobs `freed` hold per domain at `depth`, added up.
 
         Answers are kept by the set of placements summed (a few thousand, then forgotten): every
         victim search of a preemptor bounds the room of its candidates (`could_hold`), then its wake
@@ -56,7 +56,7 @@ class HeldRoom:
         known = self._freed.get(key)
         if known is not None:
             return known.by_domain
-        extra: dict[int, dict[str, int]] = {}
+        extra: dict[Domain, dict[str, int]] = {}
         for job in freed:
             for dom_id, amounts in self.room_by_domain(job, depth).items():
                 more = extra.setdefault(dom_id, {})
@@ -67,8 +67,8 @@ class HeldRoom:
         self._freed[key] = _FreedRoom(placements, extra)
         return extra
 
-    def room_by_domain(self, job: JobState, depth: int) -> dict[int, dict[str, int]]:
-        """What a running job holds per domain at `depth` (by `id`), for as long as its placement stands.
+    def room_by_domain(self, job: JobState, depth: int) -> dict[Domain, dict[str, int]]:
+        """What a running job holds per domain at `depth`, for as long as its placement stands.
 
         Hosts out of service count too: more room than evicting gives only weakens `could_hold`'s bound.
         """
@@ -76,12 +76,12 @@ class HeldRoom:
         known = self._rooms.get(key)
         if known is not None and known.placement is job.placement:
             return known.by_domain
-        by_domain: dict[int, dict[str, int]] = {}
+        by_domain: dict[Domain, dict[str, int]] = {}
         for name, pods, pod_req in node_pods(job.podsets, job.placement):
             host = self.hosts.get(name)
             if host is None:
                 continue
-            amounts = by_domain.setdefault(id(host.chain[-(depth + 1)]), {})
+            amounts = by_domain.setdefault(host.chain[-(depth + 1)], {})
             for k, v in pod_req.items():
                 if v > 0:
                     amounts[k] = amounts.get(k, 0) + v * pods
@@ -132,8 +132,8 @@ _MOVES_KEPT = 1024
 class Moved(NamedTuple):
     """One running job counted into a class (`sign` 1) or taken out of it (-1), by its GPUs per domain."""
 
-    rooms: tuple[dict[int, int], ...]
-    """Per depth (0 = the cluster), its GPUs per domain (by `id`): `holdings.Part.rooms`."""
+    rooms: tuple[dict[Domain, int], ...]
+    """Per depth (0 = the cluster), its GPUs per domain: `holdings.Part.rooms`."""
     sign: int
 
 
@@ -169,14 +169,14 @@ class SummedRoom:
 
     __slots__ = ("added", "logs", "parts", "seen")
 
-    def __init__(self, parts: list[list[dict[int, int]]], logs: list[MoveLog] | None = None) -> None:
+    def __init__(self, parts: list[list[dict[Domain, int]]], logs: list[MoveLog] | None = None) -> None:
         self.parts = parts
-        """Per class, per depth (0 = the cluster): GPUs per domain (by `id`), the classes' own (always current)."""
+        """Per class, per depth (0 = the cluster): GPUs per domain, the classes' own (always current)."""
         self.logs = logs or []
         """Per class, its moves (none: a sum read at once, never moved)."""
         self.seen = [log.end() for log in self.logs]
         """Per class, how many of its moves `added` counts."""
-        self.added: dict[int, dict[int, dict[str, int]]] = {}
+        self.added: dict[int, dict[Domain, dict[str, int]]] = {}
         """Per depth, `by_domain`'s answer once asked (moved with the classes' jobs: `_catch_up`)."""
 
     def _catch_up(self) -> None:
@@ -207,15 +207,15 @@ class SummedRoom:
                 if not more["gpu"]:
                     del out[dom]  # as `by_domain` leaves out a domain where none is held
 
-    def by_domain(self, depth: int) -> dict[int, dict[str, int]]:
-        """GPUs per domain at `depth` (by `id`), shaped as `HeldRoom.freed_room`'s answer (not to
+    def by_domain(self, depth: int) -> dict[Domain, dict[str, int]]:
+        """GPUs per domain at `depth`, shaped as `HeldRoom.freed_room`'s answer (not to
         be changed: it is kept, and moved when asked again)."""
         if self.logs:
             self._catch_up()
         known = self.added.get(depth)
         if known is not None:
             return known
-        out: dict[int, dict[str, int]] = {}
+        out: dict[Domain, dict[str, int]] = {}
         self.added[depth] = out
         for rooms in self.parts:
             for dom, gpus in rooms[depth].items():
@@ -232,7 +232,7 @@ class _FreedRoom(NamedTuple):
     stay their own while the answer is kept)."""
 
     placements: list[dict[str, str]]
-    by_domain: dict[int, dict[str, int]]
+    by_domain: dict[Domain, dict[str, int]]
 
 
 class _Pods(NamedTuple):
@@ -253,4 +253,4 @@ class _Room(NamedTuple):
     """A running job's room per domain of one level, as placed by `placement` (the job's own dict)."""
 
     placement: Mapping[str, str]
-    by_domain: dict[int, dict[str, int]]
+    by_domain: dict[Domain, dict[str, int]]

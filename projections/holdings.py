@@ -26,7 +26,7 @@ from typing import NamedTuple
 from muster.projections.cluster import node_pods
 from muster.projections.held import Moved, MoveLog, SummedRoom
 from muster.projections.state import JobState
-from muster.projections.topology import TopologyIndex
+from muster.projections.topology import Domain, TopologyIndex
 
 _SUMS_KEPT = 256
 """How many sums `Holdings.room` keeps (then it starts afresh)."""
@@ -40,8 +40,8 @@ class Part(NamedTuple):
 
     cls: Class
     requests: Mapping[str, int]
-    rooms: tuple[dict[int, int], ...]
-    """Per depth (0 = the cluster), its GPUs per domain (by `id`)."""
+    rooms: tuple[dict[Domain, int], ...]
+    """Per depth (0 = the cluster), its GPUs per domain."""
 
 
 class Holding:
@@ -52,8 +52,8 @@ class Holding:
     def __init__(self, depths: int) -> None:
         self.jobs = 0
         self.requests: dict[str, int] = {}
-        self.rooms: list[dict[int, int]] = [{} for _ in range(depths)]
-        """Per depth, GPUs per domain (by `id`); domains at zero are dropped."""
+        self.rooms: list[dict[Domain, int]] = [{} for _ in range(depths)]
+        """Per depth, GPUs per domain; domains at zero are dropped."""
         self.log = MoveLog()
         """Its moves, for the kept sums it is part of to catch up with (`SummedRoom`)."""
 
@@ -91,7 +91,7 @@ class Holdings:
             return
         # what `HeldRoom.room_by_domain` counts at each depth, in one pass over its nodes
         hosts = self.topology.hosts
-        rooms: tuple[dict[int, int], ...] = tuple({} for _ in range(self.depths))
+        rooms: tuple[dict[Domain, int], ...] = tuple({} for _ in range(self.depths))
         for name, pods, pod_req in node_pods(job.podsets, job.placement):
             host = hosts.get(name)
             gpus = pod_req.get("gpu", 0) * pods
@@ -99,7 +99,7 @@ class Holdings:
                 continue
             chain = host.chain
             for depth, room in enumerate(rooms):
-                dom = id(chain[-(depth + 1)])
+                dom = chain[-(depth + 1)]
                 room[dom] = room.get(dom, 0) + gpus
         part = Part((job.queue, priority), dict(job.requests), rooms)
         self.parts[job.id] = part

@@ -131,8 +131,8 @@ class TopologyIndex:
         self.gpu_free_total: int = self.root.free.get("gpu", 0)
         self.deferred: list[tuple[str, dict[str, int], int]] = []
         """The last cycle's tentative changes, not undone yet (`settle`)."""
-        self._positions: dict[int, dict[int, int]] = {}
-        """Per depth, each domain's place (by `id`) in `by_level` (`room_short`)."""
+        self._positions: dict[int, dict[Domain, int]] = {}
+        """Per depth, each domain's place in `by_level` (`room_short`)."""
         self.held = HeldRoom(self.hosts)
         """What running jobs hold per domain and host (`could_hold`, `room_short`, `Freeing`)."""
         self._ranked: dict[int, _Ranked] = {}
@@ -315,21 +315,19 @@ class TopologyIndex:
             return True
         extra = self._extra(freed, depth)
         if depth == 0:
-            more = extra.get(id(self.root), {})
+            more = extra.get(self.root, {})
             return all(self.root.free.get(k, 0) + more.get(k, 0) >= n for k, n in need.items())
         # only the domains the freed jobs run in gain room; any other holds the pods only if it already
         # has the room for them, and then so has each domain around it (its room is the sum of its parts'):
         # looked for from the cluster down, not over every domain of the level
-        domains, position = self.by_level[depth - 1], self._position(depth)
         if len(need) == 1:
             # one resource (a GPU gang's): the test of every domain the freed jobs run in, without a generator
             ((k, n),) = need.items()
-            for dom_id, more in extra.items():
-                if domains[position[dom_id]].free.get(k, 0) + more.get(k, 0) >= n:
+            for dom, more in extra.items():
+                if dom.free.get(k, 0) + more.get(k, 0) >= n:
                     return True
         else:
-            for dom_id, more in extra.items():
-                dom = domains[position[dom_id]]
+            for dom, more in extra.items():
                 if all(dom.free.get(k, 0) + more.get(k, 0) >= n for k, n in need.items()):
                     return True
         return bool(placement.roomy_domains(self, depth, list(need.items())))
@@ -372,8 +370,8 @@ class TopologyIndex:
         domains = self.by_level[depth - 1]
         position = self._position(depth)
         gained: dict[int, int] = {}
-        for dom_id, amounts in extra.items():
-            i = position[dom_id]
+        for dom, amounts in extra.items():
+            i = position[dom]
             gained[i] = gained.get(i, 0) + amounts.get("gpu", 0)
         # (lack, place) of the domains the freed jobs run in, and of the `keep` + 1 others with the most
         # free GPUs (the others' least lacks): the smallest of them are the smallest of all, ties in path order
@@ -406,15 +404,15 @@ class TopologyIndex:
         self._ranked[depth] = _Ranked(self.version, order)
         return order
 
-    def _position(self, depth: int) -> dict[int, int]:
-        """Each domain's place (by `id`) in `by_level` at `depth` (1 and deeper)."""
+    def _position(self, depth: int) -> dict[Domain, int]:
+        """Each domain's place in `by_level` at `depth` (1 and deeper)."""
         position = self._positions.get(depth)
         if position is None:
-            position = self._positions[depth] = {id(dom): i for i, dom in enumerate(self.by_level[depth - 1])}
+            position = self._positions[depth] = {dom: i for i, dom in enumerate(self.by_level[depth - 1])}
         return position
 
-    def _extra(self, freed: Iterable[JobState] | SummedRoom, depth: int) -> dict[int, dict[str, int]]:
-        """What `freed` holds per domain at `depth` (by `id`): a list's room added up, or a sum's own."""
+    def _extra(self, freed: Iterable[JobState] | SummedRoom, depth: int) -> dict[Domain, dict[str, int]]:
+        """What `freed` holds per domain at `depth`: a list's room added up, or a sum's own."""
         return freed.by_domain(depth) if isinstance(freed, SummedRoom) else self.held.freed_room(freed, depth)
 
     @staticmethod
@@ -454,7 +452,7 @@ class RoomShort(NamedTuple):
 class _Short(NamedTuple):
     """`room_short`'s answer for a listed set's room (held, so that its id stays its own), as of `version`."""
 
-    extra: dict[int, dict[str, int]]
+    extra: dict[Domain, dict[str, int]]
     version: int
     answer: RoomShort
 
