@@ -159,7 +159,9 @@ class TopologyIndex:
         return None
 
     def _set_host(self, host: Domain, node: NodeState) -> None:
-        self.max_bucket = max(self.max_bucket, _bucket(node.capacity.get("gpu", 0)))
+        gpus = node.capacity.get("gpu", 0)
+        if gpus > self.max_bucket:  # then its bucket is above the highest too (buckets cap at the last)
+            self.max_bucket = _bucket(gpus)
         used, reserved = node.used, node.reserved
         free = {k: v - used.get(k, 0) - reserved.get(k, 0) for k, v in node.capacity.items()}
         if self.markers:
@@ -167,7 +169,11 @@ class TopologyIndex:
         if host.schedulable and node.schedulable and host.host_free.keys() <= free.keys():
             # the common case (usage moved): one walk up with the difference
             old = host.host_free
-            delta = {k: v - old.get(k, 0) for k, v in free.items() if v != old.get(k, 0)}
+            delta: dict[str, int] = {}
+            for k, v in free.items():
+                moved = v - old.get(k, 0)
+                if moved:
+                    delta[k] = moved
             if delta:
                 self.adjust(host.name, delta, 1)
             return
