@@ -142,22 +142,21 @@ class MoveLog:
     the sums a class is part of, most are not asked again before its next job comes or goes (in bench (c),
     one move in seven is ever read)."""
 
-    __slots__ = ("moves", "start")
+    __slots__ = ("end", "moves", "start")
 
     def __init__(self) -> None:
         self.moves: list[Moved] = []
         self.start = 0
         """How many moves were dropped before `moves[0]` (the log is bounded: `_MOVES_KEPT`)."""
+        self.end = 0
+        """How many moves were logged (a sum asks it of each of its classes at every ask)."""
 
     def append(self, moved: Moved) -> None:
         if len(self.moves) >= _MOVES_KEPT:
             self.start += len(self.moves)
             self.moves = []
         self.moves.append(moved)
-
-    def end(self) -> int:
-        """How many moves were logged."""
-        return self.start + len(self.moves)
+        self.end += 1
 
 
 class SummedRoom:
@@ -174,7 +173,7 @@ class SummedRoom:
         """Per class, per depth (0 = the cluster): GPUs per domain, the classes' own (always current)."""
         self.logs = logs or []
         """Per class, its moves (none: a sum read at once, never moved)."""
-        self.seen = [log.end() for log in self.logs]
+        self.seen = [log.end for log in self.logs]
         """Per class, how many of its moves `added` counts."""
         self.added: dict[int, dict[Domain, dict[str, int]]] = {}
         """Per depth, `by_domain`'s answer once asked (moved with the classes' jobs: `_catch_up`)."""
@@ -183,7 +182,7 @@ class SummedRoom:
         """Move what `by_domain` worked out by the classes' moves since (afresh when a log dropped some)."""
         added, seen = self.added, self.seen
         for i, log in enumerate(self.logs):
-            at, end = seen[i], log.end()
+            at, end = seen[i], log.end
             if at == end:
                 continue
             seen[i] = end
