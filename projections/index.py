@@ -158,7 +158,7 @@ class SchedulerIndex:
         self.running: dict[str, set[str]] = {q: set() for q in state.queues}
         self.running_version: dict[str, int] = {}
         self.victim_cache: dict[str, VictimList] = {}
-        """Queue -> its running jobs in victim order (see `preemption.victim_order`)."""
+        """Queue -> its running jobs in victim order (see `candidates.victim_order`)."""
         self.running_changes: dict[str, list[str]] = {}
         """Queue -> the jobs that joined or left its running set since its victim order was built."""
         self.victim_entries: dict[str, VictimMemo] = {}

@@ -40,7 +40,9 @@ def place(
     if plan.one is not None:
         _assign(topo, plan.one, count, req, plan.primary, out)
     elif plan.spread is not None:
-        _spread(topo, plan.spread, plan.slots, count, req, plan.primary, out)
+        parent = plan.spread[0].parent
+        siblings = all(d.parent is parent for d in plan.spread)  # the outermost level's, or of one domain
+        _spread(topo, plan.spread, plan.slots, count, req, plan.primary, out, siblings)
     elif plan.hosts is not None:
         out = [plan.hosts[i % len(plan.hosts)].name for i in range(count)]
     return out, ""
@@ -116,15 +118,82 @@ def _assign(topo: TopologyIndex, dom: Domain, count: int, req: Mapping[str, int]
     need = [(k, v * count) for k, v in req.items() if v > 0]
     while not dom.is_host:
         children = dom.children
+        if children and children[0].is_host:  # a domain's children are all hosts or none
+            _onto_hosts(topo, children, count, req, primary, out)
+            return
         # only a child whose free room covers the pods can hold them all (its slots are counted
         # only then); the others' slots are needed only to spread over them
         fitting = [c for c in _covering(children, need) if topo.slots(c, req, count) >= count]
         if not fitting:
             slots = {id(c): topo.slots(c, req, count) for c in children}
-            _spread(topo, children, slots, count, req, primary, out)
+            _spread(topo, children, slots, count, req, primary, out, siblings=True)
             return
         dom = _tightest(fitting, primary)
     out.extend([dom.name] * count)
+
+
+def _onto_hosts(
+    topo: TopologyIndex, hosts: list[Domain], count: int, req: Mapping[str, int], primary: str, out: list[str]
+) -> None:
+    """`_assign` into the hosts of one domain, in one pass over them: the tightest host that holds every pod,
+    else the fewest hosts as `_spread` takes them. Siblings share their enclosing domains, so a host's tight
+    key is its own free room, then its place in path order (`hosts` are in path order): most placements end
+    here, and the pass reads each host's room once instead of its slots, its key and its covering apart."""
+    host_slots = topo.host_slots
+    asked = [(k, v) for k, v in req.items() if v > 0]
+    one = asked[0] if len(asked) == 1 and asked[0][0] == primary else None  # a GPU pod's: `host_slots` inline
+    best: Domain | None = None
+    least = 0
+    room: list[_HostRoom] = []
+    for place, h in enumerate(hosts):
+        if one is not None:
+            if not h.schedulable:
+                continue
+            free = h.host_free.get(primary, 0)
+            n = free // one[1]
+            if n > count:
+                n = count
+        else:
+            n = host_slots(h, req, count)
+            free = h.host_free.get(primary, 0)
+        if n <= 0:
+            continue
+        if n >= count and (best is None or free < least):
+            best, least = h, free
+        room.append(_HostRoom(-n, free, place))
+    if best is not None:
+        out.extend([best.name] * count)
+        return
+    room.sort()  # the most slots first, then the tightest
+    remaining = count
+    i = 0
+    while remaining > 0 and i < len(room):
+        # the hosts that hold the rest are the first ones: the tightest of them takes it
+        pick: _HostRoom | None = None
+        for r in itertools.islice(room, i, None):
+            if -r.neg_slots < remaining:
+                break
+            if pick is None or (r.free, r.place) < (pick.free, pick.place):
+                pick = r
+        if pick is not None:
+            out.extend([hosts[pick.place].name] * remaining)
+            return
+        r = room[i]
+        out.extend([hosts[r.place].name] * -r.neg_slots)
+        remaining += r.neg_slots
+        i += 1
+    if remaining > 0:  # pragma: no cover - callers check total slots first
+        raise AssertionError("spread ran out of room")
+
+
+class _HostRoom(NamedTuple):
+    """A host with room for some pods, as `_onto_hosts` orders them (smallest first)."""
+
+    neg_slots: int
+    free: int
+    """Its free room of the primary resource."""
+    place: int
+    """Its place among its siblings (path order)."""
 
 
 def _spread(
@@ -135,10 +204,18 @@ def _spread(
     req: Mapping[str, int],
     primary: str,
     out: list[str],
+    siblings: bool = False,
 ) -> None:
-    """Fewest domains: take the roomiest until the rest fits in one, then the tightest that holds it."""
+    """Fewest domains: take the roomiest until the rest fits in one, then the tightest that holds it.
+
+    `siblings`: `domains` are one domain's children, in path order (they share their enclosing domains, so
+    their tight keys differ only in their own free room, then path order: their place)."""
     # nothing changes while a plan is made: each domain's key is computed once
-    tight = {id(d): _tight_key(d, primary) for d in domains if slots[id(d)] > 0}
+    tight: dict[int, tuple[object, ...]]
+    if siblings:
+        tight = {id(d): (_own_free(d, primary), i) for i, d in enumerate(domains) if slots[id(d)] > 0}
+    else:
+        tight = {id(d): _tight_key(d, primary) for d in domains if slots[id(d)] > 0}
     rest = sorted((d for d in domains if id(d) in tight), key=lambda d: (-slots[id(d)], tight[id(d)]))
     remaining = count
     i = 0
@@ -167,9 +244,14 @@ def _tight_key(dom: Domain, primary: str) -> tuple[object, ...]:
     frees: list[int] = []
     d: Domain | None = dom
     while d is not None and d.parent is not None:
-        frees.append(d.host_free.get(primary, 0) if d.is_host else d.free.get(primary, 0))
+        frees.append(_own_free(d, primary))
         d = d.parent
     return (*frees, dom.path)
+
+
+def _own_free(dom: Domain, primary: str) -> int:
+    """A domain's free capacity of the primary resource (a host's own, schedulable or not)."""
+    return dom.host_free.get(primary, 0) if dom.is_host else dom.free.get(primary, 0)
 
 
 class _Plan(NamedTuple):

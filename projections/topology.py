@@ -23,18 +23,16 @@ from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from muster.projections import placement
-from muster.projections.cluster import node_pods
 from muster.projections.flavors import MARKER, node_markers
+from muster.projections.freeing import Freeing
+from muster.projections.held import HeldRoom, SummedRoom
 from muster.projections.resources import undoing
 from muster.projections.state import ClusterState, JobState, NodeState
 
 HOST = "host"
+_SHORT_KEPT = 4096
+"""How many answers `room_short` keeps (then it starts afresh)."""
 _MAX_GPU_BUCKET = 64
-_FREED_KEPT = 4096
-"""How many answers `_freed_room` keeps (then it starts afresh)."""
-_PER_JOB_KEPT = 1 << 16
-"""How many answers each per-job cache (`could_hold`'s rooms, `gpus_on_hosts`, `pods_freed`) keeps, then it
-starts afresh: they are keyed by job, and a long-running daemon's index outlives many jobs."""
 
 
 class Domain:
@@ -133,18 +131,14 @@ class TopologyIndex:
         self.gpu_free_total: int = self.root.free.get("gpu", 0)
         self.deferred: list[tuple[str, dict[str, int], int]] = []
         """The last cycle's tentative changes, not undone yet (`settle`)."""
-        self._positions: dict[int, dict[int, int]] = {}
-        """Per depth, each domain's place (by `id`) in `by_level` (`room_short`)."""
-        self._rooms: dict[tuple[str, int], _Room] = {}
-        """(job, depth) -> what it holds per domain (`could_hold`); good while its placement is the same object."""
-        self._freed: dict[tuple[int, frozenset[int]], _FreedRoom] = {}
-        self._on_hosts: dict[str, _OnHosts] = {}
-        """job -> its GPUs per host (`gpus_on_hosts`); good while its placement is the same object."""
-        self._pods: dict[tuple[str, int, int], _Pods] = {}
-        """(job, depth, GPUs per pod) -> `pods_freed`'s answer; good while its placement is the same object."""
+        self._positions: dict[int, dict[Domain, int]] = {}
+        """Per depth, each domain's place in `by_level` (`room_short`)."""
+        self.held = HeldRoom(self.hosts)
+        """What running jobs hold per domain and host (`could_hold`, `room_short`, `Freeing`)."""
         self._ranked: dict[int, _Ranked] = {}
         """Per depth, `_roomiest`'s order."""
-        """(depth, ids of the placements summed) -> `_freed_room`'s answer (see there)."""
+        self._short: dict[tuple[int, int, int, int], _Short] = {}
+        """(id of the freed room, depth, GPUs needed, domains kept) -> `room_short`'s answer for a listed set."""
 
     # ------------------------------------------------------------ host updates
 
@@ -165,7 +159,9 @@ class TopologyIndex:
         return None
 
     def _set_host(self, host: Domain, node: NodeState) -> None:
-        self.max_bucket = max(self.max_bucket, _bucket(node.capacity.get("gpu", 0)))
+        gpus = node.capacity.get("gpu", 0)
+        if gpus > self.max_bucket:  # then its bucket is above the highest too (buckets cap at the last)
+            self.max_bucket = _bucket(gpus)
         used, reserved = node.used, node.reserved
         free = {k: v - used.get(k, 0) - reserved.get(k, 0) for k, v in node.capacity.items()}
         if self.markers:
@@ -173,7 +169,11 @@ class TopologyIndex:
         if host.schedulable and node.schedulable and host.host_free.keys() <= free.keys():
             # the common case (usage moved): one walk up with the difference
             old = host.host_free
-            delta = {k: v - old.get(k, 0) for k, v in free.items() if v != old.get(k, 0)}
+            delta: dict[str, int] = {}
+            for k, v in free.items():
+                moved = v - old.get(k, 0)
+                if moved:
+                    delta[k] = moved
             if delta:
                 self.adjust(host.name, delta, 1)
             return
@@ -321,21 +321,19 @@ class TopologyIndex:
             return True
         extra = self._extra(freed, depth)
         if depth == 0:
-            more = extra.get(id(self.root), {})
+            more = extra.get(self.root, {})
             return all(self.root.free.get(k, 0) + more.get(k, 0) >= n for k, n in need.items())
         # only the domains the freed jobs run in gain room; any other holds the pods only if it already
         # has the room for them, and then so has each domain around it (its room is the sum of its parts'):
         # looked for from the cluster down, not over every domain of the level
-        domains, position = self.by_level[depth - 1], self._position(depth)
         if len(need) == 1:
             # one resource (a GPU gang's): the test of every domain the freed jobs run in, without a generator
             ((k, n),) = need.items()
-            for dom_id, more in extra.items():
-                if domains[position[dom_id]].free.get(k, 0) + more.get(k, 0) >= n:
+            for dom, more in extra.items():
+                if dom.free.get(k, 0) + more.get(k, 0) >= n:
                     return True
         else:
-            for dom_id, more in extra.items():
-                dom = domains[position[dom_id]]
+            for dom, more in extra.items():
                 if all(dom.free.get(k, 0) + more.get(k, 0) >= n for k, n in need.items()):
                     return True
         return bool(placement.roomy_domains(self, depth, list(need.items())))
@@ -368,11 +366,18 @@ class TopologyIndex:
         if gpu <= 0 or depth is None or depth > len(self.levels) or any(v > 0 for k, v in req.items() if k != "gpu"):
             return None
         need = gpu * count
+        extra = self._extra(freed, depth)
+        # a listed set's room is kept unchanged (`HeldRoom.freed_room`), so its answer holds while no free room
+        # moves: the wakes of a cycle's failed searches ask it again and again (a sum's room moves with its jobs)
+        key = (id(extra), depth, need, keep)
+        known = self._short.get(key) if not isinstance(freed, SummedRoom) else None
+        if known is not None and known.extra is extra and known.version == self.version:
+            return known.answer
         domains = self.by_level[depth - 1]
         position = self._position(depth)
         gained: dict[int, int] = {}
-        for dom_id, amounts in self._extra(freed, depth).items():
-            i = position[dom_id]
+        for dom, amounts in extra.items():
+            i = position[dom]
             gained[i] = gained.get(i, 0) + amounts.get("gpu", 0)
         # (lack, place) of the domains the freed jobs run in, and of the `keep` + 1 others with the most
         # free GPUs (the others' least lacks): the smallest of them are the smallest of all, ties in path order
@@ -386,7 +391,12 @@ class TopologyIndex:
                 others += 1
         lacks.sort()
         found = [DomainLack(max(1, lack), domains[i].path) for lack, i in lacks[: keep + 1]]
-        return RoomShort(found[:keep], found[keep].gpus if len(found) > keep else None)
+        answer = RoomShort(found[:keep], found[keep].gpus if len(found) > keep else None)
+        if not isinstance(freed, SummedRoom):
+            if len(self._short) >= _SHORT_KEPT:
+                self._short.clear()
+            self._short[key] = _Short(extra, self.version, answer)
+        return answer
 
     def _roomiest(self, depth: int) -> list[int]:
         """The domains at `depth` (by place in `by_level`), the most free GPUs first, ties in path order.
@@ -400,104 +410,21 @@ class TopologyIndex:
         self._ranked[depth] = _Ranked(self.version, order)
         return order
 
-    def _position(self, depth: int) -> dict[int, int]:
-        """Each domain's place (by `id`) in `by_level` at `depth` (1 and deeper)."""
+    def _position(self, depth: int) -> dict[Domain, int]:
+        """Each domain's place in `by_level` at `depth` (1 and deeper)."""
         position = self._positions.get(depth)
         if position is None:
-            position = self._positions[depth] = {id(dom): i for i, dom in enumerate(self.by_level[depth - 1])}
+            position = self._positions[depth] = {dom: i for i, dom in enumerate(self.by_level[depth - 1])}
         return position
 
-    def _extra(self, freed: Iterable[JobState] | SummedRoom, depth: int) -> dict[int, dict[str, int]]:
-        """What `freed` holds per domain at `depth` (by `id`): a list's room added up, or a sum's own."""
-        return freed.by_domain(depth) if isinstance(freed, SummedRoom) else self._freed_room(freed, depth)
-
-    def _freed_room(self, freed: Iterable[JobState], depth: int) -> dict[int, dict[str, int]]:
-        """What the running jobs `freed` hold per domain at `depth` (by `id`), added up.
-
-        Answers are kept by the set of placements summed (a few thousand, then forgotten): every
-        victim search of a preemptor bounds the room of its candidates (`could_hold`), then its wake
-        asks what they leave each domain short of (`room_short`), and the preemptors of a queue find
-        the same candidates, in an order that moves with time, until a job of theirs comes or goes.
-        A kept answer holds its placements, so their ids stay theirs (a running job's placement is
-        replaced, not changed, when it runs again).
-        """
-        placements = [job.placement for job in freed]
-        key = (depth, frozenset(map(id, placements)))
-        known = self._freed.get(key)
-        if known is not None:
-            return known.by_domain
-        extra: dict[int, dict[str, int]] = {}
-        for job in freed:
-            for dom_id, amounts in self._room_by_domain(job, depth).items():
-                more = extra.setdefault(dom_id, {})
-                for k, v in amounts.items():
-                    more[k] = more.get(k, 0) + v
-        if len(self._freed) >= _FREED_KEPT:
-            self._freed.clear()
-        self._freed[key] = _FreedRoom(placements, extra)
-        return extra
+    def _extra(self, freed: Iterable[JobState] | SummedRoom, depth: int) -> dict[Domain, dict[str, int]]:
+        """What `freed` holds per domain at `depth`: a list's room added up, or a sum's own."""
+        return freed.by_domain(depth) if isinstance(freed, SummedRoom) else self.held.freed_room(freed, depth)
 
     @staticmethod
     def freed_in_domains(host: Domain) -> list[tuple[str, ...]]:
         """The domains (paths) a host's freed GPUs count in: each enclosing domain but the cluster."""
         return [d.path for d in host.chain[1:] if d.parent is not None]
-
-    def _room_by_domain(self, job: JobState, depth: int) -> dict[int, dict[str, int]]:
-        """What a running job holds per domain at `depth` (by `id`), for as long as its placement stands.
-
-        Hosts out of service count too: more room than evicting gives only weakens `could_hold`'s bound.
-        """
-        key = (job.id, depth)
-        known = self._rooms.get(key)
-        if known is not None and known.placement is job.placement:
-            return known.by_domain
-        by_domain: dict[int, dict[str, int]] = {}
-        for name, pods, pod_req in node_pods(job.podsets, job.placement):
-            host = self.hosts.get(name)
-            if host is None:
-                continue
-            amounts = by_domain.setdefault(id(host.chain[-(depth + 1)]), {})
-            for k, v in pod_req.items():
-                if v > 0:
-                    amounts[k] = amounts.get(k, 0) + v * pods
-        if len(self._rooms) >= _PER_JOB_KEPT:
-            self._rooms.clear()
-        self._rooms[key] = _Room(job.placement, by_domain)
-        return by_domain
-
-    def gpus_on_hosts(self, job: JobState) -> list[tuple[Domain, int]]:
-        """The GPUs a running job holds on each host it runs on (in or out of service), for as long as its
-        placement stands (a victim walk takes and gives back the same candidates again and again)."""
-        known = self._on_hosts.get(job.id)
-        if known is not None and known.placement is job.placement:
-            return known.hosts
-        held: dict[str, int] = {}
-        for name, pods, pod_req in node_pods(job.podsets, job.placement):
-            gpus = pod_req.get("gpu", 0) * pods
-            if gpus > 0 and name in self.hosts:
-                held[name] = held.get(name, 0) + gpus
-        hosts = [(self.hosts[name], gpus) for name, gpus in held.items()]
-        if len(self._on_hosts) >= _PER_JOB_KEPT:
-            self._on_hosts.clear()
-        self._on_hosts[job.id] = _OnHosts(job.placement, hosts)
-        return hosts
-
-    def pods_freed(self, job: JobState, depth: int, gpu: int) -> dict[Domain, int]:
-        """At most how many more pods of `gpu` GPUs each domain at `depth` (0: the cluster) holds once a running
-        job is evicted: per host it runs on, its GPUs there over `gpu`, rounded up (what it gives back to a host
-        adds at most that many, whatever the host had free), added up per domain (`Freeing.may_place_with`)."""
-        key = (job.id, depth, gpu)
-        known = self._pods.get(key)
-        if known is not None and known.placement is job.placement:
-            return known.by_domain
-        if len(self._pods) >= _PER_JOB_KEPT:
-            self._pods.clear()
-        by_domain: dict[Domain, int] = {}
-        for host, g in self.gpus_on_hosts(job):
-            dom = host.chain[-(depth + 1)]
-            by_domain[dom] = by_domain.get(dom, 0) - (-g // gpu)
-        self._pods[key] = _Pods(job.placement, by_domain)
-        return by_domain
 
     # ------------------------------------------------------------ placement (`placement`)
 
@@ -528,165 +455,12 @@ class RoomShort(NamedTuple):
     """The least lack of the other domains (None: there are none)."""
 
 
-class SummedRoom(NamedTuple):
-    """GPUs running jobs hold per domain, added up by whole classes of them (`holdings`): what a victim
-    search's bounds read instead of a list of its candidates."""
+class _Short(NamedTuple):
+    """`room_short`'s answer for a listed set's room (held, so that its id stays its own), as of `version`."""
 
-    parts: list[list[dict[int, int]]]
-    """Per class, per depth (0 = the cluster): GPUs per domain (by `id`)."""
-    added: dict[int, dict[int, dict[str, int]]]
-    """Per depth, `by_domain`'s answer once asked (moved with the classes' jobs: `move`)."""
-
-    def move(self, rooms: tuple[dict[int, int], ...], sign: int) -> None:
-        """Move the sums by one job's GPUs per domain at every depth (`rooms`: `holdings.Part.rooms`), as its
-        class's are (`parts` are the classes' own, so only what `by_domain` worked out is moved here)."""
-        for depth, out in self.added.items():
-            for dom, gpus in rooms[depth].items():
-                more = out.get(dom)
-                if more is None:
-                    out[dom] = {"gpu": sign * gpus}
-                    continue
-                more["gpu"] += sign * gpus
-                if not more["gpu"]:
-                    del out[dom]  # as `by_domain` leaves out a domain where none is held
-
-    def by_domain(self, depth: int) -> dict[int, dict[str, int]]:
-        """GPUs per domain at `depth` (by `id`), shaped as `TopologyIndex._freed_room`'s answer (not to
-        be changed: it is kept)."""
-        known = self.added.get(depth)
-        if known is not None:
-            return known
-        out: dict[int, dict[str, int]] = {}
-        self.added[depth] = out
-        for rooms in self.parts:
-            for dom, gpus in rooms[depth].items():
-                more = out.get(dom)
-                if more is None:
-                    out[dom] = {"gpu": gpus}
-                else:
-                    more["gpu"] += gpus
-        return out
-
-
-class Freeing:
-    """Whether one GPU-only podset would fit were a set of running jobs evicted, kept as jobs join and leave
-    the set without moving the index (`TopologyIndex.freeing`): a victim walk asks after every candidate it
-    takes or gives back, at the cost of the hosts that one runs on, not of an eviction and a placement.
-
-    Exact, what evicting the jobs and asking `Cycle.could_place` and `can_place` says: a domain holds the sum
-    over its schedulable hosts of their free GPUs // the pod's GPUs (what `slots` reads off the histograms),
-    so only the hosts the jobs run on move. With a required level one of its domains must hold every pod;
-    without, the pods may spread (one domain that holds them all is a spread too), so the cluster's count
-    decides (`placement._plan`). The index must not move while a `Freeing` is asked.
-    """
-
-    __slots__ = (
-        "base",
-        "count",
-        "depth",
-        "fitting",
-        "free",
-        "gained",
-        "gpu",
-        "held",
-        "index",
-        "on_host",
-        "room",
-        "slots",
-    )
-
-    def __init__(self, index: TopologyIndex, count: int, gpu: int, depth: int, required: bool) -> None:
-        self.index = index
-        self.count = count
-        self.gpu = gpu
-        self.depth = depth
-        """Depth of the required level's domains (0: none required, the cluster counts)."""
-        self.on_host: dict[str, int] = {}
-        """GPUs the set frees per host (by name)."""
-        self.free = 0
-        """Free GPUs the cluster gains (as `gpu_free_total` would)."""
-        self.slots = 0
-        """Pods the cluster gains room for."""
-        self.gained: dict[int, int] = {}
-        """Pods each domain of the required level (by `id`) gains room for."""
-        self.base: dict[int, int] = {}
-        """Pods each of those domains holds before (counted up to `count`)."""
-        self.fitting = 0
-        """How many of those domains hold every pod with the set evicted."""
-        req = {"gpu": gpu}
-        if required:
-            need = [("gpu", gpu * count)]
-            self.held = any(index.slots(d, req, count) >= count for d in placement.roomy_domains(index, depth, need))
-            """Whether some domain holds every pod already (then it still does, whatever is evicted)."""
-        else:
-            self.depth = 0
-            self.held = False
-        self.room = 0 if required else index.slots(index.root, req, count)
-        """Without a required level: pods the cluster holds before (counted up to `count`)."""
-
-    def move(self, job: JobState, sign: int) -> None:
-        """Add a running job to the evicted set (`sign` 1), or take it back out of it (-1)."""
-        gpu, count, depth, on_host = self.gpu, self.count, self.depth, self.on_host
-        for host, g in self.index.gpus_on_hosts(job):
-            if not host.schedulable:
-                continue  # giving back to a host out of service adds no room (`TopologyIndex.adjust`)
-            name = host.name
-            freed = on_host.get(name, 0)
-            on_host[name] = freed + sign * g
-            # only room above zero counts: an over-committed host has none, however far below it is
-            before = host.host_free.get("gpu", 0) + freed
-            after = before + sign * g
-            if before < 0:
-                before = 0
-            if after < 0:
-                after = 0
-            self.free += after - before
-            more = after // gpu - before // gpu
-            if not more:
-                continue
-            self.slots += more
-            if depth:
-                dom = host.chain[-(depth + 1)]
-                key = id(dom)
-                had = self.gained.get(key)
-                if had is None:
-                    had = 0
-                    self.base[key] = self.index.slots(dom, {"gpu": gpu}, count)
-                base = self.base[key]
-                self.gained[key] = had + more
-                self.fitting += (base + had + more >= count) - (base + had >= count)
-
-    def may_place_with(self, jobs: list[JobState]) -> bool:
-        """Whether the pods might fit were `jobs` taken too (False: they would not), from what each job gives
-        back at most per domain (`TopologyIndex.pods_freed`), not host by host: a bound, for a walk to ask
-        before taking every job of its rest (True: take them and ask `places`)."""
-        index, depth, gpu, count = self.index, self.depth, self.gpu, self.count
-        if self.held or self.fitting > 0:
-            return True
-        if not depth:
-            return self.room + self.slots + sum(index.pods_freed(j, 0, gpu).get(index.root, 0) for j in jobs) >= count
-        bound: dict[Domain, int] = {}
-        for job in jobs:
-            for dom, pods in index.pods_freed(job, depth, gpu).items():
-                bound[dom] = bound.get(dom, 0) + pods
-        for dom, pods in bound.items():
-            key = id(dom)
-            base = self.base.get(key)
-            if base is None:
-                base = self.base[key] = index.slots(dom, {"gpu": gpu}, count)
-            if base + self.gained.get(key, 0) + pods >= count:
-                return True
-        return False
-
-    def could_place(self, gpus: int) -> bool:
-        """`Cycle.could_place` with the set evicted: the cluster's free GPUs cover a gang of `gpus`."""
-        return gpus <= self.index.gpu_free_total + self.free
-
-    def places(self) -> bool:
-        """Whether `can_place` would find nodes for the pods with the set evicted."""
-        if self.depth:
-            return self.held or self.fitting > 0
-        return self.room + self.slots >= self.count
+    extra: dict[Domain, dict[str, int]]
+    version: int
+    answer: RoomShort
 
 
 class _Ranked(NamedTuple):
@@ -694,35 +468,6 @@ class _Ranked(NamedTuple):
 
     version: int
     order: list[int]
-
-
-class _FreedRoom(NamedTuple):
-    """`_freed_room`'s answer for a set of running jobs, with their placements (held, so that their ids
-    stay their own while the answer is kept)."""
-
-    placements: list[dict[str, str]]
-    by_domain: dict[int, dict[str, int]]
-
-
-class _Pods(NamedTuple):
-    """`TopologyIndex.pods_freed`'s answer for a running job, as placed by `placement` (the job's own dict)."""
-
-    placement: Mapping[str, str]
-    by_domain: dict[Domain, int]
-
-
-class _OnHosts(NamedTuple):
-    """A running job's GPUs per host, as placed by `placement` (the job's own dict)."""
-
-    placement: Mapping[str, str]
-    hosts: list[tuple[Domain, int]]
-
-
-class _Room(NamedTuple):
-    """A running job's room per domain of one level, as placed by `placement` (the job's own dict)."""
-
-    placement: Mapping[str, str]
-    by_domain: dict[int, dict[str, int]]
 
 
 class Transaction:

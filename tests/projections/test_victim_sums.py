@@ -3,6 +3,7 @@ the same victims, the same bounds for the wake, and the same room short per doma
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
 from hypothesis import given, settings
@@ -26,12 +27,13 @@ from muster.events.types import (
 from muster.projections import preemption
 from muster.projections.cluster import evolve
 from muster.projections.cycle import Cycle
-from muster.projections.holdings import Holding
+from muster.projections.held import _MOVES_KEPT, SummedRoom
+from muster.projections.holdings import Holding, Part
 from muster.projections.index import index_of
 from muster.projections.preemption import Result, find_victims
 from muster.projections.scheduler import decide
 from muster.projections.state import ClusterState
-from muster.projections.topology import SummedRoom
+from muster.projections.topology import Domain
 
 LEVELS = ["block", "rack"]
 QUEUES = ["qa", "qb", "qc"]
@@ -224,5 +226,30 @@ def test_sums_kept_while_jobs_end_and_start_are_the_sums_added_up_afresh(jobs: l
             evolve(state, ev)
     depths = index_of(state).holdings.depths
     for hs, room in _sums(state):
-        afresh = SummedRoom([h.rooms for h in hs], {})
+        afresh = SummedRoom([h.rooms for h in hs])
         assert [room.by_domain(d) for d in range(depths)] == [afresh.by_domain(d) for d in range(depths)]
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 1 << 16), count=st.sampled_from([3, 40, _MOVES_KEPT - 1, 2 * _MOVES_KEPT + 7]))
+def test_a_kept_sum_asked_after_any_number_of_moves_reads_its_classes_added_up_now(seed: int, count: int) -> None:
+    """A kept sum of two classes, asked once, then asked again after jobs came and went in them (more than
+    a class's log keeps, too), reads what adding the classes up afresh gives at every depth."""
+    rng = random.Random(seed)
+    racks = [Domain(f"r{i}", 1, None, False) for i in range(3)]
+    classes = [Holding(2), Holding(2)]
+    room = SummedRoom([h.rooms for h in classes], [h.log for h in classes])
+    room.by_domain(seed % 2)
+    running: list[tuple[Holding, Part]] = []
+    for _ in range(count):
+        if running and rng.random() < 0.4:
+            holding, part = running.pop(rng.randrange(len(running)))
+            holding.move(part, -1)
+            continue
+        gpus = rng.randint(1, 8)
+        part = Part(("qa", 0), {"gpu": gpus}, ({racks[0]: gpus}, {rng.choice(racks): gpus}))
+        holding = rng.choice(classes)
+        holding.move(part, 1)
+        running.append((holding, part))
+    afresh = SummedRoom([h.rooms for h in classes])
+    assert [room.by_domain(d) for d in range(2)] == [afresh.by_domain(d) for d in range(2)]
