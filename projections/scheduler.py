@@ -109,7 +109,8 @@ def _admit(cycle: Cycle) -> None:
     # groups: popping one tries its first job, which leaves the group (parked or
     # taken). A group whose first job failed for its class is doomed: its jobs
     # are parked in bulk when a job after them in the order is tried, or at the
-    # end, unless an admission changes the view first (`park_doomed`, `take`).
+    # end, unless an admission changes the view first (`park_doomed`, `take`),
+    # or one of them holds a reservation (`_holds`).
     jobs = state.jobs
     groups = idx.groups
     if not groups:
