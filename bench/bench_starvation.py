@@ -27,6 +27,11 @@ Policies:
   `_per_pod` GPUs, each on the tightest 8-GPU node that holds it, the gang all
   or nothing; no quota): a 64-GPU gang needs 8 free nodes, as in muster and in
   any real FIFO or SJF scheduler. GOALS prints every goal against both.
+- `easy-nodes`: the textbook answer, EASY backfill on the nodes (`run_reference_easy`):
+  shortest declared limit first, and the oldest job past `reserve_after` (the
+  `reserve+limits` one) blocks every job whose limit does not end by its shadow
+  time. Not a goal line: it shows where a simpler scheduler lands on the same
+  avg / max trade-off (`--sweep` prints it beside muster's at each value).
 
 Traces:
 - `philly`: ../shared/traces/philly (skipped when absent), the first `--jobs`
@@ -409,6 +414,84 @@ def run_reference_nodes(trace: Trace, order: str) -> list[Wait]:
     return waits
 
 
+def run_reference_easy(trace: Trace, after: int, limit_factor: float) -> list[Wait]:
+    """`easy-nodes`: the textbook answer to starvation, EASY backfill on the cluster's nodes (no quota). Jobs go
+    shortest declared limit first (a limit is the runtime times `limit_factor`, as in `reserve+limits`); the
+    oldest job that has waited `after` seconds is the head: nothing passes it unless it fits now and its limit
+    ends by the head's shadow time (when, by the running jobs' limits, the head fits), so the head starts by
+    then. One reservation at a time; a job that would not touch the head's nodes is not let through (no node
+    plan), so this is the conservative EASY."""
+    nodes = Nodes(sum(trace.nominal.values()))
+    arrivals = sorted(trace.jobs, key=lambda j: (j.submit, j.job))
+    limit = {j.job: math.ceil(j.runtime * limit_factor) for j in trace.jobs}
+    ends: list[tuple[int, int, list[int], int, int]] = []
+    """(actual end, tie, nodes, GPUs per pod, declared end) of each running gang."""
+    by_shape: dict[tuple[int, int], list[tuple[int, int, TraceJob]]] = {}
+    """Pending gangs by shape, shortest limit first (a shape whose shortest does not fit the window: none does)."""
+    oldest: list[tuple[int, TraceJob]] = []
+    gone: set[str] = set()
+    waits: list[Wait] = []
+    i, now, n = 0, 0, 0
+
+    def start(j: TraceJob) -> None:
+        nonlocal n
+        per_pod = _per_pod(j.gpus)
+        gone.add(j.job)
+        n += 1
+        on = nodes.take(j.gpus // per_pod, per_pod)
+        heapq.heappush(ends, (now + j.runtime, n, on, per_pod, now + limit[j.job]))
+        waits.append(Wait(j.queue, j.gpus, now - j.submit, True))
+
+    def shadow(pods: int, per_pod: int) -> int | None:
+        """When the head fits by the running gangs' declared ends (None: never)."""
+        free = Nodes(0)
+        free.free = list(nodes.free)
+        for e in sorted(ends, key=lambda e: e[4]):
+            free.give(e[2], e[3])
+            if free.fits(pods, per_pod):
+                return e[4]
+        return None
+
+    while i < len(arrivals) or ends:
+        due = [arrivals[i].submit] if i < len(arrivals) else []
+        now = min([*due, ends[0][0]] if ends else due)
+        while ends and ends[0][0] <= now:
+            _, _, on, per_pod, _ = heapq.heappop(ends)
+            nodes.give(on, per_pod)
+        while i < len(arrivals) and arrivals[i].submit <= now:
+            j = arrivals[i]
+            per_pod = _per_pod(j.gpus)
+            heapq.heappush(by_shape.setdefault((j.gpus // per_pod, per_pod), []), (limit[j.job], i, j))
+            heapq.heappush(oldest, (i, j))
+            i += 1
+        while True:
+            while oldest and oldest[0][1].job in gone:
+                heapq.heappop(oldest)
+            for q in by_shape.values():
+                while q and q[0][2].job in gone:
+                    heapq.heappop(q)
+            head = oldest[0][1] if oldest and now - oldest[0][1].submit >= after else None
+            window: int | None = None
+            if head is not None:
+                per_pod = _per_pod(head.gpus)
+                if nodes.fits(head.gpus // per_pod, per_pod):
+                    start(head)
+                    continue
+                window = shadow(head.gpus // per_pod, per_pod)
+            fitting = [
+                q[0]
+                for s, q in by_shape.items()
+                if q and nodes.fits(*s) and (head is None or (window is not None and now + q[0][0] <= window))
+            ]
+            if not fitting:
+                break
+            start(min(fitting)[2])
+    waits.extend(
+        Wait(j.queue, j.gpus, now - j.submit, False) for q in by_shape.values() for _, _, j in q if j.job not in gone
+    )
+    return waits
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -417,7 +500,8 @@ def _fmt(s: WaitStats) -> str:
 
 
 def starved(trace: Trace, run: Run, n: int) -> None:
-    """The `n` longest waits of a `muster sim` run, each with what it went through (`--starved`)."""
+    """The `n` longest waits of a `muster sim` run, each with what it went through (`--starved`), after a line
+    that splits them: how long they waited before their first reservation and after it."""
     if not run.stories or n <= 0:
         return
     stories = run.stories
@@ -427,6 +511,19 @@ def starved(trace: Trace, run: Run, n: int) -> None:
         at = stories.get(j.job, Story()).admitted
         waits.append(((at if at is not None else max(end, j.submit)) - j.submit, j))
     waits.sort(key=lambda w: (-w[0], w[1].submit))
+    # where the worst waits come from: before their first reservation, or after it (the drain and the stack)
+    split = [
+        (s.reserved - j.submit, wait - (s.reserved - j.submit))
+        for wait, j in waits[:n]
+        if (s := stories.get(j.job)) and s.reserved is not None
+    ]
+    if split:
+        before, after = [b for b, _ in split], [a for _, a in split]
+        print(
+            f"    the {n} longest: {len(split)} reserved for, avg {sum(before) / len(split):,.0f} s before their first "
+            f"reservation (max {max(before):,}), {sum(after) / len(split):,.0f} s after it (max {max(after):,})",
+            flush=True,
+        )
     for wait, j in waits[:n]:
         s = stories.get(j.job, Story())
         reserved = f"reserved after {s.reserved - j.submit:,} s" if s.reserved is not None else "never reserved"
@@ -459,6 +556,7 @@ def report(
         "sjf": lambda: Run(run_reference(trace, "sjf")),
         "fifo-nodes": lambda: Run(run_reference_nodes(trace, "fifo")),
         "sjf-nodes": lambda: Run(run_reference_nodes(trace, "sjf")),
+        "easy-nodes": lambda: Run(run_reference_easy(trace, after.limits, limit_factor)),
     }
     runs: dict[str, Run] = {}
     for name in policies:
@@ -476,15 +574,21 @@ def report(
 
 def sweep(trace: Trace, d: Path, values: list[int], limit_factor: float) -> None:
     """`reserve_after` is a knob: the trade-off it sets between average and maximum wait, per value (`--sweep`)."""
-    print(f"  SWEEP ({trace.name}) reserve_after: avg / max wait of reserve, reserve+limits", flush=True)
+    print(
+        f"  SWEEP ({trace.name}) reserve_after: avg / max wait of reserve, reserve+limits, easy-nodes (the same wait "
+        "before a job blocks, the same limits)",
+        flush=True,
+    )
     for after in values:
         c0 = time.process_time()
         plain = stats(run_muster(trace, d, "best_effort_fifo", after).waits)
         limits = stats(run_muster(trace, d, "best_effort_fifo", after, limit_factor).waits)
         cpu = time.process_time() - c0
+        easy = stats(run_reference_easy(trace, after, limit_factor))
         print(
             f"    {after:>9,} s: reserve {plain.avg:>9,.0f} / {plain.max:>10,}   "
-            f"reserve+limits {limits.avg:>9,.0f} / {limits.max:>10,}   cpu={cpu:6.1f}s",
+            f"reserve+limits {limits.avg:>9,.0f} / {limits.max:>10,}   "
+            f"easy-nodes {easy.avg:>9,.0f} / {easy.max:>10,}   cpu={cpu:6.1f}s",
             flush=True,
         )
 
@@ -536,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="philly,synthetic")
     ap.add_argument(
         "--policies",
-        default="default,strict_fifo,reserve,reserve+limits,reserve+limits+shortest,fifo,sjf,fifo-nodes,sjf-nodes",
+        default="default,strict_fifo,reserve,reserve+limits,reserve+limits+shortest,fifo,sjf,fifo-nodes,sjf-nodes,easy-nodes",
     )
     ap.add_argument(
         "--reserve-after",

@@ -39,7 +39,7 @@ from muster.events.types import Event, JobId, JobRejected
 from muster.projections.cycle import Cycle, HeapEntry, lowest_key
 from muster.projections.duplicates import refuse_taken_ids
 from muster.projections.eviction import Preemptor, may_evict
-from muster.projections.index import index_of, queue_order_key, take_new_jobs
+from muster.projections.index import Group, index_of, queue_order_key, take_new_jobs
 from muster.projections.preemption import Victim, preemptor_rule
 from muster.projections.reservations import decide_reservations
 from muster.projections.state import ClusterState, JobState
@@ -109,7 +109,8 @@ def _admit(cycle: Cycle) -> None:
     # groups: popping one tries its first job, which leaves the group (parked or
     # taken). A group whose first job failed for its class is doomed: its jobs
     # are parked in bulk when a job after them in the order is tried, or at the
-    # end, unless an admission changes the view first (`park_doomed`, `take`).
+    # end, unless an admission changes the view first (`park_doomed`, `take`),
+    # or one of them holds a reservation (`_holds`).
     jobs = state.jobs
     groups = idx.groups
     if not groups:
@@ -141,11 +142,18 @@ def _admit(cycle: Cycle) -> None:
             continue
         cls = cycle.tried_class if outcome == "parked" else None
         verdict = cycle.failed_classes.get(cls) if cls is not None else None
-        if verdict is not None:
+        if verdict is not None and not _holds(cycle, group):
             cycle.doomed[group] = verdict
         else:
             heapq.heappush(heap, HeapEntry(lowest_key(cycle, jobs[members[-1].job]), next(cycle.pushes), group))
     park_doomed(cycle, None)
+
+
+def _holds(cycle: Cycle, group: Group) -> bool:
+    """Whether a job of `group` holds a reservation: its verdict is its own (`Fence.own_verdict`), so the group is
+    not doomed with its class's (the holder would be parked untried behind a class-mate that cannot use its room)."""
+    held = cycle.fence.held
+    return bool(held) and any(cycle.idx.group_of.get(j) == group for j in held)
 
 
 def _reclaim_idle(cycle: Cycle) -> None:

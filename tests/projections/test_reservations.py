@@ -318,3 +318,20 @@ def test_a_running_job_without_a_limit_frees_its_room_before_a_holder_that_has_n
     first = {m.job: (m.nodes, [w.job for w in m.waits_for]) for m in reversed(reservations(out))}
     assert first == {"a": (["n0", "n1"], ["r0", "r1"]), "b": (["n2"], ["r2"])}
     assert (out.admitted("b").at, out.admitted("c").at) == (320, 420)
+
+
+def test_a_holder_behind_a_class_mate_that_cannot_use_its_room_is_still_tried() -> None:
+    """`b`, evicted by a node failure, comes before the holder `a` in their class's order but may not use the room
+    held for `a`: when `r` ends at 1000, `a` is tried on its own verdict and starts there (it was parked untried
+    with `b`'s verdict, and both waited for ever), and `b` follows when `a` ends."""
+    queues = [queue("q", 0, "org", reserve_after=0), queue("qr", 24, "org")]
+    timeline = [
+        submit("b", "q", 8, runtime=5000),
+        submit("r", "qr", 8, runtime=1000, limit=1000),
+        submit("a", "q", 8, at=10, runtime=100),
+        "  - {at: 20, node_down: n1}\n",
+    ]
+    out = run(scenario(TWO_NODES, queues, timeline, cohorts=["org"]))
+    assert [e.job for e in out.preemptions()] == ["b"]
+    assert [(m.job, m.nodes) for m in reservations(out)][:1] == [("a", ["n0"])]
+    assert (out.admitted("a").at, out.admissions("b")[1].at) == (1000, 1100)

@@ -48,6 +48,10 @@ timeline:
 RESERVING = mixed(11, jobs=60).replace("  - {name: q", "  - {reserve_after: 200, name: q")
 """Every queue reserves room for its head (at once within nominal quota, else after 200 s)."""
 
+FINDINGS = Path(__file__).parent / "findings"
+HOLDER_BEHIND_CLASS_MATE = (FINDINGS / "reservation_holder_behind_class_mate.yaml").read_text()
+"""A holder tried on its own verdict behind a class-mate that a node failure made pending after it."""
+
 HONEST = [
     pytest.param(STORY, {"ReclaimWithinCohort"}, id="reclaim-preempted-then-finished"),
     pytest.param(mixed(1), {"WithinQueue", "ReclaimWithinCohort", "NodeFailure"}, id="cohorts-limits-nodes"),
@@ -60,6 +64,7 @@ HONEST = [
     pytest.param(INVALID_JOBS, set(), id="rejections"),
     pytest.param(RESERVING, set(), id="reservations"),
     pytest.param(RESERVING.replace("runtime: ", "max_runtime: 700, runtime: "), set(), id="reservations-backfill"),
+    pytest.param(HOLDER_BEHIND_CLASS_MATE, {"NodeFailure"}, id="reservation-holder-behind-a-class-mate"),
 ]
 
 
