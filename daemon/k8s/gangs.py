@@ -34,7 +34,7 @@ Invariants:
   preemption are expected to go and report nothing; the gang waits for its
   replacements under the same job id. So does a gang whose owner is there to make a pod someone
   deleted again (`workload_read`); bound, the replacement takes the deleted pod's slot and node
-  (`vacated`). Only a pod group nothing recreates fails so.
+  (`vacated`). Only a pod group nothing recreates (bare pods: `pods.recreated`) fails so.
 - A Job's pod created after another succeeded (its next index) runs in that
   pod's slot of the admitted gang (`take_successors`); pods of a recreating
   owner that come after its run ended are a new run, a new job (`_next_run`).
@@ -72,7 +72,7 @@ from muster.daemon.k8s.gangruns import (
 )
 from muster.daemon.k8s.gangviews import GangViews
 from muster.daemon.k8s.owners import Sizing
-from muster.daemon.k8s.pods import TERMINATED, UNOWNED, Owner, PodInfo, recreated
+from muster.daemon.k8s.pods import TERMINATED, UNOWNED, Owner, PodInfo, recreated, reruns
 from muster.daemon.k8s.reconciling import OwnerRead, owner_makes_no_pods, workload_deleted
 from muster.events.types import ControllerRef, Event, JobFailed, JobFinished, JobId, JobStarted, PodSet
 
@@ -419,7 +419,8 @@ class Gangs(GangViews):
             known = self._known(job) if self._known is not None else None
             ns_queue, controller = self._ns_queue.get(chosen[0].namespace, ""), chosen[0].owner.controller
             claimed = None
-            if known is None and controller is not None:
+            # a PodGroup's job id is its object's uid: its controller's replacements are that job's already
+            if known is None and controller is not None and gang.owner.reads_controller:
                 claimed = self._claim(gang.owner.source, controller, queue_of(gang, chosen, ns_queue), gang.podsets)
             if isinstance(claimed, Stopped):
                 return events + self._stop(gang, chosen, claimed)
@@ -481,7 +482,7 @@ class Gangs(GangViews):
         """
         job = gang.owner.job_id(salt(gang, chosen))
         run = later_run(job, chosen)
-        if not gang.later_run and recreated(gang.owner) and self._known is not None:
+        if not gang.later_run and reruns(gang.owner) and self._known is not None:
             known = self._known(job)
             gang.later_run = (
                 known is not None and known.status in ENDED and (self._known(run) is not None or new_to(known, chosen))
@@ -499,7 +500,7 @@ class Gangs(GangViews):
         alone for a controller whose job its user cancelled (`_stop`) are followed the same way: pods
         made after them are judged again (by a controller made again, they are a new job).
         """
-        if gang.size is None or (gang.job_id is None and gang.stopped is None) or not recreated(gang.owner):
+        if gang.size is None or (gang.job_id is None and gang.stopped is None) or not reruns(gang.owner):
             return []
         fresh = [p for p in gang.pods.values() if p.active and p.uid not in gang.retired]
         if len(fresh) < gang.size:

@@ -189,8 +189,9 @@ async def fetch_owner(client: KubeClient, owner: Owner) -> dict[str, Any] | None
     """The owner object as the API has it (a labelled pod group's: the controller its pods name); None when
     it is gone (404). Raises KubeError for anything else (a controller's kind the server does not serve)."""
     try:
-        if owner.controller is not None:
+        if owner.reads_controller:
             c = owner.controller
+            assert c is not None
             return await client.get_kind(c.api_version, c.kind, owner.namespace, c.name)
         if owner.kind == "Job":
             return await client.get_job(owner.namespace, owner.name)

@@ -25,8 +25,11 @@ cancelled by the next pass while it ran.
   pods is left to name it (a new leader after a preemption), as the log names it
   (`JobSubmitted.controller`): a group preempted while its controller was deleted otherwise waited
   for replacements forever, a phantom job in its queue; and one whose controller lives keeps its
-  job (its replacements are mapped onto it: `controllers.claim`), not cancelled for pods gone;
-- pods are missing and nothing recreates them (bare pods, a labelled pod group): all
+  job (its replacements are mapped onto it: `controllers.claim`), not cancelled for pods gone.
+  A Volcano or coscheduling PodGroup whose pods name a controller is judged by the PodGroup object
+  (the controller deletes it with its pods; the chart lets the adapter read it);
+- pods are missing and nothing recreates them (bare pods, alone or in a pod group, labelled or a
+  PodGroup, whose pods name no controller: `pods.recreated`): all
   gone is `JobCancelled` (`WorkloadDeleted`), some gone is `JobFailed` (the gang can
   never be whole again).
 
@@ -162,7 +165,8 @@ def _same(owner: Owner, job: JobId, uid: str) -> bool:
 
     A Job's or JobSet's job id carries its uid; a pod group's controller is known by the uid its pods name.
     """
-    if owner.controller is not None:
+    if owner.reads_controller:
+        assert owner.controller is not None
         return uid == owner.controller.uid or not owner.controller.uid
     return run_of(job, Owner(owner.kind, owner.namespace, owner.name, uid).job_id())
 
@@ -174,7 +178,8 @@ async def read_owner(client: KubeClient, owner: Owner, job: JobId, limiter: anyi
             obj = await fetch_owner(client, owner)
     except KubeError as exc:
         # a pod group's controller is of a kind the chart grants no right to read unless told
-        hint = "grant get on it (chart: rbac.podGroupControllers)" if owner.controller and exc.status == 403 else ""
+        denied = owner.reads_controller and exc.status == 403
+        hint = "grant get on it (chart: rbac.podGroupControllers)" if denied else ""
         log.warning(
             "cannot read a gang's owner; judging it next time",
             owner=owner.workload,
@@ -230,8 +235,8 @@ async def find_vanished(
     async with anyio.create_task_group() as tg:
         for job in suspects:
             owner = _owner(job, known[job.id])
-            # an uncontrolled pod group has no object to read (a controlled one: the log names its controller)
-            if owner is not None and recreated(owner) and (owner.kind not in UNOWNED or owner.controller is not None):
+            # a labelled pod group has no object to read but its controller (the log names it)
+            if owner is not None and recreated(owner) and (owner.kind not in UNOWNED or owner.reads_controller):
                 tg.start_soon(look, job, owner)
     verdicts = []
     for job in suspects:

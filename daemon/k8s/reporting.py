@@ -61,14 +61,7 @@ from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.controllers import Stopped
 from muster.daemon.k8s.errors import Conflict, KubeError
 from muster.daemon.k8s.owners import api_of
-from muster.daemon.k8s.pods import (
-    COSCHEDULING_POD_GROUP,
-    STATUS_CONDITION,
-    UNOWNED,
-    VOLCANO_POD_GROUP,
-    Owner,
-    PodInfo,
-)
+from muster.daemon.k8s.pods import POD_GROUPS, STATUS_CONDITION, UNOWNED, Owner, PodInfo
 from muster.events.types import Event, JobAdmitted, JobInadmissible, JobPreempted, JobRejected
 
 __all__ = ["Report", "Reporter", "binding_failed", "controller_stopped", "reports_for"]
@@ -79,8 +72,6 @@ COMPONENT = "muster"
 MAX_MESSAGE = 1024
 STATUS_ANNOTATION = "muster.dev/status"
 STATUS_MESSAGE_ANNOTATION = "muster.dev/status-message"
-POD_GROUPS = (*UNOWNED, VOLCANO_POD_GROUP, COSCHEDULING_POD_GROUP)
-"""Owner kinds whose status goes on their pods: no object of theirs is muster's to annotate."""
 
 
 @dataclass(frozen=True)
@@ -137,7 +128,8 @@ def _nodes(placement: dict[str, str]) -> str:
 def reports_for(event: Event, pods: dict[str, PodInfo], owner: Owner | None) -> list[Report]:
     """What to tell users about `event` (pure): reports on the pods (gang pod name -> pod) and the workload."""
     workload = _workload(owner) if owner is not None else None
-    on_pods = owner is None or owner.kind in POD_GROUPS  # the gang's status goes on its pods
+    # the gang's status goes on its pods: no object of a pod group's is muster's to annotate
+    on_pods = owner is None or owner.kind in POD_GROUPS
     ordered = [p for _, p in sorted(pods.items())]
     if isinstance(event, JobAdmitted):
         where = _nodes(dict(event.placement))

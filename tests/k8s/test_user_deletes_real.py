@@ -59,13 +59,30 @@ async def waiting_group(kube: Kube) -> tuple[str, Deletion]:
     return "WorkloadDeleted: its pods are gone", delete
 
 
+def waiting_pod_group(volcano: bool) -> Callable[[Kube], Awaitable[tuple[str, Deletion]]]:
+    """A Volcano or coscheduling PodGroup of bare pods, its pods deleted and the PodGroup left."""
+
+    async def make(kube: Kube) -> tuple[str, Deletion]:
+        _, pods = await kube.pod_group("g", 2, volcano=volcano, labels={"muster.dev/queue": "q"})
+
+        async def delete() -> None:
+            for p in pods:
+                await kube.delete_pod(p["metadata"]["name"])
+
+        return "WorkloadDeleted: its pods are gone", delete
+
+    return make
+
+
 async def waiting_pod(kube: Kube) -> tuple[str, Deletion]:
     await kube.pod("solo", gpus=1, labels={"muster.dev/queue": "q"})
     return "WorkloadDeleted: its pods are gone", lambda: kube.delete_pod("solo")
 
 
 @pytest.mark.parametrize(
-    "make", [waiting_job, waiting_jobset, waiting_group, waiting_pod], ids=["job", "jobset", "pod-group", "pod"]
+    "make",
+    [waiting_job, waiting_jobset, waiting_group, waiting_pod_group(True), waiting_pod_group(False), waiting_pod],
+    ids=["job", "jobset", "pod-group", "volcano-bare", "coscheduling-bare", "pod"],
 )
 async def test_a_waiting_workload_deleted_by_its_user_is_cancelled_not_failed(
     api: ApiClient, kube: Kube, make: Callable[[Kube], Awaitable[tuple[str, Deletion]]]
@@ -168,17 +185,23 @@ async def test_a_job_past_its_deadline_that_deletes_its_pods_fails_rather_than_w
     assert events.of(JobCancelled) == []
 
 
+@pytest.mark.parametrize("kind", ["labelled", "volcano", "coscheduling"])
 async def test_a_pod_deleted_from_a_waiting_group_that_keeps_the_others_fails_it_after_a_whole_pass(
-    api: ApiClient, kube: Kube
+    api: ApiClient, kube: Kube, kind: str
 ) -> None:
-    """One pod of a pending pod group deleted, the others kept: JobFailed naming it, from the second pass on."""
+    """One pod of a pending pod group of bare pods (labelled, or a Volcano or coscheduling PodGroup) deleted, the
+    others kept: JobFailed naming it, from the second pass on (before, a PodGroup's gang waited for ever for a
+    replacement nothing makes)."""
     await kube.node("n1")
-    await kube.gang("g", 3)
+    if kind == "labelled":
+        await kube.gang("g", 3)
+    else:
+        await kube.pod_group("g", 3, volcano=kind == "volcano", labels={"muster.dev/queue": "q"})
     async with running_adapter(api, reconcile_seconds=3600) as (adapter, events):
         sub = await submitted(events)
         key = f"{kube.ns}/g-1"
         await kube.delete_pod("g-1")
-        await adapter.caught_up("pods", await _server_version(kube))
+        await adapter.caught_up("pods", await kube.pods_version())
         await adapter.reconcile()  # the user may be deleting the others: one pass waits
         assert events.of(JobFailed) == []
         await adapter.reconcile()
@@ -186,12 +209,6 @@ async def test_a_pod_deleted_from_a_waiting_group_that_keeps_the_others_fails_it
         (sub.job, f"pod {key} was deleted before it was bound")
     ]
     assert events.of(JobCancelled) == []
-
-
-async def _server_version(kube: Kube) -> int:
-    """The server's current resourceVersion of pods in the test's namespace."""
-    listed: Any = await kube.core.list_namespaced_pod(kube.ns)
-    return int(listed.metadata.resource_version)
 
 
 @pytest.mark.parametrize("suffix", ["", "-r1"], ids=["same-name", "new-name"])
