@@ -341,9 +341,9 @@ class KubernetesAdapter:
         async with self._lock:
             events: list[Event] = []
             for verdict in verdicts:
-                events += gangs.vanished(verdict.job, verdict.remaining, verdict.event)
+                events += gangs.vanished(verdict.job, verdict.remaining, verdict.event, verdict.resized)
                 reason = getattr(verdict.event, "reason", "")
-                log.info("workload gone; ending its job", job=verdict.job, reason=reason)
+                log.info("workload gone or resized; ending its job", job=verdict.job, reason=reason)
             events += self.translator.flush(int(self._clock()))
             if events:
                 await sink(events)

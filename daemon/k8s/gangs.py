@@ -41,6 +41,9 @@ Invariants:
 - Pods of a labelled pod group's controller that no job on the log holds are judged by the
   controller's jobs on the log (`controllers.claim`): the replacements of its waiting job are
   that job's pods; those it makes after its user cancelled its job are left alone (`stopped`).
+- A waiting gang whose owner runs another number of pods at once now (a Job scaled, a PodGroup's
+  minMember changed) ends `Resized` and its pods are a new job at the new size (`_resized`), as
+  Kueue makes a changed Job's Workload again before admission; an admitted gang keeps its size.
 - A pod is its uid, not its name: a pod deleted and created again under the
   same name (an operator's `<job>-worker-0`, a user re-applying a manifest) is
   a new pod. The uids of a run's pods are retired when it ends, so its owner's
@@ -73,7 +76,7 @@ from muster.daemon.k8s.gangruns import (
 from muster.daemon.k8s.gangviews import GangViews
 from muster.daemon.k8s.owners import Sizing
 from muster.daemon.k8s.pods import TERMINATED, UNOWNED, Owner, PodInfo, recreated, reruns
-from muster.daemon.k8s.reconciling import OwnerRead, owner_makes_no_pods, workload_deleted
+from muster.daemon.k8s.reconciling import OwnerRead, owner_makes_no_pods, resized, workload_deleted
 from muster.events.types import ControllerRef, Event, JobFailed, JobFinished, JobId, JobStarted, PodSet
 
 __all__ = ["TERMINATED", "Gang", "Gangs", "KnownJob", "StoppedRun", "Tracked", "WorkloadCheck"]
@@ -158,6 +161,7 @@ class Gangs(GangViews):
                     self._wanted.append(owner)
                     self._unsized.add(owner)
         gang.pods[info.key] = info
+        self._recount(gang, info)
         return self._evaluate(gang, at)
 
     def pod_deleted(self, key: str, at: int) -> list[Event]:
@@ -200,6 +204,9 @@ class Gangs(GangViews):
             return self._end(gang, workload_deleted(job, gang.owner, at))
         if read.exists and read.ended:
             return self._end(gang, owner_makes_no_pods(job, gang.owner, read.ended, at, gang.losing))
+        again = self._resized(gang, read.sizing, at) if read.exists else None
+        if again is not None:
+            return again  # the pod went because its owner was scaled down: it makes no replacement
         if read.exists:
             gang.losing = ""
             gang.requeued = not gang.vacated  # a bound run keeps its slots: the replacement takes the deleted one
@@ -240,6 +247,9 @@ class Gangs(GangViews):
             return []
         size, completions = sizing.size, sizing.completions
         if gang.size is not None:
+            again = self._resized(gang, sizing, at)
+            if again is not None:
+                return again
             gang.completions = max(gang.size, completions or 0)
             return self._evaluate(gang, at)
         if size is None or size < 1:
@@ -316,11 +326,12 @@ class Gangs(GangViews):
             return [JobFailed(at=at, job=job, reason=reason)]
         return self._end(gang, JobFailed(at=at, job=job, reason=reason))
 
-    def vanished(self, job: JobId, remaining: Iterable[str], event: Event) -> list[Event]:
+    def vanished(self, job: JobId, remaining: Iterable[str], event: Event, resize: Sizing | None = None) -> list[Event]:
         """End `job` with `event`, found by reconciliation (its workload went while nobody watched).
 
         Whatever is left of it (`remaining` pod keys) holds its nodes outside the job's
-        accounting from now on, like the survivors of a failed gang.
+        accounting from now on, like the survivors of a failed gang; but the pods of a waiting job
+        whose owner was resized (`resize`: its new size) are submitted again at that size, a new job.
         """
         if job in self._ended:
             return []
@@ -328,12 +339,15 @@ class Gangs(GangViews):
         owners = {self._by_pod[k] for k in remaining if k in self._by_pod}
         if job in self._by_job:
             owners.add(self._by_job[job])
+        events = [event]
         for owner in sorted(owners, key=lambda o: o.source):
             gang = self._gangs.get(owner)
-            if gang is not None:
+            if gang is not None and resize is not None and resize.size and gang.job_id in (None, job):
+                events += self._resubmit(gang, resize, event.at)
+            elif gang is not None:
                 self._close(gang)
                 self._unsized.discard(owner)
-        return [event]
+        return events
 
     def forget(self, job: JobId) -> None:
         """The log ended the job (rejected, cancelled): report nothing more about it."""
@@ -371,6 +385,48 @@ class Gangs(GangViews):
             self.deletions.append(WorkloadCheck(gang.job_id, gang.owner, gang.owner.job_id(gang.uid)))
         gang.losing = gang.losing or reason
         return []
+
+    def _recount(self, gang: Gang, info: PodInfo) -> None:
+        """A pod new to a waiting run, beyond its size and replacing none of its pods: its owner may run more pods
+        at once now (a Job's parallelism raised): ask for its size again, once a run (`set_size` resizes it)."""
+        if gang.recount or gang.size is None or len(gang.pods) <= gang.size or gang.owner.kind in UNOWNED:
+            return
+        if gang.job_id is None or gang.done or gang.started or gang.requeued or gang.losing:
+            return
+        if info.active and info.uid not in gang.retired and info.key not in gang.mapping.values():
+            gang.recount = True
+            self._wanted.append(gang.owner)
+
+    def _resized(self, gang: Gang, sizing: Sizing | None, at: int) -> list[Event] | None:
+        """A waiting gang whose owner runs another number of pods at once now (a Job's parallelism, a PodGroup's
+        minMember changed): as Kueue makes a Job's Workload again when the Job changes before admission, its job
+        is cancelled (`Resized`) and its pods are submitted again, at the new size, as a new job (a later run,
+        `_next_run`, once that many are there). Before, a Job scaled down waited for ever for the pod its
+        controller deleted, and the pods of one scaled up beyond its gang waited unbound for ever. None when the
+        size is the same, or the gang no longer waits (admitted: the log holds its placement; it keeps it)."""
+        size = sizing.size if sizing is not None else None
+        if size is None or size < 1 or size == gang.size or gang.job_id is None or gang.done or gang.started:
+            return None
+        if any(gang.pods[key].node for key in gang.mapping.values() if key in gang.pods):
+            return None
+        known = self._known(gang.job_id) if self._known is not None else None
+        if known is not None and known.status != "pending":
+            return None
+        assert sizing is not None
+        self._ended.add(gang.job_id)
+        return [resized(gang.job_id, gang.owner, size, gang.size or 0, at), *self._resubmit(gang, sizing, at)]
+
+    def _resubmit(self, gang: Gang, sizing: Sizing, at: int) -> list[Event]:
+        """Submit the pods of a gang whose job ended `Resized` again, at the owner's new size: a later run."""
+        assert sizing.size is not None
+        gang.size, gang.losing, gang.recount = sizing.size, "", False
+        if gang.owner.kind == "Job":
+            gang.completions = max(sizing.size, sizing.completions or 0)
+        if gang.job_id is None:  # a relisting leader never matched its pods to the log's job (too few)
+            gang.later_run = True
+            return self._evaluate(gang, at)
+        gang.done = True
+        return self._next_run(gang, at)
 
     def _end(self, gang: Gang, event: Event) -> list[Event]:
         if gang.done:
@@ -510,7 +566,7 @@ class Gangs(GangViews):
         if gang.job_id is not None:
             self._by_job.pop(gang.job_id, None)
         gang.job_id, gang.mapping, gang.podsets, gang.vacated = None, {}, [], {}
-        gang.done = gang.started = gang.requeued = False
+        gang.done = gang.started = gang.requeued = gang.recount = False
         gang.later_run = gang.stopped is None
         gang.stopped = None
         self.recheck.update(gang.pods)
