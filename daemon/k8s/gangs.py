@@ -79,7 +79,7 @@ from muster.daemon.k8s.pods import TERMINATED, UNOWNED, Owner, PodInfo, recreate
 from muster.daemon.k8s.reconciling import OwnerRead, owner_makes_no_pods, resized, workload_deleted
 from muster.events.types import ControllerRef, Event, JobFailed, JobFinished, JobId, JobStarted, PodSet
 
-__all__ = ["TERMINATED", "Gang", "Gangs", "KnownJob", "StoppedRun", "Tracked", "WorkloadCheck"]
+__all__ = ["TERMINATED", "Gang", "Gangs", "IgnoredGang", "KnownJob", "StoppedRun", "Tracked", "WorkloadCheck"]
 
 ClaimOf = Callable[[str, ControllerRef, str, list[PodSet]], Claim]
 """What pods of a source and queue naming a controller are when no job on the log holds them (`controllers`)."""
@@ -100,6 +100,14 @@ class StoppedRun:
     """Pods left alone because their controller's job was cancelled by its user (the adapter tells them why)."""
 
     stopped: Stopped
+    pods: tuple[PodInfo, ...]
+
+
+@dataclass(frozen=True)
+class IgnoredGang:
+    """Pods left alone because their owner is gone or cannot be one gang (the adapter tells them why)."""
+
+    why: str
     pods: tuple[PodInfo, ...]
 
 
@@ -135,6 +143,8 @@ class Gangs(GangViews):
         """Waiting jobs a pod of which was deleted: the adapter reads their owner (`workload_read`)."""
         self.stopped: list[StoppedRun] = []
         """Pods of a controller whose job a user cancelled, left alone: the adapter tells them why."""
+        self.ignored: list[IgnoredGang] = []
+        """Pods whose owner is gone or cannot be one gang, left alone: the adapter tells them why."""
 
     # ------------------------------------------------------------ inputs
 
@@ -255,6 +265,8 @@ class Gangs(GangViews):
         if size is None or size < 1:
             gang.done = True
             self.recheck.update(gang.pods)
+            why = sizing.problem or f"{owner.source} is not there (deleted, or its kind not served by this cluster)"
+            self.ignored.append(IgnoredGang(why, tuple(sorted(gang.pods.values(), key=PodInfo.sort_key))))
             return []
         gang.size = size
         if owner.kind == "Job":

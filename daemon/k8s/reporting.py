@@ -15,6 +15,8 @@
   reason `SchedulerError`, on the pods it left unbound;
 - a preemption: Warning `Preempted` with its reason and preemptor; a rejection: Warning
   `Rejected` with why;
+- pods whose owner is gone, or cannot be one gang (a PodGroup's `minMember: 0`, a kind the
+  cluster does not serve), left alone: Warning `Ignored` on them with why, and the status `Ignored`;
 - pods a pod group's controller made after its user cancelled its job, left alone
   (`controllers.Stopped`): Warning `Cancelled` on them and on the controller, and the group's
   status `Cancelled` on them (no PodScheduled condition: no node is to be added for them).
@@ -64,7 +66,7 @@ from muster.daemon.k8s.owners import api_of
 from muster.daemon.k8s.pods import POD_GROUPS, STATUS_CONDITION, UNOWNED, Owner, PodInfo
 from muster.events.types import Event, JobAdmitted, JobInadmissible, JobPreempted, JobRejected
 
-__all__ = ["Report", "Reporter", "binding_failed", "controller_stopped", "reports_for"]
+__all__ = ["Report", "Reporter", "binding_failed", "controller_stopped", "pods_ignored", "reports_for"]
 
 log = structlog.get_logger("muster.k8s.report")
 
@@ -211,6 +213,16 @@ def controller_stopped(stopped: Stopped, pods: Iterable[PodInfo]) -> list[Report
     ]
     out.append(Report(Target(c.api_version, c.kind, c.namespace, c.name, c.uid), "Warning", "Cancelled", message))
     return out
+
+
+def pods_ignored(why: str, pods: Iterable[PodInfo]) -> list[Report]:
+    """Reports for pods left alone because their owner is gone or cannot be one gang (`Gangs.ignored`): a
+    Warning `Ignored` saying why on each, and the status `Ignored` (no PodScheduled: no node is to be added)."""
+    message = f"muster: {why}; this pod is not scheduled"
+    return [
+        Report(_pod(p), "Warning", "Ignored", message, status="Ignored", told=p.told, shown=p.shown)
+        for p in sorted(pods, key=lambda p: p.key)
+    ]
 
 
 def _now() -> str:
