@@ -373,10 +373,10 @@ class Gangs(GangViews):
 
     def _run_pod_deleted(self, gang: Gang, info: PodInfo, reason: str, at: int) -> list[Event]:
         """Someone deleted a pod of the run: its user deleting the workload (the Job, JobSet..., or every pod
-        of a pod group) cancels it, `WorkloadDeleted`; a pod deleted from a workload still there is made again
-        by its owner, and the gang waits for it (`workload_read`): bound, the replacement takes its slot and
-        node (`vacated`); a pod deleted from a pod group nothing recreates fails it, `reason`, at once when
-        bound, else once a pass finds it still losing (`settle_deletions`).
+        of a pod group, a lone pod, running or not) cancels it, `WorkloadDeleted`; a pod deleted from a workload
+        still there is made again by its owner, and the gang waits for it (`workload_read`): bound, the
+        replacement takes its slot and node (`vacated`); a pod deleted from a pod group nothing recreates fails
+        it, `reason`, at once when bound, else once a pass finds it still losing (`settle_deletions`).
 
         Whether a workload with an owner object is gone takes a read of that object (`deletions`, answered with
         `workload_read`): its pods go after it, one deletion event at a time, so the first does not tell. A pod
@@ -385,12 +385,13 @@ class Gangs(GangViews):
         assert gang.job_id is not None
         bound = bool(info.node) or gang.started
         if not recreated(gang.owner):
+            if not any(key in gang.pods for key in gang.mapping.values()):
+                # its last pod: the workload is gone, running or not, as reconciliation judges it (`judge`)
+                return self._end(gang, workload_deleted(gang.job_id, gang.owner, at))
             if bound:
                 return self._end(gang, JobFailed(at=at, job=gang.job_id, reason=reason))
             gang.losing = gang.losing or reason
-            if any(key in gang.pods for key in gang.mapping.values()):
-                return []
-            return self._end(gang, workload_deleted(gang.job_id, gang.owner, at))
+            return []
         if bound:
             gang.vacated.update((name, info) for name, key in gang.mapping.items() if key == info.key)
         if not gang.losing:

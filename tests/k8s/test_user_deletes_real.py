@@ -16,9 +16,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from adapterkit import EventLog
 from kubekit import Kube, admitted, running_adapter, submitted
 from kubernetes_asyncio.client import ApiClient
 
+from muster.daemon.k8s import KubernetesAdapter
 from muster.daemon.k8s import manifests as m
 from muster.events.types import Event, JobCancelled, JobFailed, JobStarted, JobSubmitted, QueueConfigured, QueueName
 from muster.projections.cluster import fold
@@ -236,6 +238,18 @@ async def test_a_pod_deleted_from_a_waiting_controlled_group_is_replaced_in_its_
     assert events.of(JobCancelled) == [] and events.of(JobSubmitted) == [sub]
 
 
+async def admit_the_submitted(
+    adapter: KubernetesAdapter, events: EventLog, log: list[Event], node: str
+) -> JobSubmitted:
+    """Admit the one gang the adapter submits onto `node` and apply it, as the daemon would (the log grows)."""
+    sub = await submitted(events)
+    admission = admitted(sub, node, at=2)
+    log += [sub, admission]
+    await adapter.ready(admission)
+    assert (await adapter.apply(admission)).outcome == "applied"
+    return sub
+
+
 async def test_a_running_job_deleted_by_its_user_is_cancelled_not_failed(api: ApiClient, kube: Kube) -> None:
     """A bound, running Job its user deletes (then its pods, as the garbage collector does) ends JobCancelled
     WorkloadDeleted, as reconciliation ends it when no daemon watched (before: JobFailed, "pod X was deleted
@@ -244,11 +258,7 @@ async def test_a_running_job_deleted_by_its_user_is_cancelled_not_failed(api: Ap
     _, pods = await kube.job("train", 2, gpus=1)
     log: list[Event] = [QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})]
     async with running_adapter(api, state=lambda: fold(log), reconcile_seconds=3600) as (adapter, events):
-        sub = await submitted(events)
-        admission = admitted(sub, node, at=2)
-        log += [sub, admission]
-        await adapter.ready(admission)
-        assert (await adapter.apply(admission)).outcome == "applied"
+        sub = await admit_the_submitted(adapter, events, log, node)
         for pod in pods:
             await kube.set_phase(pod["metadata"]["name"], "Running")
         await events.wait_for(lambda e: bool(e.of(JobStarted)))
@@ -260,4 +270,22 @@ async def test_a_running_job_deleted_by_its_user_is_cancelled_not_failed(api: Ap
     assert [(c.job, c.reason) for c in events.of(JobCancelled)] == [
         (sub.job, f"WorkloadDeleted: Job/{kube.ns}/train is gone")
     ]
+    assert events.of(JobFailed) == []
+
+
+async def test_a_running_lone_pod_deleted_by_its_user_is_cancelled_not_failed(api: ApiClient, kube: Kube) -> None:
+    """A bound, running pod of its own (no owner) its user deletes ends JobCancelled WorkloadDeleted, as
+    reconciliation ends it when no daemon watched (before: JobFailed "pod X was deleted while running", so
+    chargeback and `muster jobs` called the user's own deletion a failure)."""
+    node = await kube.node("n1")
+    await kube.pod("solo", gpus=1, labels={"muster.dev/queue": "q"})
+    log: list[Event] = [QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})]
+    async with running_adapter(api, state=lambda: fold(log), reconcile_seconds=3600) as (adapter, events):
+        sub = await admit_the_submitted(adapter, events, log, node)
+        await kube.set_phase("solo", "Running")
+        await events.wait_for(lambda e: bool(e.of(JobStarted)))
+        await kube.delete_pod("solo")
+        await events.wait_for(lambda e: bool(e.of(JobCancelled)))
+        await adapter.reconcile()  # a pass after the deletion finds nothing more to say
+    assert [(c.job, c.reason) for c in events.of(JobCancelled)] == [(sub.job, "WorkloadDeleted: its pods are gone")]
     assert events.of(JobFailed) == []
