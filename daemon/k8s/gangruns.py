@@ -66,6 +66,9 @@ class KnownJob(Protocol):
     @property
     def pods(self) -> dict[str, str]: ...
 
+    @property
+    def reason(self) -> str: ...
+
 
 @dataclass
 class Gang:

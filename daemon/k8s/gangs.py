@@ -76,7 +76,7 @@ from muster.daemon.k8s.gangruns import (
 from muster.daemon.k8s.gangviews import GangViews
 from muster.daemon.k8s.owners import Sizing
 from muster.daemon.k8s.pods import TERMINATED, UNOWNED, Owner, PodInfo, recreated, reruns
-from muster.daemon.k8s.reconciling import OwnerRead, owner_makes_no_pods, resized, workload_deleted
+from muster.daemon.k8s.reconciling import RESIZED, OwnerRead, owner_makes_no_pods, resized, workload_deleted
 from muster.events.types import ControllerRef, Event, JobFailed, JobFinished, JobId, JobStarted, PodSet
 
 __all__ = ["TERMINATED", "Gang", "Gangs", "IgnoredGang", "KnownJob", "StoppedRun", "Tracked", "WorkloadCheck"]
@@ -164,7 +164,8 @@ class Gangs(GangViews):
                 gang.size = 1
             elif owner.kind not in UNOWNED:
                 known = self._known(owner.job_id()) if self._known is not None else None
-                if known is not None:
+                # a job ended Resized had the owner's old size: its pods run at another as a later job
+                if known is not None and not (known.status == "cancelled" and known.reason.startswith(RESIZED)):
                     gang.size = sum(ps.count for ps in known.podsets)  # as submitted: no lookup
                 else:
                     gang.asked = True

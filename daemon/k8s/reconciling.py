@@ -60,6 +60,7 @@ from muster.daemon.k8s.pods import UNOWNED, Owner, recreated
 from muster.events.types import ControllerRef, Event, JobCancelled, JobFailed, JobId
 
 __all__ = [
+    "RESIZED",
     "LiveJob",
     "OwnerRead",
     "Tracked",
@@ -76,6 +77,8 @@ __all__ = [
 log = structlog.get_logger("muster.k8s.reconcile")
 
 WORKLOAD_DELETED = "WorkloadDeleted"
+RESIZED = "Resized"
+"""The reason of a waiting job ended because its owner's size changed (`resized`): its pods run as a new job."""
 
 
 class LiveJob(Protocol):
@@ -219,7 +222,7 @@ def owner_makes_no_pods(job: JobId, owner: Owner, ended: str, at: int, what: str
 
 def resized(job: JobId, owner: Owner, size: int, was: int, at: int) -> JobCancelled:
     """How a waiting job ends whose owner runs `size` pods at once now, not `was` (`Gangs._resized`, `judge`)."""
-    why = f"Resized: {owner.workload} runs {size} pods at once now, not {was}"
+    why = f"{RESIZED}: {owner.workload} runs {size} pods at once now, not {was}"
     return JobCancelled(at=at, job=job, reason=f"{why}; its pods are submitted again as a new job")
 
 

@@ -116,3 +116,29 @@ async def test_a_job_scaled_down_while_no_daemon_ran_is_resized_by_the_next(
     )
     [_, new] = await log_of(store, JobSubmitted)
     assert [a.job for a in await log_of(store, JobAdmitted)] == [new.job]
+
+
+async def test_a_resized_jobs_new_run_is_bound_by_the_next_daemon(
+    api: ApiClient, kube: Kube, store: EventStore
+) -> None:
+    """A Job scaled down while waiting: its new job of 2 still waits for room when the daemon stops; the next
+    daemon, room there, admits and binds it (before: it sized the gang from the cancelled job of 3, never found
+    the new job's pods, and the job was admitted with its pods unbound for ever)."""
+    await store.append([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 16})])
+    await kube.node("n1", gpus=8)
+    job, pods = await kube.job("train", 3, gpus=8)
+    async with running_daemon(store, api):
+        await eventually(lambda: log_of(store, JobSubmitted))
+        await scale(kube, job, 2)
+        await kube.delete_pod(pods[2]["metadata"]["name"])
+        await eventually(lambda: len_of(store, JobSubmitted, 2))
+    await kube.node("n2", gpus=8)
+    async with running_daemon(store, api):
+        await eventually(lambda: _all_bound(kube, pods[:2]), seconds=30)
+    [_, new] = await log_of(store, JobSubmitted)
+    assert [a.job for a in await log_of(store, JobAdmitted)] == [new.job]
+    assert len(await log_of(store, JobCancelled)) == 1
+
+
+async def len_of(store: EventStore, cls: type, count: int) -> bool:
+    return len(await log_of(store, cls)) == count
