@@ -356,11 +356,6 @@ class Kube:
         """Report the pod's phase, as its kubelet would."""
         await self.core.patch_namespaced_pod_status(name, self.ns, {"status": {"phase": phase}}, _content_type=MERGE)
 
-    async def pods_version(self) -> int:
-        """The server's current resourceVersion of pods in the test's namespace (to wait for an adapter to see it)."""
-        listed: Any = await self.core.list_namespaced_pod(self.ns)
-        return int(listed.metadata.resource_version)
-
     async def gone(self, *names: str) -> bool:
         for name in names:
             if await self.get_pod(name) is not None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from adapterkit import EventLog
-from kubekit import Kube, admitted, running_adapter, submitted
+from kubekit import Kube, admitted, eventually, running_adapter, submitted
 from kubernetes_asyncio.client import ApiClient
 
 from muster.daemon.k8s import KubernetesAdapter
@@ -203,7 +203,8 @@ async def test_a_pod_deleted_from_a_waiting_group_that_keeps_the_others_fails_it
         sub = await submitted(events)
         key = f"{kube.ns}/g-1"
         await kube.delete_pod("g-1")
-        await adapter.caught_up("pods", await kube.pods_version())
+        # the deletion seen (a list's resourceVersion may be past the last pod event for long: other writes)
+        await eventually(lambda: not adapter.translator.gangs.has_pod(key))
         await adapter.reconcile()  # the user may be deleting the others: one pass waits
         assert events.of(JobFailed) == []
         await adapter.reconcile()
