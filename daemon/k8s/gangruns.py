@@ -109,6 +109,9 @@ class Gang:
     losing: str = ""
     """A pod of the run was deleted by someone: the JobFailed reason it ends with if its owner cannot be read,
     while that read is on its way (`Gangs.workload_read`; a pod group nothing recreates: `settle_deletions`)."""
+    shrunk: set[str] = field(default_factory=set)
+    """Gang pod names of a bound run whose pod went as its owner was scaled down: no replacement comes, and
+    the run ends without them (`Gangs.workload_read`)."""
     recount: bool = False
     """A pod beyond the waiting run's size came: its owner's size was asked for again (`Gangs._recount`)."""
     vacated: dict[str, PodInfo] = field(default_factory=dict)

@@ -74,7 +74,7 @@ from muster.daemon.k8s.gangruns import (
     take_successors,
 )
 from muster.daemon.k8s.gangviews import GangViews
-from muster.daemon.k8s.owners import Sizing
+from muster.daemon.k8s.owners import SUCCEEDED_CONDITIONS, Sizing
 from muster.daemon.k8s.pods import TERMINATED, UNOWNED, Owner, PodInfo, recreated, reruns
 from muster.daemon.k8s.reconciling import RESIZED, OwnerRead, owner_makes_no_pods, resized, workload_deleted
 from muster.events.types import ControllerRef, Event, JobFailed, JobFinished, JobId, JobStarted, PodSet
@@ -213,11 +213,24 @@ class Gangs(GangViews):
             return []
         if read.exists is False:
             return self._end(gang, workload_deleted(job, gang.owner, at))
+        if read.exists and read.ended.startswith(SUCCEEDED_CONDITIONS) and gang.started and self._rest_succeeded(gang):
+            # its pod went as it was scaled down, the others succeeded, and it completed: a success
+            return self._end(gang, JobFinished(at=at, job=job))
         if read.exists and read.ended:
             return self._end(gang, owner_makes_no_pods(job, gang.owner, read.ended, at, gang.losing))
         again = self._resized(gang, read.sizing, at) if read.exists else None
         if again is not None:
             return again  # the pod went because its owner was scaled down: it makes no replacement
+        now = read.sizing.size if read.exists and read.sizing is not None else None
+        if now is not None and 0 < now < (gang.size or 0) and gang.vacated:
+            # a bound run scaled down (the Job controller deleted the pods past its parallelism): it runs on
+            # without them and finishes when the others do (the log keeps its admitted share until then)
+            gang.shrunk.update(gang.vacated)
+            gang.vacated.clear()
+            if gang.owner.kind == "Job" and read.sizing is not None:
+                gang.completions = max(now, read.sizing.completions or 0)
+            gang.losing = ""
+            return self._evaluate(gang, at)  # its other pods may be done already
         if read.exists:
             gang.losing = ""
             gang.requeued = not gang.vacated  # a bound run keeps its slots: the replacement takes the deleted one
@@ -400,6 +413,11 @@ class Gangs(GangViews):
         gang.losing = gang.losing or reason
         return []
 
+    def _rest_succeeded(self, gang: Gang) -> bool:
+        """Whether every pod of the run that is still there succeeded (and one is)."""
+        rest = [gang.pods[key] for key in gang.mapping.values() if key in gang.pods]
+        return bool(rest) and all(p.phase == "Succeeded" for p in rest)
+
     def _recount(self, gang: Gang, info: PodInfo) -> None:
         """A pod new to a waiting run, beyond its size and replacing none of its pods: its owner may run more pods
         at once now (a Job's parallelism raised): ask for its size again, once a run (`set_size` resizes it)."""
@@ -523,7 +541,7 @@ class Gangs(GangViews):
         assert gang.job_id is not None
         if take_successors(gang):
             self.rebind.add(gang.job_id)
-        mapped = [gang.pods.get(key) for key in gang.mapping.values()]
+        mapped = [gang.pods.get(key) for name, key in gang.mapping.items() if name not in gang.shrunk]
         for p in mapped:
             if p is not None and p.phase == "Failed" and p.uid not in gang.retired:
                 why = f": {p.reason}" if p.reason else ""
@@ -579,7 +597,7 @@ class Gangs(GangViews):
         gang.retired |= {p.uid for p in gang.pods.values() if p.uid not in fresh_uids}
         if gang.job_id is not None:
             self._by_job.pop(gang.job_id, None)
-        gang.job_id, gang.mapping, gang.podsets, gang.vacated = None, {}, [], {}
+        gang.job_id, gang.mapping, gang.podsets, gang.vacated, gang.shrunk = None, {}, [], {}, set()
         gang.done = gang.started = gang.requeued = gang.recount = False
         gang.later_run = gang.stopped is None
         gang.stopped = None

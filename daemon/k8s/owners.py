@@ -169,7 +169,9 @@ def owner_sizing(owner: Owner, obj: Mapping[str, Any]) -> Sizing:
     return Sizing(size, uid, queue)
 
 
-ENDED_CONDITIONS = ("Complete", "Completed", "Succeeded", "Failed", "FailureTarget")
+SUCCEEDED_CONDITIONS = ("Complete", "Completed", "Succeeded")
+"""Owner conditions saying it ended with success."""
+ENDED_CONDITIONS = (*SUCCEEDED_CONDITIONS, "Failed", "FailureTarget")
 """Owner conditions (a Job's, a JobSet's, a Kubeflow job's) after which it makes no pod again."""
 
 

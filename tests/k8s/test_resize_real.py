@@ -12,11 +12,21 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from kubekit import MERGE, Kube, eventually, log_of, running_adapter, running_daemon, submitted
 from kubernetes_asyncio.client import ApiClient
 
 from muster.events.store import EventStore
-from muster.events.types import JobAdmitted, JobCancelled, JobFailed, JobSubmitted, QueueConfigured, QueueName
+from muster.events.types import (
+    JobAdmitted,
+    JobCancelled,
+    JobFailed,
+    JobFinished,
+    JobStarted,
+    JobSubmitted,
+    QueueConfigured,
+    QueueName,
+)
 
 Obj = dict[str, Any]
 
@@ -142,3 +152,41 @@ async def test_a_resized_jobs_new_run_is_bound_by_the_next_daemon(
 
 async def len_of(store: EventStore, cls: type, count: int) -> bool:
     return len(await log_of(store, cls)) == count
+
+
+@pytest.mark.parametrize("completed_first", [False, True], ids=["deleted-first", "completed-first"])
+async def test_a_running_job_scaled_down_finishes_when_its_remaining_pods_succeed(
+    api: ApiClient, kube: Kube, store: EventStore, completed_first: bool
+) -> None:
+    """A running Job of 2 scaled to 1 (its controller deletes the second pod, which may linger terminating until
+    the Job completed): it runs on and, its pod succeeded and the Job Complete, its job is JobFinished (before:
+    it waited for a replacement and ended JobFailed "Job/ns/x is Complete (...), so it makes no pod again", a
+    success billed as a failure)."""
+    await store.append([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})])
+    await kube.node("n1", gpus=8)
+    job, pods = await kube.job("train", 2, gpus=1)
+    names = [p["metadata"]["name"] for p in pods]
+    complete = {"type": "Complete", "status": "True", "reason": "CompletionsReached"}
+    status = {"status": {"conditions": [{**complete, "lastProbeTime": None, "lastTransitionTime": None}]}}
+    async with running_daemon(store, api):
+        await eventually(lambda: _all_bound(kube, pods))
+        for name in names:
+            await kube.set_phase(name, "Running")
+        [sub] = await log_of(store, JobSubmitted)
+        await eventually(lambda: _of_job(store, JobStarted, sub.job))
+        await scale(kube, job, 1)
+        if completed_first:
+            await kube.set_phase(names[0], "Succeeded")
+            await kube.batch.patch_namespaced_job_status("train", kube.ns, status)
+            await kube.delete_pod(names[1])
+        else:
+            await kube.delete_pod(names[1])
+            await kube.set_phase(names[0], "Succeeded")
+        finished = await eventually(lambda: _of_job(store, JobFinished, sub.job))
+        await kube.batch.patch_namespaced_job_status("train", kube.ns, status)
+    assert [f.job for f in finished] == [sub.job]
+    assert await log_of(store, JobFailed) == [] and await log_of(store, JobCancelled) == []
+
+
+async def _of_job(store: EventStore, cls: type, job: str) -> list[Any]:
+    return [e for e in await log_of(store, cls) if e.job == job]
