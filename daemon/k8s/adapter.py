@@ -66,7 +66,7 @@ from muster.daemon.k8s.objects import DEFAULT_TOLERATED_TAINTS
 from muster.daemon.k8s.owners import Sizing, fetch_namespace_queue, fetch_sizing, list_sizings
 from muster.daemon.k8s.pods import Owner, PodInfo
 from muster.daemon.k8s.reconciling import find_vanished, live_jobs, read_owner
-from muster.daemon.k8s.reporting import Reporter, binding_failed, controller_stopped, reports_for
+from muster.daemon.k8s.reporting import Reporter, binding_failed, controller_stopped, pods_ignored, reports_for
 from muster.daemon.k8s.translating import Translator
 from muster.daemon.k8s.watching import Backoff, Synced, WatchEvent, watch_objects
 from muster.events.types import Event, JobAdmitted, JobId, JobPreempted
@@ -341,16 +341,17 @@ class KubernetesAdapter:
         async with self._lock:
             events: list[Event] = []
             for verdict in verdicts:
-                events += gangs.vanished(verdict.job, verdict.remaining, verdict.event)
+                events += gangs.vanished(verdict.job, verdict.remaining, verdict.event, verdict.resized)
                 reason = getattr(verdict.event, "reason", "")
-                log.info("workload gone; ending its job", job=verdict.job, reason=reason)
+                log.info("workload gone or resized; ending its job", job=verdict.job, reason=reason)
             events += self.translator.flush(int(self._clock()))
             if events:
                 await sink(events)
         return settled + events
 
     def _tell_stopped(self) -> None:
-        """Say why pods of a controller whose job its user cancelled are left alone (`controllers.Stopped`)."""
+        """Say why pods are left alone: a controller's whose job its user cancelled (`controllers.Stopped`), and
+        those whose owner is gone or cannot be one gang (`Gangs.ignored`)."""
         gangs = self.translator.gangs
         for run in gangs.stopped:
             c = run.stopped.controller
@@ -363,6 +364,10 @@ class KubernetesAdapter:
             if self.reporter is not None:
                 self.reporter.report(controller_stopped(run.stopped, run.pods))
         gangs.stopped.clear()
+        for left in gangs.ignored:
+            if self.reporter is not None:
+                self.reporter.report(pods_ignored(left.why, left.pods))
+        gangs.ignored.clear()
 
     def _bind_successors(self, tg: TaskGroup) -> None:
         """Bind the pods that took over slots of admitted gangs (`Gangs.rebind`): through `reapply` in a daemon."""
@@ -512,7 +517,7 @@ class KubernetesAdapter:
                 except KubeError as exc:
                     if not exc.retryable:
                         log.error("cannot size gang; its pods stay pending", owner=owner.source, error=exc.message)
-                        sizing = Sizing(None)
+                        sizing = Sizing(None, problem=f"{owner.source} cannot be read: {exc.message}")
                         break
                     delay = self._backoff.delay(attempt, exc.delay if exc.status == 429 else None)
                     attempt += 1

@@ -66,6 +66,9 @@ class KnownJob(Protocol):
     @property
     def pods(self) -> dict[str, str]: ...
 
+    @property
+    def reason(self) -> str: ...
+
 
 @dataclass
 class Gang:
@@ -106,6 +109,11 @@ class Gang:
     losing: str = ""
     """A pod of the run was deleted by someone: the JobFailed reason it ends with if its owner cannot be read,
     while that read is on its way (`Gangs.workload_read`; a pod group nothing recreates: `settle_deletions`)."""
+    shrunk: set[str] = field(default_factory=set)
+    """Gang pod names of a bound run whose pod went as its owner was scaled down: no replacement comes, and
+    the run ends without them (`Gangs.workload_read`)."""
+    recount: bool = False
+    """A pod beyond the waiting run's size came: its owner's size was asked for again (`Gangs._recount`)."""
     vacated: dict[str, PodInfo] = field(default_factory=dict)
     """Gang pod name -> the pod deleted from it while the run was bound, its owner there to make it again: the
     replacement takes that name, and so the node the log placed it on (`take_successors`)."""

@@ -34,13 +34,16 @@ Invariants:
   preemption are expected to go and report nothing; the gang waits for its
   replacements under the same job id. So does a gang whose owner is there to make a pod someone
   deleted again (`workload_read`); bound, the replacement takes the deleted pod's slot and node
-  (`vacated`). Only a pod group nothing recreates fails so.
+  (`vacated`). Only a pod group nothing recreates (bare pods: `pods.recreated`) fails so.
 - A Job's pod created after another succeeded (its next index) runs in that
   pod's slot of the admitted gang (`take_successors`); pods of a recreating
   owner that come after its run ended are a new run, a new job (`_next_run`).
 - Pods of a labelled pod group's controller that no job on the log holds are judged by the
   controller's jobs on the log (`controllers.claim`): the replacements of its waiting job are
   that job's pods; those it makes after its user cancelled its job are left alone (`stopped`).
+- A waiting gang whose owner runs another number of pods at once now (a Job scaled, a PodGroup's
+  minMember changed) ends `Resized` and its pods are a new job at the new size (`_resized`), as
+  Kueue makes a changed Job's Workload again before admission; an admitted gang keeps its size.
 - A pod is its uid, not its name: a pod deleted and created again under the
   same name (an operator's `<job>-worker-0`, a user re-applying a manifest) is
   a new pod. The uids of a run's pods are retired when it ends, so its owner's
@@ -71,12 +74,12 @@ from muster.daemon.k8s.gangruns import (
     take_successors,
 )
 from muster.daemon.k8s.gangviews import GangViews
-from muster.daemon.k8s.owners import Sizing
-from muster.daemon.k8s.pods import TERMINATED, UNOWNED, Owner, PodInfo, recreated
-from muster.daemon.k8s.reconciling import OwnerRead, owner_makes_no_pods, workload_deleted
+from muster.daemon.k8s.owners import SUCCEEDED_CONDITIONS, Sizing
+from muster.daemon.k8s.pods import TERMINATED, UNOWNED, Owner, PodInfo, recreated, reruns
+from muster.daemon.k8s.reconciling import RESIZED, OwnerRead, owner_makes_no_pods, resized, workload_deleted
 from muster.events.types import ControllerRef, Event, JobFailed, JobFinished, JobId, JobStarted, PodSet
 
-__all__ = ["TERMINATED", "Gang", "Gangs", "KnownJob", "StoppedRun", "Tracked", "WorkloadCheck"]
+__all__ = ["TERMINATED", "Gang", "Gangs", "IgnoredGang", "KnownJob", "StoppedRun", "Tracked", "WorkloadCheck"]
 
 ClaimOf = Callable[[str, ControllerRef, str, list[PodSet]], Claim]
 """What pods of a source and queue naming a controller are when no job on the log holds them (`controllers`)."""
@@ -97,6 +100,14 @@ class StoppedRun:
     """Pods left alone because their controller's job was cancelled by its user (the adapter tells them why)."""
 
     stopped: Stopped
+    pods: tuple[PodInfo, ...]
+
+
+@dataclass(frozen=True)
+class IgnoredGang:
+    """Pods left alone because their owner is gone or cannot be one gang (the adapter tells them why)."""
+
+    why: str
     pods: tuple[PodInfo, ...]
 
 
@@ -132,6 +143,8 @@ class Gangs(GangViews):
         """Waiting jobs a pod of which was deleted: the adapter reads their owner (`workload_read`)."""
         self.stopped: list[StoppedRun] = []
         """Pods of a controller whose job a user cancelled, left alone: the adapter tells them why."""
+        self.ignored: list[IgnoredGang] = []
+        """Pods whose owner is gone or cannot be one gang, left alone: the adapter tells them why."""
 
     # ------------------------------------------------------------ inputs
 
@@ -151,13 +164,15 @@ class Gangs(GangViews):
                 gang.size = 1
             elif owner.kind not in UNOWNED:
                 known = self._known(owner.job_id()) if self._known is not None else None
-                if known is not None:
+                # a job ended Resized had the owner's old size: its pods run at another as a later job
+                if known is not None and not (known.status == "cancelled" and known.reason.startswith(RESIZED)):
                     gang.size = sum(ps.count for ps in known.podsets)  # as submitted: no lookup
                 else:
                     gang.asked = True
                     self._wanted.append(owner)
                     self._unsized.add(owner)
         gang.pods[info.key] = info
+        self._recount(gang, info)
         return self._evaluate(gang, at)
 
     def pod_deleted(self, key: str, at: int) -> list[Event]:
@@ -198,8 +213,24 @@ class Gangs(GangViews):
             return []
         if read.exists is False:
             return self._end(gang, workload_deleted(job, gang.owner, at))
+        if read.exists and read.ended.startswith(SUCCEEDED_CONDITIONS) and gang.started and self._rest_succeeded(gang):
+            # its pod went as it was scaled down, the others succeeded, and it completed: a success
+            return self._end(gang, JobFinished(at=at, job=job))
         if read.exists and read.ended:
             return self._end(gang, owner_makes_no_pods(job, gang.owner, read.ended, at, gang.losing))
+        again = self._resized(gang, read.sizing, at) if read.exists else None
+        if again is not None:
+            return again  # the pod went because its owner was scaled down: it makes no replacement
+        now = read.sizing.size if read.exists and read.sizing is not None else None
+        if now is not None and 0 < now < (gang.size or 0) and gang.vacated:
+            # a bound run scaled down (the Job controller deleted the pods past its parallelism): it runs on
+            # without them and finishes when the others do (the log keeps its admitted share until then)
+            gang.shrunk.update(gang.vacated)
+            gang.vacated.clear()
+            if gang.owner.kind == "Job" and read.sizing is not None:
+                gang.completions = max(now, read.sizing.completions or 0)
+            gang.losing = ""
+            return self._evaluate(gang, at)  # its other pods may be done already
         if read.exists:
             gang.losing = ""
             gang.requeued = not gang.vacated  # a bound run keeps its slots: the replacement takes the deleted one
@@ -240,11 +271,16 @@ class Gangs(GangViews):
             return []
         size, completions = sizing.size, sizing.completions
         if gang.size is not None:
+            again = self._resized(gang, sizing, at)
+            if again is not None:
+                return again
             gang.completions = max(gang.size, completions or 0)
             return self._evaluate(gang, at)
         if size is None or size < 1:
             gang.done = True
             self.recheck.update(gang.pods)
+            why = sizing.problem or f"{owner.source} is not there (deleted, or its kind not served by this cluster)"
+            self.ignored.append(IgnoredGang(why, tuple(sorted(gang.pods.values(), key=PodInfo.sort_key))))
             return []
         gang.size = size
         if owner.kind == "Job":
@@ -316,11 +352,12 @@ class Gangs(GangViews):
             return [JobFailed(at=at, job=job, reason=reason)]
         return self._end(gang, JobFailed(at=at, job=job, reason=reason))
 
-    def vanished(self, job: JobId, remaining: Iterable[str], event: Event) -> list[Event]:
+    def vanished(self, job: JobId, remaining: Iterable[str], event: Event, resize: Sizing | None = None) -> list[Event]:
         """End `job` with `event`, found by reconciliation (its workload went while nobody watched).
 
         Whatever is left of it (`remaining` pod keys) holds its nodes outside the job's
-        accounting from now on, like the survivors of a failed gang.
+        accounting from now on, like the survivors of a failed gang; but the pods of a waiting job
+        whose owner was resized (`resize`: its new size) are submitted again at that size, a new job.
         """
         if job in self._ended:
             return []
@@ -328,12 +365,15 @@ class Gangs(GangViews):
         owners = {self._by_pod[k] for k in remaining if k in self._by_pod}
         if job in self._by_job:
             owners.add(self._by_job[job])
+        events = [event]
         for owner in sorted(owners, key=lambda o: o.source):
             gang = self._gangs.get(owner)
-            if gang is not None:
+            if gang is not None and resize is not None and resize.size and gang.job_id in (None, job):
+                events += self._resubmit(gang, resize, event.at)
+            elif gang is not None:
                 self._close(gang)
                 self._unsized.discard(owner)
-        return [event]
+        return events
 
     def forget(self, job: JobId) -> None:
         """The log ended the job (rejected, cancelled): report nothing more about it."""
@@ -347,10 +387,10 @@ class Gangs(GangViews):
 
     def _run_pod_deleted(self, gang: Gang, info: PodInfo, reason: str, at: int) -> list[Event]:
         """Someone deleted a pod of the run: its user deleting the workload (the Job, JobSet..., or every pod
-        of a pod group) cancels it, `WorkloadDeleted`; a pod deleted from a workload still there is made again
-        by its owner, and the gang waits for it (`workload_read`): bound, the replacement takes its slot and
-        node (`vacated`); a pod deleted from a pod group nothing recreates fails it, `reason`, at once when
-        bound, else once a pass finds it still losing (`settle_deletions`).
+        of a pod group, a lone pod, running or not) cancels it, `WorkloadDeleted`; a pod deleted from a workload
+        still there is made again by its owner, and the gang waits for it (`workload_read`): bound, the
+        replacement takes its slot and node (`vacated`); a pod deleted from a pod group nothing recreates fails
+        it, `reason`, at once when bound, else once a pass finds it still losing (`settle_deletions`).
 
         Whether a workload with an owner object is gone takes a read of that object (`deletions`, answered with
         `workload_read`): its pods go after it, one deletion event at a time, so the first does not tell. A pod
@@ -359,18 +399,66 @@ class Gangs(GangViews):
         assert gang.job_id is not None
         bound = bool(info.node) or gang.started
         if not recreated(gang.owner):
+            if not any(key in gang.pods for key in gang.mapping.values()):
+                # its last pod: the workload is gone, running or not, as reconciliation judges it (`judge`)
+                return self._end(gang, workload_deleted(gang.job_id, gang.owner, at))
             if bound:
                 return self._end(gang, JobFailed(at=at, job=gang.job_id, reason=reason))
             gang.losing = gang.losing or reason
-            if any(key in gang.pods for key in gang.mapping.values()):
-                return []
-            return self._end(gang, workload_deleted(gang.job_id, gang.owner, at))
+            return []
         if bound:
             gang.vacated.update((name, info) for name, key in gang.mapping.items() if key == info.key)
         if not gang.losing:
             self.deletions.append(WorkloadCheck(gang.job_id, gang.owner, gang.owner.job_id(gang.uid)))
         gang.losing = gang.losing or reason
         return []
+
+    def _rest_succeeded(self, gang: Gang) -> bool:
+        """Whether every pod of the run that is still there succeeded (and one is)."""
+        rest = [gang.pods[key] for key in gang.mapping.values() if key in gang.pods]
+        return bool(rest) and all(p.phase == "Succeeded" for p in rest)
+
+    def _recount(self, gang: Gang, info: PodInfo) -> None:
+        """A pod new to a waiting run, beyond its size and replacing none of its pods: its owner may run more pods
+        at once now (a Job's parallelism raised): ask for its size again, once a run (`set_size` resizes it)."""
+        if gang.recount or gang.size is None or len(gang.pods) <= gang.size or gang.owner.kind in UNOWNED:
+            return
+        if gang.job_id is None or gang.done or gang.started or gang.requeued or gang.losing:
+            return
+        if info.active and info.uid not in gang.retired and info.key not in gang.mapping.values():
+            gang.recount = True
+            self._wanted.append(gang.owner)
+
+    def _resized(self, gang: Gang, sizing: Sizing | None, at: int) -> list[Event] | None:
+        """A waiting gang whose owner runs another number of pods at once now (a Job's parallelism, a PodGroup's
+        minMember changed): as Kueue makes a Job's Workload again when the Job changes before admission, its job
+        is cancelled (`Resized`) and its pods are submitted again, at the new size, as a new job (a later run,
+        `_next_run`, once that many are there). Before, a Job scaled down waited for ever for the pod its
+        controller deleted, and the pods of one scaled up beyond its gang waited unbound for ever. None when the
+        size is the same, or the gang no longer waits (admitted: the log holds its placement; it keeps it)."""
+        size = sizing.size if sizing is not None else None
+        if size is None or size < 1 or size == gang.size or gang.job_id is None or gang.done or gang.started:
+            return None
+        if any(gang.pods[key].node for key in gang.mapping.values() if key in gang.pods):
+            return None
+        known = self._known(gang.job_id) if self._known is not None else None
+        if known is not None and known.status != "pending":
+            return None
+        assert sizing is not None
+        self._ended.add(gang.job_id)
+        return [resized(gang.job_id, gang.owner, size, gang.size or 0, at), *self._resubmit(gang, sizing, at)]
+
+    def _resubmit(self, gang: Gang, sizing: Sizing, at: int) -> list[Event]:
+        """Submit the pods of a gang whose job ended `Resized` again, at the owner's new size: a later run."""
+        assert sizing.size is not None
+        gang.size, gang.losing, gang.recount = sizing.size, "", False
+        if gang.owner.kind == "Job":
+            gang.completions = max(sizing.size, sizing.completions or 0)
+        if gang.job_id is None:  # a relisting leader never matched its pods to the log's job (too few)
+            gang.later_run = True
+            return self._evaluate(gang, at)
+        gang.done = True
+        return self._next_run(gang, at)
 
     def _end(self, gang: Gang, event: Event) -> list[Event]:
         if gang.done:
@@ -419,7 +507,8 @@ class Gangs(GangViews):
             known = self._known(job) if self._known is not None else None
             ns_queue, controller = self._ns_queue.get(chosen[0].namespace, ""), chosen[0].owner.controller
             claimed = None
-            if known is None and controller is not None:
+            # a PodGroup's job id is its object's uid: its controller's replacements are that job's already
+            if known is None and controller is not None and gang.owner.reads_controller:
                 claimed = self._claim(gang.owner.source, controller, queue_of(gang, chosen, ns_queue), gang.podsets)
             if isinstance(claimed, Stopped):
                 return events + self._stop(gang, chosen, claimed)
@@ -452,7 +541,7 @@ class Gangs(GangViews):
         assert gang.job_id is not None
         if take_successors(gang):
             self.rebind.add(gang.job_id)
-        mapped = [gang.pods.get(key) for key in gang.mapping.values()]
+        mapped = [gang.pods.get(key) for name, key in gang.mapping.items() if name not in gang.shrunk]
         for p in mapped:
             if p is not None and p.phase == "Failed" and p.uid not in gang.retired:
                 why = f": {p.reason}" if p.reason else ""
@@ -481,7 +570,7 @@ class Gangs(GangViews):
         """
         job = gang.owner.job_id(salt(gang, chosen))
         run = later_run(job, chosen)
-        if not gang.later_run and recreated(gang.owner) and self._known is not None:
+        if not gang.later_run and reruns(gang.owner) and self._known is not None:
             known = self._known(job)
             gang.later_run = (
                 known is not None and known.status in ENDED and (self._known(run) is not None or new_to(known, chosen))
@@ -499,7 +588,7 @@ class Gangs(GangViews):
         alone for a controller whose job its user cancelled (`_stop`) are followed the same way: pods
         made after them are judged again (by a controller made again, they are a new job).
         """
-        if gang.size is None or (gang.job_id is None and gang.stopped is None) or not recreated(gang.owner):
+        if gang.size is None or (gang.job_id is None and gang.stopped is None) or not reruns(gang.owner):
             return []
         fresh = [p for p in gang.pods.values() if p.active and p.uid not in gang.retired]
         if len(fresh) < gang.size:
@@ -508,8 +597,8 @@ class Gangs(GangViews):
         gang.retired |= {p.uid for p in gang.pods.values() if p.uid not in fresh_uids}
         if gang.job_id is not None:
             self._by_job.pop(gang.job_id, None)
-        gang.job_id, gang.mapping, gang.podsets, gang.vacated = None, {}, [], {}
-        gang.done = gang.started = gang.requeued = False
+        gang.job_id, gang.mapping, gang.podsets, gang.vacated, gang.shrunk = None, {}, [], {}, set()
+        gang.done = gang.started = gang.requeued = gang.recount = False
         gang.later_run = gang.stopped is None
         gang.stopped = None
         self.recheck.update(gang.pods)

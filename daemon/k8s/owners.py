@@ -169,7 +169,9 @@ def owner_sizing(owner: Owner, obj: Mapping[str, Any]) -> Sizing:
     return Sizing(size, uid, queue)
 
 
-ENDED_CONDITIONS = ("Complete", "Completed", "Succeeded", "Failed", "FailureTarget")
+SUCCEEDED_CONDITIONS = ("Complete", "Completed", "Succeeded")
+"""Owner conditions saying it ended with success."""
+ENDED_CONDITIONS = (*SUCCEEDED_CONDITIONS, "Failed", "FailureTarget")
 """Owner conditions (a Job's, a JobSet's, a Kubeflow job's) after which it makes no pod again."""
 
 
@@ -189,8 +191,9 @@ async def fetch_owner(client: KubeClient, owner: Owner) -> dict[str, Any] | None
     """The owner object as the API has it (a labelled pod group's: the controller its pods name); None when
     it is gone (404). Raises KubeError for anything else (a controller's kind the server does not serve)."""
     try:
-        if owner.controller is not None:
+        if owner.reads_controller:
             c = owner.controller
+            assert c is not None
             return await client.get_kind(c.api_version, c.kind, owner.namespace, c.name)
         if owner.kind == "Job":
             return await client.get_job(owner.namespace, owner.name)

@@ -25,7 +25,7 @@ from typing import Any
 from muster.daemon.k8s.objects import pod_requests
 from muster.events.types import ControllerRef, JobId, Topology
 
-__all__ = ["Owner", "PodInfo", "controller_ref", "pod_info", "recreated"]
+__all__ = ["POD_GROUPS", "Owner", "PodInfo", "controller_ref", "pod_info", "recreated", "reruns"]
 
 Obj = dict[str, Any]
 Resources = dict[str, int]
@@ -68,6 +68,9 @@ VOLCANO_POD_GROUP = "VolcanoPodGroup"
 COSCHEDULING_POD_GROUP = "CoschedulingPodGroup"
 UNOWNED = ("Pod", "Gang")
 """Owner kinds with no object to read: every other kind is sized by a lookup of its owner."""
+POD_GROUPS = (*UNOWNED, VOLCANO_POD_GROUP, COSCHEDULING_POD_GROUP)
+"""Owner kinds that make no pods themselves: the gang's pods are made by the user (bare) or by the controller
+they name in their ownerReferences (`Owner.controlled`)."""
 
 
 @dataclass(frozen=True)
@@ -79,11 +82,19 @@ class Owner:
     name: str
     uid: str = ""
     controlled: bool = False
-    """A labelled pod group whose pods name a controller (an operator of the user's own) in ownerReferences."""
+    """A pod group (`POD_GROUPS`) whose pods name a controller in ownerReferences (an operator of the user's
+    own, a Volcano Job, a batch Job): it makes them again when they are lost (`recreated`)."""
     controller: ControllerRef | None = field(default=None, compare=False)
-    """That controller, as its pod names it (`controller_ref`), read by reconciliation (`owners.fetch_owner`):
-    once it is gone, nothing recreates the group's pods. Not part of the gang's identity: the pods of one
-    group are one gang whatever they name (the gang's `Owner` is its first pod's)."""
+    """That controller, as its pod names it (`controller_ref`), on the log with the job (`JobSubmitted.controller`).
+    A labelled pod group has no object of its own: reconciliation reads its controller in its place
+    (`reads_controller`); once it is gone, nothing recreates the group's pods. Not part of the gang's
+    identity: the pods of one group are one gang whatever they name (the gang's `Owner` is its first pod's)."""
+
+    @property
+    def reads_controller(self) -> bool:
+        """Whether the object that tells if the workload is there is the controller its pods name: a labelled
+        pod group's (a PodGroup object is read itself: the controller deletes it with its pods)."""
+        return self.kind == "Gang" and self.controller is not None
 
     @property
     def source(self) -> str:
@@ -93,7 +104,7 @@ class Owner:
     def workload(self) -> str:
         """The object whose deletion ends the gang's job, as users name it: the controller of a pod group."""
         c = self.controller
-        if c is None:
+        if c is None or not self.reads_controller:
             return self.source
         return f"{c.kind}/{self.namespace}/{c.name} (the controller of pod group {self.name})"
 
@@ -105,13 +116,26 @@ class Owner:
 
 
 def recreated(owner: Owner) -> bool:
-    """Whether a controller recreates the gang's pods when they are lost (evicted, their node gone).
+    """Whether a controller recreates the gang's pods when they are lost (deleted, evicted, their node gone).
 
-    A Job, JobSet or Kubeflow job has one, and so has a labelled pod group whose pods name a
-    controller; bare pods and an uncontrolled pod group have none: once their pods are gone, the
-    job can never run again.
+    A Job, JobSet or Kubeflow job has one, and so has a pod group (labelled, Volcano or coscheduling
+    PodGroup) whose pods name a controller; bare pods, alone or in a pod group, have none: a PodGroup
+    object makes no pods (neither Volcano nor coscheduling recreates a bare pod), so once one is gone the
+    gang can never be whole again, and its job ends rather than wait for ever holding its quota. The one
+    rule for a pod deleted (`Gangs._run_pod_deleted`), evicted (`applying`), lost with its node
+    (`Gangs.nodes_lost`) or found missing (`reconciling.judge`).
     """
-    return owner.kind not in UNOWNED or owner.controlled
+    return owner.controlled if owner.kind in POD_GROUPS else True
+
+
+def reruns(owner: Owner) -> bool:
+    """Whether pods of `owner` made after its run ended can be its next run (`Gangs._next_run`), a new job.
+
+    Those of an owner that recreates pods (`recreated`), and of a PodGroup: its job id is the PodGroup's uid,
+    whoever makes its pods, so pods made in it again (by its user, once the ended run's are gone) are told
+    apart as a later run. A lone pod's or an uncontrolled labelled group's pods are a new gang by themselves.
+    """
+    return recreated(owner) or owner.kind in (VOLCANO_POD_GROUP, COSCHEDULING_POD_GROUP)
 
 
 @dataclass(frozen=True)
@@ -223,6 +247,12 @@ def controller_ref(meta: Mapping[str, Any], namespace: str) -> ControllerRef | N
     return ControllerRef(api_version=api_version, kind=kind, namespace=namespace, name=name, uid=uid)
 
 
+def _pod_group(kind: str, namespace: str, name: Any, meta: Mapping[str, Any]) -> Owner:
+    """A pod group's owner; its pods may name the controller that makes them (`recreated`), which goes on the log."""
+    controller = controller_ref(meta, namespace)
+    return Owner(kind, namespace, str(name), controlled=controller is not None, controller=controller)
+
+
 def _gate_names(gates: Any) -> list[str]:
     """The names of a pod's scheduling gates (an unnamed or malformed one counts as someone else's)."""
     if not isinstance(gates, list):
@@ -247,12 +277,11 @@ def pod_info(pod: Obj) -> PodInfo:
     gates = _gate_names(spec.get("schedulingGates"))
     volcano_group = annotations.get(VOLCANO_GROUP_KEY) or labels.get(VOLCANO_GROUP_KEY)
     if labels.get(GANG_LABEL):
-        controller = controller_ref(meta, ns)
-        owner = Owner("Gang", ns, str(labels[GANG_LABEL]), controlled=ref is not None, controller=controller)
+        owner = _pod_group("Gang", ns, labels[GANG_LABEL], meta)
     elif volcano_group:
-        owner = Owner(VOLCANO_POD_GROUP, ns, str(volcano_group))
+        owner = _pod_group(VOLCANO_POD_GROUP, ns, volcano_group, meta)
     elif labels.get(COSCHEDULING_GROUP_LABEL):
-        owner = Owner(COSCHEDULING_POD_GROUP, ns, str(labels[COSCHEDULING_GROUP_LABEL]))
+        owner = _pod_group(COSCHEDULING_POD_GROUP, ns, labels[COSCHEDULING_GROUP_LABEL], meta)
     elif labels.get(JOBSET_NAME_LABEL):
         owner = Owner("JobSet", ns, str(labels[JOBSET_NAME_LABEL]), str(labels.get(JOBSET_UID_LABEL) or ""))
         hint = hint or str(labels.get(JOBSET_RJOB_LABEL) or "")

@@ -25,8 +25,14 @@ cancelled by the next pass while it ran.
   pods is left to name it (a new leader after a preemption), as the log names it
   (`JobSubmitted.controller`): a group preempted while its controller was deleted otherwise waited
   for replacements forever, a phantom job in its queue; and one whose controller lives keeps its
-  job (its replacements are mapped onto it: `controllers.claim`), not cancelled for pods gone;
-- pods are missing and nothing recreates them (bare pods, a labelled pod group): all
+  job (its replacements are mapped onto it: `controllers.claim`), not cancelled for pods gone.
+  A Volcano or coscheduling PodGroup whose pods name a controller is judged by the PodGroup object
+  (the controller deletes it with its pods; the chart lets the adapter read it);
+- pods are missing, the owner is there and runs another number of pods at once now (a waiting
+  Job scaled down while no leader watched: its controller deleted the pods past its parallelism
+  and makes none again): `JobCancelled` `Resized`, and its pods are a new job (`Gangs.vanished`);
+- pods are missing and nothing recreates them (bare pods, alone or in a pod group, labelled or a
+  PodGroup, whose pods name no controller: `pods.recreated`): all
   gone is `JobCancelled` (`WorkloadDeleted`), some gone is `JobFailed` (the gang can
   never be whole again).
 
@@ -49,11 +55,12 @@ import structlog
 from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.errors import KubeError
 from muster.daemon.k8s.gangruns import Tracked, run_of
-from muster.daemon.k8s.owners import fetch_owner, makes_no_pods
+from muster.daemon.k8s.owners import Sizing, fetch_owner, makes_no_pods, owner_sizing
 from muster.daemon.k8s.pods import UNOWNED, Owner, recreated
 from muster.events.types import ControllerRef, Event, JobCancelled, JobFailed, JobId
 
 __all__ = [
+    "RESIZED",
     "LiveJob",
     "OwnerRead",
     "Tracked",
@@ -63,12 +70,15 @@ __all__ = [
     "owner_makes_no_pods",
     "owner_of",
     "read_owner",
+    "resized",
     "workload_deleted",
 ]
 
 log = structlog.get_logger("muster.k8s.reconcile")
 
 WORKLOAD_DELETED = "WorkloadDeleted"
+RESIZED = "Resized"
+"""The reason of a waiting job ended because its owner's size changed (`resized`): its pods run as a new job."""
 
 
 class LiveJob(Protocol):
@@ -97,6 +107,8 @@ class Verdict:
     job: JobId
     event: Event
     remaining: tuple[str, ...]
+    resized: Sizing | None = None
+    """The owner's new size, when the job ended because its owner was resized: its pods are a new job."""
 
 
 def owner_of(source: str, controller: ControllerRef | None = None) -> Owner | None:
@@ -115,6 +127,9 @@ class OwnerRead(NamedTuple):
     """Whether the owner the job's pods belong to is there (None: unreadable)."""
     ended: str = ""
     """Why an existing owner makes no pod again, ended or suspended (`owners.makes_no_pods`); "" if it does."""
+    sizing: Sizing | None = None
+    """The gang size an existing owner gives now (None for a labelled pod group's controller): a waiting gang
+    whose owner was resized is submitted again (`Gangs.workload_read`)."""
 
 
 def judge(
@@ -133,8 +148,14 @@ def judge(
     owner = _owner(job, tracked)
     job_id = JobId(job.id)
     if owner is not None and recreated(owner):
-        if owner_read.exists is None or (owner_read.exists and not owner_read.ended):
+        if owner_read.exists is None:
             return None
+        if owner_read.exists and not owner_read.ended:
+            # pods missing while the owner is there: its controller makes them again, unless it was scaled down
+            now = owner_read.sizing.size if owner_read.sizing is not None else None
+            if job.status != "pending" or now is None or now < 1 or now == len(keys):
+                return None
+            return Verdict(job_id, resized(job_id, owner, now, len(keys), at), remaining, owner_read.sizing)
         if owner_read.exists:
             what = f"its pods are missing: {_shown(missing)}"
             return Verdict(job_id, owner_makes_no_pods(job_id, owner, owner_read.ended, at, what), remaining)
@@ -162,7 +183,8 @@ def _same(owner: Owner, job: JobId, uid: str) -> bool:
 
     A Job's or JobSet's job id carries its uid; a pod group's controller is known by the uid its pods name.
     """
-    if owner.controller is not None:
+    if owner.reads_controller:
+        assert owner.controller is not None
         return uid == owner.controller.uid or not owner.controller.uid
     return run_of(job, Owner(owner.kind, owner.namespace, owner.name, uid).job_id())
 
@@ -174,7 +196,8 @@ async def read_owner(client: KubeClient, owner: Owner, job: JobId, limiter: anyi
             obj = await fetch_owner(client, owner)
     except KubeError as exc:
         # a pod group's controller is of a kind the chart grants no right to read unless told
-        hint = "grant get on it (chart: rbac.podGroupControllers)" if owner.controller and exc.status == 403 else ""
+        denied = owner.reads_controller and exc.status == 403
+        hint = "grant get on it (chart: rbac.podGroupControllers)" if denied else ""
         log.warning(
             "cannot read a gang's owner; judging it next time",
             owner=owner.workload,
@@ -188,12 +211,19 @@ async def read_owner(client: KubeClient, owner: Owner, job: JobId, limiter: anyi
     # same name, other uid: deleted and re-created, not the object the job's pods belong to
     if obj is None or meta.get("deletionTimestamp") or not _same(owner, job, uid):
         return OwnerRead(False)
-    return OwnerRead(True, makes_no_pods(obj))
+    assert obj is not None
+    return OwnerRead(True, makes_no_pods(obj), None if owner.reads_controller else owner_sizing(owner, obj))
 
 
 def owner_makes_no_pods(job: JobId, owner: Owner, ended: str, at: int, what: str) -> JobFailed:
     """How a job ends whose owner is there but makes no pod again (`OwnerRead.ended`) while `what` is missing."""
     return JobFailed(at=at, job=job, reason=f"{owner.workload} is {ended}, so it makes no pod again; {what}")
+
+
+def resized(job: JobId, owner: Owner, size: int, was: int, at: int) -> JobCancelled:
+    """How a waiting job ends whose owner runs `size` pods at once now, not `was` (`Gangs._resized`, `judge`)."""
+    why = f"{RESIZED}: {owner.workload} runs {size} pods at once now, not {was}"
+    return JobCancelled(at=at, job=job, reason=f"{why}; its pods are submitted again as a new job")
 
 
 def workload_deleted(job: JobId, owner: Owner | None, at: int) -> JobCancelled:
@@ -230,8 +260,8 @@ async def find_vanished(
     async with anyio.create_task_group() as tg:
         for job in suspects:
             owner = _owner(job, known[job.id])
-            # an uncontrolled pod group has no object to read (a controlled one: the log names its controller)
-            if owner is not None and recreated(owner) and (owner.kind not in UNOWNED or owner.controller is not None):
+            # a labelled pod group has no object to read but its controller (the log names it)
+            if owner is not None and recreated(owner) and (owner.kind not in UNOWNED or owner.reads_controller):
                 tg.start_soon(look, job, owner)
     verdicts = []
     for job in suspects:

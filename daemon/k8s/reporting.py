@@ -15,6 +15,8 @@
   reason `SchedulerError`, on the pods it left unbound;
 - a preemption: Warning `Preempted` with its reason and preemptor; a rejection: Warning
   `Rejected` with why;
+- pods whose owner is gone, or cannot be one gang (a PodGroup's `minMember: 0`, a kind the
+  cluster does not serve), left alone: Warning `Ignored` on them with why, and the status `Ignored`;
 - pods a pod group's controller made after its user cancelled its job, left alone
   (`controllers.Stopped`): Warning `Cancelled` on them and on the controller, and the group's
   status `Cancelled` on them (no PodScheduled condition: no node is to be added for them).
@@ -61,17 +63,10 @@ from muster.daemon.k8s.client import KubeClient
 from muster.daemon.k8s.controllers import Stopped
 from muster.daemon.k8s.errors import Conflict, KubeError
 from muster.daemon.k8s.owners import api_of
-from muster.daemon.k8s.pods import (
-    COSCHEDULING_POD_GROUP,
-    STATUS_CONDITION,
-    UNOWNED,
-    VOLCANO_POD_GROUP,
-    Owner,
-    PodInfo,
-)
+from muster.daemon.k8s.pods import POD_GROUPS, STATUS_CONDITION, UNOWNED, Owner, PodInfo
 from muster.events.types import Event, JobAdmitted, JobInadmissible, JobPreempted, JobRejected
 
-__all__ = ["Report", "Reporter", "binding_failed", "controller_stopped", "reports_for"]
+__all__ = ["Report", "Reporter", "binding_failed", "controller_stopped", "pods_ignored", "reports_for"]
 
 log = structlog.get_logger("muster.k8s.report")
 
@@ -79,8 +74,6 @@ COMPONENT = "muster"
 MAX_MESSAGE = 1024
 STATUS_ANNOTATION = "muster.dev/status"
 STATUS_MESSAGE_ANNOTATION = "muster.dev/status-message"
-POD_GROUPS = (*UNOWNED, VOLCANO_POD_GROUP, COSCHEDULING_POD_GROUP)
-"""Owner kinds whose status goes on their pods: no object of theirs is muster's to annotate."""
 
 
 @dataclass(frozen=True)
@@ -137,7 +130,8 @@ def _nodes(placement: dict[str, str]) -> str:
 def reports_for(event: Event, pods: dict[str, PodInfo], owner: Owner | None) -> list[Report]:
     """What to tell users about `event` (pure): reports on the pods (gang pod name -> pod) and the workload."""
     workload = _workload(owner) if owner is not None else None
-    on_pods = owner is None or owner.kind in POD_GROUPS  # the gang's status goes on its pods
+    # the gang's status goes on its pods: no object of a pod group's is muster's to annotate
+    on_pods = owner is None or owner.kind in POD_GROUPS
     ordered = [p for _, p in sorted(pods.items())]
     if isinstance(event, JobAdmitted):
         where = _nodes(dict(event.placement))
@@ -219,6 +213,16 @@ def controller_stopped(stopped: Stopped, pods: Iterable[PodInfo]) -> list[Report
     ]
     out.append(Report(Target(c.api_version, c.kind, c.namespace, c.name, c.uid), "Warning", "Cancelled", message))
     return out
+
+
+def pods_ignored(why: str, pods: Iterable[PodInfo]) -> list[Report]:
+    """Reports for pods left alone because their owner is gone or cannot be one gang (`Gangs.ignored`): a
+    Warning `Ignored` saying why on each, and the status `Ignored` (no PodScheduled: no node is to be added)."""
+    message = f"muster: {why}; this pod is not scheduled"
+    return [
+        Report(_pod(p), "Warning", "Ignored", message, status="Ignored", told=p.told, shown=p.shown)
+        for p in sorted(pods, key=lambda p: p.key)
+    ]
 
 
 def _now() -> str:

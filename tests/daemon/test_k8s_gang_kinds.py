@@ -17,7 +17,7 @@ from muster.daemon.k8s.owners import Sizing, api_of, namespace_queue, owner_sizi
 from muster.daemon.k8s.pods import pod_info
 from muster.daemon.k8s.translating import Translator
 from muster.daemon.k8s.watching import WatchEvent
-from muster.events.types import JobSubmitted, PodSet
+from muster.events.types import JobFailed, JobSubmitted, PodSet
 
 
 def feed(t: Translator, pods: list[dict[str, Any]]) -> list[JobSubmitted]:
@@ -228,3 +228,47 @@ def test_a_namespace_naming_no_default_lets_the_gang_go_with_no_queue() -> None:
     t.on_namespace_queue(ns, "", 2)
     [sub] = [e for e in t.flush(2) if isinstance(e, JobSubmitted)]
     assert sub.queue == ""
+
+
+def running_group(volcano: bool, *, owner: dict[str, Any] | None) -> tuple[Translator, JobSubmitted, list[str]]:
+    """A PodGroup of 2 pods (bare, or made by `owner`) submitted and running on n1; the pods' keys."""
+    group = m.pod_group("sweep", "team", min_member=2, volcano=volcano)
+    pods = m.pod_group_pods(group, 2, owner=owner, gpus=1, labels={"muster.dev/queue": "q"}, node_name="n1")
+    for p in pods:
+        p["status"] = {"phase": "Running"}
+    t = Translator()
+    t.on_node(WatchEvent("nodes", "ADDED", m.node("n1")))
+    feed(t, pods)
+    [sub] = answer_lookups(t, {"sweep": group})
+    return t, sub, [f"team/{p['metadata']['name']}" for p in pods]
+
+
+@pytest.mark.parametrize("volcano", [True, False], ids=["volcano", "coscheduling"])
+def test_a_bare_pod_groups_lost_pod_or_node_fails_its_job_naming_them(volcano: bool) -> None:
+    """Bare pods of a PodGroup come back from nothing: a running pod deleted, or the node of its pods deleted,
+    fails the job naming them (before: the gang waited for ever for a replacement, holding its quota)."""
+    t, sub, keys = running_group(volcano, owner=None)
+    assert not t.gangs.recreates(sub.job)
+    t.on_pod(WatchEvent("pods", "DELETED", {"metadata": {"name": "sweep-1", "namespace": "team"}}), 2)
+    [failed] = [e for e in t.flush(2) if isinstance(e, JobFailed)]
+    assert (failed.job, failed.reason) == (sub.job, f"pod {keys[1]} was deleted while running on n1")
+
+    t, sub, keys = running_group(volcano, owner=None)
+    t.on_node(WatchEvent("nodes", "DELETED", m.node("n1")))
+    [failed] = [e for e in t.flush(2) if isinstance(e, JobFailed)]
+    assert failed.reason == f"node n1 was deleted with pods {', '.join(keys)}; nothing recreates them"
+
+
+@pytest.mark.parametrize("volcano", [True, False], ids=["volcano", "coscheduling"])
+def test_a_pod_groups_pods_made_by_a_controller_are_waited_for_when_lost(volcano: bool) -> None:
+    """PodGroup pods naming their controller (a Volcano Job) come back: a deleted one asks for a read of the
+    PodGroup (not of the controller, which the chart may not let it read), a lost node ends nothing."""
+    vcjob = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": "sweep", "uid": "vc-uid"}}
+    t, sub, _ = running_group(volcano, owner=vcjob)
+    assert t.gangs.recreates(sub.job)
+    assert sub.controller is not None and sub.controller.uid == "vc-uid"  # on the log, for a later leader's verdict
+    t.on_pod(WatchEvent("pods", "DELETED", {"metadata": {"name": "sweep-1", "namespace": "team"}}), 2)
+    t.on_node(WatchEvent("nodes", "DELETED", m.node("n1")))
+    assert [e for e in t.flush(2) if isinstance(e, JobFailed)] == []
+    [check] = t.gangs.deletions
+    assert (check.job, check.owner.workload) == (sub.job, sub.source)

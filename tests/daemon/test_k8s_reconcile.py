@@ -16,6 +16,7 @@ import pytest
 from muster.daemon.k8s import manifests as m
 from muster.daemon.k8s import reconciling
 from muster.daemon.k8s.gangruns import Tracked
+from muster.daemon.k8s.owners import Sizing
 from muster.daemon.k8s.pods import Owner
 from muster.daemon.k8s.reconciling import OwnerRead, judge, owner_of
 from muster.events.types import (
@@ -72,6 +73,28 @@ def test_judge(job: Job, present: set[str], owner_alive: bool | None, expected: 
     assert type(verdict.event).__name__ == kind
     assert verdict.event.reason.startswith(reason)  # type: ignore[attr-defined]
     assert verdict.remaining == tuple(sorted(present & set(job.pods.values())))
+
+
+@pytest.mark.parametrize(
+    ("status", "size", "resized"),
+    [
+        pytest.param("pending", 1, True, id="waiting-scaled-down"),
+        pytest.param("pending", 2, False, id="waiting-same-size-waits-for-its-replacement"),
+        pytest.param("admitted", 1, False, id="admitted-keeps-its-placement"),
+    ],
+)
+def test_judge_a_waiting_job_whose_owner_was_scaled_down(status: str, size: int, resized: bool) -> None:
+    """A pod of a waiting Job missing while the Job runs fewer pods at once now: cancelled `Resized`, with the new
+    size for its pods' new job; the same size, or an admitted job, is left to the controller's replacement."""
+    job = Job(BATCH.id, BATCH.source, BATCH.pods, status=status)
+    read = OwnerRead(True, sizing=Sizing(size, completions=size))
+    verdict = judge(job, {"ns/train-0-x"}.__contains__, read, at=7)
+    if not resized:
+        assert verdict is None
+        return
+    assert verdict is not None and isinstance(verdict.event, JobCancelled)
+    assert verdict.event.reason.startswith("Resized: Job/ns/train runs 1 pods at once now, not 2")
+    assert (verdict.remaining, verdict.resized) == (("ns/train-0-x",), read.sizing)
 
 
 def test_judge_a_job_whose_owner_ended_while_no_scheduler_watched() -> None:

@@ -296,3 +296,24 @@ async def test_a_waiting_gangs_new_reason_is_told_again_on_its_job_and_pods(
 async def _changed_condition(kube: Kube, pod: str, before: str | None) -> str | None:
     message = (await scheduled_condition(kube, pod) or {}).get("message")
     return message if message and message != before else None
+
+
+async def test_pods_whose_owner_is_not_there_or_no_gang_are_told_they_are_ignored(api: ApiClient, kube: Kube) -> None:
+    """Pods naming a PyTorchJob the cluster does not have, and pods of a PodGroup of minMember 0, are left alone
+    with a Warning `Ignored` saying why on each (before: pending for ever, only the daemon's log said why)."""
+    await kube.node("n1")
+    labels = {"training.kubeflow.org/job-name": "ghost", "training.kubeflow.org/replica-type": "master"}
+    await kube.pod("ghost-master-0", gpus=1, labels={**labels, "muster.dev/queue": "q"})
+    await kube.pod_group("bad", 1, volcano=True, min_member=0, queue="q")
+    async with running_adapter(api):
+        ghost = await eventually(lambda: _reason(kube, "ghost-master-0", "Ignored"))
+        bad = await eventually(lambda: _reason(kube, "bad-0", "Ignored"))
+    assert ghost["type"] == "Warning"
+    assert ghost["message"].startswith(f"muster: PyTorchJob/{kube.ns}/ghost is not there")
+    assert bad["message"].startswith(f"muster: VolcanoPodGroup/{kube.ns}/bad: spec.minMember 0 is not a positive")
+    condition = await gang_condition(kube, "bad-0")
+    assert condition is not None and condition["reason"] == "Ignored"
+
+
+async def _reason(kube: Kube, pod: str, reason: str) -> dict[str, Any] | None:
+    return next((e for e in await events_of(kube, "Pod", pod) if e["reason"] == reason), None)
