@@ -35,6 +35,8 @@ Invariants:
   replacements under the same job id. So does a gang whose owner is there to make a pod someone
   deleted again (`workload_read`); bound, the replacement takes the deleted pod's slot and node
   (`vacated`). Only a pod group nothing recreates fails so.
+- A preempted run whose every pod succeeded before its eviction took it is over (its owner makes
+  no pod again): the job ends JobFinished rather than wait for replacements (`_finished_before_eviction`).
 - A Job's pod created after another succeeded (its next index) runs in that
   pod's slot of the admitted gang (`take_successors`); pods of a recreating
   owner that come after its run ended are a new run, a new job (`_next_run`).
@@ -282,6 +284,8 @@ class Gangs(GangViews):
         if gang is None:
             return []
         victims = sorted(gang.pods.values(), key=PodInfo.sort_key)
+        gang.succeeded = set()
+        _note_succeeded(gang)  # done already: its eviction deletes it, and its owner makes it no more
         gang.retired |= {p.uid for p in victims}
         self.recheck.update(p.key for p in victims)
         gang.started = False
@@ -439,6 +443,12 @@ class Gangs(GangViews):
                 if known.status == "admitted":
                     gang.mapping = as_placed(gang.mapping, gang.pods, known.placement)
         elif gang.requeued:
+            _note_succeeded(gang)
+            if _finished_before_eviction(gang):
+                # the preemption came as the run ended: no replacement comes (its owner counts its pods
+                # done), so waiting for one would fail the re-admission "pods gone before binding"
+                gang.requeued = False
+                return events + self._end(gang, JobFinished(at=at, job=gang.job_id))
             fresh = sorted(
                 (p for p in gang.pods.values() if p.active and p.uid not in gang.retired), key=PodInfo.sort_key
             )
@@ -563,3 +573,15 @@ class Gangs(GangViews):
             self._ns_asked.add(ns)
             self._ns_wanted.append(ns)
         return True
+
+
+def _note_succeeded(gang: Gang) -> None:
+    """Remember which pods of the preempted run succeeded, before its eviction deletes them (`Gang.succeeded`)."""
+    gang.succeeded.update(key for key in gang.mapping.values() if key in gang.pods and gang.pods[key].ran)
+
+
+def _finished_before_eviction(gang: Gang) -> bool:
+    """Whether every pod of the preempted run succeeded and its owner needs no more (a Job's `completions`):
+    the run is over, and the job finished, whatever the preemption meant to take from it."""
+    all_succeeded = bool(gang.mapping) and set(gang.mapping.values()) <= gang.succeeded
+    return all_succeeded and (gang.completions or 0) <= (gang.size or 0)
