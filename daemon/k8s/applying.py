@@ -11,7 +11,9 @@
   A pod already on the decided node counts as done (no request, or a 409
   naming that node); a pod on another node is a conflict; a pod that is gone
   ends the job with JobFailed. Bindings are sent only once every pod of the
-  gang exists, so a partial gang is never bound by this code. A gang left
+  gang exists, so a partial gang is never bound by this code. A slot whose pod
+  succeeded before a preemption took it (`GangView.finished`) is done: nothing
+  is bound there. A gang left
   partly bound (its leader killed between bindings) is completed when the
   admission is applied again, also if its bound pods already succeeded on
   their decided nodes (their share of the run is done; failing the job would
@@ -93,6 +95,8 @@ class GangView(Protocol):
     def sizing(self) -> bool: ...
 
     def ended(self, job: JobId) -> bool: ...
+
+    def finished(self, job: JobId) -> set[str]: ...
 
     def evicting(self, job: JobId) -> list[PodInfo]: ...
 
@@ -251,6 +255,9 @@ class Applier:
         pods = self.gangs.pods_of(job)
         if pods is None:
             return ApplyResult(True, "skipped", "no pods of this job in the cluster")
+        done = self.gangs.finished(job)
+        if done:  # pods that succeeded before a preemption took them: their share of the run is over
+            placement = {name: node for name, node in placement.items() if name not in done}
         missing = sorted(set(placement) - set(pods))
         gone = [
             name

@@ -117,6 +117,10 @@ class Gang:
     vacated: dict[str, PodInfo] = field(default_factory=dict)
     """Gang pod name -> the pod deleted from it while the run was bound, its owner there to make it again: the
     replacement takes that name, and so the node the log placed it on (`take_successors`)."""
+    finished: dict[str, PodInfo] = field(default_factory=dict)
+    """Gang pod name -> the pod of the preempted run seen succeeded there (bound, not being deleted) before its
+    eviction took it: that slot's work is done, its owner makes no pod for it again, and the re-admission binds
+    nothing there (`Gangs.evicting`, `_evaluate`)."""
 
 
 @dataclass(frozen=True)

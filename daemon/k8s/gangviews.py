@@ -45,7 +45,9 @@ class GangViews:
         gang = self._gang_of(job)
         if gang is None:
             return None
-        return {name: gang.pods[key] for name, key in gang.mapping.items() if key in gang.pods}
+        return {
+            name: gang.pods[key] for name, key in gang.mapping.items() if key in gang.pods and name not in gang.finished
+        }
 
     def job_known(self, job: JobId) -> bool:
         """Whether `job`'s gang is known here (`pods_of` is not None), without building its pods."""
@@ -99,14 +101,23 @@ class GangViews:
         gang = self._gang_of(job)
         if gang is None or gang.requeued:
             return False
-        return all(key in gang.pods and (gang.pods[key].active or gang.pods[key].ran) for key in gang.mapping.values())
+        return all(
+            name in gang.finished or (key in gang.pods and (gang.pods[key].active or gang.pods[key].ran))
+            for name, key in gang.mapping.items()
+        )
+
+    def finished(self, job: JobId) -> set[str]:
+        """Gang pod names of `job` whose pod succeeded before a preemption took it: nothing is bound there."""
+        gang = self._gang_of(job)
+        return set(gang.finished) if gang is not None else set()
 
     def tracked(self, job: JobId) -> Tracked | None:
         """What reconciliation judges `job` by when its gang is tracked here and its run goes on (see `reconciling`)."""
         gang = self._gang_of(job)
         if gang is None or gang.done:
             return None
-        return Tracked(pods=dict(gang.mapping), owner=gang.owner)
+        pods = {name: key for name, key in gang.mapping.items() if name not in gang.finished}  # done: not expected
+        return Tracked(pods=pods, owner=gang.owner)
 
     def owner_of(self, job: JobId) -> Owner | None:
         """The owner of `job`'s gang, when the job is known here."""

@@ -56,6 +56,9 @@ class FrozenView:
     def recreates(self, job: JobId) -> bool:
         return True
 
+    def finished(self, job: JobId) -> set[str]:
+        return set()
+
     def fail(self, job: JobId, reason: str, at: int) -> list[Event]:
         self.failed.append(reason)
         return [JobFailed(at=at, job=job, reason=reason)]

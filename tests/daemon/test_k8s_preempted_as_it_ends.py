@@ -1,0 +1,111 @@
+"""A gang preempted as its run ends: the eviction takes pods that succeeded, and their owner makes none again.
+
+The demo showed it (`muster demo --duration 120`: 2 to 8 gangs a run ended `JobFailed` "pods gone before
+binding"): the core preempts a gang whose last pods are finishing, the kubelet marks them Succeeded
+before the eviction deletes them, and the controller, which counts them done, makes no replacement. The
+gang waited for replacements, so its re-admission found no pods. The run is over: the job finishes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+from adapterkit import eventually
+from emulatorkit import admission, pod_object, submit_gang
+from kubernetes_asyncio.client import CoreV1Api
+
+from muster.daemon.k8s import manifests as m
+from muster.daemon.k8s.gangs import Gangs
+from muster.daemon.k8s.pods import pod_info
+from muster.events.types import JobFailed, JobFinished, JobPreempted, JobStarted, JobSubmitted
+
+
+async def one_of_two_pods_succeeded(emulator: Any, api: Any, adapter: Any, events: Any) -> tuple[Any, Any, str]:
+    """A Job of two pods (grace 0) admitted on n1 and n2 and running, its first pod succeeded since: the gang,
+    its admission and the name of the pod still running."""
+    core = CoreV1Api(api)
+    sub = await submit_gang(emulator, api, adapter, events, size=2, grace_seconds=0)
+    admitted = admission(sub, ["n1", "n2"])
+    assert (await adapter.apply(admitted)).outcome == "applied"
+    first, last = (sub.pods[name].split("/")[1] for name in sorted(sub.pods))
+    for name in (first, last):  # the kubelet starts both
+        await core.patch_namespaced_pod_status(name, "ns", {"status": {"phase": "Running"}})
+    await events.wait_for(lambda e: len(e.of(JobStarted)) == 1)
+    await core.patch_namespaced_pod_status(first, "ns", {"status": {"phase": "Succeeded"}})
+    await adapter.caught_up("pods", emulator.resource_version)
+    return sub, admitted, last
+
+
+async def test_a_gang_whose_pods_succeed_while_it_is_preempted_finishes_and_its_readmission_binds_nothing(
+    kube, start_adapter
+):
+    """Pods that succeed before their eviction takes them end the job JobFinished; its re-admission is skipped."""
+    emulator, api = kube
+    core = CoreV1Api(api)
+    async with start_adapter(api, pod_wait_seconds=2) as (adapter, events):
+        sub, admitted, last = await one_of_two_pods_succeeded(emulator, api, adapter, events)
+
+        # the eviction of the last pod reaches the server only after that pod succeeded
+        held = emulator.fail("POST", "pods", "eviction", name=last, status=None, delay=1.0)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(adapter.apply, JobPreempted(at=2, job=sub.job, preemptor=None, reason="WithinQueue"))
+            await eventually(lambda: held.times == 0)
+            await core.patch_namespaced_pod_status(last, "ns", {"status": {"phase": "Succeeded"}})
+        await eventually(lambda: pod_object(emulator, f"ns/{last}") is None)
+        # the Job is complete: its controller makes no replacement
+
+        await events.wait_for(lambda e: len(e.of(JobFinished)) == 1)
+        again = await adapter.apply(admitted)  # the core re-admitted it in the same second
+        assert again.outcome == "skipped"
+        assert events.of(JobFailed) == []
+
+
+async def test_a_gang_preempted_with_some_pods_succeeded_binds_only_the_replacements_of_the_others(kube, start_adapter):
+    """Slots whose pods succeeded before the preemption stay done: the re-admission binds the other slots'
+    replacements, and the job finishes when they succeed (before: it waited for replacements of every pod)."""
+    emulator, api = kube
+    core = CoreV1Api(api)
+    async with start_adapter(api, pod_wait_seconds=2) as (adapter, events):
+        sub, admitted, last = await one_of_two_pods_succeeded(emulator, api, adapter, events)
+
+        await adapter.apply(JobPreempted(at=2, job=sub.job, preemptor=None, reason="WithinQueue"))
+        await eventually(lambda: pod_object(emulator, f"ns/{last}") is None)
+        # the Job controller makes again the one pod that did not succeed
+        job = emulator.get_object("batch/v1/jobs", "ns", "train")
+        [made] = m.job_pods(job, [1], gpus=1, labels={"muster.dev/queue": "q"})
+        await core.create_namespaced_pod("ns", made)
+        await adapter.caught_up("pods", emulator.resource_version)
+
+        again = await adapter.apply(admitted)
+        assert (again.outcome, sorted(again.pods)) == ("applied", [f"ns/{made['metadata']['name']}"])
+        replacement = made["metadata"]["name"]
+        await core.patch_namespaced_pod_status(replacement, "ns", {"status": {"phase": "Running"}})
+        await events.wait_for(lambda e: len(e.of(JobStarted)) == 2)
+        await core.patch_namespaced_pod_status(replacement, "ns", {"status": {"phase": "Succeeded"}})
+        await events.wait_for(lambda e: len(e.of(JobFinished)) == 1)
+        assert events.of(JobFailed) == []
+
+
+def test_a_slot_that_finished_stays_done_when_the_gang_is_preempted_again_before_it_runs() -> None:
+    """A second preemption, before the replacements ran, still waits for no pod in the slot that finished."""
+    labels = {"muster.dev/gang-size": "2", "muster.dev/queue": "q"}
+    job = m.job("train", "ns", parallelism=2)
+
+    def pod(index: int, uid: str, phase: str = "Pending") -> dict[str, Any]:
+        [made] = m.job_pods(job, [index], gpus=1, labels=labels, node_name="n1" if phase != "Pending" else None)
+        made["metadata"]["uid"], made["status"] = uid, {"phase": phase}
+        return made
+
+    gangs = Gangs()
+    first = [pod(0, "u0", "Running"), pod(1, "u1", "Running")]
+    events = [e for p in first for e in gangs.pod_changed(pod_info(p), at=1)]
+    [sub] = [e for e in events if isinstance(e, JobSubmitted)]
+    gangs.pod_changed(pod_info(pod(0, "u0", "Succeeded") | {"metadata": first[0]["metadata"]}), at=2)
+    for preemption in range(2):
+        victims = gangs.evicting(sub.job)
+        for victim in victims:
+            gangs.pod_deleted(victim.key, at=3)
+        gangs.pod_changed(pod_info(pod(1, f"r{preemption}")), at=4)  # the Job makes index 1 again, only
+        assert gangs.complete(sub.job), preemption
+        assert len(gangs.finished(sub.job)) == 1 and len(gangs.pods_of(sub.job) or {}) == 1
