@@ -147,4 +147,9 @@ def victim_entries(cycle: Cycle, job_ids: Iterable[str], upto: int) -> list[Vict
 
 def overlaps(candidate: JobState, job: JobState) -> bool:
     """A candidate helps only if it holds something the preemptor asks for."""
-    return any(v > 0 and candidate.requests.get(r, 0) > 0 for r, v in job.requests.items())
+    # a loop, not `any` over a generator: asked of every running job of the preemptor's cohort
+    held = candidate.requests
+    for r, v in job.requests.items():
+        if v > 0 and held.get(r, 0) > 0:
+            return True
+    return False
