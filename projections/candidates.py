@@ -4,7 +4,9 @@ Victim order is Kueue's: other queues first, then lower priority, least work los
 (GPU-seconds since the last checkpoint), most recently admitted. Lost work moves
 with time, so a queue's order is kept for the instant it was built at (and moved
 by the jobs that came or went since, `index.running_changes`), and each job's
-entry for its admission and the instant (`index.victim_entries`).
+entry for its admission and the instant (`index.victim_entries`); at a new instant
+the last order's entries are moved to it (their lost work read afresh) and sorted
+again, not looked up job by job.
 """
 
 from __future__ import annotations
@@ -77,22 +79,36 @@ def victim_order(cycle: Cycle, queue: str, upto: int) -> list[VictimEntry]:
         return []
     version = idx.running_version.get(queue, 0)
     hit = idx.victim_cache.get(queue)
-    if hit is not None and hit.at == now and hit.upto >= upto:
-        if hit.version == version:
-            return hit.entries
-        # the running set changed since (admissions, ends, evictions folded at this instant):
-        # the other jobs' entries hold for the instant, so only the jobs that came or went move
-        changed = set(idx.running_changes.pop(queue, ()))
-        running = idx.running.get(queue, set())
-        keys = [e for e in hit.entries if e.job.id not in changed]
-        for entry in victim_entries(cycle, sorted(j for j in changed if j in running), hit.upto):
-            bisect.insort(keys, entry)
-        idx.victim_cache[queue] = VictimList(now, version, hit.upto, keys)
+    if hit is None or hit.upto < upto:
+        idx.running_changes.pop(queue, None)
+        keys = victim_entries(cycle, idx.running.get(queue, ()), upto)
+        keys.sort()
+        idx.victim_cache[queue] = VictimList(now, version, upto, keys)
         return keys
-    idx.running_changes.pop(queue, None)
-    keys = victim_entries(cycle, idx.running.get(queue, ()), upto)
-    keys.sort()
-    idx.victim_cache[queue] = VictimList(now, version, upto, keys)
+    if hit.at == now and hit.version == version:
+        return hit.entries
+    # the jobs that came or went since (admissions, ends, evictions folded) are looked up afresh; every
+    # other job's entry holds for its admission but its lost work, which moves with time
+    changed = set(idx.running_changes.pop(queue, ()))
+    if hit.at == now:
+        keys = [e for e in hit.entries if e.job.id not in changed]
+    else:
+        keys = [
+            VictimEntry(e.priority, e.job.lost_gpu_seconds(now), e.neg_admitted, e.neg_seq, e.job)
+            for e in hit.entries
+            if e.job.id not in changed
+        ]
+    running = idx.running.get(queue, set())
+    fresh = victim_entries(cycle, sorted(j for j in changed if j in running), hit.upto)
+    if hit.at == now:
+        for entry in fresh:
+            bisect.insort(keys, entry)
+    else:
+        # the last instant's order, moved by lost work and the new jobs: sorting it costs little more
+        # than a pass (the kept entries mostly keep their order)
+        keys.extend(fresh)
+        keys.sort()
+    idx.victim_cache[queue] = VictimList(now, version, hit.upto, keys)
     return keys
 
 
@@ -102,7 +118,7 @@ def victim_entries(cycle: Cycle, job_ids: Iterable[str], upto: int) -> list[Vict
 
     A job's entry holds for the instant (and its admission): several cycles at one instant reuse it
     (`index.victim_entries`); whether it is preemptible, and its priority, hold for its admission. One
-    loop over a queue's jobs, not a call per job: a queue's order is rebuilt at every new instant.
+    loop over a queue's jobs, not a call per job: a queue's whole order is built here when none is kept.
     """
     idx, now, state = cycle.idx, cycle.now, cycle.state
     jobs, memos = state.jobs, idx.victim_entries
@@ -131,4 +147,9 @@ def victim_entries(cycle: Cycle, job_ids: Iterable[str], upto: int) -> list[Vict
 
 def overlaps(candidate: JobState, job: JobState) -> bool:
     """A candidate helps only if it holds something the preemptor asks for."""
-    return any(v > 0 and candidate.requests.get(r, 0) > 0 for r, v in job.requests.items())
+    # a loop, not `any` over a generator: asked of every running job of the preemptor's cohort
+    held = candidate.requests
+    for r, v in job.requests.items():
+        if v > 0 and held.get(r, 0) > 0:
+            return True
+    return False

@@ -8,13 +8,23 @@ and per-job held room (`held`), never changing them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from muster.projections import placement
 from muster.projections.state import JobState
 
 if TYPE_CHECKING:
     from muster.projections.topology import Domain, TopologyIndex
+
+
+class FreeingMark(NamedTuple):
+    """What a `Freeing`'s evicted set frees, as `Freeing.mark` found it (`Freeing.rollback` puts it back)."""
+
+    on_host: dict[str, int]
+    free: int
+    slots: int
+    gained: dict[int, int]
+    fitting: int
 
 
 class Freeing:
@@ -104,6 +114,20 @@ class Freeing:
                 base = self.base[key]
                 self.gained[key] = had + more
                 self.fitting += (base + had + more >= count) - (base + had >= count)
+
+    def mark(self) -> FreeingMark:
+        """The evicted set as it stands, for `rollback`: copying what it frees costs the hosts it frees on,
+        giving back a long run of jobs one by one costs every host each of them runs on."""
+        return FreeingMark(dict(self.on_host), self.free, self.slots, dict(self.gained), self.fitting)
+
+    def rollback(self, mark: FreeingMark) -> None:
+        """Put the evicted set back as it was at `mark` (what `move(job, -1)` of each job taken since does).
+
+        A host or domain no job freed on before `mark` is dropped, not left at 0: both read as 0. `base` is
+        kept: a domain's count before the set is evicted holds while the index does not move. The mark's
+        dicts become the set's own: a mark is rolled back to once."""
+        self.on_host, self.gained = mark.on_host, mark.gained
+        self.free, self.slots, self.fitting = mark.free, mark.slots, mark.fitting
 
     def may_place_with(self, jobs: list[JobState]) -> bool:
         """Whether the pods might fit were `jobs` taken too (False: they would not), from what each job gives

@@ -271,12 +271,12 @@ class Probe:
             return True
         if not freeing.may_place_with([t.job for t in turns.turns]):
             return False  # no domain could gain the room: not asked host by host
+        mark = freeing.mark()
         for t in turns.turns:
             freeing.move(t.job, 1)
         if not (freeing.could_place(self.job.gpus) and freeing.places()):
             return False
-        for t in turns.turns:
-            freeing.move(t.job, -1)  # the walk goes on, turn by turn
+        freeing.rollback(mark)  # the walk goes on, turn by turn
         return True
 
     def _room_possible(self, candidates: list[JobState]) -> bool:
