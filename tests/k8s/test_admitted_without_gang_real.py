@@ -8,10 +8,20 @@ emulator tier: tests/daemon/test_k8s_admitted_without_gang.py.
 
 from __future__ import annotations
 
-from kubekit import Kube, admitted, eventually, running_adapter, submitted
+from kubekit import Kube, admitted, eventually, log_of, running_adapter, running_daemon, submitted
 from kubernetes_asyncio.client import ApiClient
 
-from muster.events.types import Event, NodeAdded, NodeName, QueueConfigured, QueueName
+from muster.events.store import EventStore
+from muster.events.types import (
+    Event,
+    JobAdmitted,
+    JobSubmitted,
+    LeaderElected,
+    NodeAdded,
+    NodeName,
+    QueueConfigured,
+    QueueName,
+)
 from muster.projections.cluster import fold
 
 QUEUE = QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 8})
@@ -62,3 +72,36 @@ async def test_an_admitted_pod_group_whose_podgroup_went_while_no_leader_ran_end
         ended = await eventually(adapter.reconcile)
     assert [(e.job, type(e).__name__) for e in ended] == [(sub.job, "JobCancelled")]
     assert [await kube.pod_node(p["metadata"]["name"]) for p in pods] == ["", ""]
+
+
+async def test_a_new_leader_binds_a_dead_leaders_admission_once_the_job_controller_remade_a_pod(
+    api: ApiClient, kube: Kube, store: EventStore
+) -> None:
+    """The whole daemon: a leader admitted a Job of 2 and died before binding it; a pod of it was deleted before
+    the next leader started. The next leader's term re-applies the admission before the replacement exists; once
+    the controller made it, both pods are bound where the log placed them, with no decision of its own."""
+    await store.append([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 0})])
+    n1 = await kube.node("n1")
+    job, pods = await kube.job("train", 2)
+    async with running_daemon(store, api) as loop:  # no quota yet: the gang is submitted and waits
+        await eventually(lambda: any(j.status == "pending" for j in loop.state.jobs.values()))
+    [sub] = await log_of(store, JobSubmitted)
+    epoch = max(e.epoch for e in await log_of(store, LeaderElected))
+    placement = {p: NodeName(n1) for p in sub.pods}
+    admission = JobAdmitted(at=1, job=sub.job, queue=QueueName("q"), placement=placement, epoch=epoch)
+    await store.append([QueueConfigured(at=1, name=QueueName("q"), nominal={"gpu": 8}), admission])
+    await kube.delete_pod(pods[1]["metadata"]["name"])
+    async with running_daemon(store, api) as loop:
+        labels = {"type": "JobAdmitted", "outcome": "skipped"}
+        await eventually(lambda: loop.metrics.registry.get_sample_value("muster_applied_decisions_total", labels))
+        [replacement] = await kube.job_pods(job, [1], gpus=1, labels={"muster.dev/queue": "q"})
+        names = [pods[0]["metadata"]["name"], replacement["metadata"]["name"]]
+
+        async def bound() -> bool:
+            return [await kube.pod_node(n) for n in names] == [n1, n1]
+
+        await eventually(bound, seconds=30)
+        assert loop.state.jobs[sub.job].status == "admitted"
+    on_log = [type(e).__name__ for e in await log_of(store, Event)]
+    assert (on_log.count("JobAdmitted"), on_log.count("JobSubmitted")) == (1, 1)
+    assert "JobFailed" not in on_log and "JobCancelled" not in on_log
