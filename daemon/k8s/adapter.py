@@ -25,6 +25,8 @@ Invariants:
   of its own; without a view of the log it waits. That binding is handed to `reapply` (in the
   daemon: the `DecisionApplier`, `cluster.Reapplying`), so it waits for the lease and for the
   job's earlier decisions like any binding; an adapter run alone (no `reapply`) binds at once.
+  So is an admission applied while its job had no gang here (`Applier.awaiting`: a new leader's
+  relist missing a pod its controller makes again), once the gang is whole.
 - With a view of the log (`state`), `run` reconciles it with the cluster
   (`reconciling`) before it reports started, and then every `reconcile_seconds`:
   a job whose workload went while no adapter watched is ended on the log.
@@ -334,7 +336,7 @@ class KubernetesAdapter:
             return settled
         jobs = live_jobs(self._state().jobs.values())  # taken now: the log folds on while owners are read
         verdicts = await find_vanished(
-            self.client, jobs, gangs.has_pod, int(self._clock()), limiter=self._lookups, tracked=gangs.tracked
+            self.client, jobs, gangs.may_hold, int(self._clock()), limiter=self._lookups, tracked=gangs.tracked
         )
         if not verdicts:
             return settled
@@ -370,8 +372,15 @@ class KubernetesAdapter:
         gangs.ignored.clear()
 
     def _bind_successors(self, tg: TaskGroup) -> None:
-        """Bind the pods that took over slots of admitted gangs (`Gangs.rebind`): through `reapply` in a daemon."""
+        """Bind the pods that took over slots of admitted gangs (`Gangs.rebind`), and those of an admission applied
+        before its gang was here, now whole (`Applier.awaiting`): through `reapply` in a daemon."""
         gangs = self.translator.gangs
+        awaiting = self.applier.awaiting
+        for job in sorted(awaiting):
+            if gangs.ended(job) or gangs.complete(job):
+                awaiting.discard(job)
+                if not gangs.ended(job):
+                    gangs.rebind.add(job)
         for job in sorted(gangs.rebind):
             if self.reapply is not None:
                 self.reapply(Reapply(job, "Successors", functools.partial(self._rebind, job)))
@@ -398,7 +407,7 @@ class KubernetesAdapter:
         """Bind the pods that took over slots of `job`'s admitted gang (`gangruns.take_successors`), as placed."""
         known = self._state().jobs.get(job) if self._state is not None else None
         if known is None or known.status != "admitted":
-            log.warning("a successor pod waits: the log has no admission of its job here", job=job)
+            log.warning("pods wait unbound: the log has no admission of their job here", job=job)
             return ApplyResult(True, "skipped", "the log has no admission of this job")
         gangs = self.translator.gangs
         pods, owner = gangs.pods_of(job) or {}, gangs.owner_of(job)

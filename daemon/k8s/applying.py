@@ -10,7 +10,10 @@
   and only while it is gated; the decided node carries those labels).
   A pod already on the decided node counts as done (no request, or a 409
   naming that node); a pod on another node is a conflict; a pod that is gone
-  ends the job with JobFailed. Bindings are sent only once every pod of the
+  ends the job with JobFailed. An admission of a job with no gang here yet (a
+  new leader's relist missing a pod its controller makes again) is kept in
+  `awaiting` and bound once the gang is whole; if its pods never come,
+  reconciliation ends the job (`reconciling.judge`). Bindings are sent only once every pod of the
   gang exists, so a partial gang is never bound by this code. A slot whose pod
   succeeded before a preemption took it (`GangView.finished`) is done: nothing
   is bound there. A gang left
@@ -186,6 +189,8 @@ class Applier:
         self.binding = InFlight()
         """Bindings in flight (queued or sent): what users wait for, which reports give way to."""
         self._clock = clock
+        self.awaiting: set[JobId] = set()
+        """Admitted jobs whose admission found no gang of theirs here (`_bind_gang`): bound once it is whole."""
 
     async def apply(self, event: Event) -> ApplyResult:
         if isinstance(event, JobAdmitted):
@@ -254,7 +259,12 @@ class Applier:
             return ApplyResult(True, "skipped", "the job already ended")
         pods = self.gangs.pods_of(job)
         if pods is None:
-            return ApplyResult(True, "skipped", "no pods of this job in the cluster")
+            # No gang of this job here yet: a new leader's relist found a pod missing that its controller makes
+            # again, or its owner is still being read. It is bound once its gang is whole (`awaiting`, the adapter's
+            # `_bind_successors`); pods gone for good end the job by reconciliation's one rule (`reconciling.judge`).
+            # Skipped and forgotten, the job held its quota for ever with its pods unbound.
+            self.awaiting.add(job)
+            return ApplyResult(True, "skipped", "no gang of this job in the cluster yet: bound once its pods are there")
         done = self.gangs.finished(job)
         if done:  # pods that succeeded before a preemption took them: their share of the run is over
             placement = {name: node for name, node in placement.items() if name not in done}

@@ -117,6 +117,8 @@ class Gang:
     vacated: dict[str, PodInfo] = field(default_factory=dict)
     """Gang pod name -> the pod deleted from it while the run was bound, its owner there to make it again: the
     replacement takes that name, and so the node the log placed it on (`take_successors`)."""
+    beyond: set[str] = field(default_factory=set)
+    """Uids of pods made beyond the admitted run's size, told they wait (`Gangs._beyond_admitted`): once each."""
     finished: dict[str, PodInfo] = field(default_factory=dict)
     """Gang pod name -> the pod of the preempted run seen succeeded there (bound, not being deleted) before its
     eviction took it: that slot's work is done, its owner makes no pod for it again, and the re-admission binds

@@ -47,7 +47,8 @@ Invariants:
   that job's pods; those it makes after its user cancelled its job are left alone (`stopped`).
 - A waiting gang whose owner runs another number of pods at once now (a Job scaled, a PodGroup's
   minMember changed) ends `Resized` and its pods are a new job at the new size (`_resized`), as
-  Kueue makes a changed Job's Workload again before admission; an admitted gang keeps its size.
+  Kueue makes a changed Job's Workload again before admission; an admitted gang keeps its size, and
+  a pod its owner makes beyond it is told so (`_beyond_admitted`, an `Ignored` Warning).
 - A pod is its uid, not its name: a pod deleted and created again under the
   same name (an operator's `<job>-worker-0`, a user re-applying a manifest) is
   a new pod. The uids of a run's pods are retired when it ends, so its owner's
@@ -177,7 +178,9 @@ class Gangs(GangViews):
                     self._unsized.add(owner)
         gang.pods[info.key] = info
         self._recount(gang, info)
-        return self._evaluate(gang, at)
+        events = self._evaluate(gang, at)
+        self._beyond_admitted(gang, info)
+        return events
 
     def pod_deleted(self, key: str, at: int) -> list[Event]:
         owner = self._by_pod.pop(key, None)
@@ -433,6 +436,24 @@ class Gangs(GangViews):
         if info.active and info.uid not in gang.retired and info.key not in gang.mapping.values():
             gang.recount = True
             self._wanted.append(gang.owner)
+
+    def _beyond_admitted(self, gang: Gang, info: PodInfo) -> None:
+        """A pod new to an admitted run, in no slot of it (a running Job's parallelism raised): the run keeps the
+        size it was admitted at (`_resized` leaves an admitted gang alone: the log holds its placement), so the pod
+        waits unbound; say why on it, once (`ignored`), instead of leaving it Pending with no word."""
+        if gang.job_id is None or gang.done or gang.requeued or gang.losing or not info.active or info.node:
+            return
+        if info.uid in gang.retired or info.uid in gang.beyond or info.key in gang.mapping.values():
+            return
+        known = self._known(gang.job_id) if self._known is not None else None
+        if not (gang.started or (known is not None and known.status == "admitted")):
+            return  # waiting: a pod beyond its size asks for its owner's size again instead (`_recount`)
+        gang.beyond.add(info.uid)
+        why = (
+            f"job {gang.job_id} runs at the size it was admitted with ({gang.size} pods): a gang is admitted whole,"
+            f" once, so pods {gang.owner.workload} makes beyond it wait (to run at its new size, create it again)"
+        )
+        self.ignored.append(IgnoredGang(why, (info,)))
 
     def _resized(self, gang: Gang, sizing: Sizing | None, at: int) -> list[Event] | None:
         """A waiting gang whose owner runs another number of pods at once now (a Job's parallelism, a PodGroup's

@@ -58,6 +58,13 @@ class GangViews:
         """Whether the pod `namespace/name` exists (seen and not deleted)."""
         return key in self._by_pod
 
+    def may_hold(self, job: JobId, key: str) -> bool:
+        """Whether the pod `namespace/name` exists and is `job`'s, or may become its: its gang runs `job`, or no job
+        yet (still forming: sized, matched to the log). A pod another job's gang runs, or one left alone (its owner
+        gone, its controller's job cancelled), is not `job`'s whatever its name (reconciliation: `reconciling`)."""
+        gang = self._gang_of_pod(key)
+        return gang is not None and (gang.job_id == job or (gang.job_id is None and not gang.done))
+
     def pod(self, key: str) -> PodInfo | None:
         gang = self._gang_of_pod(key)
         return gang.pods.get(key) if gang is not None else None

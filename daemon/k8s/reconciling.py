@@ -8,6 +8,11 @@ pods and owner objects that exist. The adapter runs it once before its term star
 deciding (so a phantom job never holds its quota into the first cycle) and then every
 `reconcile_seconds`.
 
+A pod counts for a job only as one of its gang's, or of a gang that runs no job yet (`GangViews.may_hold`): a
+job the log holds admitted whose pods the adapter runs as another job's, or leaves alone (its PodGroup gone, its
+controller's job cancelled), has no gang here, so its admission binds nothing; judged by the pod names alone, it
+held its quota for ever with nothing running (a phantom: GPUs "used" by nothing).
+
 A job this adapter's gangs track is judged on what they know (`Tracked`): the pods of its current
 run, which after a preemption are the replacements its controller made (other names than the
 submission's), and its owner as read from its pods (a pod group's controller included). Judged by
@@ -45,6 +50,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
@@ -240,7 +246,7 @@ def live_jobs(jobs: Iterable[LiveJob]) -> list[LiveJob]:
 async def find_vanished(
     client: KubeClient,
     jobs: list[LiveJob],
-    present: Callable[[str], bool],
+    holds: Callable[[JobId, str], bool],
     at: int,
     *,
     limiter: anyio.CapacityLimiter,
@@ -248,10 +254,13 @@ async def find_vanished(
 ) -> list[Verdict]:
     """Judge `jobs` (already taken from the log, so no fold runs in between), reading owners where needed.
 
-    `tracked`: what the adapter's gangs know of a job (None: judged by the log alone).
+    `holds(job, key)`: whether the pod `key` exists as one of `job`'s (`GangViews.may_hold`): a pod under a name the
+    log gives the job that another job's gang runs, or that the adapter leaves alone, is not. `tracked`: what the
+    adapter's gangs know of a job (None: judged by the log alone).
     """
     known = {j.id: tracked(JobId(j.id)) for j in jobs}
-    suspects = [j for j in jobs if any(not present(k) for k in _keys(j, known[j.id]))]
+    present = {j.id: functools.partial(holds, JobId(j.id)) for j in jobs}
+    suspects = [j for j in jobs if any(not present[j.id](k) for k in _keys(j, known[j.id]))]
     alive: dict[str, OwnerRead] = {}
 
     async def look(job: LiveJob, owner: Owner) -> None:
@@ -265,7 +274,7 @@ async def find_vanished(
                 tg.start_soon(look, job, owner)
     verdicts = []
     for job in suspects:
-        verdict = judge(job, present, alive.get(job.id, OwnerRead(None)), at, known[job.id])
+        verdict = judge(job, present[job.id], alive.get(job.id, OwnerRead(None)), at, known[job.id])
         if verdict is not None:
             verdicts.append(verdict)
     return verdicts

@@ -5,7 +5,8 @@ controller deletes its pods past the new parallelism and makes none again; scale
 more. Before, the first gang waited for ever for the deleted pod, and the pods of the second
 beyond the gang waited unbound for ever, neither with a word. Now, as Kueue makes a Job's
 Workload again when the Job changes before admission, the waiting job is cancelled (`Resized`)
-and its pods are submitted again at the new size. The test plays the Job controller.
+and its pods are submitted again at the new size. A running Job scaled up keeps its admitted size, and
+the pod its controller makes beyond it is told why it waits. The test plays the Job controller.
 """
 
 from __future__ import annotations
@@ -190,3 +191,31 @@ async def test_a_running_job_scaled_down_finishes_when_its_remaining_pods_succee
 
 async def _of_job(store: EventStore, cls: type, job: str) -> list[Any]:
     return [e for e in await log_of(store, cls) if e.job == job]
+
+
+async def test_a_running_job_scaled_up_runs_at_its_admitted_size_and_its_new_pod_is_told_why(
+    api: ApiClient, kube: Kube, store: EventStore
+) -> None:
+    """A Job of 2 admitted and running, scaled to 3 (its controller makes the third pod): the job runs on at 2,
+    and the third pod waits unbound with a Warning `Ignored` saying so (before: Pending with no word)."""
+    await store.append([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 16})])
+    await kube.node("n1", gpus=8)
+    job, pods = await kube.job("train", 2, gpus=1)
+    async with running_daemon(store, api):
+        await eventually(lambda: _all_bound(kube, pods), seconds=30)
+        for pod in pods:  # the kubelet starts them
+            await kube.set_phase(pod["metadata"]["name"], "Running")
+        [sub] = await eventually(lambda: log_of(store, JobStarted))
+        await scale(kube, job, 3)
+        [third] = await kube.job_pods(job, [2], gpus=1, labels={"muster.dev/queue": "q"})
+        name = third["metadata"]["name"]
+
+        async def told() -> list[Obj]:
+            listed = await kube.core.list_namespaced_event(kube.ns, field_selector=f"involvedObject.name={name}")
+            found = [kube.api.sanitize_for_serialization(e) for e in listed.items]
+            return [e for e in found if e["reason"] == "Ignored" and e["type"] == "Warning"]
+
+        [warning] = await eventually(told, seconds=30)
+    assert f"job {sub.job} runs at the size it was admitted with (2 pods)" in warning["message"]
+    assert await kube.pod_node(name) == ""
+    assert await log_of(store, JobCancelled) == [] and len(await log_of(store, JobSubmitted)) == 1
