@@ -128,10 +128,11 @@ def _nominal_gpu(queue: Any) -> str:
 
 
 def print_tables(result: Any, out: IO[str]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(file=out, width=120)
+    from muster.replay.cliutil import console as rich_console
+
+    console = rich_console(out, width=120)
     s = summary(result)
     jobs = s["jobs"]
     state = result.state

@@ -333,3 +333,48 @@ def test_completion_script_completes_commands_options_and_choices(tmp_path: Path
     assert "--dry-run" in complete("muster", "queues", "apply", "--")
     assert complete("muster", "jobs", "-o", "") == ["table", "wide", "json", "jsonl"]
     assert complete("muster", "billing", "report", "--by", "") == ["queue", "job", "team", "flavor"]
+
+
+def _ledger(tmp_path: Path) -> str:
+    """A billing ledger of the deadlock example's sim log, written the way `billing run` writes it."""
+    from muster.daemon.billing_store import LedgerDB
+    from muster.projections.billing import fold_billing
+    from muster.replay.scenario import load
+    from muster.replay.simulator import simulate
+
+    scenario = Path(__file__).resolve().parents[2] / "examples" / "deadlock.yaml"
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    state = fold_billing(enumerate(simulate(load(str(scenario))).events, start=1))
+    with LedgerDB.open(url) as db:
+        db.load()
+        db.commit(state.ledger, state.tracker)
+    return url
+
+
+@pytest.mark.parametrize("output", ["table", "jsonl"])
+@pytest.mark.parametrize("index", range(len(FILE_COMMANDS) + 1), ids=[*FILE_COMMANDS, "billing report"])
+def test_a_command_whose_reader_closed_the_pipe_exits_quietly_as_git_log_does(
+    index: int, output: str, tmp_path: Path
+) -> None:
+    """`muster COMMAND | head` whose reader has gone ends silently with 141, the status of `git log | head`
+    (rich's own end was exit 1, and a plain print's a traceback-like message at the last flush, exit 120)."""
+    import os
+    import subprocess
+    import sys
+
+    from muster.cli import SIGPIPE_STATUS
+
+    commands = [*_file_commands(tmp_path), ["billing", "report", "--db", _ledger(tmp_path)]]
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has gone before the command writes a byte: every write fails
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "muster.cli", *commands[index], "-o", output],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (SIGPIPE_STATUS, "")
