@@ -358,23 +358,10 @@ def test_a_command_whose_reader_closed_the_pipe_exits_quietly_as_git_log_does(
 ) -> None:
     """`muster COMMAND | head` whose reader has gone ends silently with 141, the status of `git log | head`
     (rich's own end was exit 1, and a plain print's a traceback-like message at the last flush, exit 120)."""
-    import os
-    import subprocess
-    import sys
+    from pipekit import run_into_closed_pipe
 
     from muster.cli import SIGPIPE_STATUS
 
     commands = [*_file_commands(tmp_path), ["billing", "report", "--db", _ledger(tmp_path)]]
-    read_end, write_end = os.pipe()
-    os.close(read_end)  # the reader has gone before the command writes a byte: every write fails
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "muster.cli", *commands[index], "-o", output],
-            stdout=write_end,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=120,
-        )
-    finally:
-        os.close(write_end)
+    done = run_into_closed_pipe([*commands[index], "-o", output])
     assert (done.returncode, done.stderr) == (SIGPIPE_STATUS, "")

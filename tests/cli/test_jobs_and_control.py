@@ -11,6 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
+from pipekit import run_into_closed_pipe
 
 from muster.cli import main
 from muster.events.store import EventStore
@@ -117,6 +118,16 @@ def test_jobs_lists_live_jobs_with_state_position_and_reason(log, capsys) -> Non
     assert (rows[WAITS]["state"], rows[WAITS]["position"], rows[WAITS]["reason"]) == ("pending", 1, "not judged yet")
     assert rows[OTHER]["namespace"] == "team-b" and rows[OTHER]["name"] == "bert"
     assert rows[WAITS]["age"] > 0
+
+
+@pytest.mark.parametrize("command", [["jobs"], ["queues"], ["replay"], ["explain", RUNS]], ids=lambda c: c[0])
+def test_a_view_of_a_stream_whose_reader_closed_the_pipe_exits_quietly(log, command: list[str]) -> None:
+    """A command reading NATS (its own connection and tasks) into a pipe whose reader has gone ends silently with
+    141, as on a file log (`tests/cli/test_conventions.py`)."""
+    from muster.cli import SIGPIPE_STATUS
+
+    done = run_into_closed_pipe([*command, *log.flags])
+    assert (done.returncode, done.stderr) == (SIGPIPE_STATUS, "")
 
 
 def test_jobs_at_a_past_point_gives_ages_as_they_were_then(log, capsys) -> None:
