@@ -357,7 +357,7 @@ def test_a_command_whose_reader_closed_the_pipe_exits_quietly_as_git_log_does(
     index: int, output: str, tmp_path: Path
 ) -> None:
     """`muster COMMAND | head` whose reader has gone ends silently with 141, the status of `git log | head`
-    (rich's own end was exit 1, and a plain print's a traceback-like message at the last flush, exit 120)."""
+    (a rich table's end was exit 1, rich's own; the others' 0)."""
     from pipekit import run_into_closed_pipe
 
     from muster.cli import SIGPIPE_STATUS
