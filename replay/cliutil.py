@@ -3,7 +3,7 @@
 Exit status of every replay command: 0 done; 1 a finding (audit differences)
 or NATS not answering; 2 bad arguments or a log that cannot be opened (a
 missing file or stream, not a NATS URL), with a one-line message and never a
-traceback.
+traceback; 141, silently, when the reader of the output has gone (`muster.cli.reader_gone`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """One set of conventions for every `muster` command: `--help`, exit codes, and NATS that does not answer.
 
 Exit status everywhere: 0 success, 1 a runtime failure (NATS not answering), 2 usage or invalid
-input (a bad flag, a URL that is no NATS URL). A refused NATS fails within 2 s naming the URL.
+input (a bad flag, a URL that is no NATS URL), 141 (silent) when the reader of the output has gone.
+A refused NATS fails within 2 s naming the URL.
 """
 
 from __future__ import annotations
