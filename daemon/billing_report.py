@@ -79,8 +79,9 @@ def render_table(
     report: Report, out: IO[str], *, skipped: int = 0, priced: bool = True, asked: tuple[int, int] | None = None
 ) -> None:
     """The report as a table with its notes; `priced`: a rate card was given; `asked`: the window asked for."""
-    from rich.console import Console
     from rich.table import Table
+
+    from muster.replay.cliutil import console as rich_console
 
     cur = report.currency
     title = f"GPU chargeback by {report.by}, {_when(report.start)} to {_when(report.end)}"
@@ -123,7 +124,7 @@ def render_table(
         table.add_row(*cells(r))
     table.add_section()
     table.add_row(*cells(report.totals), style="bold")
-    console = Console(file=out, width=160)
+    console = rich_console(out, width=160)
     console.print(table)
     idle = report.idle_capacity
     console.print(

@@ -77,14 +77,26 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(args._module)
     try:
         code: int = module.run(args)
+        sys.stdout.flush()  # here, not at the interpreter's exit, so a reader gone by then is seen below
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:  # `muster jobs | head`: the reader has what it wanted
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+    except BrokenPipeError:
+        return reader_gone()
     return code
+
+
+SIGPIPE_STATUS = 128 + 13
+"""The status a shell reports for `git log | head`: git dies of SIGPIPE when its reader has gone."""
+
+
+def reader_gone() -> int:
+    """Every command's end when the reader of its output closed the pipe (`muster sim | head`): it has what
+    it wanted, so no message and the status POSIX tools give (141, as `git log` and `yes` do); the rest of
+    the output goes to /dev/null, so the interpreter's last flush does not fail again."""
+    import os
+
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return SIGPIPE_STATUS
 
 
 if __name__ == "__main__":

@@ -3,13 +3,14 @@
 Exit status of every replay command: 0 done; 1 a finding (audit differences)
 or NATS not answering; 2 bad arguments or a log that cannot be opened (a
 missing file or stream, not a NATS URL), with a one-line message and never a
-traceback.
+traceback; 141, silently, when the reader of the output has gone (`muster.cli.reader_gone`).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import re
 import sys
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
@@ -348,14 +349,26 @@ class Report:
             dump_json(self.records, self.out)
 
 
-def console(out: IO[str] | None = None) -> Any:
-    """A rich console: the terminal's width on a terminal, 140 columns into a file or pipe."""
+def console(out: IO[str] | None = None, *, width: int | None = None) -> Any:
+    """The rich console every command prints through: the terminal's width on a terminal, 140 columns into a
+    file or pipe (`width`: that many on both). A write to a pipe whose reader has gone raises BrokenPipeError,
+    which `muster.cli.main` ends as every command's pipe ends (rich alone would exit 1 at once)."""
+    out = out if out is not None else sys.stdout
+    tty = out.isatty()
+    return _pipe_console()(file=out, width=width or (None if tty else 140), no_color=not tty)
+
+
+@functools.cache
+def _pipe_console() -> Any:
+    """rich's Console, but leaving a closed pipe to the caller (its hook's default is SystemExit(1))."""
     from rich.console import Console
 
-    out = out if out is not None else sys.stdout
-    if out.isatty():
-        return Console(file=out)
-    return Console(file=out, width=140, no_color=True)
+    class PipeConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True  # nothing more is written to a reader that has gone
+            raise BrokenPipeError
+
+    return PipeConsole
 
 
 def gpus(resources: dict[str, int] | None) -> str:

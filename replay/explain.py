@@ -9,7 +9,7 @@ archived log, from the state sealed before the job's submission
 from __future__ import annotations
 
 from muster.replay.heap import no_gc
-from muster.replay.points import Point
+from muster.replay.points import Point, as_of
 from muster.replay.rebuild import state_at
 from muster.replay.sealedstate import Sealed, nearest_sealed
 from muster.replay.source import ArchivedLog, LogSource
@@ -28,11 +28,7 @@ async def explain(source: LogSource, job: str, point: Point) -> tuple[Story, int
         with no_gc():  # not across the read (see `no_gc`)
             for seq, ev in batch:
                 teller.step(seq, ev)
-    if point.time is not None and point.time > teller.state.now:
-        # the state at a time is the log's up to it, as of that time: a job pending then has waited
-        # until the time asked, not until the last event before it (a time past the log's end is
-        # refused by the caller, so the log did reach it)
-        teller.state.now = point.time
+    teller.state.now = as_of(point, teller.state.now)  # the story told as of the time asked
     return teller.finish(), teller.state.now
 
 

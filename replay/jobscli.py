@@ -76,13 +76,13 @@ def job_filter(args: argparse.Namespace, state: Any) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from muster.replay.cliutil import point_arg
+    from muster.replay.points import as_of
     from muster.replay.watching import run_view
 
     def view(replayed: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        # a past point's ages are as they were then, not as they would be now: at a time point, that
-        # time (the log reached it: one past its end is refused), else the last event folded
+        # a past point's ages are as they were then, not as they would be now
         point = point_arg(args.at, "--at")  # run_view checked it before it read the log
-        now = None if point.is_end else max(replayed.state.now, point.time or 0)
+        now = None if point.is_end else as_of(point, replayed.state.now)
         doc = document(replayed, job_filter(args, replayed.state), now)
         return doc, doc["jobs"]
 
@@ -101,7 +101,7 @@ def document(replayed: Any, flt: Any, now: int | None = None) -> dict[str, Any]:
     at = now if now is not None else clock.now if clock.epoch and clock.now is not None else state.now
     return {
         "seq": replayed.seq,
-        "at": state.now,
+        "at": state.now if now is None else now,
         "epoch_time": clock.epoch,
         "now": at,
         "jobs": job_rows(state, flt, at),

@@ -78,6 +78,15 @@ def parse_point(text: str) -> Point:
     return Point(time=int(when.astimezone().timestamp()), text=text)
 
 
+def as_of(point: Point, last_event_at: int) -> int:
+    """The time the state at `point` is told as of, by every view of it (`jobs`, `queues`, `replay`,
+    `explain`): a time point's own time, as the log up to T is the state *at* T (a job pending then has
+    waited until T, not until the last event before it), else the time of the last event folded.
+
+    The log reached T: the commands refuse a time past its last event (`cliutil.check_point`)."""
+    return max(last_event_at, point.time) if point.time is not None else last_event_at
+
+
 # ---------------------------------------------------------------- durations and times
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from muster.replay.points import END, Point
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from muster.replay.cliargs import (
@@ -37,22 +39,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from muster.replay.cliutil import point_arg
     from muster.replay.watching import run_view
 
-    return run_view(args, "queues", "name", lambda replayed: view(replayed, args.scope), render)
+    def queues(replayed: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        return view(replayed, args.scope, point_arg(args.at, "--at"))  # run_view checked the point
+
+    return run_view(args, "queues", "name", queues, render)
 
 
-def view(replayed: Any, scope: str | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def view(replayed: Any, scope: str | None = None, point: Point = END) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The document of a replayed state, and its rows (queues, then cohorts) for `-o jsonl`."""
-    doc = document(replayed, scope)
+    doc = document(replayed, scope, point)
     rows = [{"kind": "queue", "name": r["queue"], **r} for r in doc["queues"]]
     rows += [{"kind": "cohort", "name": f"cohort:{r['cohort']}", **r} for r in doc["cohorts"]]
     return doc, rows
 
 
-def document(replayed: Any, scope: str | None = None) -> dict[str, Any]:
-    """The queues and cohorts of the state; with `scope`, that queue alone (UsageError when the log has none)."""
+def document(replayed: Any, scope: str | None = None, point: Point = END) -> dict[str, Any]:
+    """The queues and cohorts of the state as of `point` (`points.as_of`); with `scope`, that queue alone
+    (UsageError when the log has none)."""
     from muster.replay.cliutil import SCOPE_HINT, require_known
+    from muster.replay.points import as_of
     from muster.replay.status import cohort_status, queue_status
 
     state = replayed.state
@@ -63,7 +71,7 @@ def document(replayed: Any, scope: str | None = None) -> dict[str, Any]:
         queues = [q for q in queues if q["queue"] == scope]
     return {
         "seq": replayed.seq,
-        "at": state.now,
+        "at": as_of(point, state.now),
         "queues": queues,
         "cohorts": cohort_status(state, queues) if scope is None else [],
     }

@@ -10,7 +10,10 @@ since (see `muster.replay.snapshots`).
 from __future__ import annotations
 
 import argparse
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from muster.replay.points import Point
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         await check_point(source, point, "--at")
         snapshots = await open_snapshots(args, source, store)
         replayed = await state_at(source, point, snapshots, verify=args.verify)
-        doc = document(replayed, point.text)
+        doc = document(replayed, point)
         if args.output != "table":
             from muster.replay.cliutil import emit
 
@@ -46,11 +49,12 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def document(replayed: Any, point: str, now: int | None = None) -> dict[str, Any]:
-    """The JSON form of a replayed state (also what the tables show)."""
+def document(replayed: Any, point: Point, now: int | None = None) -> dict[str, Any]:
+    """The JSON form of a replayed state (also what the tables show), as of `point` (`points.as_of`);
+    `now` is the wall clock "ago" is measured from."""
     import time
 
-    from muster.replay.points import Clock
+    from muster.replay.points import Clock, as_of
     from muster.replay.snapshotcodec import describe
     from muster.replay.views import (
         domain_rows,
@@ -63,12 +67,13 @@ def document(replayed: Any, point: str, now: int | None = None) -> dict[str, Any
 
     state = replayed.state
     clock = Clock.for_log(state.now, int(time.time()) if now is None else now)
+    at = as_of(point, state.now)
     return {
-        "point": point,
+        "point": point.text,
         "seq": replayed.seq,
         "last_seq": replayed.last_seq,
-        "at": state.now,
-        "at_local": clock.iso(state.now),
+        "at": at,
+        "at_local": clock.iso(at),
         "epoch_time": clock.epoch,
         "leader": {"epoch": state.epoch, "holder": state.leader},
         "cycle": state.cycle,

@@ -1,7 +1,8 @@
 """`muster sim SCENARIO.yaml`: the scheduler core over a virtual cluster in virtual time.
 
 Exit status: 0 on a completed run; 2 on an invalid scenario, with a message
-naming the file, the line and what is wrong (never a traceback).
+naming the file, the line and what is wrong (never a traceback), or on
+`--summary` without `-o jsonl`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="table",
         help="human table (default), the summary as one JSON document (json), or the log: one event per line (jsonl)",
     )
-    p.add_argument("--summary", action="store_true", help="with jsonl: end with a Summary line")
+    p.add_argument(
+        "--summary",
+        action="store_true",
+        help="with -o jsonl: end with a Summary line (the table and -o json are the summary: refused with them)",
+    )
 
 
 def summary(result: Any) -> dict[str, Any]:
@@ -75,6 +80,14 @@ def run(args: argparse.Namespace) -> int:
     from muster.replay.simulator import SimulationError, simulate
     from muster.replay.specreader import ScenarioError
 
+    if args.summary and args.output != "jsonl":
+        # the table and the json document are the summary already: saying nothing would read as "done"
+        print(
+            f"muster sim: --summary goes with -o jsonl (it adds a Summary line to the log); "
+            f"-o {args.output} prints the summary already",
+            file=sys.stderr,
+        )
+        return 2
     try:
         scenario = load(args.scenario)
     except ScenarioError as exc:
@@ -128,10 +141,11 @@ def _nominal_gpu(queue: Any) -> str:
 
 
 def print_tables(result: Any, out: IO[str]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(file=out, width=120)
+    from muster.replay.cliutil import console as rich_console
+
+    console = rich_console(out, width=120)
     s = summary(result)
     jobs = s["jobs"]
     state = result.state

@@ -1,7 +1,8 @@
 """One set of conventions for every `muster` command: `--help`, exit codes, and NATS that does not answer.
 
 Exit status everywhere: 0 success, 1 a runtime failure (NATS not answering), 2 usage or invalid
-input (a bad flag, a URL that is no NATS URL). A refused NATS fails within 2 s naming the URL.
+input (a bad flag, a URL that is no NATS URL), 141 (silent) when the reader of the output has gone.
+A refused NATS fails within 2 s naming the URL.
 """
 
 from __future__ import annotations
@@ -333,3 +334,35 @@ def test_completion_script_completes_commands_options_and_choices(tmp_path: Path
     assert "--dry-run" in complete("muster", "queues", "apply", "--")
     assert complete("muster", "jobs", "-o", "") == ["table", "wide", "json", "jsonl"]
     assert complete("muster", "billing", "report", "--by", "") == ["queue", "job", "team", "flavor"]
+
+
+def _ledger(tmp_path: Path) -> str:
+    """A billing ledger of the deadlock example's sim log, written the way `billing run` writes it."""
+    from muster.daemon.billing_store import LedgerDB
+    from muster.projections.billing import fold_billing
+    from muster.replay.scenario import load
+    from muster.replay.simulator import simulate
+
+    scenario = Path(__file__).resolve().parents[2] / "examples" / "deadlock.yaml"
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    state = fold_billing(enumerate(simulate(load(str(scenario))).events, start=1))
+    with LedgerDB.open(url) as db:
+        db.load()
+        db.commit(state.ledger, state.tracker)
+    return url
+
+
+@pytest.mark.parametrize("output", ["table", "jsonl"])
+@pytest.mark.parametrize("index", range(len(FILE_COMMANDS) + 1), ids=[*FILE_COMMANDS, "billing report"])
+def test_a_command_whose_reader_closed_the_pipe_exits_quietly_as_git_log_does(
+    index: int, output: str, tmp_path: Path
+) -> None:
+    """`muster COMMAND | head` whose reader has gone ends silently with 141, the status of `git log | head`
+    (a rich table's end was exit 1, rich's own; the others' 0)."""
+    from pipekit import run_into_closed_pipe
+
+    from muster.cli import SIGPIPE_STATUS
+
+    commands = [*_file_commands(tmp_path), ["billing", "report", "--db", _ledger(tmp_path)]]
+    done = run_into_closed_pipe([*commands[index], "-o", output])
+    assert (done.returncode, done.stderr) == (SIGPIPE_STATUS, "")

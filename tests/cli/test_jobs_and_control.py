@@ -11,6 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
+from pipekit import run_into_closed_pipe
 
 from muster.cli import main
 from muster.events.store import EventStore
@@ -119,6 +120,16 @@ def test_jobs_lists_live_jobs_with_state_position_and_reason(log, capsys) -> Non
     assert rows[WAITS]["age"] > 0
 
 
+@pytest.mark.parametrize("command", [["jobs"], ["queues"], ["replay"], ["explain", RUNS]], ids=lambda c: c[0])
+def test_a_view_of_a_stream_whose_reader_closed_the_pipe_exits_quietly(log, command: list[str]) -> None:
+    """A command reading NATS (its own connection and tasks) into a pipe whose reader has gone ends silently with
+    141, as on a file log (`tests/cli/test_conventions.py`)."""
+    from muster.cli import SIGPIPE_STATUS
+
+    done = run_into_closed_pipe([*command, *log.flags])
+    assert (done.returncode, done.stderr) == (SIGPIPE_STATUS, "")
+
+
 def test_jobs_at_a_past_point_gives_ages_as_they_were_then(log, capsys) -> None:
     """`jobs --at SEQ` measures a job's age at that point of the log, not from today's clock."""
     doc = _json(capsys, "jobs", *log.flags, "--at", str(len(HISTORY)), "-o", "json")
@@ -140,17 +151,39 @@ def _sim_log(tmp_path: Path, scenario_text: str) -> Path:
     return path
 
 
+ONE_RUNS_ONE_WAITS = (
+    "nodes: [{name: n0, capacity: {gpu: 8}}]\nqueues: [{name: q, nominal: {gpu: 8}}]\ntimeline:\n"
+    "  - {at: 0, submit: {job: a, queue: q, podsets: [{count: 1, requests: {gpu: 8}}], runtime: 1000}}\n"
+    "  - {at: 200, submit: {job: b, queue: q, podsets: [{count: 1, requests: {gpu: 8}}], runtime: 10}}\n"
+)
+"""A sim log whose events stop at t=200 until t=1000: a runs from 0, b waits from 200."""
+
+
 def test_jobs_at_a_time_in_a_sim_log_gives_ages_at_that_time(tmp_path: Path, capsys) -> None:
     """`jobs --at @300` of a sim log whose last event before it is at t=200 gives ages at t=300, not t=200."""
-    path = _sim_log(
-        tmp_path,
-        "nodes: [{name: n0, capacity: {gpu: 8}}]\nqueues: [{name: q, nominal: {gpu: 8}}]\ntimeline:\n"
-        "  - {at: 0, submit: {job: a, queue: q, podsets: [{count: 1, requests: {gpu: 8}}], runtime: 1000}}\n"
-        "  - {at: 200, submit: {job: b, queue: q, podsets: [{count: 1, requests: {gpu: 8}}], runtime: 10}}\n",
-    )
+    path = _sim_log(tmp_path, ONE_RUNS_ONE_WAITS)
     doc = _json(capsys, "jobs", "--log", str(path), "--at", "@300", "-o", "json")
     assert {r["job"]: r["age"] for r in doc["jobs"]} == {"a": 300, "b": 100}
     assert doc["now"] == 300
+
+
+@pytest.mark.parametrize("command", ["jobs", "queues", "replay"])
+def test_a_view_at_a_time_says_it_is_the_state_at_that_time(tmp_path: Path, capsys, command: str) -> None:
+    """`COMMAND --at @300 -o json` of a log whose last event before t=300 is at t=200 says `at` 300, not 200."""
+    path = _sim_log(tmp_path, ONE_RUNS_ONE_WAITS)
+    assert _json(capsys, command, "--log", str(path), "--at", "@300", "-o", "json")["at"] == 300
+    assert _json(capsys, command, "--log", str(path), "--at", "3", "-o", "json")["at"] == 0  # a sequence: its event's
+
+
+def test_replay_at_a_time_tells_waits_and_runs_up_to_that_time(tmp_path: Path, capsys) -> None:
+    """`replay --at @300 --running`: the running job has run 5m (from 0) and the pending one waited 1m 40s
+    (from 200), not up to the last event before t=300."""
+    path = _sim_log(tmp_path, ONE_RUNS_ONE_WAITS)
+    assert main(["replay", "--log", str(path), "--at", "@300", "--running"]) == 0
+    out = capsys.readouterr().out
+    assert "t=300 (5m 00s)" in out and "(for 5m 00s)" in out
+    pending = [line.split("│") for line in out.splitlines() if "│ 1 │ b " in line]  # queue, #, job, ..., waiting
+    assert [cells[6].strip() for cells in pending] == ["1m 40s"]
 
 
 def test_queues_shows_the_share_of_a_borrowing_queue_of_weight_zero_as_inf(tmp_path: Path, capsys) -> None:

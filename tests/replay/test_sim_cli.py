@@ -374,6 +374,17 @@ def test_invalid_scenario_exits_2_with_file_and_line(
     assert "Traceback" not in captured.err
 
 
+@pytest.mark.parametrize("output", ["table", "json"])
+def test_summary_without_jsonl_is_refused_not_ignored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], output: str
+) -> None:
+    """`--summary` with the table or `-o json` (the summary already) exits 2 saying it goes with jsonl."""
+    code = main(["sim", str(_write(tmp_path, RUN)), "--summary", "-o", output])
+    captured = capsys.readouterr()
+    assert (code, captured.out) == (2, "")
+    assert "--summary goes with -o jsonl" in captured.err and "Traceback" not in captured.err
+
+
 def test_key_without_value_is_an_error_not_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A flow mapping key with no value (`{gpu}`) is reported with its line."""
     path = tmp_path / "bad.yaml"
