@@ -33,10 +33,13 @@ __all__ = [
     "KnownJob",
     "Tracked",
     "as_placed",
+    "finished_before_eviction",
     "first_set",
     "new_to",
+    "note_finished",
     "podsets_of",
     "queue_of",
+    "refill_slots",
     "salt",
     "same_shape",
     "shape_of",
@@ -292,3 +295,36 @@ def submission(gang: Gang, chosen: list[PodInfo], at: int, namespace_queue: str)
         max_runtime=first_set([*(p.max_runtime for p in chosen), gang.max_runtime]),
         controller=first.owner.controller or UNSET,
     )
+
+
+def note_finished(gang: Gang) -> None:
+    """Remember which slots' pods of the preempted run succeeded, before its eviction deletes them (`Gang.finished`)."""
+    for name, key in gang.mapping.items():
+        pod = gang.pods.get(key)
+        if pod is not None and pod.ran:
+            gang.finished.setdefault(name, pod)
+
+
+def finished_before_eviction(gang: Gang) -> bool:
+    """Whether every pod of the preempted run succeeded and its owner needs no more (a Job's `completions`):
+    the run is over, and the job finished, whatever the preemption meant to take from it."""
+    all_succeeded = bool(gang.mapping) and set(gang.mapping) <= set(gang.finished)
+    return all_succeeded and (gang.completions or 0) <= (gang.size or 0)
+
+
+def refill_slots(gang: Gang, fresh: list[PodInfo]) -> dict[str, str] | None:
+    """The replacements (`fresh`, sorted) in the slots of a preempted run that are not `finished`, each in a
+    slot of its podset's requests and topology; None until every such slot has one."""
+    podsets = {ps.name: ps for ps in gang.podsets}
+    left = list(fresh)
+    refill: dict[str, str] = {}
+    for name in sorted(n for n in gang.mapping if n not in gang.finished):
+        ps = podsets.get(name.rsplit("-", 1)[0])
+        pod = next(
+            (p for p in left if ps is not None and (dict(p.requests), p.topology) == (ps.requests, ps.topology)), None
+        )
+        if pod is None:
+            return None
+        left.remove(pod)
+        refill[name] = pod.key
+    return refill

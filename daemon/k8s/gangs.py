@@ -37,8 +37,8 @@ Invariants:
   (`vacated`). Only a pod group nothing recreates (bare pods: `pods.recreated`) fails so.
 - A pod of a preempted run that succeeded before its eviction took it finished its slot (`Gang.finished`):
   its owner makes no pod for it again, so the gang waits for replacements of the other slots only
-  (`_refill`), its re-admission binds nothing there, and a run whose every pod succeeded so is over: the
-  job ends JobFinished (`_finished_before_eviction`).
+  (`refill_slots`), its re-admission binds nothing there, and a run whose every pod succeeded so is over: the
+  job ends JobFinished (`finished_before_eviction`).
 - A Job's pod created after another succeeded (its next index) runs in that
   pod's slot of the admitted gang (`take_successors`); pods of a recreating
   owner that come after its run ended are a new run, a new job (`_next_run`).
@@ -69,10 +69,13 @@ from muster.daemon.k8s.gangruns import (
     KnownJob,
     Tracked,
     as_placed,
+    finished_before_eviction,
     later_run,
     new_to,
+    note_finished,
     podsets_of,
     queue_of,
+    refill_slots,
     salt,
     same_shape,
     submission,
@@ -325,7 +328,7 @@ class Gangs(GangViews):
         if gang is None:
             return []
         victims = sorted(gang.pods.values(), key=PodInfo.sort_key)
-        _note_finished(gang)  # done already: its eviction deletes it, and its owner makes it no more
+        note_finished(gang)  # done already: its eviction deletes it, and its owner makes it no more
         gang.retired |= {p.uid for p in victims}
         self.recheck.update(p.key for p in victims)
         gang.started = False
@@ -554,8 +557,8 @@ class Gangs(GangViews):
                 if known.status == "admitted":
                     gang.mapping = as_placed(gang.mapping, gang.pods, known.placement)
         elif gang.requeued:
-            _note_finished(gang)
-            if _finished_before_eviction(gang):
+            note_finished(gang)
+            if finished_before_eviction(gang):
                 # the preemption came as the run ended: no replacement comes (its owner counts its pods
                 # done), so waiting for one would fail the re-admission "pods gone before binding"
                 gang.requeued = False
@@ -564,7 +567,7 @@ class Gangs(GangViews):
                 (p for p in gang.pods.values() if p.active and p.uid not in gang.retired), key=PodInfo.sort_key
             )
             if gang.finished:  # replacements come for the slots whose pods were evicted unfinished only
-                refill = _refill(gang, fresh)
+                refill = refill_slots(gang, fresh)
                 if refill is None:
                     return events
                 gang.mapping.update(refill)
@@ -695,36 +698,3 @@ class Gangs(GangViews):
             self._ns_asked.add(ns)
             self._ns_wanted.append(ns)
         return True
-
-
-def _note_finished(gang: Gang) -> None:
-    """Remember which slots' pods of the preempted run succeeded, before its eviction deletes them (`Gang.finished`)."""
-    for name, key in gang.mapping.items():
-        pod = gang.pods.get(key)
-        if pod is not None and pod.ran:
-            gang.finished.setdefault(name, pod)
-
-
-def _finished_before_eviction(gang: Gang) -> bool:
-    """Whether every pod of the preempted run succeeded and its owner needs no more (a Job's `completions`):
-    the run is over, and the job finished, whatever the preemption meant to take from it."""
-    all_succeeded = bool(gang.mapping) and set(gang.mapping) <= set(gang.finished)
-    return all_succeeded and (gang.completions or 0) <= (gang.size or 0)
-
-
-def _refill(gang: Gang, fresh: list[PodInfo]) -> dict[str, str] | None:
-    """The replacements (`fresh`, sorted) in the slots of a preempted run that are not `finished`, each in a
-    slot of its podset's requests and topology; None until every such slot has one."""
-    podsets = {ps.name: ps for ps in gang.podsets}
-    left = list(fresh)
-    refill: dict[str, str] = {}
-    for name in sorted(n for n in gang.mapping if n not in gang.finished):
-        ps = podsets.get(name.rsplit("-", 1)[0])
-        pod = next(
-            (p for p in left if ps is not None and (dict(p.requests), p.topology) == (ps.requests, ps.topology)), None
-        )
-        if pod is None:
-            return None
-        left.remove(pod)
-        refill[name] = pod.key
-    return refill
