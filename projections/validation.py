@@ -61,6 +61,12 @@ def invalid_reason(state: ClusterState, job: JobState) -> str | None:
     """Why the job's spec is invalid, or None when it is valid."""
     if not job.id:
         return "the job has no id"
+    if not job.queue:
+        # only a source outside a scenario can leave it out: say where a pod's queue comes from
+        return (
+            "the job names no queue (a pod takes one from its label muster.dev/queue or kueue.x-k8s.io/queue-name, "
+            "its owner's, or its namespace's default queue)"
+        )
     if job.queue not in state.queues:
         known = ", ".join(sorted(state.queues)[:10]) or "none"
         return f"queue {job.queue!r} does not exist (known: {known})"

@@ -166,7 +166,7 @@ def absurd_jobs(draw: st.DrawFn, index: int) -> tuple[JobSubmitted, str, str]:
     kind = draw(st.sampled_from(ABSURD_KINDS))
     if kind == "unknown-queue":
         queue = draw(st.sampled_from(["nope", "", "team-a.evil", "TEAM-A", "ジョブ"]))
-        return _job(name, [_ps()], queue=queue), "rejected", "does not exist"
+        return _job(name, [_ps()], queue=queue), "rejected", "names no queue" if not queue else "does not exist"
     if kind == "unknown-class":
         return _job(name, [_ps()], priority_class="god-mode"), "rejected", "priority class"
     if kind == "unknown-level":

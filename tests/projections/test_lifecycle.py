@@ -267,6 +267,25 @@ def test_rejected_job_does_not_stop_the_run() -> None:
     assert "priority class 'gold' does not exist" in out.rejection("worse")
 
 
+def test_a_job_naming_no_queue_is_told_where_a_queue_comes_from() -> None:
+    """A job with an empty queue is rejected saying it names none and where a pod's queue comes from."""
+    from muster.events.types import JobRejected, JobSubmitted, NodeAdded, PodSet, QueueConfigured
+    from muster.projections.cluster import evolve
+    from muster.projections.scheduler import decide
+    from muster.projections.state import ClusterState
+
+    state = ClusterState()  # the adapter's path: a scenario file cannot leave the queue out
+    for ev in [
+        QueueConfigured(at=0, name="q", nominal={"gpu": 8}),
+        NodeAdded(at=0, node="n0", labels={}, capacity={"gpu": 8}),
+        JobSubmitted(at=0, job="lost", queue="", podsets=[PodSet(name="w", count=1, requests={"gpu": 8})]),
+    ]:
+        evolve(state, ev)
+    (rejected,) = [e for e in decide(state, 0) if isinstance(e, JobRejected)]
+    assert rejected.job == "lost"
+    assert rejected.reason.startswith("the job names no queue (a pod takes one from its label muster.dev/queue")
+
+
 @pytest.mark.parametrize(
     ("podsets", "reason"),
     [
