@@ -171,7 +171,7 @@ class Gangs(GangViews):
             elif owner.kind == "Pod":
                 gang.size = 1
             elif owner.kind not in UNOWNED:
-                known = self._known(owner.job_id()) if self._known is not None else None
+                known = self._on_log(owner.job_id())
                 # a job ended Resized had the owner's old size: its pods run at another as a later job
                 if known is not None and not (known.status == "cancelled" and known.reason.startswith(RESIZED)):
                     gang.size = sum(ps.count for ps in known.podsets)  # as submitted: no lookup
@@ -448,7 +448,7 @@ class Gangs(GangViews):
             return
         if info.uid in gang.retired or info.uid in gang.beyond or info.key in gang.mapping.values():
             return
-        known = self._known(gang.job_id) if self._known is not None else None
+        known = self._on_log(gang.job_id)
         if not (gang.started or (known is not None and known.status == "admitted")):
             return  # waiting: a pod beyond its size asks for its owner's size again instead (`_recount`)
         gang.beyond.add(info.uid)
@@ -462,15 +462,15 @@ class Gangs(GangViews):
         """A waiting gang whose owner runs another number of pods at once now (a Job's parallelism, a PodGroup's
         minMember changed): as Kueue makes a Job's Workload again when the Job changes before admission, its job
         is cancelled (`Resized`) and its pods are submitted again, at the new size, as a new job (a later run,
-        `_next_run`, once that many are there). Before, a Job scaled down waited for ever for the pod its
-        controller deleted, and the pods of one scaled up beyond its gang waited unbound for ever. None when the
-        size is the same, or the gang no longer waits (admitted: the log holds its placement; it keeps it)."""
+        `_next_run`, once that many are there): a Job scaled down would otherwise wait for the pod its controller
+        deleted, and the pods of one scaled up beyond its gang would wait unbound. None when the size is the same,
+        or the gang no longer waits (admitted: the log holds its placement; it keeps it)."""
         size = sizing.size if sizing is not None else None
         if size is None or size < 1 or size == gang.size or gang.job_id is None or gang.done or gang.started:
             return None
         if any(gang.pods[key].node for key in gang.mapping.values() if key in gang.pods):
             return None
-        known = self._known(gang.job_id) if self._known is not None else None
+        known = self._on_log(gang.job_id)
         if known is not None and known.status != "pending":
             return None
         assert sizing is not None
@@ -533,7 +533,7 @@ class Gangs(GangViews):
                 return []
             gang.podsets, gang.mapping = podsets_of(chosen)
             job = self._job_id(gang, chosen)
-            known = self._known(job) if self._known is not None else None
+            known = self._on_log(job)
             ns_queue, controller = self._ns_queue.get(chosen[0].namespace, ""), chosen[0].owner.controller
             claimed = None
             # a PodGroup's job id is its object's uid: its controller's replacements are that job's already

@@ -29,6 +29,10 @@ class GangViews:
         self._unsized: set[Owner] = set()
         """Gangs waiting for their owner's size (`sizing()` is asked often, by every admission waiting)."""
 
+    def _on_log(self, job: JobId) -> KnownJob | None:
+        """What the log says of `job` (None: not on it, or no view of the log here)."""
+        return self._known(job) if self._known is not None else None
+
     def _gang_of(self, job: JobId) -> Gang | None:
         owner = self._by_job.get(job)
         return self._gangs.get(owner) if owner is not None else None
