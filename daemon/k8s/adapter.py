@@ -377,10 +377,11 @@ class KubernetesAdapter:
         gangs = self.translator.gangs
         awaiting = self.applier.awaiting
         for job in sorted(awaiting):
-            if gangs.ended(job) or gangs.complete(job):
+            if gangs.ended(job):
                 awaiting.discard(job)
-                if not gangs.ended(job):
-                    gangs.rebind.add(job)
+            elif gangs.complete(job):
+                awaiting.discard(job)
+                gangs.rebind.add(job)
         for job in sorted(gangs.rebind):
             if self.reapply is not None:
                 self.reapply(Reapply(job, "Successors", functools.partial(self._rebind, job)))
