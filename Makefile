@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck layers unit bench chart clean
+.PHONY: demo test lint typecheck layers unit core bench chart clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -12,7 +12,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+# The scheduler core compiled by mypyc (tools/build_core.py): about twice as fast, the same decisions.
+# Rebuilt when a core module changes; until then the package runs the changed core as Python.
+CORE := projections/_compiled/manifest.json
+$(CORE): $(STAMP) $(wildcard projections/*.py events/*.py) tools/build_core.py
+	$(BIN)/python tools/build_core.py
+
+core: $(CORE)
+
+demo: $(STAMP) $(CORE)
 	$(BIN)/muster demo
 
 lint: $(STAMP)
@@ -32,7 +40,7 @@ typecheck: .layers/muster
 layers: .layers/muster
 	$(BIN)/python tools/layers.py
 
-unit: $(STAMP)
+unit: $(STAMP) $(CORE)
 	$(BIN)/pytest
 
 test: lint typecheck layers unit
@@ -42,8 +50,8 @@ chart: $(STAMP)
 	$(BIN)/python deploy/helm_sdk.py lint deploy/helm/muster
 	$(BIN)/python deploy/helm_sdk.py template muster deploy/helm/muster
 
-bench: $(STAMP)
+bench: $(STAMP) $(CORE)
 	$(BIN)/python bench/run_all.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build projections/_compiled

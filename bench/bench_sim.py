@@ -23,6 +23,8 @@ and wall time:
   depth: 100,000 pending jobs that do not fit, one release: the next cycle   target < 5 ms
   philly: the Microsoft Philly trace (if ../shared/traces/philly is present)
 
+It first prints which core runs: compiled by mypyc (`make core`, as `make bench`
+and `make test` build it) or Python (MUSTER_CORE=python, or no compiler).
 Every shape prints CPU seconds (and admissions per CPU second: on a shared
 machine wall time runs several times CPU time), evictions per admitted gang
 and the GPU-hours of work lost to preemption (since each victim's last
@@ -43,6 +45,7 @@ import time
 from pathlib import Path
 
 from muster.events.types import Event, JobAdmitted, JobInadmissible, JobPreempted, JobRejected
+from muster.projections import CORE
 from muster.replay.scenario import load
 from muster.replay.simulator import simulate
 
@@ -459,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     global LOAD
     LOAD = args.load
     only = set(args.only.split(","))
+    print(f"core: {CORE}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(args.keep) if args.keep else Path(tmp)
         d.mkdir(parents=True, exist_ok=True)

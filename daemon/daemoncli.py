@@ -145,10 +145,11 @@ async def serve(cfg: Any, connect_timeout: float = 30.0) -> int:
     from muster.daemon.loop import Elector, SchedulerLoop, Service, SoleElector, Standby
     from muster.daemon.metrics import DaemonMetrics
     from muster.events.store import EventStore, StoreError, url_problem
+    from muster.projections import CORE
 
     log = structlog.get_logger("muster.daemon")
     structlog.contextvars.bind_contextvars(replica=cfg.identity)
-    log.info("starting", config=cfg.describe())
+    log.info("starting", config=cfg.describe(), core=CORE)
     if cfg.unknown:
         log.warning("configuration keys not used by the daemon", keys=cfg.unknown)
     if cfg.namespaces:

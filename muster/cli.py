@@ -48,7 +48,9 @@ def version() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="muster", description="An event-sourced gang scheduler for GPU batch work.")
-    parser.add_argument("--version", action="version", version=f"muster {version()}")
+    from muster.projections import CORE
+
+    parser.add_argument("--version", action="version", version=f"muster {version()}, core: {CORE}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (module_name, help_text) in COMMANDS.items():

@@ -15,7 +15,7 @@ import heapq
 import itertools
 from collections import Counter
 from collections.abc import Mapping
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 from muster.events.types import CycleSettled, Event, JobId, JobPreempted
 from muster.projections.assignment import Refusal, choose, order_requests
@@ -70,7 +70,8 @@ class View(NamedTuple):
     its last entry, by identity (an equal entry may follow a rollback), name the state."""
 
     length: int
-    last: object
+    last: Any
+    """The log's last entry, compared by identity (`Any`: mypyc cannot build a NamedTuple field typed `object`)."""
 
     def same(self, other: View | None) -> bool:
         return other is not None and self.length == other.length and self.last is other.last

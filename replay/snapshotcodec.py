@@ -16,14 +16,11 @@ import functools
 import hashlib
 import json
 import zlib
-from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
 
-from muster.projections import cluster as cluster_module
-from muster.projections import configuration as configuration_module
-from muster.projections import state as state_module
+from muster.projections import SOURCES
 from muster.projections.state import ClusterState
 from muster.replay.heap import no_gc
 
@@ -63,8 +60,8 @@ def fingerprint() -> str:
     """Identifies the state's schema and the fold's code: snapshots of another version are not used."""
     h = hashlib.sha256()
     h.update(msgspec.json.encode(msgspec.json.schema(ClusterState)))
-    for source in (state_module.__file__, cluster_module.__file__, configuration_module.__file__):
-        h.update(Path(source).read_bytes())
+    for source in ("state.py", "cluster.py", "configuration.py"):  # the same whether the core runs compiled or not
+        h.update((SOURCES / source).read_bytes())
     return h.hexdigest()[:16]
 
 

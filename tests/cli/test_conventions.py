@@ -245,14 +245,17 @@ def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.Argument
     return None
 
 
-def test_version_prints_the_installed_version(capsys) -> None:
-    """`muster --version` prints the version of the installed package and exits 0."""
+def test_version_prints_the_installed_version_and_which_core_runs(capsys) -> None:
+    """`muster --version` prints the installed package's version and whether the core runs compiled, and exits 0."""
     from importlib.metadata import version
+
+    from muster.projections import CORE
 
     with pytest.raises(SystemExit) as done:
         main(["--version"])
     assert done.value.code == 0
-    assert capsys.readouterr().out.strip() == f"muster {version('muster-scheduler')}"
+    assert capsys.readouterr().out.strip() == f"muster {version('muster-scheduler')}, core: {CORE}"
+    assert CORE == "compiled (mypyc)" or CORE.startswith("Python (")
 
 
 QUIET = {("daemon",), ("demo",), ("billing", "run"), ("completion",), ("ui",)}
