@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import gc
 
-__all__ = ["YOUNG", "tune"]
+from muster.replay.heap import YOUNG
 
-YOUNG = 20_000
-"""Net allocations of container objects between two young collections (the interpreter's default: 700)."""
+__all__ = ["YOUNG", "tune"]
 
 
 def tune() -> None:

@@ -46,6 +46,7 @@ from muster.projections.resources import gpus_of
 from muster.projections.scheduler import decide, next_wakeup
 from muster.projections.settling import Settling
 from muster.projections.state import ClusterState, JobState
+from muster.replay.heap import fewer_collections
 from muster.replay.scenario import Scenario
 from muster.replay.timelinespec import Input
 
@@ -230,6 +231,7 @@ class SimResult:
     cycles: int
 
 
+@fewer_collections()
 def simulate(
     scenario: Scenario,
     *,
