@@ -45,6 +45,7 @@ from muster.projections import flavors
 from muster.projections.configuration import flavored_requests
 from muster.projections.eviction import evicts_more_within_nominal
 from muster.projections.flavors import Flavors, PodsetsKey, podsets_key, view
+from muster.projections.jobfacts import priority_of
 from muster.projections.parking import Wake
 from muster.projections.preemption import Result, Victim, find_victims
 from muster.projections.resources import fmt, gpus_of
@@ -561,7 +562,7 @@ def wake(cycle: Cycle, job: JobState, choice: Choice, found: list[Result]) -> Wa
         released={k: max(1, v - held.get(k, 0)) for k, v in choice.short.items()},
         consumed=dict(choice.consumed),
         # as a plain job's (`verdicts.wake_rule`): new victims change nothing for one that may evict no one
-        new_victims=not cycle.idx.evicts_no_one(job.queue, state.priority_of(job)),
+        new_victims=not cycle.idx.evicts_no_one(job.queue, priority_of(state, job)),
     )
     if evicts_more_within_nominal(queue.preemption, queue.cohort is not None, job):
         for on in choice.preempt:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from muster.projections.eviction import LOWEST, Preemptor, may_evict, reach
 from muster.projections.index import VictimEntry, VictimList, VictimMemo
+from muster.projections.jobfacts import lost_gpu_seconds, preemptible, priority_of
 from muster.projections.state import JobState
 
 if TYPE_CHECKING:
@@ -42,7 +43,8 @@ def list_candidates(cycle: Cycle, job: JobState, p: Preemptor) -> list[JobState]
         equal = rule.equal_in_queue
         # jobs the rule refuses whatever the order are left out of the order (their lost work
         # is not computed)
-        for cp, _, _, _, c in victim_order(cycle, job.queue, prio if equal else prio - 1):
+        for entry in victim_order(cycle, job.queue, prio if equal else prio - 1):
+            cp, c = entry.priority, entry.job
             if cp > prio or (cp == prio and not equal):
                 break
             if c.id in removed or not overlaps(c, job):
@@ -65,7 +67,7 @@ def list_candidates(cycle: Cycle, job: JobState, p: Preemptor) -> list[JobState]
                 if c.id in removed or not overlaps(c, job) or not may_evict(p, other, cp, c.order_seq, borrowing, c.id):
                     continue
                 others.append(entry)
-    others.sort()  # by (priority, lost, neg_admitted, neg_seq): seq is unique, so the job is never compared
+    others.sort()  # victim order (`VictimEntry`)
     return [e.job for e in others] + own
 
 
@@ -94,7 +96,7 @@ def victim_order(cycle: Cycle, queue: str, upto: int) -> list[VictimEntry]:
         keys = [e for e in hit.entries if e.job.id not in changed]
     else:
         keys = [
-            VictimEntry(e.priority, e.job.lost_gpu_seconds(now), e.neg_admitted, e.neg_seq, e.job)
+            VictimEntry(e.priority, lost_gpu_seconds(e.job, now), e.neg_admitted, e.neg_seq, e.job)
             for e in hit.entries
             if e.job.id not in changed
         ]
@@ -135,11 +137,11 @@ def victim_entries(cycle: Cycle, job_ids: Iterable[str], upto: int) -> list[Vict
                 out.append(memo.entry)
                 continue
         else:
-            prio = state.priority_of(c) if state.preemptible(c) else None
+            prio = priority_of(state, c) if preemptible(state, c) else None
             if prio is None or prio > upto:
                 memos[job_id] = VictimMemo(-1, admitted_at, prio, None)
                 continue
-        entry = VictimEntry(prio, c.lost_gpu_seconds(now), -(admitted_at or 0), -c.seq, c)
+        entry = VictimEntry(prio, lost_gpu_seconds(c, now), -(admitted_at or 0), -c.seq, c)
         memos[job_id] = VictimMemo(now, admitted_at, prio, entry)
         out.append(entry)
     return out

@@ -22,6 +22,7 @@ from muster.projections.assignment import Refusal, choose, order_requests
 from muster.projections.cluster import node_pods
 from muster.projections.flavors import PodsetsKey, placement_request, podsets_key, unassigned
 from muster.projections.index import Group, OrderKey, SchedulerIndex, Shape, ahead_of_seq, order_key
+from muster.projections.jobfacts import gpus, lost_gpu_seconds
 from muster.projections.parking import Block, Member, Wake
 from muster.projections.preemption import Victim
 from muster.projections.queueing import StrictHeads
@@ -31,30 +32,43 @@ from muster.projections.state import ClusterState, JobState
 from muster.projections.topology import Transaction
 
 
-class HeapEntry(NamedTuple):
-    """A group in the cycle's admission heap: popping it tries the group's first job. A group woken
-    into mid-cycle can be in the heap twice: the push number keeps the comparison off `group`."""
+class HeapEntry:
+    """A group in the cycle's admission heap: popping it tries the group's first job. Ordered by (key,
+    push): a group woken into mid-cycle can be in the heap twice, and the push number keeps the
+    comparison off `group`. A class, not a NamedTuple: the compiled core builds and compares it in C."""
 
-    key: OrderKey
-    """Its first job's order key when pushed (a lower bound: keys only grow within a cycle, and a
-    group's first job changes only by leaving it or by a wake, which pushes the group again)."""
-    push: int
-    group: Group
+    __slots__ = ("group", "key", "push")
+
+    def __init__(self, key: OrderKey, push: int, group: Group) -> None:
+        self.key = key
+        """Its first job's order key when pushed (a lower bound: keys only grow within a cycle, and a
+        group's first job changes only by leaving it or by a wake, which pushes the group again)."""
+        self.push = push
+        self.group = group
+
+    def __lt__(self, other: HeapEntry) -> bool:
+        return self.key < other.key or (self.key == other.key and self.push < other.push)
 
 
-class QuotaPosition(NamedTuple):
+class QuotaPosition:
     """A shape's place in `order_key` by quota, as of quota `version`."""
 
-    version: int
-    over_nominal: int
-    share: int
+    __slots__ = ("over_nominal", "share", "version")
+
+    def __init__(self, version: int, over_nominal: int, share: int) -> None:
+        self.version = version
+        self.over_nominal = over_nominal
+        self.share = share
 
 
-class Verdict(NamedTuple):
+class Verdict:
     """Why a job class failed on the cycle's view, and what must happen before it may change."""
 
-    reason: str
-    wake: Wake
+    __slots__ = ("reason", "wake")
+
+    def __init__(self, reason: str, wake: Wake) -> None:
+        self.reason = reason
+        self.wake = wake
 
 
 class EvictNewAnswer(NamedTuple):
@@ -283,7 +297,7 @@ class Cycle:
     def could_place(self, job: JobState) -> bool:
         """A cheap necessary condition for placement: enough free GPUs in the whole cluster."""
         free: int = self.idx.topology.gpu_free_total
-        need: int = job.gpus
+        need: int = gpus(job)
         return need <= free
 
     def take(self, job: JobState, placement: Mapping[str, str]) -> None:
@@ -386,7 +400,7 @@ class Cycle:
                 job=JobId(job.id),
                 preemptor=JobId(preemptor) if preemptor is not None else None,
                 reason=victim.reason,
-                lost_gpu_seconds=job.lost_gpu_seconds(self.now),
+                lost_gpu_seconds=lost_gpu_seconds(job, self.now),
                 cycle=self.number,
                 epoch=self.epoch,
             )

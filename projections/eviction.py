@@ -43,24 +43,43 @@ LOWEST = -(1 << 62)
 """Below every priority."""
 
 
-class Preemptor(NamedTuple):
+class Preemptor:
     """What the rule needs to know of a preemptor."""
 
-    queue: str
-    priority: int
-    policy: PreemptionPolicy
-    in_cohort: bool
-    """Whether its queue belongs to a cohort (else only its own queue can give room)."""
-    mode: Mode | None
-    """None: any mode (the answer is whether some quota position allows the eviction)."""
-    seq: int | None
-    """Its place in the admission order (`JobState.order_seq`: "newer" is a later place, as Kueue's
-    queue order timestamp); None: any (the answer is whether some order allows it)."""
-    spared: frozenset[str] = frozenset()
-    """Jobs it never evicts: those its own eviction descends from (`eviction_chain`)."""
-    idle_borrowing: bool = False
-    """Reclaimed for idleness (`JobState.idle_reclaimed_at`) and borrowing now: it evicts no one (False:
-    not such a job, or a question about any quota position, of which within nominal allows evicting)."""
+    __slots__ = ("idle_borrowing", "in_cohort", "mode", "policy", "priority", "queue", "seq", "spared")
+
+    def __init__(
+        self,
+        queue: str,
+        priority: int,
+        policy: PreemptionPolicy,
+        in_cohort: bool,
+        mode: Mode | None,
+        seq: int | None,
+        spared: frozenset[str] = frozenset(),
+        idle_borrowing: bool = False,
+    ) -> None:
+        self.queue = queue
+        self.priority = priority
+        self.policy = policy
+        self.in_cohort = in_cohort
+        """Whether its queue belongs to a cohort (else only its own queue can give room)."""
+        self.mode = mode
+        """None: any mode (the answer is whether some quota position allows the eviction)."""
+        self.seq = seq
+        """Its place in the admission order (`JobState.order_seq`: "newer" is a later place, as Kueue's
+        queue order timestamp); None: any (the answer is whether some order allows it)."""
+        self.spared = spared
+        """Jobs it never evicts: those its own eviction descends from (`eviction_chain`)."""
+        self.idle_borrowing = idle_borrowing
+        """Reclaimed for idleness (`JobState.idle_reclaimed_at`) and borrowing now: it evicts no one (False:
+        not such a job, or a question about any quota position, of which within nominal allows evicting)."""
+
+    def placed_at(self, seq: int) -> Preemptor:
+        """The same preemptor at another place in the admission order."""
+        return Preemptor(
+            self.queue, self.priority, self.policy, self.in_cohort, self.mode, seq, self.spared, self.idle_borrowing
+        )
 
 
 def may_evict(

@@ -152,10 +152,13 @@ class Holdings:
         return known
 
 
-class Held(NamedTuple):
+class Held:
     """What a set of (queue, priority) classes holds, added up: every candidate of a search, without listing them."""
 
-    holdings: list[Holding]
+    __slots__ = ("holdings",)
+
+    def __init__(self, holdings: list[Holding]) -> None:
+        self.holdings = holdings
 
     def requests(self) -> dict[str, int]:
         """Their requests added up (as a search adds up its candidates')."""

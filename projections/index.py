@@ -15,6 +15,7 @@ from muster.projections import parking
 from muster.projections.eviction import evicts_no_one, reach
 from muster.projections.flavors import MARKER, UNTAINTED
 from muster.projections.holdings import Holdings
+from muster.projections.jobfacts import preemptible, priority_of
 from muster.projections.parking import Block, Member, Parking
 from muster.projections.planning import Replanned
 from muster.projections.quota import QuotaTree
@@ -28,16 +29,30 @@ if TYPE_CHECKING:
 _ATTR = "_scheduler_index"
 
 
-class VictimEntry(NamedTuple):
-    """A running job in victim order (the first four fields, smallest first; seq is unique)."""
+class VictimEntry:
+    """A running job in victim order: by (priority, lost, neg_admitted, neg_seq), smallest first (seq
+    is unique, so the job is never compared). A class, not a NamedTuple: the compiled core builds and
+    compares it in C (victim orders are sorted again at every instant)."""
 
-    priority: int
-    lost: int
-    """GPU-seconds of work lost if evicted now (since its last checkpoint)."""
-    neg_admitted: int
-    """Minus its admission time: the most recently admitted first."""
-    neg_seq: int
-    job: JobState
+    __slots__ = ("job", "lost", "neg_admitted", "neg_seq", "priority")
+
+    def __init__(self, priority: int, lost: int, neg_admitted: int, neg_seq: int, job: JobState) -> None:
+        self.priority = priority
+        self.lost = lost
+        """GPU-seconds of work lost if evicted now (since its last checkpoint)."""
+        self.neg_admitted = neg_admitted
+        """Minus its admission time: the most recently admitted first."""
+        self.neg_seq = neg_seq
+        self.job = job
+
+    def __lt__(self, other: VictimEntry) -> bool:
+        if self.priority != other.priority:
+            return self.priority < other.priority
+        if self.lost != other.lost:
+            return self.lost < other.lost
+        if self.neg_admitted != other.neg_admitted:
+            return self.neg_admitted < other.neg_admitted
+        return self.neg_seq < other.neg_seq
 
 
 class VictimList(NamedTuple):
@@ -111,7 +126,7 @@ def queue_order_key(state: ClusterState, job: JobState) -> OrderKey:
     (strict heads, reservations' heads, views), as the cycle's heap orders it but for quota."""
     queue = state.queues.get(job.queue)
     strategy = queue.queueing_strategy if queue is not None else ""
-    return order_key(state.priority_of(job), job.order_seq, limit=limit_rank(strategy, job.max_runtime))
+    return order_key(priority_of(state, job), job.order_seq, limit=limit_rank(strategy, job.max_runtime))
 
 
 class SchedulerIndex:
@@ -207,8 +222,8 @@ class SchedulerIndex:
         elif job.status == "admitted":
             self.running.setdefault(job.queue, set()).add(job.id)
             self._running_moved(job)
-            if state.preemptible(job):
-                self.holdings.add(job, state.priority_of(job))
+            if preemptible(state, job):
+                self.holdings.add(job, priority_of(state, job))
 
     def _running_moved(self, job: JobState) -> None:
         """The job joined or left its queue's running set: its victim order is stale."""
@@ -226,7 +241,7 @@ class SchedulerIndex:
         """The job's priority value (classes change only with the index's structure)."""
         p = self._prio.get(job.id)
         if p is None:
-            p = self._prio[job.id] = self.state.priority_of(job)
+            p = self._prio[job.id] = priority_of(self.state, job)
         return p
 
     def shape(self, job: JobState) -> Shape:
@@ -263,7 +278,7 @@ class SchedulerIndex:
             (ps.name, ps.count, tuple(sorted(ps.requests.items())), ps.topology, tuple(ps.flavors))
             for ps in job.podsets
         )
-        return (self.shape(job), self.priority(job), self.state.preemptible(job), podsets, self.limit(job), own)
+        return (self.shape(job), self.priority(job), preemptible(self.state, job), podsets, self.limit(job), own)
 
     def limit(self, job: JobState) -> int:
         """The job's `limit_rank` in its queue's order."""

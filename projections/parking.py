@@ -104,11 +104,30 @@ class RoomWait(NamedTuple):
     """GPUs to be freed anywhere before trying again (None: every domain is watched)."""
 
 
-class Member(NamedTuple):
-    """A pending job in its class's lists, kept sorted: the first in queue order is last."""
+class Member:
+    """A pending job in its class's lists, kept sorted: the first in queue order is last.
 
-    neg_seq: int
-    job: str
+    Compared, equal and hashed as the pair (neg_seq, job). A class, not a NamedTuple: the compiled
+    core builds and compares it in C (a deep backlog makes millions).
+    """
+
+    __slots__ = ("job", "neg_seq")
+
+    def __init__(self, neg_seq: int, job: str) -> None:
+        self.neg_seq = neg_seq
+        self.job = job
+
+    def __lt__(self, other: Member) -> bool:
+        return self.neg_seq < other.neg_seq or (self.neg_seq == other.neg_seq and self.job < other.job)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Member) and self.neg_seq == other.neg_seq and self.job == other.job
+
+    def __hash__(self) -> int:
+        return hash((self.neg_seq, self.job))
+
+    def __repr__(self) -> str:
+        return f"Member({self.neg_seq}, {self.job!r})"
 
 
 class Block:
@@ -138,26 +157,47 @@ class Block:
         """Whether new victims in its tree (a queue starts borrowing) may change its verdict (`Wake`)."""
 
 
-class HeapEntry(NamedTuple):
-    """A block's wake, due once its counter reaches `level`; stale once the block is woken."""
+class HeapEntry:
+    """A block's wake, due once its counter reaches `level`; stale once the block is woken.
 
-    level: int
-    stamp: int
-    block: Block
+    Ordered by (level, stamp): a heap holds one entry per block, so stamps never tie. A class, not a
+    NamedTuple: the compiled core builds and compares it in C (a deep backlog makes millions).
+    """
+
+    __slots__ = ("block", "level", "stamp")
+
+    def __init__(self, level: int, stamp: int, block: Block) -> None:
+        self.level = level
+        self.stamp = stamp
+        self.block = block
+
+    def __lt__(self, other: HeapEntry) -> bool:
+        return self.level < other.level or (self.level == other.level and self.stamp < other.stamp)
 
 
-class Park(NamedTuple):
+class Park:
     """A block the running cycle parked, and what its wakes wait for (set once the park stands)."""
 
-    block: Block
-    queue: str
-    wake: Wake
-    freed_level: int | None
-    """The count of freed GPUs that wakes it (None: not on capacity)."""
-    flavor_levels: dict[str, int]
-    """Per flavor, the count of GPUs freed on its nodes that wakes it."""
-    domain_levels: dict[tuple[str, ...], int]
-    """Per topology domain (path), the count of GPUs freed in it that wakes it."""
+    __slots__ = ("block", "domain_levels", "flavor_levels", "freed_level", "queue", "wake")
+
+    def __init__(
+        self,
+        block: Block,
+        queue: str,
+        wake: Wake,
+        freed_level: int | None,
+        flavor_levels: dict[str, int],
+        domain_levels: dict[tuple[str, ...], int],
+    ) -> None:
+        self.block = block
+        self.queue = queue
+        self.wake = wake
+        self.freed_level = freed_level
+        """The count of freed GPUs that wakes it (None: not on capacity)."""
+        self.flavor_levels = flavor_levels
+        """Per flavor, the count of GPUs freed on its nodes that wakes it."""
+        self.domain_levels = domain_levels
+        """Per topology domain (path), the count of GPUs freed in it that wakes it."""
 
 
 class Proposal(NamedTuple):

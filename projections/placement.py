@@ -186,14 +186,25 @@ def _onto_hosts(
         raise AssertionError("spread ran out of room")
 
 
-class _HostRoom(NamedTuple):
+class _HostRoom:
     """A host with room for some pods, as `_onto_hosts` orders them (smallest first)."""
 
-    neg_slots: int
-    free: int
-    """Its free room of the primary resource."""
-    place: int
-    """Its place among its siblings (path order)."""
+    __slots__ = ("free", "neg_slots", "place")
+
+    def __init__(self, neg_slots: int, free: int, place: int) -> None:
+        self.neg_slots = neg_slots
+        self.free = free
+        """Its free room of the primary resource."""
+        self.place = place
+        """Its place among its siblings (path order)."""
+
+    def __lt__(self, other: _HostRoom) -> bool:
+        """The most slots first, then the tightest, then path order."""
+        if self.neg_slots != other.neg_slots:
+            return self.neg_slots < other.neg_slots
+        if self.free != other.free:
+            return self.free < other.free
+        return self.place < other.place
 
 
 def _spread(

@@ -33,6 +33,7 @@ from muster.projections.eviction import Mode, Preemptor, eviction_chain, may_evi
 from muster.projections.flavors import placement_request, unassigned
 from muster.projections.held import SummedRoom
 from muster.projections.holdings import Held, Holding
+from muster.projections.jobfacts import priority_of
 from muster.projections.resources import gpus_of
 from muster.projections.state import JobState
 from muster.projections.victim_walk import Probe, Roomy, fits_given
@@ -82,7 +83,7 @@ def preemptor_rule(cycle: Cycle, job: JobState, reclaimed: bool = False) -> Pree
     quota = cycle.idx.quota
     within = quota.within_nominal(job.queue, job.requests)
     mode: Mode = "fair" if state.fair_sharing else "reclaim" if within else "borrow"
-    prio, chain = state.priority_of(job), eviction_chain(state.jobs, job)
+    prio, chain = priority_of(state, job), eviction_chain(state.jobs, job)
     idle_borrowing = (reclaimed or job.idle_reclaimed_at is not None) and not within
     return Preemptor(
         job.queue, prio, queue.preemption, queue.cohort is not None, mode, job.order_seq, chain, idle_borrowing

@@ -79,6 +79,7 @@ from muster.events.types import (
 from muster.projections import parking
 from muster.projections.cluster import node_pods
 from muster.projections.index import OrderKey, SchedulerIndex, order_key
+from muster.projections.jobfacts import preemptible
 from muster.projections.planning import Plan, Replanned, Running, comes_back, plan_for
 from muster.projections.state import ClusterState, JobState, NodeState, Reservation, reservation_of
 from muster.projections.topology import Transaction
@@ -527,7 +528,7 @@ def _due_jobs(
             due = Due(NOMINAL, True)
         else:
             after = state.queues[job.queue].reserve_after
-            if after is None or now - since < after or not _own_room(idx, job, state.preemptible(job)):
+            if after is None or now - since < after or not _own_room(idx, job, preemptible(state, job)):
                 continue
             due = Due(f"waited {now - since} s (reserve_after {after} s)", False)
         out.append((since, job.seq, job, due))

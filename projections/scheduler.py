@@ -40,6 +40,7 @@ from muster.projections.cycle import Cycle, HeapEntry, lowest_key
 from muster.projections.duplicates import refuse_taken_ids
 from muster.projections.eviction import Preemptor, may_evict
 from muster.projections.index import Group, index_of, queue_order_key, take_new_jobs
+from muster.projections.jobfacts import preemptible, priority_of
 from muster.projections.preemption import Victim, preemptor_rule
 from muster.projections.reservations import decide_reservations
 from muster.projections.state import ClusterState, JobState
@@ -119,7 +120,8 @@ def _admit(cycle: Cycle) -> None:
     heapq.heapify(heap)
     cycle.heap = heap
     while heap:
-        key, _, group = heapq.heappop(heap)
+        top = heapq.heappop(heap)
+        key, group = top.key, top.group
         members = groups.get(group)
         if not members:
             continue
@@ -177,7 +179,7 @@ def _reclaim_idle(cycle: Cycle) -> None:
             job = state.jobs[job_id]
             if job.idle_since is None or now - job.idle_since < policy.after or job_id in cycle.removed:
                 continue
-            if not state.preemptible(job):
+            if not preemptible(state, job):
                 continue
             if policy.only_borrowing and not (job.borrowed and idx.quota.is_borrowing(job.queue)):
                 continue
@@ -191,11 +193,11 @@ def _reclaim_idle(cycle: Cycle) -> None:
         # on the next cycle's view: without the job, which is then pending at the reclaim's place
         cycle.remove(job)
         requeued = _Requeued(
-            lowest_key(cycle, job)[:-1], preemptor_rule(cycle, job, reclaimed=True)._replace(seq=state.places + 1)
+            lowest_key(cycle, job)[:-1], preemptor_rule(cycle, job, reclaimed=True).placed_at(state.places + 1)
         )
-        fitting = [p for p in waiting if _keeps_the_room(cycle, p, requeued) and cycle.fits(p, state.preemptible(p))]
+        fitting = [p for p in waiting if _keeps_the_room(cycle, p, requeued) and cycle.fits(p, preemptible(state, p))]
         cycle.restore(job)
-        if any(not cycle.fits(p, state.preemptible(p)) for p in fitting):
+        if any(not cycle.fits(p, preemptible(state, p)) for p in fitting):
             cycle.preempt(Victim(job, "IdleReclaim"), None)
 
 
@@ -213,7 +215,7 @@ def _keeps_the_room(cycle: Cycle, waiting: JobState, reclaimed: _Requeued) -> bo
     key = lowest_key(cycle, waiting)
     if key[:-1] > reclaimed.key:
         return False
-    priority = cycle.state.priority_of(waiting) if cycle.state.preemptible(waiting) else None
+    priority = priority_of(cycle.state, waiting) if preemptible(cycle.state, waiting) else None
     # once admitted, it borrows if it does not fit within its queue's nominal quota now
     return not may_evict(reclaimed.rule, waiting.queue, priority, waiting.order_seq, key[0] == 1, waiting.id)
 

@@ -27,6 +27,7 @@ from muster.events.types import (
     ResourceGroup,
     Taint,
 )
+from muster.projections import jobfacts
 
 JobStatus = Literal["pending", "admitted", "finished", "failed", "cancelled", "rejected"]
 TERMINAL: frozenset[str] = frozenset({"finished", "failed", "cancelled", "rejected"})
@@ -152,10 +153,8 @@ class JobState(msgspec.Struct, kw_only=True):
 
     @property
     def gpus(self) -> int:
-        requests = self.requests
-        if not self.flavors:
-            return requests.get("gpu", 0)
-        return sum(v * ps.count for ps in self.podsets for k, v in ps.requests.items() if k == "gpu")
+        """`jobfacts.gpus`."""
+        return jobfacts.gpus(self)
 
     def chained_eviction(self, now: int) -> bool:
         """Evicted at `now` by another job's preemption: it does not evict others at that instant.
@@ -186,16 +185,8 @@ class JobState(msgspec.Struct, kw_only=True):
         return (done // self.checkpoint_every) * self.checkpoint_every
 
     def lost_gpu_seconds(self, now: int) -> int:
-        """GPU-seconds of work a preemption at `now` would destroy."""
-        if self.status != "admitted":
-            return 0
-        # `saved_progress` inline: victim orders ask this of every candidate at every instant
-        done = self.progress(now)
-        if self.runtime is not None and self.runtime < done:
-            done = self.runtime
-        every = self.checkpoint_every
-        # `gpus`: a job admitted on flavors holds `gpu@FLAVOR`, not `gpu`
-        return (done % every if every else done) * self.gpus
+        """GPU-seconds of work a preemption at `now` would destroy (`jobfacts.lost_gpu_seconds`)."""
+        return jobfacts.lost_gpu_seconds(self, now)
 
     def remaining(self) -> int | None:
         if self.runtime is None:
@@ -307,24 +298,20 @@ class ClusterState(msgspec.Struct, kw_only=True, dict=True):
         their pods again (`cluster._on_node`); derived from the jobs, so a decoded state has it too."""
 
     def priority_of(self, job: JobState) -> int:
-        """The job's priority value; no class (or an unknown one) is the lowest class."""
-        if job.priority_class is not None:
-            pc = self.priority_classes.get(job.priority_class)
-            if pc is not None:
-                return pc.value
-        return self.lowest_priority()
+        """The job's priority value (`jobfacts.priority_of`)."""
+        return jobfacts.priority_of(self, job)
 
     def preemptible(self, job: JobState) -> bool:
-        """Whether the job's class lets it be preempted; no class is the lowest class (spec: a job's
-        `priority_class` defaults to the lowest), as for its priority value."""
-        if job.priority_class is None:
-            return self._lowest()[1]
-        pc = self.priority_classes.get(job.priority_class)
-        return pc is None or pc.preemptible
+        """Whether the job's class lets it be preempted (`jobfacts.preemptible`)."""
+        return jobfacts.preemptible(self, job)
 
     def lowest_priority(self) -> int:
         """The lowest class's value (0 without classes)."""
         return self._lowest()[0]
+
+    def lowest_preemptible(self) -> bool:
+        """Whether the lowest class is preemptible (True without classes)."""
+        return self._lowest()[1]
 
     def _lowest(self) -> tuple[int, bool]:
         """The lowest class's value and whether it is preemptible (0 and True without classes; of several

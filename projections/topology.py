@@ -439,28 +439,53 @@ class TopologyIndex:
         return placement.can_place(self, count, req, required, preferred)
 
 
-class DomainLack(NamedTuple):
+class DomainLack:
     """How many GPUs must be freed in a domain (by its path) before it may hold a shape."""
 
-    gpus: int
-    path: tuple[str, ...]
+    __slots__ = ("gpus", "path")
+
+    def __init__(self, gpus: int, path: tuple[str, ...]) -> None:
+        self.gpus = gpus
+        self.path = path
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DomainLack) and self.gpus == other.gpus and self.path == other.path
+
+    __hash__ = None  # type: ignore[assignment]  # a value, compared but never a key
+
+    def __repr__(self) -> str:
+        return f"DomainLack({self.gpus}, {self.path})"
 
 
-class RoomShort(NamedTuple):
+class RoomShort:
     """`TopologyIndex.room_short`: the domains of a level that lack least, and the lack of the rest."""
 
-    lacks: list[DomainLack]
-    """The domains that lack least, with their lack, the smallest first."""
-    rest: int | None
-    """The least lack of the other domains (None: there are none)."""
+    __slots__ = ("lacks", "rest")
+
+    def __init__(self, lacks: list[DomainLack], rest: int | None) -> None:
+        self.lacks = lacks
+        """The domains that lack least, with their lack, the smallest first."""
+        self.rest = rest
+        """The least lack of the other domains (None: there are none)."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RoomShort) and self.lacks == other.lacks and self.rest == other.rest
+
+    __hash__ = None  # type: ignore[assignment]  # a value, compared but never a key
+
+    def __repr__(self) -> str:
+        return f"RoomShort({self.lacks}, {self.rest})"
 
 
-class _Short(NamedTuple):
+class _Short:
     """`room_short`'s answer for a listed set's room (held, so that its id stays its own), as of `version`."""
 
-    extra: dict[Domain, dict[str, int]]
-    version: int
-    answer: RoomShort
+    __slots__ = ("answer", "extra", "version")
+
+    def __init__(self, extra: dict[Domain, dict[str, int]], version: int, answer: RoomShort) -> None:
+        self.extra = extra
+        self.version = version
+        self.answer = answer
 
 
 class _Ranked(NamedTuple):

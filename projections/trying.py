@@ -17,6 +17,7 @@ from muster.events.types import JobAdmitted, JobId, NodeName, QueueName
 from muster.projections.assignment import Admit, Evict, Wait, attempt
 from muster.projections.cycle import Cycle, Verdict, capacity_reason
 from muster.projections.flavors import summary, unassigned
+from muster.projections.jobfacts import preemptible
 from muster.projections.preemption import Victim, find_victims
 from muster.projections.reservations import released_on_admission
 from muster.projections.resources import fmt
@@ -64,9 +65,8 @@ def try_job(cycle: Cycle, job: JobState) -> Outcome:
             park(cycle, job, known.reason, known.wake)
             return "parked"
     state, idx = cycle.state, cycle.idx
-    preemptible = state.preemptible(job)
     # non-preemptible work never borrows, so no guarantee depends on evicting it
-    allow_borrow = preemptible
+    allow_borrow = preemptible(state, job)
     if unassigned(state, job):
         return _take_step(cycle, job, cls, attempt(cycle, job, allow_borrow))
     quota_reason = idx.quota.blocking(job.queue, job.requests, allow_borrow)

@@ -16,6 +16,7 @@ from muster.projections.cycle import Cycle, EvictNewAnswer, lowest_key, neg_seq
 from muster.projections.eviction import Preemptor, chain_may_shrink, evicts_more_within_nominal, may_evict
 from muster.projections.flavors import on_any_flavor, placement_request
 from muster.projections.index import OrderKey, ahead_of_seq
+from muster.projections.jobfacts import gpus, preemptible, priority_of
 from muster.projections.parking import ROOM_DOMAINS, Member, RoomWait, Wake
 from muster.projections.preemption import Result, overlaps
 from muster.projections.state import JobState
@@ -111,7 +112,7 @@ def may_evict_new(cycle: Cycle, job: JobState) -> bool:
     job = on_any_flavor(state, job)  # a pending flavored job may take room on any of its flavors
     # the answer depends on the queue, the priority and the resources asked for, and on
     # the admitted list, which only grows: a backlog of one shape asks once per admission
-    key = (job.queue, state.priority_of(job), tuple(sorted(r for r, v in job.requests.items() if v > 0)))
+    key = (job.queue, priority_of(state, job), tuple(sorted(r for r, v in job.requests.items() if v > 0)))
     known = cycle.may_evict_new.get(key)
     if known is not None and known.admitted == len(admitted):
         return known.answer
@@ -124,11 +125,11 @@ def _may_evict_any(cycle: Cycle, job: JobState, admitted: list[JobState]) -> boo
     """Whether `eviction.may_evict` lets `job` take any of `admitted`, in some quota position and order."""
     state = cycle.state
     queue = state.queues[job.queue]
-    rule = Preemptor(job.queue, state.priority_of(job), queue.preemption, queue.cohort is not None, None, None)
+    rule = Preemptor(job.queue, priority_of(state, job), queue.preemption, queue.cohort is not None, None, None)
     for other in admitted:
         if not overlaps(other, job):
             continue
-        prio = state.priority_of(other) if state.preemptible(other) else None
+        prio = priority_of(state, other) if preemptible(state, other) else None
         if may_evict(rule, other.queue, prio, other.order_seq):
             return True
     return False
@@ -145,7 +146,7 @@ def _wait_for_room(cycle: Cycle, job: JobState, result: Result, wake: Wake) -> N
     if room is not None:
         wake.room = RoomWait(tuple((lack.path, lack.gpus) for lack in room.lacks), room.rest)
     else:
-        wake.freed_short = job.gpus - result.candidate_gpus
+        wake.freed_short = gpus(job) - result.candidate_gpus
 
 
 def _room_short(cycle: Cycle, job: JobState, result: Result) -> RoomShort | None:
@@ -167,7 +168,7 @@ def wake_rule(
     """What must happen before this verdict (and its words) can change; see `index`."""
     state = cycle.state
     queue = state.queues[job.queue]
-    wake = Wake(new_victims=not cycle.idx.evicts_no_one(job.queue, state.priority_of(job)))
+    wake = Wake(new_victims=not cycle.idx.evicts_no_one(job.queue, priority_of(state, job)))
     if job.chained_eviction(cycle.now) or result.order_matters:
         wake.at_time = cycle.now + 1
     headroom = cycle.idx.quota.headroom(job.queue, job.requests, allow_borrow)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from muster.projections.eviction import Preemptor, may_evict
 from muster.projections.flavors import placement_request, unassigned
 from muster.projections.freeing import Freeing
+from muster.projections.jobfacts import gpus, priority_of
 from muster.projections.state import JobState
 
 if TYPE_CHECKING:
@@ -37,11 +38,14 @@ WALK_BEFORE_ASKING = 32
 """Candidates a victim walk removes one by one before asking whether it can end in a fit at all."""
 
 
-class Turn(NamedTuple):
+class Turn:
     """A candidate `Probe.minimal` removes in its turn, with whether the preemptor may borrow once it is."""
 
-    job: JobState
-    may_borrow: bool
+    __slots__ = ("job", "may_borrow")
+
+    def __init__(self, job: JobState, may_borrow: bool) -> None:
+        self.job = job
+        self.may_borrow = may_borrow
 
 
 class Turns(NamedTuple):
@@ -106,7 +110,7 @@ class Probe:
         freeing = self.freeing
         if freeing is not None:
             # what `cycle.fits` would say (quota, then `could_place`, then `can_place`) on the view as evicted
-            return freeing.could_place(job.gpus) and freeing.places()
+            return freeing.could_place(gpus(job)) and freeing.places()
         return bool(cycle.fits(job, allow_borrow))
 
     def _fill_back(self, targets: list[JobState], allow_borrow: bool) -> list[JobState]:
@@ -125,7 +129,7 @@ class Probe:
         """Whether the rule still lets the preemptor take `c` on the view as it stands (its queue borrows)."""
         cycle = self.cycle
         borrowing = cycle.idx.quota.is_borrowing(c.queue, self.job.requests)
-        return may_evict(self.rule, c.queue, cycle.state.priority_of(c), c.order_seq, borrowing)
+        return may_evict(self.rule, c.queue, priority_of(cycle.state, c), c.order_seq, borrowing)
 
     def _undo(self, removed: list[JobState]) -> None:
         """Give back every job of `removed` still taken (the cycle's view is again as found)."""
@@ -145,7 +149,7 @@ class Probe:
         job, state, quota = self.job, self.cycle.state, self.cycle.idx.quota
         for c in candidates:
             if c.queue != job.queue:
-                cp = state.priority_of(c)
+                cp = priority_of(state, c)
                 given = self.given.get(c.queue) if self.given is not None else None
                 if not may_evict(self.rule, c.queue, cp, c.order_seq, quota.is_borrowing(c.queue, job.requests, given)):
                     continue  # its queue no longer borrows
@@ -193,7 +197,7 @@ class Probe:
             rest = self._turns(turns, own, may_borrow)
             if not self._may_fit(rest) or not self._may_place(rest):
                 return None
-            turns = iter(rest.turns)
+            turns = ((t.job, t.may_borrow) for t in rest.turns)
 
     def _freeing(self) -> Freeing | None:
         """A `Freeing` for the job's pods, when it has one podset on its nodes that one answers for."""
@@ -274,7 +278,7 @@ class Probe:
         mark = freeing.mark()
         for t in turns.turns:
             freeing.move(t.job, 1)
-        if not (freeing.could_place(self.job.gpus) and freeing.places()):
+        if not (freeing.could_place(gpus(self.job)) and freeing.places()):
             return False
         freeing.rollback(mark)  # the walk goes on, turn by turn
         return True
