@@ -57,29 +57,55 @@ if TYPE_CHECKING:
 Mode = Literal["fit", "borrow", "no"]
 
 
-class Choice(NamedTuple):
+_NO_AMOUNTS: dict[str, int] = {}
+"""The default of the fields below: shared, as no one writes them."""
+_NO_REFUSALS: list[Refusal] = []
+
+
+class Choice:
     """A flavored job's flavors on the cycle's view."""
 
-    admit: JobState | None
-    """The job on its flavors, when every podset has one that fits now."""
-    preempt: list[JobState]
-    """Else the job on each flavor to look for victims in, in order."""
-    reason: str
-    """Else why each flavor tried failed (`h100: quota (...); a100: no rack has room ...`)."""
-    consumed: dict[str, int] = {}
-    """Else, per quota key, the use in the tree after which the words may change (see `wake`)."""
-    short: dict[str, int] = {}
-    """Else, per quota key, what a flavor whose quota stopped it lacks (its largest shortfall)."""
-    refusals: list[Refusal] = []
-    """Else the flavors tried that their nodes stopped (GPUs freed there may change the choice)."""
+    __slots__ = ("admit", "consumed", "preempt", "reason", "refusals", "short")
+
+    def __init__(
+        self,
+        admit: JobState | None,
+        preempt: list[JobState],
+        reason: str,
+        consumed: dict[str, int] = _NO_AMOUNTS,
+        short: dict[str, int] = _NO_AMOUNTS,
+        refusals: list[Refusal] = _NO_REFUSALS,
+    ) -> None:
+        self.admit = admit
+        """The job on its flavors, when every podset has one that fits now."""
+        self.preempt = preempt
+        """Else the job on each flavor to look for victims in, in order."""
+        self.reason = reason
+        """Else why each flavor tried failed (`h100: quota (...); a100: no rack has room ...`)."""
+        self.consumed = consumed
+        """Else, per quota key, the use in the tree after which the words may change (see `wake`)."""
+        self.short = short
+        """Else, per quota key, what a flavor whose quota stopped it lacks (its largest shortfall)."""
+        self.refusals = refusals
+        """Else the flavors tried that their nodes stopped (GPUs freed there may change the choice)."""
 
 
-class _Verdict(NamedTuple):
-    mode: Mode
-    why: str
-    consumed: dict[str, int] = {}
-    short: dict[str, int] = {}
-    refusal: Refusal | None = None
+class _Verdict:
+    __slots__ = ("consumed", "mode", "refusal", "short", "why")
+
+    def __init__(
+        self,
+        mode: Mode,
+        why: str,
+        consumed: dict[str, int] = _NO_AMOUNTS,
+        short: dict[str, int] = _NO_AMOUNTS,
+        refusal: Refusal | None = None,
+    ) -> None:
+        self.mode = mode
+        self.why = why
+        self.consumed = consumed
+        self.short = short
+        self.refusal = refusal
 
 
 class Admit(NamedTuple):
@@ -97,11 +123,14 @@ class Evict(NamedTuple):
     victims: list[Victim]
 
 
-class Wait(NamedTuple):
+class Wait:
     """Park the job: why each flavor failed, and what must happen before that may change."""
 
-    reason: str
-    wake: Wake
+    __slots__ = ("reason", "wake")
+
+    def __init__(self, reason: str, wake: Wake) -> None:
+        self.reason = reason
+        self.wake = wake
 
 
 def attempt(cycle: Cycle, job: JobState, allow_borrow: bool) -> Admit | Evict | Wait:
