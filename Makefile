@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# The scheduler core compiled by mypyc (tools/build_core.py): about twice as fast, the same decisions.
+# The scheduler core compiled by mypyc (tools/build_core.py): 1.4-1.7x faster on the bench shapes, the same decisions.
 # Rebuilt when a core module changes; until then the package runs the changed core as Python.
 CORE := projections/_compiled/manifest.json
 $(CORE): $(STAMP) $(wildcard projections/*.py events/*.py) tools/build_core.py

@@ -3,11 +3,11 @@
 Nothing here performs I/O, reads a clock or draws unseeded random numbers (but this file, which
 chooses at import whether the core runs compiled).
 
-The core may run compiled by mypyc (`make core`, tools/build_core.py): the same source, about twice
-as fast, deciding the same bytes. Its modules sit in `_compiled/` with the sha256 of the sources they
-were built from (the core's and the events' modules, whose constants the compiled code may hold); that
-folder is searched first only while every one of those sources is unchanged, so an edited module never
-runs stale compiled code. `MUSTER_CORE=python` keeps the core in Python.
+The core may run compiled by mypyc (`make core`, tools/build_core.py): the same source, 1.4-1.7x
+faster on the bench shapes, deciding the same bytes. Its modules sit in `_compiled/` with the sha256
+of the sources they were built from (the core's and the events' modules, whose constants the compiled
+code may hold); that folder is searched first only while every one of those sources is unchanged, so
+an edited module never runs stale compiled code. `MUSTER_CORE=python` keeps the core in Python.
 """
 
 from __future__ import annotations
