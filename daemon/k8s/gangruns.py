@@ -33,7 +33,9 @@ __all__ = [
     "KnownJob",
     "Tracked",
     "as_placed",
+    "evicted",
     "finished_before_eviction",
+    "finished_when_relisted",
     "first_set",
     "new_to",
     "note_finished",
@@ -71,6 +73,9 @@ class KnownJob(Protocol):
 
     @property
     def reason(self) -> str: ...
+
+    @property
+    def preemptions(self) -> int: ...
 
 
 @dataclass
@@ -123,9 +128,9 @@ class Gang:
     beyond: set[str] = field(default_factory=set)
     """Uids of pods made beyond the admitted run's size, told they wait (`Gangs._beyond_admitted`): once each."""
     finished: dict[str, PodInfo] = field(default_factory=dict)
-    """Gang pod name -> the pod of the preempted run seen succeeded there (bound, not being deleted) before its
-    eviction took it: that slot's work is done, its owner makes no pod for it again, and the re-admission binds
-    nothing there (`Gangs.evicting`, `_evaluate`)."""
+    """Gang pod name -> the pod of the preempted run seen succeeded there (bound; before its eviction, or in its
+    grace period): that slot's work is done, its owner makes no pod for it again, and the re-admission binds
+    nothing there (`note_finished`; a new leader's: `finished_when_relisted`)."""
 
 
 @dataclass(frozen=True)
@@ -250,7 +255,12 @@ def take_successors(gang: Gang) -> bool:
     if gang.requeued or gang.job_id is None or gang.losing:
         return False
     unbound = False
-    ran = [n for n, key in gang.mapping.items() if gang.owner.kind == "Job" and key in gang.pods and gang.pods[key].ran]
+    ran = [
+        n
+        for n, key in gang.mapping.items()
+        # a preempted run's finished slot is not freed: its re-admission binds nothing there (`Gang.finished`)
+        if gang.owner.kind == "Job" and key in gang.pods and gang.pods[key].ran and n not in gang.finished
+    ]
     freed = sorted({*ran, *(n for n in gang.vacated if gang.mapping.get(n) not in gang.pods)})
     mapped = set(gang.mapping.values())
     waiting = sorted(
@@ -298,11 +308,33 @@ def submission(gang: Gang, chosen: list[PodInfo], at: int, namespace_queue: str)
 
 
 def note_finished(gang: Gang) -> None:
-    """Remember which slots' pods of the preempted run succeeded, before its eviction deletes them (`Gang.finished`)."""
+    """Remember which slots' pods of the preempted run succeeded (`Gang.finished`): bound and Succeeded, also one
+    that succeeded in the grace period of its eviction (its owner counts it succeeded all the same: a Job's
+    controller makes no pod for it again, so its gang must not wait for one)."""
     for name, key in gang.mapping.items():
         pod = gang.pods.get(key)
-        if pod is not None and pod.ran:
+        if pod is not None and pod.node and pod.phase == "Succeeded":
             gang.finished.setdefault(name, pod)
+
+
+def finished_when_relisted(gang: Gang, known: KnownJob) -> None:
+    """A relisting leader's `Gang.finished`, which the leader that evicted the run held in its memory alone: a
+    job the log says was preempted and has not started since keeps the pods of its slots that succeeded (its
+    eviction leaves them: `evicting`), and those slots are done. Without this the new leader waited for a pod in
+    every slot, one its owner never makes: the job held its quota for ever, its replacements unbound."""
+    if known.preemptions and known.started_at is None and known.status in ("pending", "admitted"):
+        note_finished(gang)
+
+
+def evicted(gang: Gang) -> list[PodInfo]:
+    """The pods a preemption of the run deletes: all but those of its `finished` slots (`note_finished` first).
+
+    A pod that succeeded holds no node and its owner makes no pod for it again; left in place (as a Job
+    suspended by Kueue keeps its succeeded pods), it tells a new leader its slot is done (`finished_when_relisted`).
+    """
+    note_finished(gang)
+    done = {p.uid for p in gang.finished.values()}
+    return sorted((p for p in gang.pods.values() if p.uid not in done), key=PodInfo.sort_key)
 
 
 def finished_before_eviction(gang: Gang) -> bool:

@@ -35,10 +35,11 @@ Invariants:
   replacements under the same job id. So does a gang whose owner is there to make a pod someone
   deleted again (`workload_read`); bound, the replacement takes the deleted pod's slot and node
   (`vacated`). Only a pod group nothing recreates (bare pods: `pods.recreated`) fails so.
-- A pod of a preempted run that succeeded before its eviction took it finished its slot (`Gang.finished`):
-  its owner makes no pod for it again, so the gang waits for replacements of the other slots only
-  (`refill_slots`), its re-admission binds nothing there, and a run whose every pod succeeded so is over: the
-  job ends JobFinished (`finished_before_eviction`).
+- A pod of a preempted run that succeeded, before its eviction or in its grace period, finished its slot
+  (`Gang.finished`): its owner makes no pod for it again, so the gang waits for replacements of the other slots
+  only (`refill_slots`), its re-admission binds nothing there, and a run whose every pod succeeded so is over:
+  the job ends JobFinished (`finished_before_eviction`). The eviction leaves a pod that succeeded (`evicted`),
+  so a new leader finds that slot done from the pod (`finished_when_relisted`).
 - A Job's pod created after another succeeded (its next index) runs in that
   pod's slot of the admitted gang (`take_successors`); pods of a recreating
   owner that come after its run ended are a new run, a new job (`_next_run`).
@@ -69,7 +70,9 @@ from muster.daemon.k8s.gangruns import (
     KnownJob,
     Tracked,
     as_placed,
+    evicted,
     finished_before_eviction,
+    finished_when_relisted,
     later_run,
     new_to,
     note_finished,
@@ -323,14 +326,14 @@ class Gangs(GangViews):
     # ------------------------------------------------------------ effects and endings
 
     def evicting(self, job: JobId) -> list[PodInfo]:
-        """Mark the job preempted: its current pods are expected to go. Returns them."""
+        """Mark the job preempted: its current pods are expected to go, but those that succeeded (`evicted`).
+        Returns the pods to evict."""
         gang = self._gang_of(job)
         if gang is None:
             return []
-        victims = sorted(gang.pods.values(), key=PodInfo.sort_key)
-        note_finished(gang)  # done already: its eviction deletes it, and its owner makes it no more
-        gang.retired |= {p.uid for p in victims}
-        self.recheck.update(p.key for p in victims)
+        victims = evicted(gang)
+        gang.retired |= {p.uid for p in gang.pods.values()}  # the log counts none of them now
+        self.recheck.update(gang.pods)
         gang.started = False
         gang.requeued = True
         gang.vacated.clear()  # every slot is taken again, by the replacements' re-admission
@@ -556,6 +559,9 @@ class Gangs(GangViews):
                     return events
                 if known.status == "admitted":
                     gang.mapping = as_placed(gang.mapping, gang.pods, known.placement)
+                finished_when_relisted(gang, known)
+                if finished_before_eviction(gang):
+                    return events + self._end(gang, JobFinished(at=at, job=job))
         elif gang.requeued:
             note_finished(gang)
             if finished_before_eviction(gang):
