@@ -119,14 +119,14 @@ class Gang:
     while that read is on its way (`Gangs.workload_read`; a pod group nothing recreates: `settle_deletions`)."""
     shrunk: set[str] = field(default_factory=set)
     """Gang pod names of a bound run whose pod went as its owner was scaled down: no replacement comes, and
-    the run ends without them (`Gangs.workload_read`)."""
+    the run ends without them (`resizing.shrink`)."""
     recount: bool = False
-    """A pod beyond the waiting run's size came: its owner's size was asked for again (`Gangs._recount`)."""
+    """A pod beyond the waiting run's size came: its owner's size was asked for again (`resizing.wants_recount`)."""
     vacated: dict[str, PodInfo] = field(default_factory=dict)
     """Gang pod name -> the pod deleted from it while the run was bound, its owner there to make it again: the
     replacement takes that name, and so the node the log placed it on (`take_successors`)."""
     beyond: set[str] = field(default_factory=set)
-    """Uids of pods made beyond the admitted run's size, told they wait (`Gangs._beyond_admitted`): once each."""
+    """Uids of pods made beyond the admitted run's size, told they wait (`resizing.beyond_admitted`): once each."""
     finished: dict[str, PodInfo] = field(default_factory=dict)
     """Gang pod name -> the pod of the preempted run seen succeeded there (bound; before its eviction, or in its
     grace period): that slot's work is done, its owner makes no pod for it again, and the re-admission binds

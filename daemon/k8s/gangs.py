@@ -46,10 +46,9 @@ Invariants:
 - Pods of a labelled pod group's controller that no job on the log holds are judged by the
   controller's jobs on the log (`controllers.claim`): the replacements of its waiting job are
   that job's pods; those it makes after its user cancelled its job are left alone (`stopped`).
-- A waiting gang whose owner runs another number of pods at once now (a Job scaled, a PodGroup's
-  minMember changed) ends `Resized` and its pods are a new job at the new size (`_resized`), as
-  Kueue makes a changed Job's Workload again before admission; an admitted gang keeps its size, and
-  a pod its owner makes beyond it is told so (`_beyond_admitted`, an `Ignored` Warning).
+- A waiting gang whose owner runs another number of pods at once now ends `Resized` and its pods are
+  a new job at the new size; an admitted gang keeps its size, and a pod its owner makes beyond it is
+  told so (an `Ignored` Warning): the rules are `resizing`'s.
 - A pod is its uid, not its name: a pod deleted and created again under the
   same name (an operator's `<job>-worker-0`, a user re-applying a manifest) is
   a new pod. The uids of a run's pods are retired when it ends, so its owner's
@@ -87,7 +86,16 @@ from muster.daemon.k8s.gangruns import (
 from muster.daemon.k8s.gangviews import GangViews
 from muster.daemon.k8s.owners import SUCCEEDED_CONDITIONS, Sizing
 from muster.daemon.k8s.pods import TERMINATED, UNOWNED, Owner, PodInfo, recreated, reruns
-from muster.daemon.k8s.reconciling import RESIZED, OwnerRead, owner_makes_no_pods, resized, workload_deleted
+from muster.daemon.k8s.reconciling import OwnerRead, owner_makes_no_pods, workload_deleted
+from muster.daemon.k8s.resizing import (
+    beyond_admitted,
+    resized,
+    resized_to,
+    shrink,
+    take_size,
+    wants_recount,
+    was_resized,
+)
 from muster.events.types import ControllerRef, Event, JobFailed, JobFinished, JobId, JobStarted, PodSet
 
 __all__ = ["TERMINATED", "Gang", "Gangs", "IgnoredGang", "KnownJob", "StoppedRun", "Tracked", "WorkloadCheck"]
@@ -175,17 +183,19 @@ class Gangs(GangViews):
                 gang.size = 1
             elif owner.kind not in UNOWNED:
                 known = self._on_log(owner.job_id())
-                # a job ended Resized had the owner's old size: its pods run at another as a later job
-                if known is not None and not (known.status == "cancelled" and known.reason.startswith(RESIZED)):
+                if known is not None and not was_resized(known):
                     gang.size = sum(ps.count for ps in known.podsets)  # as submitted: no lookup
                 else:
                     gang.asked = True
                     self._wanted.append(owner)
                     self._unsized.add(owner)
         gang.pods[info.key] = info
-        self._recount(gang, info)
+        if wants_recount(gang, info):
+            self._wanted.append(owner)
         events = self._evaluate(gang, at)
-        self._beyond_admitted(gang, info)
+        why = beyond_admitted(gang, info, self._on_log)
+        if why is not None:
+            self.ignored.append(IgnoredGang(why, (info,)))
         return events
 
     def pod_deleted(self, key: str, at: int) -> list[Event]:
@@ -234,16 +244,8 @@ class Gangs(GangViews):
         again = self._resized(gang, read.sizing, at) if read.exists else None
         if again is not None:
             return again  # the pod went because its owner was scaled down: it makes no replacement
-        now = read.sizing.size if read.exists and read.sizing is not None else None
-        if now is not None and 0 < now < (gang.size or 0) and gang.vacated:
-            # a bound run scaled down (the Job controller deleted the pods past its parallelism): it runs on
-            # without them and finishes when the others do (the log keeps its admitted share until then)
-            gang.shrunk.update(gang.vacated)
-            gang.vacated.clear()
-            if gang.owner.kind == "Job" and read.sizing is not None:
-                gang.completions = max(now, read.sizing.completions or 0)
-            gang.losing = ""
-            return self._evaluate(gang, at)  # its other pods may be done already
+        if read.exists and shrink(gang, read.sizing):
+            return self._evaluate(gang, at)  # a bound run scaled down: its other pods may be done already
         if read.exists:
             gang.losing = ""
             gang.requeued = not gang.vacated  # a bound run keeps its slots: the replacement takes the deleted one
@@ -383,7 +385,8 @@ class Gangs(GangViews):
         for owner in sorted(owners, key=lambda o: o.source):
             gang = self._gangs.get(owner)
             if gang is not None and resize is not None and resize.size and gang.job_id in (None, job):
-                events += self._resubmit(gang, resize, event.at)
+                take_size(gang, resize)
+                events += self._evaluate(gang, event.at)
             elif gang is not None:
                 self._close(gang)
                 self._unsized.discard(owner)
@@ -432,65 +435,16 @@ class Gangs(GangViews):
         rest = [gang.pods[key] for key in gang.mapping.values() if key in gang.pods]
         return bool(rest) and all(p.phase == "Succeeded" for p in rest)
 
-    def _recount(self, gang: Gang, info: PodInfo) -> None:
-        """A pod new to a waiting run, beyond its size and replacing none of its pods: its owner may run more pods
-        at once now (a Job's parallelism raised): ask for its size again, once a run (`set_size` resizes it)."""
-        if gang.recount or gang.size is None or len(gang.pods) <= gang.size or gang.owner.kind in UNOWNED:
-            return
-        if gang.job_id is None or gang.done or gang.started or gang.requeued or gang.losing:
-            return
-        if info.active and info.uid not in gang.retired and info.key not in gang.mapping.values():
-            gang.recount = True
-            self._wanted.append(gang.owner)
-
-    def _beyond_admitted(self, gang: Gang, info: PodInfo) -> None:
-        """A pod new to an admitted run, in no slot of it (a running Job's parallelism raised): the run keeps the
-        size it was admitted at (`_resized` leaves an admitted gang alone: the log holds its placement), so the pod
-        waits unbound; say why on it, once (`ignored`), instead of leaving it Pending with no word."""
-        if gang.job_id is None or gang.done or gang.requeued or gang.losing or not info.active or info.node:
-            return
-        if info.uid in gang.retired or info.uid in gang.beyond or info.key in gang.mapping.values():
-            return
-        known = self._on_log(gang.job_id)
-        if not (gang.started or (known is not None and known.status == "admitted")):
-            return  # waiting: a pod beyond its size asks for its owner's size again instead (`_recount`)
-        gang.beyond.add(info.uid)
-        why = (
-            f"job {gang.job_id} runs at the size it was admitted with ({gang.size} pods): a gang is admitted whole,"
-            f" once, so pods {gang.owner.workload} makes beyond it wait (to run at its new size, create it again)"
-        )
-        self.ignored.append(IgnoredGang(why, (info,)))
-
     def _resized(self, gang: Gang, sizing: Sizing | None, at: int) -> list[Event] | None:
-        """A waiting gang whose owner runs another number of pods at once now (a Job's parallelism, a PodGroup's
-        minMember changed): as Kueue makes a Job's Workload again when the Job changes before admission, its job
-        is cancelled (`Resized`) and its pods are submitted again, at the new size, as a new job (a later run,
-        `_next_run`, once that many are there): a Job scaled down would otherwise wait for the pod its controller
-        deleted, and the pods of one scaled up beyond its gang would wait unbound. None when the size is the same,
-        or the gang no longer waits (admitted: the log holds its placement; it keeps it)."""
-        size = sizing.size if sizing is not None else None
-        if size is None or size < 1 or size == gang.size or gang.job_id is None or gang.done or gang.started:
+        """A waiting gang whose owner's size changed (`resizing.resized_to`): its job ends `Resized` and its pods
+        are submitted again at the new size; None when it keeps its size."""
+        size = resized_to(gang, sizing, self._on_log)
+        if size is None or sizing is None or gang.job_id is None:
             return None
-        if any(gang.pods[key].node for key in gang.mapping.values() if key in gang.pods):
-            return None
-        known = self._on_log(gang.job_id)
-        if known is not None and known.status != "pending":
-            return None
-        assert sizing is not None
         self._ended.add(gang.job_id)
-        return [resized(gang.job_id, gang.owner, size, gang.size or 0, at), *self._resubmit(gang, sizing, at)]
-
-    def _resubmit(self, gang: Gang, sizing: Sizing, at: int) -> list[Event]:
-        """Submit the pods of a gang whose job ended `Resized` again, at the owner's new size: a later run."""
-        assert sizing.size is not None
-        gang.size, gang.losing, gang.recount = sizing.size, "", False
-        if gang.owner.kind == "Job":
-            gang.completions = max(sizing.size, sizing.completions or 0)
-        if gang.job_id is None:  # a relisting leader never matched its pods to the log's job (too few)
-            gang.later_run = True
-            return self._evaluate(gang, at)
-        gang.done = True
-        return self._next_run(gang, at)
+        ended = resized(gang.job_id, gang.owner, size, gang.size or 0, at)
+        take_size(gang, sizing)
+        return [ended, *self._evaluate(gang, at)]
 
     def _end(self, gang: Gang, event: Event) -> list[Event]:
         if gang.done:
