@@ -61,8 +61,8 @@ from kubernetes_asyncio.client import ApiClient
 from muster.daemon.cluster import Reapply
 from muster.daemon.k8s.applying import Applier, ApplyResult
 from muster.daemon.k8s.client import KubeClient
+from muster.daemon.k8s.deletions import WorkloadCheck
 from muster.daemon.k8s.errors import KubeError
-from muster.daemon.k8s.gangs import WorkloadCheck
 from muster.daemon.k8s.mirroring import Mirror
 from muster.daemon.k8s.objects import DEFAULT_TOLERATED_TAINTS
 from muster.daemon.k8s.owners import Sizing, fetch_namespace_queue, fetch_sizing, list_sizings

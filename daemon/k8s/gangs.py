@@ -21,7 +21,8 @@ lookup, so a re-created owner is still a new job. Only unknown gangs cost a look
 relist of a cluster holding thousands of gangs must not fire thousands of
 requests (they starved the new leader's event loop, and its lease lapsed).
 
-What one run is made of (its podsets, successors, submission) is `gangruns`; here is which
+What one run is made of (its podsets, successors, submission) is `gangruns`; what a pod someone
+deleted from a run means, `deletions`; what an owner's new size means, `resizing`. Here is which
 gang each pod belongs to, and when each run is submitted, started and ended.
 
 Invariants:
@@ -30,7 +31,7 @@ Invariants:
 - Each admitted run reports JobStarted once; a gang ends once (JobFinished
   when every pod succeeded and, for a Job, `completions` pods did; JobFailed
   when a pod failed or was deleted by someone else; JobCancelled `WorkloadDeleted`
-  when the user deleted a gang's workload, see `_run_pod_deleted`). Pods muster evicted for a
+  when the user deleted a gang's workload: `deletions`). Pods muster evicted for a
   preemption are expected to go and report nothing; the gang waits for its
   replacements under the same job id. So does a gang whose owner is there to make a pod someone
   deleted again (`workload_read`); bound, the replacement takes the deleted pod's slot and node
@@ -63,6 +64,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from muster.daemon.k8s.controllers import Adopt, Claim, Stopped
+from muster.daemon.k8s.deletions import WorkloadCheck, owner_ended, pod_lost
 from muster.daemon.k8s.gangruns import (
     ENDED,
     Gang,
@@ -84,9 +86,9 @@ from muster.daemon.k8s.gangruns import (
     take_successors,
 )
 from muster.daemon.k8s.gangviews import GangViews
-from muster.daemon.k8s.owners import SUCCEEDED_CONDITIONS, Sizing
+from muster.daemon.k8s.owners import Sizing
 from muster.daemon.k8s.pods import TERMINATED, UNOWNED, Owner, PodInfo, recreated, reruns
-from muster.daemon.k8s.reconciling import OwnerRead, owner_makes_no_pods, workload_deleted
+from muster.daemon.k8s.reconciling import OwnerRead
 from muster.daemon.k8s.resizing import (
     beyond_admitted,
     resized,
@@ -98,20 +100,10 @@ from muster.daemon.k8s.resizing import (
 )
 from muster.events.types import ControllerRef, Event, JobFailed, JobFinished, JobId, JobStarted, PodSet
 
-__all__ = ["TERMINATED", "Gang", "Gangs", "IgnoredGang", "KnownJob", "StoppedRun", "Tracked", "WorkloadCheck"]
+__all__ = ["TERMINATED", "Gang", "Gangs", "IgnoredGang", "KnownJob", "StoppedRun", "Tracked"]
 
 ClaimOf = Callable[[str, ControllerRef, str, list[PodSet]], Claim]
 """What pods of a source and queue naming a controller are when no job on the log holds them (`controllers`)."""
-
-
-@dataclass(frozen=True)
-class WorkloadCheck:
-    """A waiting job a pod of which was deleted, and what to read to learn whether its workload is gone."""
-
-    job: JobId
-    owner: Owner
-    owned_by: JobId
-    """The job id the owner's uid gives (`reconciling.read_owner` compares it): a later run's is salted."""
 
 
 @dataclass(frozen=True)
@@ -214,43 +206,33 @@ class Gangs(GangViews):
             and key in gang.mapping.values()
             and info.phase not in TERMINATED
         ):
-            where = f"while running on {info.node}" if info.node else "before it was bound"
-            events += self._run_pod_deleted(gang, info, f"pod {key} was deleted {where}", at)
+            lost = pod_lost(gang, info, at)
+            if isinstance(lost, WorkloadCheck):
+                self.deletions.append(lost)
+            elif lost is not None:
+                events += self._end(gang, lost)
         else:
             events += self._evaluate(gang, at)
         self._collect(gang)
         return events
 
     def workload_read(self, job: JobId, read: OwnerRead, at: int) -> list[Event]:
-        """The adapter read the owner of `job` (see `deletions`, asked only for owners that recreate their
-        pods): gone ends it WorkloadDeleted; unreadable ends it as a pod deleted from it; there, it makes the
-        pod again (the Job controller, JobSet's child Jobs, a training operator, a pod group's controller):
-        the gang waits for it, as a preempted gang waits for its replacements, and the replacement takes the
-        deleted pod's place (its admission binds it there; a bound run's, on the deleted pod's node: `rebind`).
-        Ending it JobFailed instead retired the other pods with the run, and the replacement alone was no
-        gang: they all waited unbound for ever. An owner that is there but ended (`OwnerRead.ended`: a Job
-        past its `activeDeadlineSeconds`, failed or complete) or suspended makes no pod again: the job fails,
-        naming why, rather than wait for ever."""
+        """The adapter read the owner of `job` (see `deletions`, asked only for owners that recreate their pods):
+        the job ends (`deletions.owner_ended`), or ends `Resized`, or waits for the deleted pod's replacement,
+        which takes its place (a bound run's, on its node: `rebind`); a bound run scaled down goes on without it."""
         gang = self._gang_of(job)
         if gang is None or gang.done or not gang.losing:
             return []
-        if read.exists is False:
-            return self._end(gang, workload_deleted(job, gang.owner, at))
-        if read.exists and read.ended.startswith(SUCCEEDED_CONDITIONS) and gang.started and self._rest_succeeded(gang):
-            # its pod went as it was scaled down, the others succeeded, and it completed: a success
-            return self._end(gang, JobFinished(at=at, job=job))
-        if read.exists and read.ended:
-            return self._end(gang, owner_makes_no_pods(job, gang.owner, read.ended, at, gang.losing))
-        again = self._resized(gang, read.sizing, at) if read.exists else None
+        ending = owner_ended(gang, read, at)
+        if ending is not None:
+            return self._end(gang, ending)
+        again = self._resized(gang, read.sizing, at)
         if again is not None:
             return again  # the pod went because its owner was scaled down: it makes no replacement
-        if read.exists and shrink(gang, read.sizing):
-            return self._evaluate(gang, at)  # a bound run scaled down: its other pods may be done already
-        if read.exists:
+        if not shrink(gang, read.sizing):
             gang.losing = ""
             gang.requeued = not gang.vacated  # a bound run keeps its slots: the replacement takes the deleted one
-            return self._evaluate(gang, at)  # its replacement may be there already
-        return self._end(gang, JobFailed(at=at, job=job, reason=gang.losing))
+        return self._evaluate(gang, at)  # its replacement may be there already, or its other pods done
 
     def settle_deletions(self, at: int) -> list[Event]:
         """Pod groups with no owner to read that lost some of their waiting pods and kept the others for a
@@ -401,39 +383,6 @@ class Gangs(GangViews):
             self._collect(gang)
 
     # ------------------------------------------------------------ internals
-
-    def _run_pod_deleted(self, gang: Gang, info: PodInfo, reason: str, at: int) -> list[Event]:
-        """Someone deleted a pod of the run: its user deleting the workload (the Job, JobSet..., or every pod
-        of a pod group, a lone pod, running or not) cancels it, `WorkloadDeleted`; a pod deleted from a workload
-        still there is made again by its owner, and the gang waits for it (`workload_read`): bound, the
-        replacement takes its slot and node (`vacated`); a pod deleted from a pod group nothing recreates fails
-        it, `reason`, at once when bound, else once a pass finds it still losing (`settle_deletions`).
-
-        Whether a workload with an owner object is gone takes a read of that object (`deletions`, answered with
-        `workload_read`): its pods go after it, one deletion event at a time, so the first does not tell. A pod
-        group without one is gone when its last pod is.
-        """
-        assert gang.job_id is not None
-        bound = bool(info.node) or gang.started
-        if not recreated(gang.owner):
-            if not any(key in gang.pods for key in gang.mapping.values()):
-                # its last pod: the workload is gone, running or not, as reconciliation judges it (`judge`)
-                return self._end(gang, workload_deleted(gang.job_id, gang.owner, at))
-            if bound:
-                return self._end(gang, JobFailed(at=at, job=gang.job_id, reason=reason))
-            gang.losing = gang.losing or reason
-            return []
-        if bound:
-            gang.vacated.update((name, info) for name, key in gang.mapping.items() if key == info.key)
-        if not gang.losing:
-            self.deletions.append(WorkloadCheck(gang.job_id, gang.owner, gang.owner.job_id(gang.uid)))
-        gang.losing = gang.losing or reason
-        return []
-
-    def _rest_succeeded(self, gang: Gang) -> bool:
-        """Whether every pod of the run that is still there succeeded (and one is)."""
-        rest = [gang.pods[key] for key in gang.mapping.values() if key in gang.pods]
-        return bool(rest) and all(p.phase == "Succeeded" for p in rest)
 
     def _resized(self, gang: Gang, sizing: Sizing | None, at: int) -> list[Event] | None:
         """A waiting gang whose owner's size changed (`resizing.resized_to`): its job ends `Resized` and its pods
