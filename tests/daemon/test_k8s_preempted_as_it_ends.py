@@ -17,6 +17,7 @@ from kubernetes_asyncio.client import CoreV1Api
 
 from muster.daemon.k8s import manifests as m
 from muster.daemon.k8s.gangs import Gangs
+from muster.daemon.k8s.owners import Sizing
 from muster.daemon.k8s.pods import pod_info
 from muster.events.types import JobFailed, JobFinished, JobPreempted, JobStarted, JobSubmitted
 
@@ -109,3 +110,35 @@ def test_a_slot_that_finished_stays_done_when_the_gang_is_preempted_again_before
         gangs.pod_changed(pod_info(pod(1, f"r{preemption}")), at=4)  # the Job makes index 1 again, only
         assert gangs.complete(sub.job), preemption
         assert len(gangs.finished(sub.job)) == 1 and len(gangs.pods_of(sub.job) or {}) == 1
+
+
+def test_a_next_index_made_after_a_preemption_waits_for_a_slot_that_runs_not_one_that_finished() -> None:
+    """A Job of completions 3 at parallelism 2, preempted after index 0 succeeded: its index 2, made with index 1's
+    replacement, takes index 1's slot once that succeeds (and is bound there), not the finished slot nothing binds."""
+    labels = {"muster.dev/gang-size": "2", "muster.dev/queue": "q"}
+    job = m.job("train", "ns", parallelism=2, completions=3)
+
+    def pod(index: int, uid: str, phase: str = "Pending") -> dict[str, Any]:
+        [made] = m.job_pods(job, [index], gpus=1, labels=labels, node_name="n1" if phase != "Pending" else None)
+        made["metadata"]["uid"], made["metadata"]["name"], made["status"] = (
+            uid,
+            f"train-{index}-{uid}",
+            {"phase": phase},
+        )
+        return made
+
+    gangs = Gangs()
+    events = [e for i in (0, 1) for e in gangs.pod_changed(pod_info(pod(i, f"u{i}", "Running")), at=1)]
+    [sub] = [e for e in events if isinstance(e, JobSubmitted)]
+    gangs.set_size(pod_info(pod(0, "u0")).owner, Sizing(2, completions=3), at=1)
+    gangs.pod_changed(pod_info(pod(0, "u0", "Succeeded")), at=2)
+    for victim in gangs.evicting(sub.job):
+        gangs.pod_deleted(victim.key, at=3)
+    gangs.pod_changed(pod_info(pod(1, "r1")), at=4)  # index 1 again, and the next index with it
+    gangs.pod_changed(pod_info(pod(2, "r2")), at=4)
+    assert sorted(p.name for p in (gangs.pods_of(sub.job) or {}).values()) == ["train-1-r1"]
+
+    gangs.pod_changed(pod_info(pod(1, "r1", "Running")), at=5)  # the re-admission bound it
+    gangs.pod_changed(pod_info(pod(1, "r1", "Succeeded")), at=6)
+    assert sub.job in gangs.rebind
+    assert sorted(p.name for p in (gangs.pods_of(sub.job) or {}).values()) == ["train-2-r2"]  # in index 1's slot
