@@ -42,6 +42,7 @@ __all__ = [
     "podsets_of",
     "queue_of",
     "refill_slots",
+    "replaced",
     "salt",
     "same_shape",
     "shape_of",
@@ -342,6 +343,26 @@ def finished_before_eviction(gang: Gang) -> bool:
     the run is over, and the job finished, whatever the preemption meant to take from it."""
     all_succeeded = bool(gang.mapping) and set(gang.mapping) <= set(gang.finished)
     return all_succeeded and (gang.completions or 0) <= (gang.size or 0)
+
+
+def replaced(gang: Gang, size: int) -> bool:
+    """Whether a preempted run's replacements are there, mapped onto its slots (then it waits no more): one in
+    every slot that did not finish (`refill_slots`), else `size` pods of the submitted shape (`same_shape`)."""
+    fresh = sorted((p for p in gang.pods.values() if p.active and p.uid not in gang.retired), key=PodInfo.sort_key)
+    if gang.finished:  # replacements come for the slots whose pods were evicted unfinished only
+        refill = refill_slots(gang, fresh)
+        if refill is None:
+            return False
+        gang.mapping.update(refill)
+    else:
+        if len(fresh) < size:
+            return False
+        podsets, mapping = podsets_of(fresh[:size])
+        if not same_shape(podsets, gang.podsets):
+            return False  # replacements do not fit the submitted shape; keep waiting
+        gang.mapping = mapping
+    gang.requeued = False
+    return True
 
 
 def refill_slots(gang: Gang, fresh: list[PodInfo]) -> dict[str, str] | None:

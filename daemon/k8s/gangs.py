@@ -79,9 +79,8 @@ from muster.daemon.k8s.gangruns import (
     note_finished,
     podsets_of,
     queue_of,
-    refill_slots,
+    replaced,
     salt,
-    same_shape,
     submission,
     take_successors,
 )
@@ -416,81 +415,78 @@ class Gangs(GangViews):
             self._unsized.discard(gang.owner)
 
     def _evaluate(self, gang: Gang, at: int) -> list[Event]:
+        """What the gang's pods say now: a run forming is matched to the log's job or submitted (`_form`), a
+        preempted one takes its replacements (`gangruns.replaced`), a run going on starts or ends (`_judge`)."""
         if gang.size is None:
             return []
         if gang.done:
             return self._next_run(gang, at)
-        events: list[Event] = []
         if gang.job_id is None:
-            current = (p for p in gang.pods.values() if p.active and p.uid not in gang.retired)
-            active = sorted(current, key=PodInfo.sort_key)
-            chosen = active[: gang.size]
-            if len(active) < gang.size:
-                # A gang the log already knows may have run, even ended, while no adapter watched
-                # (a leader failover): recognise it by all its pods, or its end is never reported
-                # and the log holds its capacity forever.
-                every = sorted(gang.pods.values(), key=PodInfo.sort_key)
-                if self._known is None or len(every) < gang.size:
-                    return []
-                chosen = every[: gang.size]
-                if self._known(gang.owner.job_id(salt(gang, chosen))) is None:
-                    return []
-            if self._needs_namespace(gang, chosen):
-                return []
-            gang.podsets, gang.mapping = podsets_of(chosen)
-            job = self._job_id(gang, chosen)
-            known = self._on_log(job)
-            ns_queue, controller = self._ns_queue.get(chosen[0].namespace, ""), chosen[0].owner.controller
-            claimed = None
-            # a PodGroup's job id is its object's uid: its controller's replacements are that job's already
-            if known is None and controller is not None and gang.owner.reads_controller:
-                claimed = self._claim(gang.owner.source, controller, queue_of(gang, chosen, ns_queue), gang.podsets)
-            if isinstance(claimed, Stopped):
-                return events + self._stop(gang, chosen, claimed)
-            if isinstance(claimed, Adopt) and self._known is not None:
-                job, known = claimed.job, self._known(claimed.job)
-            gang.job_id = job
-            self._by_job[job] = gang.owner
-            self.recheck.update(gang.pods)  # now the log can say whether it counts them (holds_capacity)
-            if known is None:
-                events.append(submission(gang, chosen, at, ns_queue))
-            else:
-                gang.started = known.started_at is not None
-                if known.status in ENDED:
-                    self._close(gang)
-                    self._ended.add(gang.job_id)
-                    return events
-                if known.status == "admitted":
-                    gang.mapping = as_placed(gang.mapping, gang.pods, known.placement)
-                finished_when_relisted(gang, known)
-                if finished_before_eviction(gang):
-                    return events + self._end(gang, JobFinished(at=at, job=job))
-        elif gang.requeued:
+            return self._form(gang, gang.size, at)
+        if gang.requeued:
             note_finished(gang)
             if finished_before_eviction(gang):
                 # the preemption came as the run ended: no replacement comes (its owner counts its pods
                 # done), so waiting for one would fail the re-admission "pods gone before binding"
                 gang.requeued = False
-                return events + self._end(gang, JobFinished(at=at, job=gang.job_id))
-            fresh = sorted(
-                (p for p in gang.pods.values() if p.active and p.uid not in gang.retired), key=PodInfo.sort_key
-            )
-            if gang.finished:  # replacements come for the slots whose pods were evicted unfinished only
-                refill = refill_slots(gang, fresh)
-                if refill is None:
-                    return events
-                gang.mapping.update(refill)
-            else:
-                if len(fresh) < gang.size:
-                    return events
-                podsets, mapping = podsets_of(fresh[: gang.size])
-                if not same_shape(podsets, gang.podsets):
-                    return events  # replacements do not fit the submitted shape; keep waiting
-                gang.mapping = mapping
-            gang.requeued = False
-        assert gang.job_id is not None
+                return self._end(gang, JobFinished(at=at, job=gang.job_id))
+            if not replaced(gang, gang.size):
+                return []
+        return self._judge(gang, gang.job_id, at)
+
+    def _form(self, gang: Gang, size: int, at: int) -> list[Event]:
+        """A run with no job yet: once `size` of its pods are there, its job is the one the log holds for them
+        (a new leader's relist), or a controller's job that adopts them (`controllers.claim`), or a new one,
+        submitted."""
+        current = (p for p in gang.pods.values() if p.active and p.uid not in gang.retired)
+        active = sorted(current, key=PodInfo.sort_key)
+        chosen = active[:size]
+        if len(active) < size:
+            # A gang the log already knows may have run, even ended, while no adapter watched
+            # (a leader failover): recognise it by all its pods, or its end is never reported
+            # and the log holds its capacity forever.
+            every = sorted(gang.pods.values(), key=PodInfo.sort_key)
+            if self._known is None or len(every) < size:
+                return []
+            chosen = every[:size]
+            if self._known(gang.owner.job_id(salt(gang, chosen))) is None:
+                return []
+        if self._needs_namespace(gang, chosen):
+            return []
+        gang.podsets, gang.mapping = podsets_of(chosen)
+        job = self._job_id(gang, chosen)
+        known = self._on_log(job)
+        ns_queue, controller = self._ns_queue.get(chosen[0].namespace, ""), chosen[0].owner.controller
+        claimed = None
+        # a PodGroup's job id is its object's uid: its controller's replacements are that job's already
+        if known is None and controller is not None and gang.owner.reads_controller:
+            claimed = self._claim(gang.owner.source, controller, queue_of(gang, chosen, ns_queue), gang.podsets)
+        if isinstance(claimed, Stopped):
+            return self._stop(gang, chosen, claimed)
+        if isinstance(claimed, Adopt) and self._known is not None:
+            job, known = claimed.job, self._known(claimed.job)
+        gang.job_id = job
+        self._by_job[job] = gang.owner
+        self.recheck.update(gang.pods)  # now the log can say whether it counts them (holds_capacity)
+        if known is None:
+            return [submission(gang, chosen, at, ns_queue), *self._judge(gang, job, at)]
+        gang.started = known.started_at is not None
+        if known.status in ENDED:
+            self._close(gang)
+            self._ended.add(job)
+            return []
+        if known.status == "admitted":
+            gang.mapping = as_placed(gang.mapping, gang.pods, known.placement)
+        finished_when_relisted(gang, known)
+        if finished_before_eviction(gang):
+            return self._end(gang, JobFinished(at=at, job=job))
+        return self._judge(gang, job, at)
+
+    def _judge(self, gang: Gang, job: JobId, at: int) -> list[Event]:
+        """A run with its job: successors take the slots pods left (`take_successors`); a pod failed ends it; every
+        pod there bound and running starts it (once); every pod succeeded, and its owner needing no more, ends it."""
         if take_successors(gang):
-            self.rebind.add(gang.job_id)
+            self.rebind.add(job)
         mapped = [
             gang.pods.get(key)
             for name, key in gang.mapping.items()
@@ -499,20 +495,21 @@ class Gangs(GangViews):
         for p in mapped:
             if p is not None and p.phase == "Failed" and p.uid not in gang.retired:
                 why = f": {p.reason}" if p.reason else ""
-                return events + self._end(gang, JobFailed(at=at, job=gang.job_id, reason=f"pod {p.key} failed{why}"))
+                return self._end(gang, JobFailed(at=at, job=job, reason=f"pod {p.key} failed{why}"))
         present = [p for p in mapped if p is not None]
         if len(present) < len(mapped):
-            return events
+            return []
+        events: list[Event] = []
         if all(p.phase == "Succeeded" for p in present):
             if not self._completed(gang):
-                return events  # the Job's next indexes are on their way: they run in these slots
+                return []  # the Job's next indexes are on their way: they run in these slots
             if not gang.started:
-                events.append(JobStarted(at=at, job=gang.job_id))
+                events.append(JobStarted(at=at, job=job))
                 gang.started = True
-            return events + self._end(gang, JobFinished(at=at, job=gang.job_id))
+            return events + self._end(gang, JobFinished(at=at, job=job))
         if not gang.started and all(p.node and p.phase in ("Running", "Succeeded") for p in present):
             gang.started = True
-            events.append(JobStarted(at=at, job=gang.job_id))
+            events.append(JobStarted(at=at, job=job))
         return events
 
     def _job_id(self, gang: Gang, chosen: list[PodInfo]) -> JobId:
