@@ -321,7 +321,7 @@ def note_finished(gang: Gang) -> None:
 def finished_when_relisted(gang: Gang, known: KnownJob) -> None:
     """A relisting leader's `Gang.finished`, which the leader that evicted the run held in its memory alone: a
     job the log says was preempted and has not started since keeps the pods of its slots that succeeded (its
-    eviction leaves them: `evicting`), and those slots are done. Without this the new leader waited for a pod in
+    eviction leaves them: `evicted`), and those slots are done. Without this the new leader waited for a pod in
     every slot, one its owner never makes: the job held its quota for ever, its replacements unbound."""
     if known.preemptions and known.started_at is None and known.status in ("pending", "admitted"):
         note_finished(gang)
