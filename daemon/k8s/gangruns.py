@@ -34,15 +34,19 @@ __all__ = [
     "Tracked",
     "as_placed",
     "evicted",
+    "fill_gone_slots",
     "finished_before_eviction",
     "finished_when_relisted",
     "first_set",
+    "gone_finished",
     "new_to",
     "note_finished",
     "podsets_of",
+    "preempted_since_started",
     "queue_of",
     "refill_slots",
     "replaced",
+    "runs_no_successors",
     "salt",
     "same_shape",
     "shape_of",
@@ -128,10 +132,13 @@ class Gang:
     replacement takes that name, and so the node the log placed it on (`take_successors`)."""
     beyond: set[str] = field(default_factory=set)
     """Uids of pods made beyond the admitted run's size, told they wait (`resizing.beyond_admitted`): once each."""
-    finished: dict[str, PodInfo] = field(default_factory=dict)
+    finished: dict[str, PodInfo | None] = field(default_factory=dict)
     """Gang pod name -> the pod of the preempted run seen succeeded there (bound; before its eviction, or in its
     grace period): that slot's work is done, its owner makes no pod for it again, and the re-admission binds
-    nothing there (`note_finished`; a new leader's: `finished_when_relisted`)."""
+    nothing there (`note_finished`; a new leader's: `finished_when_relisted`, and None for a pod gone that its
+    Job counts succeeded: `gone_finished`)."""
+    succeeded: int | None = None
+    """A Job's pods that succeeded as its last read said (`Sizing.succeeded`); None: not read."""
 
 
 @dataclass(frozen=True)
@@ -323,8 +330,46 @@ def finished_when_relisted(gang: Gang, known: KnownJob) -> None:
     job the log says was preempted and has not started since keeps the pods of its slots that succeeded (its
     eviction leaves them: `evicted`), and those slots are done. Without this the new leader waited for a pod in
     every slot, one its owner never makes: the job held its quota for ever, its replacements unbound."""
-    if known.preemptions and known.started_at is None and known.status in ("pending", "admitted"):
+    if preempted_since_started(known) and runs_no_successors(gang):
         note_finished(gang)
+
+
+def runs_no_successors(gang: Gang) -> bool:
+    """Whether the gang's owner makes no pod beyond its slots' (a Job's completions at most its size, so no
+    successor: `take_successors`): as its read says (`Gang.completions`), else, unread (a gang the log sized), as
+    no pod past its size (more pods, a higher index) says otherwise."""
+    size = gang.size or 0
+    if gang.completions is not None:
+        return gang.completions <= size
+    return len(gang.pods) <= size and all((p.completion_index or 0) < size for p in gang.pods.values())
+
+
+def preempted_since_started(known: KnownJob) -> bool:
+    """Whether the log's job was preempted and has not started since (waiting, or admitted again and not bound)."""
+    return bool(known.preemptions) and known.started_at is None and known.status in ("pending", "admitted")
+
+
+def gone_finished(gang: Gang, known: KnownJob, present: list[PodInfo]) -> int:
+    """How many slots of a preempted run not started since a relisting leader takes as done though no pod of them
+    is left: its Job, as read (`Gang.succeeded`), counts more pods succeeded than the pods there that did (the
+    eviction took one that succeeded unseen, or in its grace period). 0 for any other owner, or a Job that runs
+    successors (its count holds earlier indexes too)."""
+    if gang.owner.kind != "Job" or gang.succeeded is None or not preempted_since_started(known):
+        return 0
+    if not runs_no_successors(gang):
+        return 0
+    return max(0, gang.succeeded - sum(1 for p in present if p.phase == "Succeeded"))
+
+
+def fill_gone_slots(gang: Gang, known: KnownJob) -> None:
+    """Name the slots of the log's job that no pod there took (`gone_finished` of them): done, nothing bound there;
+    the run keeps the log's podsets (its replacements fill the others)."""
+    if len(gang.mapping) >= sum(ps.count for ps in known.podsets):
+        return
+    gang.podsets = list(known.podsets)
+    for name in sorted(set(known.pods) - set(gang.mapping)):
+        gang.mapping[name] = known.pods[name]
+        gang.finished[name] = None
 
 
 def evicted(gang: Gang) -> list[PodInfo]:
@@ -334,7 +379,7 @@ def evicted(gang: Gang) -> list[PodInfo]:
     suspended by Kueue keeps its succeeded pods), it tells a new leader its slot is done (`finished_when_relisted`).
     """
     note_finished(gang)
-    done = {p.uid for p in gang.finished.values()}
+    done = {p.uid for p in gang.finished.values() if p is not None}
     return sorted((p for p in gang.pods.values() if p.uid not in done), key=PodInfo.sort_key)
 
 

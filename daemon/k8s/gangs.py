@@ -72,14 +72,18 @@ from muster.daemon.k8s.gangruns import (
     Tracked,
     as_placed,
     evicted,
+    fill_gone_slots,
     finished_before_eviction,
     finished_when_relisted,
+    gone_finished,
     later_run,
     new_to,
     note_finished,
     podsets_of,
+    preempted_since_started,
     queue_of,
     replaced,
+    runs_no_successors,
     salt,
     submission,
     take_successors,
@@ -271,6 +275,7 @@ class Gangs(GangViews):
             if again is not None:
                 return again
             gang.completions = max(gang.size, completions or 0)
+            gang.succeeded = sizing.succeeded
             return self._evaluate(gang, at)
         if size is None or size < 1:
             gang.done = True
@@ -280,7 +285,7 @@ class Gangs(GangViews):
             return []
         gang.size = size
         if owner.kind == "Job":
-            gang.completions = max(size, completions or 0)
+            gang.completions, gang.succeeded = max(size, completions or 0), sizing.succeeded
         if not owner.uid:
             gang.uid = sizing.uid
         gang.queue = sizing.queue
@@ -446,10 +451,13 @@ class Gangs(GangViews):
             # (a leader failover): recognise it by all its pods, or its end is never reported
             # and the log holds its capacity forever.
             every = sorted(gang.pods.values(), key=PodInfo.sort_key)
-            if self._known is None or len(every) < size:
-                return []
+            if self._known is None or not every or (len(every) < size and gang.owner.kind != "Job"):
+                return []  # only a Job's count can make a gang whole with fewer pods (`_gone_finished`)
             chosen = every[:size]
-            if self._known(gang.owner.job_id(salt(gang, chosen))) is None:
+            on_log = self._known(gang.owner.job_id(salt(gang, chosen)))
+            if on_log is None or self._read_first(gang, on_log):
+                return []
+            if len(every) + gone_finished(gang, on_log, every) < size:
                 return []
         if self._needs_namespace(gang, chosen):
             return []
@@ -465,6 +473,8 @@ class Gangs(GangViews):
             return self._stop(gang, chosen, claimed)
         if isinstance(claimed, Adopt) and self._known is not None:
             job, known = claimed.job, self._known(claimed.job)
+        if known is not None and self._read_first(gang, known):
+            return []
         gang.job_id = job
         self._by_job[job] = gang.owner
         self.recheck.update(gang.pods)  # now the log can say whether it counts them (holds_capacity)
@@ -475,6 +485,7 @@ class Gangs(GangViews):
             self._close(gang)
             self._ended.add(job)
             return []
+        fill_gone_slots(gang, known)
         if known.status == "admitted":
             gang.mapping = as_placed(gang.mapping, gang.pods, known.placement)
         finished_when_relisted(gang, known)
@@ -567,25 +578,34 @@ class Gangs(GangViews):
         self.stopped.append(StoppedRun(stopped, tuple(chosen)))
         return []
 
+    def _read_first(self, gang: Gang, known: KnownJob) -> bool:
+        """Whether the gang of a Job whose run the log says was preempted and has not started since waits for a read
+        of its Job (asked here, once) before its run is formed: its completions say which of its pods' slots are
+        done (`finished_when_relisted`), its count which are done with no pod left (`gone_finished`). Unread, a pod
+        of an earlier index that succeeded looked like a slot of the preempted run done, and the job ended early."""
+        if gang.owner.kind != "Job" or gang.completions is not None or not preempted_since_started(known):
+            return False
+        self._ask_completions(gang)
+        return True
+
     def _completed(self, gang: Gang) -> bool:
         """Whether the owner needs no more pods: a Job counts its successful pods (distinct indexes) to completions."""
         if gang.owner.kind != "Job":
             return True
         if gang.completions is None:
-            # Sized from the log (a new leader): only pods past the gang's size (more pods, a higher
-            # index) say the Job may want more, so a relist of finished gangs costs no lookups.
-            size = gang.size or 0
-            beyond = len(gang.pods) > size or any((p.completion_index or 0) >= size for p in gang.pods.values())
-            if gang.asked or beyond:
+            # Sized from the log (a new leader): only pods past the gang's size say the Job may want more,
+            # so a relist of finished gangs costs no lookups.
+            if gang.asked or not runs_no_successors(gang):
                 self._ask_completions(gang)
                 return False
             return True
         succeeded = {
             p.completion_index if p.completion_index is not None else p.uid
             for p in [*gang.pods.values(), *gang.finished.values()]  # finished: deleted by a preemption since
-            if p.phase == "Succeeded"
+            if p is not None and p.phase == "Succeeded"
         }
-        return len(succeeded) >= gang.completions
+        gone = sum(1 for p in gang.finished.values() if p is None)  # counted by its Job, no pod left
+        return len(succeeded) + gone >= gang.completions
 
     def _ask_completions(self, gang: Gang) -> None:
         """Read a Job the log sized (a new leader's relist): how many successful pods it needs (once)."""

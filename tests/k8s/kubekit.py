@@ -235,6 +235,11 @@ class Kube:
         pod_labels = {**({"muster.dev/queue": queue} if queue else {}), **(labels or {})}
         return job, await self.job_pods(job, gpus=gpus, labels=pod_labels, grace_seconds=grace_seconds)
 
+    async def set_job_status(self, job: Obj, status: Obj) -> None:
+        """Write the Job's status, as its controller does (`succeeded`, ...)."""
+        name = job["metadata"]["name"]
+        await self.batch.patch_namespaced_job_status(name, self.ns, {"status": status}, _content_type=MERGE)
+
     async def job_pods(self, job: Obj, indexes: list[int] | None = None, **pod_args: Any) -> list[Obj]:
         """Create pods as `job`'s controller does (`manifests.job_pods` arguments); the server's objects."""
         pod_args.setdefault("grace_seconds", 0)

@@ -64,6 +64,7 @@ async def test_a_new_leader_binds_only_the_replacement_of_a_preempted_jobs_unfin
     log.append(again)
     assert fold(log).jobs[sub.job].status == "admitted"
     async with running_adapter(api, state=lambda: fold(log), pod_wait_seconds=2) as (adapter, events):
+        await eventually(lambda: adapter.translator.gangs.complete(sub.job))  # once its Job is read
         await replacement_finishes(adapter, events, kube, again, replacement)
     assert not events.of(JobFailed)
 
@@ -111,3 +112,30 @@ async def test_the_next_leader_readmits_a_preempted_job_and_binds_only_its_unfin
         await eventually(lambda: loop.state.jobs[sub.job].status == "finished")
     ended = [type(e).__name__ for e in await log_of(store, Event) if type(e).__name__ in ("JobFailed", "JobFinished")]
     assert ended == ["JobFinished"]
+
+
+async def test_a_new_leader_counts_a_finished_slot_whose_pod_is_gone_by_the_jobs_succeeded_pods(
+    api: ApiClient, kube: Kube
+) -> None:
+    """The pod that succeeded is gone too (evicted before the old leader saw it succeed, or it succeeded in its
+    grace period): the next leader reads the Job, whose status counts it succeeded, binds the re-admission onto
+    the one replacement, and the job finishes (before: the gang was never whole and the job held its quota)."""
+    n1 = await kube.node("n1")
+    job, pods = await kube.job("train", 2)
+    first, last = sorted(p["metadata"]["name"] for p in pods)
+    async with running_adapter(api, pod_wait_seconds=2) as (adapter, events):  # the old leader
+        sub = await submitted(events)
+        await started(adapter, events, kube, sub, n1)
+        preempted = JobPreempted(at=2, job=sub.job, preemptor=None, reason="WithinQueue")
+        assert (await adapter.apply(preempted)).ok
+        await eventually(lambda: kube.gone(first, last))
+    await kube.set_job_status(job, {"succeeded": 1})  # the Job controller counted the first one succeeded
+    [made] = await kube.job_pods(job, [1], gpus=1, labels={"muster.dev/queue": "q"})  # index 1 only
+    node = NodeAdded(at=0, node=NodeName(n1), capacity={"gpu": 8})
+    log: list[Event] = [QUEUE, node, sub, admitted(sub, n1), JobStarted(at=1, job=sub.job), preempted]
+    again = admitted(sub, n1, at=3)
+    log.append(again)
+    async with running_adapter(api, state=lambda: fold(log), pod_wait_seconds=2) as (adapter, events):
+        await eventually(lambda: adapter.translator.gangs.complete(sub.job))
+        await replacement_finishes(adapter, events, kube, again, made["metadata"]["name"])
+    assert not events.of(JobFailed)
