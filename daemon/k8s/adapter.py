@@ -38,7 +38,7 @@ Invariants:
   between (the lease is refreshed on it): lists come in pages, at most
   `batch_limit` objects are translated at a time, and at most `lookups` owner
   lookups are in flight (gangs the log knows need none); many owners of one kind
-  and namespace wanted at once are read with one paged list (`list_owners_at`).
+  and namespace wanted at once are read with one paged list (`list_owners_at`; the reads: `lookups`).
 """
 
 from __future__ import annotations
@@ -49,7 +49,6 @@ import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
-from dataclasses import dataclass
 from typing import TypeAlias
 
 import anyio
@@ -61,11 +60,10 @@ from kubernetes_asyncio.client import ApiClient
 from muster.daemon.cluster import Reapply
 from muster.daemon.k8s.applying import Applier, ApplyResult
 from muster.daemon.k8s.client import KubeClient
-from muster.daemon.k8s.errors import KubeError
-from muster.daemon.k8s.gangs import WorkloadCheck
+from muster.daemon.k8s.deletions import WorkloadCheck
+from muster.daemon.k8s.lookups import Lookups, NamespaceQueue, OwnerSize
 from muster.daemon.k8s.mirroring import Mirror
 from muster.daemon.k8s.objects import DEFAULT_TOLERATED_TAINTS
-from muster.daemon.k8s.owners import Sizing, fetch_namespace_queue, fetch_sizing, list_sizings
 from muster.daemon.k8s.pods import Owner, PodInfo
 from muster.daemon.k8s.reconciling import find_vanished, live_jobs, read_owner
 from muster.daemon.k8s.reporting import Reporter, binding_failed, controller_stopped, pods_ignored, reports_for
@@ -84,12 +82,6 @@ Sink = Callable[[list[Event]], Awaitable[None]]
 RESOURCES = ("nodes", "pods")
 
 
-@dataclass(frozen=True)
-class _OwnerSize:
-    owner: Owner
-    sizing: Sizing
-
-
 def _int(text: str) -> int:
     # resourceVersions are opaque strings; etcd-backed servers give integers, which is all this needs.
     try:
@@ -104,20 +96,7 @@ def _version(obj: dict[str, object], current: int) -> int:
     return max(current, _int(str(rv))) if rv else current
 
 
-@dataclass(frozen=True)
-class _NamespaceQueue:
-    namespace: str
-    queue: str
-
-
-_Item: TypeAlias = WatchEvent | Synced | _OwnerSize | _NamespaceQueue
-
-
-def _by_kind_and_namespace(owners: list[Owner]) -> list[list[Owner]]:
-    groups: dict[tuple[str, str], list[Owner]] = {}
-    for owner in owners:
-        groups.setdefault((owner.kind, owner.namespace), []).append(owner)
-    return list(groups.values())
+_Item: TypeAlias = WatchEvent | Synced | OwnerSize | NamespaceQueue
 
 
 _APPLIED = (JobAdmitted, JobPreempted)
@@ -179,9 +158,11 @@ class KubernetesAdapter:
         self._watch_seconds = watch_seconds
         self._batch_limit = batch_limit
         self._page_size = page_size
-        self._list_owners_at = list_owners_at
         self._lookups = anyio.CapacityLimiter(lookups)
         """Owner lookups in flight at most: a relist finding many new gangs must not flood the loop."""
+        self._reads = Lookups(
+            self.client, limiter=self._lookups, backoff=self._backoff, page_size=page_size, list_at=list_owners_at
+        )
         self._lock = anyio.Lock()
         self._changed = anyio.Event()
         self._sink: Sink | None = None
@@ -256,14 +237,8 @@ class KubernetesAdapter:
                     for problem in self.translator.problems:
                         log.warning("bad object skipped in part", problem=problem)
                     self.translator.problems.clear()
-                    for owners in _by_kind_and_namespace(self.translator.gangs.owners_to_fetch()):
-                        if len(owners) >= self._list_owners_at:
-                            tg.start_soon(self._resolve_listed, owners, send.clone(), tg)
-                        else:
-                            for owner in owners:
-                                tg.start_soon(self._resolve, owner, send.clone())
-                    for namespace in self.translator.gangs.namespaces_to_fetch():
-                        tg.start_soon(self._resolve_namespace, namespace, send.clone())
+                    gangs = self.translator.gangs
+                    self._reads.start(tg, gangs.owners_to_fetch(), gangs.namespaces_to_fetch(), send)
                     self._bind_successors(tg)
                     for check in self.translator.gangs.deletions:
                         tg.start_soon(self._read_workload, check, sink, tg)
@@ -467,11 +442,11 @@ class KubernetesAdapter:
 
     # ------------------------------------------------------------ internals
 
-    def _translate(self, item: WatchEvent | _OwnerSize | _NamespaceQueue, at: int) -> None:
-        if isinstance(item, _NamespaceQueue):
+    def _translate(self, item: WatchEvent | OwnerSize | NamespaceQueue, at: int) -> None:
+        if isinstance(item, NamespaceQueue):
             self.translator.on_namespace_queue(item.namespace, item.queue, at)
             return
-        if isinstance(item, _OwnerSize):
+        if isinstance(item, OwnerSize):
             self.translator.on_owner_size(item.owner, item.sizing, at)
             return
         if item.resource == "nodes":
@@ -514,73 +489,3 @@ class KubernetesAdapter:
                         send.send_nowait(item)
                         continue
                 await send.send(item)
-
-    async def _resolve(self, owner: Owner, send: MemoryObjectSendStream[_Item]) -> None:
-        """Fetch the owner's gang size, retrying what is worth retrying."""
-        async with send:
-            attempt = 0
-            while True:
-                try:
-                    async with self._lookups:
-                        sizing = await fetch_sizing(self.client, owner)
-                    break
-                except KubeError as exc:
-                    if not exc.retryable:
-                        log.error("cannot size gang; its pods stay pending", owner=owner.source, error=exc.message)
-                        sizing = Sizing(None, problem=f"{owner.source} cannot be read: {exc.message}")
-                        break
-                    delay = self._backoff.delay(attempt, exc.delay if exc.status == 429 else None)
-                    attempt += 1
-                    log.warning("owner lookup failed, retrying", owner=owner.source, error=exc.message)
-                    await anyio.sleep(delay)
-            await self._sized(owner, sizing, send)
-
-    async def _resolve_listed(self, owners: list[Owner], send: MemoryObjectSendStream[_Item], tg: TaskGroup) -> None:
-        """Size many owners of one kind and namespace with one paged list (`list_sizings`); one by one
-        (`_resolve`, which retries) when the list cannot be read."""
-        async with send:
-            try:
-                async with self._lookups:
-                    sizings = await list_sizings(self.client, owners, page_size=self._page_size)
-            except KubeError as exc:
-                first = owners[0]
-                log.warning(
-                    "listing gang owners failed; looking them up one by one",
-                    kind=first.kind,
-                    namespace=first.namespace,
-                    error=exc.message,
-                )
-                for owner in owners:
-                    tg.start_soon(self._resolve, owner, send.clone())
-                return
-            for owner, sizing in zip(owners, sizings, strict=True):
-                await self._sized(owner, sizing, send)
-
-    @staticmethod
-    async def _sized(owner: Owner, sizing: Sizing, send: MemoryObjectSendStream[_Item]) -> None:
-        if sizing.problem:
-            # bad input never stops the adapter: say why the pods are left alone
-            log.warning("gang owner cannot be gang-scheduled", owner=owner.source, problem=sizing.problem)
-        elif sizing.size is None:
-            log.info("gang owner is gone; ignoring its pods", owner=owner.source)
-        await send.send(_OwnerSize(owner, sizing))
-
-    async def _resolve_namespace(self, namespace: str, send: MemoryObjectSendStream[_Item]) -> None:
-        """Read the namespace's default queue, retrying what is worth retrying; "" when it cannot be read."""
-        async with send:
-            attempt = 0
-            while True:
-                try:
-                    async with self._lookups:
-                        queue = await fetch_namespace_queue(self.client, namespace)
-                    break
-                except KubeError as exc:
-                    if not exc.retryable:
-                        log.warning("cannot read a namespace's default queue", namespace=namespace, error=exc.message)
-                        queue = ""
-                        break
-                    delay = self._backoff.delay(attempt, exc.delay if exc.status == 429 else None)
-                    attempt += 1
-                    log.warning("namespace lookup failed, retrying", namespace=namespace, error=exc.message)
-                    await anyio.sleep(delay)
-            await send.send(_NamespaceQueue(namespace, queue))

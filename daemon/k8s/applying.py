@@ -21,8 +21,10 @@
   admission is applied again, also if its bound pods already succeeded on
   their decided nodes (their share of the run is done; failing the job would
   leave its other pods pending forever).
-- `JobPreempted`: evict every pod of the victim through the Eviction API with
-  the pod's own terminationGracePeriodSeconds. 404 means already gone (fine),
+- `JobPreempted`: evict every pod of the victim but those that succeeded
+  (`gangruns.evicted`: they hold no node, and a new leader reads their slots as
+  done from them) through the Eviction API with the pod's own
+  terminationGracePeriodSeconds. 404 means already gone (fine),
   429 (a PodDisruptionBudget) and 5xx/timeouts are retried with backoff. A
   victim whose pods no controller recreates (bare pods, a pod group) ends with
   JobFailed: requeued, it would be readmitted for pods that never come back.

@@ -33,13 +33,20 @@ __all__ = [
     "KnownJob",
     "Tracked",
     "as_placed",
+    "evicted",
+    "fill_gone_slots",
     "finished_before_eviction",
+    "finished_when_relisted",
     "first_set",
+    "gone_finished",
     "new_to",
     "note_finished",
     "podsets_of",
+    "preempted_since_started",
     "queue_of",
     "refill_slots",
+    "replaced",
+    "runs_no_successors",
     "salt",
     "same_shape",
     "shape_of",
@@ -71,6 +78,9 @@ class KnownJob(Protocol):
 
     @property
     def reason(self) -> str: ...
+
+    @property
+    def preemptions(self) -> int: ...
 
 
 @dataclass
@@ -114,18 +124,21 @@ class Gang:
     while that read is on its way (`Gangs.workload_read`; a pod group nothing recreates: `settle_deletions`)."""
     shrunk: set[str] = field(default_factory=set)
     """Gang pod names of a bound run whose pod went as its owner was scaled down: no replacement comes, and
-    the run ends without them (`Gangs.workload_read`)."""
+    the run ends without them (`resizing.shrink`)."""
     recount: bool = False
-    """A pod beyond the waiting run's size came: its owner's size was asked for again (`Gangs._recount`)."""
+    """A pod beyond the waiting run's size came: its owner's size was asked for again (`resizing.wants_recount`)."""
     vacated: dict[str, PodInfo] = field(default_factory=dict)
     """Gang pod name -> the pod deleted from it while the run was bound, its owner there to make it again: the
     replacement takes that name, and so the node the log placed it on (`take_successors`)."""
     beyond: set[str] = field(default_factory=set)
-    """Uids of pods made beyond the admitted run's size, told they wait (`Gangs._beyond_admitted`): once each."""
-    finished: dict[str, PodInfo] = field(default_factory=dict)
-    """Gang pod name -> the pod of the preempted run seen succeeded there (bound, not being deleted) before its
-    eviction took it: that slot's work is done, its owner makes no pod for it again, and the re-admission binds
-    nothing there (`Gangs.evicting`, `_evaluate`)."""
+    """Uids of pods made beyond the admitted run's size, told they wait (`resizing.beyond_admitted`): once each."""
+    finished: dict[str, PodInfo | None] = field(default_factory=dict)
+    """Gang pod name -> the pod of the preempted run seen succeeded there (bound; before its eviction, or in its
+    grace period): that slot's work is done, its owner makes no pod for it again, and the re-admission binds
+    nothing there (`note_finished`; a new leader's: `finished_when_relisted`, and None for a pod gone that its
+    Job counts succeeded: `gone_finished`)."""
+    succeeded: int | None = None
+    """A Job's pods that succeeded as its last read said (`Sizing.succeeded`); None: not read."""
 
 
 @dataclass(frozen=True)
@@ -250,7 +263,12 @@ def take_successors(gang: Gang) -> bool:
     if gang.requeued or gang.job_id is None or gang.losing:
         return False
     unbound = False
-    ran = [n for n, key in gang.mapping.items() if gang.owner.kind == "Job" and key in gang.pods and gang.pods[key].ran]
+    ran = [
+        n
+        for n, key in gang.mapping.items()
+        # a preempted run's finished slot is not freed: its re-admission binds nothing there (`Gang.finished`)
+        if gang.owner.kind == "Job" and key in gang.pods and gang.pods[key].ran and n not in gang.finished
+    ]
     freed = sorted({*ran, *(n for n in gang.vacated if gang.mapping.get(n) not in gang.pods)})
     mapped = set(gang.mapping.values())
     waiting = sorted(
@@ -298,11 +316,71 @@ def submission(gang: Gang, chosen: list[PodInfo], at: int, namespace_queue: str)
 
 
 def note_finished(gang: Gang) -> None:
-    """Remember which slots' pods of the preempted run succeeded, before its eviction deletes them (`Gang.finished`)."""
+    """Remember which slots' pods of the preempted run succeeded (`Gang.finished`): bound and Succeeded, also one
+    that succeeded in the grace period of its eviction (its owner counts it succeeded all the same: a Job's
+    controller makes no pod for it again, so its gang must not wait for one)."""
     for name, key in gang.mapping.items():
         pod = gang.pods.get(key)
-        if pod is not None and pod.ran:
+        if pod is not None and pod.node and pod.phase == "Succeeded":
             gang.finished.setdefault(name, pod)
+
+
+def finished_when_relisted(gang: Gang, known: KnownJob) -> None:
+    """A relisting leader's `Gang.finished`, which the leader that evicted the run held in its memory alone: a
+    job the log says was preempted and has not started since keeps the pods of its slots that succeeded (its
+    eviction leaves them: `evicted`), and those slots are done. Without this the new leader waited for a pod in
+    every slot, one its owner never makes: the job held its quota for ever, its replacements unbound."""
+    if preempted_since_started(known) and runs_no_successors(gang):
+        note_finished(gang)
+
+
+def runs_no_successors(gang: Gang) -> bool:
+    """Whether the gang's owner makes no pod beyond its slots' (a Job's completions at most its size, so no
+    successor: `take_successors`): as its read says (`Gang.completions`), else, unread (a gang the log sized), as
+    no pod past its size (more pods, a higher index) says otherwise."""
+    size = gang.size or 0
+    if gang.completions is not None:
+        return gang.completions <= size
+    return len(gang.pods) <= size and all((p.completion_index or 0) < size for p in gang.pods.values())
+
+
+def preempted_since_started(known: KnownJob) -> bool:
+    """Whether the log's job was preempted and has not started since (waiting, or admitted again and not bound)."""
+    return bool(known.preemptions) and known.started_at is None and known.status in ("pending", "admitted")
+
+
+def gone_finished(gang: Gang, known: KnownJob, present: list[PodInfo]) -> int:
+    """How many slots of a preempted run not started since a relisting leader takes as done though no pod of them
+    is left: its Job, as read (`Gang.succeeded`), counts more pods succeeded than the pods there that did (the
+    eviction took one that succeeded unseen, or in its grace period). 0 for any other owner, or a Job that runs
+    successors (its count holds earlier indexes too)."""
+    if gang.owner.kind != "Job" or gang.succeeded is None or not preempted_since_started(known):
+        return 0
+    if not runs_no_successors(gang):
+        return 0
+    return max(0, gang.succeeded - sum(1 for p in present if p.phase == "Succeeded"))
+
+
+def fill_gone_slots(gang: Gang, known: KnownJob) -> None:
+    """Name the slots of the log's job that no pod there took (`gone_finished` of them): done, nothing bound there;
+    the run keeps the log's podsets (its replacements fill the others)."""
+    if len(gang.mapping) >= sum(ps.count for ps in known.podsets):
+        return
+    gang.podsets = list(known.podsets)
+    for name in sorted(set(known.pods) - set(gang.mapping)):
+        gang.mapping[name] = known.pods[name]
+        gang.finished[name] = None
+
+
+def evicted(gang: Gang) -> list[PodInfo]:
+    """The pods a preemption of the run deletes: all but those of its `finished` slots (`note_finished` first).
+
+    A pod that succeeded holds no node and its owner makes no pod for it again; left in place (as a Job
+    suspended by Kueue keeps its succeeded pods), it tells a new leader its slot is done (`finished_when_relisted`).
+    """
+    note_finished(gang)
+    done = {p.uid for p in gang.finished.values() if p is not None}
+    return sorted((p for p in gang.pods.values() if p.uid not in done), key=PodInfo.sort_key)
 
 
 def finished_before_eviction(gang: Gang) -> bool:
@@ -310,6 +388,26 @@ def finished_before_eviction(gang: Gang) -> bool:
     the run is over, and the job finished, whatever the preemption meant to take from it."""
     all_succeeded = bool(gang.mapping) and set(gang.mapping) <= set(gang.finished)
     return all_succeeded and (gang.completions or 0) <= (gang.size or 0)
+
+
+def replaced(gang: Gang, size: int) -> bool:
+    """Whether a preempted run's replacements are there, mapped onto its slots (then it waits no more): one in
+    every slot that did not finish (`refill_slots`), else `size` pods of the submitted shape (`same_shape`)."""
+    fresh = sorted((p for p in gang.pods.values() if p.active and p.uid not in gang.retired), key=PodInfo.sort_key)
+    if gang.finished:  # replacements come for the slots whose pods were evicted unfinished only
+        refill = refill_slots(gang, fresh)
+        if refill is None:
+            return False
+        gang.mapping.update(refill)
+    else:
+        if len(fresh) < size:
+            return False
+        podsets, mapping = podsets_of(fresh[:size])
+        if not same_shape(podsets, gang.podsets):
+            return False  # replacements do not fit the submitted shape; keep waiting
+        gang.mapping = mapping
+    gang.requeued = False
+    return True
 
 
 def refill_slots(gang: Gang, fresh: list[PodInfo]) -> dict[str, str] | None:

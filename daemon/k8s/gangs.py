@@ -21,7 +21,8 @@ lookup, so a re-created owner is still a new job. Only unknown gangs cost a look
 relist of a cluster holding thousands of gangs must not fire thousands of
 requests (they starved the new leader's event loop, and its lease lapsed).
 
-What one run is made of (its podsets, successors, submission) is `gangruns`; here is which
+What one run is made of (its podsets, successors, submission) is `gangruns`; what a pod someone
+deleted from a run means, `deletions`; what an owner's new size means, `resizing`. Here is which
 gang each pod belongs to, and when each run is submitted, started and ended.
 
 Invariants:
@@ -30,25 +31,25 @@ Invariants:
 - Each admitted run reports JobStarted once; a gang ends once (JobFinished
   when every pod succeeded and, for a Job, `completions` pods did; JobFailed
   when a pod failed or was deleted by someone else; JobCancelled `WorkloadDeleted`
-  when the user deleted a gang's workload, see `_run_pod_deleted`). Pods muster evicted for a
+  when the user deleted a gang's workload: `deletions`). Pods muster evicted for a
   preemption are expected to go and report nothing; the gang waits for its
   replacements under the same job id. So does a gang whose owner is there to make a pod someone
   deleted again (`workload_read`); bound, the replacement takes the deleted pod's slot and node
   (`vacated`). Only a pod group nothing recreates (bare pods: `pods.recreated`) fails so.
-- A pod of a preempted run that succeeded before its eviction took it finished its slot (`Gang.finished`):
-  its owner makes no pod for it again, so the gang waits for replacements of the other slots only
-  (`refill_slots`), its re-admission binds nothing there, and a run whose every pod succeeded so is over: the
-  job ends JobFinished (`finished_before_eviction`).
+- A pod of a preempted run that succeeded, before its eviction or in its grace period, finished its slot
+  (`Gang.finished`): its owner makes no pod for it again, so the gang waits for replacements of the other slots
+  only (`refill_slots`), its re-admission binds nothing there, and a run whose every pod succeeded so is over:
+  the job ends JobFinished (`finished_before_eviction`). The eviction leaves a pod that succeeded (`evicted`),
+  so a new leader finds that slot done from the pod (`finished_when_relisted`).
 - A Job's pod created after another succeeded (its next index) runs in that
   pod's slot of the admitted gang (`take_successors`); pods of a recreating
   owner that come after its run ended are a new run, a new job (`_next_run`).
 - Pods of a labelled pod group's controller that no job on the log holds are judged by the
   controller's jobs on the log (`controllers.claim`): the replacements of its waiting job are
   that job's pods; those it makes after its user cancelled its job are left alone (`stopped`).
-- A waiting gang whose owner runs another number of pods at once now (a Job scaled, a PodGroup's
-  minMember changed) ends `Resized` and its pods are a new job at the new size (`_resized`), as
-  Kueue makes a changed Job's Workload again before admission; an admitted gang keeps its size, and
-  a pod its owner makes beyond it is told so (`_beyond_admitted`, an `Ignored` Warning).
+- A waiting gang whose owner runs another number of pods at once now ends `Resized` and its pods are
+  a new job at the new size; an admitted gang keeps its size, and a pod its owner makes beyond it is
+  told so (an `Ignored` Warning): the rules are `resizing`'s.
 - A pod is its uid, not its name: a pod deleted and created again under the
   same name (an operator's `<job>-worker-0`, a user re-applying a manifest) is
   a new pod. The uids of a run's pods are retired when it ends, so its owner's
@@ -63,44 +64,49 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from muster.daemon.k8s.controllers import Adopt, Claim, Stopped
+from muster.daemon.k8s.deletions import WorkloadCheck, owner_ended, pod_lost
 from muster.daemon.k8s.gangruns import (
     ENDED,
     Gang,
     KnownJob,
     Tracked,
     as_placed,
+    evicted,
+    fill_gone_slots,
     finished_before_eviction,
+    finished_when_relisted,
+    gone_finished,
     later_run,
     new_to,
     note_finished,
     podsets_of,
+    preempted_since_started,
     queue_of,
-    refill_slots,
+    replaced,
+    runs_no_successors,
     salt,
-    same_shape,
     submission,
     take_successors,
 )
 from muster.daemon.k8s.gangviews import GangViews
-from muster.daemon.k8s.owners import SUCCEEDED_CONDITIONS, Sizing
+from muster.daemon.k8s.owners import Sizing
 from muster.daemon.k8s.pods import TERMINATED, UNOWNED, Owner, PodInfo, recreated, reruns
-from muster.daemon.k8s.reconciling import RESIZED, OwnerRead, owner_makes_no_pods, resized, workload_deleted
+from muster.daemon.k8s.reconciling import OwnerRead
+from muster.daemon.k8s.resizing import (
+    beyond_admitted,
+    resized,
+    resized_to,
+    shrink,
+    take_size,
+    wants_recount,
+    was_resized,
+)
 from muster.events.types import ControllerRef, Event, JobFailed, JobFinished, JobId, JobStarted, PodSet
 
-__all__ = ["TERMINATED", "Gang", "Gangs", "IgnoredGang", "KnownJob", "StoppedRun", "Tracked", "WorkloadCheck"]
+__all__ = ["TERMINATED", "Gang", "Gangs", "IgnoredGang", "KnownJob", "StoppedRun", "Tracked"]
 
 ClaimOf = Callable[[str, ControllerRef, str, list[PodSet]], Claim]
 """What pods of a source and queue naming a controller are when no job on the log holds them (`controllers`)."""
-
-
-@dataclass(frozen=True)
-class WorkloadCheck:
-    """A waiting job a pod of which was deleted, and what to read to learn whether its workload is gone."""
-
-    job: JobId
-    owner: Owner
-    owned_by: JobId
-    """The job id the owner's uid gives (`reconciling.read_owner` compares it): a later run's is salted."""
 
 
 @dataclass(frozen=True)
@@ -172,17 +178,19 @@ class Gangs(GangViews):
                 gang.size = 1
             elif owner.kind not in UNOWNED:
                 known = self._on_log(owner.job_id())
-                # a job ended Resized had the owner's old size: its pods run at another as a later job
-                if known is not None and not (known.status == "cancelled" and known.reason.startswith(RESIZED)):
+                if known is not None and not was_resized(known):
                     gang.size = sum(ps.count for ps in known.podsets)  # as submitted: no lookup
                 else:
                     gang.asked = True
                     self._wanted.append(owner)
                     self._unsized.add(owner)
         gang.pods[info.key] = info
-        self._recount(gang, info)
+        if wants_recount(gang, info):
+            self._wanted.append(owner)
         events = self._evaluate(gang, at)
-        self._beyond_admitted(gang, info)
+        why = beyond_admitted(gang, info, self._on_log)
+        if why is not None:
+            self.ignored.append(IgnoredGang(why, (info,)))
         return events
 
     def pod_deleted(self, key: str, at: int) -> list[Event]:
@@ -201,51 +209,33 @@ class Gangs(GangViews):
             and key in gang.mapping.values()
             and info.phase not in TERMINATED
         ):
-            where = f"while running on {info.node}" if info.node else "before it was bound"
-            events += self._run_pod_deleted(gang, info, f"pod {key} was deleted {where}", at)
+            lost = pod_lost(gang, info, at)
+            if isinstance(lost, WorkloadCheck):
+                self.deletions.append(lost)
+            elif lost is not None:
+                events += self._end(gang, lost)
         else:
             events += self._evaluate(gang, at)
         self._collect(gang)
         return events
 
     def workload_read(self, job: JobId, read: OwnerRead, at: int) -> list[Event]:
-        """The adapter read the owner of `job` (see `deletions`, asked only for owners that recreate their
-        pods): gone ends it WorkloadDeleted; unreadable ends it as a pod deleted from it; there, it makes the
-        pod again (the Job controller, JobSet's child Jobs, a training operator, a pod group's controller):
-        the gang waits for it, as a preempted gang waits for its replacements, and the replacement takes the
-        deleted pod's place (its admission binds it there; a bound run's, on the deleted pod's node: `rebind`).
-        Ending it JobFailed instead retired the other pods with the run, and the replacement alone was no
-        gang: they all waited unbound for ever. An owner that is there but ended (`OwnerRead.ended`: a Job
-        past its `activeDeadlineSeconds`, failed or complete) or suspended makes no pod again: the job fails,
-        naming why, rather than wait for ever."""
+        """The adapter read the owner of `job` (see `deletions`, asked only for owners that recreate their pods):
+        the job ends (`deletions.owner_ended`), or ends `Resized`, or waits for the deleted pod's replacement,
+        which takes its place (a bound run's, on its node: `rebind`); a bound run scaled down goes on without it."""
         gang = self._gang_of(job)
         if gang is None or gang.done or not gang.losing:
             return []
-        if read.exists is False:
-            return self._end(gang, workload_deleted(job, gang.owner, at))
-        if read.exists and read.ended.startswith(SUCCEEDED_CONDITIONS) and gang.started and self._rest_succeeded(gang):
-            # its pod went as it was scaled down, the others succeeded, and it completed: a success
-            return self._end(gang, JobFinished(at=at, job=job))
-        if read.exists and read.ended:
-            return self._end(gang, owner_makes_no_pods(job, gang.owner, read.ended, at, gang.losing))
-        again = self._resized(gang, read.sizing, at) if read.exists else None
+        ending = owner_ended(gang, read, at)
+        if ending is not None:
+            return self._end(gang, ending)
+        again = self._resized(gang, read.sizing, at)
         if again is not None:
             return again  # the pod went because its owner was scaled down: it makes no replacement
-        now = read.sizing.size if read.exists and read.sizing is not None else None
-        if now is not None and 0 < now < (gang.size or 0) and gang.vacated:
-            # a bound run scaled down (the Job controller deleted the pods past its parallelism): it runs on
-            # without them and finishes when the others do (the log keeps its admitted share until then)
-            gang.shrunk.update(gang.vacated)
-            gang.vacated.clear()
-            if gang.owner.kind == "Job" and read.sizing is not None:
-                gang.completions = max(now, read.sizing.completions or 0)
-            gang.losing = ""
-            return self._evaluate(gang, at)  # its other pods may be done already
-        if read.exists:
+        if not shrink(gang, read.sizing):
             gang.losing = ""
             gang.requeued = not gang.vacated  # a bound run keeps its slots: the replacement takes the deleted one
-            return self._evaluate(gang, at)  # its replacement may be there already
-        return self._end(gang, JobFailed(at=at, job=job, reason=gang.losing))
+        return self._evaluate(gang, at)  # its replacement may be there already, or its other pods done
 
     def settle_deletions(self, at: int) -> list[Event]:
         """Pod groups with no owner to read that lost some of their waiting pods and kept the others for a
@@ -285,6 +275,7 @@ class Gangs(GangViews):
             if again is not None:
                 return again
             gang.completions = max(gang.size, completions or 0)
+            gang.succeeded = sizing.succeeded
             return self._evaluate(gang, at)
         if size is None or size < 1:
             gang.done = True
@@ -294,7 +285,7 @@ class Gangs(GangViews):
             return []
         gang.size = size
         if owner.kind == "Job":
-            gang.completions = max(size, completions or 0)
+            gang.completions, gang.succeeded = max(size, completions or 0), sizing.succeeded
         if not owner.uid:
             gang.uid = sizing.uid
         gang.queue = sizing.queue
@@ -323,14 +314,14 @@ class Gangs(GangViews):
     # ------------------------------------------------------------ effects and endings
 
     def evicting(self, job: JobId) -> list[PodInfo]:
-        """Mark the job preempted: its current pods are expected to go. Returns them."""
+        """Mark the job preempted: its current pods are expected to go, but those that succeeded (`evicted`).
+        Returns the pods to evict."""
         gang = self._gang_of(job)
         if gang is None:
             return []
-        victims = sorted(gang.pods.values(), key=PodInfo.sort_key)
-        note_finished(gang)  # done already: its eviction deletes it, and its owner makes it no more
-        gang.retired |= {p.uid for p in victims}
-        self.recheck.update(p.key for p in victims)
+        victims = evicted(gang)
+        gang.retired |= {p.uid for p in gang.pods.values()}  # the log counts none of them now
+        self.recheck.update(gang.pods)
         gang.started = False
         gang.requeued = True
         gang.vacated.clear()  # every slot is taken again, by the replacements' re-admission
@@ -380,7 +371,8 @@ class Gangs(GangViews):
         for owner in sorted(owners, key=lambda o: o.source):
             gang = self._gangs.get(owner)
             if gang is not None and resize is not None and resize.size and gang.job_id in (None, job):
-                events += self._resubmit(gang, resize, event.at)
+                take_size(gang, resize)
+                events += self._evaluate(gang, event.at)
             elif gang is not None:
                 self._close(gang)
                 self._unsized.discard(owner)
@@ -396,98 +388,16 @@ class Gangs(GangViews):
 
     # ------------------------------------------------------------ internals
 
-    def _run_pod_deleted(self, gang: Gang, info: PodInfo, reason: str, at: int) -> list[Event]:
-        """Someone deleted a pod of the run: its user deleting the workload (the Job, JobSet..., or every pod
-        of a pod group, a lone pod, running or not) cancels it, `WorkloadDeleted`; a pod deleted from a workload
-        still there is made again by its owner, and the gang waits for it (`workload_read`): bound, the
-        replacement takes its slot and node (`vacated`); a pod deleted from a pod group nothing recreates fails
-        it, `reason`, at once when bound, else once a pass finds it still losing (`settle_deletions`).
-
-        Whether a workload with an owner object is gone takes a read of that object (`deletions`, answered with
-        `workload_read`): its pods go after it, one deletion event at a time, so the first does not tell. A pod
-        group without one is gone when its last pod is.
-        """
-        assert gang.job_id is not None
-        bound = bool(info.node) or gang.started
-        if not recreated(gang.owner):
-            if not any(key in gang.pods for key in gang.mapping.values()):
-                # its last pod: the workload is gone, running or not, as reconciliation judges it (`judge`)
-                return self._end(gang, workload_deleted(gang.job_id, gang.owner, at))
-            if bound:
-                return self._end(gang, JobFailed(at=at, job=gang.job_id, reason=reason))
-            gang.losing = gang.losing or reason
-            return []
-        if bound:
-            gang.vacated.update((name, info) for name, key in gang.mapping.items() if key == info.key)
-        if not gang.losing:
-            self.deletions.append(WorkloadCheck(gang.job_id, gang.owner, gang.owner.job_id(gang.uid)))
-        gang.losing = gang.losing or reason
-        return []
-
-    def _rest_succeeded(self, gang: Gang) -> bool:
-        """Whether every pod of the run that is still there succeeded (and one is)."""
-        rest = [gang.pods[key] for key in gang.mapping.values() if key in gang.pods]
-        return bool(rest) and all(p.phase == "Succeeded" for p in rest)
-
-    def _recount(self, gang: Gang, info: PodInfo) -> None:
-        """A pod new to a waiting run, beyond its size and replacing none of its pods: its owner may run more pods
-        at once now (a Job's parallelism raised): ask for its size again, once a run (`set_size` resizes it)."""
-        if gang.recount or gang.size is None or len(gang.pods) <= gang.size or gang.owner.kind in UNOWNED:
-            return
-        if gang.job_id is None or gang.done or gang.started or gang.requeued or gang.losing:
-            return
-        if info.active and info.uid not in gang.retired and info.key not in gang.mapping.values():
-            gang.recount = True
-            self._wanted.append(gang.owner)
-
-    def _beyond_admitted(self, gang: Gang, info: PodInfo) -> None:
-        """A pod new to an admitted run, in no slot of it (a running Job's parallelism raised): the run keeps the
-        size it was admitted at (`_resized` leaves an admitted gang alone: the log holds its placement), so the pod
-        waits unbound; say why on it, once (`ignored`), instead of leaving it Pending with no word."""
-        if gang.job_id is None or gang.done or gang.requeued or gang.losing or not info.active or info.node:
-            return
-        if info.uid in gang.retired or info.uid in gang.beyond or info.key in gang.mapping.values():
-            return
-        known = self._on_log(gang.job_id)
-        if not (gang.started or (known is not None and known.status == "admitted")):
-            return  # waiting: a pod beyond its size asks for its owner's size again instead (`_recount`)
-        gang.beyond.add(info.uid)
-        why = (
-            f"job {gang.job_id} runs at the size it was admitted with ({gang.size} pods): a gang is admitted whole,"
-            f" once, so pods {gang.owner.workload} makes beyond it wait (to run at its new size, create it again)"
-        )
-        self.ignored.append(IgnoredGang(why, (info,)))
-
     def _resized(self, gang: Gang, sizing: Sizing | None, at: int) -> list[Event] | None:
-        """A waiting gang whose owner runs another number of pods at once now (a Job's parallelism, a PodGroup's
-        minMember changed): as Kueue makes a Job's Workload again when the Job changes before admission, its job
-        is cancelled (`Resized`) and its pods are submitted again, at the new size, as a new job (a later run,
-        `_next_run`, once that many are there): a Job scaled down would otherwise wait for the pod its controller
-        deleted, and the pods of one scaled up beyond its gang would wait unbound. None when the size is the same,
-        or the gang no longer waits (admitted: the log holds its placement; it keeps it)."""
-        size = sizing.size if sizing is not None else None
-        if size is None or size < 1 or size == gang.size or gang.job_id is None or gang.done or gang.started:
+        """A waiting gang whose owner's size changed (`resizing.resized_to`): its job ends `Resized` and its pods
+        are submitted again at the new size; None when it keeps its size."""
+        size = resized_to(gang, sizing, self._on_log)
+        if size is None or sizing is None or gang.job_id is None:
             return None
-        if any(gang.pods[key].node for key in gang.mapping.values() if key in gang.pods):
-            return None
-        known = self._on_log(gang.job_id)
-        if known is not None and known.status != "pending":
-            return None
-        assert sizing is not None
         self._ended.add(gang.job_id)
-        return [resized(gang.job_id, gang.owner, size, gang.size or 0, at), *self._resubmit(gang, sizing, at)]
-
-    def _resubmit(self, gang: Gang, sizing: Sizing, at: int) -> list[Event]:
-        """Submit the pods of a gang whose job ended `Resized` again, at the owner's new size: a later run."""
-        assert sizing.size is not None
-        gang.size, gang.losing, gang.recount = sizing.size, "", False
-        if gang.owner.kind == "Job":
-            gang.completions = max(sizing.size, sizing.completions or 0)
-        if gang.job_id is None:  # a relisting leader never matched its pods to the log's job (too few)
-            gang.later_run = True
-            return self._evaluate(gang, at)
-        gang.done = True
-        return self._next_run(gang, at)
+        ended = resized(gang.job_id, gang.owner, size, gang.size or 0, at)
+        take_size(gang, sizing)
+        return [ended, *self._evaluate(gang, at)]
 
     def _end(self, gang: Gang, event: Event) -> list[Event]:
         if gang.done:
@@ -510,78 +420,84 @@ class Gangs(GangViews):
             self._unsized.discard(gang.owner)
 
     def _evaluate(self, gang: Gang, at: int) -> list[Event]:
+        """What the gang's pods say now: a run forming is matched to the log's job or submitted (`_form`), a
+        preempted one takes its replacements (`gangruns.replaced`), a run going on starts or ends (`_judge`)."""
         if gang.size is None:
             return []
         if gang.done:
             return self._next_run(gang, at)
-        events: list[Event] = []
         if gang.job_id is None:
-            current = (p for p in gang.pods.values() if p.active and p.uid not in gang.retired)
-            active = sorted(current, key=PodInfo.sort_key)
-            chosen = active[: gang.size]
-            if len(active) < gang.size:
-                # A gang the log already knows may have run, even ended, while no adapter watched
-                # (a leader failover): recognise it by all its pods, or its end is never reported
-                # and the log holds its capacity forever.
-                every = sorted(gang.pods.values(), key=PodInfo.sort_key)
-                if self._known is None or len(every) < gang.size:
-                    return []
-                chosen = every[: gang.size]
-                if self._known(gang.owner.job_id(salt(gang, chosen))) is None:
-                    return []
-            if self._needs_namespace(gang, chosen):
-                return []
-            gang.podsets, gang.mapping = podsets_of(chosen)
-            job = self._job_id(gang, chosen)
-            known = self._on_log(job)
-            ns_queue, controller = self._ns_queue.get(chosen[0].namespace, ""), chosen[0].owner.controller
-            claimed = None
-            # a PodGroup's job id is its object's uid: its controller's replacements are that job's already
-            if known is None and controller is not None and gang.owner.reads_controller:
-                claimed = self._claim(gang.owner.source, controller, queue_of(gang, chosen, ns_queue), gang.podsets)
-            if isinstance(claimed, Stopped):
-                return events + self._stop(gang, chosen, claimed)
-            if isinstance(claimed, Adopt) and self._known is not None:
-                job, known = claimed.job, self._known(claimed.job)
-            gang.job_id = job
-            self._by_job[job] = gang.owner
-            self.recheck.update(gang.pods)  # now the log can say whether it counts them (holds_capacity)
-            if known is None:
-                events.append(submission(gang, chosen, at, ns_queue))
-            else:
-                gang.started = known.started_at is not None
-                if known.status in ENDED:
-                    self._close(gang)
-                    self._ended.add(gang.job_id)
-                    return events
-                if known.status == "admitted":
-                    gang.mapping = as_placed(gang.mapping, gang.pods, known.placement)
-        elif gang.requeued:
+            return self._form(gang, gang.size, at)
+        if gang.requeued:
             note_finished(gang)
             if finished_before_eviction(gang):
                 # the preemption came as the run ended: no replacement comes (its owner counts its pods
                 # done), so waiting for one would fail the re-admission "pods gone before binding"
                 gang.requeued = False
-                return events + self._end(gang, JobFinished(at=at, job=gang.job_id))
-            fresh = sorted(
-                (p for p in gang.pods.values() if p.active and p.uid not in gang.retired), key=PodInfo.sort_key
-            )
-            if gang.finished:  # replacements come for the slots whose pods were evicted unfinished only
-                refill = refill_slots(gang, fresh)
-                if refill is None:
-                    return events
-                gang.mapping.update(refill)
-            else:
-                if len(fresh) < gang.size:
-                    return events
-                podsets, mapping = podsets_of(fresh[: gang.size])
-                if not same_shape(podsets, gang.podsets):
-                    return events  # replacements do not fit the submitted shape; keep waiting
-                gang.mapping = mapping
-            gang.requeued = False
-        assert gang.job_id is not None
+                return self._end(gang, JobFinished(at=at, job=gang.job_id))
+            if not replaced(gang, gang.size):
+                return []
+        return self._judge(gang, gang.job_id, at)
+
+    def _form(self, gang: Gang, size: int, at: int) -> list[Event]:
+        """A run with no job yet: once `size` of its pods are there, its job is the one the log holds for them
+        (a new leader's relist), or a controller's job that adopts them (`controllers.claim`), or a new one,
+        submitted."""
+        current = (p for p in gang.pods.values() if p.active and p.uid not in gang.retired)
+        active = sorted(current, key=PodInfo.sort_key)
+        chosen = active[:size]
+        if len(active) < size:
+            # A gang the log already knows may have run, even ended, while no adapter watched
+            # (a leader failover): recognise it by all its pods, or its end is never reported
+            # and the log holds its capacity forever.
+            every = sorted(gang.pods.values(), key=PodInfo.sort_key)
+            if self._known is None or not every or (len(every) < size and gang.owner.kind != "Job"):
+                return []  # only a Job's count can make a gang whole with fewer pods (`_gone_finished`)
+            chosen = every[:size]
+            on_log = self._known(gang.owner.job_id(salt(gang, chosen)))
+            if on_log is None or self._read_first(gang, on_log):
+                return []
+            if len(every) + gone_finished(gang, on_log, every) < size:
+                return []
+        if self._needs_namespace(gang, chosen):
+            return []
+        gang.podsets, gang.mapping = podsets_of(chosen)
+        job = self._job_id(gang, chosen)
+        known = self._on_log(job)
+        ns_queue, controller = self._ns_queue.get(chosen[0].namespace, ""), chosen[0].owner.controller
+        claimed = None
+        # a PodGroup's job id is its object's uid: its controller's replacements are that job's already
+        if known is None and controller is not None and gang.owner.reads_controller:
+            claimed = self._claim(gang.owner.source, controller, queue_of(gang, chosen, ns_queue), gang.podsets)
+        if isinstance(claimed, Stopped):
+            return self._stop(gang, chosen, claimed)
+        if isinstance(claimed, Adopt) and self._known is not None:
+            job, known = claimed.job, self._known(claimed.job)
+        if known is not None and self._read_first(gang, known):
+            return []
+        gang.job_id = job
+        self._by_job[job] = gang.owner
+        self.recheck.update(gang.pods)  # now the log can say whether it counts them (holds_capacity)
+        if known is None:
+            return [submission(gang, chosen, at, ns_queue), *self._judge(gang, job, at)]
+        gang.started = known.started_at is not None
+        if known.status in ENDED:
+            self._close(gang)
+            self._ended.add(job)
+            return []
+        fill_gone_slots(gang, known)
+        if known.status == "admitted":
+            gang.mapping = as_placed(gang.mapping, gang.pods, known.placement)
+        finished_when_relisted(gang, known)
+        if finished_before_eviction(gang):
+            return self._end(gang, JobFinished(at=at, job=job))
+        return self._judge(gang, job, at)
+
+    def _judge(self, gang: Gang, job: JobId, at: int) -> list[Event]:
+        """A run with its job: successors take the slots pods left (`take_successors`); a pod failed ends it; every
+        pod there bound and running starts it (once); every pod succeeded, and its owner needing no more, ends it."""
         if take_successors(gang):
-            self.rebind.add(gang.job_id)
+            self.rebind.add(job)
         mapped = [
             gang.pods.get(key)
             for name, key in gang.mapping.items()
@@ -590,20 +506,21 @@ class Gangs(GangViews):
         for p in mapped:
             if p is not None and p.phase == "Failed" and p.uid not in gang.retired:
                 why = f": {p.reason}" if p.reason else ""
-                return events + self._end(gang, JobFailed(at=at, job=gang.job_id, reason=f"pod {p.key} failed{why}"))
+                return self._end(gang, JobFailed(at=at, job=job, reason=f"pod {p.key} failed{why}"))
         present = [p for p in mapped if p is not None]
         if len(present) < len(mapped):
-            return events
+            return []
+        events: list[Event] = []
         if all(p.phase == "Succeeded" for p in present):
             if not self._completed(gang):
-                return events  # the Job's next indexes are on their way: they run in these slots
+                return []  # the Job's next indexes are on their way: they run in these slots
             if not gang.started:
-                events.append(JobStarted(at=at, job=gang.job_id))
+                events.append(JobStarted(at=at, job=job))
                 gang.started = True
-            return events + self._end(gang, JobFinished(at=at, job=gang.job_id))
+            return events + self._end(gang, JobFinished(at=at, job=job))
         if not gang.started and all(p.node and p.phase in ("Running", "Succeeded") for p in present):
             gang.started = True
-            events.append(JobStarted(at=at, job=gang.job_id))
+            events.append(JobStarted(at=at, job=job))
         return events
 
     def _job_id(self, gang: Gang, chosen: list[PodInfo]) -> JobId:
@@ -661,25 +578,34 @@ class Gangs(GangViews):
         self.stopped.append(StoppedRun(stopped, tuple(chosen)))
         return []
 
+    def _read_first(self, gang: Gang, known: KnownJob) -> bool:
+        """Whether the gang of a Job whose run the log says was preempted and has not started since waits for a read
+        of its Job (asked here, once) before its run is formed: its completions say which of its pods' slots are
+        done (`finished_when_relisted`), its count which are done with no pod left (`gone_finished`). Unread, a pod
+        of an earlier index that succeeded looked like a slot of the preempted run done, and the job ended early."""
+        if gang.owner.kind != "Job" or gang.completions is not None or not preempted_since_started(known):
+            return False
+        self._ask_completions(gang)
+        return True
+
     def _completed(self, gang: Gang) -> bool:
         """Whether the owner needs no more pods: a Job counts its successful pods (distinct indexes) to completions."""
         if gang.owner.kind != "Job":
             return True
         if gang.completions is None:
-            # Sized from the log (a new leader): only pods past the gang's size (more pods, a higher
-            # index) say the Job may want more, so a relist of finished gangs costs no lookups.
-            size = gang.size or 0
-            beyond = len(gang.pods) > size or any((p.completion_index or 0) >= size for p in gang.pods.values())
-            if gang.asked or beyond:
+            # Sized from the log (a new leader): only pods past the gang's size say the Job may want more,
+            # so a relist of finished gangs costs no lookups.
+            if gang.asked or not runs_no_successors(gang):
                 self._ask_completions(gang)
                 return False
             return True
         succeeded = {
             p.completion_index if p.completion_index is not None else p.uid
             for p in [*gang.pods.values(), *gang.finished.values()]  # finished: deleted by a preemption since
-            if p.phase == "Succeeded"
+            if p is not None and p.phase == "Succeeded"
         }
-        return len(succeeded) >= gang.completions
+        gone = sum(1 for p in gang.finished.values() if p is None)  # counted by its Job, no pod left
+        return len(succeeded) + gone >= gang.completions
 
     def _ask_completions(self, gang: Gang) -> None:
         """Read a Job the log sized (a new leader's relist): how many successful pods it needs (once)."""

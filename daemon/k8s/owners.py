@@ -89,6 +89,9 @@ class Sizing:
     creates pods for its next indexes as others succeed)."""
     max_runtime: int | None = None
     """A Job's `activeDeadlineSeconds`: its declared time limit."""
+    succeeded: int = 0
+    """A Job's pods that succeeded (`status.succeeded`), those gone included: a new leader counts by it the
+    slots of a preempted run whose pods succeeded and are gone (`gangruns.gone_finished`)."""
 
 
 def _count(value: Any, default: int) -> int:
@@ -148,7 +151,9 @@ def owner_sizing(owner: Owner, obj: Mapping[str, Any]) -> Sizing:
         wanted = completions if isinstance(completions, int) and not isinstance(completions, bool) else None
         deadline = spec.get("activeDeadlineSeconds")
         limit = deadline if isinstance(deadline, int) and not isinstance(deadline, bool) else None
-        return Sizing(job_pods(spec), uid, queue, completions=wanted, max_runtime=limit)
+        status = obj.get("status")
+        done = _count(status.get("succeeded"), 0) if isinstance(status, Mapping) else 0
+        return Sizing(job_pods(spec), uid, queue, completions=wanted, max_runtime=limit, succeeded=done)
     if owner.kind == "JobSet":
         return Sizing(jobset_size(obj), uid, queue)
     if owner.kind in (VOLCANO_POD_GROUP, COSCHEDULING_POD_GROUP):

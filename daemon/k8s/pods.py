@@ -122,7 +122,7 @@ def recreated(owner: Owner) -> bool:
     PodGroup) whose pods name a controller; bare pods, alone or in a pod group, have none: a PodGroup
     object makes no pods (neither Volcano nor coscheduling recreates a bare pod), so once one is gone the
     gang can never be whole again, and its job ends rather than wait for ever holding its quota. The one
-    rule for a pod deleted (`Gangs._run_pod_deleted`), evicted (`applying`), lost with its node
+    rule for a pod deleted (`deletions.pod_lost`), evicted (`applying`), lost with its node
     (`Gangs.nodes_lost`) or found missing (`reconciling.judge`).
     """
     return owner.controlled if owner.kind in POD_GROUPS else True

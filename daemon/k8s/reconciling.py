@@ -63,10 +63,10 @@ from muster.daemon.k8s.errors import KubeError
 from muster.daemon.k8s.gangruns import Tracked, run_of
 from muster.daemon.k8s.owners import Sizing, fetch_owner, makes_no_pods, owner_sizing
 from muster.daemon.k8s.pods import UNOWNED, Owner, recreated
+from muster.daemon.k8s.resizing import resized
 from muster.events.types import ControllerRef, Event, JobCancelled, JobFailed, JobId
 
 __all__ = [
-    "RESIZED",
     "LiveJob",
     "OwnerRead",
     "Tracked",
@@ -76,15 +76,12 @@ __all__ = [
     "owner_makes_no_pods",
     "owner_of",
     "read_owner",
-    "resized",
     "workload_deleted",
 ]
 
 log = structlog.get_logger("muster.k8s.reconcile")
 
 WORKLOAD_DELETED = "WorkloadDeleted"
-RESIZED = "Resized"
-"""The reason of a waiting job ended because its owner's size changed (`resized`): its pods run as a new job."""
 
 
 class LiveJob(Protocol):
@@ -224,12 +221,6 @@ async def read_owner(client: KubeClient, owner: Owner, job: JobId, limiter: anyi
 def owner_makes_no_pods(job: JobId, owner: Owner, ended: str, at: int, what: str) -> JobFailed:
     """How a job ends whose owner is there but makes no pod again (`OwnerRead.ended`) while `what` is missing."""
     return JobFailed(at=at, job=job, reason=f"{owner.workload} is {ended}, so it makes no pod again; {what}")
-
-
-def resized(job: JobId, owner: Owner, size: int, was: int, at: int) -> JobCancelled:
-    """How a waiting job ends whose owner runs `size` pods at once now, not `was` (`Gangs._resized`, `judge`)."""
-    why = f"{RESIZED}: {owner.workload} runs {size} pods at once now, not {was}"
-    return JobCancelled(at=at, job=job, reason=f"{why}; its pods are submitted again as a new job")
 
 
 def workload_deleted(job: JobId, owner: Owner | None, at: int) -> JobCancelled:

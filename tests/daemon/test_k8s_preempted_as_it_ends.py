@@ -8,6 +8,8 @@ gang waited for replacements, so its re-admission found no pods. The run is over
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -17,8 +19,9 @@ from kubernetes_asyncio.client import CoreV1Api
 
 from muster.daemon.k8s import manifests as m
 from muster.daemon.k8s.gangs import Gangs
+from muster.daemon.k8s.owners import Sizing
 from muster.daemon.k8s.pods import pod_info
-from muster.events.types import JobFailed, JobFinished, JobPreempted, JobStarted, JobSubmitted
+from muster.events.types import JobFailed, JobFinished, JobPreempted, JobStarted, JobSubmitted, PodSet
 
 
 async def one_of_two_pods_succeeded(emulator: Any, api: Any, adapter: Any, events: Any) -> tuple[Any, Any, str]:
@@ -109,3 +112,69 @@ def test_a_slot_that_finished_stays_done_when_the_gang_is_preempted_again_before
         gangs.pod_changed(pod_info(pod(1, f"r{preemption}")), at=4)  # the Job makes index 1 again, only
         assert gangs.complete(sub.job), preemption
         assert len(gangs.finished(sub.job)) == 1 and len(gangs.pods_of(sub.job) or {}) == 1
+
+
+def job_pod(job: dict[str, Any], index: int, uid: str, phase: str = "Pending") -> dict[str, Any]:
+    """`job`'s pod of `index` as its controller makes it (a gang of 2 in queue q), named by `uid`; on n1 unless
+    Pending."""
+    labels = {"muster.dev/gang-size": "2", "muster.dev/queue": "q"}
+    [made] = m.job_pods(job, [index], gpus=1, labels=labels, node_name="n1" if phase != "Pending" else None)
+    made["metadata"]["uid"], made["metadata"]["name"], made["status"] = uid, f"train-{index}-{uid}", {"phase": phase}
+    return made
+
+
+def test_a_next_index_made_after_a_preemption_waits_for_a_slot_that_runs_not_one_that_finished() -> None:
+    """A Job of completions 3 at parallelism 2, preempted after index 0 succeeded: its index 2, made with index 1's
+    replacement, takes index 1's slot once that succeeds (and is bound there), not the finished slot nothing binds."""
+    job = m.job("train", "ns", parallelism=2, completions=3)
+    pod = functools.partial(job_pod, job)
+
+    gangs = Gangs()
+    events = [e for i in (0, 1) for e in gangs.pod_changed(pod_info(pod(i, f"u{i}", "Running")), at=1)]
+    [sub] = [e for e in events if isinstance(e, JobSubmitted)]
+    gangs.set_size(pod_info(pod(0, "u0")).owner, Sizing(2, completions=3), at=1)
+    gangs.pod_changed(pod_info(pod(0, "u0", "Succeeded")), at=2)
+    for victim in gangs.evicting(sub.job):
+        gangs.pod_deleted(victim.key, at=3)
+    gangs.pod_changed(pod_info(pod(1, "r1")), at=4)  # index 1 again, and the next index with it
+    gangs.pod_changed(pod_info(pod(2, "r2")), at=4)
+    assert sorted(p.name for p in (gangs.pods_of(sub.job) or {}).values()) == ["train-1-r1"]
+
+    gangs.pod_changed(pod_info(pod(1, "r1", "Running")), at=5)  # the re-admission bound it
+    gangs.pod_changed(pod_info(pod(1, "r1", "Succeeded")), at=6)
+    assert sub.job in gangs.rebind
+    assert sorted(p.name for p in (gangs.pods_of(sub.job) or {}).values()) == ["train-2-r2"]  # in index 1's slot
+
+
+@dataclass
+class OnLog:
+    """A job as the log holds it (`gangruns.KnownJob`): preempted and waiting."""
+
+    podsets: list[PodSet]
+    pods: dict[str, str]
+    status: str = "pending"
+    started_at: int | None = None
+    placement: dict[str, str] = field(default_factory=dict)
+    reason: str = ""
+    preemptions: int = 1
+
+
+def test_a_new_leader_takes_no_slot_as_finished_by_the_pods_of_a_jobs_earlier_indexes() -> None:
+    """A Job of completions 4 at parallelism 2 preempted while its indexes 2 and 3 ran: a new leader finding the
+    pods of indexes 0 and 1 succeeded and one replacement does not end it; the replacements take the slots."""
+    job = m.job("train", "ns", parallelism=2, completions=4)
+    pod = functools.partial(job_pod, job)
+
+    old = Gangs()
+    [sub] = [e for i in (0, 1) for e in old.pod_changed(pod_info(pod(i, f"u{i}")), at=1) if isinstance(e, JobSubmitted)]
+    on_log = OnLog(podsets=sub.podsets, pods=sub.pods)
+    gangs = Gangs(known=lambda j: on_log if j == sub.job else None)
+    relisted = [pod(0, "u0", "Succeeded"), pod(1, "u1", "Succeeded"), pod(2, "r2")]  # index 3's replacement to come
+    events = [e for p in relisted for e in gangs.pod_changed(pod_info(p), at=5)]
+    assert not [e for e in events if isinstance(e, JobFinished)], events
+    [owner] = gangs.owners_to_fetch()  # the Job is read: its completions say which slots are done
+    events += gangs.set_size(owner, Sizing(2, completions=4, succeeded=2), at=5)
+    assert not [e for e in events if isinstance(e, JobFinished)], events
+    gangs.pod_changed(pod_info(pod(3, "r3")), at=6)
+    assert gangs.complete(sub.job)
+    assert sorted(p.name for p in (gangs.pods_of(sub.job) or {}).values()) == ["train-2-r2", "train-3-r3"]

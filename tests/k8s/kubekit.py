@@ -35,7 +35,7 @@ from muster.daemon.k8s import Backoff, KubernetesAdapter
 from muster.daemon.k8s import manifests as m
 from muster.daemon.loop import LoopOptions, SchedulerLoop, SoleElector
 from muster.events.store import EventStore, StoredEvent
-from muster.events.types import JobAdmitted, JobSubmitted, NodeName, QueueName
+from muster.events.types import JobAdmitted, JobFinished, JobStarted, JobSubmitted, NodeName, QueueName
 
 Obj = dict[str, Any]
 TEST_LABEL = "muster.dev/test"
@@ -78,6 +78,27 @@ async def submitted(events: EventLog) -> JobSubmitted:
 def admitted(sub: JobSubmitted, node: str, at: int = 1) -> JobAdmitted:
     """The admission of the whole gang `sub` onto `node` (queue q)."""
     return JobAdmitted(at=at, job=sub.job, queue=QueueName("q"), placement={p: NodeName(node) for p in sub.pods})
+
+
+async def started(adapter: KubernetesAdapter, events: EventLog, kube: Kube, sub: JobSubmitted, node: str) -> None:
+    """Apply the admission of `sub` on `node` and start its pods as their kubelet would: its JobStarted is reported."""
+    assert (await adapter.apply(admitted(sub, node))).outcome == "applied"
+    for key in sorted(sub.pods.values()):
+        await kube.set_phase(key.split("/")[1], "Running")
+    await events.wait_for(lambda e: bool(e.of(JobStarted)))
+
+
+async def replacement_finishes(
+    adapter: KubernetesAdapter, events: EventLog, kube: Kube, admission: JobAdmitted, replacement: str
+) -> None:
+    """A re-admission binds the one pod `replacement`, which runs and succeeds: the job is reported finished."""
+    again = await adapter.apply(admission)
+    assert (again.outcome, sorted(again.pods)) == ("applied", [f"{kube.ns}/{replacement}"]), again
+    starts = len(events.of(JobStarted))
+    await kube.set_phase(replacement, "Running")
+    await events.wait_for(lambda e: len(e.of(JobStarted)) > starts)
+    await kube.set_phase(replacement, "Succeeded")
+    await events.wait_for(lambda e: bool(e.of(JobFinished)))
 
 
 async def log_of(store: EventStore, cls: type[Any]) -> list[Any]:
@@ -184,11 +205,14 @@ class Kube:
         labels: dict[str, str] | None = None,
         job_labels: dict[str, str] | None = None,
         completions: int | None = None,
+        grace_seconds: int = 0,
     ) -> tuple[Obj, list[Obj]]:
         """A batch Job (Indexed; `completions` default `parallelism`) and the pods its controller would
         create first (ownerReferences to the Job's real uid; more with `job_pods`).
 
         The pods carry `muster.dev/queue: queue` (none when empty) and `labels`; the Job `job_labels`.
+        With `grace_seconds` above 0 a deletion of a bound pod leaves it terminating until the test deletes
+        it with grace 0, as its kubelet would once its containers stopped.
         """
         manifest = {
             "apiVersion": "batch/v1",
@@ -209,11 +233,17 @@ class Kube:
         }
         job = dict(self.api.sanitize_for_serialization(await self.batch.create_namespaced_job(self.ns, manifest)))
         pod_labels = {**({"muster.dev/queue": queue} if queue else {}), **(labels or {})}
-        return job, await self.job_pods(job, gpus=gpus, labels=pod_labels)
+        return job, await self.job_pods(job, gpus=gpus, labels=pod_labels, grace_seconds=grace_seconds)
+
+    async def set_job_status(self, job: Obj, status: Obj) -> None:
+        """Write the Job's status, as its controller does (`succeeded`, ...)."""
+        name = job["metadata"]["name"]
+        await self.batch.patch_namespaced_job_status(name, self.ns, {"status": status}, _content_type=MERGE)
 
     async def job_pods(self, job: Obj, indexes: list[int] | None = None, **pod_args: Any) -> list[Obj]:
         """Create pods as `job`'s controller does (`manifests.job_pods` arguments); the server's objects."""
-        return [await self.create_pod(p) for p in m.job_pods(job, indexes, grace_seconds=0, **pod_args)]
+        pod_args.setdefault("grace_seconds", 0)
+        return [await self.create_pod(p) for p in m.job_pods(job, indexes, **pod_args)]
 
     async def jobset(self, name: str, replicas: int, parallelism: int, *, gpus: int = 1) -> tuple[Obj, list[Obj]]:
         """A JobSet (its CRD installed if need be) and the pods its controller's child Jobs would create."""
