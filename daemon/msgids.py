@@ -41,7 +41,7 @@ def decision_ids(events: Sequence[Event]) -> list[str]:
 def fact_id(event: Event) -> str | None:
     """The msg id a fact is its own witness of, or None when its content does not identify it.
 
-    A job is submitted once and ends once, and a run starts once (at its `at`):
+    A job is submitted once and ends once, and each of its runs starts once (`run`, at its `at`):
     whichever replica or term reports it, the id is the same, so JetStream
     stores it once within its duplicate window. Node facts get per-term ids:
     the same description may come back legitimately (a label set, removed,
@@ -52,7 +52,7 @@ def fact_id(event: Event) -> str | None:
     if isinstance(event, (JobFinished, JobFailed, JobCancelled)):
         return f"fact:ended:{msg_id_token(event.job)}"
     if isinstance(event, JobStarted):
-        return f"fact:started:{msg_id_token(event.job)}:{event.at}"
+        return f"fact:started:{msg_id_token(event.job)}:{event.run}:{event.at}"
     return None
 
 

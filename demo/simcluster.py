@@ -139,7 +139,8 @@ class SimulatedCluster:
                 heapq.heappush(self._timers, (due, run, event.job, run))
                 self._wake.set()
             if self.report_started:
-                await self._push([JobStarted(at=int(self._clock()), job=event.job)])
+                started = JobStarted(at=int(self._clock()), job=event.job, run=job.preemptions if job else 0)
+                await self._push([started])
             return SimApplied(True, "applied")
         if isinstance(event, JobPreempted):
             if self.running.pop(event.job, None) is None:

@@ -281,6 +281,10 @@ class JobStarted(Event, frozen=True, kw_only=True, tag="JobStarted"):
     """Every pod of the gang is running."""
 
     job: JobId
+    run: int = 0
+    """Which of the job's runs started: how many times the job was preempted before it (0: its first run).
+    It names the run in the fact's msg id (`daemon.msgids.fact_id`), so that a run starting in the same
+    second as the one before it is not taken for a repeat of that start."""
 
 
 class JobFinished(Event, frozen=True, kw_only=True, tag="JobFinished"):

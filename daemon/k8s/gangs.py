@@ -515,13 +515,18 @@ class Gangs(GangViews):
             if not self._completed(gang):
                 return []  # the Job's next indexes are on their way: they run in these slots
             if not gang.started:
-                events.append(JobStarted(at=at, job=job))
+                events.append(self._started(job, at))
                 gang.started = True
             return events + self._end(gang, JobFinished(at=at, job=job))
         if not gang.started and all(p.node and p.phase in ("Running", "Succeeded") for p in present):
             gang.started = True
-            events.append(JobStarted(at=at, job=job))
+            events.append(self._started(job, at))
         return events
+
+    def _started(self, job: JobId, at: int) -> JobStarted:
+        """The job's current run started (the log's count of its preemptions names the run)."""
+        known = self._known(job) if self._known is not None else None
+        return JobStarted(at=at, job=job, run=known.preemptions if known is not None else 0)
 
     def _job_id(self, gang: Gang, chosen: list[PodInfo]) -> JobId:
         """The job of this run: the owner's, or, for a later run of a recreating owner, salted by its pods.

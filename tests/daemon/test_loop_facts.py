@@ -66,6 +66,19 @@ async def test_a_job_fact_reported_by_two_terms_is_stored_once(store, name):
     assert sorted(n for n in stored if n != "LeaderElected") == ["JobFinished", "JobStarted", "JobSubmitted"]
 
 
+async def test_two_runs_of_a_job_starting_in_one_second_are_both_stored_once(store):
+    """A job preempted and started again within the second: both starts are stored, each once across two terms."""
+    await store.append([QueueConfigured(at=0, name=QueueName("q"), nominal={"gpu": 0})])
+    job = JobId("g")
+    facts: list[Event] = [gang("g"), JobStarted(at=2, job=job), JobStarted(at=2, job=job, run=1)]
+    async with replica(store, facts, name="first"):
+        pass
+    async with replica(store, facts, name="second") as (loop, _):
+        assert loop.epoch == 2
+    starts = [s.event for s in await store.read() if isinstance(s.event, JobStarted)]
+    assert [(e.job, e.run, e.at) for e in starts] == [(job, 0, 2), (job, 1, 2)]
+
+
 async def test_a_leader_whose_lease_lapsed_appends_no_fact(store):
     """Facts pushed while the lease is not valid wait; the term ends on the lost lease, and nothing is written."""
     elector = LapsingElector("d1")
