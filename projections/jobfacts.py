@@ -41,14 +41,19 @@ def gpus(job: JobState) -> int:
     return sum(v * ps.count for ps in job.podsets for k, v in ps.requests.items() if k == "gpu")
 
 
+def progress(job: JobState, now: int) -> int:
+    """Seconds of work done by `now`, counting the current run."""
+    admitted_at = job.admitted_at
+    if job.status == "admitted" and admitted_at is not None and now > admitted_at:
+        return job.work_done + now - admitted_at
+    return job.work_done
+
+
 def lost_gpu_seconds(job: JobState, now: int) -> int:
     """GPU-seconds of work a preemption at `now` would destroy (the work since its last checkpoint)."""
     if job.status != "admitted":
         return 0
-    done = job.work_done
-    admitted_at = job.admitted_at
-    if admitted_at is not None and now > admitted_at:
-        done += now - admitted_at
+    done = progress(job, now)
     runtime = job.runtime
     if runtime is not None and runtime < done:
         done = runtime

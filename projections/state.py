@@ -170,10 +170,8 @@ class JobState(msgspec.Struct, kw_only=True):
         return self.preempted_at if self.preempted_at is not None else self.submitted_at
 
     def progress(self, now: int) -> int:
-        """Seconds of work done by `now`, counting the current run."""
-        if self.status == "admitted" and self.admitted_at is not None:
-            return self.work_done + max(0, now - self.admitted_at)
-        return self.work_done
+        """Seconds of work done by `now`, counting the current run (`jobfacts.progress`)."""
+        return jobfacts.progress(self, now)
 
     def saved_progress(self, now: int) -> int:
         """Work that would survive a preemption at `now` (last checkpoint)."""
