@@ -3,7 +3,9 @@
 Prints, per trace and policy, the queueing delay (first admission less submission;
 a job still pending at the end counts with what it waited so far, see
 `replay/waits.py`): average, p50, p99 and maximum over all jobs, and the same for
-the big gangs (32 GPUs or more), for a policy that reserves how its reservations'
+the big gangs (32 GPUs or more), the average per gang size class with its share of
+all the waiting (who pays), the queues offering more than their nominal quota apart
+from the others when there are such, for a policy that reserves how its reservations'
 hosts drained against the hosts that drained first (`Drains`), then a GOALS block:
 issue 12's goals, met or not, for `reserve` and `reserve+limits`. Not a test: it
 prints numbers and exits 0.
@@ -65,7 +67,7 @@ from muster.events import types as events
 from muster.events.types import Event, JobAdmitted, JobInadmissible, ReservationMade, ReservationReleased
 from muster.replay.scenario import load
 from muster.replay.simulator import simulate
-from muster.replay.waits import Wait, WaitStats, run_waits, stats
+from muster.replay.waits import SIZE_CLASSES, Wait, WaitStats, run_waits, size_class, stats
 
 PHILLY = Path(__file__).resolve().parents[2] / "shared" / "traces" / "philly"
 BIG = 32
@@ -499,6 +501,37 @@ def _fmt(s: WaitStats) -> str:
     return f"avg={s.avg:>10,.0f} p50={s.p50:>9,} p99={s.p99:>10,} max={s.max:>10,} pending={s.waiting}"
 
 
+def by_size(waits: list[Wait]) -> str:
+    """Average wait per gang size class and each class's share of all the waiting: who pays for a policy."""
+    total = sum(w.seconds for w in waits) or 1
+    cells = []
+    for name, _ in SIZE_CLASSES:
+        ws = [w.seconds for w in waits if size_class(w.gpus) == name]
+        if ws:
+            cells.append(f"{name}: {sum(ws) / len(ws):,.0f} ({sum(ws) / total:.0%})")
+    return "avg by GPUs: " + ", ".join(cells)
+
+
+def demand(trace: Trace) -> dict[str, float]:
+    """Each queue's offered load on its own nominal quota over the trace: above 1, it runs beyond its share
+    only on borrowed room, which a quota lends only while others leave it idle."""
+    span = max(1, max(j.submit for j in trace.jobs) - min(j.submit for j in trace.jobs))
+    work: dict[str, int] = {}
+    for j in trace.jobs:
+        work[j.queue] = work.get(j.queue, 0) + j.gpus * j.runtime
+    return {q: work.get(q, 0) / (g * span) for q, g in trace.nominal.items()}
+
+
+def by_demand(waits: list[Wait], over: set[str]) -> str:
+    """The waits of the queues that offer no more than their nominal quota, and of those that offer more."""
+    mine = stats(w for w in waits if w.queue not in over)
+    theirs = stats(w for w in waits if w.queue in over)
+    return (
+        f"queues within their quota: avg {mine.avg:,.0f} / max {mine.max:,} s; "
+        f"queues over it ({len(over)}): avg {theirs.avg:,.0f} / max {theirs.max:,} s"
+    )
+
+
 def starved(trace: Trace, run: Run, n: int) -> None:
     """The `n` longest waits of a `muster sim` run, each with what it went through (`--starved`), after a line
     that splits them: how long they waited before their first reservation and after it."""
@@ -558,6 +591,10 @@ def report(
         "sjf-nodes": lambda: Run(run_reference_nodes(trace, "sjf")),
         "easy-nodes": lambda: Run(run_reference_easy(trace, after.limits, limit_factor)),
     }
+    over = {q for q, load in demand(trace).items() if load > 1}
+    if over:
+        shown = ", ".join(f"{q} {load:.2f}x" for q, load in sorted(demand(trace).items()) if q in over)
+        print(f"  queues offering more than their nominal quota over the trace: {shown}", flush=True)
     runs: dict[str, Run] = {}
     for name in policies:
         c0 = time.process_time()
@@ -566,6 +603,9 @@ def report(
         big = stats(w for w in run.waits if w.gpus >= BIG)
         print(f"  {name:<14} all: {_fmt(stats(run.waits))}  cpu={cpu:6.1f}s", flush=True)
         print(f"  {'':<14} >={BIG} GPUs: {_fmt(big)}  ({big.jobs} gangs)", flush=True)
+        print(f"  {'':<14} {by_size(run.waits)}", flush=True)
+        if over:
+            print(f"  {'':<14} {by_demand(run.waits, over)}", flush=True)
         if run.drains is not None and run.drains.held:
             print(f"  {'':<14} drains: {run.drains.line()}", flush=True)
         starved(trace, run, starved_n)
