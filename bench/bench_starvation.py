@@ -26,7 +26,7 @@ Policies:
   blocks everyone (no backfill); `sjf` admits the shortest job that fits first
   and passes those that do not. The issue's goal lines were set against these.
 - `fifo-nodes`, `sjf-nodes`: the same orders on the cluster's nodes (pods of
-  `_per_pod` GPUs, each on the tightest 8-GPU node that holds it, the gang all
+  `gpus_per_pod` GPUs, each on the tightest 8-GPU node that holds it, the gang all
   or nothing; no quota): a 64-GPU gang needs 8 free nodes, as in muster and in
   any real FIFO or SJF scheduler. GOALS prints every goal against both.
 - `easy-nodes`: the textbook answer, EASY backfill on the nodes (`run_reference_easy`):
@@ -52,10 +52,7 @@ from __future__ import annotations
 
 import argparse
 import csv
-import datetime as dt
-import heapq
 import math
-import random
 import sys
 import tempfile
 import time
@@ -63,13 +60,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from starvation_references import run_reference, run_reference_easy, run_reference_nodes
+from starvation_traces import PHILLY, Trace, demand, gpus_per_pod, philly, synthetic
+
 from muster.events import types as events
 from muster.events.types import Event, JobAdmitted, JobInadmissible, ReservationMade, ReservationReleased
 from muster.replay.scenario import load
 from muster.replay.simulator import simulate
 from muster.replay.waits import SIZE_CLASSES, Wait, WaitStats, run_waits, size_class, stats
 
-PHILLY = Path(__file__).resolve().parents[2] / "shared" / "traces" / "philly"
 BIG = 32
 """Gangs of at least this many GPUs are the ones that starve."""
 
@@ -85,81 +84,6 @@ class Recommended:
 
 RECOMMENDED = {"philly": Recommended(3600, 3600), "synthetic": Recommended(21600, 600)}
 """Trace -> what `reserve` and `reserve+limits` run."""
-
-
-@dataclass(frozen=True)
-class TraceJob:
-    job: str
-    submit: int
-    queue: str
-    gpus: int
-    runtime: int
-
-
-@dataclass(frozen=True)
-class Trace:
-    name: str
-    jobs: list[TraceJob]
-    nominal: dict[str, int]
-    """Queue -> nominal GPUs; the cluster has their sum, in nodes of 8 GPUs."""
-    note: str
-
-
-# ---------------------------------------------------------------- traces
-
-
-def philly(jobs: int, shrink: float) -> Trace | None:
-    src, vcs = PHILLY / "philly.csv", PHILLY / "vc_nodes.csv"
-    if not src.exists() or not vcs.exists():
-        return None
-    with vcs.open() as f:
-        nodes = {r["vc"]: max(1, round(int(r["node num"]) * shrink)) for r in csv.DictReader(f)}
-    nominal = {f"vc-{vc}": n * 8 for vc, n in sorted(nodes.items())}
-    total = sum(nominal.values())
-    with src.open() as f:
-        raw = sorted(csv.DictReader(f), key=lambda r: r["timestamp"])
-    t0 = dt.datetime.fromisoformat(raw[0]["timestamp"])
-    out: list[TraceJob] = []
-    dropped = 0
-    for i, r in enumerate(raw):
-        if len(out) >= jobs:
-            break
-        gpus = int(r["num_gpus"])
-        if r["cluster"] not in nodes or gpus > total or gpus < 1:
-            dropped += 1
-            continue
-        submit = int((dt.datetime.fromisoformat(r["timestamp"]) - t0).total_seconds())
-        out.append(TraceJob(f"p{i}", submit, f"vc-{r['cluster']}", gpus, max(1, int(float(r["duration"])))))
-    note = f"{len(out)} jobs ({dropped} left out), {total} GPUs, shrink {shrink}, {_load(out, total):.2f} offered load"
-    return Trace("philly", out, nominal, note)
-
-
-def synthetic(jobs: int, load_: float, seed: int = 7) -> Trace:
-    rng = random.Random(seed)
-    queues = [f"team-{c}" for c in "abcd"]
-    nominal = {q: 64 for q in queues}
-    total = sum(nominal.values())
-    sizes = [(1, 40), (2, 10), (4, 10), (8, 20), (16, 10), (32, 6), (64, 4)]
-    mean_gpus = sum(s * w for s, w in sizes) / sum(w for _, w in sizes)
-    mu, sigma = 7.3, 1.0
-    mean_runtime = math.exp(mu + sigma * sigma / 2)
-    rate = load_ * total / (mean_gpus * mean_runtime)
-    t = 0.0
-    out: list[TraceJob] = []
-    for i in range(jobs):
-        t += rng.expovariate(rate)
-        gpus = rng.choices([s for s, _ in sizes], [w for _, w in sizes])[0]
-        runtime = max(60, int(rng.lognormvariate(mu, sigma)))
-        out.append(TraceJob(f"s{i}", int(t), rng.choice(queues), gpus, runtime))
-    note = f"{len(out)} jobs, {total} GPUs, seed {seed}, {_load(out, total):.2f} offered load"
-    return Trace("synthetic", out, nominal, note)
-
-
-def _load(jobs: list[TraceJob], gpus: int) -> float:
-    if not jobs:
-        return 0.0
-    span = max(1, max(j.submit for j in jobs) - min(j.submit for j in jobs))
-    return sum(j.gpus * j.runtime for j in jobs) / (gpus * span)
 
 
 # ---------------------------------------------------------------- policies
@@ -258,7 +182,7 @@ def run_muster(
         w.writerow(["job", "submit", "queue", "gpus", "gpus_per_pod", "runtime", "limit"])
         for j in trace.jobs:
             limit = math.ceil(j.runtime * limit_factor) if limit_factor is not None else ""
-            w.writerow([j.job, j.submit, j.queue, j.gpus, _per_pod(j.gpus), j.runtime, limit])
+            w.writerow([j.job, j.submit, j.queue, j.gpus, gpus_per_pod(j.gpus), j.runtime, limit])
     nodes = sum(trace.nominal.values()) // 8
     reserve = f", reserve_after: {reserve_after}" if reserve_after is not None else ""
     queues = "".join(
@@ -310,190 +234,6 @@ def run_muster(
     return Run(waits, g, stories, occupancy.drains)
 
 
-def _per_pod(gpus: int) -> int:
-    """GPUs per pod of a gang on 8-GPU nodes: the largest divisor of its size up to 8 (12 GPUs: 3 pods of 4)."""
-    return max(d for d in range(1, min(gpus, 8) + 1) if gpus % d == 0)
-
-
-def run_reference(trace: Trace, order: str) -> list[Wait]:
-    """One pool of the cluster's GPUs: `fifo` (the head blocks) or `sjf` (shortest first, pass what does not fit)."""
-    free = sum(trace.nominal.values())
-    arrivals = sorted(trace.jobs, key=lambda j: (j.submit, j.job))
-    ends: list[tuple[int, int]] = []
-    pending: list[tuple[int, int, TraceJob]] = []
-    waits: list[Wait] = []
-    i, now = 0, 0
-    while i < len(arrivals) or ends:
-        due = [arrivals[i].submit] if i < len(arrivals) else []
-        now = min([*due, ends[0][0]] if ends else due)
-        while ends and ends[0][0] <= now:
-            free += heapq.heappop(ends)[1]
-        while i < len(arrivals) and arrivals[i].submit <= now:
-            j = arrivals[i]
-            key = i if order == "fifo" else j.runtime
-            heapq.heappush(pending, (key, i, j))
-            i += 1
-        passed: list[tuple[int, int, TraceJob]] = []
-        while pending and free > 0:
-            entry = heapq.heappop(pending)
-            j = entry[2]
-            if j.gpus <= free:
-                free -= j.gpus
-                heapq.heappush(ends, (now + j.runtime, j.gpus))
-                waits.append(Wait(j.queue, j.gpus, now - j.submit, True))
-            elif order == "fifo":
-                passed.append(entry)
-                break
-            else:
-                passed.append(entry)
-        for entry in passed:
-            heapq.heappush(pending, entry)
-    waits.extend(Wait(j.queue, j.gpus, now - j.submit, False) for _, _, j in pending)
-    return waits
-
-
-class Nodes:
-    """The cluster's 8-GPU nodes for a node-aware reference: a gang of pods of `_per_pod` GPUs is placed all
-    or nothing, each pod on the tightest node that holds it (as muster packs), or not at all."""
-
-    def __init__(self, gpus: int) -> None:
-        self.free = [8] * (gpus // 8)
-
-    def fits(self, pods: int, per_pod: int) -> bool:
-        return sum(f // per_pod for f in self.free) >= pods
-
-    def take(self, pods: int, per_pod: int) -> list[int]:
-        """The nodes of the gang's pods, one per pod (the caller checked `fits`)."""
-        on: list[int] = []
-        for _ in range(pods):
-            i = min((i for i, f in enumerate(self.free) if f >= per_pod), key=lambda i: (self.free[i], i))
-            self.free[i] -= per_pod
-            on.append(i)
-        return on
-
-    def give(self, on: list[int], per_pod: int) -> None:
-        for i in on:
-            self.free[i] += per_pod
-
-
-def run_reference_nodes(trace: Trace, order: str) -> list[Wait]:
-    """`fifo-nodes` and `sjf-nodes`: the same orders as `run_reference`, but pods are placed on the cluster's
-    8-GPU nodes (a 64-GPU gang needs 8 free nodes), as a real FIFO or SJF scheduler without quota would."""
-    nodes = Nodes(sum(trace.nominal.values()))
-    arrivals = sorted(trace.jobs, key=lambda j: (j.submit, j.job))
-    ends: list[tuple[int, int, list[int], int]] = []
-    # pending gangs by shape (pods, GPUs per pod), each in admission order: a shape that does not fit now
-    # fits no job of its shape until a gang ends, so a cycle judges shapes, not jobs
-    pending: dict[tuple[int, int], list[tuple[int, int, TraceJob]]] = {}
-    waits: list[Wait] = []
-    i, now, ended = 0, 0, 0
-    while i < len(arrivals) or ends:
-        due = [arrivals[i].submit] if i < len(arrivals) else []
-        now = min([*due, ends[0][0]] if ends else due)
-        while ends and ends[0][0] <= now:
-            _, _, on, per_pod = heapq.heappop(ends)
-            nodes.give(on, per_pod)
-        while i < len(arrivals) and arrivals[i].submit <= now:
-            j = arrivals[i]
-            per_pod = _per_pod(j.gpus)
-            key = i if order == "fifo" else j.runtime
-            heapq.heappush(pending.setdefault((j.gpus // per_pod, per_pod), []), (key, i, j))
-            i += 1
-        while True:
-            fitting = [s for s, q in pending.items() if q and nodes.fits(*s)]
-            if order == "fifo":  # the head blocks: only the first submitted gang may go
-                heads = [s for s, q in pending.items() if q]
-                first = min(heads, key=lambda s: pending[s][0][:2], default=None)
-                fitting = [first] if first in fitting else []
-            if not fitting:
-                break
-            shape = min(fitting, key=lambda s: pending[s][0][:2])
-            _, _, j = heapq.heappop(pending[shape])
-            ended += 1
-            heapq.heappush(ends, (now + j.runtime, ended, nodes.take(*shape), shape[1]))
-            waits.append(Wait(j.queue, j.gpus, now - j.submit, True))
-    waits.extend(Wait(j.queue, j.gpus, now - j.submit, False) for q in pending.values() for _, _, j in q)
-    return waits
-
-
-def run_reference_easy(trace: Trace, after: int, limit_factor: float) -> list[Wait]:
-    """`easy-nodes`: the textbook answer to starvation, EASY backfill on the cluster's nodes (no quota). Jobs go
-    shortest declared limit first (a limit is the runtime times `limit_factor`, as in `reserve+limits`); the
-    oldest job that has waited `after` seconds is the head: nothing passes it unless it fits now and its limit
-    ends by the head's shadow time (when, by the running jobs' limits, the head fits), so the head starts by
-    then. One reservation at a time; a job that would not touch the head's nodes is not let through (no node
-    plan), so this is the conservative EASY."""
-    nodes = Nodes(sum(trace.nominal.values()))
-    arrivals = sorted(trace.jobs, key=lambda j: (j.submit, j.job))
-    limit = {j.job: math.ceil(j.runtime * limit_factor) for j in trace.jobs}
-    ends: list[tuple[int, int, list[int], int, int]] = []
-    """(actual end, tie, nodes, GPUs per pod, declared end) of each running gang."""
-    by_shape: dict[tuple[int, int], list[tuple[int, int, TraceJob]]] = {}
-    """Pending gangs by shape, shortest limit first (a shape whose shortest does not fit the window: none does)."""
-    oldest: list[tuple[int, TraceJob]] = []
-    gone: set[str] = set()
-    waits: list[Wait] = []
-    i, now, n = 0, 0, 0
-
-    def start(j: TraceJob) -> None:
-        nonlocal n
-        per_pod = _per_pod(j.gpus)
-        gone.add(j.job)
-        n += 1
-        on = nodes.take(j.gpus // per_pod, per_pod)
-        heapq.heappush(ends, (now + j.runtime, n, on, per_pod, now + limit[j.job]))
-        waits.append(Wait(j.queue, j.gpus, now - j.submit, True))
-
-    def shadow(pods: int, per_pod: int) -> int | None:
-        """When the head fits by the running gangs' declared ends (None: never)."""
-        free = Nodes(0)
-        free.free = list(nodes.free)
-        for e in sorted(ends, key=lambda e: e[4]):
-            free.give(e[2], e[3])
-            if free.fits(pods, per_pod):
-                return e[4]
-        return None
-
-    while i < len(arrivals) or ends:
-        due = [arrivals[i].submit] if i < len(arrivals) else []
-        now = min([*due, ends[0][0]] if ends else due)
-        while ends and ends[0][0] <= now:
-            _, _, on, per_pod, _ = heapq.heappop(ends)
-            nodes.give(on, per_pod)
-        while i < len(arrivals) and arrivals[i].submit <= now:
-            j = arrivals[i]
-            per_pod = _per_pod(j.gpus)
-            heapq.heappush(by_shape.setdefault((j.gpus // per_pod, per_pod), []), (limit[j.job], i, j))
-            heapq.heappush(oldest, (i, j))
-            i += 1
-        while True:
-            while oldest and oldest[0][1].job in gone:
-                heapq.heappop(oldest)
-            for q in by_shape.values():
-                while q and q[0][2].job in gone:
-                    heapq.heappop(q)
-            head = oldest[0][1] if oldest and now - oldest[0][1].submit >= after else None
-            window: int | None = None
-            if head is not None:
-                per_pod = _per_pod(head.gpus)
-                if nodes.fits(head.gpus // per_pod, per_pod):
-                    start(head)
-                    continue
-                window = shadow(head.gpus // per_pod, per_pod)
-            fitting = [
-                q[0]
-                for s, q in by_shape.items()
-                if q and nodes.fits(*s) and (head is None or (window is not None and now + q[0][0] <= window))
-            ]
-            if not fitting:
-                break
-            start(min(fitting)[2])
-    waits.extend(
-        Wait(j.queue, j.gpus, now - j.submit, False) for q in by_shape.values() for _, _, j in q if j.job not in gone
-    )
-    return waits
-
-
 # ---------------------------------------------------------------- report
 
 
@@ -510,16 +250,6 @@ def by_size(waits: list[Wait]) -> str:
         if ws:
             cells.append(f"{name}: {sum(ws) / len(ws):,.0f} ({sum(ws) / total:.0%})")
     return "avg by GPUs: " + ", ".join(cells)
-
-
-def demand(trace: Trace) -> dict[str, float]:
-    """Each queue's offered load on its own nominal quota over the trace: above 1, it runs beyond its share
-    only on borrowed room, which a quota lends only while others leave it idle."""
-    span = max(1, max(j.submit for j in trace.jobs) - min(j.submit for j in trace.jobs))
-    work: dict[str, int] = {}
-    for j in trace.jobs:
-        work[j.queue] = work.get(j.queue, 0) + j.gpus * j.runtime
-    return {q: work.get(q, 0) / (g * span) for q, g in trace.nominal.items()}
 
 
 def by_demand(waits: list[Wait], over: set[str]) -> str:
