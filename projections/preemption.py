@@ -33,7 +33,7 @@ from muster.projections.eviction import Mode, Preemptor, eviction_chain, may_evi
 from muster.projections.flavors import placement_request, unassigned
 from muster.projections.held import SummedRoom
 from muster.projections.holdings import Held, Holding
-from muster.projections.jobfacts import priority_of
+from muster.projections.jobfacts import preemptible, priority_of
 from muster.projections.resources import gpus_of
 from muster.projections.state import JobState
 from muster.projections.victim_walk import Probe, Roomy, fits_given
@@ -82,7 +82,10 @@ def preemptor_rule(cycle: Cycle, job: JobState, reclaimed: bool = False) -> Pree
     queue = state.queues[job.queue]
     quota = cycle.idx.quota
     within = quota.within_nominal(job.queue, job.requests)
-    mode: Mode = "fair" if state.fair_sharing else "reclaim" if within else "borrow"
+    # a job that never borrows (`preemptible`: a non-preemptible one) is admitted only within nominal quota,
+    # so it takes room from other queues by the reclaim rule whatever its queue holds now (spec: Preemption)
+    reclaims = within or not preemptible(state, job)
+    mode: Mode = "fair" if state.fair_sharing else "reclaim" if reclaims else "borrow"
     prio, chain = priority_of(state, job), eviction_chain(state.jobs, job)
     idle_borrowing = (reclaimed or job.idle_reclaimed_at is not None) and not within
     return Preemptor(
@@ -129,7 +132,7 @@ def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
         # not hold the job with every candidate evicted (every victim set is a subset of them)
         order_matters = state.fair_sharing or (len(same) != len(candidates) and probe.walked)
         return Result([], probe.quota_possible, gpus, held, order_matters, candidates)
-    return Result(_with_reasons(cycle, job, victims), True, gpus, held)
+    return Result(_with_reasons(cycle, rule, victims), True, gpus, held)
 
 
 class Unanswered(NamedTuple):
@@ -233,23 +236,18 @@ def _quota_fits(cycle: Cycle, job: JobState, freed: Mapping[str, int], allow_bor
     return fits_given(cycle, job, {queue: {"gpu": gpus} for queue, gpus in freed.items() if gpus}, allow_borrow)
 
 
-def _with_reasons(cycle: Cycle, job: JobState, victims: list[JobState]) -> list[Victim]:
-    """The victims with why each is taken: whether the preemptor is within its nominal quota once they are
-    gone reads only the quota, so only their usage is given back (and taken again)."""
-    state, quota = cycle.state, cycle.idx.quota
-    mark = quota.mark()
-    for v in victims:
-        quota.add(v.queue, v.requests, -1)
-    within_nominal = quota.within_nominal(job.queue, job.requests)
-    quota.rollback(mark)
+def _with_reasons(cycle: Cycle, rule: Preemptor, victims: list[JobState]) -> list[Victim]:
+    """The victims with why each is taken: the rule that let the preemptor take it (`rule.mode`, its quota
+    position when the search began), so a victim taken while it would borrow says so even when the jobs
+    taken from its own queue bring it back within nominal quota."""
     out: list[Victim] = []
     for v in victims:
         reason: PreemptionReason
-        if v.queue == job.queue:
+        if v.queue == rule.queue:
             reason = "WithinQueue"
-        elif state.fair_sharing:
+        elif rule.mode == "fair":
             reason = "FairSharing"
-        elif within_nominal:
+        elif rule.mode == "reclaim":
             reason = "ReclaimWithinCohort"
         else:
             reason = "BorrowWithinCohort"

@@ -337,6 +337,59 @@ def test_reclaim_any_does_not_apply_when_preemptor_would_borrow() -> None:
     assert out.decisions(at=10) == [("pending", "a1")]
 
 
+def _inference_beside_borrowers(reclaim: str) -> str:
+    """qi runs a 1-GPU notebook on n0; qb runs b1 (4 GPUs, n1) and borrows for b2 (3 GPUs, n0); at 10 qi's
+    non-preemptible `serve` needs a whole node and, with the notebook, more than qi's nominal 4 GPUs."""
+    return scenario(
+        flat_nodes(4, 4),
+        [
+            queue("qi", 4, "org", within="LowerPriority", reclaim=reclaim, borrow="LowerPriority"),
+            queue("qb", 4, "org"),
+        ],
+        [
+            submit("notebook", "qi", 1, per_pod=1, prio="scavenger"),
+            submit("b1", "qb", 4, per_pod=4, prio="scavenger"),
+            submit("b2", "qb", 3, per_pod=3, prio="scavenger"),
+            submit("serve", "qi", 4, at=10, per_pod=4, prio="inference", runtime=100),
+        ],
+        cohorts=["org"],
+    )
+
+
+def test_a_non_preemptible_preemptor_takes_from_other_queues_only_by_reclaim() -> None:
+    """A job that never borrows evicts other queues' borrowers only as its queue's reclaim rule allows."""
+    never = run(_inference_beside_borrowers("Never"))
+    assert never.decisions(at=10) == [("pending", "serve")]
+    assert never.preemptions() == []
+    allowed = run(_inference_beside_borrowers("LowerPriority"))
+    taken = {(e.job, e.preemptor, e.reason) for e in allowed.preemptions() if e.at == 10}
+    assert taken == {("b2", "serve", "ReclaimWithinCohort"), ("notebook", "serve", "WithinQueue")}
+    assert allowed.admitted("serve").at == 10 and allowed.admitted("serve").borrowed == {}
+
+
+def test_a_borrowing_preemptor_names_the_borrow_rule_even_when_its_own_victims_bring_it_within_nominal() -> None:
+    """The reason is the rule that let the victim go: under borrow_within_cohort, not reclaim (which is Never)."""
+    out = run(
+        scenario(
+            flat_nodes(4, 4),
+            [
+                queue("qa", 4, "org", within="LowerPriority", reclaim="Never", borrow="LowerPriority"),
+                queue("qb", 4, "org"),
+            ],
+            [
+                submit("small", "qa", 1, per_pod=1, prio="scavenger"),
+                submit("keep", "qb", 4, per_pod=4, prio="inference"),
+                submit("b2", "qb", 3, per_pod=3, prio="scavenger"),
+                submit("big", "qa", 4, at=10, per_pod=4, prio="training"),
+            ],
+            cohorts=["org"],
+        )
+    )
+    taken = {(e.job, e.preemptor, e.reason) for e in out.preemptions() if e.at == 10}
+    assert taken == {("b2", "big", "BorrowWithinCohort"), ("small", "big", "WithinQueue")}
+    assert out.admitted("big").at == 10 and out.admitted("big").borrowed == {}
+
+
 # ---------------------------------------------------------------- lost work and victim order
 
 
