@@ -30,7 +30,8 @@ from aiohttp import web
 
 from muster.events.store import EventStore
 from muster.projections.ratecard import RateCard
-from muster.replay.points import PointError, parse_point
+from muster.replay.cliutil import UsageError, check_point
+from muster.replay.points import Point, PointError, parse_point
 from muster.replay.snapshots import Snapshots
 from muster.replay.snapshotstores import NatsSnapshots, default_bucket
 from muster.replay.source import NatsLog
@@ -85,12 +86,16 @@ def _asset(name: str) -> bytes:
     return importlib.resources.files("muster.ui").joinpath("static", name).read_bytes()
 
 
-def _moment_point(request: web.Request) -> Any:
+async def _moment_point(request: web.Request, feed: Feed) -> Point:
+    """The point `?at=` names, refused (400) outside the log as the commands refuse it: a page at `@T` past
+    the last event would be told as of a time the log never reached (`Moment.now`)."""
     text = request.query.get("at", "end")
     try:
-        return parse_point(text)
-    except PointError as exc:
+        point = parse_point(text)
+        await check_point(feed.source, point, "?at=")
+    except (PointError, UsageError) as exc:
         raise web.HTTPBadRequest(text=f"{exc}\n") from None
+    return point
 
 
 def _json(doc: Any) -> web.Response:
@@ -116,7 +121,7 @@ def page(build: Page, *, books: bool = False) -> Callable[[web.Request], Awaitab
         if books and not feed.books.ready.is_set():
             doc = {"header": {"ready": False, "what": "books", "folded": feed.books.seq, "target": feed.seq}}
             return web.Response(body=pages.dumps(doc), status=503, content_type="application/json")
-        async with feed.at(_moment_point(request)) as moment:
+        async with feed.at(await _moment_point(request, feed)) as moment:
             body = await build(request, feed, moment)
             if body is None:
                 raise web.HTTPNotFound(text=f"nothing at {request.path} as of seq {moment.seq}\n")
