@@ -120,9 +120,9 @@ class Gangs(GangViews):
         super().__init__(known)
         self.recheck: set[str] = set()
         """Pod keys whose `holds_capacity` may have changed without an event of their own."""
-        self.asks = Asks(namespace_queues=namespace_queues)
+        self._asks = Asks(namespace_queues=namespace_queues)
         """What the gangs wait to read (owners, namespaces' default queues), and the queues read."""
-        self._forming = Forming(known, claim, self.asks)
+        self._forming = Forming(known, claim, self._asks)
         self.problems: list[str] = []
         """Reports of malformed pods, drained by the adapter's logger."""
         self.rebind: set[JobId] = set()
@@ -157,11 +157,11 @@ class Gangs(GangViews):
                 if known is not None and not was_resized(known):
                     gang.size = sum(ps.count for ps in known.podsets)  # as submitted: no lookup
                 else:
-                    self.asks.owner(gang)
+                    self._asks.owner(gang)
                     self._unsized.add(owner)
         gang.pods[info.key] = info
         if wants_recount(gang, info):
-            self.asks.recount(owner)
+            self._asks.recount(owner)
         events = self._evaluate(gang, at)
         why = beyond_admitted(gang, info, self._on_log)
         if why is not None:
@@ -269,7 +269,7 @@ class Gangs(GangViews):
 
     def set_namespace_queue(self, namespace: str, queue: str, at: int) -> list[Event]:
         """The namespace's default queue ("" for none, or when it cannot be read): its waiting gangs go on."""
-        self.asks.set_namespace_queue(namespace, queue)
+        self._asks.set_namespace_queue(namespace, queue)
         events: list[Event] = []
         for owner in sorted(self._gangs, key=lambda o: o.source):
             if owner.namespace == namespace and self._gangs[owner].job_id is None:
@@ -278,11 +278,11 @@ class Gangs(GangViews):
 
     def namespaces_to_fetch(self) -> list[str]:
         """Namespaces whose default queue a waiting gang needs, not asked for yet (each is returned once)."""
-        return self.asks.namespaces()
+        return self._asks.namespaces()
 
     def owners_to_fetch(self) -> list[Owner]:
         """Owners whose size is needed and not asked for yet (each is returned once)."""
-        return self.asks.owners()
+        return self._asks.owners()
 
     # ------------------------------------------------------------ effects and endings
 
@@ -512,7 +512,7 @@ class Gangs(GangViews):
             # Sized from the log (a new leader): only pods past the gang's size say the Job may want more,
             # so a relist of finished gangs costs no lookups.
             if gang.asked or not runs_no_successors(gang):
-                self.asks.owner(gang)  # how many successful pods it needs
+                self._asks.owner(gang)  # how many successful pods it needs
                 return False
             return True
         succeeded = {
