@@ -30,7 +30,7 @@ from aiohttp import web
 
 from muster.events.store import EventStore
 from muster.projections.ratecard import RateCard
-from muster.replay.cliutil import UsageError, check_point
+from muster.replay.cliutil import UsageError, refuse_past_end
 from muster.replay.points import Point, PointError, parse_point
 from muster.replay.snapshots import Snapshots
 from muster.replay.snapshotstores import NatsSnapshots, default_bucket
@@ -86,13 +86,14 @@ def _asset(name: str) -> bytes:
     return importlib.resources.files("muster.ui").joinpath("static", name).read_bytes()
 
 
-async def _moment_point(request: web.Request, feed: Feed) -> Point:
-    """The point `?at=` names, refused (400) outside the log as the commands refuse it: a page at `@T` past
-    the last event would be told as of a time the log never reached (`Moment.now`)."""
+def _moment_point(request: web.Request, feed: Feed) -> Point:
+    """The point `?at=` names; a time past the last event folded is refused (400) as the commands refuse it: its
+    pages would be told as of a time the log never reached (`Moment.now`). A sequence past it shows the end."""
     text = request.query.get("at", "end")
     try:
         point = parse_point(text)
-        await check_point(feed.source, point, "?at=")
+        if point.time is not None:
+            refuse_past_end(feed.source.name, point, "?at=", (feed.seq, feed.state.now))
     except (PointError, UsageError) as exc:
         raise web.HTTPBadRequest(text=f"{exc}\n") from None
     return point
@@ -121,7 +122,7 @@ def page(build: Page, *, books: bool = False) -> Callable[[web.Request], Awaitab
         if books and not feed.books.ready.is_set():
             doc = {"header": {"ready": False, "what": "books", "folded": feed.books.seq, "target": feed.seq}}
             return web.Response(body=pages.dumps(doc), status=503, content_type="application/json")
-        async with feed.at(await _moment_point(request, feed)) as moment:
+        async with feed.at(_moment_point(request, feed)) as moment:
             body = await build(request, feed, moment)
             if body is None:
                 raise web.HTTPNotFound(text=f"nothing at {request.path} as of seq {moment.seq}\n")
