@@ -31,6 +31,7 @@ from aiohttp import web
 from muster.events.store import EventStore
 from muster.projections.ratecard import RateCard
 from muster.replay.cliutil import UsageError, refuse_past_end
+from muster.replay.explaincli import not_yet_submitted
 from muster.replay.points import Point, PointError, parse_point
 from muster.replay.snapshots import Snapshots
 from muster.replay.snapshotstores import NatsSnapshots, default_bucket
@@ -145,7 +146,14 @@ async def _jobs(request: web.Request, feed: Feed, moment: Moment) -> Any:
 
 
 async def _job(request: web.Request, feed: Feed, moment: Moment) -> Any:
-    return await pages.job(feed, moment, request.match_info["job"])
+    job = request.match_info["job"]
+    doc = await pages.job(feed, moment, job)
+    submitted = feed.books.submissions.get(job, 0)
+    if doc is None and submitted > moment.seq and job in feed.state.jobs:
+        # a point before its submission is no reason to say there is no such job (as `explain --at`)
+        at = request.query.get("at", "end")
+        raise web.HTTPNotFound(text=not_yet_submitted(job, at, feed.state.jobs[job].submitted_at) + "\n")
+    return doc
 
 
 async def _chargeback(request: web.Request, feed: Feed, moment: Moment) -> Any:
