@@ -8,9 +8,10 @@ done, a gang naming no queue whose namespace may name one); the adapter drains w
 (`set_size`, `set_namespace_queue`), which keeps a namespace's here.
 
 Invariants:
-- Each gang asks for its owner at most once a run (`Gang.asked`), and again only when a pod beyond
-  its size says its owner may run more pods at once now (`recount`): a relist of a cluster holding
-  thousands of gangs must not fire thousands of reads (they starved a new leader's event loop).
+- Each gang asks for its owner once (`Gang.asked`: its size, or a Job's completions), and again only
+  when a pod beyond its size says its owner may run more pods at once now (`recount`, once a run):
+  a relist of a cluster holding thousands of gangs must not fire thousands of reads (they starved a
+  new leader's event loop).
 - Each namespace is asked for once; its answer ("" for none, or when it cannot be read) is kept.
 """
 
@@ -37,7 +38,7 @@ class Asks:
     # ------------------------------------------------------------ owners
 
     def owner(self, gang: Gang) -> None:
-        """Read the gang's owner (its size, a Job's completions), unless this run asked already."""
+        """Read the gang's owner (its size, a Job's completions), unless the gang asked already."""
         if not gang.asked:
             gang.asked = True
             self._owners.append(gang.owner)
