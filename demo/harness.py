@@ -268,9 +268,11 @@ def own_session_binary(directory: Path) -> Path:
 
 
 def _console(options: DemoOptions) -> Any:
-    from rich.console import Console
+    """Every command's console (`cliutil.console`): a reader gone from the pipe ends the demo as it ends every
+    command (141, silently), where rich's own console exits 1."""
+    from muster.replay.cliutil import console
 
-    return options.console or Console()
+    return options.console or console()
 
 
 Redraw = Callable[..., None]

@@ -84,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return reader_gone()
+    except BaseExceptionGroup as group:
+        # a command that runs a task group (`demo`) raises the closed pipe of one of its tasks in a group
+        if group.split(BrokenPipeError)[1] is not None:
+            raise
+        return reader_gone()
     return code
 
 

@@ -89,19 +89,26 @@ def _refuse_outside(
     """The one rule of a point outside the log: UsageError naming the log's first or last event."""
     if first is None or last is None:
         raise UsageError(f"{what} {point.text}: the log {name} holds no event")
+    refuse_past_end(name, point, what, last)
     clock = Clock.for_log(last[1])
+    if point.seq is not None:
+        if point.seq < first[0]:
+            raise UsageError(f"{what} {point.text} is before the start of {name}, which starts at seq {first[0]:,}")
+    elif point.time is not None and point.time < first[1]:
+        raise UsageError(
+            f"{what} {point.text} is before the start of {name}: its first event is at {clock.at(first[1])}"
+        )
+
+
+def refuse_past_end(name: str, point: Point, what: str, last: tuple[int, int]) -> None:
+    """The one rule of a point past a log's last event (`last`: its seq and time): UsageError naming it (the
+    dashboard asks it too: a page at a time the log never reached would be told as of that time)."""
     if point.seq is not None:
         if point.seq > last[0]:
             raise UsageError(f"{what} {point.text} is past the end of {name}, which ends at seq {last[0]:,}")
-        if point.seq < first[0]:
-            raise UsageError(f"{what} {point.text} is before the start of {name}, which starts at seq {first[0]:,}")
-    elif point.time is not None:
-        if point.time > last[1]:
-            raise UsageError(f"{what} {point.text} is past the end of {name}: its last event is at {clock.at(last[1])}")
-        if point.time < first[1]:
-            raise UsageError(
-                f"{what} {point.text} is before the start of {name}: its first event is at {clock.at(first[1])}"
-            )
+    elif point.time is not None and point.time > last[1]:
+        clock = Clock.for_log(last[1])
+        raise UsageError(f"{what} {point.text} is past the end of {name}: its last event is at {clock.at(last[1])}")
 
 
 async def point_reader(source: LogSource, point: Point, what: str) -> LogSource:

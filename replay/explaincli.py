@@ -47,12 +47,9 @@ def run(args: argparse.Namespace) -> int:
             except NameProblem as exc:
                 later = None if point.is_end else await _submitted_later(source, args.job, snapshots)
                 if later is not None:
-                    job, when = later
-                    print(
-                        f"muster explain: {job} was not yet submitted at {point.text} in {source.name}: "
-                        f"it was submitted at {when}",
-                        file=sys.stderr,
-                    )
+                    job, submitted_at = later
+                    where = f"{point.text} in {source.name}"
+                    print(f"muster explain: {not_yet_submitted(job, where, submitted_at)}", file=sys.stderr)
                     return 2
                 print(f"muster explain: {exc} in {source.name} up to {point.text}", file=sys.stderr)
                 return 2
@@ -69,11 +66,19 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-async def _submitted_later(source: Any, typed: str, snapshots: Any) -> tuple[str, str] | None:
+def not_yet_submitted(job: str, at: str, submitted_at: int) -> str:
+    """What a story asked for at a point (`at`) before the job's submission says, in `explain` and on the
+    dashboard: that it was not yet submitted, and when it was (not that there is no such job)."""
+    from muster.replay.points import Clock
+
+    return f"{job} was not yet submitted at {at}: it was submitted at {Clock.for_log(submitted_at).at(submitted_at)}"
+
+
+async def _submitted_later(source: Any, typed: str, snapshots: Any) -> tuple[str, int] | None:
     """The job `typed` names and when it was submitted, when the point does not hold it but the log
     does, later (a point before a job's submission is no reason to say there is no such job)."""
     from muster.replay.jobnames import NameProblem, resolve
-    from muster.replay.points import END, Clock
+    from muster.replay.points import END
     from muster.replay.rebuild import state_at
 
     jobs = (await state_at(source, END, snapshots)).state.jobs
@@ -81,9 +86,7 @@ async def _submitted_later(source: Any, typed: str, snapshots: Any) -> tuple[str
         found = resolve(typed, jobs)
     except NameProblem:
         return None
-    job = jobs[found.job]
-    clock = Clock.for_log(job.submitted_at)
-    return found.job, clock.at(job.submitted_at)
+    return found.job, jobs[found.job].submitted_at
 
 
 def document(story: Any, now: int) -> dict[str, Any]:

@@ -21,8 +21,10 @@ the log alone:
 
 Invariants: the moment `at(point)` gives equals the fold of the log up to the
 point (the rule of `replay.rebuild.state_at`), whether the point is the live
-end or the past. A failure in what the feed does after a daemon's event is
-logged and stops the feed's observing; it never reaches the daemon's fold.
+end or the past, and is told as of the point's own time (`Moment.now`, the
+rule of `replay.points.as_of`), not that of the last event before it. A
+failure in what the feed does after a daemon's event is logged and stops the
+feed's observing; it never reaches the daemon's fold.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from muster.projections.cluster import evolve
 from muster.projections.ledger import DEFAULT_GPU_LABEL, BillingState
 from muster.projections.state import ClusterState
 from muster.replay.heap import no_gc
-from muster.replay.points import Point
+from muster.replay.points import Point, as_of
 from muster.replay.rebuild import state_at
 from muster.replay.snapshots import Snapshots, Verify, fold_range
 from muster.replay.source import LogSource
@@ -115,6 +117,9 @@ class Moment:
     seq: int
     last_seq: int
     live: bool
+    now: int
+    """The time the moment is told as of: a time point's own (`@300` is t=300, though the last event before it
+    came at t=150), else the last event's (`points.as_of`, as `jobs`, `queues` and `explain --at` tell it)."""
     history: list[Sample] = field(default_factory=list)
 
 
@@ -275,7 +280,7 @@ class Feed:
         ends.
         """
         if point.time is None and (point.seq is None or point.seq >= self.seq):
-            yield Moment(self.state, self.seq, self.seq, True, self.history.until(self.seq))
+            yield Moment(self.state, self.seq, self.seq, True, self.state.now, self.history.until(self.seq))
             return
         async with self._past_lock:
             yield await self._past_moment(point)
@@ -289,12 +294,13 @@ class Feed:
             and 0 <= point.seq - recent.seq <= self.past.every
         ):
             await fold_range(self.source, recent.state, recent.seq + 1, point.seq)
-            moment = Moment(recent.state, point.seq, self.seq, False, self.history.until(point.seq))
+            moment = Moment(recent.state, point.seq, self.seq, False, recent.state.now, self.history.until(point.seq))
         else:
             # never past what this feed folded: its checkpoints and history end there
             upto = Point(seq=self.seq if point.seq is None else point.seq, time=point.time, text=point.text)
             past = await self.state_at(upto)
-            moment = Moment(past.state, past.seq, self.seq, False, self.history.until(past.seq))
+            now = as_of(point, past.state.now)
+            moment = Moment(past.state, past.seq, self.seq, False, now, self.history.until(past.seq))
         self._past = moment
         return moment
 

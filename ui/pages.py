@@ -53,8 +53,8 @@ def header(feed: Feed, moment: Moment) -> dict[str, Any]:
         "seq": moment.seq,
         "last_seq": moment.last_seq,
         "live": moment.live,
-        "at": moment.state.now,
-        "epoch": Clock.for_log(moment.state.now).epoch,
+        "at": moment.now,
+        "epoch": Clock.for_log(moment.now).epoch,
         "ready": feed.ready.is_set(),
         "folded": feed.seq,
         "target": feed.target,
@@ -130,7 +130,7 @@ def queues(moment: Moment) -> dict[str, Any]:
         # what the page draws: GPUs whether plain (`gpu`) or per flavor (`gpu@h100`)
         row["gpus"] = {k: gpus_of(row[k]) for k in ("nominal", "used", "borrowed", "lent")}
     history = [{"seq": s.seq, "at": s.at, "used": s.used} for s in moment.history]
-    history.append({"seq": moment.seq, "at": state.now, "used": queue_gpus_used(state)})
+    history.append({"seq": moment.seq, "at": moment.now, "used": queue_gpus_used(state)})
     return {"rows": rows, "cohorts": dict(sorted(state.cohorts.items())), "history": history}
 
 
@@ -158,7 +158,7 @@ def jobs(moment: Moment, *, text: str = "", status: str = "", queue: str = "", l
             "shape": job_shape(j),
             "priority_class": j.priority_class,
             "submitted_at": j.submitted_at,
-            "age": state.now - j.submitted_at,
+            "age": moment.now - j.submitted_at,
             "preemptions": j.preemptions,
             "why": pending_reason(j) if j.status == "pending" else "",
         }
@@ -190,8 +190,9 @@ async def job(feed: Feed, moment: Moment, job_id: str) -> dict[str, Any] | None:
         job = teller.state.jobs.get(job_id)
         if job is not None and job.status in TERMINAL:
             break
+    teller.state.now = moment.now  # what a pending job waits for, told as of the moment (as `explain --at`)
     story = teller.finish()
-    doc = story_document(story, moment.state.now)
+    doc = story_document(story, moment.now)
     current = moment.state.jobs[job_id]
     doc["placement"] = _gpus_by_node(current) if current.status == "admitted" else {}
     return doc
@@ -208,6 +209,7 @@ async def chargeback(feed: Feed, moment: Moment, rates: RateCard | None) -> dict
     capacity = list(ledger.capacity.items())
     hours = [h for (_, h, _) in ledger.usage] + [h for (h, _) in ledger.capacity]
     start = min(hours) if hours else 0
+    # the books are settled up to the last event before the moment (`Books.at`): the window ends there
     end = moment.state.now + 1
     report = build_report(usage, capacity, ledger.queues, start=start, end=end, by="queue", rates=rates)
     models = sorted({m for (_, _, m) in ledger.usage})

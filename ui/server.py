@@ -30,7 +30,9 @@ from aiohttp import web
 
 from muster.events.store import EventStore
 from muster.projections.ratecard import RateCard
-from muster.replay.points import PointError, parse_point
+from muster.replay.cliutil import UsageError, refuse_past_end
+from muster.replay.explaincli import not_yet_submitted
+from muster.replay.points import Point, PointError, parse_point
 from muster.replay.snapshots import Snapshots
 from muster.replay.snapshotstores import NatsSnapshots, default_bucket
 from muster.replay.source import NatsLog
@@ -85,12 +87,17 @@ def _asset(name: str) -> bytes:
     return importlib.resources.files("muster.ui").joinpath("static", name).read_bytes()
 
 
-def _moment_point(request: web.Request) -> Any:
+def _moment_point(request: web.Request, feed: Feed) -> Point:
+    """The point `?at=` names; a time past the last event folded is refused (400) as the commands refuse it: its
+    pages would be told as of a time the log never reached (`Moment.now`). A sequence past it shows the end."""
     text = request.query.get("at", "end")
     try:
-        return parse_point(text)
-    except PointError as exc:
+        point = parse_point(text)
+        if point.time is not None:
+            refuse_past_end(feed.source.name, point, "?at=", (feed.seq, feed.state.now))
+    except (PointError, UsageError) as exc:
         raise web.HTTPBadRequest(text=f"{exc}\n") from None
+    return point
 
 
 def _json(doc: Any) -> web.Response:
@@ -116,7 +123,7 @@ def page(build: Page, *, books: bool = False) -> Callable[[web.Request], Awaitab
         if books and not feed.books.ready.is_set():
             doc = {"header": {"ready": False, "what": "books", "folded": feed.books.seq, "target": feed.seq}}
             return web.Response(body=pages.dumps(doc), status=503, content_type="application/json")
-        async with feed.at(_moment_point(request)) as moment:
+        async with feed.at(_moment_point(request, feed)) as moment:
             body = await build(request, feed, moment)
             if body is None:
                 raise web.HTTPNotFound(text=f"nothing at {request.path} as of seq {moment.seq}\n")
@@ -139,7 +146,14 @@ async def _jobs(request: web.Request, feed: Feed, moment: Moment) -> Any:
 
 
 async def _job(request: web.Request, feed: Feed, moment: Moment) -> Any:
-    return await pages.job(feed, moment, request.match_info["job"])
+    job = request.match_info["job"]
+    doc = await pages.job(feed, moment, job)
+    submitted = feed.books.submissions.get(job, 0)
+    if doc is None and submitted > moment.seq and job in feed.state.jobs:
+        # a point before its submission is no reason to say there is no such job (as `explain --at`)
+        at = request.query.get("at", "end")
+        raise web.HTTPNotFound(text=not_yet_submitted(job, at, feed.state.jobs[job].submitted_at) + "\n")
+    return doc
 
 
 async def _chargeback(request: web.Request, feed: Feed, moment: Moment) -> Any:

@@ -9,25 +9,26 @@ else the owner's (the same labels on the Job, JobSet, MPIJob..., or a Volcano Po
 `spec.queue`, read with its size), so a team moving from those
 changes only `schedulerName`; else, with `namespace_queues`, the namespace's default
 (its label or annotation `muster.dev/default-queue`): a gang with no queue of its own
-waits for its namespace to be read once (`namespaces_to_fetch`, `set_namespace_queue`).
+waits for its namespace to be read once (`asking`: `namespaces_to_fetch`, `set_namespace_queue`).
 
 The size of a gang is the label `muster.dev/gang-size` when present, else, for
 a job the log already knows (a new leader relisting the cluster), the number
 of pods it was submitted with, else its owner's (Job parallelism, JobSet
 replicas x parallelism, sum of the PyTorchJob or MPIJob replicas, a PodGroup's
-`minMember`), which the adapter fetches and hands back with `set_size`. Owners
+`minMember`), which the adapter fetches (`asking`: `owners_to_fetch`) and hands back with `set_size`. Owners
 whose pods do not carry the owner's uid (PodGroups, MPIJobs) get it from that
 lookup, so a re-created owner is still a new job. Only unknown gangs cost a lookup: a
 relist of a cluster holding thousands of gangs must not fire thousands of
 requests (they starved the new leader's event loop, and its lease lapsed).
 
-What one run is made of (its podsets, successors, submission) is `gangruns`; what a pod someone
-deleted from a run means, `deletions`; what an owner's new size means, `resizing`. Here is which
-gang each pod belongs to, and when each run is submitted, started and ended.
+What one run is made of (its podsets, successors, submission) is `gangruns`; which job a run is
+(the log's, a controller's, a new one), `forming`; what the gangs wait to read, `asking`; what a pod
+someone deleted from a run means, `deletions`; what an owner's new size means, `resizing`. Here is
+which gang each pod belongs to, and when each run is submitted, started and ended.
 
 Invariants:
 - A gang is submitted once, when all its pods exist (`size` pods that are
-  neither terminated nor being deleted), with a deterministic job id.
+  neither terminated nor being deleted), with a deterministic job id (`forming`).
 - Each admitted run reports JobStarted once; a gang ends once (JobFinished
   when every pod succeeded and, for a Job, `completions` pods did; JobFailed
   when a pod failed or was deleted by someone else; JobCancelled `WorkloadDeleted`
@@ -45,17 +46,13 @@ Invariants:
   pod's slot of the admitted gang (`take_successors`); pods of a recreating
   owner that come after its run ended are a new run, a new job (`_next_run`).
 - Pods of a labelled pod group's controller that no job on the log holds are judged by the
-  controller's jobs on the log (`controllers.claim`): the replacements of its waiting job are
-  that job's pods; those it makes after its user cancelled its job are left alone (`stopped`).
+  controller's jobs on the log (`forming`, `controllers.claim`); those left alone are told why
+  (`stopped`).
 - A waiting gang whose owner runs another number of pods at once now ends `Resized` and its pods are
   a new job at the new size; an admitted gang keeps its size, and a pod its owner makes beyond it is
   told so (an `Ignored` Warning): the rules are `resizing`'s.
-- A pod is its uid, not its name: a pod deleted and created again under the
-  same name (an operator's `<job>-worker-0`, a user re-applying a manifest) is
-  a new pod. The uids of a run's pods are retired when it ends, so its owner's
-  pods made again under the same names are the next run. The log holds names,
-  not uids: a relisting leader takes pods under an ended run's names for a new
-  run when they wait unbound (`new_to`), which no pod of an ended run does.
+- A pod is its uid, not its name (`forming`): the uids of a run's pods are retired when it ends,
+  so its owner's pods made again under the same names are the next run.
 """
 
 from __future__ import annotations
@@ -63,8 +60,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from muster.daemon.k8s.controllers import Adopt, Claim, Stopped
+from muster.daemon.k8s.asking import Asks
 from muster.daemon.k8s.deletions import WorkloadCheck, owner_ended, pod_lost
+from muster.daemon.k8s.forming import ClaimOf, Forming, StoppedRun
 from muster.daemon.k8s.gangruns import (
     ENDED,
     Gang,
@@ -75,16 +73,9 @@ from muster.daemon.k8s.gangruns import (
     fill_gone_slots,
     finished_before_eviction,
     finished_when_relisted,
-    gone_finished,
-    later_run,
-    new_to,
     note_finished,
-    podsets_of,
-    preempted_since_started,
-    queue_of,
     replaced,
     runs_no_successors,
-    salt,
     submission,
     take_successors,
 )
@@ -101,20 +92,9 @@ from muster.daemon.k8s.resizing import (
     wants_recount,
     was_resized,
 )
-from muster.events.types import ControllerRef, Event, JobFailed, JobFinished, JobId, JobStarted, PodSet
+from muster.events.types import Event, JobFailed, JobFinished, JobId, JobStarted
 
 __all__ = ["TERMINATED", "Gang", "Gangs", "IgnoredGang", "KnownJob", "StoppedRun", "Tracked"]
-
-ClaimOf = Callable[[str, ControllerRef, str, list[PodSet]], Claim]
-"""What pods of a source and queue naming a controller are when no job on the log holds them (`controllers`)."""
-
-
-@dataclass(frozen=True)
-class StoppedRun:
-    """Pods left alone because their controller's job was cancelled by its user (the adapter tells them why)."""
-
-    stopped: Stopped
-    pods: tuple[PodInfo, ...]
 
 
 @dataclass(frozen=True)
@@ -138,17 +118,13 @@ class Gangs(GangViews):
         """`known`: what the log says of a job; `claim`: what the log says of a controller's pods no job
         holds (`controllers.ControllerJobs.claim`); both None without a view of the log."""
         super().__init__(known)
-        self._claim: ClaimOf = claim or (lambda source, controller, queue, podsets: None)
         self.recheck: set[str] = set()
         """Pod keys whose `holds_capacity` may have changed without an event of their own."""
-        self._wanted: list[Owner] = []
+        self._asks = Asks(namespace_queues=namespace_queues)
+        """What the gangs wait to read (owners, namespaces' default queues), and the queues read."""
+        self._forming = Forming(known, claim, self._asks)
         self.problems: list[str] = []
         """Reports of malformed pods, drained by the adapter's logger."""
-        self._namespace_queues = namespace_queues
-        self._ns_queue: dict[str, str] = {}
-        """Namespace -> its default queue ("" for none), once read."""
-        self._ns_wanted: list[str] = []
-        self._ns_asked: set[str] = set()
         self.rebind: set[JobId] = set()
         """Admitted jobs whose gang took a successor pod (`take_successors`): the adapter binds it."""
         self._losing_seen: set[JobId] = set()
@@ -181,12 +157,11 @@ class Gangs(GangViews):
                 if known is not None and not was_resized(known):
                     gang.size = sum(ps.count for ps in known.podsets)  # as submitted: no lookup
                 else:
-                    gang.asked = True
-                    self._wanted.append(owner)
+                    self._asks.owner(gang)
                     self._unsized.add(owner)
         gang.pods[info.key] = info
         if wants_recount(gang, info):
-            self._wanted.append(owner)
+            self._asks.recount(owner)
         events = self._evaluate(gang, at)
         why = beyond_admitted(gang, info, self._on_log)
         if why is not None:
@@ -294,7 +269,7 @@ class Gangs(GangViews):
 
     def set_namespace_queue(self, namespace: str, queue: str, at: int) -> list[Event]:
         """The namespace's default queue ("" for none, or when it cannot be read): its waiting gangs go on."""
-        self._ns_queue[namespace] = queue
+        self._asks.set_namespace_queue(namespace, queue)
         events: list[Event] = []
         for owner in sorted(self._gangs, key=lambda o: o.source):
             if owner.namespace == namespace and self._gangs[owner].job_id is None:
@@ -303,13 +278,11 @@ class Gangs(GangViews):
 
     def namespaces_to_fetch(self) -> list[str]:
         """Namespaces whose default queue a waiting gang needs, not asked for yet (each is returned once)."""
-        out, self._ns_wanted = self._ns_wanted, []
-        return out
+        return self._asks.namespaces()
 
     def owners_to_fetch(self) -> list[Owner]:
         """Owners whose size is needed and not asked for yet (each is returned once)."""
-        out, self._wanted = self._wanted, []
-        return out
+        return self._asks.owners()
 
     # ------------------------------------------------------------ effects and endings
 
@@ -440,46 +413,21 @@ class Gangs(GangViews):
         return self._judge(gang, gang.job_id, at)
 
     def _form(self, gang: Gang, size: int, at: int) -> list[Event]:
-        """A run with no job yet: once `size` of its pods are there, its job is the one the log holds for them
-        (a new leader's relist), or a controller's job that adopts them (`controllers.claim`), or a new one,
-        submitted."""
-        current = (p for p in gang.pods.values() if p.active and p.uid not in gang.retired)
-        active = sorted(current, key=PodInfo.sort_key)
-        chosen = active[:size]
-        if len(active) < size:
-            # A gang the log already knows may have run, even ended, while no adapter watched
-            # (a leader failover): recognise it by all its pods, or its end is never reported
-            # and the log holds its capacity forever.
-            every = sorted(gang.pods.values(), key=PodInfo.sort_key)
-            if self._known is None or not every or (len(every) < size and gang.owner.kind != "Job"):
-                return []  # only a Job's count can make a gang whole with fewer pods (`_gone_finished`)
-            chosen = every[:size]
-            on_log = self._known(gang.owner.job_id(salt(gang, chosen)))
-            if on_log is None or self._read_first(gang, on_log):
-                return []
-            if len(every) + gone_finished(gang, on_log, every) < size:
-                return []
-        if self._needs_namespace(gang, chosen):
+        """A run with no job yet: once its pods are there, its job (`forming`) is submitted when new, or takes up
+        the log's where the log left it (a new leader's relist); pods left alone are told why (`stopped`)."""
+        formed = self._forming.form(gang, size)
+        if isinstance(formed, StoppedRun):
+            self.recheck.update(gang.pods)
+            self.stopped.append(formed)
             return []
-        gang.podsets, gang.mapping = podsets_of(chosen)
-        job = self._job_id(gang, chosen)
-        known = self._on_log(job)
-        ns_queue, controller = self._ns_queue.get(chosen[0].namespace, ""), chosen[0].owner.controller
-        claimed = None
-        # a PodGroup's job id is its object's uid: its controller's replacements are that job's already
-        if known is None and controller is not None and gang.owner.reads_controller:
-            claimed = self._claim(gang.owner.source, controller, queue_of(gang, chosen, ns_queue), gang.podsets)
-        if isinstance(claimed, Stopped):
-            return self._stop(gang, chosen, claimed)
-        if isinstance(claimed, Adopt) and self._known is not None:
-            job, known = claimed.job, self._known(claimed.job)
-        if known is not None and self._read_first(gang, known):
+        if formed is None:
             return []
+        job, known, chosen = formed.job, formed.known, formed.chosen
         gang.job_id = job
         self._by_job[job] = gang.owner
         self.recheck.update(gang.pods)  # now the log can say whether it counts them (holds_capacity)
         if known is None:
-            return [submission(gang, chosen, at, ns_queue), *self._judge(gang, job, at)]
+            return [submission(gang, chosen, at, formed.namespace_queue), *self._judge(gang, job, at)]
         gang.started = known.started_at is not None
         if known.status in ENDED:
             self._close(gang)
@@ -528,31 +476,15 @@ class Gangs(GangViews):
         known = self._known(job) if self._known is not None else None
         return JobStarted(at=at, job=job, run=known.preemptions if known is not None else 0)
 
-    def _job_id(self, gang: Gang, chosen: list[PodInfo]) -> JobId:
-        """The job of this run: the owner's, or, for a later run of a recreating owner, salted by its pods.
-
-        A later run is one that began while this adapter watched (`_next_run`), or, for a new leader
-        relisting the cluster, pods of a run the log holds, or that are not those of the owner's job
-        the log saw end (`new_to`).
-        """
-        job = gang.owner.job_id(salt(gang, chosen))
-        run = later_run(job, chosen)
-        if not gang.later_run and reruns(gang.owner) and self._known is not None:
-            known = self._known(job)
-            gang.later_run = (
-                known is not None and known.status in ENDED and (self._known(run) is not None or new_to(known, chosen))
-            )
-        return run if gang.later_run else job
-
     def _next_run(self, gang: Gang, at: int) -> list[Event]:
         """A recreating owner's new pods for a gang whose run ended are a new run, submitted as a new job.
 
         A Job whose pods were lost (a node gone) and did not come back before the admission that
         re-placed them gave up ends with JobFailed; its controller's replacements, arriving later,
         would otherwise pend forever. The log's rule is that an ended job never runs again, so
-        the replacements are a new job (`_job_id`), once `size` pods that were never part of the
+        the replacements are a new job (`forming`), once `size` pods that were never part of the
         ended run exist. What is left of the old run counts outside any job (`retired`). Pods left
-        alone for a controller whose job its user cancelled (`_stop`) are followed the same way: pods
+        alone for a controller whose job its user cancelled (`forming.StoppedRun`) are followed the same way: pods
         made after them are judged again (by a controller made again, they are a new job).
         """
         if gang.size is None or (gang.job_id is None and gang.stopped is None) or not reruns(gang.owner):
@@ -572,27 +504,6 @@ class Gangs(GangViews):
         self.recheck.update(gang.pods)
         return self._evaluate(gang, at)
 
-    def _stop(self, gang: Gang, chosen: list[PodInfo], stopped: Stopped) -> list[Event]:
-        """Leave the pods of a controller whose job its user cancelled alone (`controllers.Stopped`): no job,
-        no binding; the adapter tells them why (`stopped`). Pods it makes after these are judged again."""
-        gang.podsets, gang.mapping = [], {}
-        gang.stopped = stopped.job
-        gang.done = True
-        gang.retired |= {p.uid for p in chosen}
-        self.recheck.update(gang.pods)
-        self.stopped.append(StoppedRun(stopped, tuple(chosen)))
-        return []
-
-    def _read_first(self, gang: Gang, known: KnownJob) -> bool:
-        """Whether the gang of a Job whose run the log says was preempted and has not started since waits for a read
-        of its Job (asked here, once) before its run is formed: its completions say which of its pods' slots are
-        done (`finished_when_relisted`), its count which are done with no pod left (`gone_finished`). Unread, a pod
-        of an earlier index that succeeded looked like a slot of the preempted run done, and the job ended early."""
-        if gang.owner.kind != "Job" or gang.completions is not None or not preempted_since_started(known):
-            return False
-        self._ask_completions(gang)
-        return True
-
     def _completed(self, gang: Gang) -> bool:
         """Whether the owner needs no more pods: a Job counts its successful pods (distinct indexes) to completions."""
         if gang.owner.kind != "Job":
@@ -601,7 +512,7 @@ class Gangs(GangViews):
             # Sized from the log (a new leader): only pods past the gang's size say the Job may want more,
             # so a relist of finished gangs costs no lookups.
             if gang.asked or not runs_no_successors(gang):
-                self._ask_completions(gang)
+                self._asks.owner(gang)  # how many successful pods it needs
                 return False
             return True
         succeeded = {
@@ -611,21 +522,3 @@ class Gangs(GangViews):
         }
         gone = sum(1 for p in gang.finished.values() if p is None)  # counted by its Job, no pod left
         return len(succeeded) + gone >= gang.completions
-
-    def _ask_completions(self, gang: Gang) -> None:
-        """Read a Job the log sized (a new leader's relist): how many successful pods it needs (once)."""
-        if not gang.asked:
-            gang.asked = True
-            self._wanted.append(gang.owner)
-
-    def _needs_namespace(self, gang: Gang, chosen: list[PodInfo]) -> bool:
-        """Whether the gang names no queue and waits for its namespace's default (asked for here once)."""
-        ns = gang.owner.namespace
-        if not self._namespace_queues or ns in self._ns_queue or gang.queue or any(p.queue for p in chosen):
-            return False
-        if self._known is not None and self._known(gang.owner.job_id(salt(gang, chosen))) is not None:
-            return False  # already on the log: its queue is settled
-        if ns not in self._ns_asked:
-            self._ns_asked.add(ns)
-            self._ns_wanted.append(ns)
-        return True

@@ -196,3 +196,19 @@ def test_the_last_frame_is_the_log_as_it_ends(tmp_path):
     events = int(re.search(r"([\d,]+) events on stream MUSTER", proc.stdout).group(1).replace(",", ""))  # type: ignore[union-attr]
     shown = re.findall(r"log\s+([\d,]+) events", proc.stdout)
     assert shown and int(shown[-1].replace(",", "")) == events
+
+
+@pytest.mark.parametrize("view", [[], ["--no-live"], ["--no-ui"]], ids=["live-and-dashboard", "no-live", "no-ui"])
+def test_the_demo_into_a_closed_pipe_ends_quietly_as_every_command_does(tmp_path, view):
+    """`muster demo | head` whose reader has gone ends silently with 141, as `muster jobs | head` does (it was exit
+    1, rich's own, with a traceback when the dashboard's line hit the pipe), and leaves no demo folder locked."""
+    from pipekit import run_into_closed_pipe
+
+    from muster.cli import SIGPIPE_STATUS
+
+    argv = ["demo", "--duration", "3", "--dir", str(tmp_path / "demo"), "--ui-port", "0", *view]
+    done = run_into_closed_pipe(argv)
+    assert (done.returncode, done.stderr) == (SIGPIPE_STATUS, "")
+    # the demo stopped its nats-server: a second demo in the same folder runs
+    again = subprocess.run([MUSTER, *argv[:2], "1", *argv[3:]], capture_output=True, text=True, timeout=90)
+    assert again.returncode == 0, again.stderr[-2000:]

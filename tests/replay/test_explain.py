@@ -431,6 +431,44 @@ async def test_a_job_waiting_for_room_an_idle_job_holds_is_told_when_that_job_ma
     assert [(e.at, e.job) for e in events if isinstance(e, JobAdmitted)][1] == (700, "waiting")
 
 
+# examples/idle_reclaim.yaml with every queue's quota on one flavor, h100: team-a's notebook borrows `gpu@h100`
+IDLE_ON_FLAVOR = """\
+nodes: [{generate: {count: 4, name: "n{i}", labels: {model: H100}, capacity: {gpu: 8}}}]
+flavors: [{name: h100, node_labels: {model: H100}}]
+cohorts: [{name: org}]
+queues:
+  - {name: team-a, cohort: org, resource_groups: [{covered: [gpu], flavors: [{name: h100, nominal: {gpu: 8}}]}]}
+  - {name: team-b, cohort: org, resource_groups: [{covered: [gpu], flavors: [{name: h100, nominal: {gpu: 24}}]}]}
+idle_reclaim: {threshold: 0.05, after: 600, only_borrowing: true}
+timeline:
+  - {at: 0, submit: {job: busy, queue: team-a, podsets: [{count: 2, requests: {gpu: 8}}], runtime: 7200}}
+  - {at: 10, submit: {job: notebook, queue: team-a, podsets: [{count: 1, requests: {gpu: 8}}], runtime: 7200}}
+  - {at: 60, utilization: {job: busy, gpu: 0.85}}
+  - {at: 60, utilization: {job: notebook, gpu: 0.01}}
+  - {at: 300, submit: {job: b-train, queue: team-b, podsets: [{count: 2, requests: {gpu: 8}}], runtime: 1800}}
+until: 3600
+"""
+
+
+def test_a_flavored_job_waiting_for_an_idle_borrower_s_room_is_told_when_it_may_be_reclaimed(
+    tmp_path: Path, capsys
+) -> None:
+    """On flavor h100 (quota `gpu@h100`), `explain b-train --at @400` names the idle borrower `notebook`, which is
+    reclaimed at t=660 for it, and the busy borrower not at all."""
+    events = sim(IDLE_ON_FLAVOR).events
+    assert [(e.at, e.job, e.reason) for e in events if isinstance(e, JobPreempted)] == [
+        (660, "notebook", "IdleReclaim")
+    ]
+    path = write_jsonl(tmp_path / "log.jsonl", events)
+    assert main(["explain", "b-train", "--log", str(path), "--at", "@400"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert (
+        "idle reclaim: notebook (team-a, 8 GPUs) has been idle for 5m 40s; it may be reclaimed in 4m 20s, for a "
+        "waiting job that comes before it and needs its room"
+    ) in out
+    assert "idle reclaim: busy" not in out
+
+
 EQUAL_PRIORITY = """\
 nodes: [{name: n0, capacity: {gpu: 8}}, {name: n1, capacity: {gpu: 8}}]
 priority_classes: [{name: training, value: 100}]

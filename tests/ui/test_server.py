@@ -64,6 +64,38 @@ async def test_bad_requests_get_a_reason_and_nothing_writes() -> None:
                     assert r.status == 405, method
 
 
+async def test_a_time_point_is_shown_as_of_that_time_not_of_the_last_event_before_it() -> None:
+    """`?at=@300` (last event before it at t=150): the header says t=300, b-big's age is 300 s and its story is
+    told as of t=300, as `muster jobs`/`explain --at @300` tell it."""
+    async with serving(Feed(memory_log(sim(STORY).events), every=5)) as base:
+        for route in ("cluster", "queues", "jobs", "jobs/b-big", "chargeback"):
+            header = json.loads((await get(f"{base}/api/{route}?at=@300"))[1])["header"]
+            assert (header["seq"], header["at"]) == (19, 300), route
+        jobs = json.loads((await get(f"{base}/api/jobs?at=@300"))[1])["page"]
+        assert {r["job"]: r["age"] for r in jobs["rows"]}["b-big"] == 300
+        queues = json.loads((await get(f"{base}/api/queues?at=@300"))[1])["page"]
+        assert queues["history"][-1]["at"] == 300
+        story = json.loads((await get(f"{base}/api/jobs/b-big?at=@300"))[1])["page"]
+        assert story["status"] == "pending" and story["as_of"] == 300
+        # a sequence point is told as of its own last event, as before
+        header = json.loads((await get(f"{base}/api/queues?at=19"))[1])["header"]
+        assert (header["seq"], header["at"]) == (19, 150)
+        # a time the log never reached is refused, as `muster jobs --at` refuses it, not shown as that time
+        status, body = await get(f"{base}/api/queues?at=@5000")
+        assert status == 400 and "past the end" in body and "t=1540" in body
+
+
+async def test_a_job_page_before_the_job_s_submission_says_when_it_was_submitted() -> None:
+    """b-small's page at seq 12 or @100 (submitted at t=150, seq 18) says it was not yet submitted and when it was,
+    as `muster explain --at` does, not "nothing at"; an id the log never held stays a plain 404."""
+    async with serving(Feed(memory_log(sim(STORY).events), every=5)) as base:
+        for at in ("12", "@100"):
+            status, body = await get(f"{base}/api/jobs/b-small?at={at}")
+            assert status == 404 and f"b-small was not yet submitted at {at}: it was submitted at t=150" in body
+        status, body = await get(f"{base}/api/jobs/nobody?at=12")
+        assert status == 404 and "not yet submitted" not in body
+
+
 async def test_a_token_guards_every_route_and_the_browser_keeps_it_in_a_cookie() -> None:
     """With a token: 401 without it, 200 with the bearer header, and `/?token=` sets a cookie that then works."""
     async with serving(Feed(memory_log(sim(STORY).events)), token="s3cret") as base:
