@@ -45,7 +45,7 @@ from muster.projections.preemption import Victim, preemptor_rule
 from muster.projections.reservations import decide_reservations
 from muster.projections.state import ClusterState, JobState
 from muster.projections.trying import try_job
-from muster.projections.verdicts import park_doomed
+from muster.projections.verdicts import park_doomed, say_held
 
 
 def decide(state: ClusterState, now: int) -> list[Event]:
@@ -138,6 +138,7 @@ def _admit(cycle: Cycle) -> None:
             return
         if outcome == "held":
             # it waits behind its strict_fifo head, and so does the rest of its group: not visited again
+            say_held(cycle, group)
             continue
         members = groups.get(group)
         if not members:

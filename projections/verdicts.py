@@ -2,7 +2,8 @@
 
 `park` records a job's verdict and wake rule (`wake_rule`, see `index` and
 `parking`); `park_doomed` parks in bulk the rest of a group whose first job
-failed for its class on an unchanged view. A verdict that might change once
+failed for its class on an unchanged view; `say_held` tells the jobs held
+behind a `strict_fifo` head why they wait (they stay to be tried). A verdict that might change once
 the jobs admitted earlier in the cycle run (`may_evict_new`) is judged again
 next cycle.
 """
@@ -15,7 +16,7 @@ from muster.events.types import JobId, JobInadmissible
 from muster.projections.cycle import Cycle, EvictNewAnswer, lowest_key, neg_seq
 from muster.projections.eviction import Preemptor, chain_may_shrink, evicts_more_within_nominal, may_evict
 from muster.projections.flavors import on_any_flavor, placement_request
-from muster.projections.index import OrderKey, ahead_of_seq
+from muster.projections.index import Group, OrderKey, ahead_of_seq
 from muster.projections.jobfacts import gpus, preemptible, priority_of
 from muster.projections.parking import ROOM_DOMAINS, Member, RoomWait, Wake
 from muster.projections.preemption import Result, overlaps
@@ -37,6 +38,31 @@ def park(cycle: Cycle, job: JobState, reason: str, wake: Wake) -> None:
         cycle.set_aside.append((idx.group_of[job.id], [Member(-job.order_seq, job.id)]))
         return
     idx.park(job, wake, reason)
+
+
+def held_reason(queue: str) -> str:
+    """Why a job waits behind the head of its `strict_fifo` queue. It does not name the head (`muster explain`
+    does), so it is written once per job, not again at every change of head."""
+    return f"waits behind the head of queue {queue} (strict_fifo: while its head waits, no job behind it goes)"
+
+
+def say_held(cycle: Cycle, group: Group) -> None:
+    """Tell the jobs of `group` never judged yet that they wait behind their `strict_fifo` head (spec: a pending
+    job says why; such a job is not tried while its head waits). A job that was judged keeps its last reason:
+    a parked one is not visited, so telling the others more would make the memo change what the log says."""
+    idx = cycle.idx
+    if idx.group_reason.get(group):
+        return  # every member has the same reason, and it is not empty
+    members = idx.groups.get(group)
+    if not members:
+        return
+    jobs = cycle.state.jobs
+    reason = held_reason(jobs[members[-1].job].queue)
+    for m in reversed(members):  # in queue order
+        if not jobs[m.job].reason:
+            cycle.events.append(
+                JobInadmissible(at=cycle.now, job=JobId(m.job), reason=reason, cycle=cycle.number, epoch=cycle.epoch)
+            )
 
 
 def _judged_on_a_narrow_view(cycle: Cycle, job: JobState) -> bool:

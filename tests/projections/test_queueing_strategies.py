@@ -70,6 +70,17 @@ def test_a_strict_queue_blocks_only_itself() -> None:
     assert out.admitted("a-small").at > out.admitted("a-big").at
 
 
+def test_a_job_held_behind_a_strict_head_says_why_from_its_first_cycle() -> None:
+    """A job never judged that waits behind its strict_fifo head is told so; the head's own reason is its own."""
+    timeline = [submit("run", "qa", 8, runtime=100), submit("big", "qa", 16, at=1), submit("small", "qa", 8, at=2)]
+    out = run(scenario(TWO_NODES, [queue("qa", 16, strategy="strict_fifo")], timeline))
+    held = "waits behind the head of queue qa (strict_fifo: while its head waits, no job behind it goes)"
+    assert out.reasons("small")[0] == held
+    assert out.reasons("big") and "behind the head" not in out.reasons("big")[0]
+    pending_at_2 = [e.job for e in out.inadmissible_at(2)]
+    assert pending_at_2 == ["small"]
+
+
 def test_an_unknown_strategy_is_refused_with_its_line() -> None:
     """`queueing_strategy` takes best_effort_fifo, strict_fifo or shortest_limit_first; anything else is a scenario
     error naming the line."""
