@@ -18,8 +18,9 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple, cast
 
 from muster.events.types import CycleSettled, Event, JobId, JobPreempted
-from muster.projections.assignment import Refusal, choose, order_requests
+from muster.projections.assignment import Refusal, choose
 from muster.projections.cluster import node_pods
+from muster.projections.flavorplan import order_requests
 from muster.projections.flavors import PodsetsKey, placement_request, podsets_key, unassigned
 from muster.projections.index import Group, OrderKey, SchedulerIndex, Shape, ahead_of_seq, order_key
 from muster.projections.jobfacts import gpus, lost_gpu_seconds
