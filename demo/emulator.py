@@ -7,13 +7,13 @@ subclass answers like kube-apiserver where muster depends on it (see
 
 - Every change gets the next value of one global resourceVersion (as etcd's
   revision); lists carry the current one; a watch from version V replays the
-  changes after V, then follows. `watch=true` and `watch=True` both watch.
+  changes after V, then follows (`history`). `watch=true` and `watch=True` both watch.
 - `limit` pages a list: the answer carries a `continue` token for the rest of
   the same snapshot (every page has the snapshot's resourceVersion); a token
   older than the last `expire()` answers 410 Gone.
 - `expire()` compacts the history: watches from older versions, and the
   watches open now, answer 410 Gone (an ERROR event in the stream), so the
-  client must relist. `close_watches()` ends open streams without error.
+  client must relist. `close_watches()` ends open streams without error (`history`).
 - `pods/binding` sets `spec.nodeName` and the PodScheduled condition (201),
   409 "pod N is already assigned to node M" when bound; `pods/eviction`
   deletes an unbound pod at once, and a bound one at once with grace 0 or
@@ -34,9 +34,7 @@ objects exactly as API calls would (versions, watch events), for test setup.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import copy
-import datetime
 import itertools
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -50,80 +48,10 @@ import kmock
 from kmock._internal.rendering import Response  # exported by kmock, but not in its __all__
 from kubernetes_asyncio.client import ApiClient, Configuration
 
+from muster.demo.apiobjects import KINDS, TRUE, Obj, answer, merge_patch, selected, stale, timestamp
+from muster.demo.history import Change, History
+
 __all__ = ["Fault", "KubeEmulator", "running"]
-
-Obj = dict[str, Any]
-_TRUE = ("true", "True", "1")
-
-_KINDS = {
-    "pods": "Pod",
-    "nodes": "Node",
-    "jobs": "Job",
-    "jobsets": "JobSet",
-    "pytorchjobs": "PyTorchJob",
-    "bindings": "Binding",
-    "events": "Event",
-    "namespaces": "Namespace",
-    "leases": "Lease",
-}
-
-
-def _status(code: int, reason: str, message: str, *, details: Obj | None = None) -> Response:
-    body = {
-        "apiVersion": "v1",
-        "kind": "Status",
-        "metadata": {},
-        "status": "Success" if code < 400 else "Failure",
-        "code": code,
-        "reason": reason,
-        "message": message,
-    }
-    if details:
-        body["details"] = details
-    return Response(status=code, payload=body)
-
-
-def _stale(res: kmock.resource, name: str, body: Obj, old: Obj) -> Response | None:
-    """A 409 when a write names a resourceVersion the stored object no longer has (optimistic concurrency)."""
-    want = (body.get("metadata") or {}).get("resourceVersion")
-    if want and str(want) != old["metadata"].get("resourceVersion"):
-        return _status(409, "Conflict", f'Operation cannot be fulfilled on {res.plural} "{name}": object modified')
-    return None
-
-
-def _now() -> str:
-    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _merge(target: Obj, patch: Mapping[str, Any]) -> Obj:
-    """JSON merge patch (RFC 7386): dicts merge, None removes, anything else replaces."""
-    for key, value in patch.items():
-        if value is None:
-            target.pop(key, None)
-        elif isinstance(value, Mapping) and isinstance(target.get(key), dict):
-            _merge(target[key], value)
-        else:
-            target[key] = copy.deepcopy(value)
-    return target
-
-
-def _selected(obj: Obj, labels: str, fields: str) -> bool:
-    """Equality-only label and field selectors (`a=b,c!=d`), which is all muster uses."""
-    meta = obj.get("metadata") or {}
-    for expr, source in ((labels, "labels"), (fields, "fields")):
-        for term in filter(None, (t.strip() for t in expr.split(","))):
-            negate = "!=" in term
-            key, _, want = term.replace("!=", "=").replace("==", "=").partition("=")
-            if source == "labels":
-                have = (meta.get("labels") or {}).get(key)
-            else:
-                node: Any = obj
-                for part in key.split("."):
-                    node = node.get(part) if isinstance(node, dict) else None
-                have = node if node is not None else ""
-            if (str(have) == want) == negate:
-                return False
-    return True
 
 
 @dataclass
@@ -153,18 +81,8 @@ class Fault:
             return False
         if self.name is not None and request.name != self.name:
             return False
-        watching = request.params.get("watch") in _TRUE
+        watching = request.params.get("watch") in TRUE
         return self.watch is None or self.watch == watching
-
-
-@dataclass(frozen=True)
-class _Change:
-    rv: int
-    resource: kmock.resource
-    namespace: str | None
-    name: str
-    type: str
-    obj: Obj
 
 
 @attrs.define(kw_only=True)
@@ -177,12 +95,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     keep_requests: int | None = None
     """Keep only this many recorded requests (a long demo); None keeps all (tests assert on them)."""
 
-    _rv: int = attrs.field(default=1, init=False)
-    _changes: list[_Change] = attrs.field(factory=list, init=False)
-    _change_rvs: list[int] = attrs.field(factory=list, init=False)
-    _oldest: int = attrs.field(default=0, init=False)
-    _changed: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
-    _generation: int = attrs.field(default=0, init=False)
+    _history: History = attrs.field(init=False)
+    """The resourceVersion, the changes kept for watch replay and the watches (`history`)."""
     _faults: list[Fault] = attrs.field(factory=list, init=False)
     _names: Any = attrs.field(factory=itertools.count, init=False)
     _builtin_reactions: int = attrs.field(default=0, init=False)
@@ -192,6 +106,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
+        self._history = History(self.history_limit, self.bookmark_seconds)
         self.fallback[self._is_post_sub("binding")] << self._serve_binding
         self.fallback[self._is_post_sub("eviction")] << self._serve_eviction
         self.fallback[self._is_put] << self._serve_replace
@@ -201,7 +116,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     @property
     def resource_version(self) -> int:
-        return self._rv
+        return self._history.rv
 
     def put_object(self, resource: str, obj: Obj) -> Obj:
         """Create or replace an object as the API would (new version, ADDED/MODIFIED for watchers)."""
@@ -220,7 +135,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         old = self._get(res, namespace, name)
         if old is None:
             raise KeyError(f"{resource} {namespace}/{name} does not exist")
-        return self._record(res, namespace, name, "MODIFIED", _merge(copy.deepcopy(old), patch))
+        return self._record(res, namespace, name, "MODIFIED", merge_patch(copy.deepcopy(old), patch))
 
     def remove_object(self, resource: str, namespace: str | None, name: str) -> None:
         res = kmock.resource(resource)
@@ -237,17 +152,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     def expire(self) -> None:
         """Compact all history: every version clients hold is now too old (410), open watches end with 410."""
-        self._rv += 1
-        self._oldest = self._rv
-        self._changes.clear()
-        self._change_rvs.clear()
+        self._history.expire()
         self._pages.clear()
-        self._notify()
 
     def close_watches(self) -> None:
         """End every open watch stream cleanly (clients reconnect from their last version)."""
-        self._generation += 1
-        self._notify()
+        self._history.close_watches()
 
     def fail(
         self,
@@ -286,13 +196,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 out.append(obj.raw)
         return out
 
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
-
     def _record(self, res: kmock.resource, ns: str | None, name: str, kind: str, obj: Obj) -> Obj:
-        self._rv += 1
-        obj.setdefault("metadata", {})["resourceVersion"] = str(self._rv)
+        rv = self._history.next_version()
+        obj.setdefault("metadata", {})["resourceVersion"] = str(rv)
         key = self._key(res, ns, name)
         if kind == "DELETED":
             self._objects[key].delete()
@@ -301,14 +207,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         else:
             self._objects[key] = obj
         snapshot = copy.deepcopy(obj)
-        self._changes.append(_Change(self._rv, res, ns, name, kind, snapshot))
-        self._change_rvs.append(self._rv)
-        if len(self._changes) > self.history_limit:
-            drop = len(self._changes) - self.history_limit // 2
-            self._oldest = self._changes[drop - 1].rv
-            del self._changes[:drop]
-            del self._change_rvs[:drop]
-        self._notify()
+        self._history.record(Change(rv, res, ns, name, kind, snapshot))
         return copy.deepcopy(snapshot)
 
     def _create(self, res: kmock.resource, ns: str | None, obj: Obj) -> Obj:
@@ -319,9 +218,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if ns is not None:
             meta["namespace"] = ns
         meta.setdefault("uid", str(uuid.uuid4()))
-        meta.setdefault("creationTimestamp", _now())
+        meta.setdefault("creationTimestamp", timestamp())
         meta.pop("deletionTimestamp", None)
-        kind = _KINDS.get(res.plural or "", (res.plural or "").rstrip("s").capitalize())
+        kind = KINDS.get(res.plural or "", (res.plural or "").rstrip("s").capitalize())
         obj.setdefault("kind", kind)
         obj.setdefault("apiVersion", f"{res.group}/{res.version}" if res.group else str(res.version))
         if res.plural == "pods" and not res.group:
@@ -348,7 +247,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             if (obj.get("metadata") or {}).get("deletionTimestamp"):
                 return copy.deepcopy(obj)
             marked = copy.deepcopy(obj)
-            marked["metadata"]["deletionTimestamp"] = _now()
+            marked["metadata"]["deletionTimestamp"] = timestamp()
             marked["metadata"]["deletionGracePeriodSeconds"] = grace or 0
             if why == "eviction":
                 conditions = marked.setdefault("status", {}).setdefault("conditions", [])
@@ -358,7 +257,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                         "status": "True",
                         "reason": "EvictionByEvictionAPI",
                         "message": "Eviction API: evicting",
-                        "lastTransitionTime": _now(),
+                        "lastTransitionTime": timestamp(),
                     }
                 )
             return self._record(res, ns, name, "MODIFIED", marked)
@@ -414,7 +313,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return None
         method = str(request.method.value).upper()
         if method == "GET":
-            if request.params.get("watch") in _TRUE:
+            if request.params.get("watch") in TRUE:
                 return self._serve_watch
             return self._serve_list if request.name is None else self._serve_fetch
         if method == "POST":
@@ -428,20 +327,20 @@ class KubeEmulator(kmock.KubernetesEmulator):
     # ------------------------------------------------------------ serving (kmock fallbacks)
 
     async def _serve_list(self, request: kmock.Request) -> Response:
-        if request.params.get("watch") in _TRUE:
+        if request.params.get("watch") in TRUE:
             return await self._serve_watch(request)
         assert request.resource is not None
         token = request.params.get("continue", "")
         if token:
             snapshot = self._pages.pop(token, None)
             if snapshot is None:
-                return _status(410, "Expired", "The provided continue parameter is too old for a consistent list")
+                return answer(410, "Expired", "The provided continue parameter is too old for a consistent list")
             rv, items = snapshot
         else:
             labels = request.params.get("labelSelector", "")
             fields = request.params.get("fieldSelector", "")
-            rv = self._rv
-            items = [o for o in self._list(request.resource, request.namespace) if _selected(o, labels, fields)]
+            rv = self._history.rv
+            items = [o for o in self._list(request.resource, request.namespace) if selected(o, labels, fields)]
             items.sort(key=lambda o: (o["metadata"].get("namespace") or "", o["metadata"].get("name") or ""))
         meta: Obj = {"resourceVersion": str(rv)}
         try:
@@ -456,114 +355,34 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 del self._pages[next(iter(self._pages))]
             meta["continue"] = token
             meta["remainingItemCount"] = len(rest)
-        kind = _KINDS.get(request.resource.plural or "", "Object")
+        kind = KINDS.get(request.resource.plural or "", "Object")
         return Response(
             status=200,
             payload={"kind": f"{kind}List", "apiVersion": "v1", "metadata": meta, "items": items},
         )
 
     async def _serve_watch(self, request: kmock.Request) -> Response:  # type: ignore[override]
-        return Response(status=200, payload=self._watch(request))
-
-    async def _watch(self, request: kmock.Request) -> AsyncIterator[Any]:
-        # The real server sends the headers at once; kmock waits for the first chunk.
-        yield b""
-        assert request.resource is not None
-        res, ns = request.resource, request.namespace
-        labels = request.params.get("labelSelector", "")
-        fields = request.params.get("fieldSelector", "")
-        if request.name:
-            fields = ",".join(filter(None, [fields, f"metadata.name={request.name}"]))
-        loop = asyncio.get_running_loop()
-        limit = request.params.get("timeoutSeconds")
-        deadline = loop.time() + float(limit) if limit else None
-        bookmarks = request.params.get("allowWatchBookmarks") in _TRUE
-        generation = self._generation
-        since = request.params.get("resourceVersion", "")
-        if since in ("", "0"):
-            cursor = self._rv
-            for obj in self._list(res, ns):
-                if _selected(obj, labels, fields):
-                    yield {"type": "ADDED", "object": copy.deepcopy(obj)}
-        else:
-            try:
-                cursor = int(since)
-            except ValueError:
-                cursor = -1
-        idle = 0.0
-        while True:
-            changed = self._changed
-            if self._generation != generation:
-                return
-            if cursor < self._oldest:
-                yield {
-                    "type": "ERROR",
-                    "object": {
-                        "apiVersion": "v1",
-                        "kind": "Status",
-                        "metadata": {},
-                        "status": "Failure",
-                        "message": f"too old resource version: {cursor} ({self._oldest})",
-                        "reason": "Expired",
-                        "code": 410,
-                    },
-                }
-                return
-            start = bisect.bisect_right(self._change_rvs, cursor)
-            pending = self._changes[start:]
-            for change in pending:
-                if self._generation != generation or cursor < self._oldest:
-                    break
-                cursor = change.rv
-                mine = change.resource == res and (ns is None or change.namespace == ns)
-                if mine and _selected(change.obj, labels, fields):
-                    yield {"type": change.type, "object": change.obj}  # never mutated after _record
-            if pending:
-                idle = 0.0
-                continue
-            raw = request._raw_request
-            if raw is not None and (raw.transport is None or raw.transport.is_closing()):
-                return  # the client went away; nobody reads this stream any more
-            wait = min(self.bookmark_seconds, 0.5)
-            if deadline is not None:
-                wait = min(wait, deadline - loop.time())
-                if wait <= 0:
-                    return
-            try:
-                await asyncio.wait_for(changed.wait(), timeout=wait)
-            except TimeoutError:
-                idle += wait
-                if bookmarks and idle >= self.bookmark_seconds and cursor >= self._oldest:
-                    idle = 0.0
-                    cursor = max(cursor, self._rv)
-                    yield {
-                        "type": "BOOKMARK",
-                        "object": {
-                            "kind": _KINDS.get(res.plural or "", "Object"),
-                            "apiVersion": "v1",
-                            "metadata": {"resourceVersion": str(cursor)},
-                        },
-                    }
+        return Response(status=200, payload=self._history.watch(request, self._list))
 
     async def _serve_fetch(self, request: kmock.Request) -> Response:
         assert request.resource is not None and request.name is not None
         obj = self._get(request.resource, request.namespace, request.name)
         if obj is None:
-            return _status(404, "NotFound", f'{request.resource.plural} "{request.name}" not found')
+            return answer(404, "NotFound", f'{request.resource.plural} "{request.name}" not found')
         return Response(status=200, payload=copy.deepcopy(obj))
 
     async def _serve_create(self, request: kmock.Request) -> Response:
         assert request.resource is not None
         body = request.data if isinstance(request.data, dict) else None
         if body is None:
-            return _status(400, "BadRequest", "the body must be a JSON object")
+            return answer(400, "BadRequest", "the body must be a JSON object")
         meta = body.setdefault("metadata", {})
         ns = request.namespace or meta.get("namespace")
         name = meta.get("name")
         if name and self._get(request.resource, ns, name) is not None:
-            return _status(409, "AlreadyExists", f'{request.resource.plural} "{name}" already exists')
+            return answer(409, "AlreadyExists", f'{request.resource.plural} "{name}" already exists')
         if not name and not meta.get("generateName"):
-            return _status(422, "Invalid", "metadata.name or metadata.generateName is required")
+            return answer(422, "Invalid", "metadata.name or metadata.generateName is required")
         return Response(status=201, payload=self._create(request.resource, ns, body))
 
     async def _serve_update(self, request: kmock.Request) -> Response:
@@ -571,15 +390,15 @@ class KubeEmulator(kmock.KubernetesEmulator):
         res, ns, name = request.resource, request.namespace, request.name
         old = self._get(res, ns, name)
         if old is None:
-            return _status(404, "NotFound", f'{res.plural} "{name}" not found')
+            return answer(404, "NotFound", f'{res.plural} "{name}" not found')
         patch = request.data
         if not isinstance(patch, dict):
-            return _status(415, "UnsupportedMediaType", "only merge patches (JSON objects) are supported")
-        if (conflict := _stale(res, name, patch, old)) is not None:
+            return answer(415, "UnsupportedMediaType", "only merge patches (JSON objects) are supported")
+        if (conflict := stale(res, name, patch, old)) is not None:
             return conflict
         if request.subresource == "status":
             patch = {"status": patch.get("status") or {}}
-        new = _merge(copy.deepcopy(old), patch)
+        new = merge_patch(copy.deepcopy(old), patch)
         released = not (new["metadata"].get("finalizers") or []) and new["metadata"].get("deletionTimestamp")
         if released and (res.plural != "pods" or res.group):
             return Response(status=200, payload=self._delete(res, ns, name))
@@ -591,8 +410,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         old = self._get(res, ns, name)
         body = request.data if isinstance(request.data, dict) else None
         if old is None or body is None:
-            return _status(404, "NotFound", f'{res.plural} "{name}" not found')
-        if (conflict := _stale(res, name, body, old)) is not None:
+            return answer(404, "NotFound", f'{res.plural} "{name}" not found')
+        if (conflict := stale(res, name, body, old)) is not None:
             return conflict
         if request.subresource == "status":
             new = copy.deepcopy(old)
@@ -606,7 +425,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         assert request.resource is not None and request.name is not None
         res, ns, name = request.resource, request.namespace, request.name
         if self._get(res, ns, name) is None:
-            return _status(404, "NotFound", f'{res.plural} "{name}" not found')
+            return answer(404, "NotFound", f'{res.plural} "{name}" not found')
         grace: int | None = None
         body = request.data if isinstance(request.data, dict) else {}
         for value in (request.params.get("gracePeriodSeconds"), body.get("gracePeriodSeconds")):
@@ -619,41 +438,41 @@ class KubeEmulator(kmock.KubernetesEmulator):
         res, ns, name = request.resource, request.namespace, request.name
         pod = self._get(res, ns, name)
         if pod is None:
-            return _status(404, "NotFound", f'pods "{name}" not found')
+            return answer(404, "NotFound", f'pods "{name}" not found')
         body = request.data if isinstance(request.data, dict) else {}
         node = str((body.get("target") or {}).get("name") or "")
         if not node:
-            return _status(422, "Invalid", "binding target.name is required")
+            return answer(422, "Invalid", "binding target.name is required")
         bound = (pod.get("spec") or {}).get("nodeName")
         if bound:
-            return _status(
+            return answer(
                 409,
                 "Conflict",
                 f'Operation cannot be fulfilled on pods/binding "{name}": '
                 f'pod {name} is already assigned to node "{bound}"',
             )
         if (pod.get("metadata") or {}).get("deletionTimestamp"):
-            return _status(
+            return answer(
                 409, "Conflict", f'Operation cannot be fulfilled on pods/binding "{name}": pod is being deleted'
             )
         new = copy.deepcopy(pod)
         new.setdefault("spec", {})["nodeName"] = node
         conditions = [c for c in new.setdefault("status", {}).get("conditions", []) if c.get("type") != "PodScheduled"]
-        conditions.append({"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()})
+        conditions.append({"type": "PodScheduled", "status": "True", "lastTransitionTime": timestamp()})
         new["status"]["conditions"] = conditions
         self._record(res, ns, name, "MODIFIED", new)
-        return _status(201, "", "")
+        return answer(201, "", "")
 
     async def _serve_eviction(self, request: kmock.Request) -> Response:
         assert request.resource is not None and request.name is not None
         res, ns, name = request.resource, request.namespace, request.name
         if self._get(res, ns, name) is None:
-            return _status(404, "NotFound", f'pods "{name}" not found')
+            return answer(404, "NotFound", f'pods "{name}" not found')
         body = request.data if isinstance(request.data, dict) else {}
         options = body.get("deleteOptions") or {}
         grace = options.get("gracePeriodSeconds")
         self._graceful_delete(res, ns, name, int(grace) if grace is not None else None, why="eviction")
-        return _status(201, "", "")
+        return answer(201, "", "")
 
 
 @asynccontextmanager

@@ -26,7 +26,8 @@ whether a job fits now (idle reclaim asks it).
   job's flavors hold, or the victims it would evict.
 
 A flavored job waits through many tries, each judging every flavor: what its
-queue and podsets alone give is worked out once per class (`Plan`).
+queue and podsets alone give is worked out once per class (`flavorplan.Plan`), and
+the words of a flavor its quota stops are `quotawords`'.
 
 The choice reads only the cycle's view (quota tree and topology), so replay,
 audit and a new leader make the same one.
@@ -34,21 +35,19 @@ audit and a new leader make the same one.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
-import msgspec
-
-from muster.events.types import PodSet
 from muster.projections import flavors
 from muster.projections.configuration import flavored_requests
 from muster.projections.eviction import evicts_more_within_nominal
+from muster.projections.flavorplan import Slot, Trial, complete, on_trial, plan_of
 from muster.projections.flavors import Flavors, PodsetsKey, podsets_key, view
 from muster.projections.jobfacts import priority_of
 from muster.projections.parking import Wake
 from muster.projections.preemption import Result, Victim, find_victims
-from muster.projections.resources import fmt, gpus_of
+from muster.projections.quotawords import limit_reached, quota_asked, quota_words, words_of
+from muster.projections.resources import gpus_of
 from muster.projections.state import JobState, QueueState
 
 if TYPE_CHECKING:
@@ -189,7 +188,7 @@ def choose(
 
     `victims_in(job_on_flavors)` says whether preemption makes room there (for `Preempt`)."""
     queue = cycle.state.queues[job.queue]
-    plan = _plan(cycle, job, queue)
+    plan = plan_of(cycle, job, queue)
     if plan.uncovered:
         # as Kueue: what no resource group gives quota for cannot be admitted (a queue_update may cover it)
         return Choice(None, [], plan.uncovered)
@@ -201,7 +200,7 @@ def choose(
     short: dict[str, int] = {}
     full = False
     """Whether the last verdict judged the whole gang on `chosen` (then it needs no final look)."""
-    stuck: list[_Slot] = []
+    stuck: list[Slot] = []
     """Podset-groups no flavor fits now."""
     refusals: list[Refusal] = []
     many = len(job.podsets) > 1
@@ -232,7 +231,7 @@ def choose(
                 refusals.append(verdict.refusal)
             words.append(f"{f}: {verdict.why}")
             if policy.when_can_preempt == "Preempt" and victims_in is not None:
-                whole = view(job, _complete(trial, slots))
+                whole = view(job, complete(trial, slots))
                 if victims_in(whole):
                     return Choice(None, [whole], "; ".join([*reasons, *words]))
         if pick is None and fallback is not None:
@@ -260,118 +259,15 @@ def choose(
     options: list[JobState] = []
     if len(slots) == 1:
         # the one podset-group got no flavor: the job on each of its flavors is the plan's
-        return Choice(None, [_on(job, plan.first[f]) for f in slots[0].allowed], reasons[0], consumed, short, refusals)
+        return Choice(
+            None, [on_trial(job, plan.first[f]) for f in slots[0].allowed], reasons[0], consumed, short, refusals
+        )
     for slot in stuck:
         name = slot.podset.name
         for f in slot.allowed:
             trial = {**chosen, name: {**chosen.get(name, {}), **dict.fromkeys(slot.covered, f)}}
-            options.append(view(job, _complete(trial, slots)))
+            options.append(view(job, complete(trial, slots)))
     return Choice(None, options, "; ".join(reasons), consumed, short, refusals)
-
-
-class _Trial(NamedTuple):
-    """The gang's first podset-group on one flavor, with nothing chosen before it: what judging it reads
-    that only the job's podsets and its queue's quota give (`_plan`)."""
-
-    chosen: Flavors
-    requests: dict[str, int]
-    """The requests of the podsets judged with it, keyed as the quota."""
-    whole: dict[str, int]
-    """The whole gang's requests on `chosen` (`flavors.view`'s)."""
-    asked: tuple[tuple[str, int], ...]
-    """What `requests` asks of the flavor's quota (`_words`' `asked`)."""
-    quota: tuple[tuple[str, int, int | None], ...]
-    """Per key of `asked`: its nominal quota and borrowing limit (`_words`' `quota`)."""
-    words: dict[tuple[bool, str | None], tuple[str, tuple[str, ...]]]
-    """`_words` of `asked` by (leave to borrow, limit reached), as they are asked for."""
-
-
-class Plan(NamedTuple):
-    """What `choose` reads of a job that is the same for every try of every job of its class (its queue's
-    resource groups and its podsets): worked out once per class and index (`SchedulerIndex.flavor_plans`),
-    since a flavored job is tried again and again while it waits."""
-
-    uncovered: str
-    slots: list[_Slot]
-    first: dict[str, _Trial]
-    """Per flavor of the first podset-group, in order."""
-    order: Mapping[str, int]
-    """The requests that place its jobs in the admission order (`flavors.order_requests`)."""
-
-
-def _plan(cycle: Cycle, job: JobState, queue: QueueState) -> Plan:
-    """The job's `Plan` (kept per class: jobs of one class have the same queue and podsets)."""
-    idx = cycle.idx
-    group = idx.group_of.get(job.id)
-    known = idx.flavor_plans.get(group) if group is not None else None
-    if known is not None:
-        return known
-    uncovered = flavors.uncovered(queue, job.podsets)
-    slots = [] if uncovered else _slots(job, queue)
-    first: dict[str, _Trial] = {}
-    if slots:
-        slot = slots[0]
-        for f in slot.allowed:
-            chosen = {slot.podset.name: dict.fromkeys(slot.covered, f)}
-            requests = flavored_requests(job.podsets[: slot.upto], chosen)
-            whole = flavored_requests(job.podsets, chosen)
-            first[f] = _Trial(chosen, requests, whole, *_asked(queue, requests, f), {})
-    plan = Plan(uncovered, slots, first, flavors.order_requests(cycle.state, job))
-    if group is not None:
-        idx.flavor_plans[group] = plan
-    return plan
-
-
-def order_requests(cycle: Cycle, job: JobState) -> Mapping[str, int]:
-    """`flavors.order_requests` of a job on the cycle's view: a pending flavored job's from its class's `Plan`
-    (the order key of a waiting job is asked for again at every change of its quota tree)."""
-    if not flavors.unassigned(cycle.state, job):
-        return job.requests  # on its flavors, or in a plain queue: as `flavors.order_requests`
-    if cycle.idx.group_of.get(job.id) is None:
-        return flavors.order_requests(cycle.state, job)  # no class to keep a plan for: worked out for itself
-    return _plan(cycle, job, cycle.state.queues[job.queue]).order
-
-
-def _on(job: JobState, trial: _Trial) -> JobState:
-    """`flavors.view(job, trial.chosen)`, with the requests the plan worked out."""
-    return msgspec.structs.replace(
-        job, flavors={ps: dict(c) for ps, c in trial.chosen.items()}, requests=dict(trial.whole)
-    )
-
-
-class _Slot(NamedTuple):
-    """One podset's part of one resource group of its queue: one flavor gives it all of `covered`."""
-
-    podset: PodSet
-    upto: int
-    """How many podsets of the gang are judged with it (itself and those before it)."""
-    covered: list[str]
-    """The group's resources the podset asks for."""
-    allowed: list[str]
-    """The group's flavors, in order, the podset may take."""
-
-
-def _slots(job: JobState, queue: QueueState) -> list[_Slot]:
-    """The podset-groups of a job to give flavors to, in the order they are assigned."""
-    out: list[_Slot] = []
-    for i, ps in enumerate(job.podsets):
-        for group in queue.resource_groups:
-            covered = flavors.covered(group, ps.requests)
-            if covered:
-                out.append(_Slot(ps, i + 1, covered, flavors.allowed(group, ps.flavors)))
-    return out
-
-
-def _complete(chosen: Flavors, slots: list[_Slot]) -> Flavors:
-    """`chosen`, with every podset-group it leaves open on its first allowed flavor."""
-    out = {ps: dict(c) for ps, c in chosen.items()}
-    for slot in slots:
-        if not slot.allowed:
-            continue
-        mine = out.setdefault(slot.podset.name, {})
-        if slot.covered[0] not in mine:
-            mine.update(dict.fromkeys(slot.covered, slot.allowed[0]))
-    return out
 
 
 def _judge(
@@ -382,7 +278,7 @@ def _judge(
     allow_borrow: bool,
     queue: QueueState,
     flavor: str | None,
-    known: _Trial | None = None,
+    known: Trial | None = None,
 ) -> _Verdict:
     """Whether the job's first `upto` podsets on `chosen` fit quota (within nominal or borrowing) and nodes now.
 
@@ -400,15 +296,15 @@ def _judge(
     lacking = {k: -h for k, h in headroom.items() if h < 0}
     if lacking:
         if known is not None:
-            reached = _reached(cycle, queue, known.asked, known.quota)
+            reached = limit_reached(cycle, queue, known.asked, known.quota)
             said = known.words.get((allow_borrow, reached))
             if said is None:
-                said = known.words[allow_borrow, reached] = _words(
+                said = known.words[allow_borrow, reached] = words_of(
                     known.asked, known.quota, allow_borrow, queue.cohort is not None, reached
                 )
             why, limited = said
         else:
-            why, limited = _quota_words(cycle, queue, *_asked(queue, requests, flavor), allow_borrow)
+            why, limited = quota_words(cycle, queue, *quota_asked(queue, requests, flavor), allow_borrow)
         most = max(sorted(lacking), key=lambda k: lacking[k])
         return _Verdict("no", why, dict.fromkeys(limited, 1), {most: lacking[most]})
     partial = view(job, chosen, upto)
@@ -470,74 +366,6 @@ def gpu_room(cycle: Cycle, names: list[str] | None) -> int:
     if names is None:
         return topology.gpu_free_total
     return sum(topology.gpu_free_on(name) for name in names)
-
-
-def _asked(
-    queue: QueueState, requests: Mapping[str, int], flavor: str | None
-) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int, int | None], ...]]:
-    """What a request asks of a flavor's quota (all flavors': None), and those keys' (nominal, borrowing
-    limit): the part of `_quota_words` that the queue's configuration alone gives."""
-    suffix = f"@{flavor}" if flavor is not None else ""
-    nominal, limits = queue.nominal, queue.borrowing_limit or {}
-    asked = tuple((k, v) for k, v in requests.items() if v > 0 and k in nominal and k.endswith(suffix))
-    return asked, tuple((k, nominal[k], limits.get(k)) for k, _ in asked)
-
-
-def _quota_words(
-    cycle: Cycle,
-    queue: QueueState,
-    asked: tuple[tuple[str, int], ...],
-    quota: tuple[tuple[str, int, int | None], ...],
-    allow_borrow: bool,
-) -> tuple[str, tuple[str, ...]]:
-    """Why a flavor's quota does not hold the request (which of its limits stops it), and the keys
-    whose use decides between "limit reached" and "no room to lend" (`asked`, `quota`: `_asked`)."""
-    reached = _reached(cycle, queue, asked, quota)
-    return _words(asked, quota, allow_borrow, queue.cohort is not None, reached)
-
-
-def _reached(
-    cycle: Cycle, queue: QueueState, asked: tuple[tuple[str, int], ...], quota: tuple[tuple[str, int, int | None], ...]
-) -> str | None:
-    """The first key of `asked` whose borrowing limit the queue's use with the request would pass."""
-    usage = cycle.idx.quota.queues[queue.name].usage
-    for (k, v), (_, n, lim) in zip(asked, quota, strict=True):
-        if lim is not None and usage.get(k, 0) + v > n + lim:
-            return k
-    return None
-
-
-@functools.lru_cache(maxsize=4096)
-def _words(
-    asked: tuple[tuple[str, int], ...],
-    quota: tuple[tuple[str, int, int | None], ...],
-    allow_borrow: bool,
-    cohort: bool,
-    reached: str | None,
-) -> tuple[str, tuple[str, ...]]:
-    """`_quota_words` of a request (`asked`) and its keys' (nominal, borrowing limit) in `quota`, the
-    first key whose borrowing limit the tree's use reaches: a pure function of them, so a queue's jobs
-    asking alike share the words (the reason of every waiting flavored job is built anew each try)."""
-
-    def short(d: Mapping[str, int]) -> str:
-        return fmt({k.partition("@")[0]: v for k, v in d.items()})
-
-    nominal = {k: n for k, n, _ in quota}
-    limits = {k: lim for k, _, lim in quota if lim is not None}
-    wanted = dict(asked)
-    if not allow_borrow:
-        return f"quota (nominal {short(nominal)} in use; a non-preemptible job never borrows)", ()
-    if not cohort:
-        if any(v > nominal[k] for k, v in asked):
-            return f"quota ({short(wanted)} requested is more than nominal {short(nominal)})", ()
-        return f"quota (nominal {short(nominal)} in use; no cohort to borrow from)", ()
-    for k, v in asked:
-        if k in limits and v > nominal[k] + limits[k]:
-            most = f"nominal {short({k: nominal[k]})} + borrowing limit {short({k: limits[k]})}"
-            return f"quota ({short({k: v})} requested is more than {most})", ()
-    if reached is not None:
-        return f"quota (borrowing limit {short({reached: limits[reached]})} reached)", ()
-    return f"quota (nominal {short(nominal)} in use; the cohort has no room to lend)", tuple(sorted(limits))
 
 
 def wake(cycle: Cycle, job: JobState, choice: Choice, found: list[Result]) -> Wake:

@@ -18,15 +18,16 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple, cast
 
 from muster.events.types import CycleSettled, Event, JobId, JobPreempted
-from muster.projections.assignment import Refusal, choose, order_requests
+from muster.projections.assignment import Refusal, choose
 from muster.projections.cluster import node_pods
+from muster.projections.flavorplan import order_requests
 from muster.projections.flavors import PodsetsKey, placement_request, podsets_key, unassigned
+from muster.projections.holdback import Fence
 from muster.projections.index import Group, OrderKey, SchedulerIndex, Shape, ahead_of_seq, order_key
 from muster.projections.jobfacts import gpus, lost_gpu_seconds
 from muster.projections.parking import Block, Member, Wake
 from muster.projections.preemption import Victim
 from muster.projections.queueing import StrictHeads
-from muster.projections.reservations import Fence
 from muster.projections.resources import fmt
 from muster.projections.state import ClusterState, JobState
 from muster.projections.topology import Transaction

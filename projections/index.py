@@ -24,7 +24,7 @@ from muster.projections.topology import TopologyIndex
 from muster.projections.validation import invalid_reason
 
 if TYPE_CHECKING:
-    from muster.projections.assignment import Plan
+    from muster.projections.flavorplan import Plan
 
 _ATTR = "_scheduler_index"
 
@@ -181,7 +181,7 @@ class SchedulerIndex:
         self.holdings = Holdings(self.topology)
         """Per queue and priority, what its preemptible running GPU jobs hold (`preemption._hopeless`)."""
         self.flavor_plans: dict[Group, Plan] = {}
-        """Per class of flavored jobs, what `assignment.choose` reads of their queue and podsets."""
+        """Per class of flavored jobs, what `assignment.choose` reads of their queue and podsets (`flavorplan`)."""
         self.down_nodes: set[str] = {n for n, node in state.nodes.items() if not node.ready}
         self.orphans: set[str] = set()
         for job in state.jobs.values():
