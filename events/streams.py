@@ -103,7 +103,9 @@ class StreamManagement:
             try:
                 info = await self.js.stream_info(self.stream)
             except NotFoundError:
-                raise StreamMissing(f"stream {self.stream} does not exist (and create=False)") from None
+                raise StreamMissing(
+                    f"stream {self.stream} does not exist on this server (the daemon or `muster queues apply` makes it)"
+                ) from None
             self._publisher.atomic = bool(info.config.allow_atomic)
             return
         try:

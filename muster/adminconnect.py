@@ -69,6 +69,12 @@ async def open_store(args: argparse.Namespace, *, command: str, create: bool = T
                 **options,
             )
     except (StoreError, TimeoutError) as exc:
-        why = f"no answer within {args.connect_timeout:g} s" if isinstance(exc, TimeoutError) else str(exc)
+        if isinstance(exc, TimeoutError):
+            from muster.events.wire import redact
+
+            where = ", ".join(redact(u) for u in cfg.nats_urls)  # never a password in a message
+            why = f"no answer from {where} within {args.connect_timeout:g} s"
+        else:
+            why = str(exc)
         print(f"muster {command}: cannot use NATS: {why}", file=sys.stderr)
         raise CommandFailed(1) from None

@@ -297,6 +297,20 @@ def test_submit_refuses_a_file_giving_one_id_twice(tmp_path, log, capsys):
     assert log.events() == []
 
 
+def test_queues_apply_calls_a_mistyped_key_a_queues_file_error_and_lists_only_what_one_may_give(tmp_path, log, capsys):
+    """A misspelt top-level key names the queues file's line and the keys a queues file takes, not a scenario's."""
+    path = tmp_path / "queues.yaml"
+    path.write_text("cohorts: [{name: org}]\nqueus:\n  - {name: a, nominal: {gpu: 8}}\n")
+    assert main(["queues", "apply", str(path), *log.flags]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:2: queues file: unknown field 'queus' (allowed: " in err
+    assert "queues" in err.split("allowed: ")[1] and "timeline" not in err and "nodes" not in err
+    path.write_text("queues:\n  - {name: a, nominal: {gpu: 8}}\ntimeline: []\n")
+    assert main(["queues", "apply", str(path), *log.flags]) == 2
+    assert f"{path}:3: timeline belongs in a `muster sim` scenario" in capsys.readouterr().err
+    assert log.events() == []
+
+
 def test_submit_says_why_when_nats_cannot_be_reached(tmp_path, capsys):
     """An unreachable NATS exits 1 with a sentence, not a traceback."""
     from muster.events.embedded import free_port
