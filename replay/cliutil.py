@@ -20,7 +20,7 @@ from typing import IO, Any
 from muster.events.codec import DecodeError, decode
 from muster.events.store import BadEvent, EventStore, StoredEvent, StoreError
 from muster.projections.resources import gpus_of
-from muster.replay.points import Clock, Point, PointError, parse_point
+from muster.replay.points import EPOCH_THRESHOLD, Clock, Point, PointError, parse_point
 from muster.replay.snapshots import Discarded, Snapshots
 from muster.replay.snapshotstores import DirSnapshots, NatsSnapshots, default_bucket
 from muster.replay.source import LogSource, QueueLog, SourceError, SourceUnavailable, open_source
@@ -96,6 +96,11 @@ def _refuse_outside(
         if point.seq < first[0]:
             raise UsageError(f"{what} {point.text} is before the start of {name}, which starts at seq {first[0]:,}")
     elif point.time is not None:
+        if not clock.epoch and point.time >= EPOCH_THRESHOLD:
+            raise UsageError(
+                f"{what} {point.text} is a date and time, but {name} is a sim log: its times are seconds from its "
+                f"start ({clock.at(first[1])} to {clock.at(last[1])}); give @SECONDS (@3600 or @1h)"
+            )
         if point.time > last[1]:
             raise UsageError(f"{what} {point.text} is past the end of {name}: its last event is at {clock.at(last[1])}")
         if point.time < first[1]:

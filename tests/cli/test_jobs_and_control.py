@@ -167,6 +167,15 @@ def test_jobs_at_a_time_in_a_sim_log_gives_ages_at_that_time(tmp_path: Path, cap
     assert doc["now"] == 300
 
 
+@pytest.mark.parametrize("at", ["2026-12-03T10:00", "@1714531920"])
+def test_a_date_on_a_sim_log_is_refused_saying_its_times_are_seconds(tmp_path: Path, capsys, at: str) -> None:
+    """`--at` a date on a sim log (times from t=0) exits 2 saying so and what to give, not "past the end"."""
+    path = _sim_log(tmp_path, ONE_RUNS_ONE_WAITS)
+    assert main(["replay", "--log", str(path), "--at", at]) == 2
+    err = capsys.readouterr().err
+    assert f"--at {at} is a date and time, but {path} is a sim log" in err and "give @SECONDS" in err
+
+
 LONG_ID = "team-a/pytorchjob/llama-70b-pretraining-ablation-lr3e-4-1a2b3c4d"
 
 
