@@ -311,6 +311,26 @@ def test_queues_apply_calls_a_mistyped_key_a_queues_file_error_and_lists_only_wh
     assert log.events() == []
 
 
+def test_queues_apply_of_a_second_stream_on_a_taken_prefix_says_to_give_a_prefix_of_its_own(tmp_path, log, capsys):
+    """A new stream whose subjects another stream holds exits 1 naming the prefix and `--subject-prefix`."""
+    path = tmp_path / "queues.yaml"
+    path.write_text(QUEUES)
+    assert main(["queues", "apply", str(path), *log.flags]) == 0
+    capsys.readouterr()
+    flags = dict(zip(log.flags[::2], log.flags[1::2], strict=True))
+    other = [
+        "--nats",
+        flags["--nats"],
+        "--stream",
+        f"{flags['--stream']}X",
+        "--subject-prefix",
+        flags["--subject-prefix"],
+    ]
+    assert main(["queues", "apply", str(path), *other]) == 1
+    err = capsys.readouterr().err
+    assert f"another stream of this server holds {flags['--subject-prefix']}.>" in err and "--subject-prefix" in err
+
+
 def test_submit_says_why_when_nats_cannot_be_reached(tmp_path, capsys):
     """An unreachable NATS exits 1 with a sentence, not a traceback."""
     from muster.events.embedded import free_port
