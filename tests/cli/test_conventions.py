@@ -357,6 +357,16 @@ def test_o_json_is_one_document_and_o_jsonl_one_object_per_line(index: int, tmp_
     assert lines and all(isinstance(json.loads(line), dict) for line in lines)
 
 
+@pytest.mark.parametrize("index", range(1, len(FILE_COMMANDS)), ids=FILE_COMMANDS[1:])
+@pytest.mark.parametrize("flag", ["--nats", "--stream", "--subject-prefix"])
+def test_a_log_file_and_a_stream_at_once_are_refused(index: int, flag: str, tmp_path: Path, capsys) -> None:
+    """`--log FILE` with a stream's flag names two logs: exit 2 saying so, not an answer from the file alone."""
+    argv = _file_commands(tmp_path)[index]
+    capsys.readouterr()
+    assert main([*argv, flag, "nats://127.0.0.1:4222" if flag == "--nats" else "OTHER"]) == 2
+    assert f"--log names a file and {flag} a stream: give one log" in capsys.readouterr().err
+
+
 def test_completion_script_completes_commands_options_and_choices(tmp_path: Path, capsys) -> None:
     """`muster completion bash`, sourced in bash, completes a command, a subcommand, options and -o's values."""
     import shutil
