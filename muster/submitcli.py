@@ -110,6 +110,8 @@ def from_file(path: str, at: int) -> list[JobSubmitted]:
         raise ScenarioError(path, None, "no job in the file")
     reader = Reader(path)
     nodes = reader.seq(root, "jobs") if isinstance(root, yaml.SequenceNode) else [root]
+    if not nodes:  # `[]`: as an empty file, nothing to submit is a mistake, not a success
+        raise ScenarioError(path, None, "no job in the file")
     jobs = []
     for node in nodes:
         d: dict[str, Any] = submit(reader, node)

@@ -229,6 +229,17 @@ def test_submit_from_a_file_uses_the_scenario_submit_form(tmp_path, log):
     assert (b.job, b.priority_class, b.podsets[0].requests) == ("b", "inference", {"gpu": 1})
 
 
+@pytest.mark.parametrize("text", ["", "[]\n"], ids=["empty-file", "empty-list"])
+def test_submit_of_a_file_without_a_job_exits_2_and_appends_nothing(tmp_path, log, capsys, text):
+    """A jobs file that holds no job is a mistake: exit 2 naming the file, not a silent success."""
+    path = tmp_path / "jobs.yaml"
+    path.write_text(text)
+    anyio.run(_create, log)
+    assert main(["submit", "-f", str(path), *log.flags]) == 2
+    assert f"{path}: no job in the file" in capsys.readouterr().err
+    assert log.events() == []
+
+
 def test_submit_declares_a_time_limit(log):
     """`--max-runtime SECONDS` is the job's declared limit on the log."""
     anyio.run(_create, log)
