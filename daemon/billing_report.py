@@ -265,7 +265,7 @@ def plot_problem(path: str) -> str | None:
 
 def report_command(args: Any) -> int:
     """Run `muster billing report` with parsed arguments."""
-    from muster.daemon.billing_store import LedgerError
+    from muster.daemon.billing_store import LedgerError, LedgerUnreachable
     from muster.projections.ratecard import RateCardError, parse_time
 
     if args.plot and (problem := plot_problem(args.plot)) is not None:
@@ -284,7 +284,7 @@ def report_command(args: Any) -> int:
         ledger = LedgerDB.open(args.db, create=False)
     except LedgerError as exc:
         print(f"muster billing report: {exc}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(exc, LedgerUnreachable) else 2
     with ledger:
         try:
             start = parse_time(args.start) if args.start is not None else None

@@ -283,6 +283,17 @@ def test_postgresql_url_without_driver_says_what_to_install(capsys: pytest.Captu
     assert "psycopg" in capsys.readouterr().err
 
 
+def test_a_postgresql_ledger_that_does_not_answer_is_a_runtime_failure_told_on_one_line(capsys) -> None:
+    """A PostgreSQL server that refuses the connection exits 1 (runtime, as NATS not answering), in one line."""
+    pytest.importorskip("psycopg")
+    from muster.events.embedded import free_port
+
+    url = f"postgresql://u@127.0.0.1:{free_port()}/billing"
+    assert main(["billing", "report", "--db", url]) == 1
+    err = capsys.readouterr().err
+    assert "cannot connect to the PostgreSQL ledger" in err and len(err.strip().splitlines()) == 1, err
+
+
 @pytest.mark.parametrize(
     ("name", "words"),
     [
