@@ -305,7 +305,14 @@ def report_command(args: Any) -> int:
             start = span[0] if start is None else start
             end = span[1] if end is None else end
         if end <= start:
-            print(f"muster billing report: --to ({_when(end)}) must be after --from ({_when(start)})", file=sys.stderr)
+            # a bound the user did not give is the ledger's: say so rather than name a flag they never typed
+            if args.end is None:
+                why = f"--from ({_when(start)}) is at or after the ledger's end ({_when(end)})"
+            elif args.start is None:
+                why = f"--to ({_when(end)}) is at or before the ledger's start ({_when(start)})"
+            else:
+                why = f"--to ({_when(end)}) must be after --from ({_when(start)})"
+            print(f"muster billing report: {why}", file=sys.stderr)
             return 2
         usage, capacity, queues = ledger.read_window(start, end)
         skipped = len(ledger.skipped())
