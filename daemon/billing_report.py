@@ -265,7 +265,7 @@ def plot_problem(path: str) -> str | None:
 
 def report_command(args: Any) -> int:
     """Run `muster billing report` with parsed arguments."""
-    from muster.daemon.billing_store import LedgerError
+    from muster.daemon.billing_store import LedgerError, LedgerUnreachable
     from muster.projections.ratecard import RateCardError, parse_time
 
     if args.plot and (problem := plot_problem(args.plot)) is not None:
@@ -284,7 +284,7 @@ def report_command(args: Any) -> int:
         ledger = LedgerDB.open(args.db, create=False)
     except LedgerError as exc:
         print(f"muster billing report: {exc}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(exc, LedgerUnreachable) else 2
     with ledger:
         try:
             start = parse_time(args.start) if args.start is not None else None
@@ -305,7 +305,14 @@ def report_command(args: Any) -> int:
             start = span[0] if start is None else start
             end = span[1] if end is None else end
         if end <= start:
-            print(f"muster billing report: --to ({_when(end)}) must be after --from ({_when(start)})", file=sys.stderr)
+            # a bound the user did not give is the ledger's: say so rather than name a flag they never typed
+            if args.end is None:
+                why = f"--from ({_when(start)}) is at or after the ledger's end ({_when(end)})"
+            elif args.start is None:
+                why = f"--to ({_when(end)}) is at or before the ledger's start ({_when(start)})"
+            else:
+                why = f"--to ({_when(end)}) must be after --from ({_when(start)})"
+            print(f"muster billing report: {why}", file=sys.stderr)
             return 2
         usage, capacity, queues = ledger.read_window(start, end)
         skipped = len(ledger.skipped())

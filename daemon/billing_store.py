@@ -55,6 +55,10 @@ class LedgerError(RuntimeError):
     """The ledger database cannot be opened or used as asked."""
 
 
+class LedgerUnreachable(LedgerError):
+    """The ledger's database server cannot be reached: a runtime failure (exit 1), not a usage error."""
+
+
 class LedgerConflict(LedgerError):
     """Another writer moved the cursor: two subscribers are folding into one ledger."""
 
@@ -160,7 +164,8 @@ class LedgerDB:
             try:
                 pg: Any = psycopg.connect(url)  # DB-API like sqlite3's: the class speaks to both
             except psycopg.Error as exc:
-                raise LedgerError(f"cannot connect to the PostgreSQL ledger: {exc}") from None
+                said = " ".join(str(exc).split())  # psycopg's text runs over lines: one line for a message
+                raise LedgerUnreachable(f"cannot connect to the PostgreSQL ledger: {said}") from None
             db = cls(pg, dialect="postgresql", url=url)
         else:
             raise LedgerError(f"unsupported ledger URL {url!r}: use sqlite:///FILE or postgresql://...")

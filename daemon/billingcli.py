@@ -116,7 +116,7 @@ def _load_config(path: str | None) -> dict[str, Any]:
 def _run_subscriber(args: argparse.Namespace) -> int:
     import anyio
 
-    from muster.daemon.billing_store import LedgerError
+    from muster.daemon.billing_store import LedgerError, LedgerUnreachable
     from muster.daemon.config import log_settings
     from muster.daemon.logs import configure_logging
     from muster.replay.natsconnect import ConfigProblem, connect_options, flag_options
@@ -139,7 +139,7 @@ def _run_subscriber(args: argparse.Namespace) -> int:
         code: int = anyio.run(_serve, args, cfg, options)
     except LedgerError as exc:
         print(f"muster billing run: {exc}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(exc, LedgerUnreachable) else 2
     return code
 
 

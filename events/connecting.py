@@ -110,7 +110,13 @@ async def _connect(servers: list[str], attempts: int, nats_options: dict[str, An
         said = [e for e in last_error if not isinstance(e, OSError)]
         reason = said[-1] if said else (last_error[-1] if last_error else exc)
         where = ", ".join(redact(u) for u in servers)  # never a password in a message or a log
-        raise StoreUnreachable(f"cannot connect to {where}: {type(reason).__name__}: {reason}") from None
+        # a server that takes the connection and says nothing times out with no text of its own
+        why = (
+            f"no answer within {float(options['connect_timeout']):g} s"
+            if isinstance(reason, TimeoutError) and not str(reason)
+            else f"{type(reason).__name__}: {reason}"
+        )
+        raise StoreUnreachable(f"cannot connect to {where}: {why}") from None
     nc.options["max_reconnect_attempts"] = reconnects
     _ERRORS[nc] = last_error
     return nc

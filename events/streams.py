@@ -40,6 +40,8 @@ __all__ = ["HEADER_ROOM", "Retention", "StreamManagement"]
 log = structlog.get_logger("muster.events.store")
 
 _STREAM_NAME_IN_USE = 10058
+_SUBJECTS_OVERLAP = 10065
+"""JetStream's answer to a new stream whose subjects another stream of the server holds."""
 _PURGE_NOT_PERMITTED = 10110
 _NO_MESSAGE_FOUND = 10037
 HEADER_ROOM = 512
@@ -103,12 +105,19 @@ class StreamManagement:
             try:
                 info = await self.js.stream_info(self.stream)
             except NotFoundError:
-                raise StreamMissing(f"stream {self.stream} does not exist (and create=False)") from None
+                raise StreamMissing(
+                    f"stream {self.stream} does not exist on this server (the daemon or `muster queues apply` makes it)"
+                ) from None
             self._publisher.atomic = bool(info.config.allow_atomic)
             return
         try:
             info = await self.js.add_stream(config)
         except APIError as exc:
+            if exc.err_code == _SUBJECTS_OVERLAP:
+                raise StoreError(
+                    f"cannot create stream {self.stream}: another stream of this server holds {self.prefix}.> "
+                    "(give this log a subject prefix of its own: --subject-prefix, or the config's nats.subject_prefix)"
+                ) from exc
             if exc.err_code != _STREAM_NAME_IN_USE:
                 raise StoreError(f"cannot create stream {self.stream}: {exc.description}") from exc
             info = await self.js.stream_info(self.stream)

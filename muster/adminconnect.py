@@ -26,10 +26,15 @@ def add_nats_arguments(parser: argparse.ArgumentParser) -> None:
     from muster.replay.natsconnect import add_connection_arguments
 
     add_connection_arguments(parser)
-    parser.add_argument("--nats", help="NATS URL(s), comma-separated (default: $NATS_URL or nats://127.0.0.1:4222)")
-    parser.add_argument("--stream", help="JetStream stream of the log (default MUSTER)")
-    parser.add_argument("--subject-prefix", help="subject prefix of the log (default muster)")
-    parser.add_argument("--connect-timeout", type=float, default=15.0, help="seconds to reach NATS")
+    # the metavars the commands that read the log show for the same flags (`replay.natsconnect`)
+    parser.add_argument(
+        "--nats", metavar="URL", help="NATS URL(s), comma-separated (default: $NATS_URL or nats://127.0.0.1:4222)"
+    )
+    parser.add_argument("--stream", metavar="NAME", help="JetStream stream of the log (default MUSTER)")
+    parser.add_argument("--subject-prefix", metavar="PREFIX", help="subject prefix of the log (default muster)")
+    parser.add_argument(
+        "--connect-timeout", metavar="SECONDS", type=float, default=15.0, help="seconds to reach NATS (default 15)"
+    )
 
 
 async def open_store(args: argparse.Namespace, *, command: str, create: bool = True) -> Any:
@@ -69,6 +74,12 @@ async def open_store(args: argparse.Namespace, *, command: str, create: bool = T
                 **options,
             )
     except (StoreError, TimeoutError) as exc:
-        why = f"no answer within {args.connect_timeout:g} s" if isinstance(exc, TimeoutError) else str(exc)
+        if isinstance(exc, TimeoutError):
+            from muster.events.wire import redact
+
+            where = ", ".join(redact(u) for u in cfg.nats_urls)  # never a password in a message
+            why = f"no answer from {where} within {args.connect_timeout:g} s"
+        else:
+            why = str(exc)
         print(f"muster {command}: cannot use NATS: {why}", file=sys.stderr)
         raise CommandFailed(1) from None

@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="queues_command", metavar="SUBCOMMAND", help="none: show the queues")
     apply_help = "make the log's queues, cohorts, priority classes and settings what FILE says (appends what differs)"
     apply = sub.add_parser("apply", help=apply_help, description=apply_help)
-    apply.add_argument("file", metavar="FILE", help="queues YAML (spec/scenario.md field names)")
+    apply.add_argument("file", metavar="FILE", help="queues YAML (the field names of docs/spec/scenario.md)")
     apply.add_argument("--dry-run", action="store_true", help="print what differs from the log; append nothing")
     apply.add_argument(
         "--prune", action="store_true", help="reset the scheduler settings FILE does not give to their defaults"
@@ -89,7 +89,6 @@ def _keep_flags_given_before(apply: argparse.ArgumentParser, queues: argparse.Ar
     apply.set_defaults(_view_only=view_only)
 
 
-_SCENARIO_ONLY = "nodes, timeline, timeline_csv and until belong in a `muster sim` scenario, not a queues file"
 _SETTINGS = {"topology": "levels", "fair_sharing": "fair_sharing", "idle_reclaim": "idle_reclaim"}
 """Top-level key of the file -> field of SchedulerConfigured."""
 
@@ -97,12 +96,8 @@ _SETTINGS = {"topology": "levels", "fair_sharing": "fair_sharing", "idle_reclaim
 def load_file(path: str, known_cohorts: Any = (), known_flavors: Any = ()) -> Scenario:
     """The queues file as a scenario without nodes or timeline (raises ScenarioError naming file and line)."""
     from muster.replay.scenario import load
-    from muster.replay.specreader import ScenarioError
 
-    scenario = load(path, known_cohorts=known_cohorts, known_flavors=known_flavors)
-    if scenario.nodes or scenario.inputs or scenario.until is not None:
-        raise ScenarioError(path, None, _SCENARIO_ONLY)
-    return scenario
+    return load(path, known_cohorts=known_cohorts, known_flavors=known_flavors, queues_file=True)
 
 
 @dataclass

@@ -29,7 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from muster.adminconnect import add_nats_arguments
     from muster.replay.cliargs import add_output
 
-    parser.add_argument("-f", "--file", help="YAML: one job or a list of jobs (spec/scenario.md `submit` fields)")
+    parser.add_argument(
+        "-f", "--file", help="YAML: one job or a list of jobs (the `submit` fields of docs/spec/scenario.md)"
+    )
     parser.add_argument("--job", help="job id (default: QUEUE-<random>)")
     parser.add_argument("--queue", help="the queue (required without --file)")
     parser.add_argument("--pods", type=int, default=1, help="pods in the gang (default 1)")
@@ -108,6 +110,8 @@ def from_file(path: str, at: int) -> list[JobSubmitted]:
         raise ScenarioError(path, None, "no job in the file")
     reader = Reader(path)
     nodes = reader.seq(root, "jobs") if isinstance(root, yaml.SequenceNode) else [root]
+    if not nodes:  # `[]`: as an empty file, nothing to submit is a mistake, not a success
+        raise ScenarioError(path, None, "no job in the file")
     jobs = []
     for node in nodes:
         d: dict[str, Any] = submit(reader, node)

@@ -20,7 +20,7 @@ from typing import IO, Any
 from muster.events.codec import DecodeError, decode
 from muster.events.store import BadEvent, EventStore, StoredEvent, StoreError
 from muster.projections.resources import gpus_of
-from muster.replay.points import Clock, Point, PointError, parse_point
+from muster.replay.points import EPOCH_THRESHOLD, Clock, Point, PointError, parse_point
 from muster.replay.snapshots import Discarded, Snapshots
 from muster.replay.snapshotstores import DirSnapshots, NatsSnapshots, default_bucket
 from muster.replay.source import LogSource, QueueLog, SourceError, SourceUnavailable, open_source
@@ -89,8 +89,13 @@ def _refuse_outside(
     """The one rule of a point outside the log: UsageError naming the log's first or last event."""
     if first is None or last is None:
         raise UsageError(f"{what} {point.text}: the log {name} holds no event")
-    refuse_past_end(name, point, what, last)
     clock = Clock.for_log(last[1])
+    if point.seq is None and point.time is not None and not clock.epoch and point.time >= EPOCH_THRESHOLD:
+        raise UsageError(
+            f"{what} {point.text} is a date and time, but {name} is a sim log: its times are seconds from its "
+            f"start ({clock.at(first[1])} to {clock.at(last[1])}); give @SECONDS (@3600 or @1h)"
+        )
+    refuse_past_end(name, point, what, last)
     if point.seq is not None:
         if point.seq < first[0]:
             raise UsageError(f"{what} {point.text} is before the start of {name}, which starts at seq {first[0]:,}")

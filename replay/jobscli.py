@@ -109,7 +109,7 @@ def document(replayed: Any, flt: Any, now: int | None = None) -> dict[str, Any]:
 
 
 def render(doc: dict[str, Any], *, wide: bool = False) -> Any:
-    """The jobs table: a rich renderable, or for more than `cliutil.PLAIN_ROWS` jobs plain text."""
+    """The jobs table: a rich renderable, or plain text for `wide` and for more than `cliutil.PLAIN_ROWS` jobs."""
     from rich.table import Table
 
     from muster.replay.cliutil import PLAIN_ROWS, add_row, plain_table
@@ -121,7 +121,8 @@ def render(doc: dict[str, Any], *, wide: bool = False) -> Any:
     cols.append("REASON")
     right = frozenset({"POS", "GPUS", "AGE", "PREEMPTED"})
     cells = [_cells(r, wide) for r in doc["jobs"]]
-    if len(cells) > PLAIN_ROWS:
+    if wide or len(cells) > PLAIN_ROWS:
+        # wide, as kubectl's: lines as long as they need, so that no id is folded over lines to copy back
         return plain_table(title, cols, cells, right)
     t = Table(title=title, title_justify="left", box=None)
     for col in cols:

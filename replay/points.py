@@ -66,7 +66,13 @@ def parse_point(text: str) -> Point:
     if t.isdigit():
         return Point(seq=int(t), text=text)
     if t.startswith("@"):
-        return Point(time=parse_duration(t[1:]), text=text)
+        try:
+            return Point(time=parse_duration(t[1:]), text=text)
+        except PointError:
+            # say what a point after @ is, not what a duration is: the user gave a point
+            raise PointError(
+                f"{text!r} is not an event time: give @ and seconds (@1714531920, or @3600 / @1h in a sim log)"
+            ) from None
     try:
         when = dt.datetime.fromisoformat(t.replace("Z", "+00:00"))
     except ValueError:

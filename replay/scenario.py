@@ -61,6 +61,8 @@ _TOP = {
     "timeline_csv",
     "until",
 }
+SIM_ONLY = frozenset({"nodes", "timeline", "timeline_csv", "until"})
+"""Top-level keys of a scenario that a queues file (`queues apply`) may not give: the cluster and what happens."""
 
 
 class _AnyName(set[str]):
@@ -71,12 +73,17 @@ class _AnyName(set[str]):
 
 
 def load(
-    path: str | Path, known_cohorts: Collection[str] | None = (), known_flavors: Collection[str] | None = ()
+    path: str | Path,
+    known_cohorts: Collection[str] | None = (),
+    known_flavors: Collection[str] | None = (),
+    *,
+    queues_file: bool = False,
 ) -> Scenario:
     """Read and check a scenario file; raise ScenarioError naming file and line on anything wrong.
 
     `known_cohorts` and `known_flavors` are defined besides the file's own (`queues apply`: those
-    on the log); None accepts any name."""
+    on the log); None accepts any name. A `queues_file` gives no `SIM_ONLY` key, and its errors
+    call it a queues file."""
     p = Path(path)
     name = str(path)
     try:
@@ -85,7 +92,9 @@ def load(
         raise ScenarioError(name, None, f"cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ScenarioError(name, None, "not UTF-8 text") from None
-    return loads(text, name, base=p.parent, known_cohorts=known_cohorts, known_flavors=known_flavors)
+    return loads(
+        text, name, base=p.parent, known_cohorts=known_cohorts, known_flavors=known_flavors, queues_file=queues_file
+    )
 
 
 def loads(
@@ -94,15 +103,23 @@ def loads(
     base: Path | None = None,
     known_cohorts: Collection[str] | None = (),
     known_flavors: Collection[str] | None = (),
+    *,
+    queues_file: bool = False,
 ) -> Scenario:
     r = Reader(name)
+    what = "queues file" if queues_file else "scenario"
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except (yaml.YAMLError, RecursionError) as exc:
         raise ScenarioError(name, *yaml_problem(exc)) from None
     if root is None:
-        raise ScenarioError(name, None, "the scenario is empty")
-    top = r.mapping(root, "scenario", _TOP)
+        raise ScenarioError(name, None, f"the {what} is empty")
+    if queues_file and isinstance(root, yaml.MappingNode):
+        for key, _ in root.value:
+            if isinstance(key, yaml.ScalarNode) and key.value in SIM_ONLY:
+                raise r.fail(key, f"{key.value} belongs in a `muster sim` scenario, not a queues file")
+    # a queues file's unknown key lists only what a queues file may give
+    top = r.mapping(root, what, _TOP - SIM_ONLY if queues_file else _TOP)
     levels: list[str] = []
     if "topology" in top:
         t = r.mapping(top["topology"], "topology", {"levels"})

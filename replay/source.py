@@ -302,6 +302,14 @@ async def open_source(
     if args.log:
         if _connecting(args):
             raise SourceError("--config, --creds and --tls-* connect to NATS; they do not go with --log")
+        # two logs named at once: reading the file alone would answer for a stream the user did not get
+        stream = [
+            flag
+            for flag in ("--nats", "--stream", "--subject-prefix")
+            if getattr(args, flag[2:].replace("-", "_"), None)
+        ]
+        if stream:
+            raise SourceError(f"--log names a file and {', '.join(stream)} a stream: give one log")
         try:
             log = FileLog(args.log, on_bad)
         except OSError as exc:

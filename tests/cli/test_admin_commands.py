@@ -229,6 +229,17 @@ def test_submit_from_a_file_uses_the_scenario_submit_form(tmp_path, log):
     assert (b.job, b.priority_class, b.podsets[0].requests) == ("b", "inference", {"gpu": 1})
 
 
+@pytest.mark.parametrize("text", ["", "[]\n"], ids=["empty-file", "empty-list"])
+def test_submit_of_a_file_without_a_job_exits_2_and_appends_nothing(tmp_path, log, capsys, text):
+    """A jobs file that holds no job is a mistake: exit 2 naming the file, not a silent success."""
+    path = tmp_path / "jobs.yaml"
+    path.write_text(text)
+    anyio.run(_create, log)
+    assert main(["submit", "-f", str(path), *log.flags]) == 2
+    assert f"{path}: no job in the file" in capsys.readouterr().err
+    assert log.events() == []
+
+
 def test_submit_declares_a_time_limit(log):
     """`--max-runtime SECONDS` is the job's declared limit on the log."""
     anyio.run(_create, log)
@@ -295,6 +306,40 @@ def test_submit_refuses_a_file_giving_one_id_twice(tmp_path, log, capsys):
     assert main(["submit", "-f", str(path), *log.flags]) == 2
     assert "job a appears twice" in capsys.readouterr().err
     assert log.events() == []
+
+
+def test_queues_apply_calls_a_mistyped_key_a_queues_file_error_and_lists_only_what_one_may_give(tmp_path, log, capsys):
+    """A misspelt top-level key names the queues file's line and the keys a queues file takes, not a scenario's."""
+    path = tmp_path / "queues.yaml"
+    path.write_text("cohorts: [{name: org}]\nqueus:\n  - {name: a, nominal: {gpu: 8}}\n")
+    assert main(["queues", "apply", str(path), *log.flags]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:2: queues file: unknown field 'queus' (allowed: " in err
+    assert "queues" in err.split("allowed: ")[1] and "timeline" not in err and "nodes" not in err
+    path.write_text("queues:\n  - {name: a, nominal: {gpu: 8}}\ntimeline: []\n")
+    assert main(["queues", "apply", str(path), *log.flags]) == 2
+    assert f"{path}:3: timeline belongs in a `muster sim` scenario" in capsys.readouterr().err
+    assert log.events() == []
+
+
+def test_queues_apply_of_a_second_stream_on_a_taken_prefix_says_to_give_a_prefix_of_its_own(tmp_path, log, capsys):
+    """A new stream whose subjects another stream holds exits 1 naming the prefix and `--subject-prefix`."""
+    path = tmp_path / "queues.yaml"
+    path.write_text(QUEUES)
+    assert main(["queues", "apply", str(path), *log.flags]) == 0
+    capsys.readouterr()
+    flags = dict(zip(log.flags[::2], log.flags[1::2], strict=True))
+    other = [
+        "--nats",
+        flags["--nats"],
+        "--stream",
+        f"{flags['--stream']}X",
+        "--subject-prefix",
+        flags["--subject-prefix"],
+    ]
+    assert main(["queues", "apply", str(path), *other]) == 1
+    err = capsys.readouterr().err
+    assert f"another stream of this server holds {flags['--subject-prefix']}.>" in err and "--subject-prefix" in err
 
 
 def test_submit_says_why_when_nats_cannot_be_reached(tmp_path, capsys):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -91,6 +92,47 @@ def test_a_refused_nats_fails_within_2s_naming_the_url(index: int, tmp_path: Pat
     last = err.strip().splitlines()[-1]
     assert last.startswith("muster ") and url in last
     assert elapsed < 2.0, f"{' '.join(argv)} took {elapsed:.1f} s"
+
+
+@pytest.fixture
+def silent_nats() -> Any:
+    """The URL of a server that takes TCP connections and never says a word (a hung or wrong host)."""
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield f"nats://127.0.0.1:{listener.getsockname()[1]}"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["jobs"], id="jobs-reads"),
+        pytest.param(["hold", "some-job", "--connect-timeout", "1"], id="hold-appends"),
+    ],
+)
+def test_a_nats_that_does_not_answer_fails_naming_the_url_and_the_wait(argv: list[str], silent_nats: str) -> None:
+    """A server that takes the connection and stays silent ends the command: exit 1, its URL, how long it waited."""
+    import subprocess
+    import sys
+
+    # a process of its own, as a user runs it: the connection given up on is the process's to drop
+    done = subprocess.run(
+        [sys.executable, "-m", "muster.cli", *argv, "--nats", silent_nats], capture_output=True, text=True, timeout=60
+    )
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 1, done.stderr
+    assert silent_nats in last and "no answer" in last and "TimeoutError" not in last, last
+
+
+@pytest.mark.parametrize("argv", [["jobs"], ["hold", "some-job"]], ids=["jobs-reads", "hold-appends"])
+def test_a_stream_that_is_not_there_is_named_with_who_makes_it(argv: list[str], nats_url: str, capsys) -> None:
+    """A mistyped `--stream` exits non-zero saying that stream does not exist and what makes one, in plain words."""
+    code = main([*argv, "--nats", nats_url, "--stream", "NO_SUCH_STREAM"])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code != 0
+    assert "stream NO_SUCH_STREAM does not exist on this server" in last and "create=" not in last, last
 
 
 @pytest.mark.parametrize("index", range(len(NATS_COMMANDS)), ids=NATS_COMMANDS)
@@ -313,6 +355,16 @@ def test_o_json_is_one_document_and_o_jsonl_one_object_per_line(index: int, tmp_
     assert main([*argv, "-o", "jsonl"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines and all(isinstance(json.loads(line), dict) for line in lines)
+
+
+@pytest.mark.parametrize("index", range(1, len(FILE_COMMANDS)), ids=FILE_COMMANDS[1:])
+@pytest.mark.parametrize("flag", ["--nats", "--stream", "--subject-prefix"])
+def test_a_log_file_and_a_stream_at_once_are_refused(index: int, flag: str, tmp_path: Path, capsys) -> None:
+    """`--log FILE` with a stream's flag names two logs: exit 2 saying so, not an answer from the file alone."""
+    argv = _file_commands(tmp_path)[index]
+    capsys.readouterr()
+    assert main([*argv, flag, "nats://127.0.0.1:4222" if flag == "--nats" else "OTHER"]) == 2
+    assert f"--log names a file and {flag} a stream: give one log" in capsys.readouterr().err
 
 
 def test_completion_script_completes_commands_options_and_choices(tmp_path: Path, capsys) -> None:

@@ -167,6 +167,31 @@ def test_jobs_at_a_time_in_a_sim_log_gives_ages_at_that_time(tmp_path: Path, cap
     assert doc["now"] == 300
 
 
+@pytest.mark.parametrize("at", ["2026-12-03T10:00", "@1714531920"])
+def test_a_date_on_a_sim_log_is_refused_saying_its_times_are_seconds(tmp_path: Path, capsys, at: str) -> None:
+    """`--at` a date on a sim log (times from t=0) exits 2 saying so and what to give, not "past the end"."""
+    path = _sim_log(tmp_path, ONE_RUNS_ONE_WAITS)
+    assert main(["replay", "--log", str(path), "--at", at]) == 2
+    err = capsys.readouterr().err
+    assert f"--at {at} is a date and time, but {path} is a sim log" in err and "give @SECONDS" in err
+
+
+LONG_ID = "team-a/pytorchjob/llama-70b-pretraining-ablation-lr3e-4-1a2b3c4d"
+
+
+def test_jobs_wide_prints_each_id_whole_on_its_row_however_long_the_reason(tmp_path: Path, capsys) -> None:
+    """`-o wide` into a pipe keeps a long id on one line (kubectl's wide), so it can be copied back or grepped."""
+    path = _sim_log(
+        tmp_path,
+        "nodes: [{name: n0, capacity: {gpu: 8}}]\nqueues: [{name: q, nominal: {gpu: 8}}]\ntimeline:\n"
+        "  - {at: 0, submit: {job: a, queue: q, podsets: [{count: 1, requests: {gpu: 8}}], runtime: 1000}}\n"
+        f"  - {{at: 1, submit: {{job: {LONG_ID}, queue: q, podsets: [{{count: 2, requests: {{gpu: 8}}}}]}}}}\n",
+    )
+    assert main(["jobs", "--log", str(path), "-o", "wide"]) == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("llama")]
+    assert LONG_ID in row and "quota" in row
+
+
 @pytest.mark.parametrize("command", ["jobs", "queues", "replay"])
 def test_a_view_at_a_time_says_it_is_the_state_at_that_time(tmp_path: Path, capsys, command: str) -> None:
     """`COMMAND --at @300 -o json` of a log whose last event before t=300 is at t=200 says `at` 300, not 200."""

@@ -284,6 +284,33 @@ def test_postgresql_url_without_driver_says_what_to_install(capsys: pytest.Captu
 
 
 @pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        pytest.param(["--from", "2099-01-01"], "--from (2099-01-01 00:00) is at or after the ledger's end", id="from"),
+        pytest.param(["--to", "2000-01-01"], "--to (2000-01-01 00:00) is at or before the ledger's start (", id="to"),
+    ],
+)
+def test_one_bound_outside_the_ledger_names_the_ledgers_end_not_a_flag_never_given(
+    capsys, ledger_url: str, flags: list[str], said: str
+) -> None:
+    """`--from` past the ledger (no `--to`) exits 2 naming the ledger's end, not "--to (...) must be after --from"."""
+    assert main(["billing", "report", "--db", ledger_url, *flags]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "must be after" not in err, err
+
+
+def test_a_postgresql_ledger_that_does_not_answer_is_a_runtime_failure_told_on_one_line(capsys) -> None:
+    """A PostgreSQL server that refuses the connection exits 1 (runtime, as NATS not answering), in one line."""
+    pytest.importorskip("psycopg")
+    from muster.events.embedded import free_port
+
+    url = f"postgresql://u@127.0.0.1:{free_port()}/billing"
+    assert main(["billing", "report", "--db", url]) == 1
+    err = capsys.readouterr().err
+    assert "cannot connect to the PostgreSQL ledger" in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
     ("name", "words"),
     [
         pytest.param("/nonexistent/x.png", "folder /nonexistent does not exist", id="missing-folder"),

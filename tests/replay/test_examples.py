@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,8 @@ from muster.events.types import (
 from muster.replay.scenario import load, loads
 from muster.replay.simulator import simulate
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
 
 
 def run(name: str) -> list[Event]:
@@ -49,6 +52,44 @@ def test_every_example_is_tested_here() -> None:
         "stacked_reservations",
     }
     assert {p.stem for p in EXAMPLES.glob("*.yaml")} == tested
+
+
+def _comment_commands() -> list[tuple[str, str]]:
+    """(example, command line) for each `#   muster ...` line of an example's opening comment."""
+    found = []
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        for line in path.read_text().splitlines():
+            if m := re.match(r"#\s+(muster .+)$", line):
+                found.append((path.stem, m.group(1).strip()))
+    return found
+
+
+@pytest.mark.parametrize(("example", "line"), _comment_commands(), ids=[f"{e}:{c}" for e, c in _comment_commands()])
+def test_every_command_an_examples_comment_shows_runs_as_written(
+    example: str, line: str, tmp_path, capsys, monkeypatch
+) -> None:
+    """Each `muster ...` line of an example's comment, run from the repository's root, exits 0 and prints what
+    it pipes to grep (the `/tmp/` files it writes go to a folder of the test's own)."""
+    from muster.cli import main
+
+    monkeypatch.chdir(ROOT)
+    for part in line.split("&&"):
+        words = shlex.split(part.replace("/tmp/", f"{tmp_path}/"))
+        grep = target = None
+        if "|" in words:
+            at = words.index("|")
+            assert words[at + 1] == "grep", part
+            grep, words = words[at + 2], words[:at]
+        if ">" in words:
+            at = words.index(">")
+            target, words = words[at + 1], words[:at]
+        assert words[0] == "muster", part
+        code = main(words[1:])
+        captured = capsys.readouterr()
+        assert code == 0, f"{part}: {captured.err}"
+        if target is not None:
+            Path(target).write_text(captured.out)
+        assert (grep or "") in captured.out and captured.out.strip(), part
 
 
 def test_deadlock_one_gang_runs_the_other_waits_whole() -> None:

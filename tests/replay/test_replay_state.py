@@ -101,6 +101,13 @@ def test_points_parse_sequences_times_and_local_datetimes() -> None:
         parse_point("yesterday")
 
 
+@pytest.mark.parametrize("text", ["@", "@-5", "@soon"])
+def test_an_at_sign_without_seconds_is_refused_as_an_event_time_not_a_duration(text: str) -> None:
+    """`--at @` with no seconds after it says an event time is @ and seconds (it said "not a duration")."""
+    with pytest.raises(PointError, match=r"is not an event time: give @ and seconds \(@1714531920"):
+        parse_point(text)
+
+
 def test_replay_cli_table_reads_well(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The table shows queues with borrowed and lent GPUs, free GPUs per rack and pending jobs with reasons."""
     path = write_jsonl(tmp_path / "log.jsonl", sim(STORY).events)
