@@ -4,7 +4,10 @@ A cycle that admits or preempts changes what the next one sees (a preemption
 ends its cycle, and the preemptor is admitted by the next one at the same
 instant), so its caller folds the decisions and decides again; so does one
 that reserves room its holder can take at once (a reservation moved there at
-the cycle's end, passing a younger one: `reservations`); a cycle that only
+the cycle's end, passing a younger one: `reservations`), and one that gives
+held room back (a reservation released at the cycle's end: the fold counts
+its room as GPUs freed, which wakes the parked jobs it may serve, and they
+are judged at the same instant, as after a job ends); a cycle that only
 explains waits, or decides nothing, settles the instant. `muster sim`
 (`replay.simulator`) and the daemon (`daemon.cycles`) both run an instant's
 cycles as a `Settling`, and `muster audit` expects the cycles it re-derives
@@ -22,14 +25,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from muster.events.types import Event, JobAdmitted, JobPreempted, ReservationMade
+from muster.events.types import Event, JobAdmitted, JobPreempted, ReservationMade, ReservationReleased
 
 
 def unsettled(decisions: Iterable[Event]) -> bool:
-    """Whether a cycle's decisions call for another cycle at the same instant: it admitted or preempted, or
-    reserved room that its holder may take now."""
+    """Whether a cycle's decisions call for another cycle at the same instant: it admitted or preempted,
+    reserved room that its holder may take now, or released held room (the jobs its fold wakes may take it)."""
     return any(
-        isinstance(ev, (JobAdmitted, JobPreempted)) or (isinstance(ev, ReservationMade) and _starts_now(ev))
+        isinstance(ev, (JobAdmitted, JobPreempted, ReservationReleased))
+        or (isinstance(ev, ReservationMade) and _starts_now(ev))
         for ev in decisions
     )
 
@@ -61,6 +65,6 @@ class Settling:
             yield self.tries
 
     def decided(self, decisions: Iterable[Event]) -> None:
-        """A cycle's decisions are folded: the instant is settled unless they admitted or preempted."""
+        """A cycle's decisions are folded: the instant is settled unless they call for another (`unsettled`)."""
         if not unsettled(decisions):
             self.settled = True
