@@ -43,9 +43,10 @@ The rules (docs/spec/scenario.md, Reservations and backfill):
   its holder, `cancelled` once the holder is no longer pending (it ended, or
   was held), `replaced` when it moves (a reserved host left or cannot take
   pods, or a sooner place came up: a new reservation for the same job
-  follows at once). A cycle that releases one calls for another at the same
-  instant (`settling.unsettled`): the jobs the released room wakes are
-  judged then, as after a job ends.
+  follows at once). A cycle that makes or releases one calls for another
+  at the same instant (`settling.unsettled`): the jobs the released room
+  wakes are judged then, as after a job ends, and the reservations are
+  planned again on the view the new ones leave.
 
 Memory is the log: what a cycle holds back is a function of
 `state.reservations` (folded from those events) and `now`. A release, or a

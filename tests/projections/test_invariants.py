@@ -536,6 +536,9 @@ REPLAY_CASES = [
         (FINDINGS / "reservation_due_passes_a_younger_holder.yaml").read_text(), id="due-passes-younger-holder"
     ),
     pytest.param((FINDINGS / "reservation_moved_wakes_its_holder.yaml").read_text(), id="moved-reservation-wakes"),
+    pytest.param(
+        (FINDINGS / "reservation_made_over_an_older_job_that_fitted.yaml").read_text(), id="made-over-older-fitting-job"
+    ),
 ]
 
 

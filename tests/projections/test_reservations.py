@@ -348,3 +348,12 @@ def test_a_job_due_a_reservation_passes_a_younger_holder_in_the_cycle_it_becomes
     assert made == [("young", 10, ["n1"], 500), ("old", 60, ["n1"], 500), ("young", 60, ["n0"], 1000)]
     assert ("young", "replaced", 60) in releases(out)
     assert out.admitted("old").at == 500
+
+
+def test_a_job_that_no_longer_fits_once_a_younger_job_is_reserved_for_is_reserved_for_at_the_same_instant() -> None:
+    """A job held back by quota alone gets a reservation the instant a younger job's takes the room it fitted."""
+    out = run((FINDINGS / "reservation_made_over_an_older_job_that_fitted.yaml").read_text())
+    made = [(e.job, e.at, e.nodes, e.expected_start) for e in reservations(out)]
+    assert made[:3] == [("j1", 1, ["n0", "n1"], None), ("flood1", 1, ["n1"], 1), ("j1", 1, ["n0", "n1"], None)]
+    assert ("j1", "replaced", 1) in releases(out)
+    assert out.admitted("flood1").at == 100
