@@ -539,6 +539,8 @@ REPLAY_CASES = [
     pytest.param(
         (FINDINGS / "reservation_made_over_an_older_job_that_fitted.yaml").read_text(), id="made-over-older-fitting-job"
     ),
+    # strict_fifo: a job held behind its head was told why twice in one cycle (its group came up twice)
+    pytest.param((FINDINGS / "strict_fifo_held_told_twice.yaml").read_text(), id="strict-held-told-once"),
 ]
 
 
