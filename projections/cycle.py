@@ -146,6 +146,9 @@ class Cycle:
         """Jobs admitted or reserved (tentatively) in this cycle, with their placement."""
         self.reserved = False
         """Whether room was held for a preemptor (a change no decision event will fold)."""
+        self.told_held: set[str] = set()
+        """Jobs told in this cycle that they wait behind their `strict_fifo` head (`verdicts.say_held`): their
+        group may come up again in the cycle, and the reason is not folded before its end."""
         self.set_aside: list[tuple[Group, list[Member]]] = []
         """Jobs judged on a narrow view (`verdicts`): not parked, only left out of this cycle and
         tried again at the next, whatever happens (a park would be woken at `finish` anyway)."""

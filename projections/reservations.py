@@ -21,9 +21,13 @@ The rules (docs/spec/scenario.md, Reservations and backfill):
   its `needs` until its expected start plus its limit, so a job may be
   reserved for behind another on the same hosts (stacked);
   a plan counts every reservation but its own and those behind it
-  (`planning`), and, for an older holder planned again, the younger ones
+  (`planning`). Holders and the jobs due one are planned in one order,
+  longest waiting first, and an older job may pass the younger holders
   that are not a nominal-quota gang's (nor one such a gang is stacked
-  behind): those it then shares hosts with are
+  behind): a holder planned again when that moves it, a job due one when
+  that makes it start sooner (else its next cycle, planning it again,
+  would move it: replay and a new leader would see a move the recorded
+  run did not make). The younger ones it then shares hosts with are
   planned again behind it (a nominal-quota gang's start is never pushed
   back). The reservation holds the
   fewest hosts of that domain that hold the job then (on each, what its
@@ -39,7 +43,10 @@ The rules (docs/spec/scenario.md, Reservations and backfill):
   its holder, `cancelled` once the holder is no longer pending (it ended, or
   was held), `replaced` when it moves (a reserved host left or cannot take
   pods, or a sooner place came up: a new reservation for the same job
-  follows at once).
+  follows at once). A cycle that makes or releases one calls for another
+  at the same instant (`settling.unsettled`): the jobs the released room
+  wakes are judged then, as after a job ends, and the reservations are
+  planned again on the view the new ones leave.
 
 Memory is the log: what a cycle holds back is a function of
 `state.reservations` (folded from those events) and `now`. A release, or a
@@ -119,8 +126,6 @@ def decide_reservations(
             events.append(ReservationReleased(at=now, job=JobId(job_id), reason="cancelled", cycle=cycle, epoch=epoch))
         else:
             kept.append(res)
-    # older holders first: a sooner place goes to the job that has waited longest
-    kept.sort(key=lambda r: _wait_key(state.jobs[r.job]))
     if len(idx.replanned) > len(kept):
         idx.replanned = {r.job: seen for r in kept if (seen := idx.replanned.get(r.job)) is not None}
     queues = reserving_queues(state, idx)
@@ -135,18 +140,45 @@ def decide_reservations(
     admitted = any(job_id in placed for job_id in state.reservations)
     current = {res.job: res for res in kept}
     """The reservations as this cycle leaves them: a plan queues behind every one but those behind it."""
-    slots = len(queues)
+    # older first, holders and jobs due one alike: a sooner place goes to the job that has waited longest,
+    # whether it holds a reservation yet or not (a job due one is planned as it would be planned again)
+    turns = sorted(
+        [Turn(_wait_key(state.jobs[r.job]), state.jobs[r.job], r) for r in kept]
+        + [Turn(_wait_key(job), job, reason) for job, reason in due],
+        key=lambda t: t.wait,
+    )
+    # as many reservations as queues make them (the guarantee's aside), to the longest waiting jobs
+    slots = len(queues) - sum(1 for r in kept if not _nominal(r))
+    full = False
     displaced: set[str] = set()
-    for i, res in enumerate(kept):
-        job = state.jobs[res.job]
+    for i, turn in enumerate(turns):
+        job, claim = turn.job, turn.claim
+        if isinstance(claim, Due):
+            reason = claim
+            if full or (slots <= 0 and not reason.nominal):
+                full = True  # the longest waiting jobs only: none after one the bound left out
+                continue
+            plan = _plan(state, job, current, running(), fence, idx)
+            if plan is None or not plan.waits_for:
+                continue  # nowhere, or it fits now: what holds it back is not room that nodes could hold
+            made = _made(job, plan, reason.text, now, cycle, epoch)
+            younger = _younger(current, turns[i + 1 :], displaced)
+            passing = _plan(state, job, current, running(), fence, idx, younger) if younger else None
+            if passing is not None and _sooner(state, passing, reservation_of(made), now):
+                # past younger holders, as its next cycle would move it (`_sooner`): those it shares hosts
+                # with are planned again, behind it
+                plan, made = passing, _made(job, passing, reason.text, now, cycle, epoch)
+                displaced.update(_sharing(current, younger, plan))
+            if not reason.nominal:
+                slots -= 1
+            events.append(made)
+            current[job.id] = reservation_of(made)
+            continue
+        res = claim
         gone = res.job in displaced or not all(_usable(state, n) for n in res.nodes)
         if not gone and not events and not admitted and _plan_stands(state, idx, res):
-            if not _nominal(res):
-                slots -= 1
             continue
-        # an older holder may take the place of a younger one, but not a nominal-quota gang's (the
-        # guarantee), nor one a nominal-quota gang is stacked behind (its start would move with it)
-        younger = {r.job for r in kept[i + 1 :] if _passable(current, r, displaced)}
+        younger = _younger(current, turns[i + 1 :], displaced)
         plan = _plan(state, job, current, running(), fence, idx, younger)
         _planned(state, idx, job, res, plan)
         if gone or (plan is not None and _sooner(state, plan, res, now)):
@@ -154,26 +186,14 @@ def decide_reservations(
             events.append(ReservationReleased(at=now, job=JobId(res.job), reason="replaced", cycle=cycle, epoch=epoch))
             del current[res.job]
             if plan is None:
+                if not _nominal(res):
+                    slots += 1  # its slot goes to the jobs due one after it
                 continue
             made = _made(job, plan, res.reason, now, cycle, epoch)
             events.append(made)
             current[res.job] = reservation_of(made)
             # the younger ones it now shares hosts with are planned again, behind it
-            displaced.update(j for j in younger if not set(current[j].nodes).isdisjoint(plan.nodes))
-        if not _nominal(res):
-            slots -= 1
-    # as many reservations as queues make them (the guarantee's aside), to the longest waiting jobs
-    for job, reason in due:
-        if slots <= 0 and not reason.nominal:
-            break
-        plan = _plan(state, job, current, running(), fence, idx)
-        if plan is None or not plan.waits_for:
-            continue  # nowhere, or it fits now: what holds it back is not room that nodes could hold
-        if not reason.nominal:
-            slots -= 1
-        made = _made(job, plan, reason.text, now, cycle, epoch)
-        events.append(made)
-        current[job.id] = reservation_of(made)
+            displaced.update(_sharing(current, younger, plan))
     return events
 
 
@@ -242,8 +262,28 @@ def _plan(
     return plan_for(job, idx.topology, running, ahead, excluded, now, fence.taken)
 
 
+class Turn(NamedTuple):
+    """A job planned at the end of a cycle: a holder, with its reservation, or a job due one, with why."""
+
+    wait: tuple[int, int]
+    """`_wait_key`: longest waiting first."""
+    job: JobState
+    claim: Reservation | Due
+
+
+def _younger(current: Mapping[str, Reservation], after: list[Turn], displaced: set[str]) -> set[str]:
+    """The younger holders an older job may pass: not a nominal-quota gang's (the guarantee), nor one a
+    nominal-quota gang is stacked behind (its start would move with it)."""
+    return {t.job.id for t in after if isinstance(t.claim, Reservation) and _passable(current, t.claim, displaced)}
+
+
+def _sharing(current: Mapping[str, Reservation], younger: AbstractSet[str], plan: Plan) -> list[str]:
+    """The younger holders a plan that passed them shares hosts with: they are planned again, behind it."""
+    return [j for j in younger if not set(current[j].nodes).isdisjoint(plan.nodes)]
+
+
 def _passable(current: Mapping[str, Reservation], res: Reservation, displaced: set[str]) -> bool:
-    """Whether an older holder's plan may pass `res`: no nominal-quota gang's start hangs on it."""
+    """Whether an older job's plan may pass `res`: no nominal-quota gang's start hangs on it."""
     if _nominal(res) or res.job in displaced:
         return False
     return not any(_nominal(current[j]) for j in waiting_on(current, res.job))

@@ -3,9 +3,13 @@
 A cycle that admits or preempts changes what the next one sees (a preemption
 ends its cycle, and the preemptor is admitted by the next one at the same
 instant), so its caller folds the decisions and decides again; so does one
-that reserves room its holder can take at once (a reservation moved there at
-the cycle's end, passing a younger one: `reservations`); a cycle that only
-explains waits, or decides nothing, settles the instant. `muster sim`
+that makes or releases a reservation (`reservations`, decided at the cycle's
+end): a release gives back room the jobs it wakes may take now, and a new
+reservation changes the view the next cycle's planning judges on (a job that
+fitted the free room may no longer), so the instant settles only once the
+reservations stand as a new leader or an audit deciding there would leave
+them. A cycle that only explains waits, or decides nothing, settles the
+instant. `muster sim`
 (`replay.simulator`) and the daemon (`daemon.cycles`) both run an instant's
 cycles as a `Settling`, and `muster audit` expects the cycles it re-derives
 by the same rule (`unsettled`), so they take the same decisions for the same
@@ -22,20 +26,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from muster.events.types import Event, JobAdmitted, JobPreempted, ReservationMade
+from muster.events.types import Event, JobAdmitted, JobPreempted, ReservationMade, ReservationReleased
 
 
 def unsettled(decisions: Iterable[Event]) -> bool:
     """Whether a cycle's decisions call for another cycle at the same instant: it admitted or preempted, or
-    reserved room that its holder may take now."""
-    return any(
-        isinstance(ev, (JobAdmitted, JobPreempted)) or (isinstance(ev, ReservationMade) and _starts_now(ev))
-        for ev in decisions
-    )
-
-
-def _starts_now(ev: ReservationMade) -> bool:
-    return ev.expected_start is not None and ev.expected_start <= ev.at
+    made or released a reservation."""
+    return any(isinstance(ev, (JobAdmitted, JobPreempted, ReservationMade, ReservationReleased)) for ev in decisions)
 
 
 class Settling:
@@ -61,6 +58,6 @@ class Settling:
             yield self.tries
 
     def decided(self, decisions: Iterable[Event]) -> None:
-        """A cycle's decisions are folded: the instant is settled unless they admitted or preempted."""
+        """A cycle's decisions are folded: the instant is settled unless they call for another (`unsettled`)."""
         if not unsettled(decisions):
             self.settled = True

@@ -59,7 +59,8 @@ def say_held(cycle: Cycle, group: Group) -> None:
     jobs = cycle.state.jobs
     reason = held_reason(jobs[members[-1].job].queue)
     for m in reversed(members):  # in queue order
-        if not jobs[m.job].reason:
+        if not jobs[m.job].reason and m.job not in cycle.told_held:
+            cycle.told_held.add(m.job)
             cycle.events.append(
                 JobInadmissible(at=cycle.now, job=JobId(m.job), reason=reason, cycle=cycle.number, epoch=cycle.epoch)
             )

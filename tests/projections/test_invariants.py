@@ -108,6 +108,8 @@ def scenarios(draw: st.DrawFn) -> Generated:
                 reclaim=draw(st.sampled_from(["Never", "LowerPriority", "Any", "Any"])),
                 borrow=draw(st.sampled_from(["Never", "LowerPriority"])),
                 threshold=draw(st.sampled_from([None, 50, 100, 500])),
+                strategy=draw(st.sampled_from([None, None, "strict_fifo", "shortest_limit_first"])),
+                reserve_after=draw(st.sampled_from([None, None, 0, 60])),
             )
         )
     timeline: list[str] = []
@@ -126,6 +128,8 @@ def scenarios(draw: st.DrawFn) -> Generated:
             prio = draw(st.sampled_from([None, *PRIORITY_NAMES]))
             runtime = draw(st.integers(20, 600))
             checkpoint = draw(st.sampled_from([None, 25, 100]))
+            # a declared limit: ample, tight, or shorter than the work (the run is ended at its limit)
+            limit = draw(st.sampled_from([None, None, runtime * 2, runtime, max(1, runtime // 2)]))
             if draw(st.integers(0, 5)):
                 entry = submit(
                     job,
@@ -136,6 +140,7 @@ def scenarios(draw: st.DrawFn) -> Generated:
                     prio=prio,
                     runtime=runtime,
                     checkpoint=checkpoint,
+                    limit=limit,
                     **topo,
                 )
             else:  # a gang of two podsets: a driver and workers
@@ -477,6 +482,8 @@ GANG_9 = (
     "{name: driver, count: 1, requests: {gpu: 1}}, {name: worker, count: 1, requests: {gpu: 8}}]}}\n"
 )
 
+FINDINGS = Path(__file__).parents[1] / "replay" / "findings"
+
 # Shapes where a parked job's verdict or words change within one cycle, found by the properties above
 REPLAY_CASES = [
     pytest.param(
@@ -523,10 +530,21 @@ REPLAY_CASES = [
         ),
         id="preemption-frees-more-than-the-preemptor-needs",
     ),
+    # reservations: an older job due one planned behind a younger holder it passes at its next cycle; a moved
+    # reservation's room, counted as freed, woke its holder after the instant's last cycle
+    pytest.param(
+        (FINDINGS / "reservation_due_passes_a_younger_holder.yaml").read_text(), id="due-passes-younger-holder"
+    ),
+    pytest.param((FINDINGS / "reservation_moved_wakes_its_holder.yaml").read_text(), id="moved-reservation-wakes"),
+    pytest.param(
+        (FINDINGS / "reservation_made_over_an_older_job_that_fitted.yaml").read_text(), id="made-over-older-fitting-job"
+    ),
+    # strict_fifo: a job held behind its head was told why twice in one cycle (its group came up twice)
+    pytest.param((FINDINGS / "strict_fifo_held_told_twice.yaml").read_text(), id="strict-held-told-once"),
 ]
 
 
-IDLE_BESIDE_PREEMPTION = Path(__file__).parents[1] / "replay" / "findings" / "idle_reclaim_beside_a_preemption.yaml"
+IDLE_BESIDE_PREEMPTION = FINDINGS / "idle_reclaim_beside_a_preemption.yaml"
 
 
 def test_idle_reclaim_beside_a_preemption_counts_the_room_held_for_the_preemptor() -> None:

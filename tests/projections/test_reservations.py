@@ -5,6 +5,7 @@ queue's nominal quota is reached within the longest running limit in its way."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 from simkit import Outcome, flat_nodes, queue, run, scenario, submit
@@ -335,3 +336,24 @@ def test_a_holder_behind_a_class_mate_that_cannot_use_its_room_is_still_tried() 
     assert [e.job for e in out.preemptions()] == ["b"]
     assert [(m.job, m.nodes) for m in reservations(out)][:1] == [("a", ["n0"])]
     assert (out.admitted("a").at, out.admissions("b")[1].at) == (1000, 1100)
+
+
+FINDINGS = Path(__file__).parents[1] / "replay" / "findings"
+
+
+def test_a_job_due_a_reservation_passes_a_younger_holder_in_the_cycle_it_becomes_due() -> None:
+    """An older job due a reservation gets the room a younger holder would get sooner, in that cycle."""
+    out = run((FINDINGS / "reservation_due_passes_a_younger_holder.yaml").read_text())
+    made = [(e.job, e.at, e.nodes, e.expected_start) for e in reservations(out)]
+    assert made == [("young", 10, ["n1"], 500), ("old", 60, ["n1"], 500), ("young", 60, ["n0"], 1000)]
+    assert ("young", "replaced", 60) in releases(out)
+    assert out.admitted("old").at == 500
+
+
+def test_a_job_that_no_longer_fits_once_a_younger_job_is_reserved_for_is_reserved_for_at_the_same_instant() -> None:
+    """A job held back by quota alone gets a reservation the instant a younger job's takes the room it fitted."""
+    out = run((FINDINGS / "reservation_made_over_an_older_job_that_fitted.yaml").read_text())
+    made = [(e.job, e.at, e.nodes, e.expected_start) for e in reservations(out)]
+    assert made[:3] == [("j1", 1, ["n0", "n1"], None), ("flood1", 1, ["n1"], 1), ("j1", 1, ["n0", "n1"], None)]
+    assert ("j1", "replaced", 1) in releases(out)
+    assert out.admitted("flood1").at == 100
