@@ -132,7 +132,7 @@ def find_victims(cycle: Cycle, job: JobState, allow_borrow: bool) -> Result:
         # not hold the job with every candidate evicted (every victim set is a subset of them)
         order_matters = state.fair_sharing or (len(same) != len(candidates) and probe.walked)
         return Result([], probe.quota_possible, gpus, held, order_matters, candidates)
-    return Result(_with_reasons(cycle, rule, victims), True, gpus, held)
+    return Result(_with_reasons(rule, victims), True, gpus, held)
 
 
 class Unanswered(NamedTuple):
@@ -236,7 +236,7 @@ def _quota_fits(cycle: Cycle, job: JobState, freed: Mapping[str, int], allow_bor
     return fits_given(cycle, job, {queue: {"gpu": gpus} for queue, gpus in freed.items() if gpus}, allow_borrow)
 
 
-def _with_reasons(cycle: Cycle, rule: Preemptor, victims: list[JobState]) -> list[Victim]:
+def _with_reasons(rule: Preemptor, victims: list[JobState]) -> list[Victim]:
     """The victims with why each is taken: the rule that let the preemptor take it (`rule.mode`, its quota
     position when the search began), so a victim taken while it would borrow says so even when the jobs
     taken from its own queue bring it back within nominal quota."""
